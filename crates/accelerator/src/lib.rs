@@ -1,0 +1,15 @@
+//! wick-accelerator: devices and worlds.
+//!
+//! It owns where a rank runs (its `candle_core::Device`), how ranks are launched and find
+//! each other ([`ThreadWorld`]: ranks as threads of one process, the embedded default), and
+//! [`Accelerator::setup`], which opens a strategy's sharding context and calls the module's
+//! `configure_sharded_model` inside it. It knows wick-core only; strategies meet it through
+//! core's `Strategy` and `Collective` traits.
+
+mod accelerator;
+mod barrier;
+mod reduce;
+mod thread_world;
+
+pub use accelerator::{Accelerator, RankEnv};
+pub use thread_world::{RankError, ThreadComm, ThreadWorld};

@@ -1,0 +1,207 @@
+//! ThreadWorld collectives against values computed by hand, for W = 1..5 and uneven lengths.
+
+use candle_core::{Device, Tensor};
+use std::time::{Duration, Instant};
+use wick_accelerator::{RankError, ThreadWorld};
+use wick_core::{Collective, CollectiveError, ReduceOp};
+
+/// Rank r's shard length: uneven on purpose (r + 3 elements).
+fn shard_len(r: usize) -> usize {
+    r + 3
+}
+
+fn values(rank: usize, len: usize) -> Vec<f32> {
+    (0..len).map(|i| (rank * 1000 + i) as f32 * 0.5 - 7.0).collect()
+}
+
+fn tensor(v: Vec<f32>) -> Tensor {
+    Tensor::from_vec(v.clone(), v.len(), &Device::Cpu).unwrap()
+}
+
+fn ok<T>(outcomes: Vec<Result<T, RankError<CollectiveError>>>) -> Vec<T> {
+    outcomes.into_iter().map(|o| o.unwrap()).collect()
+}
+
+#[test]
+fn all_gather_concatenates_uneven_shards_in_rank_order() {
+    for w in 1..=5 {
+        let total: usize = (0..w).map(shard_len).sum();
+        let expected: Vec<f32> = (0..w).flat_map(|r| values(r, shard_len(r))).collect();
+        let got = ok(ThreadWorld::new(w).run(|c| {
+            let shard = tensor(values(c.rank(), shard_len(c.rank())));
+            let full = Tensor::zeros(total, candle_core::DType::F32, &Device::Cpu).unwrap();
+            // Twice on the same buffers: the second call must not depend on the first.
+            c.all_gather_into(&shard, &full)?;
+            c.all_gather_into(&shard, &full)?;
+            Ok(full.to_vec1::<f32>().unwrap())
+        }));
+        for g in got {
+            assert_eq!(g, expected, "w={w}");
+        }
+    }
+}
+
+#[test]
+fn reduce_scatter_sums_and_means_each_ranks_range() {
+    for w in 1..=5 {
+        let total: usize = (0..w).map(shard_len).sum();
+        for op in [ReduceOp::Sum, ReduceOp::Mean] {
+            let got = ok(ThreadWorld::new(w).run(|c| {
+                let full = tensor(values(c.rank(), total));
+                let shard = Tensor::zeros(shard_len(c.rank()), candle_core::DType::F32, &Device::Cpu).unwrap();
+                c.reduce_scatter_into(&full, &shard, op)?;
+                Ok(shard.to_vec1::<f32>().unwrap())
+            }));
+            let mut offset = 0;
+            for (r, g) in got.iter().enumerate() {
+                let want: Vec<f32> = (0..shard_len(r))
+                    .map(|i| {
+                        let sum: f32 = (0..w).map(|s| values(s, total)[offset + i]).sum();
+                        if op == ReduceOp::Mean { sum * (1.0 / w as f32) } else { sum }
+                    })
+                    .collect();
+                assert_eq!(g, &want, "w={w} rank={r} op={op:?}");
+                offset += shard_len(r);
+            }
+        }
+    }
+}
+
+#[test]
+fn all_reduce_gives_every_rank_the_same_sum() {
+    for w in 1..=5 {
+        // 2 elements (fewer than ranks), 1031 (prime), 5000 (several reduction blocks).
+        for len in [2, 1031, 5000] {
+            let got = ok(ThreadWorld::new(w).run(|c| {
+                let t = tensor(values(c.rank(), len));
+                c.all_reduce_in_place(&t, ReduceOp::Sum)?;
+                Ok(t.to_vec1::<f32>().unwrap())
+            }));
+            let want: Vec<f32> = (0..len).map(|i| (0..w).map(|s| values(s, len)[i]).sum()).collect();
+            for g in &got {
+                assert_eq!(g, &want, "w={w} len={len}");
+            }
+        }
+    }
+}
+
+#[test]
+fn broadcast_copies_the_roots_values() {
+    for w in 1..=5 {
+        let root = w - 1;
+        let got = ok(ThreadWorld::new(w).run(|c| {
+            let t = tensor(values(c.rank(), 17));
+            c.broadcast_in_place(&t, root)?;
+            c.barrier()?;
+            Ok(t.to_vec1::<f32>().unwrap())
+        }));
+        for g in got {
+            assert_eq!(g, values(root, 17));
+        }
+    }
+}
+
+#[test]
+fn scalar_all_reduce_means() {
+    let got = ok(ThreadWorld::new(4).run(|c| c.all_reduce_scalar(c.rank() as f32, ReduceOp::Mean)));
+    assert_eq!(got, vec![1.5; 4]);
+}
+
+#[test]
+fn mismatched_lengths_are_an_error_on_every_rank() {
+    let outcomes = ThreadWorld::new(3).run(|c| {
+        let t = tensor(values(c.rank(), 4 + c.rank()));
+        c.all_reduce_in_place(&t, ReduceOp::Sum)
+    });
+    for o in outcomes {
+        let e = o.unwrap_err().to_string();
+        assert!(e.contains("different lengths"), "{e}");
+    }
+}
+
+#[test]
+fn mismatched_calls_are_an_error_not_a_hang() {
+    let outcomes = ThreadWorld::new(2).run(|c| {
+        let t = tensor(values(c.rank(), 4));
+        if c.rank() == 0 {
+            c.barrier()
+        } else {
+            c.all_reduce_in_place(&t, ReduceOp::Sum)
+        }
+    });
+    for o in outcomes {
+        assert!(o.unwrap_err().to_string().contains("different collective"));
+    }
+}
+
+fn assert_failure_reaches_everyone(panic: bool) {
+    let start = Instant::now();
+    let outcomes = ThreadWorld::new(4).run(|c| {
+        let t = tensor(values(c.rank(), 8));
+        for step in 0..100 {
+            if c.rank() == 2 && step == 3 {
+                if panic {
+                    panic!("boom at step {step}");
+                }
+                return Err(CollectiveError::Mismatch { rank: 2, op: "test", message: "boom".into() });
+            }
+            c.all_reduce_in_place(&t, ReduceOp::Mean)?;
+        }
+        Ok(())
+    });
+    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    for (r, o) in outcomes.into_iter().enumerate() {
+        let e = o.unwrap_err().to_string();
+        if r == 2 {
+            assert!(e.contains("boom"), "{e}");
+        } else {
+            assert!(e.contains("rank 2 failed") && e.contains("boom"), "rank {r}: {e}");
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_errors_fails_the_others_quickly() {
+    assert_failure_reaches_everyone(false);
+}
+
+#[test]
+fn a_rank_that_panics_fails_the_others_quickly() {
+    assert_failure_reaches_everyone(true);
+}
+
+#[test]
+fn a_rank_that_leaves_early_fails_its_waiting_peers() {
+    let outcomes = ThreadWorld::new(2).run(|c| {
+        if c.rank() == 1 {
+            c.barrier()?;
+        }
+        Ok::<_, CollectiveError>(())
+    });
+    assert!(outcomes[0].is_ok());
+    assert!(outcomes[1].as_ref().unwrap_err().to_string().contains("rank 0 left"));
+}
+
+#[test]
+fn a_slow_peer_times_out_instead_of_hanging() {
+    let world = ThreadWorld::with_timeout(2, Duration::from_millis(200));
+    let outcomes = world.run(|c| {
+        if c.rank() == 0 {
+            std::thread::sleep(Duration::from_millis(600));
+            return Ok(());
+        }
+        c.barrier()
+    });
+    let e = outcomes[1].as_ref().unwrap_err().to_string();
+    assert!(e.contains("timed out"), "{e}");
+}
+
+#[test]
+fn wrong_dtype_is_refused_with_the_rank() {
+    let outcomes = ThreadWorld::new(1).run(|c| {
+        let t = Tensor::zeros(4, candle_core::DType::F64, &Device::Cpu).unwrap();
+        c.all_reduce_in_place(&t, ReduceOp::Sum)
+    });
+    let e = outcomes[0].as_ref().unwrap_err().to_string();
+    assert!(e.contains("rank 0") && e.contains("f32"), "{e}");
+}

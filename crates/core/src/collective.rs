@@ -1,0 +1,136 @@
+//! The `Collective` trait: what a world of ranks can do together.
+//!
+//! Calls take and fill flat, contiguous Candle tensors so each world moves data where it
+//! lives (host memory for threads and MPI, device memory for NCCL). Outputs are written in
+//! place into tensors the caller allocated once, so a training step allocates nothing for
+//! its collectives after warm-up. Every rank must issue the same calls in the same order.
+
+use crate::CollectiveError;
+use candle_core::Tensor;
+
+/// How values from the ranks are combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// Sum over ranks.
+    Sum,
+    /// Sum over ranks divided by the world size.
+    Mean,
+}
+
+/// A collective call that was issued and may still be in flight.
+///
+/// Worlds that complete calls at once return [`Work::done`]; asynchronous worlds return a
+/// handle whose [`Work::wait`] blocks until the output tensor is filled.
+#[must_use = "a collective's output is only valid after wait()"]
+pub struct Work {
+    pending: Option<Box<dyn FnOnce() -> Result<(), CollectiveError> + Send>>,
+}
+
+impl Work {
+    /// A call that already completed.
+    pub fn done() -> Self {
+        Work { pending: None }
+    }
+
+    /// A call that completes when `wait` runs.
+    pub fn pending(wait: impl FnOnce() -> Result<(), CollectiveError> + Send + 'static) -> Self {
+        Work {
+            pending: Some(Box::new(wait)),
+        }
+    }
+
+    /// Blocks until the call completed, returning its outcome.
+    pub fn wait(self) -> Result<(), CollectiveError> {
+        match self.pending {
+            Some(wait) => wait(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A world of ranks that can exchange tensors.
+///
+/// Tensors are flat (any shape, contiguous, read in row-major order). Lengths may differ
+/// between ranks where the operation allows it: in `all_gather_into` each rank's shard has
+/// its own length and the output holds their concatenation in rank order; in
+/// `reduce_scatter_into` the input is split at the ranks' shard lengths.
+pub trait Collective: Send + Sync {
+    /// This rank's index, `0..world_size()`.
+    fn rank(&self) -> usize;
+
+    /// The number of ranks.
+    fn world_size(&self) -> usize;
+
+    /// Writes every rank's `shard`, in rank order, into `full`.
+    fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError>;
+
+    /// Reduces `full` over the ranks and writes this rank's part of the result into `shard`.
+    /// Rank r's part starts at the sum of the shard lengths of ranks before it.
+    fn reduce_scatter_into(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError>;
+
+    /// Reduces `tensor` over the ranks, in place; every rank ends with the same values.
+    fn all_reduce_in_place(&self, tensor: &Tensor, op: ReduceOp) -> Result<(), CollectiveError>;
+
+    /// Overwrites `tensor` on every rank with its value on `root`.
+    fn broadcast_in_place(&self, tensor: &Tensor, root: usize) -> Result<(), CollectiveError>;
+
+    /// Returns once every rank has called it.
+    fn barrier(&self) -> Result<(), CollectiveError>;
+
+    /// Issues an all-gather to be waited on later (for prefetch). The default completes it
+    /// at once; worlds with a progress engine override it.
+    fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
+        self.all_gather_into(shard, full)?;
+        Ok(Work::done())
+    }
+
+    /// Reduces a scalar over the ranks (for metrics such as the logged loss).
+    fn all_reduce_scalar(&self, value: f32, op: ReduceOp) -> Result<f32, CollectiveError> {
+        let unsupported = |e: candle_core::Error| CollectiveError::Unsupported {
+            rank: self.rank(),
+            op: "all_reduce_scalar",
+            message: e.to_string(),
+        };
+        let t = Tensor::new(&[value], &candle_core::Device::Cpu).map_err(unsupported)?;
+        self.all_reduce_in_place(&t, op)?;
+        let v = t.to_vec1::<f32>().map_err(unsupported)?;
+        Ok(v[0])
+    }
+}
+
+impl<C: Collective + ?Sized> Collective for std::sync::Arc<C> {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn world_size(&self) -> usize {
+        (**self).world_size()
+    }
+    fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
+        (**self).all_gather_into(shard, full)
+    }
+    fn reduce_scatter_into(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        (**self).reduce_scatter_into(full, shard, op)
+    }
+    fn all_reduce_in_place(&self, tensor: &Tensor, op: ReduceOp) -> Result<(), CollectiveError> {
+        (**self).all_reduce_in_place(tensor, op)
+    }
+    fn broadcast_in_place(&self, tensor: &Tensor, root: usize) -> Result<(), CollectiveError> {
+        (**self).broadcast_in_place(tensor, root)
+    }
+    fn barrier(&self) -> Result<(), CollectiveError> {
+        (**self).barrier()
+    }
+    fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
+        (**self).all_gather_start(shard, full)
+    }
+}

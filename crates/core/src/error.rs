@@ -1,0 +1,97 @@
+//! Error types shared by the wick crates.
+
+/// Failure of a collective call. Every variant says which rank saw it or caused it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CollectiveError {
+    /// Another rank failed (returned an error or panicked); this rank's call was abandoned.
+    #[error("rank {rank} failed: {reason}")]
+    PeerFailed {
+        /// The rank that failed first.
+        rank: usize,
+        /// Its error or panic message.
+        reason: String,
+    },
+    /// Another rank left the world (finished its work) while this rank still waited on it.
+    #[error("rank {rank} left the world while rank {waiting} waited in {op}")]
+    PeerLeft {
+        /// The rank that left.
+        rank: usize,
+        /// The rank that was waiting.
+        waiting: usize,
+        /// The collective being waited on.
+        op: &'static str,
+    },
+    /// Ranks called different collectives, or the same one with incompatible sizes.
+    #[error("rank {rank}: {op}: {message}")]
+    Mismatch {
+        /// The rank reporting the mismatch.
+        rank: usize,
+        /// The collective.
+        op: &'static str,
+        /// What differed.
+        message: String,
+    },
+    /// No progress for longer than the world's timeout.
+    #[error("rank {rank}: {op} timed out after {seconds} s waiting for the other ranks")]
+    Timeout {
+        /// The rank that gave up.
+        rank: usize,
+        /// The collective.
+        op: &'static str,
+        /// The timeout.
+        seconds: u64,
+    },
+    /// The tensors passed cannot be used by this world (dtype, device, layout).
+    #[error("rank {rank}: {op}: {message}")]
+    Unsupported {
+        /// The calling rank.
+        rank: usize,
+        /// The collective.
+        op: &'static str,
+        /// What is not supported.
+        message: String,
+    },
+}
+
+/// Errors of wick's libraries.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A tensor operation failed (also the error type of the module hooks).
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    /// A collective call failed.
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+    /// An option has a value that cannot be used.
+    #[error("invalid {option}: {message}")]
+    Config {
+        /// The option's name, as the user wrote it.
+        option: String,
+        /// What is wrong and what would be valid.
+        message: String,
+    },
+    /// `configure_sharded_model` created no parameter, so there is nothing to train.
+    #[error("the module created no parameters in configure_sharded_model; create them there through ctx.var_builder()")]
+    NoParameters,
+    /// A step was asked of a strategy before the stage that prepares it.
+    #[error("strategy {strategy}: {message}")]
+    NotReady {
+        /// The strategy's name.
+        strategy: String,
+        /// Which preparation is missing.
+        message: String,
+    },
+}
+
+impl Error {
+    /// Shorthand for [`Error::Config`].
+    pub fn config(option: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Config {
+            option: option.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Result with wick's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,26 @@
+//! wick-core: the contracts every other wick crate meets in.
+//!
+//! It owns the hook traits a model and a callback implement ([`TrainModule`], [`Callback`]),
+//! the [`Stage`]s, the [`Collective`] trait that worlds implement, the [`Strategy`] trait that
+//! strategies implement, the [`ShardedContext`] handed to `configure_sharded_model`, the
+//! optimizer configuration a module returns, and the error types. It knows no other wick crate
+//! and no device or collective engine.
+
+mod callback;
+mod collective;
+mod context;
+mod error;
+pub mod host;
+mod module;
+mod optimizer;
+mod stage;
+mod strategy;
+
+pub use callback::{Callback, CallbackClone, RunState};
+pub use collective::{Collective, ReduceOp, Work};
+pub use context::{sharding_context_active, ContextGuard, ParamSource, ShardedContext};
+pub use error::{CollectiveError, Error, Result};
+pub use module::TrainModule;
+pub use optimizer::OptimizerConfig;
+pub use stage::Stage;
+pub use strategy::Strategy;

@@ -1,0 +1,61 @@
+//! The hooks a model implements to be trained by wick.
+
+use crate::{OptimizerConfig, ShardedContext, Stage};
+use candle_core::{Result, Tensor};
+
+/// A model with its training logic, in the style of a LightningModule.
+///
+/// Parameters are created in [`TrainModule::configure_sharded_model`], which runs once per
+/// module instance, after the world is up and inside the strategy's sharding context; a
+/// module is cheap to construct and clone before that (it holds only its configuration),
+/// which is how the other ranks of a thread world get their replica.
+pub trait TrainModule: Send {
+    /// What one batch of this module's data looks like.
+    type Batch;
+
+    /// Called at the start of every stage, on every rank, before parameters exist the first time.
+    fn setup(&mut self, _stage: Stage) -> Result<()> {
+        Ok(())
+    }
+
+    /// Creates the model's parameters through `ctx.var_builder()`.
+    fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> Result<()>;
+
+    /// The optimizer the strategy should build over this module's parameters.
+    fn configure_optimizers(&self) -> OptimizerConfig {
+        OptimizerConfig::adamw(1e-3)
+    }
+
+    /// Before the first training batch.
+    fn on_fit_start(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The loss of one batch (this rank's slice of the global batch), a scalar.
+    fn training_step(&mut self, batch: &Self::Batch, batch_idx: usize) -> Result<Tensor>;
+
+    /// The validation loss of one batch, a scalar; `None` skips validation.
+    fn validation_step(&mut self, _batch: &Self::Batch, _batch_idx: usize) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+
+    /// The test loss of one batch, a scalar; `None` reports nothing.
+    fn test_step(&mut self, _batch: &Self::Batch, _batch_idx: usize) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+
+    /// The predictions for one batch, first dimension the batch.
+    fn predict_step(&mut self, _batch: &Self::Batch, _batch_idx: usize) -> Result<Tensor> {
+        candle_core::bail!("this module does not implement predict_step")
+    }
+
+    /// After the last training batch.
+    fn on_fit_end(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// At the end of every stage, on every rank.
+    fn teardown(&mut self, _stage: Stage) -> Result<()> {
+        Ok(())
+    }
+}

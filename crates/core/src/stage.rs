@@ -1,0 +1,34 @@
+//! The four things a trainer can run.
+
+use std::fmt;
+
+/// A trainer entry point; hooks that run for several of them receive it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// Training, with validation as configured.
+    Fit,
+    /// One pass over validation data.
+    Validate,
+    /// One pass over test data.
+    Test,
+    /// One pass producing predictions.
+    Predict,
+}
+
+impl Stage {
+    /// Lower-case name, as used in logs and metric names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Fit => "fit",
+            Stage::Validate => "validate",
+            Stage::Test => "test",
+            Stage::Predict => "predict",
+        }
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

@@ -1,0 +1,57 @@
+//! The `Strategy` trait: how parameters, gradients and optimizer state are laid out over
+//! the ranks, and how a step keeps them consistent.
+
+use crate::{Collective, OptimizerConfig, Result, ShardedContext};
+use candle_core::{Device, Tensor};
+use std::sync::Arc;
+
+/// One rank's instance of a distribution strategy.
+///
+/// The trainer gives each rank its own instance ([`Strategy::for_new_rank`]) and calls, in
+/// order: [`connect`](Strategy::connect) at every stage, [`sharded_context`](Strategy::sharded_context)
+/// and [`finish_sharding`](Strategy::finish_sharding) once around `configure_sharded_model`,
+/// [`configure_optimizer`](Strategy::configure_optimizer) at each fit, then per step
+/// [`backward`](Strategy::backward) (once per micro-batch) and
+/// [`optimizer_step`](Strategy::optimizer_step).
+pub trait Strategy: Send {
+    /// The registry name (`single`, `ddp`, ...).
+    fn name(&self) -> &str;
+
+    /// A fresh, unconfigured instance with the same options, for another rank.
+    fn for_new_rank(&self) -> Box<dyn Strategy>;
+
+    /// The ranks this strategy can run on; `Err` names what is wrong with `world_size`.
+    fn check_world_size(&self, world_size: usize) -> Result<()> {
+        let _ = world_size;
+        Ok(())
+    }
+
+    /// Attaches this rank's world for the stage about to run.
+    fn connect(&mut self, world: Arc<dyn Collective>, device: Device);
+
+    /// Opens the context in which the module creates its parameters.
+    fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext>;
+
+    /// Called after `configure_sharded_model` returned and the context closed: freeze the
+    /// parameter layout (buffers, buckets, shards).
+    fn finish_sharding(&mut self) -> Result<()>;
+
+    /// Whether `configure_sharded_model` already ran for this instance.
+    fn is_configured(&self) -> bool;
+
+    /// Builds the optimizer over this rank's parameters (or their shards).
+    fn configure_optimizer(&mut self, config: &OptimizerConfig) -> Result<()>;
+
+    /// Back-propagates `loss` and accumulates the gradients locally; no collective.
+    fn backward(&mut self, loss: &Tensor) -> Result<()>;
+
+    /// Synchronizes the accumulated gradients, steps the optimizer, clears the gradients.
+    fn optimizer_step(&mut self) -> Result<()>;
+
+    /// Every parameter in full, by name, in registration order. Collective under
+    /// sharding strategies: every rank must call it.
+    fn full_parameters(&self) -> Result<Vec<(String, Tensor)>>;
+
+    /// The number of scalar parameters of the whole model.
+    fn num_parameters(&self) -> usize;
+}
