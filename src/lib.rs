@@ -1,1 +1,11 @@
-//! x
+//! wick: Lightning-style training with sharded data parallelism for Candle.
+//!
+//! This facade re-exports the layers: [`core`] (hook traits, collectives, strategy trait),
+//! [`strategies`] (single, ddp, optimizers, sharded init), [`accelerator`] (devices, worlds,
+//! sharded setup) and [`trainer`] (the `Trainer`). The `wick` program and the main job's model
+//! live in this package too.
+
+pub use wick_accelerator as accelerator;
+pub use wick_core as core;
+pub use wick_strategies as strategies;
+pub use wick_trainer as trainer;

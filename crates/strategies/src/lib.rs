@@ -1,1 +1,20 @@
-//! x
+//! wick-strategies: how a model's parameters, gradients and optimizer state are laid out
+//! over the ranks, on Candle tensors.
+//!
+//! It owns the counter-based parameter init that makes any slice of a parameter on its own
+//! ([`init`]), wick's optimizers over plain or flat buffers ([`optim`]), and the strategies:
+//! [`SingleDevice`] and [`Ddp`] (replicated parameters, bucketed gradient all-reduce). A
+//! strategy reaches other ranks only through wick-core's `Collective`, so it runs over any
+//! world (threads, MPI, NCCL) without knowing which.
+
+mod ddp;
+mod grads;
+pub mod init;
+pub mod optim;
+mod registry;
+mod replicated;
+mod single;
+
+pub use ddp::Ddp;
+pub use registry::{strategy_by_name, STRATEGY_NAMES};
+pub use single::SingleDevice;

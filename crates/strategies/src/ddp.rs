@@ -1,0 +1,132 @@
+//! `Ddp`: replicated parameters, gradients averaged over the ranks by bucketed all-reduce.
+//!
+//! Gradients are copied into flat buckets of about `bucket_cap_bytes`, filled in reverse
+//! registration order (the order backward produces them, as in PyTorch's DDP), and each
+//! bucket is one all-reduce. Every rank then applies the same update to the same
+//! parameters, so replicas stay identical without a broadcast.
+
+use crate::replicated::Replicated;
+use candle_core::{Device, Tensor};
+use std::sync::Arc;
+use wick_core::{Collective, OptimizerConfig, ReduceOp, Result, ShardedContext, Strategy};
+
+/// PyTorch DDP's default bucket size.
+const DEFAULT_BUCKET_CAP_BYTES: usize = 25 << 20;
+
+/// Distributed data parallel.
+pub struct Ddp {
+    bucket_cap_bytes: usize,
+    buckets: Vec<Vec<usize>>,
+    state: Replicated,
+}
+
+impl Default for Ddp {
+    fn default() -> Self {
+        Ddp::new()
+    }
+}
+
+impl Ddp {
+    /// The registry name.
+    pub const NAME: &'static str = "ddp";
+
+    /// DDP with 25 MiB buckets.
+    pub fn new() -> Self {
+        Ddp { bucket_cap_bytes: DEFAULT_BUCKET_CAP_BYTES, buckets: Vec::new(), state: Replicated::default() }
+    }
+
+    /// Sets the bucket size in bytes (a parameter larger than it gets a bucket of its own).
+    pub fn with_bucket_cap_bytes(mut self, bytes: usize) -> Self {
+        self.bucket_cap_bytes = bytes.max(1);
+        self
+    }
+
+    /// The parameter indices of each bucket, in all-reduce order.
+    pub fn buckets(&self) -> &[Vec<usize>] {
+        &self.buckets
+    }
+
+    fn build_buckets(&mut self) {
+        self.buckets.clear();
+        let mut current = Vec::new();
+        let mut bytes = 0;
+        for (i, p) in self.state.params.iter().enumerate().rev() {
+            let size = p.elem_count() * p.dtype().size_in_bytes();
+            if !current.is_empty() && bytes + size > self.bucket_cap_bytes {
+                self.buckets.push(std::mem::take(&mut current));
+                bytes = 0;
+            }
+            current.push(i);
+            bytes += size;
+        }
+        if !current.is_empty() {
+            self.buckets.push(current);
+        }
+    }
+
+    fn all_reduce_grads(&self, grads: &mut [Tensor]) -> Result<()> {
+        let world = self.state.world(Self::NAME)?;
+        for bucket in &self.buckets {
+            let parts = bucket.iter().map(|&i| grads[i].flatten_all()).collect::<candle_core::Result<Vec<_>>>()?;
+            let flat = Tensor::cat(&parts, 0)?;
+            world.all_reduce_in_place(&flat, ReduceOp::Mean)?;
+            let mut offset = 0;
+            for &i in bucket {
+                let n = grads[i].elem_count();
+                grads[i] = flat.narrow(0, offset, n)?.reshape(grads[i].shape())?;
+                offset += n;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Strategy for Ddp {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn for_new_rank(&self) -> Box<dyn Strategy> {
+        Box::new(Ddp::new().with_bucket_cap_bytes(self.bucket_cap_bytes))
+    }
+
+    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) {
+        self.state.connect(world, device)
+    }
+
+    fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext> {
+        self.state.sharded_context(Self::NAME, seed)
+    }
+
+    fn finish_sharding(&mut self) -> Result<()> {
+        self.state.finish_sharding(Self::NAME)?;
+        self.build_buckets();
+        Ok(())
+    }
+
+    fn is_configured(&self) -> bool {
+        self.state.is_configured()
+    }
+
+    fn configure_optimizer(&mut self, config: &OptimizerConfig) -> Result<()> {
+        self.state.configure_optimizer(config)
+    }
+
+    fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        self.state.backward(loss)
+    }
+
+    fn optimizer_step(&mut self) -> Result<()> {
+        let mut grads = self.state.take_grads()?;
+        self.all_reduce_grads(&mut grads)?;
+        self.state.apply(Self::NAME, &grads)
+    }
+
+    fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {
+        self.state.full_parameters()
+    }
+
+    fn num_parameters(&self) -> usize {
+        self.state.num_parameters()
+    }
+}

@@ -1,0 +1,38 @@
+//! Gradients accumulated over micro-batches, one slot per parameter.
+
+use candle_core::{backprop::GradStore, Result, Tensor, Var};
+
+/// Sum of the gradients of every `backward` since the last step, per parameter.
+#[derive(Default)]
+pub(crate) struct GradAccumulator {
+    grads: Vec<Option<Tensor>>,
+}
+
+impl GradAccumulator {
+    /// Adds the gradients of `store` for `params` (in order).
+    pub(crate) fn add(&mut self, params: &[Var], store: &GradStore) -> Result<()> {
+        self.grads.resize(params.len(), None);
+        for (slot, p) in self.grads.iter_mut().zip(params) {
+            if let Some(g) = store.get(p.as_tensor()) {
+                *slot = Some(match slot.take() {
+                    Some(acc) => (acc + g)?,
+                    None => g.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The accumulated gradients, zeros for a parameter that received none; clears them.
+    pub(crate) fn take(&mut self, params: &[Var]) -> Result<Vec<Tensor>> {
+        let grads = std::mem::take(&mut self.grads);
+        params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| match grads.get(i).cloned().flatten() {
+                Some(g) => Ok(g),
+                None => p.zeros_like(),
+            })
+            .collect()
+    }
+}

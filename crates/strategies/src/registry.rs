@@ -1,0 +1,19 @@
+//! Strategy names, in one place: the command line and the API both resolve names here.
+
+use crate::{Ddp, SingleDevice};
+use wick_core::{Error, Result, Strategy};
+
+/// Every name [`strategy_by_name`] accepts.
+pub const STRATEGY_NAMES: &[&str] = &[SingleDevice::NAME, Ddp::NAME];
+
+/// A fresh strategy for `name`, or an error that lists the valid names.
+pub fn strategy_by_name(name: &str) -> Result<Box<dyn Strategy>> {
+    match name {
+        SingleDevice::NAME => Ok(Box::new(SingleDevice::new())),
+        Ddp::NAME => Ok(Box::new(Ddp::new())),
+        other => Err(Error::config(
+            "strategy",
+            format!("unknown strategy '{other}'; valid: {}", STRATEGY_NAMES.join(", ")),
+        )),
+    }
+}

@@ -1,0 +1,143 @@
+//! Replicated parameters: every rank holds every parameter in full. The state shared by
+//! [`SingleDevice`](crate::SingleDevice) and [`Ddp`](crate::Ddp).
+
+use crate::grads::GradAccumulator;
+use crate::init::init_values;
+use crate::optim::Optimizer;
+use candle_core::{DType, Device, Shape, Tensor, Var};
+use candle_nn::Init;
+use std::sync::{Arc, Mutex};
+use wick_core::{Collective, Error, OptimizerConfig, ParamSource, Result, ShardedContext};
+
+/// Full parameters created on request, identical on every rank (the init is counter-based,
+/// so no broadcast is needed).
+pub(crate) struct ReplicatedParams {
+    seed: u64,
+    params: Mutex<Vec<(String, Var)>>,
+}
+
+impl ReplicatedParams {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(String, Var)>> {
+        self.params.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl ParamSource for ReplicatedParams {
+    fn get_or_create(
+        &self,
+        name: &str,
+        shape: &Shape,
+        init: &Init,
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<Tensor> {
+        if dtype != DType::F32 {
+            candle_core::bail!("parameter '{name}': wick keeps f32 master parameters, {dtype:?} was requested")
+        }
+        let mut params = self.lock();
+        if let Some((_, var)) = params.iter().find(|(n, _)| n == name) {
+            if var.shape() != shape {
+                candle_core::bail!(
+                    "parameter '{name}' requested with shape {shape:?} but created with {:?}",
+                    var.shape()
+                )
+            }
+            return Ok(var.as_tensor().clone());
+        }
+        let values = init_values(init, self.seed, name, shape, 0..shape.elem_count());
+        let var = Var::from_tensor(&Tensor::from_vec(values, shape, device)?)?;
+        params.push((name.to_string(), var.clone()));
+        Ok(var.as_tensor().clone())
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.lock().iter().any(|(n, _)| n == name)
+    }
+}
+
+/// One rank's replicated model state: parameters, accumulated gradients, optimizer.
+#[derive(Default)]
+pub(crate) struct Replicated {
+    pub(crate) world: Option<Arc<dyn Collective>>,
+    device: Option<Device>,
+    source: Option<Arc<ReplicatedParams>>,
+    pub(crate) names: Vec<String>,
+    pub(crate) params: Vec<Var>,
+    grads: GradAccumulator,
+    optimizer: Option<Optimizer>,
+}
+
+impl Replicated {
+    pub(crate) fn connect(&mut self, world: Arc<dyn Collective>, device: Device) {
+        self.world = Some(world);
+        self.device = Some(device);
+    }
+
+    fn not_ready(strategy: &str, message: &str) -> Error {
+        Error::NotReady { strategy: strategy.to_string(), message: message.to_string() }
+    }
+
+    pub(crate) fn world(&self, strategy: &str) -> Result<&Arc<dyn Collective>> {
+        self.world.as_ref().ok_or_else(|| Self::not_ready(strategy, "no world connected"))
+    }
+
+    pub(crate) fn sharded_context(&mut self, strategy: &str, seed: u64) -> Result<ShardedContext> {
+        let world = self.world(strategy)?.clone();
+        let device = self.device.clone().unwrap_or(Device::Cpu);
+        let source = Arc::new(ReplicatedParams { seed, params: Mutex::new(Vec::new()) });
+        self.source = Some(source.clone());
+        Ok(ShardedContext::new(source, world, device, strategy))
+    }
+
+    pub(crate) fn finish_sharding(&mut self, strategy: &str) -> Result<()> {
+        let source = self.source.take().ok_or_else(|| Self::not_ready(strategy, "no sharding context was opened"))?;
+        let params = std::mem::take(&mut *source.lock());
+        (self.names, self.params) = params.into_iter().unzip();
+        Ok(())
+    }
+
+    pub(crate) fn is_configured(&self) -> bool {
+        !self.params.is_empty()
+    }
+
+    pub(crate) fn configure_optimizer(&mut self, config: &OptimizerConfig) -> Result<()> {
+        if self.params.is_empty() {
+            return Err(Error::NoParameters);
+        }
+        self.optimizer = Some(Optimizer::new(config));
+        self.grads = GradAccumulator::default();
+        Ok(())
+    }
+
+    pub(crate) fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        let store = loss.backward()?;
+        self.grads.add(&self.params, &store)?;
+        Ok(())
+    }
+
+    /// The accumulated gradients, cleared for the next step.
+    pub(crate) fn take_grads(&mut self) -> Result<Vec<Tensor>> {
+        Ok(self.grads.take(&self.params)?)
+    }
+
+    pub(crate) fn apply(&mut self, strategy: &str, grads: &[Tensor]) -> Result<()> {
+        let optimizer = self
+            .optimizer
+            .as_mut()
+            .ok_or_else(|| Self::not_ready(strategy, "optimizer_step before configure_optimizer"))?;
+        optimizer.step(&self.params, grads)?;
+        Ok(())
+    }
+
+    pub(crate) fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {
+        self.names
+            .iter()
+            .zip(&self.params)
+            .map(|(n, p)| Ok((n.clone(), p.as_tensor().copy()?)))
+            .collect()
+    }
+
+    pub(crate) fn num_parameters(&self) -> usize {
+        self.params.iter().map(|p| p.elem_count()).sum()
+    }
+}

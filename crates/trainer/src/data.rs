@@ -1,0 +1,162 @@
+//! Datasets and the distributed split of each global batch over the ranks.
+
+use crate::TrainerError;
+use candle_core::Device;
+
+/// Samples addressed by index, turned into a module's batches.
+pub trait Dataset: Sync {
+    /// What one batch looks like (the module's `Batch`).
+    type Batch;
+
+    /// The number of samples.
+    fn len(&self) -> usize;
+
+    /// Whether there are no samples.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The batch made of the samples `indices`, in that order, on `device`.
+    fn batch(&self, indices: &[usize], device: &Device) -> candle_core::Result<Self::Batch>;
+}
+
+/// A dataset with a global batch size, like a DataLoader with a DistributedSampler.
+///
+/// Each epoch's order is a shuffle seeded by (seed, epoch) (or the identity without shuffle);
+/// it is cut into global batches (an incomplete last batch is dropped, so every rank runs
+/// the same number of steps), and each global batch into W equal, disjoint slices: rank r
+/// takes slice r. Concatenating the ranks' slices gives the global batch of one device.
+pub struct DataLoader<D> {
+    dataset: D,
+    batch_size: usize,
+    shuffle: bool,
+}
+
+impl<D: Dataset> DataLoader<D> {
+    /// Batches of `global_batch_size` samples, shuffled every epoch.
+    pub fn new(dataset: D, global_batch_size: usize) -> Self {
+        DataLoader { dataset, batch_size: global_batch_size, shuffle: true }
+    }
+
+    /// Keeps the dataset's order (for evaluation).
+    pub fn without_shuffle(mut self) -> Self {
+        self.shuffle = false;
+        self
+    }
+
+    /// The dataset.
+    pub fn dataset(&self) -> &D {
+        &self.dataset
+    }
+
+    /// The global batch size.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// Global batches per epoch.
+    pub fn batches_per_epoch(&self) -> usize {
+        self.dataset.len() / self.batch_size.max(1)
+    }
+
+    /// Checks that the batches can be split over `world_size` ranks.
+    pub fn check(&self, world_size: usize) -> Result<(), TrainerError> {
+        if self.batch_size == 0 {
+            return Err(TrainerError::config("batch size", "must be at least 1, got 0"));
+        }
+        if self.batch_size % world_size != 0 {
+            return Err(TrainerError::config(
+                "batch size",
+                format!(
+                    "global batch size {} does not divide by {world_size} ranks; use a multiple of {world_size}",
+                    self.batch_size
+                ),
+            ));
+        }
+        if self.batches_per_epoch() == 0 {
+            return Err(TrainerError::config(
+                "batch size",
+                format!("the dataset has {} samples, fewer than one global batch of {}", self.dataset.len(), self.batch_size),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The sample order of `epoch`.
+    pub fn epoch_order(&self, seed: u64, epoch: usize) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.dataset.len()).collect();
+        if self.shuffle {
+            shuffle(&mut order, seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        }
+        order
+    }
+
+    /// Rank `rank`'s slice of global batch `batch` of `order`.
+    pub fn rank_slice<'o>(&self, order: &'o [usize], batch: usize, rank: usize, world_size: usize) -> &'o [usize] {
+        let per_rank = self.batch_size / world_size;
+        let start = batch * self.batch_size + rank * per_rank;
+        &order[start..start + per_rank]
+    }
+}
+
+/// Fisher-Yates with xorshift64*, seeded through splitmix64 so nearby seeds differ.
+fn shuffle(order: &mut [usize], seed: u64) {
+    let mut state = {
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) | 1
+    };
+    for i in (1..order.len()).rev() {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        let r = state.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        order.swap(i, (r % (i as u64 + 1)) as usize);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Range(usize);
+    impl Dataset for Range {
+        type Batch = Vec<usize>;
+        fn len(&self) -> usize {
+            self.0
+        }
+        fn batch(&self, indices: &[usize], _: &Device) -> candle_core::Result<Vec<usize>> {
+            Ok(indices.to_vec())
+        }
+    }
+
+    #[test]
+    fn rank_slices_partition_each_global_batch() {
+        let loader = DataLoader::new(Range(50), 12);
+        let order = loader.epoch_order(7, 3);
+        for b in 0..loader.batches_per_epoch() {
+            let joined: Vec<usize> = (0..4).flat_map(|r| loader.rank_slice(&order, b, r, 4).to_vec()).collect();
+            assert_eq!(joined, order[b * 12..(b + 1) * 12]);
+        }
+    }
+
+    #[test]
+    fn shuffle_depends_on_seed_and_epoch_only() {
+        let loader = DataLoader::new(Range(100), 10);
+        assert_eq!(loader.epoch_order(1, 0), loader.epoch_order(1, 0));
+        assert_ne!(loader.epoch_order(1, 0), loader.epoch_order(1, 1));
+        assert_ne!(loader.epoch_order(1, 0), loader.epoch_order(2, 0));
+        let mut sorted = loader.epoch_order(1, 0);
+        sorted.sort();
+        assert_eq!(sorted, (0..100).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn bad_batch_sizes_are_explained() {
+        let e = DataLoader::new(Range(100), 10).check(4).unwrap_err().to_string();
+        assert!(e.contains("global batch size 10 does not divide by 4 ranks"), "{e}");
+        let e = DataLoader::new(Range(3), 4).check(2).unwrap_err().to_string();
+        assert!(e.contains("fewer than one global batch"), "{e}");
+    }
+}

@@ -1,0 +1,58 @@
+//! The trainer's error type.
+
+use std::path::PathBuf;
+
+/// Why a trainer call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainerError {
+    /// An error from wick's libraries (strategy, collectives, tensors, options).
+    #[error(transparent)]
+    Wick(#[from] wick_core::Error),
+    /// One or more ranks failed; `rank` is the one that failed first, and `ranks` has every
+    /// failing rank's own error, each prefixed by its rank.
+    #[error("rank {rank} failed: {message}")]
+    RankFailed {
+        /// The rank whose failure caused the others.
+        rank: usize,
+        /// Its error.
+        message: String,
+        /// Every failing rank with its error message.
+        ranks: Vec<(usize, String)>,
+    },
+    /// Writing logs failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+impl TrainerError {
+    /// Shorthand for an invalid option.
+    pub fn config(option: &str, message: impl Into<String>) -> Self {
+        TrainerError::Wick(wick_core::Error::config(option, message))
+    }
+
+    /// Whether this error only reports that another rank failed first.
+    pub(crate) fn is_consequence(&self) -> bool {
+        use wick_core::{CollectiveError, Error};
+        matches!(
+            self,
+            TrainerError::Wick(Error::Collective(CollectiveError::PeerFailed { .. }))
+        )
+    }
+}
+
+impl From<candle_core::Error> for TrainerError {
+    fn from(e: candle_core::Error) -> Self {
+        TrainerError::Wick(wick_core::Error::Candle(e))
+    }
+}
+
+impl From<wick_core::CollectiveError> for TrainerError {
+    fn from(e: wick_core::CollectiveError) -> Self {
+        TrainerError::Wick(wick_core::Error::Collective(e))
+    }
+}

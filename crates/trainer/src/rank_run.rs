@@ -1,0 +1,212 @@
+//! One rank's part of a stage: the hook sequence of DESIGN.md and the loops.
+
+use crate::metrics_csv::MetricsCsv;
+use crate::progress::Progress;
+use crate::trainer::{Config, Metrics};
+use crate::{DataLoader, Dataset, TrainerError};
+use candle_core::{DType, Tensor};
+use wick_accelerator::{Accelerator, RankEnv};
+use wick_core::{Callback, ReduceOp, RunState, Stage, Strategy, TrainModule};
+
+/// The data a stage runs over.
+pub(crate) struct Loaders<'a, D> {
+    pub(crate) train: Option<&'a DataLoader<D>>,
+    pub(crate) eval: Option<&'a DataLoader<D>>,
+}
+
+/// What a rank brings back from a stage.
+pub(crate) struct RankOutput {
+    pub(crate) metrics: Metrics,
+    pub(crate) predictions: Vec<Tensor>,
+}
+
+pub(crate) struct RankRun<'a, M> {
+    pub(crate) env: RankEnv,
+    pub(crate) module: &'a mut M,
+    pub(crate) strategy: &'a mut dyn Strategy,
+    pub(crate) callbacks: Vec<Box<dyn Callback>>,
+    pub(crate) config: &'a Config,
+    pub(crate) state: RunState,
+}
+
+/// Which evaluation hook a pass calls and under which metric name it reports.
+#[derive(Clone, Copy)]
+enum Eval {
+    Validation,
+    Test,
+}
+
+impl<M: TrainModule> RankRun<'_, M> {
+    fn callbacks(
+        &mut self,
+        mut hook: impl FnMut(&mut dyn Callback, &RunState) -> candle_core::Result<()>,
+    ) -> Result<(), TrainerError> {
+        for cb in self.callbacks.iter_mut() {
+            hook(cb.as_mut(), &self.state)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `stage` on this rank, in DESIGN.md's order.
+    pub(crate) fn run<D: Dataset<Batch = M::Batch>>(
+        mut self,
+        stage: Stage,
+        loaders: &Loaders<'_, D>,
+    ) -> Result<RankOutput, TrainerError> {
+        self.strategy.connect(self.env.world.clone(), self.env.device.clone());
+        self.callbacks(|cb, s| cb.setup(s, stage))?;
+        self.module.setup(stage)?;
+        if Accelerator::setup(self.strategy, self.module, self.config.seed)? {
+            self.callbacks(|cb, s| cb.on_configure_sharded_model(s))?;
+        }
+        let mut predictions = Vec::new();
+        match (stage, loaders.train, loaders.eval) {
+            (Stage::Fit, Some(train), val) => self.fit(train, val)?,
+            (Stage::Validate, _, Some(data)) => {
+                self.evaluate(data, Eval::Validation)?;
+            }
+            (Stage::Test, _, Some(data)) => {
+                self.evaluate(data, Eval::Test)?;
+            }
+            (Stage::Predict, _, Some(data)) => {
+                predictions = self.predict(data)?;
+            }
+            _ => unreachable!("the trainer passes the loaders each stage needs"),
+        }
+        self.callbacks(|cb, s| cb.teardown(s, stage))?;
+        self.module.teardown(stage)?;
+        Ok(RankOutput { metrics: self.state.metrics, predictions })
+    }
+
+    fn fit<D: Dataset<Batch = M::Batch>>(
+        &mut self,
+        train: &DataLoader<D>,
+        val: Option<&DataLoader<D>>,
+    ) -> Result<(), TrainerError> {
+        let optimizer = self.module.configure_optimizers();
+        self.strategy.configure_optimizer(&optimizer)?;
+        let (rank, world_size) = (self.env.rank, self.env.world_size);
+        let per_epoch = train.batches_per_epoch();
+        let max_epochs = match (self.config.max_epochs, self.config.max_steps) {
+            (Some(e), _) => e,
+            (None, Some(_)) => usize::MAX,
+            (None, None) => 1,
+        };
+        let total_steps = self.config.max_steps.unwrap_or(usize::MAX).min(per_epoch.saturating_mul(max_epochs));
+        let mut csv = match (&self.config.run_dir, rank) {
+            (Some(dir), 0) => Some(MetricsCsv::create(dir)?),
+            _ => None,
+        };
+        let progress = (rank == 0 && self.config.progress).then(|| Progress::new_if_terminal(total_steps)).flatten();
+
+        self.callbacks(|cb, s| cb.on_fit_start(s))?;
+        self.module.on_fit_start()?;
+        'epochs: for epoch in 0..max_epochs {
+            self.state.epoch = epoch;
+            let order = train.epoch_order(self.config.seed, epoch);
+            for b in 0..per_epoch {
+                if self.state.global_step >= total_steps {
+                    break 'epochs;
+                }
+                let batch = train.dataset().batch(train.rank_slice(&order, b, rank, world_size), &self.env.device)?;
+                let loss = self.module.training_step(&batch, b)?;
+                let local = scalar(&loss, "training_step")?;
+                self.strategy.backward(&loss)?;
+                self.strategy.optimizer_step()?;
+                let train_loss = self.env.world.all_reduce_scalar(local, ReduceOp::Mean)? as f64;
+                self.state.global_step += 1;
+                self.state.metrics.insert("train_loss".into(), train_loss);
+                self.callbacks(|cb, s| cb.on_train_batch_end(s))?;
+
+                let validate_now = val.is_some()
+                    && match self.config.val_check_interval {
+                        Some(n) => self.state.global_step % n == 0,
+                        None => b + 1 == per_epoch,
+                    };
+                let val_loss = match val {
+                    Some(val) if validate_now => self.evaluate(val, Eval::Validation)?,
+                    _ => None,
+                };
+                if let Some(csv) = csv.as_mut() {
+                    csv.row(self.state.global_step, epoch, train_loss, val_loss)?;
+                }
+                if let Some(p) = &progress {
+                    p.update(self.state.global_step, train_loss, train.batch_size());
+                }
+            }
+        }
+        if let Some(p) = &progress {
+            p.finish();
+        }
+        if let Some(csv) = csv.as_mut() {
+            csv.flush()?;
+        }
+        self.callbacks(|cb, s| cb.on_fit_end(s))?;
+        self.module.on_fit_end()?;
+        Ok(())
+    }
+
+    /// One pass over `data`; returns the loss averaged over batches and ranks, if the module
+    /// reports one.
+    fn evaluate<D: Dataset<Batch = M::Batch>>(&mut self, data: &DataLoader<D>, kind: Eval) -> Result<Option<f64>, TrainerError> {
+        if let Eval::Validation = kind {
+            self.callbacks(|cb, s| cb.on_validation_start(s))?;
+        }
+        let (sum, count) = self.each_batch(data, |module, batch, b| {
+            let (loss, hook) = match kind {
+                Eval::Validation => (module.validation_step(batch, b)?, "validation_step"),
+                Eval::Test => (module.test_step(batch, b)?, "test_step"),
+            };
+            loss.map(|l| scalar(&l, hook)).transpose()
+        })?
+        .into_iter()
+        .flatten()
+        .fold((0f64, 0usize), |(s, n), l| (s + l as f64, n + 1));
+        let mean = match count {
+            0 => None,
+            n => Some(self.env.world.all_reduce_scalar((sum / n as f64) as f32, ReduceOp::Mean)? as f64),
+        };
+        let metric = match kind {
+            Eval::Validation => "val_loss",
+            Eval::Test => "test_loss",
+        };
+        if let Some(v) = mean {
+            self.state.metrics.insert(metric.into(), v);
+        }
+        match kind {
+            Eval::Validation => self.callbacks(|cb, s| cb.on_validation_end(s))?,
+            Eval::Test => self.callbacks(|cb, s| cb.on_test_end(s))?,
+        }
+        Ok(mean)
+    }
+
+    fn predict<D: Dataset<Batch = M::Batch>>(&mut self, data: &DataLoader<D>) -> Result<Vec<Tensor>, TrainerError> {
+        let out = self.each_batch(data, |module, batch, b| Ok(module.predict_step(batch, b)?))?;
+        self.callbacks(|cb, s| cb.on_predict_end(s))?;
+        Ok(out)
+    }
+
+    /// Runs `step` on this rank's slice of every batch of `data` (one epoch, epoch 0's order).
+    fn each_batch<D: Dataset<Batch = M::Batch>, T>(
+        &mut self,
+        data: &DataLoader<D>,
+        mut step: impl FnMut(&mut M, &M::Batch, usize) -> Result<T, TrainerError>,
+    ) -> Result<Vec<T>, TrainerError> {
+        let order = data.epoch_order(self.config.seed, 0);
+        (0..data.batches_per_epoch())
+            .map(|b| {
+                let idx = data.rank_slice(&order, b, self.env.rank, self.env.world_size);
+                let batch = data.dataset().batch(idx, &self.env.device)?;
+                step(self.module, &batch, b)
+            })
+            .collect()
+    }
+}
+
+/// The value of a scalar loss, or an error naming the hook that returned something else.
+fn scalar(loss: &Tensor, hook: &str) -> Result<f32, TrainerError> {
+    if loss.rank() != 0 {
+        return Err(TrainerError::config(hook, format!("must return a scalar loss, got shape {:?}", loss.dims())));
+    }
+    Ok(loss.to_dtype(DType::F32)?.to_scalar::<f32>()?)
+}

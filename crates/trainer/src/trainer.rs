@@ -1,0 +1,334 @@
+//! `Trainer`: options, the per-module session that keeps rank replicas between stages, and
+//! the four entry points.
+
+use crate::rank_run::{Loaders, RankOutput, RankRun};
+use crate::{DataLoader, Dataset, TrainerError};
+use candle_core::Tensor;
+use std::any::{Any, TypeId};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+use wick_accelerator::{Accelerator, RankError};
+use wick_core::{Callback, RunState, Stage, Strategy, TrainModule};
+
+/// Metric name to value, averaged over ranks (`train_loss`, `val_loss`, `test_loss`).
+pub type Metrics = BTreeMap<String, f64>;
+
+/// Settings every rank reads.
+pub(crate) struct Config {
+    pub(crate) max_steps: Option<usize>,
+    pub(crate) max_epochs: Option<usize>,
+    pub(crate) seed: u64,
+    pub(crate) run_dir: Option<PathBuf>,
+    pub(crate) val_check_interval: Option<usize>,
+    pub(crate) progress: bool,
+}
+
+enum StrategyChoice {
+    Name(String),
+    Instance(Box<dyn Strategy>),
+}
+
+/// Options of a [`Trainer`]; see [`Trainer::builder`].
+pub struct TrainerBuilder {
+    devices: usize,
+    strategy: StrategyChoice,
+    max_steps: Option<usize>,
+    max_epochs: Option<usize>,
+    seed: u64,
+    callbacks: Vec<Box<dyn Callback>>,
+    run_name: String,
+    log_dir: Option<PathBuf>,
+    val_check_interval: Option<usize>,
+    progress: bool,
+    collective_timeout: Option<Duration>,
+}
+
+impl TrainerBuilder {
+    /// The number of ranks (CPU threads today). Default 1.
+    pub fn devices(mut self, devices: usize) -> Self {
+        self.devices = devices;
+        self
+    }
+
+    /// The strategy, by registry name (`single`, `ddp`). Default `single` on one device,
+    /// `ddp` on more.
+    pub fn strategy(mut self, name: &str) -> Self {
+        self.strategy = StrategyChoice::Name(name.to_string());
+        self
+    }
+
+    /// A strategy instance with non-default options (e.g. `Ddp::new().with_bucket_cap_bytes(..)`).
+    pub fn strategy_instance(mut self, strategy: Box<dyn Strategy>) -> Self {
+        self.strategy = StrategyChoice::Instance(strategy);
+        self
+    }
+
+    /// Stop after this many optimizer steps.
+    pub fn max_steps(mut self, steps: usize) -> Self {
+        self.max_steps = Some(steps);
+        self
+    }
+
+    /// Stop after this many epochs (default 1 when `max_steps` is not set either).
+    pub fn max_epochs(mut self, epochs: usize) -> Self {
+        self.max_epochs = Some(epochs);
+        self
+    }
+
+    /// The seed of parameter init and data order. Default 0.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Adds a callback; each rank runs its own clone.
+    pub fn callback(mut self, callback: impl Callback + 'static) -> Self {
+        self.callbacks.push(Box::new(callback));
+        self
+    }
+
+    /// The run's name: metrics go to `<log dir>/<run name>/metrics.csv`. Default `run`.
+    pub fn run_name(mut self, name: &str) -> Self {
+        self.run_name = name.to_string();
+        self
+    }
+
+    /// Where runs are logged. Default `runs`.
+    pub fn log_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.log_dir = Some(dir.into());
+        self
+    }
+
+    /// Writes no metrics file.
+    pub fn no_logger(mut self) -> Self {
+        self.log_dir = None;
+        self
+    }
+
+    /// Validate every `steps` optimizer steps instead of at the end of each epoch.
+    pub fn val_check_interval(mut self, steps: usize) -> Self {
+        self.val_check_interval = Some(steps);
+        self
+    }
+
+    /// Draw the progress bar when standard output is a terminal. Default on.
+    pub fn progress(mut self, on: bool) -> Self {
+        self.progress = on;
+        self
+    }
+
+    /// Fail a collective that waits longer than this for the other ranks.
+    pub fn collective_timeout(mut self, timeout: Duration) -> Self {
+        self.collective_timeout = Some(timeout);
+        self
+    }
+
+    /// Checks the options and builds the trainer.
+    pub fn build(self) -> Result<Trainer, TrainerError> {
+        let mut accelerator = Accelerator::cpu(self.devices)?;
+        if let Some(t) = self.collective_timeout {
+            accelerator = accelerator.with_collective_timeout(t);
+        }
+        let strategy = match self.strategy {
+            StrategyChoice::Instance(s) => s,
+            StrategyChoice::Name(name) if name.is_empty() => {
+                wick_strategies::strategy_by_name(if self.devices == 1 { "single" } else { "ddp" })?
+            }
+            StrategyChoice::Name(name) => wick_strategies::strategy_by_name(&name)?,
+        };
+        strategy.check_world_size(self.devices)?;
+        if self.val_check_interval == Some(0) {
+            return Err(TrainerError::config("val_check_interval", "must be at least 1 step, got 0"));
+        }
+        if self.max_steps == Some(0) || self.max_epochs == Some(0) {
+            return Err(TrainerError::config("max_steps/max_epochs", "must be at least 1, got 0"));
+        }
+        if self.run_name.is_empty() || self.run_name.contains(['/', '\\']) {
+            return Err(TrainerError::config("run name", format!("'{}' must be a non-empty name without path separators", self.run_name)));
+        }
+        Ok(Trainer {
+            config: Config {
+                max_steps: self.max_steps,
+                max_epochs: self.max_epochs,
+                seed: self.seed,
+                run_dir: self.log_dir.map(|d| d.join(&self.run_name)),
+                val_check_interval: self.val_check_interval,
+                progress: self.progress,
+            },
+            accelerator,
+            strategy,
+            callbacks: self.callbacks,
+            session: None,
+        })
+    }
+}
+
+/// The rank replicas and strategies of the module a trainer configured, kept so that later
+/// stages on the same module reuse its parameters.
+struct Session {
+    module: (usize, TypeId),
+    strategies: Vec<Box<dyn Strategy>>,
+    /// `Vec<M>`: the modules of ranks 1.., rank 0's being the caller's.
+    replicas: Box<dyn Any + Send>,
+}
+
+/// Runs fit, validate, test and predict over a world of ranks, in DESIGN.md's stage order.
+///
+/// Rank 0 uses the module passed in, so it holds rank 0's parameters afterwards; ranks 1..
+/// use clones made before its parameters existed, which the trainer keeps for later stages
+/// on the same module (recognised by its address: keep the module in place between calls).
+pub struct Trainer {
+    config: Config,
+    accelerator: Accelerator,
+    strategy: Box<dyn Strategy>,
+    callbacks: Vec<Box<dyn Callback>>,
+    session: Option<Session>,
+}
+
+type Slot<'a, M> = Mutex<Option<(&'a mut M, &'a mut Box<dyn Strategy>, Vec<Box<dyn Callback>>)>>;
+
+impl Trainer {
+    /// Options with their defaults: one device, strategy `single`, one epoch, seed 0.
+    pub fn builder() -> TrainerBuilder {
+        TrainerBuilder {
+            devices: 1,
+            strategy: StrategyChoice::Name(String::new()),
+            max_steps: None,
+            max_epochs: None,
+            seed: 0,
+            callbacks: Vec::new(),
+            run_name: "run".into(),
+            log_dir: Some(PathBuf::from("runs")),
+            val_check_interval: None,
+            progress: true,
+            collective_timeout: None,
+        }
+    }
+
+    /// The number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.accelerator.world_size()
+    }
+
+    /// The strategy's name.
+    pub fn strategy_name(&self) -> &str {
+        self.strategy.name()
+    }
+
+    /// Where this run's metrics file goes, if logging.
+    pub fn metrics_path(&self) -> Option<PathBuf> {
+        self.config.run_dir.as_ref().map(|d| d.join("metrics.csv"))
+    }
+
+    /// Trains `module` on `train`, validating on `val` as configured; returns the last metrics.
+    pub fn fit<M, D>(&mut self, module: &mut M, train: &DataLoader<D>, val: Option<&DataLoader<D>>) -> Result<Metrics, TrainerError>
+    where
+        M: TrainModule + Clone + 'static,
+        D: Dataset<Batch = M::Batch>,
+    {
+        let loaders = Loaders { train: Some(train), eval: val };
+        Ok(self.run_stage(module, Stage::Fit, &loaders)?.swap_remove(0).metrics)
+    }
+
+    /// One validation pass; returns `val_loss` (if the module reports one).
+    pub fn validate<M, D>(&mut self, module: &mut M, data: &DataLoader<D>) -> Result<Metrics, TrainerError>
+    where
+        M: TrainModule + Clone + 'static,
+        D: Dataset<Batch = M::Batch>,
+    {
+        let loaders = Loaders { train: None, eval: Some(data) };
+        Ok(self.run_stage(module, Stage::Validate, &loaders)?.swap_remove(0).metrics)
+    }
+
+    /// One test pass; returns `test_loss` (if the module reports one).
+    pub fn test<M, D>(&mut self, module: &mut M, data: &DataLoader<D>) -> Result<Metrics, TrainerError>
+    where
+        M: TrainModule + Clone + 'static,
+        D: Dataset<Batch = M::Batch>,
+    {
+        let loaders = Loaders { train: None, eval: Some(data) };
+        Ok(self.run_stage(module, Stage::Test, &loaders)?.swap_remove(0).metrics)
+    }
+
+    /// Predictions for every global batch of `data`, in order (the ranks' slices joined).
+    pub fn predict<M, D>(&mut self, module: &mut M, data: &DataLoader<D>) -> Result<Vec<Tensor>, TrainerError>
+    where
+        M: TrainModule + Clone + 'static,
+        D: Dataset<Batch = M::Batch>,
+    {
+        let loaders = Loaders { train: None, eval: Some(data) };
+        let outputs = self.run_stage(module, Stage::Predict, &loaders)?;
+        let batches = outputs[0].predictions.len();
+        (0..batches)
+            .map(|b| {
+                let parts: Vec<&Tensor> = outputs.iter().map(|o| &o.predictions[b]).collect();
+                Ok(Tensor::cat(&parts, 0)?)
+            })
+            .collect()
+    }
+
+    fn run_stage<M, D>(&mut self, module: &mut M, stage: Stage, loaders: &Loaders<'_, D>) -> Result<Vec<RankOutput>, TrainerError>
+    where
+        M: TrainModule + Clone + 'static,
+        D: Dataset<Batch = M::Batch>,
+    {
+        let world_size = self.world_size();
+        for loader in [loaders.train, loaders.eval].into_iter().flatten() {
+            loader.check(world_size)?;
+        }
+        let key = (module as *const M as usize, TypeId::of::<M>());
+        let mut session = match self.session.take() {
+            Some(s) if s.module == key => s,
+            _ => Session {
+                module: key,
+                strategies: (0..world_size).map(|_| self.strategy.for_new_rank()).collect(),
+                replicas: Box::new((1..world_size).map(|_| module.clone()).collect::<Vec<M>>()),
+            },
+        };
+        let replicas = session.replicas.downcast_mut::<Vec<M>>().expect("a session's replicas have its module's type");
+        let slots: Vec<Slot<'_, M>> = std::iter::once(module)
+            .chain(replicas.iter_mut())
+            .zip(session.strategies.iter_mut())
+            .map(|(m, s)| Mutex::new(Some((m, s, self.callbacks.iter().map(|c| c.clone_box()).collect()))))
+            .collect();
+        let config = &self.config;
+        let outcomes = self.accelerator.launch(|env| {
+            let (module, strategy, callbacks) = slots[env.rank]
+                .lock()
+                .map_err(|_| TrainerError::config("rank", "slot lock poisoned"))?
+                .take()
+                .expect("each rank takes its slot once");
+            let state = RunState { rank: env.rank, world_size: env.world_size, ..RunState::default() };
+            RankRun { env, module, strategy: strategy.as_mut(), callbacks, config, state }.run(stage, loaders)
+        });
+        drop(slots);
+        self.session = Some(session);
+        collect_ranks(outcomes)
+    }
+}
+
+/// The ranks' outputs, or one error naming the rank that failed first.
+fn collect_ranks<T>(outcomes: Vec<Result<T, RankError<TrainerError>>>) -> Result<Vec<T>, TrainerError> {
+    if outcomes.iter().all(Result::is_ok) {
+        return Ok(outcomes.into_iter().map(|o| o.ok().expect("checked")).collect());
+    }
+    let mut root = None;
+    let mut ranks = Vec::new();
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        if let Err(e) = outcome {
+            let caused_by_peer = matches!(&e, RankError::Failed(t) if t.is_consequence());
+            let message = e.to_string();
+            if !caused_by_peer && root.is_none() {
+                root = Some((rank, message.clone()));
+            }
+            ranks.push((rank, format!("rank {rank}: {message}")));
+        }
+    }
+    let (rank, message) = root.unwrap_or_else(|| {
+        let (r, m) = &ranks[0];
+        (*r, m.clone())
+    });
+    Err(TrainerError::RankFailed { rank, message, ranks })
+}

@@ -1,0 +1,151 @@
+//! Shared test fixtures: a small regression data set and an MLP whose layer sizes divide by
+//! none of 2, 3 and 4.
+
+use candle_core::{Device, Tensor, D};
+use candle_nn::{Linear, Module};
+use wick::core::{OptimizerConfig, ShardedContext, TrainModule};
+use wick::trainer::{DataLoader, Dataset, Trainer};
+
+/// 96 samples of 5 features and one target, deterministic.
+pub struct Regression {
+    x: Vec<f32>,
+    y: Vec<f32>,
+}
+
+pub const FEATURES: usize = 5;
+
+impl Regression {
+    pub fn new(n: usize) -> Self {
+        let x: Vec<f32> = (0..n * FEATURES).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
+        let y = (0..n)
+            .map(|s| {
+                let r = &x[s * FEATURES..(s + 1) * FEATURES];
+                (r[0] * r[1]).sin() + 0.5 * r[2] - r[3] * r[4]
+            })
+            .collect();
+        Regression { x, y }
+    }
+}
+
+impl Dataset for Regression {
+    type Batch = (Tensor, Tensor);
+    fn len(&self) -> usize {
+        self.y.len()
+    }
+    fn batch(&self, indices: &[usize], device: &Device) -> candle_core::Result<Self::Batch> {
+        let x: Vec<f32> = indices.iter().flat_map(|&i| self.x[i * FEATURES..(i + 1) * FEATURES].to_vec()).collect();
+        let y: Vec<f32> = indices.iter().map(|&i| self.y[i]).collect();
+        Ok((Tensor::from_vec(x, (indices.len(), FEATURES), device)?, Tensor::from_vec(y, (indices.len(), 1), device)?))
+    }
+}
+
+/// 5 -> 7 -> 13 -> 1: weights of 35, 91 and 13 elements, biases of 7, 13 and 1.
+#[derive(Clone)]
+pub struct Mlp {
+    pub optimizer: OptimizerConfig,
+    layers: Vec<Linear>,
+}
+
+impl Mlp {
+    pub fn new(optimizer: OptimizerConfig) -> Self {
+        Mlp { optimizer, layers: Vec::new() }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let mut h = x.clone();
+        for (i, l) in self.layers.iter().enumerate() {
+            h = l.forward(&h)?;
+            if i + 1 < self.layers.len() {
+                h = h.tanh()?;
+            }
+        }
+        Ok(h)
+    }
+
+    pub fn loss(&self, batch: &(Tensor, Tensor)) -> candle_core::Result<Tensor> {
+        let pred = self.forward(&batch.0)?;
+        (pred - &batch.1)?.sqr()?.mean_all()
+    }
+
+    /// Every parameter's values, flattened, in layer order.
+    pub fn parameters(&self) -> Vec<Vec<f32>> {
+        self.layers
+            .iter()
+            .flat_map(|l| [l.weight().flatten_all().unwrap().to_vec1().unwrap(), l.bias().unwrap().to_vec1().unwrap()])
+            .collect()
+    }
+
+    pub fn is_built(&self) -> bool {
+        !self.layers.is_empty()
+    }
+}
+
+impl TrainModule for Mlp {
+    type Batch = (Tensor, Tensor);
+
+    fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> candle_core::Result<()> {
+        let vb = ctx.var_builder();
+        let dims = [FEATURES, 7, 13, 1];
+        self.layers = (0..3)
+            .map(|i| candle_nn::linear(dims[i], dims[i + 1], vb.pp(format!("l{i}"))))
+            .collect::<candle_core::Result<_>>()?;
+        Ok(())
+    }
+
+    fn configure_optimizers(&self) -> OptimizerConfig {
+        self.optimizer.clone()
+    }
+
+    fn training_step(&mut self, batch: &Self::Batch, _: usize) -> candle_core::Result<Tensor> {
+        self.loss(batch)
+    }
+
+    fn validation_step(&mut self, batch: &Self::Batch, _: usize) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(self.loss(batch)?))
+    }
+
+    fn test_step(&mut self, batch: &Self::Batch, _: usize) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(self.loss(batch)?))
+    }
+
+    fn predict_step(&mut self, batch: &Self::Batch, _: usize) -> candle_core::Result<Tensor> {
+        self.forward(&batch.0)?.squeeze(D::Minus1)
+    }
+}
+
+/// A trainer with no logger and no progress bar.
+pub fn quiet_trainer(devices: usize, strategy: &str, steps: usize) -> Trainer {
+    Trainer::builder()
+        .devices(devices)
+        .strategy(strategy)
+        .max_steps(steps)
+        .seed(42)
+        .no_logger()
+        .progress(false)
+        .build()
+        .unwrap()
+}
+
+/// Global batches of 12: divisible by 1, 2, 3 and 4 ranks.
+pub fn loader() -> DataLoader<Regression> {
+    DataLoader::new(Regression::new(96), 12)
+}
+
+/// Trains a fresh MLP and returns its parameters (rank 0's).
+pub fn train(devices: usize, strategy: &str, optimizer: OptimizerConfig, steps: usize) -> Vec<Vec<f32>> {
+    let mut model = Mlp::new(optimizer);
+    quiet_trainer(devices, strategy, steps).fit(&mut model, &loader(), None).unwrap();
+    model.parameters()
+}
+
+/// Largest absolute difference between two parameter lists.
+pub fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| {
+            assert_eq!(x.len(), y.len());
+            x.iter().zip(y).map(|(p, q)| (p - q).abs())
+        })
+        .fold(0.0, f32::max)
+}

@@ -1,0 +1,87 @@
+use crate::common::{max_diff, train, Mlp};
+use wick::core::OptimizerConfig;
+
+const STEPS: usize = 10;
+
+fn adamw() -> OptimizerConfig {
+    OptimizerConfig::AdamW { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }
+}
+
+#[test]
+fn ddp_matches_single_device_at_w_1_to_4() {
+    let reference = train(1, "single", adamw(), STEPS);
+    let initial = Mlp::new(adamw());
+    assert!(!initial.is_built());
+    for w in 1..=4 {
+        let got = train(w, "ddp", adamw(), STEPS);
+        let diff = max_diff(&reference, &got);
+        assert!(diff <= 1e-5, "ddp w={w}: max |diff| {diff}");
+    }
+}
+
+#[test]
+fn training_moves_the_parameters() {
+    // Guards the test above against comparing two untrained models.
+    let trained = train(1, "single", adamw(), STEPS);
+    let once = train(1, "single", adamw(), 1);
+    assert!(max_diff(&trained, &once) > 1e-3);
+}
+
+#[test]
+fn same_seed_same_numbers() {
+    assert_eq!(train(2, "ddp", adamw(), 3), train(2, "ddp", adamw(), 3));
+}
+
+/// Records rank 0..W's parameters at the start of every step, to compare replicas.
+#[derive(Clone)]
+struct Watched {
+    inner: Mlp,
+    rank: usize,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(usize, usize, Vec<Vec<f32>>)>>>,
+    step: usize,
+}
+
+impl wick::core::TrainModule for Watched {
+    type Batch = (candle_core::Tensor, candle_core::Tensor);
+    fn configure_sharded_model(&mut self, ctx: &wick::core::ShardedContext) -> candle_core::Result<()> {
+        self.rank = ctx.rank();
+        self.inner.configure_sharded_model(ctx)
+    }
+    fn configure_optimizers(&self) -> OptimizerConfig {
+        self.inner.optimizer.clone()
+    }
+    fn training_step(&mut self, batch: &Self::Batch, _: usize) -> candle_core::Result<candle_core::Tensor> {
+        self.seen.lock().unwrap().push((self.step, self.rank, self.inner.parameters()));
+        self.step += 1;
+        self.inner.loss(batch)
+    }
+}
+
+#[test]
+fn ddp_replicas_stay_identical_every_step_with_many_buckets() {
+    let seen = std::sync::Arc::default();
+    let mut module = Watched { inner: Mlp::new(adamw()), rank: 0, seen: std::sync::Arc::clone(&seen), step: 0 };
+    // 64-byte buckets: each parameter lands in a bucket of its own (6 all-reduces per step).
+    let ddp = wick::strategies::Ddp::new().with_bucket_cap_bytes(64);
+    let mut trainer = wick::trainer::Trainer::builder()
+        .devices(3)
+        .strategy_instance(Box::new(ddp))
+        .max_steps(STEPS)
+        .seed(42)
+        .no_logger()
+        .progress(false)
+        .build()
+        .unwrap();
+    trainer.fit(&mut module, &crate::common::loader(), None).unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 3 * STEPS);
+    for step in 0..STEPS {
+        let at: Vec<_> = seen.iter().filter(|(s, _, _)| *s == step).collect();
+        for (_, rank, params) in &at[1..] {
+            assert_eq!(params, &at[0].2, "rank {rank} differs from rank {} at step {step}", at[0].1);
+        }
+    }
+    // And the bucket layout does not change the result.
+    let reference = train(3, "ddp", adamw(), STEPS);
+    assert!(max_diff(&reference, &module.inner.parameters()) <= 1e-6);
+}

@@ -1,0 +1,135 @@
+use crate::common::{loader, quiet_trainer, Mlp};
+use candle_core::Tensor;
+use std::time::{Duration, Instant};
+use wick::core::{OptimizerConfig, ShardedContext, TrainModule};
+use wick::trainer::{DataLoader, Trainer, TrainerError};
+
+/// The MLP, but rank `bad_rank` fails at step `at_step`, by error or by panic.
+#[derive(Clone)]
+struct Failing {
+    inner: Mlp,
+    rank: usize,
+    bad_rank: usize,
+    at_step: usize,
+    steps: usize,
+    panic: bool,
+}
+
+impl TrainModule for Failing {
+    type Batch = (Tensor, Tensor);
+    fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> candle_core::Result<()> {
+        self.rank = ctx.rank();
+        self.inner.configure_sharded_model(ctx)
+    }
+    fn training_step(&mut self, batch: &Self::Batch, _: usize) -> candle_core::Result<Tensor> {
+        self.steps += 1;
+        if self.rank == self.bad_rank && self.steps == self.at_step {
+            if self.panic {
+                panic!("injected panic");
+            }
+            candle_core::bail!("injected error");
+        }
+        self.inner.loss(batch)
+    }
+}
+
+fn fit_with_failure(panic: bool) {
+    let world = 3;
+    let mut module = Failing { inner: Mlp::new(OptimizerConfig::sgd(0.1)), rank: 0, bad_rank: 1, at_step: 3, steps: 0, panic };
+    let start = Instant::now();
+    let err = quiet_trainer(world, "ddp", 8).fit(&mut module, &loader(), None).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
+    let injected = if panic { "injected panic" } else { "injected error" };
+    match &err {
+        TrainerError::RankFailed { rank, message, ranks } => {
+            assert_eq!(*rank, 1, "{err}");
+            assert!(message.contains(injected), "{message}");
+            assert_eq!(ranks.len(), world, "every rank's fit failed: {ranks:?}");
+            for (r, m) in ranks {
+                assert!(m.starts_with(&format!("rank {r}: ")), "{m}");
+                assert!(m.contains(injected), "rank {r}'s error should carry rank 1's cause: {m}");
+                if *r != 1 {
+                    assert!(m.contains("rank 1 failed"), "rank {r}'s error should name rank 1: {m}");
+                }
+            }
+        }
+        other => panic!("expected RankFailed, got {other}"),
+    }
+    assert!(err.to_string().starts_with("rank 1 failed"), "{err}");
+}
+
+#[test]
+fn a_rank_that_errors_mid_fit_fails_every_rank_naming_it() {
+    fit_with_failure(false);
+}
+
+#[test]
+fn a_rank_that_panics_mid_fit_fails_every_rank_naming_it() {
+    fit_with_failure(true);
+}
+
+#[test]
+fn zero_devices_is_an_error() {
+    let e = Trainer::builder().devices(0).build().err().unwrap().to_string();
+    assert!(e.contains("devices") && e.contains("at least 1"), "{e}");
+}
+
+#[test]
+fn a_batch_that_does_not_divide_by_the_ranks_is_an_error() {
+    let mut m = Mlp::new(OptimizerConfig::sgd(0.1));
+    let data = DataLoader::new(crate::common::Regression::new(96), 10);
+    let e = quiet_trainer(4, "ddp", 1).fit(&mut m, &data, None).unwrap_err().to_string();
+    assert!(e.contains("global batch size 10 does not divide by 4 ranks"), "{e}");
+    assert!(!m.is_built(), "nothing ran");
+}
+
+#[test]
+fn an_unknown_strategy_lists_the_valid_ones() {
+    let e = Trainer::builder().strategy("zero9").build().err().unwrap().to_string();
+    assert!(e.contains("unknown strategy 'zero9'") && e.contains("single, ddp"), "{e}");
+}
+
+#[test]
+fn single_on_several_devices_is_an_error() {
+    let e = Trainer::builder().devices(2).strategy("single").build().err().unwrap().to_string();
+    assert!(e.contains("exactly 1 device"), "{e}");
+}
+
+#[derive(Clone)]
+struct Empty;
+
+impl TrainModule for Empty {
+    type Batch = (Tensor, Tensor);
+    fn configure_sharded_model(&mut self, _: &ShardedContext) -> candle_core::Result<()> {
+        Ok(())
+    }
+    fn training_step(&mut self, batch: &Self::Batch, _: usize) -> candle_core::Result<Tensor> {
+        batch.1.mean_all()
+    }
+}
+
+#[test]
+fn a_module_without_parameters_is_refused_at_fit() {
+    let e = quiet_trainer(2, "ddp", 1).fit(&mut Empty, &loader(), None).unwrap_err().to_string();
+    assert!(e.contains("created no parameters in configure_sharded_model"), "{e}");
+}
+
+#[test]
+fn a_non_scalar_loss_names_the_hook() {
+    #[derive(Clone)]
+    struct Vector(Mlp);
+    impl TrainModule for Vector {
+        type Batch = (Tensor, Tensor);
+        fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> candle_core::Result<()> {
+            self.0.configure_sharded_model(ctx)
+        }
+        fn training_step(&mut self, batch: &Self::Batch, _: usize) -> candle_core::Result<Tensor> {
+            self.0.forward(&batch.0)
+        }
+    }
+    let e = quiet_trainer(1, "single", 1)
+        .fit(&mut Vector(Mlp::new(OptimizerConfig::sgd(0.1))), &loader(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("training_step") && e.contains("scalar"), "{e}");
+}

@@ -1,0 +1,11 @@
+//! Integration tests of the whole stack (trainer, accelerator, strategies); one module per
+//! capability.
+
+mod common;
+
+// Every strategy trains to the same parameters as one device.
+mod equivalence;
+// The stage order of fit, validate, test and predict, and the configure_sharded_model contract.
+mod hooks;
+// Failing ranks and bad input end in clear errors, never hangs.
+mod failures;
