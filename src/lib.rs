@@ -4,8 +4,16 @@
 //! [`strategies`] (single, ddp, optimizers, sharded init), [`accelerator`] (devices, worlds,
 //! sharded setup) and [`trainer`] (the `Trainer`). The `wick` program and the main job's model
 //! live in this package too.
+//!
+//! The README follows; its example is compiled and run as a doctest.
+#![doc = include_str!("../README.md")]
 
 pub use wick_accelerator as accelerator;
 pub use wick_core as core;
 pub use wick_strategies as strategies;
 pub use wick_trainer as trainer;
+
+pub mod char_corpus;
+pub mod char_gpt;
+pub mod cli;
+pub mod fit_job;

@@ -1,1 +1,47 @@
-fn main() {}
+//! The `wick` program: `wick fit` trains the bundled character GPT.
+
+use std::process::ExitCode;
+use wick::cli::{parse, Command, USAGE};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let command = match parse(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match command {
+        Command::Help => {
+            print!(
+                "{}",
+                USAGE.replace("STRATEGIES", &wick::strategies::STRATEGY_NAMES.join(", "))
+            );
+            ExitCode::SUCCESS
+        }
+        Command::Fit(a) => match wick::fit_job::run(&a) {
+            Ok(r) => {
+                println!(
+                    "trained {} steps with {} on {} device(s): {} parameters, train_loss {:.4} -> {:.4} (ratio {:.3}){}",
+                    a.max_steps,
+                    a.strategy,
+                    a.devices,
+                    r.parameters,
+                    r.first_train_loss,
+                    r.last_train_loss,
+                    r.last_train_loss / r.first_train_loss,
+                    r.val_loss.map(|v| format!(", val_loss {v:.4}")).unwrap_or_default()
+                );
+                if let Some(p) = r.metrics_csv {
+                    println!("metrics: {}", p.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}

@@ -4,7 +4,13 @@ use wick::core::OptimizerConfig;
 const STEPS: usize = 10;
 
 fn adamw() -> OptimizerConfig {
-    OptimizerConfig::AdamW { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }
+    OptimizerConfig::AdamW {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    }
 }
 
 #[test]
@@ -32,26 +38,39 @@ fn same_seed_same_numbers() {
     assert_eq!(train(2, "ddp", adamw(), 3), train(2, "ddp", adamw(), 3));
 }
 
+/// (step, rank, parameters) as each rank saw them at the start of a step.
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<(usize, usize, Vec<Vec<f32>>)>>>;
+
 /// Records rank 0..W's parameters at the start of every step, to compare replicas.
 #[derive(Clone)]
 struct Watched {
     inner: Mlp,
     rank: usize,
-    seen: std::sync::Arc<std::sync::Mutex<Vec<(usize, usize, Vec<Vec<f32>>)>>>,
+    seen: Seen,
     step: usize,
 }
 
 impl wick::core::TrainModule for Watched {
     type Batch = (candle_core::Tensor, candle_core::Tensor);
-    fn configure_sharded_model(&mut self, ctx: &wick::core::ShardedContext) -> candle_core::Result<()> {
+    fn configure_sharded_model(
+        &mut self,
+        ctx: &wick::core::ShardedContext,
+    ) -> candle_core::Result<()> {
         self.rank = ctx.rank();
         self.inner.configure_sharded_model(ctx)
     }
     fn configure_optimizers(&self) -> OptimizerConfig {
         self.inner.optimizer.clone()
     }
-    fn training_step(&mut self, batch: &Self::Batch, _: usize) -> candle_core::Result<candle_core::Tensor> {
-        self.seen.lock().unwrap().push((self.step, self.rank, self.inner.parameters()));
+    fn training_step(
+        &mut self,
+        batch: &Self::Batch,
+        _: usize,
+    ) -> candle_core::Result<candle_core::Tensor> {
+        self.seen
+            .lock()
+            .unwrap()
+            .push((self.step, self.rank, self.inner.parameters()));
         self.step += 1;
         self.inner.loss(batch)
     }
@@ -60,7 +79,12 @@ impl wick::core::TrainModule for Watched {
 #[test]
 fn ddp_replicas_stay_identical_every_step_with_many_buckets() {
     let seen = std::sync::Arc::default();
-    let mut module = Watched { inner: Mlp::new(adamw()), rank: 0, seen: std::sync::Arc::clone(&seen), step: 0 };
+    let mut module = Watched {
+        inner: Mlp::new(adamw()),
+        rank: 0,
+        seen: std::sync::Arc::clone(&seen),
+        step: 0,
+    };
     // 64-byte buckets: each parameter lands in a bucket of its own (6 all-reduces per step).
     let ddp = wick::strategies::Ddp::new().with_bucket_cap_bytes(64);
     let mut trainer = wick::trainer::Trainer::builder()
@@ -72,13 +96,19 @@ fn ddp_replicas_stay_identical_every_step_with_many_buckets() {
         .progress(false)
         .build()
         .unwrap();
-    trainer.fit(&mut module, &crate::common::loader(), None).unwrap();
+    trainer
+        .fit(&mut module, &crate::common::loader(), None)
+        .unwrap();
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 3 * STEPS);
     for step in 0..STEPS {
         let at: Vec<_> = seen.iter().filter(|(s, _, _)| *s == step).collect();
         for (_, rank, params) in &at[1..] {
-            assert_eq!(params, &at[0].2, "rank {rank} differs from rank {} at step {step}", at[0].1);
+            assert_eq!(
+                params, &at[0].2,
+                "rank {rank} differs from rank {} at step {step}",
+                at[0].1
+            );
         }
     }
     // And the bucket layout does not change the result.

@@ -35,21 +35,48 @@ impl TrainModule for Failing {
 
 fn fit_with_failure(panic: bool) {
     let world = 3;
-    let mut module = Failing { inner: Mlp::new(OptimizerConfig::sgd(0.1)), rank: 0, bad_rank: 1, at_step: 3, steps: 0, panic };
+    let mut module = Failing {
+        inner: Mlp::new(OptimizerConfig::sgd(0.1)),
+        rank: 0,
+        bad_rank: 1,
+        at_step: 3,
+        steps: 0,
+        panic,
+    };
     let start = Instant::now();
-    let err = quiet_trainer(world, "ddp", 8).fit(&mut module, &loader(), None).unwrap_err();
-    assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
-    let injected = if panic { "injected panic" } else { "injected error" };
+    let err = quiet_trainer(world, "ddp", 8)
+        .fit(&mut module, &loader(), None)
+        .unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        start.elapsed()
+    );
+    let injected = if panic {
+        "injected panic"
+    } else {
+        "injected error"
+    };
     match &err {
-        TrainerError::RankFailed { rank, message, ranks } => {
+        TrainerError::RankFailed {
+            rank,
+            message,
+            ranks,
+        } => {
             assert_eq!(*rank, 1, "{err}");
             assert!(message.contains(injected), "{message}");
             assert_eq!(ranks.len(), world, "every rank's fit failed: {ranks:?}");
             for (r, m) in ranks {
                 assert!(m.starts_with(&format!("rank {r}: ")), "{m}");
-                assert!(m.contains(injected), "rank {r}'s error should carry rank 1's cause: {m}");
+                assert!(
+                    m.contains(injected),
+                    "rank {r}'s error should carry rank 1's cause: {m}"
+                );
                 if *r != 1 {
-                    assert!(m.contains("rank 1 failed"), "rank {r}'s error should name rank 1: {m}");
+                    assert!(
+                        m.contains("rank 1 failed"),
+                        "rank {r}'s error should name rank 1: {m}"
+                    );
                 }
             }
         }
@@ -70,7 +97,12 @@ fn a_rank_that_panics_mid_fit_fails_every_rank_naming_it() {
 
 #[test]
 fn zero_devices_is_an_error() {
-    let e = Trainer::builder().devices(0).build().err().unwrap().to_string();
+    let e = Trainer::builder()
+        .devices(0)
+        .build()
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("devices") && e.contains("at least 1"), "{e}");
 }
 
@@ -78,20 +110,40 @@ fn zero_devices_is_an_error() {
 fn a_batch_that_does_not_divide_by_the_ranks_is_an_error() {
     let mut m = Mlp::new(OptimizerConfig::sgd(0.1));
     let data = DataLoader::new(crate::common::Regression::new(96), 10);
-    let e = quiet_trainer(4, "ddp", 1).fit(&mut m, &data, None).unwrap_err().to_string();
-    assert!(e.contains("global batch size 10 does not divide by 4 ranks"), "{e}");
+    let e = quiet_trainer(4, "ddp", 1)
+        .fit(&mut m, &data, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("global batch size 10 does not divide by 4 ranks"),
+        "{e}"
+    );
     assert!(!m.is_built(), "nothing ran");
 }
 
 #[test]
 fn an_unknown_strategy_lists_the_valid_ones() {
-    let e = Trainer::builder().strategy("zero9").build().err().unwrap().to_string();
-    assert!(e.contains("unknown strategy 'zero9'") && e.contains("single, ddp"), "{e}");
+    let e = Trainer::builder()
+        .strategy("zero9")
+        .build()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("unknown strategy 'zero9'") && e.contains("single, ddp"),
+        "{e}"
+    );
 }
 
 #[test]
 fn single_on_several_devices_is_an_error() {
-    let e = Trainer::builder().devices(2).strategy("single").build().err().unwrap().to_string();
+    let e = Trainer::builder()
+        .devices(2)
+        .strategy("single")
+        .build()
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("exactly 1 device"), "{e}");
 }
 
@@ -110,8 +162,14 @@ impl TrainModule for Empty {
 
 #[test]
 fn a_module_without_parameters_is_refused_at_fit() {
-    let e = quiet_trainer(2, "ddp", 1).fit(&mut Empty, &loader(), None).unwrap_err().to_string();
-    assert!(e.contains("created no parameters in configure_sharded_model"), "{e}");
+    let e = quiet_trainer(2, "ddp", 1)
+        .fit(&mut Empty, &loader(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("created no parameters in configure_sharded_model"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -128,7 +186,11 @@ fn a_non_scalar_loss_names_the_hook() {
         }
     }
     let e = quiet_trainer(1, "single", 1)
-        .fit(&mut Vector(Mlp::new(OptimizerConfig::sgd(0.1))), &loader(), None)
+        .fit(
+            &mut Vector(Mlp::new(OptimizerConfig::sgd(0.1))),
+            &loader(),
+            None,
+        )
         .unwrap_err()
         .to_string();
     assert!(e.contains("training_step") && e.contains("scalar"), "{e}");

@@ -2,7 +2,8 @@ use crate::common::{loader, Mlp, Regression};
 use candle_core::Tensor;
 use std::sync::{Arc, Mutex};
 use wick::core::{
-    sharding_context_active, Callback, OptimizerConfig, ReduceOp, RunState, ShardedContext, Stage, TrainModule,
+    sharding_context_active, Callback, OptimizerConfig, ReduceOp, RunState, ShardedContext, Stage,
+    TrainModule,
 };
 use wick::trainer::{DataLoader, Trainer};
 
@@ -23,7 +24,11 @@ impl Callback for Recorder {
     }
     fn on_configure_sharded_model(&mut self, s: &RunState) -> candle_core::Result<()> {
         let active = sharding_context_active();
-        push(&self.0, s.rank, format!("cb.on_configure_sharded_model(active={active})"));
+        push(
+            &self.0,
+            s.rank,
+            format!("cb.on_configure_sharded_model(active={active})"),
+        );
         Ok(())
     }
     fn on_fit_start(&mut self, s: &RunState) -> candle_core::Result<()> {
@@ -31,7 +36,11 @@ impl Callback for Recorder {
         Ok(())
     }
     fn on_train_batch_end(&mut self, s: &RunState) -> candle_core::Result<()> {
-        push(&self.0, s.rank, format!("cb.on_train_batch_end({})", s.global_step));
+        push(
+            &self.0,
+            s.rank,
+            format!("cb.on_train_batch_end({})", s.global_step),
+        );
         Ok(())
     }
     fn on_validation_start(&mut self, s: &RunState) -> candle_core::Result<()> {
@@ -71,7 +80,12 @@ struct Recorded {
 
 impl Recorded {
     fn new(log: Log) -> Self {
-        Recorded { inner: Mlp::new(OptimizerConfig::sgd(0.05)), log, rank: usize::MAX, ctx: None }
+        Recorded {
+            inner: Mlp::new(OptimizerConfig::sgd(0.05)),
+            log,
+            rank: usize::MAX,
+            ctx: None,
+        }
     }
     fn rec(&self, event: impl Into<String>) {
         push(&self.log, self.rank, event);
@@ -90,7 +104,10 @@ impl TrainModule for Recorded {
     fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> candle_core::Result<()> {
         self.rank = ctx.rank();
         // The world is up: a collective across ranks works inside the hook.
-        let sum = ctx.world().all_reduce_scalar(ctx.rank() as f32 + 1.0, ReduceOp::Sum).map_err(candle_core::Error::wrap)?;
+        let sum = ctx
+            .world()
+            .all_reduce_scalar(ctx.rank() as f32 + 1.0, ReduceOp::Sum)
+            .map_err(candle_core::Error::wrap)?;
         self.rec(format!(
             "m.configure_sharded_model(rank={}, world={}, sum={sum}, active={}, open={})",
             ctx.rank(),
@@ -112,7 +129,10 @@ impl TrainModule for Recorded {
         // After the hook, the context is closed: no parameter can be created.
         let late = self.ctx.as_ref().unwrap().var_builder().get(3, "late");
         let msg = late.err().map(|e| e.to_string()).unwrap_or_default();
-        self.rec(format!("late parameter refused: {}", msg.contains("outside configure_sharded_model")));
+        self.rec(format!(
+            "late parameter refused: {}",
+            msg.contains("outside configure_sharded_model")
+        ));
         Ok(())
     }
 
@@ -121,7 +141,11 @@ impl TrainModule for Recorded {
         self.inner.loss(batch)
     }
 
-    fn validation_step(&mut self, batch: &Self::Batch, i: usize) -> candle_core::Result<Option<Tensor>> {
+    fn validation_step(
+        &mut self,
+        batch: &Self::Batch,
+        i: usize,
+    ) -> candle_core::Result<Option<Tensor>> {
         self.rec("m.validation_step");
         self.inner.validation_step(batch, i)
     }
@@ -164,7 +188,12 @@ fn trainer(log: &Log, devices: usize) -> Trainer {
 /// Events of rank `rank` (the module's setup before the hook is recorded as rank usize::MAX
 /// on every rank, so those lines are attributed by order instead).
 fn events(log: &Log, rank: usize) -> Vec<String> {
-    log.lock().unwrap().iter().filter(|(r, _)| *r == rank || *r == usize::MAX).map(|(_, e)| e.clone()).collect()
+    log.lock()
+        .unwrap()
+        .iter()
+        .filter(|(r, _)| *r == rank || *r == usize::MAX)
+        .map(|(_, e)| e.clone())
+        .collect()
 }
 
 fn small_eval() -> DataLoader<Regression> {
@@ -181,7 +210,9 @@ fn fit_runs_the_hooks_in_order_and_the_hook_sees_the_world() {
     let mut module = Recorded::new(log.clone());
     let val = small_eval();
     // One rank: the setup line before the hook belongs to rank 0 unambiguously.
-    trainer(&log, 1).fit(&mut module, &loader(), Some(&val)).unwrap();
+    trainer(&log, 1)
+        .fit(&mut module, &loader(), Some(&val))
+        .unwrap();
     let want = strings(&[
         "cb.setup(fit)",
         "m.setup(fit)",
@@ -214,10 +245,22 @@ fn inside_the_hook_every_rank_sees_the_world_up_and_the_context_open() {
     trainer(&log, 3).fit(&mut module, &loader(), None).unwrap();
     for rank in 0..3 {
         let e = events(&log, rank);
-        let hook = e.iter().position(|e| e.starts_with("m.configure_sharded_model")).unwrap();
+        let hook = e
+            .iter()
+            .position(|e| e.starts_with("m.configure_sharded_model"))
+            .unwrap();
         // sum over ranks of (rank + 1) = 6: the all-reduce crossed all three ranks.
-        assert_eq!(e[hook], format!("m.configure_sharded_model(rank={rank}, world=3, sum=6, active=true, open=true)"));
-        assert_eq!(e[hook + 1], "cb.on_configure_sharded_model(active=false)", "rank {rank}: {e:?}");
+        assert_eq!(
+            e[hook],
+            format!(
+                "m.configure_sharded_model(rank={rank}, world=3, sum=6, active=true, open=true)"
+            )
+        );
+        assert_eq!(
+            e[hook + 1],
+            "cb.on_configure_sharded_model(active=false)",
+            "rank {rank}: {e:?}"
+        );
     }
 }
 
@@ -254,7 +297,11 @@ fn validate_test_and_predict_each_run_their_own_order() {
         "cb.teardown(test)",
         "m.teardown(test)",
     ]);
-    assert_eq!(events(&log, 0), want, "test reuses the configured module: no second hook");
+    assert_eq!(
+        events(&log, 0),
+        want,
+        "test reuses the configured module: no second hook"
+    );
 
     log.lock().unwrap().clear();
     let predictions = t.predict(&mut module, &data).unwrap();
@@ -296,10 +343,24 @@ fn fit_then_validate_then_test_reuses_the_trained_parameters() {
     let val = t.validate(&mut module, &data).unwrap()["val_loss"];
     let test = t.test(&mut module, &data).unwrap()["test_loss"];
 
-    let hooks = log.lock().unwrap().iter().filter(|(_, e)| e.starts_with("m.configure_sharded_model")).count();
-    assert_eq!(hooks, 2, "configure_sharded_model runs once per rank, not once per stage");
-    assert_eq!(val, test, "validate and test see the same parameters on the same data");
-    assert!(test < untrained * 0.9, "trained {test} vs untrained {untrained}");
+    let hooks = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, e)| e.starts_with("m.configure_sharded_model"))
+        .count();
+    assert_eq!(
+        hooks, 2,
+        "configure_sharded_model runs once per rank, not once per stage"
+    );
+    assert_eq!(
+        val, test,
+        "validate and test see the same parameters on the same data"
+    );
+    assert!(
+        test < untrained * 0.9,
+        "trained {test} vs untrained {untrained}"
+    );
 }
 
 #[test]
@@ -307,7 +368,9 @@ fn predictions_join_the_ranks_slices_in_batch_order() {
     let data = small_eval();
     let predict = |devices| {
         let mut m = Mlp::new(OptimizerConfig::sgd(0.1));
-        crate::common::quiet_trainer(devices, "ddp", 1).predict(&mut m, &data).unwrap()
+        crate::common::quiet_trainer(devices, "ddp", 1)
+            .predict(&mut m, &data)
+            .unwrap()
     };
     let one: Vec<Vec<f32>> = predict(1).iter().map(|t| t.to_vec1().unwrap()).collect();
     let three: Vec<Vec<f32>> = predict(3).iter().map(|t| t.to_vec1().unwrap()).collect();

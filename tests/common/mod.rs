@@ -16,7 +16,9 @@ pub const FEATURES: usize = 5;
 
 impl Regression {
     pub fn new(n: usize) -> Self {
-        let x: Vec<f32> = (0..n * FEATURES).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
+        let x: Vec<f32> = (0..n * FEATURES)
+            .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+            .collect();
         let y = (0..n)
             .map(|s| {
                 let r = &x[s * FEATURES..(s + 1) * FEATURES];
@@ -33,9 +35,15 @@ impl Dataset for Regression {
         self.y.len()
     }
     fn batch(&self, indices: &[usize], device: &Device) -> candle_core::Result<Self::Batch> {
-        let x: Vec<f32> = indices.iter().flat_map(|&i| self.x[i * FEATURES..(i + 1) * FEATURES].to_vec()).collect();
+        let x: Vec<f32> = indices
+            .iter()
+            .flat_map(|&i| self.x[i * FEATURES..(i + 1) * FEATURES].to_vec())
+            .collect();
         let y: Vec<f32> = indices.iter().map(|&i| self.y[i]).collect();
-        Ok((Tensor::from_vec(x, (indices.len(), FEATURES), device)?, Tensor::from_vec(y, (indices.len(), 1), device)?))
+        Ok((
+            Tensor::from_vec(x, (indices.len(), FEATURES), device)?,
+            Tensor::from_vec(y, (indices.len(), 1), device)?,
+        ))
     }
 }
 
@@ -48,7 +56,10 @@ pub struct Mlp {
 
 impl Mlp {
     pub fn new(optimizer: OptimizerConfig) -> Self {
-        Mlp { optimizer, layers: Vec::new() }
+        Mlp {
+            optimizer,
+            layers: Vec::new(),
+        }
     }
 
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
@@ -71,7 +82,12 @@ impl Mlp {
     pub fn parameters(&self) -> Vec<Vec<f32>> {
         self.layers
             .iter()
-            .flat_map(|l| [l.weight().flatten_all().unwrap().to_vec1().unwrap(), l.bias().unwrap().to_vec1().unwrap()])
+            .flat_map(|l| {
+                [
+                    l.weight().flatten_all().unwrap().to_vec1().unwrap(),
+                    l.bias().unwrap().to_vec1().unwrap(),
+                ]
+            })
             .collect()
     }
 
@@ -100,7 +116,11 @@ impl TrainModule for Mlp {
         self.loss(batch)
     }
 
-    fn validation_step(&mut self, batch: &Self::Batch, _: usize) -> candle_core::Result<Option<Tensor>> {
+    fn validation_step(
+        &mut self,
+        batch: &Self::Batch,
+        _: usize,
+    ) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(self.loss(batch)?))
     }
 
@@ -132,9 +152,16 @@ pub fn loader() -> DataLoader<Regression> {
 }
 
 /// Trains a fresh MLP and returns its parameters (rank 0's).
-pub fn train(devices: usize, strategy: &str, optimizer: OptimizerConfig, steps: usize) -> Vec<Vec<f32>> {
+pub fn train(
+    devices: usize,
+    strategy: &str,
+    optimizer: OptimizerConfig,
+    steps: usize,
+) -> Vec<Vec<f32>> {
     let mut model = Mlp::new(optimizer);
-    quiet_trainer(devices, strategy, steps).fit(&mut model, &loader(), None).unwrap();
+    quiet_trainer(devices, strategy, steps)
+        .fit(&mut model, &loader(), None)
+        .unwrap();
     model.parameters()
 }
 

@@ -30,10 +30,7 @@ impl Accelerator {
     /// `devices` CPU ranks, run as threads of this process.
     pub fn cpu(devices: usize) -> Result<Self> {
         if devices == 0 {
-            return Err(Error::config(
-                "devices",
-                "must be at least 1, got 0",
-            ));
+            return Err(Error::config("devices", "must be at least 1, got 0"));
         }
         Ok(Accelerator {
             devices,

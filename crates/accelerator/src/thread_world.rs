@@ -166,7 +166,10 @@ impl ThreadWorld {
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|p| Err(RankError::Panicked(panic_message(&p)))))
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|p| Err(RankError::Panicked(panic_message(&p))))
+                })
                 .collect()
         })
     }
@@ -266,19 +269,29 @@ impl ThreadComm {
             if p.arg != first.arg {
                 return Err(self.mismatch(
                     op,
-                    format!("rank {s} passed {} where rank 0 passed {}", p.arg, first.arg),
+                    format!(
+                        "rank {s} passed {} where rank 0 passed {}",
+                        p.arg, first.arg
+                    ),
                 ));
             }
         }
         Ok(())
     }
 
-    fn offsets_check(&self, op: Op, lens: impl Fn(Published) -> usize, total: usize) -> Result<(), CollectiveError> {
+    fn offsets_check(
+        &self,
+        op: Op,
+        lens: impl Fn(Published) -> usize,
+        total: usize,
+    ) -> Result<(), CollectiveError> {
         let sum: usize = (0..self.shared.size).map(|s| lens(self.peer(s))).sum();
         if sum != total {
             return Err(self.mismatch(
                 op,
-                format!("the ranks' shards add up to {sum} elements but the full buffer holds {total}"),
+                format!(
+                    "the ranks' shards add up to {sum} elements but the full buffer holds {total}"
+                ),
             ));
         }
         Ok(())
@@ -309,7 +322,9 @@ impl Collective for ThreadComm {
                 // Every rank checks against rank 0's output length: all must be equal.
                 let total = self.peer(0).dst_len;
                 if (0..self.shared.size).any(|s| self.peer(s).dst_len != total) {
-                    return Err(self.mismatch(op, "ranks passed full buffers of different lengths".into()));
+                    return Err(
+                        self.mismatch(op, "ranks passed full buffers of different lengths".into())
+                    );
                 }
                 self.offsets_check(op, |p| p.src_len, total)?;
                 let mut offset = 0;
@@ -348,14 +363,22 @@ impl Collective for ThreadComm {
             self.exchange(mine, op, || {
                 let total = self.peer(0).src_len;
                 if (0..self.shared.size).any(|s| self.peer(s).src_len != total) {
-                    return Err(self.mismatch(op, "ranks passed full buffers of different lengths".into()));
+                    return Err(
+                        self.mismatch(op, "ranks passed full buffers of different lengths".into())
+                    );
                 }
                 self.offsets_check(op, |p| p.dst_len, total)?;
                 let offset: usize = (0..self.rank).map(|s| self.peer(s).dst_len).sum();
                 // SAFETY: every full buffer holds `total` elements and is read-only during
                 // the call; our shard is written by this rank alone.
                 unsafe {
-                    reduce_ranks(mine.dst, mine.dst_len, self.shared.size, |s| self.peer(s).src.add(offset), reduce);
+                    reduce_ranks(
+                        mine.dst,
+                        mine.dst_len,
+                        self.shared.size,
+                        |s| self.peer(s).src.add(offset),
+                        reduce,
+                    );
                 }
                 Ok(())
             })
@@ -363,7 +386,11 @@ impl Collective for ThreadComm {
         .map_err(self.unsupported(op))?
     }
 
-    fn all_reduce_in_place(&self, tensor: &Tensor, reduce: ReduceOp) -> Result<(), CollectiveError> {
+    fn all_reduce_in_place(
+        &self,
+        tensor: &Tensor,
+        reduce: ReduceOp,
+    ) -> Result<(), CollectiveError> {
         let op = Op::AllReduce;
         with_f32_mut(tensor, |buf| {
             let mine = Published {
@@ -379,14 +406,22 @@ impl Collective for ThreadComm {
             let chunk = |r: usize| (r * len / n, (r + 1) * len / n);
             self.exchange(mine, op, || {
                 if (0..n).any(|s| self.peer(s).src_len != len) {
-                    return Err(self.mismatch(op, "ranks passed buffers of different lengths".into()));
+                    return Err(
+                        self.mismatch(op, "ranks passed buffers of different lengths".into())
+                    );
                 }
                 // Phase 1: this rank reduces its chunk from every buffer into its own.
                 let (a, b) = chunk(self.rank);
                 // SAFETY: chunk `rank` of any buffer is read only by this rank in phase 1
                 // and written only in this rank's own buffer.
                 unsafe {
-                    reduce_ranks(mine.dst.add(a), b - a, n, |s| self.peer(s).src.add(a), reduce);
+                    reduce_ranks(
+                        mine.dst.add(a),
+                        b - a,
+                        n,
+                        |s| self.peer(s).src.add(a),
+                        reduce,
+                    );
                 }
                 Ok(())
             })?;
@@ -397,7 +432,11 @@ impl Collective for ThreadComm {
                     // SAFETY: chunk s of rank s's buffer is final and read-only now; chunk s
                     // of our buffer is written only by us and read by nobody in phase 2.
                     unsafe {
-                        std::ptr::copy_nonoverlapping(self.peer(s).src.add(a), mine.dst.add(a), b - a);
+                        std::ptr::copy_nonoverlapping(
+                            self.peer(s).src.add(a),
+                            mine.dst.add(a),
+                            b - a,
+                        );
                     }
                 }
                 Ok(())
@@ -409,7 +448,13 @@ impl Collective for ThreadComm {
     fn broadcast_in_place(&self, tensor: &Tensor, root: usize) -> Result<(), CollectiveError> {
         let op = Op::Broadcast;
         if root >= self.shared.size {
-            return Err(self.mismatch(op, format!("root {root} is not a rank of a world of {}", self.shared.size)));
+            return Err(self.mismatch(
+                op,
+                format!(
+                    "root {root} is not a rank of a world of {}",
+                    self.shared.size
+                ),
+            ));
         }
         with_f32_mut(tensor, |buf| {
             let mine = Published {
@@ -423,7 +468,13 @@ impl Collective for ThreadComm {
             self.exchange(mine, op, || {
                 let from = self.peer(root);
                 if from.src_len != mine.dst_len {
-                    return Err(self.mismatch(op, format!("root has {} elements, this rank {}", from.src_len, mine.dst_len)));
+                    return Err(self.mismatch(
+                        op,
+                        format!(
+                            "root has {} elements, this rank {}",
+                            from.src_len, mine.dst_len
+                        ),
+                    ));
                 }
                 if self.rank != root {
                     // SAFETY: the root's buffer is read-only until the closing barrier.

@@ -11,7 +11,9 @@ fn shard_len(r: usize) -> usize {
 }
 
 fn values(rank: usize, len: usize) -> Vec<f32> {
-    (0..len).map(|i| (rank * 1000 + i) as f32 * 0.5 - 7.0).collect()
+    (0..len)
+        .map(|i| (rank * 1000 + i) as f32 * 0.5 - 7.0)
+        .collect()
 }
 
 fn tensor(v: Vec<f32>) -> Tensor {
@@ -48,7 +50,9 @@ fn reduce_scatter_sums_and_means_each_ranks_range() {
         for op in [ReduceOp::Sum, ReduceOp::Mean] {
             let got = ok(ThreadWorld::new(w).run(|c| {
                 let full = tensor(values(c.rank(), total));
-                let shard = Tensor::zeros(shard_len(c.rank()), candle_core::DType::F32, &Device::Cpu).unwrap();
+                let shard =
+                    Tensor::zeros(shard_len(c.rank()), candle_core::DType::F32, &Device::Cpu)
+                        .unwrap();
                 c.reduce_scatter_into(&full, &shard, op)?;
                 Ok(shard.to_vec1::<f32>().unwrap())
             }));
@@ -57,7 +61,11 @@ fn reduce_scatter_sums_and_means_each_ranks_range() {
                 let want: Vec<f32> = (0..shard_len(r))
                     .map(|i| {
                         let sum: f32 = (0..w).map(|s| values(s, total)[offset + i]).sum();
-                        if op == ReduceOp::Mean { sum * (1.0 / w as f32) } else { sum }
+                        if op == ReduceOp::Mean {
+                            sum * (1.0 / w as f32)
+                        } else {
+                            sum
+                        }
                     })
                     .collect();
                 assert_eq!(g, &want, "w={w} rank={r} op={op:?}");
@@ -77,7 +85,9 @@ fn all_reduce_gives_every_rank_the_same_sum() {
                 c.all_reduce_in_place(&t, ReduceOp::Sum)?;
                 Ok(t.to_vec1::<f32>().unwrap())
             }));
-            let want: Vec<f32> = (0..len).map(|i| (0..w).map(|s| values(s, len)[i]).sum()).collect();
+            let want: Vec<f32> = (0..len)
+                .map(|i| (0..w).map(|s| values(s, len)[i]).sum())
+                .collect();
             for g in &got {
                 assert_eq!(g, &want, "w={w} len={len}");
             }
@@ -143,19 +153,30 @@ fn assert_failure_reaches_everyone(panic: bool) {
                 if panic {
                     panic!("boom at step {step}");
                 }
-                return Err(CollectiveError::Mismatch { rank: 2, op: "test", message: "boom".into() });
+                return Err(CollectiveError::Mismatch {
+                    rank: 2,
+                    op: "test",
+                    message: "boom".into(),
+                });
             }
             c.all_reduce_in_place(&t, ReduceOp::Mean)?;
         }
         Ok(())
     });
-    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
     for (r, o) in outcomes.into_iter().enumerate() {
         let e = o.unwrap_err().to_string();
         if r == 2 {
             assert!(e.contains("boom"), "{e}");
         } else {
-            assert!(e.contains("rank 2 failed") && e.contains("boom"), "rank {r}: {e}");
+            assert!(
+                e.contains("rank 2 failed") && e.contains("boom"),
+                "rank {r}: {e}"
+            );
         }
     }
 }
@@ -179,7 +200,11 @@ fn a_rank_that_leaves_early_fails_its_waiting_peers() {
         Ok::<_, CollectiveError>(())
     });
     assert!(outcomes[0].is_ok());
-    assert!(outcomes[1].as_ref().unwrap_err().to_string().contains("rank 0 left"));
+    assert!(outcomes[1]
+        .as_ref()
+        .unwrap_err()
+        .to_string()
+        .contains("rank 0 left"));
 }
 
 #[test]

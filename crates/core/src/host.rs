@@ -28,7 +28,7 @@ fn check_f32(t: &Tensor) -> Result<(), HostAccessError> {
     Ok(())
 }
 
-fn contiguous<'a>(data: &'a [f32], layout: &Layout) -> Result<(usize, usize), HostAccessError> {
+fn contiguous(data: &[f32], layout: &Layout) -> Result<(usize, usize), HostAccessError> {
     let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
         HostAccessError("expected a contiguous tensor, found a strided view".to_string())
     })?;
@@ -112,10 +112,7 @@ impl<F: FnOnce(&mut [f32], &[f32])> InplaceOp2 for Mutate<F> {
 ///
 /// The tensor's storage is written for everyone holding it: only use it on buffers this
 /// code owns (collective outputs, flat gradient buckets).
-pub fn with_f32_mut<R>(
-    t: &Tensor,
-    f: impl FnOnce(&mut [f32]) -> R,
-) -> Result<R, HostAccessError> {
+pub fn with_f32_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> Result<R, HostAccessError> {
     check_f32(t)?;
     let mut out = None;
     let op = Mutate(std::cell::RefCell::new(Some(|d: &mut [f32]| {

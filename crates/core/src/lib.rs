@@ -13,6 +13,7 @@ mod error;
 pub mod host;
 mod module;
 mod optimizer;
+mod solo_world;
 mod stage;
 mod strategy;
 
@@ -22,5 +23,6 @@ pub use context::{sharding_context_active, ContextGuard, ParamSource, ShardedCon
 pub use error::{CollectiveError, Error, Result};
 pub use module::TrainModule;
 pub use optimizer::OptimizerConfig;
+pub use solo_world::SoloWorld;
 pub use stage::Stage;
 pub use strategy::Strategy;

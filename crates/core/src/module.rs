@@ -35,7 +35,11 @@ pub trait TrainModule: Send {
     fn training_step(&mut self, batch: &Self::Batch, batch_idx: usize) -> Result<Tensor>;
 
     /// The validation loss of one batch, a scalar; `None` skips validation.
-    fn validation_step(&mut self, _batch: &Self::Batch, _batch_idx: usize) -> Result<Option<Tensor>> {
+    fn validation_step(
+        &mut self,
+        _batch: &Self::Batch,
+        _batch_idx: usize,
+    ) -> Result<Option<Tensor>> {
         Ok(None)
     }
 

@@ -32,7 +32,11 @@ impl Ddp {
 
     /// DDP with 25 MiB buckets.
     pub fn new() -> Self {
-        Ddp { bucket_cap_bytes: DEFAULT_BUCKET_CAP_BYTES, buckets: Vec::new(), state: Replicated::default() }
+        Ddp {
+            bucket_cap_bytes: DEFAULT_BUCKET_CAP_BYTES,
+            buckets: Vec::new(),
+            state: Replicated::default(),
+        }
     }
 
     /// Sets the bucket size in bytes (a parameter larger than it gets a bucket of its own).
@@ -67,7 +71,10 @@ impl Ddp {
     fn all_reduce_grads(&self, grads: &mut [Tensor]) -> Result<()> {
         let world = self.state.world(Self::NAME)?;
         for bucket in &self.buckets {
-            let parts = bucket.iter().map(|&i| grads[i].flatten_all()).collect::<candle_core::Result<Vec<_>>>()?;
+            let parts = bucket
+                .iter()
+                .map(|&i| grads[i].flatten_all())
+                .collect::<candle_core::Result<Vec<_>>>()?;
             let flat = Tensor::cat(&parts, 0)?;
             world.all_reduce_in_place(&flat, ReduceOp::Mean)?;
             let mut offset = 0;

@@ -55,19 +55,32 @@ impl ParamRng {
 }
 
 /// The values of elements `range` (row-major) of parameter `name` with `shape` and `init`.
-pub fn init_values(init: &Init, seed: u64, name: &str, shape: &Shape, range: Range<usize>) -> Vec<f32> {
+pub fn init_values(
+    init: &Init,
+    seed: u64,
+    name: &str,
+    shape: &Shape,
+    range: Range<usize>,
+) -> Vec<f32> {
     let rng = ParamRng::new(seed, name);
     let idx = range.map(|i| i as u64);
     match *init {
         Init::Const(c) => idx.map(|_| c as f32).collect(),
-        Init::Uniform { lo, up } => idx.map(|i| (lo + (up - lo) * rng.uniform(i)) as f32).collect(),
+        Init::Uniform { lo, up } => idx
+            .map(|i| (lo + (up - lo) * rng.uniform(i)) as f32)
+            .collect(),
         Init::Randn { mean, stdev } => idx.map(|i| (mean + stdev * rng.normal(i)) as f32).collect(),
-        Init::Kaiming { dist, fan, non_linearity } => {
+        Init::Kaiming {
+            dist,
+            fan,
+            non_linearity,
+        } => {
             let std = non_linearity.gain() / (fan.for_shape(shape) as f64).sqrt();
             match dist {
                 NormalOrUniform::Uniform => {
                     let bound = 3f64.sqrt() * std;
-                    idx.map(|i| (-bound + 2.0 * bound * rng.uniform(i)) as f32).collect()
+                    idx.map(|i| (-bound + 2.0 * bound * rng.uniform(i)) as f32)
+                        .collect()
                 }
                 NormalOrUniform::Normal => idx.map(|i| (std * rng.normal(i)) as f32).collect(),
             }
@@ -82,7 +95,10 @@ mod tests {
     #[test]
     fn any_slice_matches_the_whole() {
         let shape = Shape::from((7, 13));
-        for init in [candle_nn::init::DEFAULT_KAIMING_NORMAL, Init::Uniform { lo: -0.5, up: 0.5 }] {
+        for init in [
+            candle_nn::init::DEFAULT_KAIMING_NORMAL,
+            Init::Uniform { lo: -0.5, up: 0.5 },
+        ] {
             let whole = init_values(&init, 3, "w", &shape, 0..91);
             let parts: Vec<f32> = [0..20, 20..23, 23..91]
                 .into_iter()
@@ -95,7 +111,10 @@ mod tests {
     #[test]
     fn names_and_seeds_change_the_values() {
         let shape = Shape::from(64);
-        let init = Init::Randn { mean: 0.0, stdev: 1.0 };
+        let init = Init::Randn {
+            mean: 0.0,
+            stdev: 1.0,
+        };
         let a = init_values(&init, 1, "a", &shape, 0..64);
         assert_ne!(a, init_values(&init, 1, "b", &shape, 0..64));
         assert_ne!(a, init_values(&init, 2, "a", &shape, 0..64));
@@ -104,7 +123,16 @@ mod tests {
     #[test]
     fn normal_has_the_right_moments() {
         let shape = Shape::from(20_000);
-        let v = init_values(&Init::Randn { mean: 1.0, stdev: 2.0 }, 0, "n", &shape, 0..20_000);
+        let v = init_values(
+            &Init::Randn {
+                mean: 1.0,
+                stdev: 2.0,
+            },
+            0,
+            "n",
+            &shape,
+            0..20_000,
+        );
         let mean = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
         let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / v.len() as f64;
         assert!((mean - 1.0).abs() < 0.05, "mean {mean}");

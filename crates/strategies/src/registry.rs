@@ -13,7 +13,10 @@ pub fn strategy_by_name(name: &str) -> Result<Box<dyn Strategy>> {
         Ddp::NAME => Ok(Box::new(Ddp::new())),
         other => Err(Error::config(
             "strategy",
-            format!("unknown strategy '{other}'; valid: {}", STRATEGY_NAMES.join(", ")),
+            format!(
+                "unknown strategy '{other}'; valid: {}",
+                STRATEGY_NAMES.join(", ")
+            ),
         )),
     }
 }

@@ -32,7 +32,9 @@ impl ParamSource for ReplicatedParams {
         device: &Device,
     ) -> candle_core::Result<Tensor> {
         if dtype != DType::F32 {
-            candle_core::bail!("parameter '{name}': wick keeps f32 master parameters, {dtype:?} was requested")
+            candle_core::bail!(
+                "parameter '{name}': wick keeps f32 master parameters, {dtype:?} was requested"
+            )
         }
         let mut params = self.lock();
         if let Some((_, var)) = params.iter().find(|(n, _)| n == name) {
@@ -74,23 +76,34 @@ impl Replicated {
     }
 
     fn not_ready(strategy: &str, message: &str) -> Error {
-        Error::NotReady { strategy: strategy.to_string(), message: message.to_string() }
+        Error::NotReady {
+            strategy: strategy.to_string(),
+            message: message.to_string(),
+        }
     }
 
     pub(crate) fn world(&self, strategy: &str) -> Result<&Arc<dyn Collective>> {
-        self.world.as_ref().ok_or_else(|| Self::not_ready(strategy, "no world connected"))
+        self.world
+            .as_ref()
+            .ok_or_else(|| Self::not_ready(strategy, "no world connected"))
     }
 
     pub(crate) fn sharded_context(&mut self, strategy: &str, seed: u64) -> Result<ShardedContext> {
         let world = self.world(strategy)?.clone();
         let device = self.device.clone().unwrap_or(Device::Cpu);
-        let source = Arc::new(ReplicatedParams { seed, params: Mutex::new(Vec::new()) });
+        let source = Arc::new(ReplicatedParams {
+            seed,
+            params: Mutex::new(Vec::new()),
+        });
         self.source = Some(source.clone());
         Ok(ShardedContext::new(source, world, device, strategy))
     }
 
     pub(crate) fn finish_sharding(&mut self, strategy: &str) -> Result<()> {
-        let source = self.source.take().ok_or_else(|| Self::not_ready(strategy, "no sharding context was opened"))?;
+        let source = self
+            .source
+            .take()
+            .ok_or_else(|| Self::not_ready(strategy, "no sharding context was opened"))?;
         let params = std::mem::take(&mut *source.lock());
         (self.names, self.params) = params.into_iter().unzip();
         Ok(())
@@ -121,10 +134,9 @@ impl Replicated {
     }
 
     pub(crate) fn apply(&mut self, strategy: &str, grads: &[Tensor]) -> Result<()> {
-        let optimizer = self
-            .optimizer
-            .as_mut()
-            .ok_or_else(|| Self::not_ready(strategy, "optimizer_step before configure_optimizer"))?;
+        let optimizer = self.optimizer.as_mut().ok_or_else(|| {
+            Self::not_ready(strategy, "optimizer_step before configure_optimizer")
+        })?;
         optimizer.step(&self.params, grads)?;
         Ok(())
     }

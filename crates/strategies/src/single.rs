@@ -34,7 +34,9 @@ impl Strategy for SingleDevice {
         if world_size != 1 {
             return Err(Error::config(
                 "devices",
-                format!("strategy single runs on exactly 1 device, got {world_size}; use ddp for more"),
+                format!(
+                    "strategy single runs on exactly 1 device, got {world_size}; use ddp for more"
+                ),
             ));
         }
         Ok(())

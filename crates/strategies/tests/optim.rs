@@ -21,11 +21,21 @@ const GRADS: [[f32; 3]; 3] = [[0.5, 0.1, -0.3], [-0.2, 0.4, 0.0], [0.3, -0.1, 0.
 fn adamw_matches_the_torch_rule() {
     let (lr, b1, b2, eps, wd) = (0.1, 0.9, 0.999, 1e-8, 0.05);
     let p = var(&P0);
-    let mut opt = Optimizer::new(&OptimizerConfig::AdamW { lr, beta1: b1, beta2: b2, eps, weight_decay: wd });
+    let mut opt = Optimizer::new(&OptimizerConfig::AdamW {
+        lr,
+        beta1: b1,
+        beta2: b2,
+        eps,
+        weight_decay: wd,
+    });
     let mut want: Vec<f64> = P0.iter().map(|&x| x as f64).collect();
     let (mut m, mut v) = (vec![0f64; 3], vec![0f64; 3]);
     for (t, g) in GRADS.iter().enumerate() {
-        opt.step(&[p.clone()], &[Tensor::new(g, &Device::Cpu).unwrap()]).unwrap();
+        opt.step(
+            std::slice::from_ref(&p),
+            &[Tensor::new(g, &Device::Cpu).unwrap()],
+        )
+        .unwrap();
         let t = (t + 1) as i32;
         for i in 0..3 {
             let g = g[i] as f64;
@@ -44,17 +54,30 @@ fn adamw_matches_the_torch_rule() {
 
 fn sgd_reference(lr: f64, momentum: f64, nesterov: bool, wd: f64) {
     let p = var(&P0);
-    let mut opt = Optimizer::new(&OptimizerConfig::Sgd { lr, momentum, nesterov, weight_decay: wd });
+    let mut opt = Optimizer::new(&OptimizerConfig::Sgd {
+        lr,
+        momentum,
+        nesterov,
+        weight_decay: wd,
+    });
     let mut want: Vec<f64> = P0.iter().map(|&x| x as f64).collect();
     let mut buf: Option<Vec<f64>> = None;
     for g in GRADS.iter() {
-        opt.step(&[p.clone()], &[Tensor::new(g, &Device::Cpu).unwrap()]).unwrap();
+        opt.step(
+            std::slice::from_ref(&p),
+            &[Tensor::new(g, &Device::Cpu).unwrap()],
+        )
+        .unwrap();
         let d: Vec<f64> = (0..3).map(|i| g[i] as f64 + wd * want[i]).collect();
         let b: Vec<f64> = match &buf {
             None => d.clone(),
             Some(b) => (0..3).map(|i| momentum * b[i] + d[i]).collect(),
         };
-        let step: Vec<f64> = if nesterov { (0..3).map(|i| d[i] + momentum * b[i]).collect() } else { b.clone() };
+        let step: Vec<f64> = if nesterov {
+            (0..3).map(|i| d[i] + momentum * b[i]).collect()
+        } else {
+            b.clone()
+        };
         buf = Some(b);
         for i in 0..3 {
             want[i] -= lr * step[i];
@@ -77,7 +100,11 @@ fn sgd_with_nesterov_matches_the_torch_rule() {
 fn plain_sgd_keeps_no_state() {
     let p = var(&P0);
     let mut opt = Optimizer::new(&OptimizerConfig::sgd(0.5));
-    opt.step(&[p.clone()], &[Tensor::new(&GRADS[0], &Device::Cpu).unwrap()]).unwrap();
+    opt.step(
+        std::slice::from_ref(&p),
+        &[Tensor::new(&GRADS[0], &Device::Cpu).unwrap()],
+    )
+    .unwrap();
     close(&p.to_vec1::<f32>().unwrap(), &[0.75, -2.05, 0.65]);
     assert_eq!(opt.state_bytes(), 0);
 }

@@ -35,7 +35,11 @@ pub struct DataLoader<D> {
 impl<D: Dataset> DataLoader<D> {
     /// Batches of `global_batch_size` samples, shuffled every epoch.
     pub fn new(dataset: D, global_batch_size: usize) -> Self {
-        DataLoader { dataset, batch_size: global_batch_size, shuffle: true }
+        DataLoader {
+            dataset,
+            batch_size: global_batch_size,
+            shuffle: true,
+        }
     }
 
     /// Keeps the dataset's order (for evaluation).
@@ -62,7 +66,10 @@ impl<D: Dataset> DataLoader<D> {
     /// Checks that the batches can be split over `world_size` ranks.
     pub fn check(&self, world_size: usize) -> Result<(), TrainerError> {
         if self.batch_size == 0 {
-            return Err(TrainerError::config("batch size", "must be at least 1, got 0"));
+            return Err(TrainerError::config(
+                "batch size",
+                "must be at least 1, got 0",
+            ));
         }
         if self.batch_size % world_size != 0 {
             return Err(TrainerError::config(
@@ -76,7 +83,11 @@ impl<D: Dataset> DataLoader<D> {
         if self.batches_per_epoch() == 0 {
             return Err(TrainerError::config(
                 "batch size",
-                format!("the dataset has {} samples, fewer than one global batch of {}", self.dataset.len(), self.batch_size),
+                format!(
+                    "the dataset has {} samples, fewer than one global batch of {}",
+                    self.dataset.len(),
+                    self.batch_size
+                ),
             ));
         }
         Ok(())
@@ -86,13 +97,22 @@ impl<D: Dataset> DataLoader<D> {
     pub fn epoch_order(&self, seed: u64, epoch: usize) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.dataset.len()).collect();
         if self.shuffle {
-            shuffle(&mut order, seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            shuffle(
+                &mut order,
+                seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            );
         }
         order
     }
 
     /// Rank `rank`'s slice of global batch `batch` of `order`.
-    pub fn rank_slice<'o>(&self, order: &'o [usize], batch: usize, rank: usize, world_size: usize) -> &'o [usize] {
+    pub fn rank_slice<'o>(
+        &self,
+        order: &'o [usize],
+        batch: usize,
+        rank: usize,
+        world_size: usize,
+    ) -> &'o [usize] {
         let per_rank = self.batch_size / world_size;
         let start = batch * self.batch_size + rank * per_rank;
         &order[start..start + per_rank]
@@ -136,7 +156,9 @@ mod tests {
         let loader = DataLoader::new(Range(50), 12);
         let order = loader.epoch_order(7, 3);
         for b in 0..loader.batches_per_epoch() {
-            let joined: Vec<usize> = (0..4).flat_map(|r| loader.rank_slice(&order, b, r, 4).to_vec()).collect();
+            let joined: Vec<usize> = (0..4)
+                .flat_map(|r| loader.rank_slice(&order, b, r, 4).to_vec())
+                .collect();
             assert_eq!(joined, order[b * 12..(b + 1) * 12]);
         }
     }
@@ -154,9 +176,18 @@ mod tests {
 
     #[test]
     fn bad_batch_sizes_are_explained() {
-        let e = DataLoader::new(Range(100), 10).check(4).unwrap_err().to_string();
-        assert!(e.contains("global batch size 10 does not divide by 4 ranks"), "{e}");
-        let e = DataLoader::new(Range(3), 4).check(2).unwrap_err().to_string();
+        let e = DataLoader::new(Range(100), 10)
+            .check(4)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("global batch size 10 does not divide by 4 ranks"),
+            "{e}"
+        );
+        let e = DataLoader::new(Range(3), 4)
+            .check(2)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("fewer than one global batch"), "{e}");
     }
 }

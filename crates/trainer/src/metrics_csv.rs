@@ -18,7 +18,10 @@ impl MetricsCsv {
     /// Creates (or truncates) `dir/metrics.csv` and writes the header.
     pub(crate) fn create(dir: &Path) -> Result<Self, TrainerError> {
         let path = dir.join("metrics.csv");
-        let io = |source| TrainerError::Io { path: path.clone(), source };
+        let io = |source| TrainerError::Io {
+            path: path.clone(),
+            source,
+        };
         std::fs::create_dir_all(dir).map_err(io)?;
         let mut out = BufWriter::new(File::create(&path).map_err(io)?);
         writeln!(out, "{HEADER}").map_err(io)?;
@@ -26,13 +29,25 @@ impl MetricsCsv {
     }
 
     /// Appends one row; `val_loss` is empty on steps without validation.
-    pub(crate) fn row(&mut self, step: usize, epoch: usize, train_loss: f64, val_loss: Option<f64>) -> Result<(), TrainerError> {
+    pub(crate) fn row(
+        &mut self,
+        step: usize,
+        epoch: usize,
+        train_loss: f64,
+        val_loss: Option<f64>,
+    ) -> Result<(), TrainerError> {
         let val = val_loss.map(|v| v.to_string()).unwrap_or_default();
-        writeln!(self.out, "{step},{epoch},{train_loss},{val}").map_err(|source| TrainerError::Io { path: self.path.clone(), source })
+        writeln!(self.out, "{step},{epoch},{train_loss},{val}").map_err(|source| TrainerError::Io {
+            path: self.path.clone(),
+            source,
+        })
     }
 
     /// Flushes buffered rows to the file.
     pub(crate) fn flush(&mut self) -> Result<(), TrainerError> {
-        self.out.flush().map_err(|source| TrainerError::Io { path: self.path.clone(), source })
+        self.out.flush().map_err(|source| TrainerError::Io {
+            path: self.path.clone(),
+            source,
+        })
     }
 }

@@ -12,7 +12,10 @@ pub(crate) struct Progress {
 impl Progress {
     /// A bar for `total` steps, or `None` when standard output is not a terminal.
     pub(crate) fn new_if_terminal(total: usize) -> Option<Self> {
-        std::io::stdout().is_terminal().then(|| Progress { total, start: Instant::now() })
+        std::io::stdout().is_terminal().then(|| Progress {
+            total,
+            start: Instant::now(),
+        })
     }
 
     /// Redraws the bar after `step` steps of `samples_per_step` samples.

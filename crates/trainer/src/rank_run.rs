@@ -53,7 +53,8 @@ impl<M: TrainModule> RankRun<'_, M> {
         stage: Stage,
         loaders: &Loaders<'_, D>,
     ) -> Result<RankOutput, TrainerError> {
-        self.strategy.connect(self.env.world.clone(), self.env.device.clone());
+        self.strategy
+            .connect(self.env.world.clone(), self.env.device.clone());
         self.callbacks(|cb, s| cb.setup(s, stage))?;
         self.module.setup(stage)?;
         if Accelerator::setup(self.strategy, self.module, self.config.seed)? {
@@ -75,7 +76,10 @@ impl<M: TrainModule> RankRun<'_, M> {
         }
         self.callbacks(|cb, s| cb.teardown(s, stage))?;
         self.module.teardown(stage)?;
-        Ok(RankOutput { metrics: self.state.metrics, predictions })
+        Ok(RankOutput {
+            metrics: self.state.metrics,
+            predictions,
+        })
     }
 
     fn fit<D: Dataset<Batch = M::Batch>>(
@@ -92,12 +96,18 @@ impl<M: TrainModule> RankRun<'_, M> {
             (None, Some(_)) => usize::MAX,
             (None, None) => 1,
         };
-        let total_steps = self.config.max_steps.unwrap_or(usize::MAX).min(per_epoch.saturating_mul(max_epochs));
+        let total_steps = self
+            .config
+            .max_steps
+            .unwrap_or(usize::MAX)
+            .min(per_epoch.saturating_mul(max_epochs));
         let mut csv = match (&self.config.run_dir, rank) {
             (Some(dir), 0) => Some(MetricsCsv::create(dir)?),
             _ => None,
         };
-        let progress = (rank == 0 && self.config.progress).then(|| Progress::new_if_terminal(total_steps)).flatten();
+        let progress = (rank == 0 && self.config.progress)
+            .then(|| Progress::new_if_terminal(total_steps))
+            .flatten();
 
         self.callbacks(|cb, s| cb.on_fit_start(s))?;
         self.module.on_fit_start()?;
@@ -108,7 +118,10 @@ impl<M: TrainModule> RankRun<'_, M> {
                 if self.state.global_step >= total_steps {
                     break 'epochs;
                 }
-                let batch = train.dataset().batch(train.rank_slice(&order, b, rank, world_size), &self.env.device)?;
+                let batch = train.dataset().batch(
+                    train.rank_slice(&order, b, rank, world_size),
+                    &self.env.device,
+                )?;
                 let loss = self.module.training_step(&batch, b)?;
                 let local = scalar(&loss, "training_step")?;
                 self.strategy.backward(&loss)?;
@@ -148,23 +161,33 @@ impl<M: TrainModule> RankRun<'_, M> {
 
     /// One pass over `data`; returns the loss averaged over batches and ranks, if the module
     /// reports one.
-    fn evaluate<D: Dataset<Batch = M::Batch>>(&mut self, data: &DataLoader<D>, kind: Eval) -> Result<Option<f64>, TrainerError> {
+    fn evaluate<D: Dataset<Batch = M::Batch>>(
+        &mut self,
+        data: &DataLoader<D>,
+        kind: Eval,
+    ) -> Result<Option<f64>, TrainerError> {
         if let Eval::Validation = kind {
             self.callbacks(|cb, s| cb.on_validation_start(s))?;
         }
-        let (sum, count) = self.each_batch(data, |module, batch, b| {
-            let (loss, hook) = match kind {
-                Eval::Validation => (module.validation_step(batch, b)?, "validation_step"),
-                Eval::Test => (module.test_step(batch, b)?, "test_step"),
-            };
-            loss.map(|l| scalar(&l, hook)).transpose()
-        })?
-        .into_iter()
-        .flatten()
-        .fold((0f64, 0usize), |(s, n), l| (s + l as f64, n + 1));
+        let (sum, count) = self
+            .each_batch(data, |module, batch, b| {
+                let (loss, hook) = match kind {
+                    Eval::Validation => (module.validation_step(batch, b)?, "validation_step"),
+                    Eval::Test => (module.test_step(batch, b)?, "test_step"),
+                };
+                loss.map(|l| scalar(&l, hook)).transpose()
+            })?
+            .into_iter()
+            .flatten()
+            .fold((0f64, 0usize), |(s, n), l| (s + l as f64, n + 1));
         let mean = match count {
             0 => None,
-            n => Some(self.env.world.all_reduce_scalar((sum / n as f64) as f32, ReduceOp::Mean)? as f64),
+            n => Some(
+                self.env
+                    .world
+                    .all_reduce_scalar((sum / n as f64) as f32, ReduceOp::Mean)?
+                    as f64,
+            ),
         };
         let metric = match kind {
             Eval::Validation => "val_loss",
@@ -180,7 +203,10 @@ impl<M: TrainModule> RankRun<'_, M> {
         Ok(mean)
     }
 
-    fn predict<D: Dataset<Batch = M::Batch>>(&mut self, data: &DataLoader<D>) -> Result<Vec<Tensor>, TrainerError> {
+    fn predict<D: Dataset<Batch = M::Batch>>(
+        &mut self,
+        data: &DataLoader<D>,
+    ) -> Result<Vec<Tensor>, TrainerError> {
         let out = self.each_batch(data, |module, batch, b| Ok(module.predict_step(batch, b)?))?;
         self.callbacks(|cb, s| cb.on_predict_end(s))?;
         Ok(out)
@@ -206,7 +232,10 @@ impl<M: TrainModule> RankRun<'_, M> {
 /// The value of a scalar loss, or an error naming the hook that returned something else.
 fn scalar(loss: &Tensor, hook: &str) -> Result<f32, TrainerError> {
     if loss.rank() != 0 {
-        return Err(TrainerError::config(hook, format!("must return a scalar loss, got shape {:?}", loss.dims())));
+        return Err(TrainerError::config(
+            hook,
+            format!("must return a scalar loss, got shape {:?}", loss.dims()),
+        ));
     }
     Ok(loss.to_dtype(DType::F32)?.to_scalar::<f32>()?)
 }

@@ -140,13 +140,25 @@ impl TrainerBuilder {
         };
         strategy.check_world_size(self.devices)?;
         if self.val_check_interval == Some(0) {
-            return Err(TrainerError::config("val_check_interval", "must be at least 1 step, got 0"));
+            return Err(TrainerError::config(
+                "val_check_interval",
+                "must be at least 1 step, got 0",
+            ));
         }
         if self.max_steps == Some(0) || self.max_epochs == Some(0) {
-            return Err(TrainerError::config("max_steps/max_epochs", "must be at least 1, got 0"));
+            return Err(TrainerError::config(
+                "max_steps/max_epochs",
+                "must be at least 1, got 0",
+            ));
         }
         if self.run_name.is_empty() || self.run_name.contains(['/', '\\']) {
-            return Err(TrainerError::config("run name", format!("'{}' must be a non-empty name without path separators", self.run_name)));
+            return Err(TrainerError::config(
+                "run name",
+                format!(
+                    "'{}' must be a non-empty name without path separators",
+                    self.run_name
+                ),
+            ));
         }
         Ok(Trainer {
             config: Config {
@@ -217,48 +229,95 @@ impl Trainer {
         self.strategy.name()
     }
 
+    /// Scalar parameters of the module this trainer configured, once it has.
+    pub fn num_parameters(&self) -> Option<usize> {
+        let s = self.session.as_ref()?;
+        s.strategies
+            .first()
+            .filter(|s| s.is_configured())
+            .map(|s| s.num_parameters())
+    }
+
     /// Where this run's metrics file goes, if logging.
     pub fn metrics_path(&self) -> Option<PathBuf> {
         self.config.run_dir.as_ref().map(|d| d.join("metrics.csv"))
     }
 
     /// Trains `module` on `train`, validating on `val` as configured; returns the last metrics.
-    pub fn fit<M, D>(&mut self, module: &mut M, train: &DataLoader<D>, val: Option<&DataLoader<D>>) -> Result<Metrics, TrainerError>
+    pub fn fit<M, D>(
+        &mut self,
+        module: &mut M,
+        train: &DataLoader<D>,
+        val: Option<&DataLoader<D>>,
+    ) -> Result<Metrics, TrainerError>
     where
         M: TrainModule + Clone + 'static,
         D: Dataset<Batch = M::Batch>,
     {
-        let loaders = Loaders { train: Some(train), eval: val };
-        Ok(self.run_stage(module, Stage::Fit, &loaders)?.swap_remove(0).metrics)
+        let loaders = Loaders {
+            train: Some(train),
+            eval: val,
+        };
+        Ok(self
+            .run_stage(module, Stage::Fit, &loaders)?
+            .swap_remove(0)
+            .metrics)
     }
 
     /// One validation pass; returns `val_loss` (if the module reports one).
-    pub fn validate<M, D>(&mut self, module: &mut M, data: &DataLoader<D>) -> Result<Metrics, TrainerError>
+    pub fn validate<M, D>(
+        &mut self,
+        module: &mut M,
+        data: &DataLoader<D>,
+    ) -> Result<Metrics, TrainerError>
     where
         M: TrainModule + Clone + 'static,
         D: Dataset<Batch = M::Batch>,
     {
-        let loaders = Loaders { train: None, eval: Some(data) };
-        Ok(self.run_stage(module, Stage::Validate, &loaders)?.swap_remove(0).metrics)
+        let loaders = Loaders {
+            train: None,
+            eval: Some(data),
+        };
+        Ok(self
+            .run_stage(module, Stage::Validate, &loaders)?
+            .swap_remove(0)
+            .metrics)
     }
 
     /// One test pass; returns `test_loss` (if the module reports one).
-    pub fn test<M, D>(&mut self, module: &mut M, data: &DataLoader<D>) -> Result<Metrics, TrainerError>
+    pub fn test<M, D>(
+        &mut self,
+        module: &mut M,
+        data: &DataLoader<D>,
+    ) -> Result<Metrics, TrainerError>
     where
         M: TrainModule + Clone + 'static,
         D: Dataset<Batch = M::Batch>,
     {
-        let loaders = Loaders { train: None, eval: Some(data) };
-        Ok(self.run_stage(module, Stage::Test, &loaders)?.swap_remove(0).metrics)
+        let loaders = Loaders {
+            train: None,
+            eval: Some(data),
+        };
+        Ok(self
+            .run_stage(module, Stage::Test, &loaders)?
+            .swap_remove(0)
+            .metrics)
     }
 
     /// Predictions for every global batch of `data`, in order (the ranks' slices joined).
-    pub fn predict<M, D>(&mut self, module: &mut M, data: &DataLoader<D>) -> Result<Vec<Tensor>, TrainerError>
+    pub fn predict<M, D>(
+        &mut self,
+        module: &mut M,
+        data: &DataLoader<D>,
+    ) -> Result<Vec<Tensor>, TrainerError>
     where
         M: TrainModule + Clone + 'static,
         D: Dataset<Batch = M::Batch>,
     {
-        let loaders = Loaders { train: None, eval: Some(data) };
+        let loaders = Loaders {
+            train: None,
+            eval: Some(data),
+        };
         let outputs = self.run_stage(module, Stage::Predict, &loaders)?;
         let batches = outputs[0].predictions.len();
         (0..batches)
@@ -269,7 +328,12 @@ impl Trainer {
             .collect()
     }
 
-    fn run_stage<M, D>(&mut self, module: &mut M, stage: Stage, loaders: &Loaders<'_, D>) -> Result<Vec<RankOutput>, TrainerError>
+    fn run_stage<M, D>(
+        &mut self,
+        module: &mut M,
+        stage: Stage,
+        loaders: &Loaders<'_, D>,
+    ) -> Result<Vec<RankOutput>, TrainerError>
     where
         M: TrainModule + Clone + 'static,
         D: Dataset<Batch = M::Batch>,
@@ -283,15 +347,26 @@ impl Trainer {
             Some(s) if s.module == key => s,
             _ => Session {
                 module: key,
-                strategies: (0..world_size).map(|_| self.strategy.for_new_rank()).collect(),
+                strategies: (0..world_size)
+                    .map(|_| self.strategy.for_new_rank())
+                    .collect(),
                 replicas: Box::new((1..world_size).map(|_| module.clone()).collect::<Vec<M>>()),
             },
         };
-        let replicas = session.replicas.downcast_mut::<Vec<M>>().expect("a session's replicas have its module's type");
+        let replicas = session
+            .replicas
+            .downcast_mut::<Vec<M>>()
+            .expect("a session's replicas have its module's type");
         let slots: Vec<Slot<'_, M>> = std::iter::once(module)
             .chain(replicas.iter_mut())
             .zip(session.strategies.iter_mut())
-            .map(|(m, s)| Mutex::new(Some((m, s, self.callbacks.iter().map(|c| c.clone_box()).collect()))))
+            .map(|(m, s)| {
+                Mutex::new(Some((
+                    m,
+                    s,
+                    self.callbacks.iter().map(|c| c.clone_box()).collect(),
+                )))
+            })
             .collect();
         let config = &self.config;
         let outcomes = self.accelerator.launch(|env| {
@@ -300,8 +375,20 @@ impl Trainer {
                 .map_err(|_| TrainerError::config("rank", "slot lock poisoned"))?
                 .take()
                 .expect("each rank takes its slot once");
-            let state = RunState { rank: env.rank, world_size: env.world_size, ..RunState::default() };
-            RankRun { env, module, strategy: strategy.as_mut(), callbacks, config, state }.run(stage, loaders)
+            let state = RunState {
+                rank: env.rank,
+                world_size: env.world_size,
+                ..RunState::default()
+            };
+            RankRun {
+                env,
+                module,
+                strategy: strategy.as_mut(),
+                callbacks,
+                config,
+                state,
+            }
+            .run(stage, loaders)
         });
         drop(slots);
         self.session = Some(session);
@@ -310,25 +397,32 @@ impl Trainer {
 }
 
 /// The ranks' outputs, or one error naming the rank that failed first.
-fn collect_ranks<T>(outcomes: Vec<Result<T, RankError<TrainerError>>>) -> Result<Vec<T>, TrainerError> {
-    if outcomes.iter().all(Result::is_ok) {
-        return Ok(outcomes.into_iter().map(|o| o.ok().expect("checked")).collect());
-    }
+fn collect_ranks<T>(
+    outcomes: Vec<Result<T, RankError<TrainerError>>>,
+) -> Result<Vec<T>, TrainerError> {
+    let mut values = Vec::with_capacity(outcomes.len());
     let mut root = None;
     let mut ranks = Vec::new();
     for (rank, outcome) in outcomes.into_iter().enumerate() {
-        if let Err(e) = outcome {
-            let caused_by_peer = matches!(&e, RankError::Failed(t) if t.is_consequence());
-            let message = e.to_string();
-            if !caused_by_peer && root.is_none() {
-                root = Some((rank, message.clone()));
+        match outcome {
+            Ok(v) => values.push(v),
+            Err(e) => {
+                let caused_by_peer = matches!(&e, RankError::Failed(t) if t.is_consequence());
+                let message = e.to_string();
+                if !caused_by_peer && root.is_none() {
+                    root = Some((rank, message.clone()));
+                }
+                ranks.push((rank, format!("rank {rank}: {message}")));
             }
-            ranks.push((rank, format!("rank {rank}: {message}")));
         }
     }
-    let (rank, message) = root.unwrap_or_else(|| {
-        let (r, m) = &ranks[0];
-        (*r, m.clone())
-    });
-    Err(TrainerError::RankFailed { rank, message, ranks })
+    if ranks.is_empty() {
+        return Ok(values);
+    }
+    let (rank, message) = root.unwrap_or_else(|| (ranks[0].0, ranks[0].1.clone()));
+    Err(TrainerError::RankFailed {
+        rank,
+        message,
+        ranks,
+    })
 }

@@ -23,7 +23,15 @@ pub struct AdamW {
 impl AdamW {
     /// Fresh AdamW state.
     pub fn new(lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64) -> Self {
-        AdamW { lr, beta1, beta2, eps, weight_decay, step: 0, moments: Vec::new() }
+        AdamW {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            step: 0,
+            moments: Vec::new(),
+        }
     }
 
     /// Steps taken so far.
@@ -43,7 +51,10 @@ impl AdamW {
     }
 
     pub(super) fn state_bytes(&self) -> usize {
-        self.moments.iter().map(|(m, v)| super::bytes(m) + super::bytes(v)).sum()
+        self.moments
+            .iter()
+            .map(|(m, v)| super::bytes(m) + super::bytes(v))
+            .sum()
     }
 
     /// One update of every parameter.

@@ -24,19 +24,30 @@ impl Optimizer {
     /// The optimizer `config` names, with fresh state.
     pub fn new(config: &OptimizerConfig) -> Self {
         match *config {
-            OptimizerConfig::AdamW { lr, beta1, beta2, eps, weight_decay } => {
-                Optimizer::AdamW(AdamW::new(lr, beta1, beta2, eps, weight_decay))
-            }
-            OptimizerConfig::Sgd { lr, momentum, nesterov, weight_decay } => {
-                Optimizer::Sgd(Sgd::new(lr, momentum, nesterov, weight_decay))
-            }
+            OptimizerConfig::AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => Optimizer::AdamW(AdamW::new(lr, beta1, beta2, eps, weight_decay)),
+            OptimizerConfig::Sgd {
+                lr,
+                momentum,
+                nesterov,
+                weight_decay,
+            } => Optimizer::Sgd(Sgd::new(lr, momentum, nesterov, weight_decay)),
         }
     }
 
     /// Updates `params` in place from `grads` (same order, same shapes).
     pub fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
         if params.len() != grads.len() {
-            candle_core::bail!("optimizer step: {} parameters but {} gradients", params.len(), grads.len())
+            candle_core::bail!(
+                "optimizer step: {} parameters but {} gradients",
+                params.len(),
+                grads.len()
+            )
         }
         match self {
             Optimizer::AdamW(o) => o.step(params, grads),

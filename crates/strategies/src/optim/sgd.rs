@@ -20,7 +20,14 @@ pub struct Sgd {
 impl Sgd {
     /// Fresh SGD state.
     pub fn new(lr: f64, momentum: f64, nesterov: bool, weight_decay: f64) -> Self {
-        Sgd { lr, momentum, nesterov, weight_decay, step: 0, buffers: Vec::new() }
+        Sgd {
+            lr,
+            momentum,
+            nesterov,
+            weight_decay,
+            step: 0,
+            buffers: Vec::new(),
+        }
     }
 
     /// Steps taken so far.
@@ -58,7 +65,11 @@ impl Sgd {
                 } else {
                     (self.buffers[i].affine(self.momentum, 0.0)? + &d)?
                 };
-                d = if self.nesterov { (d + buf.affine(self.momentum, 0.0)?)? } else { buf.clone() };
+                d = if self.nesterov {
+                    (d + buf.affine(self.momentum, 0.0)?)?
+                } else {
+                    buf.clone()
+                };
                 if first {
                     self.buffers.push(buf);
                 } else {

@@ -1,0 +1,36 @@
+//! wick-strategies alone: a hand-written training loop driving the `Ddp` strategy over a
+//! one-rank world, fitting y = 2x - 1.
+//!
+//! `cargo run -p wick-strategies --example ddp_loop`
+
+use candle_core::{Device, Module, Tensor};
+use std::sync::Arc;
+use wick_core::{OptimizerConfig, SoloWorld, Strategy};
+use wick_strategies::Ddp;
+
+fn main() -> wick_core::Result<()> {
+    let mut ddp = Ddp::new();
+    ddp.connect(Arc::new(SoloWorld), Device::Cpu);
+    let ctx = ddp.sharded_context(7)?;
+    let layer = {
+        let _open = ctx.enter();
+        candle_nn::linear(1, 1, ctx.var_builder().pp("fit"))?
+    };
+    ddp.finish_sharding()?;
+    ddp.configure_optimizer(&OptimizerConfig::sgd(0.1))?;
+
+    let x = Tensor::new(&[[0f32], [1.], [2.], [3.]], &Device::Cpu)?;
+    let y = Tensor::new(&[[-1f32], [1.], [3.], [5.]], &Device::Cpu)?;
+    for step in 0..200 {
+        let loss = (layer.forward(&x)? - &y)?.sqr()?.mean_all()?;
+        ddp.backward(&loss)?;
+        ddp.optimizer_step()?;
+        if step % 50 == 0 {
+            println!("step {step}: loss {:.5}", loss.to_scalar::<f32>()?);
+        }
+    }
+    for (name, value) in ddp.full_parameters()? {
+        println!("{name} = {}", value.flatten_all()?);
+    }
+    Ok(())
+}

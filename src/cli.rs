@@ -1,0 +1,190 @@
+//! The `wick` program's command line: `wick fit [options]`.
+
+use std::path::PathBuf;
+
+/// Options of `wick fit`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FitArgs {
+    /// Strategy name from the registry.
+    pub strategy: String,
+    /// Ranks (CPU threads).
+    pub devices: usize,
+    /// Optimizer steps.
+    pub max_steps: usize,
+    /// Seed of init and data order.
+    pub seed: u64,
+    /// Run name (the metrics folder).
+    pub run_name: String,
+    /// Where runs are logged.
+    pub log_dir: PathBuf,
+    /// Global batch size (sequences).
+    pub batch_size: usize,
+    /// AdamW learning rate.
+    pub lr: f64,
+    /// Validate every this many steps.
+    pub val_every: usize,
+    /// A text file to train on instead of the bundled corpus.
+    pub data: Option<PathBuf>,
+    /// Draw the progress bar (when stdout is a terminal).
+    pub progress: bool,
+}
+
+impl Default for FitArgs {
+    fn default() -> Self {
+        FitArgs {
+            strategy: "ddp".into(),
+            devices: 2,
+            max_steps: 400,
+            seed: 0,
+            run_name: "char-gpt".into(),
+            log_dir: "runs".into(),
+            batch_size: 32,
+            lr: 3e-3,
+            val_every: 100,
+            data: None,
+            progress: true,
+        }
+    }
+}
+
+/// What the command line asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Train the character GPT.
+    Fit(FitArgs),
+    /// Print usage.
+    Help,
+}
+
+/// Usage text.
+pub const USAGE: &str = "\
+usage: wick fit [options]
+
+Trains a small GPT-style character model on the corpus bundled with wick (or --data FILE),
+with ranks as threads on the CPU.
+
+options:
+  --strategy NAME     distribution strategy: one of STRATEGIES (default ddp)
+  --devices N         ranks (default 2)
+  --max-steps N       optimizer steps (default 400)
+  --seed N            seed of init and data order (default 0)
+  --batch-size N      global batch size, a multiple of --devices (default 32)
+  --lr X              AdamW learning rate (default 0.003)
+  --val-every N       validate every N steps (default 100)
+  --run-name NAME     metrics go to <log dir>/<run name>/metrics.csv (default char-gpt)
+  --log-dir DIR       (default runs)
+  --data FILE         train on this UTF-8 text instead of the bundled corpus
+  --no-progress       no progress bar
+";
+
+fn value<T: std::str::FromStr>(
+    flag: &str,
+    raw: Option<&String>,
+    expected: &str,
+) -> Result<T, String> {
+    let raw = raw.ok_or_else(|| format!("{flag} needs a value ({expected})"))?;
+    raw.parse()
+        .map_err(|_| format!("invalid value '{raw}' for {flag}: expected {expected}"))
+}
+
+fn positive(flag: &str, raw: Option<&String>) -> Result<usize, String> {
+    match value::<usize>(flag, raw, "a positive integer")? {
+        0 => Err(format!(
+            "invalid value '0' for {flag}: expected a positive integer"
+        )),
+        n => Ok(n),
+    }
+}
+
+/// Parses the arguments after the program name.
+pub fn parse(args: &[String]) -> Result<Command, String> {
+    let mut it = args.iter();
+    match it.next().map(String::as_str) {
+        None | Some("-h" | "--help" | "help") => return Ok(Command::Help),
+        Some("fit") => {}
+        Some(other) => return Err(format!("unknown command '{other}'; valid: fit")),
+    }
+    let mut a = FitArgs::default();
+    while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "--strategy" => {
+                let name: String = value(flag, it.next(), "a strategy name")?;
+                wick_strategies::strategy_by_name(&name).map_err(|e| e.to_string())?;
+                a.strategy = name;
+            }
+            "--devices" => a.devices = positive(flag, it.next())?,
+            "--max-steps" => a.max_steps = positive(flag, it.next())?,
+            "--seed" => a.seed = value(flag, it.next(), "a non-negative integer")?,
+            "--batch-size" => a.batch_size = positive(flag, it.next())?,
+            "--lr" => {
+                a.lr = value(flag, it.next(), "a positive number")?;
+                if !(a.lr > 0.0 && a.lr.is_finite()) {
+                    return Err(format!(
+                        "invalid value '{}' for --lr: expected a positive number",
+                        a.lr
+                    ));
+                }
+            }
+            "--val-every" => a.val_every = positive(flag, it.next())?,
+            "--run-name" => a.run_name = value(flag, it.next(), "a name")?,
+            "--log-dir" => a.log_dir = value(flag, it.next(), "a directory")?,
+            "--data" => a.data = Some(value(flag, it.next(), "a file")?),
+            "--no-progress" => a.progress = false,
+            "-h" | "--help" => return Ok(Command::Help),
+            other => {
+                return Err(format!(
+                    "unknown option '{other}'; run 'wick --help' for the list"
+                ))
+            }
+        }
+    }
+    Ok(Command::Fit(a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        assert_eq!(
+            parse(&args("fit")).unwrap(),
+            Command::Fit(FitArgs::default())
+        );
+        let Command::Fit(a) = parse(&args(
+            "fit --strategy single --devices 1 --max-steps 5 --seed 9",
+        ))
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (a.strategy.as_str(), a.devices, a.max_steps, a.seed),
+            ("single", 1, 5, 9)
+        );
+    }
+
+    #[test]
+    fn bad_values_are_one_line_errors_that_say_what_is_valid() {
+        let e = parse(&args("fit --strategy zero9")).unwrap_err();
+        assert!(
+            e.contains("unknown strategy 'zero9'") && e.contains("single, ddp"),
+            "{e}"
+        );
+        let e = parse(&args("fit --devices two")).unwrap_err();
+        assert_eq!(
+            e,
+            "invalid value 'two' for --devices: expected a positive integer"
+        );
+        let e = parse(&args("fit --max-steps 0")).unwrap_err();
+        assert!(e.contains("expected a positive integer"), "{e}");
+        assert!(parse(&args("fit --frobnicate"))
+            .unwrap_err()
+            .contains("unknown option '--frobnicate'"));
+        assert!(parse(&args("train")).unwrap_err().contains("valid: fit"));
+        assert!(!parse(&args("fit --lr -1")).unwrap_err().contains('\n'));
+    }
+}

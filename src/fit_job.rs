@@ -1,0 +1,105 @@
+//! The main job: train the character GPT with the options of `wick fit`.
+
+use crate::char_corpus::{CharWindows, Vocab, BUNDLED_TEXT};
+use crate::char_gpt::{CharGpt, GptConfig};
+use crate::cli::FitArgs;
+use anyhow::Context;
+use std::sync::{Arc, Mutex};
+use wick_core::{Callback, RunState};
+use wick_trainer::{DataLoader, Trainer};
+
+/// Context length of the main job's model.
+const BLOCK: usize = 64;
+
+/// Rank 0's first and last training loss.
+#[derive(Clone, Default)]
+struct LossHistory(Arc<Mutex<Option<(f64, f64)>>>);
+
+impl Callback for LossHistory {
+    fn on_train_batch_end(&mut self, state: &RunState) -> candle_core::Result<()> {
+        if let (0, Some(&loss)) = (state.rank, state.metrics.get("train_loss")) {
+            let mut h = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            *h = Some((h.map_or(loss, |(first, _)| first), loss));
+        }
+        Ok(())
+    }
+}
+
+/// What a run reports.
+#[derive(Debug, Clone)]
+pub struct FitReport {
+    /// Mean train loss over ranks at the first step.
+    pub first_train_loss: f64,
+    /// At the last step.
+    pub last_train_loss: f64,
+    /// The last validation loss.
+    pub val_loss: Option<f64>,
+    /// Parameters of the model.
+    pub parameters: usize,
+    /// The metrics file.
+    pub metrics_csv: Option<std::path::PathBuf>,
+}
+
+/// Trains the model described by `args` and reports its losses.
+pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
+    let text = match &args.data {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("reading --data {}", path.display()))?,
+        None => BUNDLED_TEXT.to_string(),
+    };
+    let vocab = Vocab::of(&text);
+    let ids = vocab
+        .encode(&text)
+        .expect("the vocabulary is made from this text");
+    anyhow::ensure!(
+        ids.len() > 20 * BLOCK,
+        "the text has {} characters; wick fit needs at least {}",
+        ids.len(),
+        20 * BLOCK
+    );
+    // The last tenth is held out for validation, in non-overlapping windows.
+    let split = ids.len() * 9 / 10;
+    let train = DataLoader::new(
+        CharWindows::new(ids[..split].to_vec(), BLOCK, 1),
+        args.batch_size,
+    );
+    let val = DataLoader::new(
+        CharWindows::new(ids[split..].to_vec(), BLOCK, BLOCK),
+        args.batch_size,
+    )
+    .without_shuffle();
+
+    let config = GptConfig {
+        vocab: vocab.len(),
+        block: BLOCK,
+        d_model: 64,
+        n_layer: 2,
+        n_head: 4,
+    };
+    let mut model = CharGpt::new(config, args.lr);
+    let history = LossHistory::default();
+    let mut trainer = Trainer::builder()
+        .devices(args.devices)
+        .strategy(&args.strategy)
+        .max_steps(args.max_steps)
+        .seed(args.seed)
+        .run_name(&args.run_name)
+        .log_dir(&args.log_dir)
+        .val_check_interval(args.val_every)
+        .progress(args.progress)
+        .callback(history.clone())
+        .build()?;
+    let metrics = trainer.fit(&mut model, &train, Some(&val))?;
+    let (first, last) = history
+        .0
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .context("no training step ran")?;
+    Ok(FitReport {
+        first_train_loss: first,
+        last_train_loss: last,
+        val_loss: metrics.get("val_loss").copied(),
+        parameters: trainer.num_parameters().unwrap_or(0),
+        metrics_csv: trainer.metrics_path(),
+    })
+}
