@@ -13,16 +13,49 @@ fn adamw() -> OptimizerConfig {
     }
 }
 
+fn sgd_momentum() -> OptimizerConfig {
+    OptimizerConfig::Sgd {
+        lr: 0.05,
+        momentum: 0.9,
+        nesterov: false,
+        weight_decay: 0.01,
+    }
+}
+
+/// `strategy` at W = 1..4 ends where `single` ends, with AdamW and with SGD + momentum.
+fn matches_single(strategy: &str) {
+    for optimizer in [adamw(), sgd_momentum()] {
+        let reference = train(1, "single", optimizer.clone(), STEPS);
+        for w in 1..=4 {
+            let got = train(w, strategy, optimizer.clone(), STEPS);
+            let diff = max_diff(&reference, &got);
+            assert!(
+                diff <= 1e-5,
+                "{strategy} w={w} {optimizer:?}: max |diff| {diff}"
+            );
+        }
+    }
+}
+
 #[test]
 fn ddp_matches_single_device_at_w_1_to_4() {
-    let reference = train(1, "single", adamw(), STEPS);
-    let initial = Mlp::new(adamw());
-    assert!(!initial.is_built());
-    for w in 1..=4 {
-        let got = train(w, "ddp", adamw(), STEPS);
-        let diff = max_diff(&reference, &got);
-        assert!(diff <= 1e-5, "ddp w={w}: max |diff| {diff}");
-    }
+    assert!(!Mlp::new(adamw()).is_built());
+    matches_single("ddp");
+}
+
+#[test]
+fn zero1_matches_single_device_at_w_1_to_4() {
+    matches_single("zero1");
+}
+
+#[test]
+fn zero2_matches_single_device_at_w_1_to_4() {
+    matches_single("zero2");
+}
+
+#[test]
+fn zero3_matches_single_device_at_w_1_to_4() {
+    matches_single("zero3");
 }
 
 #[test]

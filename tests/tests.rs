@@ -9,3 +9,5 @@ mod equivalence;
 mod hooks;
 // Failing ranks and bad input end in clear errors, never hangs.
 mod failures;
+// ZeRO-3: born-sharded init, collective order in backward, what it refuses.
+mod zero3;

@@ -3,6 +3,7 @@
 
 use candle_core::{Device, Tensor, D};
 use candle_nn::{Linear, Module};
+use wick::core::Wrapped;
 use wick::core::{OptimizerConfig, ShardedContext, TrainModule};
 use wick::trainer::{DataLoader, Dataset, Trainer};
 
@@ -51,7 +52,7 @@ impl Dataset for Regression {
 #[derive(Clone)]
 pub struct Mlp {
     pub optimizer: OptimizerConfig,
-    layers: Vec<Linear>,
+    layers: Vec<Wrapped<Linear>>,
 }
 
 impl Mlp {
@@ -65,7 +66,7 @@ impl Mlp {
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let mut h = x.clone();
         for (i, l) in self.layers.iter().enumerate() {
-            h = l.forward(&h)?;
+            h = l.get()?.forward(&h)?;
             if i + 1 < self.layers.len() {
                 h = h.tanh()?;
             }
@@ -78,10 +79,12 @@ impl Mlp {
         (pred - &batch.1)?.sqr()?.mean_all()
     }
 
-    /// Every parameter's values, flattened, in layer order.
+    /// Every parameter's values, flattened, in layer order (gathers under zero3: call it on
+    /// every rank at the same point).
     pub fn parameters(&self) -> Vec<Vec<f32>> {
         self.layers
             .iter()
+            .map(|l| l.get().unwrap())
             .flat_map(|l| {
                 [
                     l.weight().flatten_all().unwrap().to_vec1().unwrap(),
@@ -100,10 +103,13 @@ impl TrainModule for Mlp {
     type Batch = (Tensor, Tensor);
 
     fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> candle_core::Result<()> {
-        let vb = ctx.var_builder();
-        let dims = [FEATURES, 7, 13, 1];
+        const DIMS: [usize; 4] = [FEATURES, 7, 13, 1];
         self.layers = (0..3)
-            .map(|i| candle_nn::linear(dims[i], dims[i + 1], vb.pp(format!("l{i}"))))
+            .map(|i| {
+                ctx.wrap(&format!("l{i}"), move |vb| {
+                    candle_nn::linear(DIMS[i], DIMS[i + 1], vb)
+                })
+            })
             .collect::<candle_core::Result<_>>()?;
         Ok(())
     }
@@ -151,7 +157,7 @@ pub fn loader() -> DataLoader<Regression> {
     DataLoader::new(Regression::new(96), 12)
 }
 
-/// Trains a fresh MLP and returns its parameters (rank 0's).
+/// Trains a fresh MLP and returns its parameters, in full, in registration order.
 pub fn train(
     devices: usize,
     strategy: &str,
@@ -159,10 +165,30 @@ pub fn train(
     steps: usize,
 ) -> Vec<Vec<f32>> {
     let mut model = Mlp::new(optimizer);
-    quiet_trainer(devices, strategy, steps)
-        .fit(&mut model, &loader(), None)
-        .unwrap();
-    model.parameters()
+    let mut trainer = quiet_trainer(devices, strategy, steps);
+    trainer.fit(&mut model, &loader(), None).unwrap();
+    full_parameters(&mut trainer)
+}
+
+/// The trainer's configured parameters, flattened, checking the registration order.
+pub fn full_parameters(trainer: &mut Trainer) -> Vec<Vec<f32>> {
+    let params = trainer.full_parameters().unwrap();
+    let names: Vec<&str> = params.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "l0.weight",
+            "l0.bias",
+            "l1.weight",
+            "l1.bias",
+            "l2.weight",
+            "l2.bias"
+        ]
+    );
+    params
+        .iter()
+        .map(|(_, t)| t.flatten_all().unwrap().to_vec1().unwrap())
+        .collect()
 }
 
 /// Largest absolute difference between two parameter lists.

@@ -11,7 +11,7 @@ use candle_core::Tensor;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use wick_core::host::{with_f32_mut, with_f32_mut_from, HostAccessError};
+use wick_core::host::{with_f32, with_f32_mut, with_f32_mut_from, HostAccessError};
 use wick_core::{Collective, CollectiveError, ReduceOp};
 
 /// How long a rank waits for its peers before a collective fails with a timeout.
@@ -279,6 +279,41 @@ impl ThreadComm {
         Ok(())
     }
 
+    /// All-gather on host slices: every rank's `src`, in rank order, into `dst`.
+    fn gather_slices(&self, src: &[f32], dst: &mut [f32]) -> Result<(), CollectiveError> {
+        let op = Op::AllGather;
+        let mine = Published {
+            op: op as usize,
+            arg: 0,
+            src: src.as_ptr(),
+            src_len: src.len(),
+            dst: dst.as_mut_ptr(),
+            dst_len: dst.len(),
+        };
+        self.exchange(mine, op, || {
+            // Every rank checks against rank 0's output length: all must be equal.
+            let total = self.peer(0).dst_len;
+            if (0..self.shared.size).any(|s| self.peer(s).dst_len != total) {
+                return Err(
+                    self.mismatch(op, "ranks passed full buffers of different lengths".into())
+                );
+            }
+            self.offsets_check(op, |p| p.src_len, total)?;
+            let mut offset = 0;
+            for s in 0..self.shared.size {
+                let p = self.peer(s);
+                // SAFETY: rank s's shard is valid for src_len reads until the closing
+                // barrier, and nobody writes it during the call; our destination range is
+                // in bounds (checked above) and only this rank writes it.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(p.src, mine.dst.add(offset), p.src_len);
+                }
+                offset += p.src_len;
+            }
+            Ok(())
+        })
+    }
+
     fn offsets_check(
         &self,
         op: Op,
@@ -308,40 +343,13 @@ impl Collective for ThreadComm {
     }
 
     fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
-        let op = Op::AllGather;
-        with_f32_mut_from(full, shard, |dst, src| {
-            let mine = Published {
-                op: op as usize,
-                arg: 0,
-                src: src.as_ptr(),
-                src_len: src.len(),
-                dst: dst.as_mut_ptr(),
-                dst_len: dst.len(),
-            };
-            self.exchange(mine, op, || {
-                // Every rank checks against rank 0's output length: all must be equal.
-                let total = self.peer(0).dst_len;
-                if (0..self.shared.size).any(|s| self.peer(s).dst_len != total) {
-                    return Err(
-                        self.mismatch(op, "ranks passed full buffers of different lengths".into())
-                    );
-                }
-                self.offsets_check(op, |p| p.src_len, total)?;
-                let mut offset = 0;
-                for s in 0..self.shared.size {
-                    let p = self.peer(s);
-                    // SAFETY: rank s's shard is valid for src_len reads until the closing
-                    // barrier, and nobody writes it during the call; our destination range
-                    // is in bounds (checked above) and only this rank writes it.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(p.src, mine.dst.add(offset), p.src_len);
-                    }
-                    offset += p.src_len;
-                }
-                Ok(())
-            })
-        })
-        .map_err(self.unsupported(op))?
+        with_f32_mut_from(full, shard, |dst, src| self.gather_slices(src, dst))
+            .map_err(self.unsupported(Op::AllGather))?
+    }
+
+    fn all_gather_host(&self, shard: &Tensor, full: &mut [f32]) -> Result<(), CollectiveError> {
+        with_f32(shard, |src| self.gather_slices(src, full))
+            .map_err(self.unsupported(Op::AllGather))?
     }
 
     fn reduce_scatter_into(

@@ -89,6 +89,23 @@ pub trait Collective: Send + Sync {
         Ok(Work::done())
     }
 
+    /// [`Collective::all_gather_into`] with the output in host memory, for code that must
+    /// produce an owned buffer (an autograd op's forward). The default gathers into a
+    /// tensor and copies; worlds that work on host memory override it to copy once.
+    fn all_gather_host(&self, shard: &Tensor, full: &mut [f32]) -> Result<(), CollectiveError> {
+        let fail = |e: candle_core::Error| CollectiveError::Unsupported {
+            rank: self.rank(),
+            op: "all_gather",
+            message: e.to_string(),
+        };
+        let out =
+            Tensor::zeros(full.len(), candle_core::DType::F32, shard.device()).map_err(fail)?;
+        self.all_gather_into(shard, &out)?;
+        let values = out.to_vec1::<f32>().map_err(fail)?;
+        full.copy_from_slice(&values);
+        Ok(())
+    }
+
     /// Reduces a scalar over the ranks (for metrics such as the logged loss).
     fn all_reduce_scalar(&self, value: f32, op: ReduceOp) -> Result<f32, CollectiveError> {
         let unsupported = |e: candle_core::Error| CollectiveError::Unsupported {
@@ -132,5 +149,8 @@ impl<C: Collective + ?Sized> Collective for std::sync::Arc<C> {
     }
     fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
         (**self).all_gather_start(shard, full)
+    }
+    fn all_gather_host(&self, shard: &Tensor, full: &mut [f32]) -> Result<(), CollectiveError> {
+        (**self).all_gather_host(shard, full)
     }
 }

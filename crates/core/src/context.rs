@@ -38,6 +38,33 @@ pub trait ParamSource: Send + Sync {
 
     /// Whether `name` was created already.
     fn contains(&self, name: &str) -> bool;
+
+    /// Starts a wrapped unit called `name`: parameters requested until
+    /// [`ParamSource::end_unit`] belong to it. Returns the unit's id.
+    fn begin_unit(&self, name: &str) -> candle_core::Result<usize> {
+        let _ = name;
+        Ok(0)
+    }
+
+    /// Ends the unit `unit` (its layout is complete: a sharding strategy makes its shard now).
+    fn end_unit(&self, unit: usize) -> candle_core::Result<()> {
+        let _ = unit;
+        Ok(())
+    }
+
+    /// Whether the unit's blocks must be rebuilt over parameters gathered per step (a
+    /// sharded unit); `false`: the block built at wrap time stays valid.
+    fn is_gathered(&self, unit: usize) -> bool {
+        let _ = unit;
+        false
+    }
+
+    /// A `VarBuilder` (rooted at the unit) over the unit's parameters for the current step.
+    /// Gathering is a collective, done once per step and kept until the step's backward.
+    fn unit_params(&self, unit: usize) -> candle_core::Result<VarBuilder<'static>> {
+        let _ = unit;
+        candle_core::bail!("this strategy does not gather units")
+    }
 }
 
 /// Handed to `configure_sharded_model`: a candle-nn [`VarBuilder`] whose parameters the
@@ -108,6 +135,34 @@ impl ShardedContext {
         self.open.load(Ordering::SeqCst)
     }
 
+    /// Wraps a block as a unit: `build` makes the block from a `VarBuilder` rooted at `name`.
+    ///
+    /// `build` runs once now to create the unit's parameters (through the strategy), and the
+    /// returned handle yields the block at every forward: under replicated strategies the
+    /// block built now, under sharded ones a block rebuilt over this step's gathered
+    /// parameters. `build` must ask for the same names and shapes every time.
+    pub fn wrap<T, F>(&self, name: &str, build: F) -> candle_core::Result<Wrapped<T>>
+    where
+        T: Clone + Send,
+        F: Fn(VarBuilder<'static>) -> candle_core::Result<T> + Send + Sync + 'static,
+    {
+        if !self.is_open() {
+            candle_core::bail!("unit '{name}' wrapped outside configure_sharded_model")
+        }
+        let unit = self.source.begin_unit(name)?;
+        let built = build(self.var_builder().pp(name));
+        self.source.end_unit(unit)?;
+        let built = built?;
+        let registered = (!self.source.is_gathered(unit)).then_some(built);
+        Ok(Wrapped {
+            name: name.to_string(),
+            unit,
+            source: self.source.clone(),
+            build: Arc::new(build),
+            registered,
+        })
+    }
+
     /// Opens the context on this thread until the guard drops.
     pub fn enter(&self) -> ContextGuard {
         self.open.store(true, Ordering::SeqCst);
@@ -161,5 +216,49 @@ impl SimpleBackend for GuardedSource {
 
     fn contains_tensor(&self, name: &str) -> bool {
         self.source.contains(name)
+    }
+}
+
+type Build<T> = Arc<dyn Fn(VarBuilder<'static>) -> candle_core::Result<T> + Send + Sync>;
+
+/// A wrapped block (see [`ShardedContext::wrap`]); [`Wrapped::get`] yields it for this step.
+///
+/// Under a sharding strategy the handle keeps nothing between calls: the gathered
+/// parameters are owned by the strategy, which frees them after backward.
+pub struct Wrapped<T> {
+    name: String,
+    unit: usize,
+    source: Arc<dyn ParamSource>,
+    build: Build<T>,
+    registered: Option<T>,
+}
+
+impl<T: Clone> Wrapped<T> {
+    /// The block over this step's parameters. Under a sharding strategy the first call of a
+    /// step gathers the unit (a collective: every rank calls it at the same point), later
+    /// calls in the same step reuse that gather, and the block is rebuilt over views of it
+    /// (cheap: candle-nn layers only hold tensors).
+    pub fn get(&self) -> candle_core::Result<T> {
+        match &self.registered {
+            Some(block) => Ok(block.clone()),
+            None => (self.build)(self.source.unit_params(self.unit)?),
+        }
+    }
+
+    /// The unit's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl<T: Clone> Clone for Wrapped<T> {
+    fn clone(&self) -> Self {
+        Wrapped {
+            name: self.name.clone(),
+            unit: self.unit,
+            source: self.source.clone(),
+            build: self.build.clone(),
+            registered: self.registered.clone(),
+        }
     }
 }

@@ -19,10 +19,10 @@ mod strategy;
 
 pub use callback::{Callback, CallbackClone, RunState};
 pub use collective::{Collective, ReduceOp, Work};
-pub use context::{sharding_context_active, ContextGuard, ParamSource, ShardedContext};
+pub use context::{sharding_context_active, ContextGuard, ParamSource, ShardedContext, Wrapped};
 pub use error::{CollectiveError, Error, Result};
 pub use module::TrainModule;
 pub use optimizer::OptimizerConfig;
 pub use solo_world::SoloWorld;
 pub use stage::Stage;
-pub use strategy::Strategy;
+pub use strategy::{StateBytes, Strategy};

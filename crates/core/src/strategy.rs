@@ -54,4 +54,25 @@ pub trait Strategy: Send {
 
     /// The number of scalar parameters of the whole model.
     fn num_parameters(&self) -> usize;
+
+    /// Bytes of model state this rank holds, counted from its tensors.
+    fn state_bytes(&self) -> StateBytes;
+}
+
+/// Bytes of model state held by one rank.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateBytes {
+    /// Parameters (full or shards).
+    pub params: usize,
+    /// The gradients the last optimizer step consumed, after reduction (full or shards).
+    pub grads: usize,
+    /// Optimizer state (moments, momentum buffers).
+    pub optimizer: usize,
+}
+
+impl StateBytes {
+    /// All three together.
+    pub fn total(&self) -> usize {
+        self.params + self.grads + self.optimizer
+    }
 }

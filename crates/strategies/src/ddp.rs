@@ -8,7 +8,9 @@
 use crate::replicated::Replicated;
 use candle_core::{Device, Tensor};
 use std::sync::Arc;
-use wick_core::{Collective, OptimizerConfig, ReduceOp, Result, ShardedContext, Strategy};
+use wick_core::{
+    Collective, OptimizerConfig, ReduceOp, Result, ShardedContext, StateBytes, Strategy,
+};
 
 /// PyTorch DDP's default bucket size.
 const DEFAULT_BUCKET_CAP_BYTES: usize = 25 << 20;
@@ -135,5 +137,9 @@ impl Strategy for Ddp {
 
     fn num_parameters(&self) -> usize {
         self.state.num_parameters()
+    }
+
+    fn state_bytes(&self) -> StateBytes {
+        self.state.state_bytes()
     }
 }

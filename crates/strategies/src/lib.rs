@@ -3,18 +3,27 @@
 //!
 //! It owns the counter-based parameter init that makes any slice of a parameter on its own
 //! ([`init`]), wick's optimizers over plain or flat buffers ([`optim`]), and the strategies:
-//! [`SingleDevice`] and [`Ddp`] (replicated parameters, bucketed gradient all-reduce). A
+//! [`SingleDevice`] and [`Ddp`] (replicated parameters, bucketed gradient all-reduce),
+//! [`Zero`] stages 1 and 2 (sharded optimizer state, then gradients) and [`Zero3`]
+//! (parameters born sharded, gathered per step by an autograd op). A
 //! strategy reaches other ranks only through wick-core's `Collective`, so it runs over any
 //! world (threads, MPI, NCCL) without knowing which.
 
 mod ddp;
+pub mod flat_layout;
+mod gather_op;
 mod grads;
 pub mod init;
 pub mod optim;
 mod registry;
 mod replicated;
+mod sharded_params;
 mod single;
+mod zero;
+mod zero3;
 
 pub use ddp::Ddp;
 pub use registry::{strategy_by_name, STRATEGY_NAMES};
 pub use single::SingleDevice;
+pub use zero::Zero;
+pub use zero3::Zero3;

@@ -1,16 +1,19 @@
 //! Strategy names, in one place: the command line and the API both resolve names here.
 
-use crate::{Ddp, SingleDevice};
+use crate::{Ddp, SingleDevice, Zero, Zero3};
 use wick_core::{Error, Result, Strategy};
 
 /// Every name [`strategy_by_name`] accepts.
-pub const STRATEGY_NAMES: &[&str] = &[SingleDevice::NAME, Ddp::NAME];
+pub const STRATEGY_NAMES: &[&str] = &[SingleDevice::NAME, Ddp::NAME, "zero1", "zero2", Zero3::NAME];
 
 /// A fresh strategy for `name`, or an error that lists the valid names.
 pub fn strategy_by_name(name: &str) -> Result<Box<dyn Strategy>> {
     match name {
         SingleDevice::NAME => Ok(Box::new(SingleDevice::new())),
         Ddp::NAME => Ok(Box::new(Ddp::new())),
+        "zero1" => Ok(Box::new(Zero::stage1())),
+        "zero2" => Ok(Box::new(Zero::stage2())),
+        Zero3::NAME => Ok(Box::new(Zero3::new())),
         other => Err(Error::config(
             "strategy",
             format!(

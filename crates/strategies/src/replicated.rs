@@ -7,7 +7,9 @@ use crate::optim::Optimizer;
 use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::Init;
 use std::sync::{Arc, Mutex};
-use wick_core::{Collective, Error, OptimizerConfig, ParamSource, Result, ShardedContext};
+use wick_core::{
+    Collective, Error, OptimizerConfig, ParamSource, Result, ShardedContext, StateBytes,
+};
 
 /// Full parameters created on request, identical on every rank (the init is counter-based,
 /// so no broadcast is needed).
@@ -67,6 +69,8 @@ pub(crate) struct Replicated {
     pub(crate) params: Vec<Var>,
     grads: GradAccumulator,
     optimizer: Option<Optimizer>,
+    /// Bytes of the reduced gradients the last step used (set by the strategy).
+    pub(crate) grad_bytes: usize,
 }
 
 impl Replicated {
@@ -133,12 +137,31 @@ impl Replicated {
         Ok(self.grads.take(&self.params)?)
     }
 
+    /// The optimizer built by `configure_optimizer`.
+    pub(crate) fn optimizer(&mut self, strategy: &str) -> Result<&mut Optimizer> {
+        self.optimizer
+            .as_mut()
+            .ok_or_else(|| Self::not_ready(strategy, "optimizer_step before configure_optimizer"))
+    }
+
+    /// Steps every full parameter with its (reduced) gradient.
     pub(crate) fn apply(&mut self, strategy: &str, grads: &[Tensor]) -> Result<()> {
-        let optimizer = self.optimizer.as_mut().ok_or_else(|| {
-            Self::not_ready(strategy, "optimizer_step before configure_optimizer")
-        })?;
-        optimizer.step(&self.params, grads)?;
+        self.grad_bytes = grads.iter().map(tensor_bytes).sum();
+        let params = self.params.clone();
+        self.optimizer(strategy)?.step(&params, grads)?;
         Ok(())
+    }
+
+    pub(crate) fn state_bytes(&self) -> StateBytes {
+        StateBytes {
+            params: self
+                .params
+                .iter()
+                .map(|p| tensor_bytes(p.as_tensor()))
+                .sum(),
+            grads: self.grad_bytes,
+            optimizer: self.optimizer.as_ref().map_or(0, Optimizer::state_bytes),
+        }
     }
 
     pub(crate) fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {
@@ -152,4 +175,9 @@ impl Replicated {
     pub(crate) fn num_parameters(&self) -> usize {
         self.params.iter().map(|p| p.elem_count()).sum()
     }
+}
+
+/// Bytes behind a tensor's elements.
+pub(crate) fn tensor_bytes(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
 }

@@ -3,7 +3,7 @@
 use crate::replicated::Replicated;
 use candle_core::{Device, Tensor};
 use std::sync::Arc;
-use wick_core::{Collective, Error, OptimizerConfig, Result, ShardedContext, Strategy};
+use wick_core::{Collective, Error, OptimizerConfig, Result, ShardedContext, StateBytes, Strategy};
 
 /// Trains on one device.
 #[derive(Default)]
@@ -77,5 +77,9 @@ impl Strategy for SingleDevice {
 
     fn num_parameters(&self) -> usize {
         self.state.num_parameters()
+    }
+
+    fn state_bytes(&self) -> StateBytes {
+        self.state.state_bytes()
     }
 }

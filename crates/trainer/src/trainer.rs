@@ -238,6 +238,24 @@ impl Trainer {
             .map(|s| s.num_parameters())
     }
 
+    /// Every parameter of the configured module in full, by name, in registration order
+    /// (gathered from the shards under sharding strategies).
+    pub fn full_parameters(&mut self) -> Result<Vec<(String, Tensor)>, TrainerError> {
+        let session = self.session.as_mut().ok_or_else(|| {
+            TrainerError::config("module", "no module was configured by this trainer yet")
+        })?;
+        let strategies: Vec<Mutex<&mut Box<dyn Strategy>>> =
+            session.strategies.iter_mut().map(Mutex::new).collect();
+        let outcomes = self.accelerator.launch(|env| {
+            let mut strategy = strategies[env.rank]
+                .lock()
+                .map_err(|_| TrainerError::config("rank", "slot lock poisoned"))?;
+            strategy.connect(env.world.clone(), env.device.clone());
+            Ok(strategy.full_parameters()?)
+        });
+        Ok(collect_ranks(outcomes)?.swap_remove(0))
+    }
+
     /// Where this run's metrics file goes, if logging.
     pub fn metrics_path(&self) -> Option<PathBuf> {
         self.config.run_dir.as_ref().map(|d| d.join("metrics.csv"))

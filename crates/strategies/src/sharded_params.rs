@@ -1,0 +1,269 @@
+//! Parameters born sharded: the `ParamSource` of ZeRO-3.
+//!
+//! Inside a wrapped unit, a parameter request only records (name, shape, init) and hands
+//! back a zero-stride placeholder of the full shape (no memory behind it). When the unit
+//! ends its flat layout is known, and this rank creates its shard, element by element, from
+//! the counter-based init: the full parameter never exists. At each step the unit is
+//! gathered once (an autograd op) and the model's block is rebuilt over views of it.
+
+use crate::flat_layout::FlatLayout;
+use crate::gather_op::GatherOp;
+use crate::init::init_values;
+use candle_core::{DType, Device, Shape, Tensor, Var};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::{Init, VarBuilder};
+use std::sync::{Arc, Mutex, MutexGuard};
+use wick_core::Collective;
+
+/// One wrapped unit: its layout, this rank's shard, and this step's gathered buffer.
+pub(crate) struct ShardedUnit {
+    pub(crate) name: String,
+    requests: Vec<(String, Shape, Init)>,
+    pub(crate) layout: Option<FlatLayout>,
+    pub(crate) shard: Option<Var>,
+    gathered: Option<Tensor>,
+}
+
+struct State {
+    units: Vec<ShardedUnit>,
+    open_unit: Option<usize>,
+}
+
+/// The units of one rank under ZeRO-3.
+pub(crate) struct ShardedParams {
+    seed: u64,
+    world: Mutex<Arc<dyn Collective>>,
+    device: Device,
+    state: Mutex<State>,
+}
+
+impl ShardedParams {
+    pub(crate) fn new(seed: u64, world: Arc<dyn Collective>, device: Device) -> Self {
+        ShardedParams {
+            seed,
+            world: Mutex::new(world),
+            device,
+            state: Mutex::new(State {
+                units: Vec::new(),
+                open_unit: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn world(&self) -> Arc<dyn Collective> {
+        self.world.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Gathers through `world` from now on (each stage brings its own world).
+    pub(crate) fn reconnect(&self, world: Arc<dyn Collective>) {
+        *self.world.lock().unwrap_or_else(|p| p.into_inner()) = world;
+        self.release_gathered();
+    }
+
+    /// Runs `f` over every unit.
+    pub(crate) fn with_units<R>(&self, f: impl FnOnce(&mut [ShardedUnit]) -> R) -> R {
+        f(&mut self.lock().units)
+    }
+
+    /// Forgets every gathered buffer (after backward, after a step), freeing the full parameters.
+    pub(crate) fn release_gathered(&self) {
+        for unit in self.lock().units.iter_mut() {
+            unit.gathered = None;
+        }
+    }
+
+    fn make_shard(
+        &self,
+        requests: &[(String, Shape, Init)],
+    ) -> candle_core::Result<(FlatLayout, Var)> {
+        let world = self.world();
+        let layout = FlatLayout::new(
+            requests.iter().map(|(n, s, _)| (n.clone(), s.clone())),
+            world.world_size(),
+        );
+        let mut shard = vec![0f32; layout.shard_len()];
+        for (index, entry, within, at) in layout.pieces(world.rank()) {
+            let init = &requests[index].2;
+            let values = init_values(init, self.seed, &entry.name, &entry.shape, within);
+            shard[at..at + values.len()].copy_from_slice(&values);
+        }
+        let len = shard.len();
+        let var = Var::from_tensor(&Tensor::from_vec(shard, len, &self.device)?)?;
+        Ok((layout, var))
+    }
+}
+
+impl wick_core::ParamSource for ShardedParams {
+    fn get_or_create(
+        &self,
+        name: &str,
+        shape: &Shape,
+        init: &Init,
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<Tensor> {
+        if dtype != DType::F32 {
+            candle_core::bail!(
+                "parameter '{name}': wick keeps f32 master parameters, {dtype:?} was requested"
+            )
+        }
+        let mut state = self.lock();
+        let Some(open) = state.open_unit else {
+            candle_core::bail!(
+                "parameter '{name}' was requested outside a unit; under zero3 every parameter is \
+                 created inside ctx.wrap(name, build) so that it can be gathered per step"
+            )
+        };
+        let unit = &mut state.units[open];
+        match unit.requests.iter().find(|(n, _, _)| n == name) {
+            Some((_, s, _)) if s != shape => {
+                candle_core::bail!(
+                    "parameter '{name}' requested with shape {shape:?} but created with {s:?}"
+                )
+            }
+            Some(_) => {}
+            None => unit
+                .requests
+                .push((name.to_string(), shape.clone(), init.clone())),
+        }
+        // A placeholder with the full shape and no memory: the block built at wrap time is
+        // discarded, and every step rebuilds it over gathered parameters.
+        Tensor::zeros((), DType::F32, device)?.broadcast_as(shape)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.lock()
+            .units
+            .iter()
+            .any(|u| u.requests.iter().any(|(n, _, _)| n == name))
+    }
+
+    fn begin_unit(&self, name: &str) -> candle_core::Result<usize> {
+        let mut state = self.lock();
+        if let Some(open) = state.open_unit {
+            candle_core::bail!(
+                "unit '{name}' wrapped inside unit '{}'; units do not nest",
+                state.units[open].name
+            )
+        }
+        if state.units.iter().any(|u| u.name == name) {
+            candle_core::bail!(
+                "unit '{name}' wrapped twice; reuse its handle instead (weight tying)"
+            )
+        }
+        state.units.push(ShardedUnit {
+            name: name.to_string(),
+            requests: Vec::new(),
+            layout: None,
+            shard: None,
+            gathered: None,
+        });
+        state.open_unit = Some(state.units.len() - 1);
+        Ok(state.units.len() - 1)
+    }
+
+    fn end_unit(&self, unit: usize) -> candle_core::Result<()> {
+        let requests = {
+            let mut state = self.lock();
+            state.open_unit = None;
+            std::mem::take(&mut state.units[unit].requests)
+        };
+        let (layout, shard) = self.make_shard(&requests)?;
+        let mut state = self.lock();
+        let u = &mut state.units[unit];
+        u.requests = requests;
+        u.layout = Some(layout);
+        u.shard = Some(shard);
+        Ok(())
+    }
+
+    fn is_gathered(&self, _unit: usize) -> bool {
+        true
+    }
+
+    fn unit_params(&self, unit: usize) -> candle_core::Result<VarBuilder<'static>> {
+        let mut state = self.lock();
+        let u = state
+            .units
+            .get_mut(unit)
+            .ok_or_else(|| candle_core::Error::Msg(format!("unknown unit {unit}")))?;
+        let (Some(layout), Some(shard)) = (&u.layout, &u.shard) else {
+            candle_core::bail!(
+                "unit '{}' used before configure_sharded_model finished",
+                u.name
+            )
+        };
+        let flat = match &u.gathered {
+            Some(t) => t.clone(),
+            None => {
+                let op = GatherOp {
+                    world: self.world(),
+                    padded: layout.padded(),
+                };
+                let t = shard.as_tensor().apply_op1(op)?;
+                u.gathered = Some(t.clone());
+                t
+            }
+        };
+        let views = UnitViews {
+            unit: u.name.clone(),
+            layout: layout.clone(),
+            flat,
+        };
+        // Rooted at the unit, like the VarBuilder `wrap` handed to the constructor.
+        Ok(VarBuilder::from_backend(Box::new(views), DType::F32, self.device.clone()).pp(&u.name))
+    }
+}
+
+/// The parameters of one gathered unit, as views of its flat buffer.
+struct UnitViews {
+    unit: String,
+    layout: FlatLayout,
+    flat: Tensor,
+}
+
+impl SimpleBackend for UnitViews {
+    fn get(
+        &self,
+        shape: Shape,
+        name: &str,
+        _: Init,
+        _: DType,
+        _: &Device,
+    ) -> candle_core::Result<Tensor> {
+        let entry = self.layout.entry(name).ok_or_else(|| {
+            candle_core::Error::Msg(format!(
+                "unit '{}' asked for parameter '{name}', which it did not create at wrap time; \
+                 a unit must ask for the same names every time",
+                self.unit
+            ))
+        })?;
+        if entry.shape != shape {
+            candle_core::bail!(
+                "unit '{}' asked for '{name}' with shape {shape:?}, created with {:?}",
+                self.unit,
+                entry.shape
+            )
+        }
+        self.flat
+            .narrow(0, entry.offset, entry.numel())?
+            .reshape(shape)
+    }
+
+    fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {
+        let entry = self.layout.entry(name).ok_or_else(|| {
+            candle_core::Error::Msg(format!("no parameter '{name}' in unit '{}'", self.unit))
+        })?;
+        self.flat
+            .narrow(0, entry.offset, entry.numel())?
+            .reshape(entry.shape.clone())
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.layout.entry(name).is_some()
+    }
+}

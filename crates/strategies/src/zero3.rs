@@ -1,0 +1,166 @@
+//! ZeRO stage 3: parameters, gradients and optimizer state all sharded.
+//!
+//! Parameters are born sharded inside wrapped units ([`crate::sharded_params`]); each step
+//! gathers a unit the first time the model asks for it, and the gather's backward
+//! reduce-scatters the unit's gradient straight into the shard's gradient. The graph keeps
+//! the gathered parameters alive from forward to backward; they are released after it.
+
+use crate::flat_layout::FlatLayout;
+use crate::grads::GradAccumulator;
+use crate::optim::Optimizer;
+use crate::replicated::tensor_bytes;
+use crate::sharded_params::ShardedParams;
+use candle_core::{DType, Device, Tensor, Var};
+use std::sync::Arc;
+use wick_core::{Collective, Error, OptimizerConfig, Result, ShardedContext, StateBytes, Strategy};
+
+/// ZeRO stage 3.
+#[derive(Default)]
+pub struct Zero3 {
+    world: Option<Arc<dyn Collective>>,
+    device: Option<Device>,
+    source: Option<Arc<ShardedParams>>,
+    layouts: Vec<FlatLayout>,
+    shards: Vec<Var>,
+    grads: GradAccumulator,
+    optimizer: Option<Optimizer>,
+    grad_bytes: usize,
+}
+
+impl Zero3 {
+    /// The registry name.
+    pub const NAME: &'static str = "zero3";
+
+    /// A new, unconfigured instance.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn not_ready(message: &str) -> Error {
+        Error::NotReady {
+            strategy: Self::NAME.into(),
+            message: message.into(),
+        }
+    }
+
+    fn world(&self) -> Result<&Arc<dyn Collective>> {
+        self.world
+            .as_ref()
+            .ok_or_else(|| Self::not_ready("no world connected"))
+    }
+
+    fn release_gathered(&self) {
+        if let Some(source) = &self.source {
+            source.release_gathered();
+        }
+    }
+}
+
+impl Strategy for Zero3 {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn for_new_rank(&self) -> Box<dyn Strategy> {
+        Box::new(Zero3::new())
+    }
+
+    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) {
+        // A new stage brings a new world; the gather ops of the old one must not be reused.
+        if let Some(source) = &self.source {
+            source.reconnect(world.clone());
+        }
+        self.world = Some(world);
+        self.device = Some(device);
+    }
+
+    fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext> {
+        let world = self.world()?.clone();
+        let device = self.device.clone().unwrap_or(Device::Cpu);
+        let source = Arc::new(ShardedParams::new(seed, world.clone(), device.clone()));
+        self.source = Some(source.clone());
+        Ok(ShardedContext::new(source, world, device, Self::NAME))
+    }
+
+    fn finish_sharding(&mut self) -> Result<()> {
+        let source = self
+            .source
+            .as_ref()
+            .ok_or_else(|| Self::not_ready("no sharding context was opened"))?;
+        (self.layouts, self.shards) = source.with_units(|units| {
+            units
+                .iter()
+                .filter_map(|u| Some((u.layout.clone()?, u.shard.clone()?)))
+                .filter(|(layout, _)| layout.numel() > 0)
+                .unzip()
+        });
+        Ok(())
+    }
+
+    fn is_configured(&self) -> bool {
+        !self.shards.is_empty()
+    }
+
+    fn configure_optimizer(&mut self, config: &OptimizerConfig) -> Result<()> {
+        if self.shards.is_empty() {
+            return Err(Error::NoParameters);
+        }
+        self.optimizer = Some(Optimizer::new(config));
+        self.grads = GradAccumulator::default();
+        Ok(())
+    }
+
+    fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        let store = loss.backward();
+        // Free the gathered parameters whether or not backward succeeded.
+        self.release_gathered();
+        self.grads.add(&self.shards, &store?)?;
+        Ok(())
+    }
+
+    fn optimizer_step(&mut self) -> Result<()> {
+        // Gradients arrive already reduce-scattered by the gather op's backward.
+        let grads = self.grads.take(&self.shards)?;
+        self.grad_bytes = grads.iter().map(tensor_bytes).sum();
+        let optimizer = self
+            .optimizer
+            .as_mut()
+            .ok_or_else(|| Self::not_ready("optimizer_step before configure_optimizer"))?;
+        optimizer.step(&self.shards, &grads)?;
+        self.release_gathered();
+        Ok(())
+    }
+
+    fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {
+        let world = self.world()?;
+        let mut out = Vec::new();
+        for (layout, shard) in self.layouts.iter().zip(&self.shards) {
+            let full = Tensor::zeros(layout.padded(), DType::F32, shard.device())?;
+            world.all_gather_into(shard.as_tensor(), &full)?;
+            for e in layout.entries() {
+                out.push((
+                    e.name.clone(),
+                    full.narrow(0, e.offset, e.numel())?
+                        .reshape(e.shape.clone())?,
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    fn num_parameters(&self) -> usize {
+        self.layouts.iter().map(FlatLayout::numel).sum()
+    }
+
+    fn state_bytes(&self) -> StateBytes {
+        StateBytes {
+            params: self
+                .shards
+                .iter()
+                .map(|s| tensor_bytes(s.as_tensor()))
+                .sum(),
+            grads: self.grad_bytes,
+            optimizer: self.optimizer.as_ref().map_or(0, Optimizer::state_bytes),
+        }
+    }
+}
