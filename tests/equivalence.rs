@@ -148,3 +148,25 @@ fn ddp_replicas_stay_identical_every_step_with_many_buckets() {
     let reference = train(3, "ddp", adamw(), STEPS);
     assert!(max_diff(&reference, &module.inner.parameters()) <= 1e-6);
 }
+
+#[test]
+fn zero2_gathers_updates_in_small_rounds_to_the_same_result() {
+    let reference = train(1, "single", adamw(), STEPS);
+    // 5 elements per rank and round: rounds split parameters and cross rank boundaries.
+    let zero2 = wick::strategies::Zero::stage2().with_gather_chunk(5);
+    let mut model = Mlp::new(adamw());
+    let mut trainer = wick::trainer::Trainer::builder()
+        .devices(3)
+        .strategy_instance(Box::new(zero2))
+        .max_steps(STEPS)
+        .seed(42)
+        .no_logger()
+        .progress(false)
+        .build()
+        .unwrap();
+    trainer
+        .fit(&mut model, &crate::common::loader(), None)
+        .unwrap();
+    let got = crate::common::full_parameters(&mut trainer);
+    assert!(max_diff(&reference, &got) <= 1e-5);
+}

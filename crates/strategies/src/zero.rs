@@ -27,6 +27,7 @@ enum Stage {
 /// ZeRO stage 1 or 2.
 pub struct Zero {
     stage: Stage,
+    gather_chunk: usize,
     layout: Option<FlatLayout>,
     state: Replicated,
 }
@@ -36,6 +37,7 @@ impl Zero {
     pub fn stage1() -> Self {
         Zero {
             stage: Stage::One,
+            gather_chunk: DEFAULT_GATHER_CHUNK,
             layout: None,
             state: Replicated::default(),
         }
@@ -49,6 +51,13 @@ impl Zero {
         }
     }
 
+    /// Elements per rank in each all-gather round that returns updated parameters at stage 2
+    /// (default 1Mi: 4 MiB); smaller rounds use less memory and more calls.
+    pub fn with_gather_chunk(mut self, elements: usize) -> Self {
+        self.gather_chunk = elements.max(1);
+        self
+    }
+
     fn layout(&self) -> Result<&FlatLayout> {
         self.layout
             .as_ref()
@@ -59,21 +68,54 @@ impl Zero {
     }
 }
 
-/// `tensors` flattened end to end and zero-padded to `padded` elements.
-pub(crate) fn flatten_padded(
-    tensors: &[Tensor],
-    numel: usize,
-    padded: usize,
-    device: &Device,
-) -> Result<Tensor> {
-    let mut parts = tensors
-        .iter()
-        .map(|t| t.flatten_all())
-        .collect::<candle_core::Result<Vec<_>>>()?;
-    if padded > numel {
-        parts.push(Tensor::zeros(padded - numel, DType::F32, device)?);
+/// The gradients laid end to end in one zero-padded flat buffer. Each gradient is dropped
+/// as soon as it is copied, so the peak is one flat buffer plus what is left to copy.
+fn flatten_consuming(grads: Vec<Tensor>, layout: &FlatLayout, device: &Device) -> Result<Tensor> {
+    let flat = Tensor::zeros(layout.padded(), DType::F32, device)?;
+    for (entry, grad) in layout.entries().iter().zip(grads) {
+        flat.slice_set(&grad.flatten_all()?, 0, entry.offset)?;
     }
-    Ok(Tensor::cat(&parts, 0)?)
+    Ok(flat)
+}
+
+/// Elements per rank in each all-gather round of [`gather_into_params`] (4 MiB).
+const DEFAULT_GATHER_CHUNK: usize = 1 << 20;
+
+/// All-gathers the updated shards straight into the replicated parameters, in rounds of
+/// `chunk` elements per rank, so no full flat buffer is ever allocated.
+fn gather_into_params(
+    world: &dyn Collective,
+    chunk: usize,
+    layout: &FlatLayout,
+    shard: &Tensor,
+    params: &[Var],
+) -> Result<()> {
+    let s = layout.shard_len();
+    // Flat views of the parameters: contiguous, so they share the parameters' storage.
+    let flat_params = params
+        .iter()
+        .map(|p| p.as_tensor().flatten_all())
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let mut start = 0;
+    while start < s {
+        let len = chunk.min(s - start);
+        let piece = shard.narrow(0, start, len)?.contiguous()?;
+        let gathered = Tensor::zeros(len * layout.world_size(), DType::F32, shard.device())?;
+        world.all_gather_into(&piece, &gathered)?;
+        for r in 0..layout.world_size() {
+            // Rank r's piece holds flat elements [r*S + start, r*S + start + len).
+            let (lo, hi) = (r * s + start, r * s + start + len);
+            for (i, entry) in layout.entries().iter().enumerate() {
+                let (a, b) = (entry.offset.max(lo), (entry.offset + entry.numel()).min(hi));
+                if a < b {
+                    let src = gathered.narrow(0, r * len + (a - lo), b - a)?;
+                    flat_params[i].slice_set(&src, 0, a - entry.offset)?;
+                }
+            }
+        }
+        start += len;
+    }
+    Ok(())
 }
 
 /// This rank's range of the flat concatenation of `tensors`, copied out piece by piece
@@ -116,6 +158,7 @@ impl Strategy for Zero {
     fn for_new_rank(&self) -> Box<dyn Strategy> {
         Box::new(Zero {
             stage: self.stage,
+            gather_chunk: self.gather_chunk,
             layout: None,
             state: Replicated::default(),
         })
@@ -164,24 +207,7 @@ impl Strategy for Zero {
         let rank = world.rank();
         let range = layout.shard(rank);
 
-        let grads = self.state.take_grads()?;
-        let flat_grad = flatten_padded(&grads, layout.numel(), layout.padded(), &device)?;
-        drop(grads);
-        let shard_grad = match self.stage {
-            Stage::One => {
-                world.all_reduce_in_place(&flat_grad, ReduceOp::Mean)?;
-                self.state.grad_bytes = tensor_bytes(&flat_grad);
-                flat_grad.narrow(0, range.start, range.len())?
-            }
-            Stage::Two => {
-                let shard = Tensor::zeros(range.len(), DType::F32, &device)?;
-                world.reduce_scatter_into(&flat_grad, &shard, ReduceOp::Mean)?;
-                drop(flat_grad);
-                self.state.grad_bytes = tensor_bytes(&shard);
-                shard
-            }
-        };
-
+        let flat_grad = flatten_consuming(self.state.take_grads()?, &layout, &device)?;
         let params: Vec<Tensor> = self
             .state
             .params
@@ -189,18 +215,41 @@ impl Strategy for Zero {
             .map(|v| v.as_tensor().clone())
             .collect();
         let shard = Var::from_tensor(&shard_of(&layout, rank, &params, &device)?)?;
-        self.state
-            .optimizer(&name)?
-            .step(std::slice::from_ref(&shard), &[shard_grad])?;
-
-        let full = Tensor::zeros(layout.padded(), DType::F32, &device)?;
-        world.all_gather_into(shard.as_tensor(), &full)?;
-        for (entry, var) in layout.entries().iter().zip(&self.state.params) {
-            var.set(
-                &full
-                    .narrow(0, entry.offset, entry.numel())?
-                    .reshape(entry.shape.clone())?,
-            )?;
+        match self.stage {
+            Stage::One => {
+                // The full averaged gradient is kept through the step (stage 1 shards
+                // only the optimizer state); its buffer then receives the gathered update.
+                world.all_reduce_in_place(&flat_grad, ReduceOp::Mean)?;
+                self.state.grad_bytes = tensor_bytes(&flat_grad);
+                let shard_grad = flat_grad.narrow(0, range.start, range.len())?;
+                self.state
+                    .optimizer(&name)?
+                    .step(std::slice::from_ref(&shard), &[shard_grad])?;
+                world.all_gather_into(shard.as_tensor(), &flat_grad)?;
+                for (entry, var) in layout.entries().iter().zip(&self.state.params) {
+                    var.set(
+                        &flat_grad
+                            .narrow(0, entry.offset, entry.numel())?
+                            .reshape(entry.shape.clone())?,
+                    )?;
+                }
+            }
+            Stage::Two => {
+                let shard_grad = Tensor::zeros(range.len(), DType::F32, &device)?;
+                world.reduce_scatter_into(&flat_grad, &shard_grad, ReduceOp::Mean)?;
+                drop(flat_grad);
+                self.state.grad_bytes = tensor_bytes(&shard_grad);
+                self.state
+                    .optimizer(&name)?
+                    .step(std::slice::from_ref(&shard), &[shard_grad])?;
+                gather_into_params(
+                    world.as_ref(),
+                    self.gather_chunk,
+                    &layout,
+                    shard.as_tensor(),
+                    &self.state.params,
+                )?;
+            }
         }
         Ok(())
     }
