@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Device, Result, Tensor, D};
 use candle_nn::{Embedding, Linear, Module, VarBuilder};
-use wick_core::{OptimizerConfig, ShardedContext, TrainModule};
+use wick_core::{OptimizerConfig, ShardedContext, TrainModule, Wrapped};
 
 /// Sizes of the model.
 #[derive(Debug, Clone, Copy)]
@@ -94,13 +94,51 @@ impl Block {
     }
 }
 
+/// Token and position embeddings.
 #[derive(Clone)]
-struct Layers {
+struct Embed {
     tok: Embedding,
     pos: Tensor,
-    blocks: Vec<Block>,
+}
+
+impl Embed {
+    fn new(c: &GptConfig, vb: VarBuilder) -> Result<Self> {
+        let normal = candle_nn::Init::Randn {
+            mean: 0.0,
+            stdev: 0.02,
+        };
+        Ok(Embed {
+            tok: Embedding::new(
+                vb.get_with_hints((c.vocab, c.d_model), "tok", normal)?,
+                c.d_model,
+            ),
+            pos: vb.get_with_hints((c.block, c.d_model), "pos", normal)?,
+        })
+    }
+}
+
+/// Final norm and the projection to logits.
+#[derive(Clone)]
+struct Head {
     ln_f: Norm,
-    head: Linear,
+    out: Linear,
+}
+
+impl Head {
+    fn new(c: &GptConfig, vb: VarBuilder) -> Result<Self> {
+        Ok(Head {
+            ln_f: Norm::new(c.d_model, vb.pp("ln_f"))?,
+            out: candle_nn::linear(c.d_model, c.vocab, vb.pp("out"))?,
+        })
+    }
+}
+
+/// The model's units: each is gathered on its own under sharding strategies.
+#[derive(Clone)]
+struct Layers {
+    embed: Wrapped<Embed>,
+    blocks: Vec<Wrapped<Block>>,
+    head: Wrapped<Head>,
 }
 
 /// A GPT-style character model; parameters exist only after `configure_sharded_model`.
@@ -128,14 +166,16 @@ impl CharGpt {
         })?;
         let (_, t) = ids.dims2()?;
         let mask = causal_mask(t, ids.device())?;
-        let mut x = layers
+        let embed = layers.embed.get()?;
+        let mut x = embed
             .tok
             .forward(ids)?
-            .broadcast_add(&layers.pos.narrow(0, 0, t)?)?;
+            .broadcast_add(&embed.pos.narrow(0, 0, t)?)?;
         for block in &layers.blocks {
-            x = block.forward(&x, &mask)?;
+            x = block.get()?.forward(&x, &mask)?;
         }
-        layers.head.forward(&layers.ln_f.forward(&x)?)
+        let head = layers.head.get()?;
+        head.out.forward(&head.ln_f.forward(&x)?)
     }
 
     fn loss(&self, (ids, targets): &(Tensor, Tensor)) -> Result<Tensor> {
@@ -158,22 +198,12 @@ impl TrainModule for CharGpt {
 
     fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> Result<()> {
         let c = self.config;
-        let vb = ctx.var_builder();
-        let normal = candle_nn::Init::Randn {
-            mean: 0.0,
-            stdev: 0.02,
-        };
         self.layers = Some(Layers {
-            tok: Embedding::new(
-                vb.get_with_hints((c.vocab, c.d_model), "tok_emb", normal)?,
-                c.d_model,
-            ),
-            pos: vb.get_with_hints((c.block, c.d_model), "pos_emb", normal)?,
+            embed: ctx.wrap("embed", move |vb| Embed::new(&c, vb))?,
             blocks: (0..c.n_layer)
-                .map(|i| Block::new(&c, vb.pp(format!("blocks.{i}"))))
+                .map(|i| ctx.wrap(&format!("blocks.{i}"), move |vb| Block::new(&c, vb)))
                 .collect::<Result<_>>()?,
-            ln_f: Norm::new(c.d_model, vb.pp("ln_f"))?,
-            head: candle_nn::linear(c.d_model, c.vocab, vb.pp("head"))?,
+            head: ctx.wrap("head", move |vb| Head::new(&c, vb))?,
         });
         Ok(())
     }

@@ -6,7 +6,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use wick::accelerator::ThreadWorld;
-use wick::core::{Strategy as _, Wrapped};
+use wick::core::Wrapped;
 
 struct LargestAllocation;
 

@@ -148,6 +148,7 @@ pub fn quiet_trainer(devices: usize, strategy: &str, steps: usize) -> Trainer {
         .seed(42)
         .no_logger()
         .progress(false)
+        .model_summary(false)
         .build()
         .unwrap()
 }

@@ -25,4 +25,4 @@ pub use module::TrainModule;
 pub use optimizer::OptimizerConfig;
 pub use solo_world::SoloWorld;
 pub use stage::Stage;
-pub use strategy::{StateBytes, Strategy};
+pub use strategy::{Sharding, StateBytes, Strategy};

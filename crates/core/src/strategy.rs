@@ -2,7 +2,7 @@
 //! the ranks, and how a step keeps them consistent.
 
 use crate::{Collective, OptimizerConfig, Result, ShardedContext};
-use candle_core::{Device, Tensor};
+use candle_core::{Device, Shape, Tensor};
 use std::sync::Arc;
 
 /// One rank's instance of a distribution strategy.
@@ -57,6 +57,39 @@ pub trait Strategy: Send {
 
     /// Bytes of model state this rank holds, counted from its tensors.
     fn state_bytes(&self) -> StateBytes;
+
+    /// Which model state this strategy shards over the ranks.
+    fn sharding(&self) -> Sharding;
+
+    /// Every parameter's name and full shape, in registration order (no collective).
+    fn parameter_shapes(&self) -> Vec<(String, Shape)>;
+}
+
+/// Which of parameters, gradients and optimizer state a strategy shards.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sharding {
+    /// Parameters are stored as shards.
+    pub params: bool,
+    /// Reduced gradients are kept as shards.
+    pub grads: bool,
+    /// Optimizer state is kept as shards.
+    pub optimizer: bool,
+}
+
+impl Sharding {
+    /// Model-state bytes per rank for `params` f32 parameters over `world_size` ranks with
+    /// AdamW (4 bytes parameter, 4 gradient, 8 state): the ZeRO paper's formulas with K = 8
+    /// (16Ψ, 8Ψ + 8Ψ/W, 4Ψ + 12Ψ/W, 16Ψ/W), without padding.
+    pub fn adamw_formula_bytes(&self, params: usize, world_size: usize) -> usize {
+        let part = |sharded: bool, bytes: usize| {
+            if sharded {
+                bytes * params / world_size
+            } else {
+                bytes * params
+            }
+        };
+        part(self.params, 4) + part(self.grads, 4) + part(self.optimizer, 8)
+    }
 }
 
 /// Bytes of model state held by one rank.

@@ -9,7 +9,7 @@ use crate::replicated::Replicated;
 use candle_core::{Device, Tensor};
 use std::sync::Arc;
 use wick_core::{
-    Collective, OptimizerConfig, ReduceOp, Result, ShardedContext, StateBytes, Strategy,
+    Collective, OptimizerConfig, ReduceOp, Result, ShardedContext, Sharding, StateBytes, Strategy,
 };
 
 /// PyTorch DDP's default bucket size.
@@ -141,5 +141,13 @@ impl Strategy for Ddp {
 
     fn state_bytes(&self) -> StateBytes {
         self.state.state_bytes()
+    }
+
+    fn sharding(&self) -> Sharding {
+        Sharding::default()
+    }
+
+    fn parameter_shapes(&self) -> Vec<(String, candle_core::Shape)> {
+        self.state.parameter_shapes()
     }
 }

@@ -152,6 +152,14 @@ impl Replicated {
         Ok(())
     }
 
+    pub(crate) fn parameter_shapes(&self) -> Vec<(String, candle_core::Shape)> {
+        self.names
+            .iter()
+            .cloned()
+            .zip(self.params.iter().map(|p| p.shape().clone()))
+            .collect()
+    }
+
     pub(crate) fn state_bytes(&self) -> StateBytes {
         StateBytes {
             params: self

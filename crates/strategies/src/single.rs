@@ -3,7 +3,9 @@
 use crate::replicated::Replicated;
 use candle_core::{Device, Tensor};
 use std::sync::Arc;
-use wick_core::{Collective, Error, OptimizerConfig, Result, ShardedContext, StateBytes, Strategy};
+use wick_core::{
+    Collective, Error, OptimizerConfig, Result, ShardedContext, Sharding, StateBytes, Strategy,
+};
 
 /// Trains on one device.
 #[derive(Default)]
@@ -81,5 +83,13 @@ impl Strategy for SingleDevice {
 
     fn state_bytes(&self) -> StateBytes {
         self.state.state_bytes()
+    }
+
+    fn sharding(&self) -> Sharding {
+        Sharding::default()
+    }
+
+    fn parameter_shapes(&self) -> Vec<(String, candle_core::Shape)> {
+        self.state.parameter_shapes()
     }
 }

@@ -12,7 +12,7 @@ use crate::replicated::{tensor_bytes, Replicated};
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
 use wick_core::{
-    Collective, OptimizerConfig, ReduceOp, Result, ShardedContext, StateBytes, Strategy,
+    Collective, OptimizerConfig, ReduceOp, Result, ShardedContext, Sharding, StateBytes, Strategy,
 };
 
 /// Which state ZeRO shards.
@@ -264,5 +264,17 @@ impl Strategy for Zero {
 
     fn state_bytes(&self) -> StateBytes {
         self.state.state_bytes()
+    }
+
+    fn sharding(&self) -> Sharding {
+        Sharding {
+            params: false,
+            grads: self.stage == Stage::Two,
+            optimizer: true,
+        }
+    }
+
+    fn parameter_shapes(&self) -> Vec<(String, candle_core::Shape)> {
+        self.state.parameter_shapes()
     }
 }

@@ -12,7 +12,9 @@ use crate::replicated::tensor_bytes;
 use crate::sharded_params::ShardedParams;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
-use wick_core::{Collective, Error, OptimizerConfig, Result, ShardedContext, StateBytes, Strategy};
+use wick_core::{
+    Collective, Error, OptimizerConfig, Result, ShardedContext, Sharding, StateBytes, Strategy,
+};
 
 /// ZeRO stage 3.
 #[derive(Default)]
@@ -150,6 +152,25 @@ impl Strategy for Zero3 {
 
     fn num_parameters(&self) -> usize {
         self.layouts.iter().map(FlatLayout::numel).sum()
+    }
+
+    fn sharding(&self) -> Sharding {
+        Sharding {
+            params: true,
+            grads: true,
+            optimizer: true,
+        }
+    }
+
+    fn parameter_shapes(&self) -> Vec<(String, candle_core::Shape)> {
+        self.layouts
+            .iter()
+            .flat_map(|l| {
+                l.entries()
+                    .iter()
+                    .map(|e| (e.name.clone(), e.shape.clone()))
+            })
+            .collect()
     }
 
     fn state_bytes(&self) -> StateBytes {

@@ -10,6 +10,7 @@ mod error;
 mod metrics_csv;
 mod progress;
 mod rank_run;
+mod summary;
 mod trainer;
 
 pub use data::{DataLoader, Dataset};

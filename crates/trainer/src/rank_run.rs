@@ -128,6 +128,12 @@ impl<M: TrainModule> RankRun<'_, M> {
                 self.strategy.optimizer_step()?;
                 let train_loss = self.env.world.all_reduce_scalar(local, ReduceOp::Mean)? as f64;
                 self.state.global_step += 1;
+                if self.state.global_step == 1 && rank == 0 && self.config.model_summary {
+                    print!(
+                        "{}",
+                        crate::summary::model_summary(&*self.strategy, world_size)
+                    );
+                }
                 self.state.metrics.insert("train_loss".into(), train_loss);
                 self.callbacks(|cb, s| cb.on_train_batch_end(s))?;
 

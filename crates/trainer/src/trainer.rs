@@ -23,6 +23,7 @@ pub(crate) struct Config {
     pub(crate) run_dir: Option<PathBuf>,
     pub(crate) val_check_interval: Option<usize>,
     pub(crate) progress: bool,
+    pub(crate) model_summary: bool,
 }
 
 enum StrategyChoice {
@@ -42,6 +43,7 @@ pub struct TrainerBuilder {
     log_dir: Option<PathBuf>,
     val_check_interval: Option<usize>,
     progress: bool,
+    model_summary: bool,
     collective_timeout: Option<Duration>,
 }
 
@@ -119,6 +121,13 @@ impl TrainerBuilder {
         self
     }
 
+    /// Print the model summary (parameters, state bytes per rank) after the first step.
+    /// Default on.
+    pub fn model_summary(mut self, on: bool) -> Self {
+        self.model_summary = on;
+        self
+    }
+
     /// Fail a collective that waits longer than this for the other ranks.
     pub fn collective_timeout(mut self, timeout: Duration) -> Self {
         self.collective_timeout = Some(timeout);
@@ -168,6 +177,7 @@ impl TrainerBuilder {
                 run_dir: self.log_dir.map(|d| d.join(&self.run_name)),
                 val_check_interval: self.val_check_interval,
                 progress: self.progress,
+                model_summary: self.model_summary,
             },
             accelerator,
             strategy,
@@ -215,6 +225,7 @@ impl Trainer {
             log_dir: Some(PathBuf::from("runs")),
             val_check_interval: None,
             progress: true,
+            model_summary: true,
             collective_timeout: None,
         }
     }
@@ -236,6 +247,20 @@ impl Trainer {
             .first()
             .filter(|s| s.is_configured())
             .map(|s| s.num_parameters())
+    }
+
+    /// Model-state bytes rank 0 holds (after a fit: including gradients and optimizer state).
+    pub fn state_bytes(&self) -> Option<wick_core::StateBytes> {
+        let s = self.session.as_ref()?;
+        s.strategies
+            .first()
+            .filter(|s| s.is_configured())
+            .map(|s| s.state_bytes())
+    }
+
+    /// Which model state the strategy shards.
+    pub fn sharding(&self) -> wick_core::Sharding {
+        self.strategy.sharding()
     }
 
     /// Every parameter of the configured module in full, by name, in registration order
