@@ -126,9 +126,7 @@ impl wick_core::ParamSource for ShardedParams {
                 )
             }
             Some(_) => {}
-            None => unit
-                .requests
-                .push((name.to_string(), shape.clone(), *init)),
+            None => unit.requests.push((name.to_string(), shape.clone(), *init)),
         }
         // A placeholder with the full shape and no memory: the block built at wrap time is
         // discarded, and every step rebuilds it over gathered parameters.
