@@ -11,3 +11,5 @@ mod hooks;
 mod failures;
 // ZeRO-3: born-sharded init, collective order in backward, what it refuses.
 mod zero3;
+// Gradient clipping and accumulation equal their single-device meaning.
+mod step_options;

@@ -1,9 +1,10 @@
 use crate::common::{full_parameters, loader, Mlp};
 
+use crate::common::Recording;
 use candle_core::{DType, Device, Module, Tensor};
 use std::sync::{Arc, Mutex};
 use wick::accelerator::ThreadWorld;
-use wick::core::{Collective, CollectiveError, OptimizerConfig, ReduceOp, Strategy, Work};
+use wick::core::{OptimizerConfig, Strategy};
 use wick::strategies::Zero3;
 use wick::trainer::Trainer;
 
@@ -29,64 +30,6 @@ fn born_sharded_parameters_assemble_bit_identically_for_every_world_size() {
     let single = initial_parameters(1, "single");
     for w in 1..=5 {
         assert_eq!(initial_parameters(w, "zero3"), single, "zero3 at w={w}");
-    }
-}
-
-/// A world that records every call (name and length) before passing it on.
-struct Recording {
-    inner: Arc<dyn Collective>,
-    log: Mutex<Vec<String>>,
-}
-
-impl Recording {
-    fn note(&self, op: &str, t: &Tensor) {
-        self.log
-            .lock()
-            .unwrap()
-            .push(format!("{op}({})", t.elem_count()));
-    }
-}
-
-impl Collective for Recording {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-    fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
-        self.note("all_gather", full);
-        self.inner.all_gather_into(shard, full)
-    }
-    fn all_gather_host(&self, shard: &Tensor, full: &mut [f32]) -> Result<(), CollectiveError> {
-        self.log
-            .lock()
-            .unwrap()
-            .push(format!("all_gather({})", full.len()));
-        self.inner.all_gather_host(shard, full)
-    }
-    fn reduce_scatter_into(
-        &self,
-        full: &Tensor,
-        shard: &Tensor,
-        op: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        self.note("reduce_scatter", full);
-        self.inner.reduce_scatter_into(full, shard, op)
-    }
-    fn all_reduce_in_place(&self, t: &Tensor, op: ReduceOp) -> Result<(), CollectiveError> {
-        self.note("all_reduce", t);
-        self.inner.all_reduce_in_place(t, op)
-    }
-    fn broadcast_in_place(&self, t: &Tensor, root: usize) -> Result<(), CollectiveError> {
-        self.note("broadcast", t);
-        self.inner.broadcast_in_place(t, root)
-    }
-    fn barrier(&self) -> Result<(), CollectiveError> {
-        self.inner.barrier()
-    }
-    fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
-        self.inner.all_gather_start(shard, full)
     }
 }
 

@@ -4,7 +4,9 @@
 use candle_core::{Device, Tensor, D};
 use candle_nn::{Linear, Module};
 use wick::core::Wrapped;
-use wick::core::{OptimizerConfig, ShardedContext, TrainModule};
+use wick::core::{
+    Collective, CollectiveError, OptimizerConfig, ReduceOp, ShardedContext, TrainModule, Work,
+};
 use wick::trainer::{DataLoader, Dataset, Trainer};
 
 /// 96 samples of 5 features and one target, deterministic.
@@ -202,4 +204,62 @@ pub fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
             x.iter().zip(y).map(|(p, q)| (p - q).abs())
         })
         .fold(0.0, f32::max)
+}
+
+/// A world that records every call (name and length) before passing it on.
+pub struct Recording {
+    pub inner: std::sync::Arc<dyn wick::core::Collective>,
+    pub log: std::sync::Mutex<Vec<String>>,
+}
+
+impl Recording {
+    fn note(&self, op: &str, t: &Tensor) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("{op}({})", t.elem_count()));
+    }
+}
+
+impl Collective for Recording {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
+        self.note("all_gather", full);
+        self.inner.all_gather_into(shard, full)
+    }
+    fn all_gather_host(&self, shard: &Tensor, full: &mut [f32]) -> Result<(), CollectiveError> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("all_gather({})", full.len()));
+        self.inner.all_gather_host(shard, full)
+    }
+    fn reduce_scatter_into(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        self.note("reduce_scatter", full);
+        self.inner.reduce_scatter_into(full, shard, op)
+    }
+    fn all_reduce_in_place(&self, t: &Tensor, op: ReduceOp) -> Result<(), CollectiveError> {
+        self.note("all_reduce", t);
+        self.inner.all_reduce_in_place(t, op)
+    }
+    fn broadcast_in_place(&self, t: &Tensor, root: usize) -> Result<(), CollectiveError> {
+        self.note("broadcast", t);
+        self.inner.broadcast_in_place(t, root)
+    }
+    fn barrier(&self) -> Result<(), CollectiveError> {
+        self.inner.barrier()
+    }
+    fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
+        self.inner.all_gather_start(shard, full)
+    }
 }

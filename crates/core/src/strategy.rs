@@ -42,7 +42,19 @@ pub trait Strategy: Send {
     /// Builds the optimizer over this rank's parameters (or their shards).
     fn configure_optimizer(&mut self, config: &OptimizerConfig) -> Result<()>;
 
-    /// Back-propagates `loss` and accumulates the gradients locally; no collective.
+    /// Clip the reduced gradients to this global L2 norm before each optimizer step (as
+    /// torch's `clip_grad_norm_`), or not at all.
+    fn set_clip_grad_norm(&mut self, max_norm: Option<f64>);
+
+    /// Whether the next [`backward`](Strategy::backward) is the last micro-batch before an
+    /// optimizer step. Strategies that reduce gradients inside backward (sharded ones) keep
+    /// them local, unreduced, until then; the others reduce only in `optimizer_step` anyway.
+    fn set_grad_sync(&mut self, sync: bool) {
+        let _ = sync;
+    }
+
+    /// Back-propagates `loss` and accumulates the gradients (reduced inside backward only by
+    /// sharded strategies, and only when grad sync is on).
     fn backward(&mut self, loss: &Tensor) -> Result<()>;
 
     /// Synchronizes the accumulated gradients, steps the optimizer, clears the gradients.

@@ -121,6 +121,10 @@ impl Strategy for Ddp {
         self.state.configure_optimizer(config)
     }
 
+    fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) {
+        self.state.clip = max_norm;
+    }
+
     fn backward(&mut self, loss: &Tensor) -> Result<()> {
         self.state.backward(loss)
     }
@@ -128,7 +132,7 @@ impl Strategy for Ddp {
     fn optimizer_step(&mut self) -> Result<()> {
         let mut grads = self.state.take_grads()?;
         self.all_reduce_grads(&mut grads)?;
-        self.state.apply(Self::NAME, &grads)
+        self.state.apply(Self::NAME, grads)
     }
 
     fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {

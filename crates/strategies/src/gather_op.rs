@@ -4,6 +4,7 @@
 //! ranks) of the full buffer's gradient into the shard's gradient. Backward runs these in
 //! the order backward visits the graph, which is the same on every rank for the same graph.
 
+use crate::grad_sync::GradSync;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor};
 use std::sync::Arc;
 use wick_core::{Collective, ReduceOp};
@@ -12,6 +13,9 @@ use wick_core::{Collective, ReduceOp};
 pub(crate) struct GatherOp {
     pub(crate) world: Arc<dyn Collective>,
     pub(crate) padded: usize,
+    /// The unit gathered (the key of its kept gradient under accumulation).
+    pub(crate) unit: usize,
+    pub(crate) sync: Arc<GradSync>,
 }
 
 impl CustomOp1 for GatherOp {
@@ -35,7 +39,9 @@ impl CustomOp1 for GatherOp {
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let grad = grad.contiguous()?;
+        let Some(grad) = self.sync.settle(self.unit, grad.contiguous()?)? else {
+            return Ok(None);
+        };
         let shard_grad = Tensor::zeros(arg.elem_count(), DType::F32, arg.device())?;
         self.world
             .reduce_scatter_into(&grad, &shard_grad, ReduceOp::Mean)

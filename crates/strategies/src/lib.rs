@@ -9,9 +9,11 @@
 //! strategy reaches other ranks only through wick-core's `Collective`, so it runs over any
 //! world (threads, MPI, NCCL) without knowing which.
 
+mod clip;
 mod ddp;
 pub mod flat_layout;
 mod gather_op;
+mod grad_sync;
 mod grads;
 pub mod init;
 pub mod optim;

@@ -1,6 +1,7 @@
 //! Replicated parameters: every rank holds every parameter in full. The state shared by
 //! [`SingleDevice`](crate::SingleDevice) and [`Ddp`](crate::Ddp).
 
+use crate::clip::clip_grad_norm;
 use crate::grads::GradAccumulator;
 use crate::init::init_values;
 use crate::optim::Optimizer;
@@ -71,6 +72,8 @@ pub(crate) struct Replicated {
     optimizer: Option<Optimizer>,
     /// Bytes of the reduced gradients the last step used (set by the strategy).
     pub(crate) grad_bytes: usize,
+    /// Global-norm clipping applied before each step.
+    pub(crate) clip: Option<f64>,
 }
 
 impl Replicated {
@@ -144,11 +147,14 @@ impl Replicated {
             .ok_or_else(|| Self::not_ready(strategy, "optimizer_step before configure_optimizer"))
     }
 
-    /// Steps every full parameter with its (reduced) gradient.
-    pub(crate) fn apply(&mut self, strategy: &str, grads: &[Tensor]) -> Result<()> {
+    /// Clips (if asked) and steps every full parameter with its reduced gradient.
+    pub(crate) fn apply(&mut self, strategy: &str, mut grads: Vec<Tensor>) -> Result<()> {
+        if let Some(max_norm) = self.clip {
+            clip_grad_norm(&mut grads, max_norm, None)?;
+        }
         self.grad_bytes = grads.iter().map(tensor_bytes).sum();
         let params = self.params.clone();
-        self.optimizer(strategy)?.step(&params, grads)?;
+        self.optimizer(strategy)?.step(&params, &grads)?;
         Ok(())
     }
 

@@ -8,6 +8,7 @@
 
 use crate::flat_layout::FlatLayout;
 use crate::gather_op::GatherOp;
+use crate::grad_sync::GradSync;
 use crate::init::init_values;
 use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
@@ -35,6 +36,7 @@ pub(crate) struct ShardedParams {
     world: Mutex<Arc<dyn Collective>>,
     device: Device,
     state: Mutex<State>,
+    pub(crate) sync: Arc<GradSync>,
 }
 
 impl ShardedParams {
@@ -43,6 +45,7 @@ impl ShardedParams {
             seed,
             world: Mutex::new(world),
             device,
+            sync: Arc::default(),
             state: Mutex::new(State {
                 units: Vec::new(),
                 open_unit: None,
@@ -201,6 +204,8 @@ impl wick_core::ParamSource for ShardedParams {
                 let op = GatherOp {
                     world: self.world(),
                     padded: layout.padded(),
+                    unit,
+                    sync: self.sync.clone(),
                 };
                 let t = shard.as_tensor().apply_op1(op)?;
                 u.gathered = Some(t.clone());

@@ -64,13 +64,17 @@ impl Strategy for SingleDevice {
         self.state.configure_optimizer(config)
     }
 
+    fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) {
+        self.state.clip = max_norm;
+    }
+
     fn backward(&mut self, loss: &Tensor) -> Result<()> {
         self.state.backward(loss)
     }
 
     fn optimizer_step(&mut self) -> Result<()> {
         let grads = self.state.take_grads()?;
-        self.state.apply(Self::NAME, &grads)
+        self.state.apply(Self::NAME, grads)
     }
 
     fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {

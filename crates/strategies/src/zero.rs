@@ -7,6 +7,7 @@
 //! parameters with its shard of optimizer state, then one all-gather hands every rank the
 //! updated parameters.
 
+use crate::clip::clip_grad_norm;
 use crate::flat_layout::FlatLayout;
 use crate::replicated::{tensor_bytes, Replicated};
 use candle_core::{DType, Device, Tensor, Var};
@@ -195,6 +196,10 @@ impl Strategy for Zero {
         self.state.configure_optimizer(config)
     }
 
+    fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) {
+        self.state.clip = max_norm;
+    }
+
     fn backward(&mut self, loss: &Tensor) -> Result<()> {
         self.state.backward(loss)
     }
@@ -220,6 +225,16 @@ impl Strategy for Zero {
                 // The full averaged gradient is kept through the step (stage 1 shards
                 // only the optimizer state); its buffer then receives the gathered update.
                 world.all_reduce_in_place(&flat_grad, ReduceOp::Mean)?;
+                let flat_grad = match self.state.clip {
+                    // Every rank holds the whole averaged gradient: the norm needs no collective.
+                    Some(max_norm) => {
+                        let mut whole = [flat_grad];
+                        clip_grad_norm(&mut whole, max_norm, None)?;
+                        let [g] = whole;
+                        g
+                    }
+                    None => flat_grad,
+                };
                 self.state.grad_bytes = tensor_bytes(&flat_grad);
                 let shard_grad = flat_grad.narrow(0, range.start, range.len())?;
                 self.state
@@ -238,6 +253,11 @@ impl Strategy for Zero {
                 let shard_grad = Tensor::zeros(range.len(), DType::F32, &device)?;
                 world.reduce_scatter_into(&flat_grad, &shard_grad, ReduceOp::Mean)?;
                 drop(flat_grad);
+                let mut shard_grads = [shard_grad];
+                if let Some(max_norm) = self.state.clip {
+                    clip_grad_norm(&mut shard_grads, max_norm, Some(world.as_ref()))?;
+                }
+                let [shard_grad] = shard_grads;
                 self.state.grad_bytes = tensor_bytes(&shard_grad);
                 self.state
                     .optimizer(&name)?

@@ -5,6 +5,7 @@
 //! reduce-scatters the unit's gradient straight into the shard's gradient. The graph keeps
 //! the gathered parameters alive from forward to backward; they are released after it.
 
+use crate::clip::clip_grad_norm;
 use crate::flat_layout::FlatLayout;
 use crate::grads::GradAccumulator;
 use crate::optim::Optimizer;
@@ -27,6 +28,7 @@ pub struct Zero3 {
     grads: GradAccumulator,
     optimizer: Option<Optimizer>,
     grad_bytes: usize,
+    clip: Option<f64>,
 }
 
 impl Zero3 {
@@ -112,6 +114,16 @@ impl Strategy for Zero3 {
         Ok(())
     }
 
+    fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) {
+        self.clip = max_norm;
+    }
+
+    fn set_grad_sync(&mut self, sync: bool) {
+        if let Some(source) = &self.source {
+            source.sync.set(sync);
+        }
+    }
+
     fn backward(&mut self, loss: &Tensor) -> Result<()> {
         let store = loss.backward();
         // Free the gathered parameters whether or not backward succeeded.
@@ -122,7 +134,17 @@ impl Strategy for Zero3 {
 
     fn optimizer_step(&mut self) -> Result<()> {
         // Gradients arrive already reduce-scattered by the gather op's backward.
-        let grads = self.grads.take(&self.shards)?;
+        let kept = self.source.as_ref().map_or(0, |s| s.sync.kept_bytes());
+        if kept > 0 {
+            return Err(Error::NotReady {
+                strategy: Self::NAME.into(),
+                message: format!("optimizer_step with {kept} bytes of unreduced gradients: the last backward before a step must run with grad sync on"),
+            });
+        }
+        let mut grads = self.grads.take(&self.shards)?;
+        if let Some(max_norm) = self.clip {
+            clip_grad_norm(&mut grads, max_norm, Some(self.world()?.as_ref()))?;
+        }
         self.grad_bytes = grads.iter().map(tensor_bytes).sum();
         let optimizer = self
             .optimizer

@@ -89,8 +89,12 @@ impl<M: TrainModule> RankRun<'_, M> {
     ) -> Result<(), TrainerError> {
         let optimizer = self.module.configure_optimizers();
         self.strategy.configure_optimizer(&optimizer)?;
+        self.strategy
+            .set_clip_grad_norm(self.config.gradient_clip_val);
         let (rank, world_size) = (self.env.rank, self.env.world_size);
-        let per_epoch = train.batches_per_epoch();
+        let accumulate = self.config.accumulate_grad_batches;
+        // Optimizer steps per epoch; trailing micro-batches that cannot fill a step are skipped.
+        let per_epoch = train.batches_per_epoch() / accumulate;
         let max_epochs = match (self.config.max_epochs, self.config.max_steps) {
             (Some(e), _) => e,
             (None, Some(_)) => usize::MAX,
@@ -118,13 +122,25 @@ impl<M: TrainModule> RankRun<'_, M> {
                 if self.state.global_step >= total_steps {
                     break 'epochs;
                 }
-                let batch = train.dataset().batch(
-                    train.rank_slice(&order, b, rank, world_size),
-                    &self.env.device,
-                )?;
-                let loss = self.module.training_step(&batch, b)?;
-                let local = scalar(&loss, "training_step")?;
-                self.strategy.backward(&loss)?;
+                // `accumulate` micro-batches, each a whole global batch, make one step; each
+                // loss is scaled so the step sees the mean over them.
+                let mut local = 0f32;
+                for micro in 0..accumulate {
+                    let index = b * accumulate + micro;
+                    let batch = train.dataset().batch(
+                        train.rank_slice(&order, index, rank, world_size),
+                        &self.env.device,
+                    )?;
+                    let loss = self.module.training_step(&batch, index)?;
+                    local += scalar(&loss, "training_step")? / accumulate as f32;
+                    self.strategy.set_grad_sync(micro + 1 == accumulate);
+                    let loss = if accumulate > 1 {
+                        loss.affine(1.0 / accumulate as f64, 0.0)?
+                    } else {
+                        loss
+                    };
+                    self.strategy.backward(&loss)?;
+                }
                 self.strategy.optimizer_step()?;
                 let train_loss = self.env.world.all_reduce_scalar(local, ReduceOp::Mean)? as f64;
                 self.state.global_step += 1;
@@ -150,7 +166,11 @@ impl<M: TrainModule> RankRun<'_, M> {
                     csv.row(self.state.global_step, epoch, train_loss, val_loss)?;
                 }
                 if let Some(p) = &progress {
-                    p.update(self.state.global_step, train_loss, train.batch_size());
+                    p.update(
+                        self.state.global_step,
+                        train_loss,
+                        train.batch_size() * accumulate,
+                    );
                 }
             }
         }

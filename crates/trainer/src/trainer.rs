@@ -24,6 +24,8 @@ pub(crate) struct Config {
     pub(crate) val_check_interval: Option<usize>,
     pub(crate) progress: bool,
     pub(crate) model_summary: bool,
+    pub(crate) gradient_clip_val: Option<f64>,
+    pub(crate) accumulate_grad_batches: usize,
 }
 
 enum StrategyChoice {
@@ -44,6 +46,8 @@ pub struct TrainerBuilder {
     val_check_interval: Option<usize>,
     progress: bool,
     model_summary: bool,
+    gradient_clip_val: Option<f64>,
+    accumulate_grad_batches: usize,
     collective_timeout: Option<Duration>,
 }
 
@@ -128,6 +132,19 @@ impl TrainerBuilder {
         self
     }
 
+    /// Clip gradients to this global L2 norm before each optimizer step (over all shards).
+    pub fn gradient_clip_val(mut self, max_norm: f64) -> Self {
+        self.gradient_clip_val = Some(max_norm);
+        self
+    }
+
+    /// Accumulate gradients over this many global batches per optimizer step (default 1).
+    /// No gradient collective runs before the last of them.
+    pub fn accumulate_grad_batches(mut self, batches: usize) -> Self {
+        self.accumulate_grad_batches = batches;
+        self
+    }
+
     /// Fail a collective that waits longer than this for the other ranks.
     pub fn collective_timeout(mut self, timeout: Duration) -> Self {
         self.collective_timeout = Some(timeout);
@@ -148,6 +165,21 @@ impl TrainerBuilder {
             StrategyChoice::Name(name) => wick_strategies::strategy_by_name(&name)?,
         };
         strategy.check_world_size(self.devices)?;
+        if self.accumulate_grad_batches == 0 {
+            return Err(TrainerError::config(
+                "accumulate_grad_batches",
+                "must be at least 1, got 0",
+            ));
+        }
+        if let Some(c) = self
+            .gradient_clip_val
+            .filter(|c| !(c.is_finite() && *c > 0.0))
+        {
+            return Err(TrainerError::config(
+                "gradient_clip_val",
+                format!("must be a positive number, got {c}"),
+            ));
+        }
         if self.val_check_interval == Some(0) {
             return Err(TrainerError::config(
                 "val_check_interval",
@@ -178,6 +210,8 @@ impl TrainerBuilder {
                 val_check_interval: self.val_check_interval,
                 progress: self.progress,
                 model_summary: self.model_summary,
+                gradient_clip_val: self.gradient_clip_val,
+                accumulate_grad_batches: self.accumulate_grad_batches,
             },
             accelerator,
             strategy,
@@ -226,6 +260,8 @@ impl Trainer {
             val_check_interval: None,
             progress: true,
             model_summary: true,
+            gradient_clip_val: None,
+            accumulate_grad_batches: 1,
             collective_timeout: None,
         }
     }
@@ -297,6 +333,16 @@ impl Trainer {
         M: TrainModule + Clone + 'static,
         D: Dataset<Batch = M::Batch>,
     {
+        let accumulate = self.config.accumulate_grad_batches;
+        if train.batches_per_epoch() < accumulate {
+            return Err(TrainerError::config(
+                "accumulate_grad_batches",
+                format!(
+                    "{accumulate} exceeds the {} global batches of an epoch",
+                    train.batches_per_epoch()
+                ),
+            ));
+        }
         let loaders = Loaders {
             train: Some(train),
             eval: val,

@@ -1,0 +1,31 @@
+//! Gradient clipping by global norm, across shards.
+
+use candle_core::Tensor;
+use wick_core::{Collective, ReduceOp, Result};
+
+/// Scales `grads` in place so that their global L2 norm is at most `max_norm`, the way
+/// torch's `clip_grad_norm_` does (coefficient `max_norm / (norm + 1e-6)`, never above 1).
+///
+/// `shards_over`: the world whose ranks hold disjoint parts of the gradients (shards); the
+/// squares are summed over it. `None` when every rank holds whole gradients.
+pub(crate) fn clip_grad_norm(
+    grads: &mut [Tensor],
+    max_norm: f64,
+    shards_over: Option<&dyn Collective>,
+) -> Result<f64> {
+    let mut squares = 0f64;
+    for g in grads.iter() {
+        squares += g.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+    }
+    if let Some(world) = shards_over {
+        squares = world.all_reduce_scalar(squares as f32, ReduceOp::Sum)? as f64;
+    }
+    let norm = squares.sqrt();
+    let coefficient = max_norm / (norm + 1e-6);
+    if coefficient < 1.0 {
+        for g in grads.iter_mut() {
+            *g = g.affine(coefficient, 0.0)?;
+        }
+    }
+    Ok(norm)
+}

@@ -1,0 +1,121 @@
+use crate::common::{full_parameters, max_diff, Mlp, Recording, Regression};
+use candle_core::{DType, Device, Module, Tensor};
+use std::sync::{Arc, Mutex};
+use wick::accelerator::ThreadWorld;
+use wick::core::OptimizerConfig;
+use wick::trainer::{DataLoader, Trainer};
+
+fn adamw() -> OptimizerConfig {
+    OptimizerConfig::AdamW {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    }
+}
+
+/// Trains the MLP with the given options and returns its full parameters.
+fn run(
+    devices: usize,
+    strategy: &str,
+    batch: usize,
+    accumulate: usize,
+    clip: Option<f64>,
+    steps: usize,
+) -> Vec<Vec<f32>> {
+    let mut builder = Trainer::builder()
+        .devices(devices)
+        .strategy(strategy)
+        .max_steps(steps)
+        .seed(5)
+        .accumulate_grad_batches(accumulate)
+        .no_logger()
+        .progress(false)
+        .model_summary(false);
+    if let Some(c) = clip {
+        builder = builder.gradient_clip_val(c);
+    }
+    let mut trainer = builder.build().unwrap();
+    let mut model = Mlp::new(adamw());
+    trainer
+        .fit(
+            &mut model,
+            &DataLoader::new(Regression::new(96), batch),
+            None,
+        )
+        .unwrap();
+    full_parameters(&mut trainer)
+}
+
+const STRATEGIES: [&str; 4] = ["ddp", "zero1", "zero2", "zero3"];
+
+#[test]
+fn clipping_by_global_norm_equals_single_device_clipping() {
+    let clipped = run(1, "single", 12, 1, Some(0.05), 6);
+    // The bound is tight enough to act: clipping changes the result.
+    assert!(max_diff(&clipped, &run(1, "single", 12, 1, None, 6)) > 1e-4);
+    for strategy in STRATEGIES {
+        for w in [2, 4] {
+            let diff = max_diff(&clipped, &run(w, strategy, 12, 1, Some(0.05), 6));
+            assert!(diff <= 1e-5, "{strategy} w={w}: max |diff| {diff}");
+        }
+    }
+}
+
+#[test]
+fn four_micro_batches_equal_one_batch_four_times_larger() {
+    let large = run(1, "single", 48, 1, None, 4);
+    assert!(max_diff(&large, &run(1, "single", 12, 4, None, 4)) <= 1e-5);
+    for strategy in STRATEGIES {
+        let diff = max_diff(&large, &run(2, strategy, 12, 4, None, 4));
+        assert!(diff <= 1e-5, "{strategy}: max |diff| {diff}");
+    }
+}
+
+#[test]
+fn no_gradient_collective_runs_before_the_last_micro_batch() {
+    for strategy in STRATEGIES {
+        let logs = ThreadWorld::new(2).run(|comm| {
+            let world = Arc::new(Recording {
+                inner: Arc::new(comm),
+                log: Mutex::default(),
+            });
+            let mut s = wick::strategies::strategy_by_name(strategy)?;
+            s.connect(world.clone(), Device::Cpu);
+            let ctx = s.sharded_context(1)?;
+            let layers = {
+                let _open = ctx.enter();
+                (0..2)
+                    .map(|i| ctx.wrap(&format!("l{i}"), |vb| candle_nn::linear(3, 3, vb)))
+                    .collect::<candle_core::Result<Vec<_>>>()?
+            };
+            s.finish_sharding()?;
+            s.configure_optimizer(&adamw())?;
+            let x = Tensor::ones((2, 3), DType::F32, &Device::Cpu)?;
+            let mut marks = Vec::new();
+            for micro in 0..4 {
+                s.set_grad_sync(micro == 3);
+                let mut h = x.clone();
+                for l in &layers {
+                    h = l.get()?.forward(&h)?;
+                }
+                s.backward(&h.sqr()?.mean_all()?)?;
+                marks.push(world.log.lock().unwrap().len());
+            }
+            s.optimizer_step()?;
+            let log = world.log.lock().unwrap().clone();
+            Ok::<_, wick::core::Error>((log, marks))
+        });
+        let (log, marks) = logs.into_iter().next().unwrap().unwrap();
+        let reducing = |e: &String| e.starts_with("reduce_scatter") || e.starts_with("all_reduce");
+        assert!(
+            !log[..marks[2]].iter().any(reducing),
+            "{strategy}: a gradient collective before the last micro-batch: {log:?}"
+        );
+        assert!(
+            log.iter().any(reducing),
+            "{strategy}: the step reduced nothing: {log:?}"
+        );
+    }
+}
