@@ -44,7 +44,7 @@ fn largest_allocation_while_creating(strategy: &str) -> usize {
     TRACKING.store(true, Ordering::SeqCst);
     let outcomes = ThreadWorld::new(world_size).run(|comm| {
         let mut s = wick::strategies::strategy_by_name(strategy)?;
-        s.connect(Arc::new(comm), candle_core::Device::Cpu);
+        s.connect(Arc::new(comm), candle_core::Device::Cpu)?;
         let ctx = s.sharded_context(0)?;
         let _unit: Wrapped<candle_nn::Linear> = {
             let _open = ctx.enter();

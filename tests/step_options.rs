@@ -82,7 +82,7 @@ fn no_gradient_collective_runs_before_the_last_micro_batch() {
                 log: Mutex::default(),
             });
             let mut s = wick::strategies::strategy_by_name(strategy)?;
-            s.connect(world.clone(), Device::Cpu);
+            s.connect(world.clone(), Device::Cpu)?;
             let ctx = s.sharded_context(1)?;
             let layers = {
                 let _open = ctx.enter();

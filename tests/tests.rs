@@ -13,3 +13,5 @@ mod failures;
 mod zero3;
 // Gradient clipping and accumulation equal their single-device meaning.
 mod step_options;
+// FSDP: sharding strategies, re-gather in backward, weight tying.
+mod fsdp;

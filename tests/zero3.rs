@@ -42,7 +42,7 @@ fn backward_issues_the_same_collectives_in_the_same_order_on_every_rank() {
                 log: Mutex::default(),
             });
             let mut zero3 = Zero3::new();
-            zero3.connect(world.clone(), Device::Cpu);
+            zero3.connect(world.clone(), Device::Cpu)?;
             let ctx = zero3.sharded_context(3)?;
             let layers = {
                 let _open = ctx.enter();

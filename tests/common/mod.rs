@@ -68,7 +68,7 @@ impl Mlp {
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let mut h = x.clone();
         for (i, l) in self.layers.iter().enumerate() {
-            h = l.get()?.forward(&h)?;
+            h = l.apply(&h, |layer, x| layer.forward(x))?;
             if i + 1 < self.layers.len() {
                 h = h.tanh()?;
             }

@@ -8,8 +8,9 @@
 use crate::barrier::RankBarrier;
 use crate::reduce::reduce_ranks;
 use candle_core::Tensor;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use wick_core::host::{with_f32, with_f32_mut, with_f32_mut_from, HostAccessError};
 use wick_core::{Collective, CollectiveError, ReduceOp};
@@ -87,7 +88,14 @@ struct Shared {
     size: usize,
     slots: Vec<Slot>,
     barrier: RankBarrier,
+    timeout: Duration,
+    /// Worlds split from this one, keyed by (split call, color), with their members' ranks
+    /// here: a failure or departure here is passed on to them.
+    children: Mutex<HashMap<(u64, usize), Child>>,
 }
+
+/// A world split from another: its members' ranks in the parent, and the world.
+type Child = (Vec<usize>, ThreadWorld);
 
 /// A world of ranks that are threads of this process.
 #[derive(Clone)]
@@ -120,6 +128,8 @@ impl ThreadWorld {
                 size,
                 slots: (0..size).map(|_| Slot::default()).collect(),
                 barrier: RankBarrier::new(size, timeout),
+                timeout,
+                children: Mutex::default(),
             }),
         }
     }
@@ -135,13 +145,37 @@ impl ThreadWorld {
         ThreadComm {
             rank,
             shared: self.shared.clone(),
+            splits: AtomicU64::new(0),
+        }
+    }
+
+    fn children(&self) -> Vec<Child> {
+        let children = self
+            .shared
+            .children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        children.values().cloned().collect()
+    }
+
+    /// Records that `rank` finished; worlds split from this one see it leave too.
+    fn leave(&self, rank: usize) {
+        self.shared.barrier.leave(rank);
+        for (members, child) in self.children() {
+            if let Some(sub) = members.iter().position(|&m| m == rank) {
+                child.leave(sub);
+            }
         }
     }
 
     /// Records that `rank` failed: every pending and later collective of the other ranks
     /// returns an error naming it.
     pub fn fail(&self, rank: usize, reason: impl Into<String>) {
-        self.shared.barrier.fail(rank, reason.into());
+        let reason = reason.into();
+        self.shared.barrier.fail(rank, reason.clone());
+        for (_, child) in self.children() {
+            child.fail(rank, reason.clone());
+        }
     }
 
     /// Runs `f` on every rank, each on its own thread, and returns each rank's outcome in
@@ -183,7 +217,7 @@ impl ThreadWorld {
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(comm)));
         match outcome {
             Ok(Ok(value)) => {
-                self.shared.barrier.leave(rank);
+                self.leave(rank);
                 Ok(value)
             }
             Ok(Err(e)) => {
@@ -213,6 +247,8 @@ fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
 pub struct ThreadComm {
     rank: usize,
     shared: Arc<Shared>,
+    /// Split calls made so far (the same count on every rank at the same point).
+    splits: AtomicU64,
 }
 
 impl ThreadComm {
@@ -492,6 +528,35 @@ impl Collective for ThreadComm {
             })
         })
         .map_err(self.unsupported(op))?
+    }
+
+    fn split(&self, color: usize) -> Result<Arc<dyn Collective>, CollectiveError> {
+        let call = self.splits.fetch_add(1, Ordering::SeqCst);
+        let size = self.shared.size;
+        let mine = Tensor::new(&[color as f32], &candle_core::Device::Cpu)
+            .map_err(|e| self.mismatch(Op::AllGather, e.to_string()))?;
+        let mut colors = vec![0f32; size];
+        self.all_gather_host(&mine, &mut colors)?;
+        let members: Vec<usize> = (0..size).filter(|&r| colors[r] as usize == color).collect();
+        let sub_rank = members
+            .iter()
+            .position(|&r| r == self.rank)
+            .expect("this rank has its own color");
+        let world = {
+            let mut children = self
+                .shared
+                .children
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let (_, world) = children.entry((call, color)).or_insert_with(|| {
+                (
+                    members.clone(),
+                    ThreadWorld::with_timeout(members.len(), self.shared.timeout),
+                )
+            });
+            world.clone()
+        };
+        Ok(Arc::new(world.comm(sub_rank)))
     }
 
     fn barrier(&self) -> Result<(), CollectiveError> {

@@ -230,3 +230,32 @@ fn wrong_dtype_is_refused_with_the_rank() {
     let e = outcomes[0].as_ref().unwrap_err().to_string();
     assert!(e.contains("rank 0") && e.contains("f32"), "{e}");
 }
+
+#[test]
+fn split_makes_independent_sub_worlds() {
+    let got = ok(ThreadWorld::new(4).run(|c| {
+        let group = c.split(c.rank() / 2)?;
+        let across = c.split(c.rank() % 2)?;
+        let in_group = group.all_reduce_scalar(c.rank() as f32, ReduceOp::Sum)?;
+        let in_across = across.all_reduce_scalar(c.rank() as f32, ReduceOp::Sum)?;
+        Ok((group.rank(), group.world_size(), in_group, in_across))
+    }));
+    assert_eq!(got, vec![(0, 2, 1.0, 2.0), (1, 2, 1.0, 4.0), (0, 2, 5.0, 2.0), (1, 2, 5.0, 4.0)]);
+}
+
+#[test]
+fn a_failure_reaches_ranks_waiting_in_a_sub_world() {
+    let start = Instant::now();
+    let outcomes = ThreadWorld::new(4).run(|c| {
+        let group = c.split(c.rank() / 2)?;
+        if c.rank() == 3 {
+            return Err(CollectiveError::Mismatch { rank: 3, op: "test", message: "boom".into() });
+        }
+        // Rank 2 waits in its group for rank 3, which never comes.
+        group.barrier()?;
+        c.barrier()
+    });
+    assert!(start.elapsed() < Duration::from_secs(5));
+    let e = outcomes[2].as_ref().unwrap_err().to_string();
+    assert!(e.contains("rank 3 failed") && e.contains("boom"), "{e}");
+}

@@ -106,6 +106,17 @@ pub trait Collective: Send + Sync {
         Ok(())
     }
 
+    /// Splits the world: the ranks that pass the same `color` form a new world, ranked in
+    /// their order here. A collective: every rank calls it at the same point.
+    fn split(&self, color: usize) -> Result<std::sync::Arc<dyn Collective>, CollectiveError> {
+        let _ = color;
+        Err(CollectiveError::Unsupported {
+            rank: self.rank(),
+            op: "split",
+            message: "this world cannot be split".into(),
+        })
+    }
+
     /// Reduces a scalar over the ranks (for metrics such as the logged loss).
     fn all_reduce_scalar(&self, value: f32, op: ReduceOp) -> Result<f32, CollectiveError> {
         let unsupported = |e: candle_core::Error| CollectiveError::Unsupported {
@@ -152,5 +163,8 @@ impl<C: Collective + ?Sized> Collective for std::sync::Arc<C> {
     }
     fn all_gather_host(&self, shard: &Tensor, full: &mut [f32]) -> Result<(), CollectiveError> {
         (**self).all_gather_host(shard, full)
+    }
+    fn split(&self, color: usize) -> Result<std::sync::Arc<dyn Collective>, CollectiveError> {
+        (**self).split(color)
     }
 }

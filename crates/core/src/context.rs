@@ -59,6 +59,20 @@ pub trait ParamSource: Send + Sync {
         false
     }
 
+    /// Whether [`Wrapped::apply`] on this unit runs inside the strategy (full sharding: gather,
+    /// run without a graph, free; in backward gather again and recompute).
+    fn runs_units(&self, unit: usize) -> bool {
+        let _ = unit;
+        false
+    }
+
+    /// Runs `run` (build the block over a `VarBuilder`, apply it to the input) as one unit of
+    /// the autograd graph; only called when [`ParamSource::runs_units`] is true.
+    fn run_unit(&self, unit: usize, input: &Tensor, run: UnitFn) -> candle_core::Result<Tensor> {
+        let _ = (unit, input, run);
+        candle_core::bail!("this strategy does not run units")
+    }
+
     /// A `VarBuilder` (rooted at the unit) over the unit's parameters for the current step.
     /// Gathering is a collective, done once per step and kept until the step's backward.
     fn unit_params(&self, unit: usize) -> candle_core::Result<VarBuilder<'static>> {
@@ -219,6 +233,10 @@ impl SimpleBackend for GuardedSource {
     }
 }
 
+/// A unit's forward as the strategy runs it: build the block over the `VarBuilder`, apply it.
+pub type UnitFn =
+    Arc<dyn Fn(VarBuilder<'static>, &Tensor) -> candle_core::Result<Tensor> + Send + Sync>;
+
 type Build<T> = Arc<dyn Fn(VarBuilder<'static>) -> candle_core::Result<T> + Send + Sync>;
 
 /// A wrapped block (see [`ShardedContext::wrap`]); [`Wrapped::get`] yields it for this step.
@@ -243,6 +261,23 @@ impl<T: Clone> Wrapped<T> {
             Some(block) => Ok(block.clone()),
             None => (self.build)(self.source.unit_params(self.unit)?),
         }
+    }
+
+    /// Applies the block to `input` with `f`, the way the strategy wants a unit run: under
+    /// full sharding as one autograd unit whose gathered parameters are freed right after
+    /// forward and gathered again in backward; elsewhere simply `f(&self.get()?, input)`.
+    /// `f` may run more than once per step (again in backward), so it must be pure.
+    pub fn apply<F>(&self, input: &Tensor, f: F) -> candle_core::Result<Tensor>
+    where
+        T: 'static,
+        F: Fn(&T, &Tensor) -> candle_core::Result<Tensor> + Send + Sync + 'static,
+    {
+        if !self.source.runs_units(self.unit) {
+            return f(&self.get()?, input);
+        }
+        let build = self.build.clone();
+        let run: UnitFn = Arc::new(move |vb, x| f(&build(vb)?, x));
+        self.source.run_unit(self.unit, input, run)
     }
 
     /// The unit's name.

@@ -19,7 +19,9 @@ mod strategy;
 
 pub use callback::{Callback, CallbackClone, RunState};
 pub use collective::{Collective, ReduceOp, Work};
-pub use context::{sharding_context_active, ContextGuard, ParamSource, ShardedContext, Wrapped};
+pub use context::{
+    sharding_context_active, ContextGuard, ParamSource, ShardedContext, UnitFn, Wrapped,
+};
 pub use error::{CollectiveError, Error, Result};
 pub use module::TrainModule;
 pub use optimizer::OptimizerConfig;

@@ -26,8 +26,9 @@ pub trait Strategy: Send {
         Ok(())
     }
 
-    /// Attaches this rank's world for the stage about to run.
-    fn connect(&mut self, world: Arc<dyn Collective>, device: Device);
+    /// Attaches this rank's world for the stage about to run (a collective for strategies
+    /// that split it into groups).
+    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) -> Result<()>;
 
     /// Opens the context in which the module creates its parameters.
     fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext>;

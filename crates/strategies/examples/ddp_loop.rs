@@ -10,7 +10,7 @@ use wick_strategies::Ddp;
 
 fn main() -> wick_core::Result<()> {
     let mut ddp = Ddp::new();
-    ddp.connect(Arc::new(SoloWorld), Device::Cpu);
+    ddp.connect(Arc::new(SoloWorld), Device::Cpu)?;
     let ctx = ddp.sharded_context(7)?;
     let layer = {
         let _open = ctx.enter();

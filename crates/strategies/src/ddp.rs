@@ -99,8 +99,9 @@ impl Strategy for Ddp {
         Box::new(Ddp::new().with_bucket_cap_bytes(self.bucket_cap_bytes))
     }
 
-    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) {
-        self.state.connect(world, device)
+    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) -> Result<()> {
+        self.state.connect(world, device);
+        Ok(())
     }
 
     fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext> {

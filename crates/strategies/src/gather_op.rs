@@ -39,13 +39,31 @@ impl CustomOp1 for GatherOp {
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let Some(grad) = self.sync.settle(self.unit, grad.contiguous()?)? else {
-            return Ok(None);
-        };
-        let shard_grad = Tensor::zeros(arg.elem_count(), DType::F32, arg.device())?;
-        self.world
-            .reduce_scatter_into(&grad, &shard_grad, ReduceOp::Mean)
-            .map_err(candle_core::Error::wrap)?;
-        Ok(Some(shard_grad))
+        reduce_to_shard(
+            self.world.as_ref(),
+            &self.sync,
+            self.unit,
+            grad,
+            arg.elem_count(),
+        )
     }
+}
+
+/// The shard's gradient from a unit's full flat gradient: one reduce-scatter (mean over
+/// ranks), or `None` while gradients are kept local for accumulation.
+pub(crate) fn reduce_to_shard(
+    world: &dyn Collective,
+    sync: &GradSync,
+    unit: usize,
+    grad: &Tensor,
+    shard_len: usize,
+) -> Result<Option<Tensor>> {
+    let Some(grad) = sync.settle(unit, grad.contiguous()?)? else {
+        return Ok(None);
+    };
+    let shard_grad = Tensor::zeros(shard_len, DType::F32, grad.device())?;
+    world
+        .reduce_scatter_into(&grad, &shard_grad, ReduceOp::Mean)
+        .map_err(candle_core::Error::wrap)?;
+    Ok(Some(shard_grad))
 }

@@ -12,6 +12,7 @@
 mod clip;
 mod ddp;
 pub mod flat_layout;
+mod fsdp;
 mod gather_op;
 mod grad_sync;
 mod grads;
@@ -21,10 +22,12 @@ mod registry;
 mod replicated;
 mod sharded_params;
 mod single;
+mod unit_op;
 mod zero;
 mod zero3;
 
 pub use ddp::Ddp;
+pub use fsdp::{Fsdp, FsdpSharding};
 pub use registry::{strategy_by_name, STRATEGY_NAMES};
 pub use single::SingleDevice;
 pub use zero::Zero;

@@ -10,11 +10,12 @@ use crate::flat_layout::FlatLayout;
 use crate::gather_op::GatherOp;
 use crate::grad_sync::GradSync;
 use crate::init::init_values;
+use crate::unit_op::UnitOp;
 use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 use std::sync::{Arc, Mutex, MutexGuard};
-use wick_core::Collective;
+use wick_core::{Collective, UnitFn};
 
 /// One wrapped unit: its layout, this rank's shard, and this step's gathered buffer.
 pub(crate) struct ShardedUnit {
@@ -33,6 +34,7 @@ struct State {
 /// The units of one rank under ZeRO-3.
 pub(crate) struct ShardedParams {
     seed: u64,
+    per_use: bool,
     world: Mutex<Arc<dyn Collective>>,
     device: Device,
     state: Mutex<State>,
@@ -40,9 +42,17 @@ pub(crate) struct ShardedParams {
 }
 
 impl ShardedParams {
-    pub(crate) fn new(seed: u64, world: Arc<dyn Collective>, device: Device) -> Self {
+    /// `per_use`: units run through the unit op (full sharding) instead of being gathered
+    /// once per step and kept until backward.
+    pub(crate) fn new(
+        seed: u64,
+        world: Arc<dyn Collective>,
+        device: Device,
+        per_use: bool,
+    ) -> Self {
         ShardedParams {
             seed,
+            per_use,
             world: Mutex::new(world),
             device,
             sync: Arc::default(),
@@ -186,6 +196,37 @@ impl wick_core::ParamSource for ShardedParams {
         true
     }
 
+    fn runs_units(&self, _unit: usize) -> bool {
+        self.per_use
+    }
+
+    fn run_unit(&self, unit: usize, input: &Tensor, run: UnitFn) -> candle_core::Result<Tensor> {
+        let (name, layout, shard) = {
+            let state = self.lock();
+            let u = state
+                .units
+                .get(unit)
+                .ok_or_else(|| candle_core::Error::Msg(format!("unknown unit {unit}")))?;
+            let (Some(layout), Some(shard)) = (&u.layout, &u.shard) else {
+                candle_core::bail!(
+                    "unit '{}' used before configure_sharded_model finished",
+                    u.name
+                )
+            };
+            (u.name.clone(), layout.clone(), shard.clone())
+        };
+        let op = UnitOp {
+            world: self.world(),
+            name,
+            unit,
+            layout,
+            run,
+            sync: self.sync.clone(),
+            device: self.device.clone(),
+        };
+        input.apply_op2(shard.as_tensor(), op)
+    }
+
     fn unit_params(&self, unit: usize) -> candle_core::Result<VarBuilder<'static>> {
         let mut state = self.lock();
         let u = state
@@ -212,14 +253,24 @@ impl wick_core::ParamSource for ShardedParams {
                 t
             }
         };
-        let views = UnitViews {
-            unit: u.name.clone(),
-            layout: layout.clone(),
-            flat,
-        };
-        // Rooted at the unit, like the VarBuilder `wrap` handed to the constructor.
-        Ok(VarBuilder::from_backend(Box::new(views), DType::F32, self.device.clone()).pp(&u.name))
+        Ok(unit_var_builder(&u.name, layout, flat, &self.device))
     }
+}
+
+/// A `VarBuilder` rooted at unit `name` (like the one `wrap` handed the constructor) whose
+/// parameters are views of the unit's gathered flat buffer `flat`.
+pub(crate) fn unit_var_builder(
+    name: &str,
+    layout: &FlatLayout,
+    flat: Tensor,
+    device: &Device,
+) -> VarBuilder<'static> {
+    let views = UnitViews {
+        unit: name.to_string(),
+        layout: layout.clone(),
+        flat,
+    };
+    VarBuilder::from_backend(Box::new(views), DType::F32, device.clone()).pp(name)
 }
 
 /// The parameters of one gathered unit, as views of its flat buffer.

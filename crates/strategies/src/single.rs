@@ -44,8 +44,9 @@ impl Strategy for SingleDevice {
         Ok(())
     }
 
-    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) {
-        self.state.connect(world, device)
+    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) -> Result<()> {
+        self.state.connect(world, device);
+        Ok(())
     }
 
     fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext> {

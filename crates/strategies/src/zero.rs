@@ -165,8 +165,9 @@ impl Strategy for Zero {
         })
     }
 
-    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) {
-        self.state.connect(world, device)
+    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) -> Result<()> {
+        self.state.connect(world, device);
+        Ok(())
     }
 
     fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext> {

@@ -14,12 +14,17 @@ use crate::sharded_params::ShardedParams;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
 use wick_core::{
-    Collective, Error, OptimizerConfig, Result, ShardedContext, Sharding, StateBytes, Strategy,
+    Collective, Error, OptimizerConfig, ReduceOp, Result, ShardedContext, Sharding, StateBytes,
+    Strategy,
 };
 
-/// ZeRO stage 3.
+/// ZeRO stage 3 (and the sharded modes of FSDP, which differ only in how units run).
 #[derive(Default)]
 pub struct Zero3 {
+    /// `None`: zero3; otherwise the name it registers under (fsdp).
+    alias: Option<&'static str>,
+    /// Units run through the unit op (full sharding) rather than gathered once per step.
+    per_use: bool,
     world: Option<Arc<dyn Collective>>,
     device: Option<Device>,
     source: Option<Arc<ShardedParams>>,
@@ -29,6 +34,10 @@ pub struct Zero3 {
     optimizer: Option<Optimizer>,
     grad_bytes: usize,
     clip: Option<f64>,
+    /// Hybrid sharding: ranks per sharding group.
+    group_size: Option<usize>,
+    /// Hybrid sharding: the ranks of other groups holding the same shard.
+    replicas: Option<Arc<dyn Collective>>,
 }
 
 impl Zero3 {
@@ -38,6 +47,21 @@ impl Zero3 {
     /// A new, unconfigured instance.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Shards inside groups of `group_size` consecutive ranks and replicates across groups.
+    pub(crate) fn with_groups(mut self, group_size: usize) -> Self {
+        self.group_size = Some(group_size);
+        self
+    }
+
+    /// A sharded strategy named `name` whose units run through the unit op when `per_use`.
+    pub(crate) fn sharded(name: &'static str, per_use: bool) -> Self {
+        Zero3 {
+            alias: Some(name),
+            per_use,
+            ..Zero3::default()
+        }
     }
 
     fn not_ready(message: &str) -> Error {
@@ -62,28 +86,50 @@ impl Zero3 {
 
 impl Strategy for Zero3 {
     fn name(&self) -> &str {
-        Self::NAME
+        self.alias.unwrap_or(Self::NAME)
     }
 
     fn for_new_rank(&self) -> Box<dyn Strategy> {
-        Box::new(Zero3::new())
+        Box::new(Zero3 {
+            alias: self.alias,
+            per_use: self.per_use,
+            group_size: self.group_size,
+            ..Zero3::default()
+        })
     }
 
-    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) {
+    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) -> Result<()> {
+        // Hybrid sharding: shard inside groups of consecutive ranks, average across groups
+        // between the ranks that hold the same shard.
+        let world = match self.group_size {
+            Some(g) => {
+                let rank = world.rank();
+                let group = world.split(rank / g)?;
+                self.replicas = Some(world.split(rank % g)?);
+                group
+            }
+            None => world,
+        };
         // A new stage brings a new world; the gather ops of the old one must not be reused.
         if let Some(source) = &self.source {
             source.reconnect(world.clone());
         }
         self.world = Some(world);
         self.device = Some(device);
+        Ok(())
     }
 
     fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext> {
         let world = self.world()?.clone();
         let device = self.device.clone().unwrap_or(Device::Cpu);
-        let source = Arc::new(ShardedParams::new(seed, world.clone(), device.clone()));
+        let source = Arc::new(ShardedParams::new(
+            seed,
+            world.clone(),
+            device.clone(),
+            self.per_use,
+        ));
         self.source = Some(source.clone());
-        Ok(ShardedContext::new(source, world, device, Self::NAME))
+        Ok(ShardedContext::new(source, world, device, self.name()))
     }
 
     fn finish_sharding(&mut self) -> Result<()> {
@@ -142,6 +188,13 @@ impl Strategy for Zero3 {
             });
         }
         let mut grads = self.grads.take(&self.shards)?;
+        if let Some(replicas) = &self.replicas {
+            // Each group reduced its own micro-batches; average the shards across groups.
+            for g in grads.iter_mut() {
+                *g = g.contiguous()?.copy()?;
+                replicas.all_reduce_in_place(g, ReduceOp::Mean)?;
+            }
+        }
         if let Some(max_norm) = self.clip {
             clip_grad_norm(&mut grads, max_norm, Some(self.world()?.as_ref()))?;
         }

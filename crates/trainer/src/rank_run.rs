@@ -54,7 +54,7 @@ impl<M: TrainModule> RankRun<'_, M> {
         loaders: &Loaders<'_, D>,
     ) -> Result<RankOutput, TrainerError> {
         self.strategy
-            .connect(self.env.world.clone(), self.env.device.clone());
+            .connect(self.env.world.clone(), self.env.device.clone())?;
         self.callbacks(|cb, s| cb.setup(s, stage))?;
         self.module.setup(stage)?;
         if Accelerator::setup(self.strategy, self.module, self.config.seed)? {

@@ -311,7 +311,7 @@ impl Trainer {
             let mut strategy = strategies[env.rank]
                 .lock()
                 .map_err(|_| TrainerError::config("rank", "slot lock poisoned"))?;
-            strategy.connect(env.world.clone(), env.device.clone());
+            strategy.connect(env.world.clone(), env.device.clone())?;
             Ok(strategy.full_parameters()?)
         });
         Ok(collect_ranks(outcomes)?.swap_remove(0))

@@ -1,0 +1,123 @@
+//! The unit op of full sharding: (input, flat shard) -> output for one wrapped unit.
+//!
+//! Forward gathers the unit, runs it eagerly without a graph and frees the gathered
+//! parameters before returning. Backward gathers again, recomputes the unit with a graph
+//! (activation recompute per unit), back-propagates the incoming gradient through it and
+//! reduce-scatters the parameter gradient into the shard. Peak parameter memory is the
+//! shards plus about two units.
+
+use crate::flat_layout::FlatLayout;
+use crate::gather_op::reduce_to_shard;
+use crate::grad_sync::GradSync;
+use crate::sharded_params::unit_var_builder;
+use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor, Var};
+use std::sync::Arc;
+use wick_core::{Collective, UnitFn};
+
+pub(crate) struct UnitOp {
+    pub(crate) world: Arc<dyn Collective>,
+    pub(crate) name: String,
+    pub(crate) unit: usize,
+    pub(crate) layout: FlatLayout,
+    pub(crate) run: UnitFn,
+    pub(crate) sync: Arc<GradSync>,
+    pub(crate) device: Device,
+}
+
+/// A tensor holding a copy of a CPU storage's contiguous elements.
+fn host_tensor(storage: &CpuStorage, layout: &Layout) -> Result<Tensor> {
+    let (start, end) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg("wick unit: inputs must be contiguous".into()))?;
+    let shape = layout.shape().clone();
+    match storage {
+        CpuStorage::F32(v) => Tensor::from_slice(&v[start..end], shape, &Device::Cpu),
+        CpuStorage::U32(v) => Tensor::from_slice(&v[start..end], shape, &Device::Cpu),
+        CpuStorage::I64(v) => Tensor::from_slice(&v[start..end], shape, &Device::Cpu),
+        CpuStorage::U8(v) => Tensor::from_slice(&v[start..end], shape, &Device::Cpu),
+        other => candle_core::bail!(
+            "wick unit: unsupported input dtype {:?}",
+            candle_core::backend::BackendStorage::dtype(other)
+        ),
+    }
+}
+
+impl UnitOp {
+    /// The unit's full flat buffer, gathered now (a plain tensor, outside any graph).
+    fn gather(&self, shard: &Tensor) -> Result<Tensor> {
+        let full = Tensor::zeros(self.layout.padded(), DType::F32, &self.device)?;
+        self.world
+            .all_gather_into(&shard.contiguous()?, &full)
+            .map_err(candle_core::Error::wrap)?;
+        Ok(full)
+    }
+}
+
+impl CustomOp2 for UnitOp {
+    fn name(&self) -> &'static str {
+        "wick-unit"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let input = host_tensor(s1, l1)?;
+        let full = self.gather(&host_tensor(s2, l2)?)?;
+        // Neither the input nor the gathered buffer is a variable: no graph is recorded.
+        let out = (self.run)(
+            unit_var_builder(&self.name, &self.layout, full, &self.device),
+            &input,
+        )?;
+        let shape = out.shape().clone();
+        let values = out.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        Ok((CpuStorage::F32(values), shape))
+        // The gathered parameters are dropped here, before the next unit runs.
+    }
+
+    fn bwd(
+        &self,
+        input: &Tensor,
+        shard: &Tensor,
+        _res: &Tensor,
+        grad_out: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let flat = Var::from_tensor(&self.gather(shard)?)?;
+        let x = match input.dtype() {
+            DType::F32 | DType::F16 | DType::BF16 | DType::F64 => {
+                Some(Var::from_tensor(&input.detach())?)
+            }
+            _ => None,
+        };
+        let x_tensor = x
+            .as_ref()
+            .map_or_else(|| input.detach(), |v| v.as_tensor().clone());
+        let out = (self.run)(
+            unit_var_builder(
+                &self.name,
+                &self.layout,
+                flat.as_tensor().clone(),
+                &self.device,
+            ),
+            &x_tensor,
+        )?;
+        // d(sum(out * g))/d(param) is the vector-Jacobian product backward needs.
+        let grads = (out * grad_out.detach())?.sum_all()?.backward()?;
+        let input_grad = x.and_then(|v| grads.get(v.as_tensor()).cloned());
+        let flat_grad = match grads.get(flat.as_tensor()) {
+            Some(g) => g.clone(),
+            None => flat.zeros_like()?,
+        };
+        let shard_grad = reduce_to_shard(
+            self.world.as_ref(),
+            &self.sync,
+            self.unit,
+            &flat_grad,
+            shard.elem_count(),
+        )?;
+        Ok((input_grad, shard_grad))
+    }
+}

@@ -1,0 +1,204 @@
+use crate::common::{full_parameters, loader, max_diff, train, Mlp, Recording, Regression};
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::Linear;
+use std::sync::{Arc, Mutex};
+use wick::accelerator::ThreadWorld;
+use wick::core::{OptimizerConfig, ShardedContext, Strategy, TrainModule, Wrapped};
+use wick::strategies::{Fsdp, FsdpSharding};
+use wick::trainer::{DataLoader, Trainer};
+
+const STEPS: usize = 10;
+
+fn adamw() -> OptimizerConfig {
+    OptimizerConfig::AdamW {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    }
+}
+
+fn fsdp_trainer(devices: usize, sharding: FsdpSharding) -> Trainer {
+    Trainer::builder()
+        .devices(devices)
+        .strategy_instance(Box::new(Fsdp::new(sharding)))
+        .max_steps(STEPS)
+        .seed(42)
+        .no_logger()
+        .progress(false)
+        .model_summary(false)
+        .build()
+        .unwrap()
+}
+
+fn train_fsdp<M: TrainModule<Batch = (Tensor, Tensor)> + Clone + 'static>(
+    devices: usize,
+    sharding: FsdpSharding,
+    model: &mut M,
+) -> Vec<Vec<f32>> {
+    let mut trainer = fsdp_trainer(devices, sharding);
+    trainer.fit(model, &loader(), None).unwrap();
+    full_parameters(&mut trainer)
+}
+
+#[test]
+fn every_sharding_strategy_matches_single_device() {
+    let reference = train(1, "single", adamw(), STEPS);
+    for sharding in [
+        FsdpSharding::FullShard,
+        FsdpSharding::ShardGradOp,
+        FsdpSharding::NoShard,
+    ] {
+        for w in [1, 2, 4] {
+            let got = train_fsdp(w, sharding, &mut Mlp::new(adamw()));
+            let diff = max_diff(&reference, &got);
+            assert!(diff <= 1e-5, "{sharding:?} w={w}: max |diff| {diff}");
+        }
+    }
+    // Hybrid at 4 ranks: two groups of two.
+    let got = train_fsdp(
+        4,
+        FsdpSharding::HybridShard { group_size: 2 },
+        &mut Mlp::new(adamw()),
+    );
+    let diff = max_diff(&reference, &got);
+    assert!(diff <= 1e-5, "hybrid 2x2: max |diff| {diff}");
+}
+
+#[test]
+fn hybrid_groups_must_divide_the_world() {
+    let e = Trainer::builder()
+        .devices(4)
+        .strategy_instance(Box::new(Fsdp::new(FsdpSharding::HybridShard {
+            group_size: 3,
+        })))
+        .build()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("groups of 3"), "{e}");
+}
+
+/// All-gathers one training step issues under `sharding` at W = 2 for a 3-unit model.
+fn gathers_per_step(sharding: FsdpSharding) -> usize {
+    let logs = ThreadWorld::new(2).run(|comm| {
+        let world = Arc::new(Recording {
+            inner: Arc::new(comm),
+            log: Mutex::default(),
+        });
+        let mut s = Fsdp::new(sharding);
+        s.connect(world.clone(), Device::Cpu)?;
+        let ctx = s.sharded_context(1)?;
+        let units = {
+            let _open = ctx.enter();
+            (0..3)
+                .map(|i| ctx.wrap(&format!("l{i}"), |vb| candle_nn::linear(4, 4, vb)))
+                .collect::<candle_core::Result<Vec<_>>>()?
+        };
+        s.finish_sharding()?;
+        s.configure_optimizer(&adamw())?;
+        let mut h = Tensor::ones((2, 4), DType::F32, &Device::Cpu)?;
+        for u in &units {
+            h = u.apply(&h, |l, x| l.forward(x))?;
+        }
+        s.backward(&h.sqr()?.mean_all()?)?;
+        s.optimizer_step()?;
+        let log = world.log.lock().unwrap().clone();
+        Ok::<_, wick::core::Error>(log)
+    });
+    let log = logs.into_iter().next().unwrap().unwrap();
+    log.iter().filter(|e| e.starts_with("all_gather")).count()
+}
+
+#[test]
+fn full_shard_gathers_each_unit_again_in_backward() {
+    // Forward and backward each gather every unit once: the forward's gather was freed.
+    assert_eq!(gathers_per_step(FsdpSharding::FullShard), 6);
+    // shard_grad_op keeps the forward's gather alive until backward.
+    assert_eq!(gathers_per_step(FsdpSharding::ShardGradOp), 3);
+}
+
+/// One unit used twice per forward (its weights tied to themselves), plus an output layer.
+#[derive(Clone)]
+struct Tied {
+    shared: Option<Wrapped<Linear>>,
+    out: Option<Wrapped<Linear>>,
+}
+
+impl TrainModule for Tied {
+    type Batch = (Tensor, Tensor);
+    fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> candle_core::Result<()> {
+        self.shared = Some(ctx.wrap("shared", |vb| candle_nn::linear(5, 5, vb))?);
+        self.out = Some(ctx.wrap("out", |vb| candle_nn::linear(5, 1, vb))?);
+        Ok(())
+    }
+    fn configure_optimizers(&self) -> OptimizerConfig {
+        adamw()
+    }
+    fn training_step(&mut self, (x, y): &Self::Batch, _: usize) -> candle_core::Result<Tensor> {
+        let shared = self.shared.as_ref().unwrap();
+        let h = shared.apply(x, |l, x| l.forward(x)?.tanh())?;
+        let h = shared.apply(&h, |l, x| l.forward(x)?.tanh())?;
+        let pred = self.out.as_ref().unwrap().apply(&h, |l, x| l.forward(x))?;
+        (pred - y)?.sqr()?.mean_all()
+    }
+}
+
+#[test]
+fn a_unit_used_twice_in_one_forward_trains_like_single() {
+    let tied = || Tied {
+        shared: None,
+        out: None,
+    };
+    let params = |strategy: &str, devices| {
+        let mut t = Trainer::builder()
+            .devices(devices)
+            .strategy(strategy)
+            .max_steps(STEPS)
+            .seed(3)
+            .no_logger()
+            .progress(false)
+            .model_summary(false)
+            .build()
+            .unwrap();
+        let mut m = tied();
+        t.fit(&mut m, &DataLoader::new(Regression::new(96), 12), None)
+            .unwrap();
+        t.full_parameters()
+            .unwrap()
+            .into_iter()
+            .map(|(_, p)| p.flatten_all().unwrap().to_vec1::<f32>().unwrap())
+            .collect::<Vec<_>>()
+    };
+    let reference = params("single", 1);
+    for (strategy, devices) in [("fsdp", 2), ("fsdp", 4), ("zero3", 2), ("ddp", 2)] {
+        let diff = max_diff(&reference, &params(strategy, devices));
+        assert!(diff <= 1e-5, "{strategy} w={devices}: max |diff| {diff}");
+    }
+}
+
+#[test]
+fn wrapping_the_same_name_twice_is_refused() {
+    #[derive(Clone)]
+    struct Twice;
+    impl TrainModule for Twice {
+        type Batch = (Tensor, Tensor);
+        fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> candle_core::Result<()> {
+            ctx.wrap("emb", |vb| candle_nn::linear(5, 5, vb))?;
+            ctx.wrap("emb", |vb| candle_nn::linear(5, 5, vb))?;
+            Ok(())
+        }
+        fn training_step(&mut self, b: &Self::Batch, _: usize) -> candle_core::Result<Tensor> {
+            b.1.mean_all()
+        }
+    }
+    let e = crate::common::quiet_trainer(2, "fsdp", 1)
+        .fit(&mut Twice, &loader(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("unit 'emb' wrapped twice") && e.contains("reuse its handle"),
+        "{e}"
+    );
+}
