@@ -240,7 +240,15 @@ fn split_makes_independent_sub_worlds() {
         let in_across = across.all_reduce_scalar(c.rank() as f32, ReduceOp::Sum)?;
         Ok((group.rank(), group.world_size(), in_group, in_across))
     }));
-    assert_eq!(got, vec![(0, 2, 1.0, 2.0), (1, 2, 1.0, 4.0), (0, 2, 5.0, 2.0), (1, 2, 5.0, 4.0)]);
+    assert_eq!(
+        got,
+        vec![
+            (0, 2, 1.0, 2.0),
+            (1, 2, 1.0, 4.0),
+            (0, 2, 5.0, 2.0),
+            (1, 2, 5.0, 4.0)
+        ]
+    );
 }
 
 #[test]
@@ -249,7 +257,11 @@ fn a_failure_reaches_ranks_waiting_in_a_sub_world() {
     let outcomes = ThreadWorld::new(4).run(|c| {
         let group = c.split(c.rank() / 2)?;
         if c.rank() == 3 {
-            return Err(CollectiveError::Mismatch { rank: 3, op: "test", message: "boom".into() });
+            return Err(CollectiveError::Mismatch {
+                rank: 3,
+                op: "test",
+                message: "boom".into(),
+            });
         }
         // Rank 2 waits in its group for rank 3, which never comes.
         group.barrier()?;

@@ -1,0 +1,131 @@
+//! Memory bounds, watched by a counting allocator that sees every allocation of this test
+//! binary. It holds one test, which runs its checks one after another, so no other test's
+//! allocations mix in.
+//!
+//! - Under zero3 no rank ever allocates a full parameter while the model is created: the
+//!   largest single allocation stays below half the parameter's size at W = 4.
+//! - Under FSDP full_shard a unit's full parameters are not alive between its forward and
+//!   its backward; under shard_grad_op they are.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use wick::accelerator::ThreadWorld;
+use wick::core::{Collective, OptimizerConfig, Strategy, Wrapped};
+use wick::strategies::{Fsdp, FsdpSharding};
+
+struct LargestAllocation;
+
+static TRACKING: AtomicBool = AtomicBool::new(false);
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+
+fn seen(size: usize) {
+    CURRENT.fetch_add(size, Ordering::Relaxed);
+    if TRACKING.load(Ordering::Relaxed) {
+        LARGEST.fetch_max(size, Ordering::Relaxed);
+    }
+}
+
+unsafe impl GlobalAlloc for LargestAllocation {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        seen(layout.size());
+        System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+        System.dealloc(ptr, layout)
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        seen(layout.size());
+        System.alloc_zeroed(layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+        seen(new_size);
+        System.realloc(ptr, layout, new_size)
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: LargestAllocation = LargestAllocation;
+
+/// One 1024 x 4096 weight: 16 MiB in full, 4 MiB per rank at W = 4.
+const FULL_BYTES: usize = 1024 * 4096 * 4;
+
+/// Creates the model under `strategy` on 4 ranks; returns the largest allocation seen.
+fn largest_allocation_while_creating(strategy: &str) -> usize {
+    let world_size = if strategy == "single" { 1 } else { 4 };
+    LARGEST.store(0, Ordering::SeqCst);
+    TRACKING.store(true, Ordering::SeqCst);
+    let outcomes = ThreadWorld::new(world_size).run(|comm| {
+        let mut s = wick::strategies::strategy_by_name(strategy)?;
+        s.connect(Arc::new(comm), candle_core::Device::Cpu)?;
+        let ctx = s.sharded_context(0)?;
+        let _unit: Wrapped<candle_nn::Linear> = {
+            let _open = ctx.enter();
+            ctx.wrap("big", |vb| candle_nn::linear_no_bias(1024, 4096, vb))?
+        };
+        s.finish_sharding()?;
+        Ok::<_, wick::core::Error>(s.num_parameters())
+    });
+    TRACKING.store(false, Ordering::SeqCst);
+    for o in outcomes {
+        assert_eq!(o.unwrap(), 1024 * 4096);
+    }
+    LARGEST.load(Ordering::SeqCst)
+}
+
+/// Heap growth of the whole process between the end of every rank's forward and the start
+/// of its backward, for the big unit under FSDP `sharding` at W = 2.
+fn held_between_forward_and_backward(sharding: FsdpSharding) -> usize {
+    let outcomes = ThreadWorld::new(2).run(|comm| {
+        let world: Arc<dyn Collective> = Arc::new(comm);
+        let mut s = Fsdp::new(sharding);
+        s.connect(world.clone(), candle_core::Device::Cpu)?;
+        let ctx = s.sharded_context(0)?;
+        let unit: Wrapped<candle_nn::Linear> = {
+            let _open = ctx.enter();
+            ctx.wrap("big", |vb| candle_nn::linear_no_bias(1024, 4096, vb))?
+        };
+        s.finish_sharding()?;
+        s.configure_optimizer(&OptimizerConfig::sgd(0.1))?;
+        let x = candle_core::Tensor::ones(
+            (2, 1024),
+            candle_core::DType::F32,
+            &candle_core::Device::Cpu,
+        )?;
+        world.barrier()?;
+        let before = CURRENT.load(Ordering::SeqCst);
+        let y = unit.apply(&x, |l, x| candle_core::Module::forward(l, x))?;
+        world.barrier()?;
+        let held = CURRENT.load(Ordering::SeqCst).saturating_sub(before);
+        world.barrier()?;
+        s.backward(&y.sqr()?.mean_all()?)?;
+        s.optimizer_step()?;
+        Ok::<_, wick::core::Error>(held)
+    });
+    outcomes.into_iter().map(|o| o.unwrap()).max().unwrap()
+}
+
+#[test]
+fn memory_bounds() {
+    // The probe works: creating the full parameter is seen.
+    assert!(largest_allocation_while_creating("single") >= FULL_BYTES);
+    let largest = largest_allocation_while_creating("zero3");
+    assert!(
+        largest < FULL_BYTES / 2,
+        "zero3 init: largest allocation {largest} bytes; the full parameter is {FULL_BYTES}"
+    );
+
+    let kept = held_between_forward_and_backward(FsdpSharding::ShardGradOp);
+    assert!(
+        kept >= FULL_BYTES,
+        "shard_grad_op keeps the gathered unit: {kept} bytes held"
+    );
+    let freed = held_between_forward_and_backward(FsdpSharding::FullShard);
+    assert!(
+        freed < FULL_BYTES / 4,
+        "full_shard held {freed} bytes between forward and backward; the unit is {FULL_BYTES}"
+    );
+}
