@@ -1,5 +1,5 @@
-//! Model-state bytes and peak heap per strategy, on a parameter-heavy MLP (8 units of
-//! 1600 x 1600, 20.5M parameters) with ranks as threads: 3 AdamW steps each.
+//! Model-state bytes and peak heap per strategy, on a parameter-heavy deep MLP (8 wrapped
+//! units of 1600 x 1600, 20.5M parameters) with ranks as threads: 3 AdamW steps each.
 //!
 //! `cargo run --release --example memory_report -- --world 4`
 //!
@@ -12,7 +12,8 @@ use candle_core::{Device, Module, Tensor};
 use candle_nn::Linear;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use wick::core::{OptimizerConfig, ShardedContext, TrainModule, Wrapped};
+use wick::core::{OptimizerConfig, ShardedContext, Strategy, TrainModule, Wrapped};
+use wick::strategies::{Fsdp, FsdpSharding};
 use wick::trainer::{DataLoader, Dataset, Trainer};
 
 struct CountingAllocator;
@@ -97,7 +98,7 @@ impl TrainModule for DeepMlp {
     fn training_step(&mut self, x: &Tensor, _: usize) -> candle_core::Result<Tensor> {
         let mut h = x.clone();
         for unit in &self.units {
-            h = unit.get()?.forward(&h)?.tanh()?;
+            h = unit.apply(&h, |layer, x| layer.forward(x)?.tanh())?;
         }
         h.sqr()?.mean_all()
     }
@@ -118,11 +119,35 @@ fn world_from_args() -> anyhow::Result<usize> {
 fn main() -> anyhow::Result<()> {
     let world = world_from_args()?;
     let data = DataLoader::new(Inputs, 4 * world);
-    for strategy in ["single", "ddp", "zero1", "zero2", "zero3"] {
+    let runs: [(&str, fn() -> Box<dyn Strategy>); 7] = [
+        ("single", || {
+            wick::strategies::strategy_by_name("single").expect("registered")
+        }),
+        ("ddp", || {
+            wick::strategies::strategy_by_name("ddp").expect("registered")
+        }),
+        ("zero1", || {
+            wick::strategies::strategy_by_name("zero1").expect("registered")
+        }),
+        ("zero2", || {
+            wick::strategies::strategy_by_name("zero2").expect("registered")
+        }),
+        ("zero3", || {
+            wick::strategies::strategy_by_name("zero3").expect("registered")
+        }),
+        ("fsdp_shard_grad_op", || {
+            Box::new(Fsdp::new(FsdpSharding::ShardGradOp))
+        }),
+        ("fsdp_full_shard", || {
+            Box::new(Fsdp::new(FsdpSharding::FullShard))
+        }),
+    ];
+    let mut peaks = std::collections::HashMap::new();
+    for (strategy, make) in runs {
         let devices = if strategy == "single" { 1 } else { world };
         let mut trainer = Trainer::builder()
             .devices(devices)
-            .strategy(strategy)
+            .strategy_instance(make())
             .max_steps(3)
             .no_logger()
             .progress(false)
@@ -139,6 +164,22 @@ fn main() -> anyhow::Result<()> {
         println!(
             "strategy={strategy} world={devices} params={params} state_bytes_per_rank={state} formula_bytes_per_rank={formula} peak_heap_bytes={peak}"
         );
+        peaks.insert(strategy, (peak, state));
     }
+    // full_shard's bound: per rank its sharded state, three units' full parameters, and the
+    // activations the graph keeps (each unit's input and output, plus one unit recomputed in
+    // backward: three tensors of batch x width per unit, counted generously).
+    let (full_shard_peak, full_shard_state) = peaks["fsdp_full_shard"];
+    let unit_bytes = (WIDTH * WIDTH + WIDTH) * 4;
+    let activations = 3 * (UNITS + 1) * data.batch_size() / world * WIDTH * 4;
+    let bound = world * (full_shard_state + 3 * unit_bytes + activations);
+    let order = ["ddp", "fsdp_shard_grad_op", "fsdp_full_shard"].map(|s| peaks[s].0);
+    let zero_order = ["ddp", "zero1", "zero2", "zero3"].map(|s| peaks[s].0);
+    println!(
+        "check: full_shard peak {full_shard_peak} <= bound {bound} ({}); full_shard < shard_grad_op < ddp ({}); ddp > zero1 > zero2 > zero3 ({})",
+        full_shard_peak <= bound,
+        order.windows(2).all(|w| w[1] < w[0]),
+        zero_order.windows(2).all(|w| w[1] < w[0]),
+    );
     Ok(())
 }

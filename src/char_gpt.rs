@@ -166,16 +166,18 @@ impl CharGpt {
         })?;
         let (_, t) = ids.dims2()?;
         let mask = causal_mask(t, ids.device())?;
-        let embed = layers.embed.get()?;
-        let mut x = embed
-            .tok
-            .forward(ids)?
-            .broadcast_add(&embed.pos.narrow(0, 0, t)?)?;
+        // Each unit runs through `apply`: under fsdp full_shard it is gathered, run and
+        // freed, then gathered again and recomputed in backward.
+        let mut x = layers.embed.apply(ids, move |e, ids| {
+            e.tok.forward(ids)?.broadcast_add(&e.pos.narrow(0, 0, t)?)
+        })?;
         for block in &layers.blocks {
-            x = block.get()?.forward(&x, &mask)?;
+            let mask = mask.clone();
+            x = block.apply(&x, move |b, x| b.forward(x, &mask))?;
         }
-        let head = layers.head.get()?;
-        head.out.forward(&head.ln_f.forward(&x)?)
+        layers
+            .head
+            .apply(&x, |h, x| h.out.forward(&h.ln_f.forward(x)?))
     }
 
     fn loss(&self, (ids, targets): &(Tensor, Tensor)) -> Result<Tensor> {

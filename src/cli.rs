@@ -27,12 +27,20 @@ pub struct FitArgs {
     pub data: Option<PathBuf>,
     /// Draw the progress bar (when stdout is a terminal).
     pub progress: bool,
+    /// FSDP sharding strategy (with `--strategy fsdp`).
+    pub sharding: String,
+    /// Ranks per sharding group for `hybrid_shard`.
+    pub group_size: usize,
+    /// Global batches accumulated per optimizer step.
+    pub accumulate: usize,
+    /// Clip gradients to this global norm.
+    pub clip: Option<f64>,
 }
 
 impl Default for FitArgs {
     fn default() -> Self {
         FitArgs {
-            strategy: "ddp".into(),
+            strategy: "fsdp".into(),
             devices: 2,
             max_steps: 400,
             seed: 0,
@@ -43,6 +51,10 @@ impl Default for FitArgs {
             val_every: 100,
             data: None,
             progress: true,
+            sharding: "full_shard".into(),
+            group_size: 2,
+            accumulate: 1,
+            clip: None,
         }
     }
 }
@@ -51,7 +63,7 @@ impl Default for FitArgs {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
     /// Train the character GPT.
-    Fit(FitArgs),
+    Fit(Box<FitArgs>),
     /// Print usage.
     Help,
 }
@@ -64,7 +76,12 @@ Trains a small GPT-style character model on the corpus bundled with wick (or --d
 with ranks as threads on the CPU.
 
 options:
-  --strategy NAME     distribution strategy: one of STRATEGIES (default ddp)
+  --strategy NAME     distribution strategy: one of STRATEGIES (default fsdp)
+  --sharding NAME     fsdp sharding: one of SHARDINGS (default full_shard)
+  --group-size N      ranks per group for hybrid_shard (default 2)
+  --precision P       32 (f32 throughout; mixed precision is not implemented yet)
+  --accumulate N      global batches per optimizer step (default 1)
+  --clip X            clip gradients to this global L2 norm
   --devices N         ranks (default 2)
   --max-steps N       optimizer steps (default 400)
   --seed N            seed of init and data order (default 0)
@@ -112,6 +129,28 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
                 wick_strategies::strategy_by_name(&name).map_err(|e| e.to_string())?;
                 a.strategy = name;
             }
+            "--sharding" => {
+                let name: String = value(flag, it.next(), "a sharding name")?;
+                wick_strategies::FsdpSharding::from_name(&name, 1).map_err(|e| e.to_string())?;
+                a.sharding = name;
+            }
+            "--group-size" => a.group_size = positive(flag, it.next())?,
+            "--precision" => {
+                let p: String = value(flag, it.next(), "a precision")?;
+                if p != "32" {
+                    return Err(format!("invalid value '{p}' for --precision: only 32 is implemented (bf16-mixed and 16-mixed are not yet)"));
+                }
+            }
+            "--accumulate" => a.accumulate = positive(flag, it.next())?,
+            "--clip" => {
+                let c: f64 = value(flag, it.next(), "a positive number")?;
+                if !(c > 0.0 && c.is_finite()) {
+                    return Err(format!(
+                        "invalid value '{c}' for --clip: expected a positive number"
+                    ));
+                }
+                a.clip = Some(c);
+            }
             "--devices" => a.devices = positive(flag, it.next())?,
             "--max-steps" => a.max_steps = positive(flag, it.next())?,
             "--seed" => a.seed = value(flag, it.next(), "a non-negative integer")?,
@@ -138,7 +177,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
             }
         }
     }
-    Ok(Command::Fit(a))
+    Ok(Command::Fit(Box::new(a)))
 }
 
 #[cfg(test)]
@@ -153,7 +192,7 @@ mod tests {
     fn defaults_and_overrides() {
         assert_eq!(
             parse(&args("fit")).unwrap(),
-            Command::Fit(FitArgs::default())
+            Command::Fit(Box::default())
         );
         let Command::Fit(a) = parse(&args(
             "fit --strategy single --devices 1 --max-steps 5 --seed 9",
@@ -186,5 +225,13 @@ mod tests {
             .contains("unknown option '--frobnicate'"));
         assert!(parse(&args("train")).unwrap_err().contains("valid: fit"));
         assert!(!parse(&args("fit --lr -1")).unwrap_err().contains('\n'));
+        let e = parse(&args("fit --sharding half")).unwrap_err();
+        assert!(
+            e.contains("unknown sharding 'half'") && e.contains("full_shard"),
+            "{e}"
+        );
+        assert!(parse(&args("fit --precision bf16-mixed"))
+            .unwrap_err()
+            .contains("not yet"));
     }
 }

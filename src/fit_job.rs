@@ -6,6 +6,7 @@ use crate::cli::FitArgs;
 use anyhow::Context;
 use std::sync::{Arc, Mutex};
 use wick_core::{Callback, RunState};
+use wick_strategies::{Fsdp, FsdpSharding};
 use wick_trainer::{DataLoader, Trainer};
 
 /// Context length of the main job's model.
@@ -78,17 +79,27 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
     };
     let mut model = CharGpt::new(config, args.lr);
     let history = LossHistory::default();
-    let mut trainer = Trainer::builder()
+    let mut builder = Trainer::builder()
         .devices(args.devices)
-        .strategy(&args.strategy)
+        .accumulate_grad_batches(args.accumulate)
         .max_steps(args.max_steps)
         .seed(args.seed)
         .run_name(&args.run_name)
         .log_dir(&args.log_dir)
         .val_check_interval(args.val_every)
         .progress(args.progress)
-        .callback(history.clone())
-        .build()?;
+        .callback(history.clone());
+    builder = match args.strategy.as_str() {
+        Fsdp::NAME => {
+            let sharding = FsdpSharding::from_name(&args.sharding, args.group_size)?;
+            builder.strategy_instance(Box::new(Fsdp::new(sharding)))
+        }
+        name => builder.strategy(name),
+    };
+    if let Some(clip) = args.clip {
+        builder = builder.gradient_clip_val(clip);
+    }
+    let mut trainer = builder.build()?;
     let metrics = trainer.fit(&mut model, &train, Some(&val))?;
     let (first, last) = history
         .0

@@ -11,6 +11,7 @@ use crate::gather_op::reduce_to_shard;
 use crate::grad_sync::GradSync;
 use crate::sharded_params::unit_var_builder;
 use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor, Var};
+use candle_nn::VarBuilder;
 use std::sync::Arc;
 use wick_core::{Collective, UnitFn};
 
@@ -85,7 +86,26 @@ impl CustomOp2 for UnitOp {
         _res: &Tensor,
         grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let flat = Var::from_tensor(&self.gather(shard)?)?;
+        // One variable per parameter, copied out of the gathered buffer (which is dropped at
+        // once): back-propagating into views of one flat variable would make candle build a
+        // full-size padded gradient per parameter.
+        let params = {
+            let full = self.gather(shard)?;
+            self.layout
+                .entries()
+                .iter()
+                .map(|e| {
+                    Ok((
+                        e.name.clone(),
+                        Var::from_tensor(
+                            &full
+                                .narrow(0, e.offset, e.numel())?
+                                .reshape(e.shape.clone())?,
+                        )?,
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?
+        };
         let x = match input.dtype() {
             DType::F32 | DType::F16 | DType::BF16 | DType::F64 => {
                 Some(Var::from_tensor(&input.detach())?)
@@ -95,22 +115,30 @@ impl CustomOp2 for UnitOp {
         let x_tensor = x
             .as_ref()
             .map_or_else(|| input.detach(), |v| v.as_tensor().clone());
-        let out = (self.run)(
-            unit_var_builder(
-                &self.name,
-                &self.layout,
-                flat.as_tensor().clone(),
-                &self.device,
-            ),
-            &x_tensor,
-        )?;
+        let tensors = params
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+            .collect();
+        let vb = VarBuilder::from_tensors(tensors, DType::F32, &self.device).pp(&self.name);
+        let out = (self.run)(vb, &x_tensor)?;
         // d(sum(out * g))/d(param) is the vector-Jacobian product backward needs.
         let grads = (out * grad_out.detach())?.sum_all()?.backward()?;
         let input_grad = x.and_then(|v| grads.get(v.as_tensor()).cloned());
-        let flat_grad = match grads.get(flat.as_tensor()) {
-            Some(g) => g.clone(),
-            None => flat.zeros_like()?,
-        };
+        let mut parts = params
+            .iter()
+            .map(|(_, v)| match grads.get(v.as_tensor()) {
+                Some(g) => g.flatten_all(),
+                None => Tensor::zeros(v.elem_count(), DType::F32, &self.device),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        drop(grads);
+        drop(params);
+        let padding = self.layout.padded() - self.layout.numel();
+        if padding > 0 {
+            parts.push(Tensor::zeros(padding, DType::F32, &self.device)?);
+        }
+        let flat_grad = Tensor::cat(&parts, 0)?;
+        drop(parts);
         let shard_grad = reduce_to_shard(
             self.world.as_ref(),
             &self.sync,
