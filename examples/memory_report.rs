@@ -119,35 +119,28 @@ fn world_from_args() -> anyhow::Result<usize> {
 fn main() -> anyhow::Result<()> {
     let world = world_from_args()?;
     let data = DataLoader::new(Inputs, 4 * world);
-    let runs: [(&str, fn() -> Box<dyn Strategy>); 7] = [
-        ("single", || {
-            wick::strategies::strategy_by_name("single").expect("registered")
-        }),
-        ("ddp", || {
-            wick::strategies::strategy_by_name("ddp").expect("registered")
-        }),
-        ("zero1", || {
-            wick::strategies::strategy_by_name("zero1").expect("registered")
-        }),
-        ("zero2", || {
-            wick::strategies::strategy_by_name("zero2").expect("registered")
-        }),
-        ("zero3", || {
-            wick::strategies::strategy_by_name("zero3").expect("registered")
-        }),
-        ("fsdp_shard_grad_op", || {
-            Box::new(Fsdp::new(FsdpSharding::ShardGradOp))
-        }),
-        ("fsdp_full_shard", || {
-            Box::new(Fsdp::new(FsdpSharding::FullShard))
-        }),
+    let by_name = wick::strategies::strategy_by_name;
+    let runs: Vec<(&str, Box<dyn Strategy>)> = vec![
+        ("single", by_name("single")?),
+        ("ddp", by_name("ddp")?),
+        ("zero1", by_name("zero1")?),
+        ("zero2", by_name("zero2")?),
+        ("zero3", by_name("zero3")?),
+        (
+            "fsdp_shard_grad_op",
+            Box::new(Fsdp::new(FsdpSharding::ShardGradOp)),
+        ),
+        (
+            "fsdp_full_shard",
+            Box::new(Fsdp::new(FsdpSharding::FullShard)),
+        ),
     ];
     let mut peaks = std::collections::HashMap::new();
-    for (strategy, make) in runs {
+    for (strategy, instance) in runs {
         let devices = if strategy == "single" { 1 } else { world };
         let mut trainer = Trainer::builder()
             .devices(devices)
-            .strategy_instance(make())
+            .strategy_instance(instance)
             .max_steps(3)
             .no_logger()
             .progress(false)

@@ -190,10 +190,7 @@ mod tests {
 
     #[test]
     fn defaults_and_overrides() {
-        assert_eq!(
-            parse(&args("fit")).unwrap(),
-            Command::Fit(Box::default())
-        );
+        assert_eq!(parse(&args("fit")).unwrap(), Command::Fit(Box::default()));
         let Command::Fit(a) = parse(&args(
             "fit --strategy single --devices 1 --max-steps 5 --seed 9",
         ))

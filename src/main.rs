@@ -16,7 +16,12 @@ fn main() -> ExitCode {
         Command::Help => {
             print!(
                 "{}",
-                USAGE.replace("STRATEGIES", &wick::strategies::STRATEGY_NAMES.join(", "))
+                USAGE
+                    .replace("STRATEGIES", &wick::strategies::STRATEGY_NAMES.join(", "))
+                    .replace(
+                        "SHARDINGS",
+                        &wick::strategies::FsdpSharding::NAMES.join(", ")
+                    )
             );
             ExitCode::SUCCESS
         }

@@ -97,7 +97,7 @@ fn held_between_forward_and_backward(sharding: FsdpSharding) -> usize {
         )?;
         world.barrier()?;
         let before = CURRENT.load(Ordering::SeqCst);
-        let y = unit.apply(&x, |l, x| candle_core::Module::forward(l, x))?;
+        let y = unit.apply(&x, candle_core::Module::forward)?;
         world.barrier()?;
         let held = CURRENT.load(Ordering::SeqCst).saturating_sub(before);
         world.barrier()?;
