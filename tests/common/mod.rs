@@ -232,11 +232,12 @@ impl Collective for Recording {
         self.note("all_gather", full);
         self.inner.all_gather_into(shard, full)
     }
-    fn all_gather_host(&self, shard: &Tensor, full: &mut [f32]) -> Result<(), CollectiveError> {
+    fn all_gather_host(&self, shard: &Tensor, full: &mut [u8]) -> Result<(), CollectiveError> {
+        let elements = full.len() / shard.dtype().size_in_bytes();
         self.log
             .lock()
             .unwrap()
-            .push(format!("all_gather({})", full.len()));
+            .push(format!("all_gather({elements})"));
         self.inner.all_gather_host(shard, full)
     }
     fn reduce_scatter_into(

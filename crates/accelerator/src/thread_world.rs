@@ -7,12 +7,12 @@
 
 use crate::barrier::RankBarrier;
 use crate::reduce::reduce_ranks;
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use wick_core::host::{with_f32, with_f32_mut, with_f32_mut_from, HostAccessError};
+use wick_core::host::{with_bytes, with_bytes_mut, with_bytes_mut_from, HostAccessError};
 use wick_core::{Collective, CollectiveError, ReduceOp};
 
 /// How long a rank waits for its peers before a collective fails with a timeout.
@@ -46,6 +46,7 @@ impl Op {
 struct Slot {
     op: AtomicUsize,
     arg: AtomicUsize,
+    dtype: AtomicUsize,
     src: AtomicUsize,
     src_len: AtomicUsize,
     dst: AtomicUsize,
@@ -56,9 +57,11 @@ struct Slot {
 struct Published {
     op: usize,
     arg: usize,
-    src: *const f32,
+    /// The element type ([`dtype_code`]); lengths count elements.
+    dtype: usize,
+    src: *const u8,
     src_len: usize,
-    dst: *mut f32,
+    dst: *mut u8,
     dst_len: usize,
 }
 
@@ -66,6 +69,7 @@ impl Slot {
     fn publish(&self, p: Published) {
         self.op.store(p.op, Ordering::Relaxed);
         self.arg.store(p.arg, Ordering::Relaxed);
+        self.dtype.store(p.dtype, Ordering::Relaxed);
         self.src.store(p.src as usize, Ordering::Relaxed);
         self.src_len.store(p.src_len, Ordering::Relaxed);
         self.dst.store(p.dst as usize, Ordering::Relaxed);
@@ -76,9 +80,10 @@ impl Slot {
         Published {
             op: self.op.load(Ordering::Relaxed),
             arg: self.arg.load(Ordering::Relaxed),
-            src: self.src.load(Ordering::Relaxed) as *const f32,
+            dtype: self.dtype.load(Ordering::Relaxed),
+            src: self.src.load(Ordering::Relaxed) as *const u8,
             src_len: self.src_len.load(Ordering::Relaxed),
-            dst: self.dst.load(Ordering::Relaxed) as *mut f32,
+            dst: self.dst.load(Ordering::Relaxed) as *mut u8,
             dst_len: self.dst_len.load(Ordering::Relaxed),
         }
     }
@@ -251,6 +256,16 @@ pub struct ThreadComm {
     splits: AtomicU64,
 }
 
+/// The element types a thread world moves, as published codes.
+const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+fn dtype_code(dtype: DType) -> usize {
+    DTYPES
+        .iter()
+        .position(|&d| d == dtype)
+        .unwrap_or(usize::MAX)
+}
+
 impl ThreadComm {
     fn unsupported(&self, op: Op) -> impl Fn(HostAccessError) -> CollectiveError + '_ {
         move |e| CollectiveError::Unsupported {
@@ -311,43 +326,23 @@ impl ThreadComm {
                     ),
                 ));
             }
+            if p.dtype != first.dtype {
+                return Err(self.mismatch(op, format!("rank {s} passed another dtype than rank 0")));
+            }
         }
         Ok(())
     }
 
-    /// All-gather on host slices: every rank's `src`, in rank order, into `dst`.
-    fn gather_slices(&self, src: &[f32], dst: &mut [f32]) -> Result<(), CollectiveError> {
-        let op = Op::AllGather;
-        let mine = Published {
-            op: op as usize,
-            arg: 0,
-            src: src.as_ptr(),
-            src_len: src.len(),
-            dst: dst.as_mut_ptr(),
-            dst_len: dst.len(),
-        };
-        self.exchange(mine, op, || {
-            // Every rank checks against rank 0's output length: all must be equal.
-            let total = self.peer(0).dst_len;
-            if (0..self.shared.size).any(|s| self.peer(s).dst_len != total) {
-                return Err(
-                    self.mismatch(op, "ranks passed full buffers of different lengths".into())
-                );
-            }
-            self.offsets_check(op, |p| p.src_len, total)?;
-            let mut offset = 0;
-            for s in 0..self.shared.size {
-                let p = self.peer(s);
-                // SAFETY: rank s's shard is valid for src_len reads until the closing
-                // barrier, and nobody writes it during the call; our destination range is
-                // in bounds (checked above) and only this rank writes it.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(p.src, mine.dst.add(offset), p.src_len);
-                }
-                offset += p.src_len;
-            }
-            Ok(())
-        })
+    fn same_lengths(
+        &self,
+        op: Op,
+        len: impl Fn(Published) -> usize,
+    ) -> Result<usize, CollectiveError> {
+        let first = len(self.peer(0));
+        if (0..self.shared.size).any(|s| len(self.peer(s)) != first) {
+            return Err(self.mismatch(op, "ranks passed buffers of different lengths".into()));
+        }
+        Ok(first)
     }
 
     fn offsets_check(
@@ -367,6 +362,46 @@ impl ThreadComm {
         }
         Ok(())
     }
+
+    /// All-gather on host bytes of `dtype`: every rank's `src`, in rank order, into `dst`.
+    fn gather_bytes(
+        &self,
+        dtype: DType,
+        src: &[u8],
+        dst: &mut [u8],
+    ) -> Result<(), CollectiveError> {
+        let op = Op::AllGather;
+        let elem = dtype.size_in_bytes();
+        let mine = Published {
+            op: op as usize,
+            arg: 0,
+            dtype: dtype_code(dtype),
+            src: src.as_ptr(),
+            src_len: src.len() / elem,
+            dst: dst.as_mut_ptr(),
+            dst_len: dst.len() / elem,
+        };
+        self.exchange(mine, op, || {
+            let total = self.same_lengths(op, |p| p.dst_len)?;
+            self.offsets_check(op, |p| p.src_len, total)?;
+            let mut offset = 0;
+            for s in 0..self.shared.size {
+                let p = self.peer(s);
+                // SAFETY: rank s's shard is valid for src_len elements until the closing
+                // barrier, and nobody writes it during the call; our destination range is
+                // in bounds (checked above) and only this rank writes it.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        p.src,
+                        mine.dst.add(offset * elem),
+                        p.src_len * elem,
+                    );
+                }
+                offset += p.src_len;
+            }
+            Ok(())
+        })
+    }
 }
 
 impl Collective for ThreadComm {
@@ -379,12 +414,14 @@ impl Collective for ThreadComm {
     }
 
     fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
-        with_f32_mut_from(full, shard, |dst, src| self.gather_slices(src, dst))
-            .map_err(self.unsupported(Op::AllGather))?
+        with_bytes_mut_from(full, shard, |dst, src| {
+            self.gather_bytes(shard.dtype(), src, dst)
+        })
+        .map_err(self.unsupported(Op::AllGather))?
     }
 
-    fn all_gather_host(&self, shard: &Tensor, full: &mut [f32]) -> Result<(), CollectiveError> {
-        with_f32(shard, |src| self.gather_slices(src, full))
+    fn all_gather_host(&self, shard: &Tensor, full: &mut [u8]) -> Result<(), CollectiveError> {
+        with_bytes(shard, |src| self.gather_bytes(shard.dtype(), src, full))
             .map_err(self.unsupported(Op::AllGather))?
     }
 
@@ -395,32 +432,31 @@ impl Collective for ThreadComm {
         reduce: ReduceOp,
     ) -> Result<(), CollectiveError> {
         let op = Op::ReduceScatter;
-        with_f32_mut_from(shard, full, |dst, src| {
+        let dtype = full.dtype();
+        let elem = dtype.size_in_bytes();
+        with_bytes_mut_from(shard, full, |dst, src| {
             let mine = Published {
                 op: op as usize,
                 arg: reduce as usize,
+                dtype: dtype_code(dtype),
                 src: src.as_ptr(),
-                src_len: src.len(),
+                src_len: src.len() / elem,
                 dst: dst.as_mut_ptr(),
-                dst_len: dst.len(),
+                dst_len: dst.len() / elem,
             };
             self.exchange(mine, op, || {
-                let total = self.peer(0).src_len;
-                if (0..self.shared.size).any(|s| self.peer(s).src_len != total) {
-                    return Err(
-                        self.mismatch(op, "ranks passed full buffers of different lengths".into())
-                    );
-                }
+                let total = self.same_lengths(op, |p| p.src_len)?;
                 self.offsets_check(op, |p| p.dst_len, total)?;
                 let offset: usize = (0..self.rank).map(|s| self.peer(s).dst_len).sum();
                 // SAFETY: every full buffer holds `total` elements and is read-only during
                 // the call; our shard is written by this rank alone.
                 unsafe {
                     reduce_ranks(
+                        dtype,
                         mine.dst,
                         mine.dst_len,
                         self.shared.size,
-                        |s| self.peer(s).src.add(offset),
+                        |s| self.peer(s).src.add(offset * elem),
                         reduce,
                     );
                 }
@@ -436,34 +472,34 @@ impl Collective for ThreadComm {
         reduce: ReduceOp,
     ) -> Result<(), CollectiveError> {
         let op = Op::AllReduce;
-        with_f32_mut(tensor, |buf| {
+        let dtype = tensor.dtype();
+        let elem = dtype.size_in_bytes();
+        with_bytes_mut(tensor, |buf| {
+            let len = buf.len() / elem;
             let mine = Published {
                 op: op as usize,
                 arg: reduce as usize,
+                dtype: dtype_code(dtype),
                 src: buf.as_ptr(),
-                src_len: buf.len(),
+                src_len: len,
                 dst: buf.as_mut_ptr(),
-                dst_len: buf.len(),
+                dst_len: len,
             };
             let n = self.shared.size;
-            let len = buf.len();
             let chunk = |r: usize| (r * len / n, (r + 1) * len / n);
             self.exchange(mine, op, || {
-                if (0..n).any(|s| self.peer(s).src_len != len) {
-                    return Err(
-                        self.mismatch(op, "ranks passed buffers of different lengths".into())
-                    );
-                }
+                self.same_lengths(op, |p| p.src_len)?;
                 // Phase 1: this rank reduces its chunk from every buffer into its own.
                 let (a, b) = chunk(self.rank);
                 // SAFETY: chunk `rank` of any buffer is read only by this rank in phase 1
                 // and written only in this rank's own buffer.
                 unsafe {
                     reduce_ranks(
-                        mine.dst.add(a),
+                        dtype,
+                        mine.dst.add(a * elem),
                         b - a,
                         n,
-                        |s| self.peer(s).src.add(a),
+                        |s| self.peer(s).src.add(a * elem),
                         reduce,
                     );
                 }
@@ -477,9 +513,9 @@ impl Collective for ThreadComm {
                     // of our buffer is written only by us and read by nobody in phase 2.
                     unsafe {
                         std::ptr::copy_nonoverlapping(
-                            self.peer(s).src.add(a),
-                            mine.dst.add(a),
-                            b - a,
+                            self.peer(s).src.add(a * elem),
+                            mine.dst.add(a * elem),
+                            (b - a) * elem,
                         );
                     }
                 }
@@ -500,14 +536,17 @@ impl Collective for ThreadComm {
                 ),
             ));
         }
-        with_f32_mut(tensor, |buf| {
+        let dtype = tensor.dtype();
+        with_bytes_mut(tensor, |buf| {
+            let len = buf.len() / dtype.size_in_bytes();
             let mine = Published {
                 op: op as usize,
                 arg: root,
+                dtype: dtype_code(dtype),
                 src: buf.as_ptr(),
-                src_len: buf.len(),
+                src_len: len,
                 dst: buf.as_mut_ptr(),
-                dst_len: buf.len(),
+                dst_len: len,
             };
             self.exchange(mine, op, || {
                 let from = self.peer(root);
@@ -522,7 +561,7 @@ impl Collective for ThreadComm {
                 }
                 if self.rank != root {
                     // SAFETY: the root's buffer is read-only until the closing barrier.
-                    unsafe { std::ptr::copy_nonoverlapping(from.src, mine.dst, mine.dst_len) };
+                    unsafe { std::ptr::copy_nonoverlapping(from.src, mine.dst, buf.len()) };
                 }
                 Ok(())
             })
@@ -535,9 +574,13 @@ impl Collective for ThreadComm {
         let size = self.shared.size;
         let mine = Tensor::new(&[color as f32], &candle_core::Device::Cpu)
             .map_err(|e| self.mismatch(Op::AllGather, e.to_string()))?;
-        let mut colors = vec![0f32; size];
+        let mut colors = [0u8; 4].repeat(size);
         self.all_gather_host(&mine, &mut colors)?;
-        let members: Vec<usize> = (0..size).filter(|&r| colors[r] as usize == color).collect();
+        let colors: Vec<usize> = colors
+            .chunks_exact(4)
+            .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]) as usize)
+            .collect();
+        let members: Vec<usize> = (0..size).filter(|&r| colors[r] == color).collect();
         let sub_rank = members
             .iter()
             .position(|&r| r == self.rank)
@@ -564,6 +607,7 @@ impl Collective for ThreadComm {
         let mine = Published {
             op: Op::Barrier as usize,
             arg: 0,
+            dtype: 0,
             src: std::ptr::null(),
             src_len: 0,
             dst: std::ptr::null_mut(),

@@ -89,21 +89,21 @@ pub trait Collective: Send + Sync {
         Ok(Work::done())
     }
 
-    /// [`Collective::all_gather_into`] with the output in host memory, for code that must
-    /// produce an owned buffer (an autograd op's forward). The default gathers into a
-    /// tensor and copies; worlds that work on host memory override it to copy once.
-    fn all_gather_host(&self, shard: &Tensor, full: &mut [f32]) -> Result<(), CollectiveError> {
-        let fail = |e: candle_core::Error| CollectiveError::Unsupported {
+    /// [`Collective::all_gather_into`] with the output in host memory: the bytes of
+    /// `full`, of `shard`'s dtype, for code that must produce an owned buffer (an autograd
+    /// op's forward). The default gathers into a tensor and copies; worlds that work on host
+    /// memory override it to copy once.
+    fn all_gather_host(&self, shard: &Tensor, full: &mut [u8]) -> Result<(), CollectiveError> {
+        let fail = |message: String| CollectiveError::Unsupported {
             rank: self.rank(),
             op: "all_gather",
-            message: e.to_string(),
+            message,
         };
-        let out =
-            Tensor::zeros(full.len(), candle_core::DType::F32, shard.device()).map_err(fail)?;
+        let elem = shard.dtype().size_in_bytes();
+        let out = Tensor::zeros(full.len() / elem, shard.dtype(), shard.device())
+            .map_err(|e| fail(e.to_string()))?;
         self.all_gather_into(shard, &out)?;
-        let values = out.to_vec1::<f32>().map_err(fail)?;
-        full.copy_from_slice(&values);
-        Ok(())
+        crate::host::with_bytes(&out, |b| full.copy_from_slice(b)).map_err(|e| fail(e.0))
     }
 
     /// Splits the world: the ranks that pass the same `color` form a new world, ranked in
@@ -161,7 +161,7 @@ impl<C: Collective + ?Sized> Collective for std::sync::Arc<C> {
     fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
         (**self).all_gather_start(shard, full)
     }
-    fn all_gather_host(&self, shard: &Tensor, full: &mut [f32]) -> Result<(), CollectiveError> {
+    fn all_gather_host(&self, shard: &Tensor, full: &mut [u8]) -> Result<(), CollectiveError> {
         (**self).all_gather_host(shard, full)
     }
     fn split(&self, color: usize) -> Result<std::sync::Arc<dyn Collective>, CollectiveError> {

@@ -59,6 +59,13 @@ pub trait ParamSource: Send + Sync {
         false
     }
 
+    /// The dtype a unit computes in, when it is not that of its inputs (mixed precision):
+    /// [`Wrapped::apply`] casts float inputs to it and the output back.
+    fn compute_dtype(&self, unit: usize) -> Option<DType> {
+        let _ = unit;
+        None
+    }
+
     /// Whether [`Wrapped::apply`] on this unit runs inside the strategy (full sharding: gather,
     /// run without a graph, free; in backward gather again and recompute).
     fn runs_units(&self, unit: usize) -> bool {
@@ -272,12 +279,27 @@ impl<T: Clone> Wrapped<T> {
         T: 'static,
         F: Fn(&T, &Tensor) -> candle_core::Result<Tensor> + Send + Sync + 'static,
     {
-        if !self.source.runs_units(self.unit) {
-            return f(&self.get()?, input);
+        // Mixed precision: the unit computes in its parameters' dtype; the rest of the model
+        // keeps its own.
+        let cast = self
+            .source
+            .compute_dtype(self.unit)
+            .filter(|d| input.dtype().is_float() && *d != input.dtype());
+        let x = match cast {
+            Some(dtype) => input.to_dtype(dtype)?,
+            None => input.clone(),
+        };
+        let out = if self.source.runs_units(self.unit) {
+            let build = self.build.clone();
+            let run: UnitFn = Arc::new(move |vb, x| f(&build(vb)?, x));
+            self.source.run_unit(self.unit, &x, run)?
+        } else {
+            f(&self.get()?, &x)?
+        };
+        match cast {
+            Some(_) => out.to_dtype(input.dtype()),
+            None => Ok(out),
         }
-        let build = self.build.clone();
-        let run: UnitFn = Arc::new(move |vb, x| f(&build(vb)?, x));
-        self.source.run_unit(self.unit, input, run)
     }
 
     /// The unit's name.

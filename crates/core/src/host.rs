@@ -1,8 +1,9 @@
-//! Access to the f32 host memory behind CPU tensors, for worlds that move bytes themselves.
+//! Access to the host memory behind CPU tensors, for worlds that move bytes themselves.
 //!
 //! Candle keeps storage private; reads go through its read guard and writes through an
 //! in-place custom op, which also refuses a destination that aliases its source instead of
-//! deadlocking on the storage lock.
+//! deadlocking on the storage lock. Collectives move f32 and, for mixed precision, bf16 and
+//! f16: the data is handed out as bytes with the tensor's dtype.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, InplaceOp1, InplaceOp2, Layout, Storage, Tensor};
@@ -12,10 +13,15 @@ use candle_core::{CpuStorage, DType, InplaceOp1, InplaceOp2, Layout, Storage, Te
 #[error("{0}")]
 pub struct HostAccessError(pub String);
 
-fn check_f32(t: &Tensor) -> Result<(), HostAccessError> {
-    if t.dtype() != DType::F32 {
+/// The element types collectives move.
+pub fn is_collective_dtype(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+}
+
+fn check(t: &Tensor) -> Result<(), HostAccessError> {
+    if !is_collective_dtype(t.dtype()) {
         return Err(HostAccessError(format!(
-            "expected an f32 tensor, found {:?}",
+            "expected an f32, bf16 or f16 tensor, found {:?}",
             t.dtype()
         )));
     }
@@ -28,45 +34,65 @@ fn check_f32(t: &Tensor) -> Result<(), HostAccessError> {
     Ok(())
 }
 
-fn contiguous(data: &[f32], layout: &Layout) -> Result<(usize, usize), HostAccessError> {
+fn range(len: usize, layout: &Layout) -> candle_core::Result<(usize, usize)> {
     let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
-        HostAccessError("expected a contiguous tensor, found a strided view".to_string())
+        candle_core::Error::wrap(HostAccessError(
+            "expected a contiguous tensor, found a strided view".into(),
+        ))
     })?;
-    if end > data.len() {
-        return Err(HostAccessError("tensor layout exceeds its storage".into()));
+    if end > len {
+        return Err(candle_core::Error::wrap(HostAccessError(
+            "tensor layout exceeds its storage".into(),
+        )));
     }
     Ok((start, end))
 }
 
-fn cpu_f32<'a>(storage: &'a CpuStorage, layout: &Layout) -> candle_core::Result<&'a [f32]> {
-    let data = storage.as_slice::<f32>()?;
-    let (start, end) = contiguous(data, layout).map_err(candle_core::Error::wrap)?;
-    Ok(&data[start..end])
+fn as_bytes<'a, T>(v: &'a [T], layout: &Layout) -> candle_core::Result<&'a [u8]> {
+    let (start, end) = range(v.len(), layout)?;
+    let part = &v[start..end];
+    // SAFETY: the elements are plain floats; their bytes are valid to read for the borrow.
+    Ok(unsafe {
+        std::slice::from_raw_parts(part.as_ptr().cast::<u8>(), std::mem::size_of_val(part))
+    })
 }
 
-fn cpu_f32_mut<'a>(
-    storage: &'a mut CpuStorage,
-    layout: &Layout,
-) -> candle_core::Result<&'a mut [f32]> {
+fn as_bytes_mut<'a, T>(v: &'a mut [T], layout: &Layout) -> candle_core::Result<&'a mut [u8]> {
+    let (start, end) = range(v.len(), layout)?;
+    let part = &mut v[start..end];
+    let len = std::mem::size_of_val(part);
+    // SAFETY: plain floats: any bytes written are a valid value.
+    Ok(unsafe { std::slice::from_raw_parts_mut(part.as_mut_ptr().cast::<u8>(), len) })
+}
+
+fn bytes<'a>(storage: &'a CpuStorage, layout: &Layout) -> candle_core::Result<&'a [u8]> {
     match storage {
-        CpuStorage::F32(data) => {
-            let (start, end) = contiguous(data, layout).map_err(candle_core::Error::wrap)?;
-            Ok(&mut data[start..end])
-        }
-        other => Err(candle_core::Error::wrap(HostAccessError(format!(
-            "expected f32 storage, found {:?}",
-            other.dtype()
-        )))),
+        CpuStorage::F32(v) => as_bytes(v, layout),
+        CpuStorage::BF16(v) => as_bytes(v, layout),
+        CpuStorage::F16(v) => as_bytes(v, layout),
+        other => candle_core::bail!("no collective for {:?} storage", other.dtype()),
     }
 }
 
-/// Runs `f` on the contiguous f32 data of a CPU tensor.
-pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R, HostAccessError> {
-    check_f32(t)?;
+fn bytes_mut<'a>(
+    storage: &'a mut CpuStorage,
+    layout: &Layout,
+) -> candle_core::Result<&'a mut [u8]> {
+    match storage {
+        CpuStorage::F32(v) => as_bytes_mut(v, layout),
+        CpuStorage::BF16(v) => as_bytes_mut(v, layout),
+        CpuStorage::F16(v) => as_bytes_mut(v, layout),
+        other => candle_core::bail!("no collective for {:?} storage", other.dtype()),
+    }
+}
+
+/// Runs `f` on the bytes of a contiguous CPU tensor (f32, bf16 or f16).
+pub fn with_bytes<R>(t: &Tensor, f: impl FnOnce(&[u8]) -> R) -> Result<R, HostAccessError> {
+    check(t)?;
     let (storage, layout) = t.storage_and_layout();
     match &*storage {
         Storage::Cpu(cpu) => {
-            let data = cpu_f32(cpu, layout).map_err(|e| HostAccessError(e.to_string()))?;
+            let data = bytes(cpu, layout).map_err(|e| HostAccessError(e.to_string()))?;
             Ok(f(data))
         }
         _ => Err(HostAccessError("expected a cpu tensor".into())),
@@ -75,12 +101,12 @@ pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R, HostAcc
 
 struct Mutate<F>(std::cell::RefCell<Option<F>>);
 
-impl<F: FnOnce(&mut [f32])> InplaceOp1 for Mutate<F> {
+impl<F: FnOnce(&mut [u8])> InplaceOp1 for Mutate<F> {
     fn name(&self) -> &'static str {
         "wick-host-mutate"
     }
     fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
-        let data = cpu_f32_mut(storage, layout)?;
+        let data = bytes_mut(storage, layout)?;
         if let Some(f) = self.0.borrow_mut().take() {
             f(data);
         }
@@ -88,7 +114,7 @@ impl<F: FnOnce(&mut [f32])> InplaceOp1 for Mutate<F> {
     }
 }
 
-impl<F: FnOnce(&mut [f32], &[f32])> InplaceOp2 for Mutate<F> {
+impl<F: FnOnce(&mut [u8], &[u8])> InplaceOp2 for Mutate<F> {
     fn name(&self) -> &'static str {
         "wick-host-mutate-from"
     }
@@ -99,8 +125,8 @@ impl<F: FnOnce(&mut [f32], &[f32])> InplaceOp2 for Mutate<F> {
         src: &CpuStorage,
         src_l: &Layout,
     ) -> candle_core::Result<()> {
-        let src = cpu_f32(src, src_l)?;
-        let data = cpu_f32_mut(dst, dst_l)?;
+        let src = bytes(src, src_l)?;
+        let data = bytes_mut(dst, dst_l)?;
         if let Some(f) = self.0.borrow_mut().take() {
             f(data, src);
         }
@@ -108,14 +134,14 @@ impl<F: FnOnce(&mut [f32], &[f32])> InplaceOp2 for Mutate<F> {
     }
 }
 
-/// Runs `f` on the contiguous f32 data of a CPU tensor, mutably, in place.
+/// Runs `f` on the bytes of a contiguous CPU tensor, mutably, in place.
 ///
 /// The tensor's storage is written for everyone holding it: only use it on buffers this
 /// code owns (collective outputs, flat gradient buckets).
-pub fn with_f32_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> Result<R, HostAccessError> {
-    check_f32(t)?;
+pub fn with_bytes_mut<R>(t: &Tensor, f: impl FnOnce(&mut [u8]) -> R) -> Result<R, HostAccessError> {
+    check(t)?;
     let mut out = None;
-    let op = Mutate(std::cell::RefCell::new(Some(|d: &mut [f32]| {
+    let op = Mutate(std::cell::RefCell::new(Some(|d: &mut [u8]| {
         out = Some(f(d));
     })));
     t.inplace_op1(&op)
@@ -124,16 +150,24 @@ pub fn with_f32_mut<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> Result<R,
     out.ok_or_else(|| HostAccessError("in-place access did not run".into()))
 }
 
-/// Runs `f` on `dst`'s data (mutably) and `src`'s data; the two must not share storage.
-pub fn with_f32_mut_from<R>(
+/// Runs `f` on `dst`'s bytes (mutably) and `src`'s bytes; the two must have the same dtype
+/// and must not share storage.
+pub fn with_bytes_mut_from<R>(
     dst: &Tensor,
     src: &Tensor,
-    f: impl FnOnce(&mut [f32], &[f32]) -> R,
+    f: impl FnOnce(&mut [u8], &[u8]) -> R,
 ) -> Result<R, HostAccessError> {
-    check_f32(dst)?;
-    check_f32(src)?;
+    check(dst)?;
+    check(src)?;
+    if dst.dtype() != src.dtype() {
+        return Err(HostAccessError(format!(
+            "input is {:?} but output is {:?}",
+            src.dtype(),
+            dst.dtype()
+        )));
+    }
     let mut out = None;
-    let op = Mutate(std::cell::RefCell::new(Some(|d: &mut [f32], s: &[f32]| {
+    let op = Mutate(std::cell::RefCell::new(Some(|d: &mut [u8], s: &[u8]| {
         out = Some(f(d, s));
     })));
     dst.inplace_op2(src, &op)
@@ -147,23 +181,44 @@ mod tests {
     use super::*;
     use candle_core::Device;
 
+    fn floats(b: &[u8]) -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
     #[test]
     fn reads_and_writes_views() {
         let t = Tensor::arange(0f32, 10., &Device::Cpu).unwrap();
         let view = t.narrow(0, 2, 3).unwrap();
-        assert_eq!(with_f32(&view, |d| d.to_vec()).unwrap(), vec![2., 3., 4.]);
-        with_f32_mut(&view, |d| d.fill(-1.)).unwrap();
-        assert_eq!(t.to_vec1::<f32>().unwrap()[1..6], [1., -1., -1., -1., 5.]);
+        assert_eq!(with_bytes(&view, floats).unwrap(), vec![2., 3., 4.]);
+        with_bytes_mut(&view, |d| d.fill(0)).unwrap();
+        assert_eq!(t.to_vec1::<f32>().unwrap()[1..6], [1., 0., 0., 0., 5.]);
         let src = Tensor::new(&[7f32, 8., 9.], &Device::Cpu).unwrap();
-        with_f32_mut_from(&view, &src, |d, s| d.copy_from_slice(s)).unwrap();
+        with_bytes_mut_from(&view, &src, |d, s| d.copy_from_slice(s)).unwrap();
         assert_eq!(t.to_vec1::<f32>().unwrap()[2..5], [7., 8., 9.]);
     }
 
     #[test]
-    fn refuses_strided_and_wrong_dtype() {
+    fn half_precision_is_two_bytes_an_element() {
+        let t = Tensor::ones(5, DType::BF16, &Device::Cpu).unwrap();
+        assert_eq!(with_bytes(&t, |b| b.len()).unwrap(), 10);
+    }
+
+    #[test]
+    fn refuses_strided_mixed_and_unsupported_dtypes() {
         let t = Tensor::zeros((3, 4), DType::F32, &Device::Cpu).unwrap();
-        assert!(with_f32(&t.t().unwrap(), |_| ()).is_err());
+        assert!(with_bytes(&t.t().unwrap(), |_| ()).is_err());
         let u = Tensor::zeros(4, DType::U32, &Device::Cpu).unwrap();
-        assert!(with_f32(&u, |_| ()).unwrap_err().0.contains("f32"));
+        assert!(with_bytes(&u, |_| ())
+            .unwrap_err()
+            .0
+            .contains("f32, bf16 or f16"));
+        let h = Tensor::zeros(4, DType::F16, &Device::Cpu).unwrap();
+        let f = Tensor::zeros(4, DType::F32, &Device::Cpu).unwrap();
+        assert!(with_bytes_mut_from(&h, &f, |_, _| ())
+            .unwrap_err()
+            .0
+            .contains("F32"));
     }
 }

@@ -3,7 +3,7 @@
 //! It lets a strategy run with no engine at all: in single-device code, in tests, and in
 //! examples that use wick-strategies alone.
 
-use crate::host::{with_f32_mut_from, HostAccessError};
+use crate::host::{with_bytes, with_bytes_mut_from, HostAccessError};
 use crate::{Collective, CollectiveError, ReduceOp};
 use candle_core::Tensor;
 
@@ -19,14 +19,18 @@ fn unsupported(op: &'static str) -> impl Fn(HostAccessError) -> CollectiveError 
     }
 }
 
+fn mismatch(op: &'static str, from: usize, to: usize) -> CollectiveError {
+    CollectiveError::Mismatch {
+        rank: 0,
+        op,
+        message: format!("input has {from} bytes, output {to}"),
+    }
+}
+
 fn copy(op: &'static str, from: &Tensor, to: &Tensor) -> Result<(), CollectiveError> {
-    with_f32_mut_from(to, from, |dst, src| {
+    with_bytes_mut_from(to, from, |dst, src| {
         if dst.len() != src.len() {
-            return Err(CollectiveError::Mismatch {
-                rank: 0,
-                op,
-                message: format!("input has {} elements, output {}", src.len(), dst.len()),
-            });
+            return Err(mismatch(op, src.len(), dst.len()));
         }
         dst.copy_from_slice(src);
         Ok(())
@@ -45,6 +49,17 @@ impl Collective for SoloWorld {
 
     fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
         copy("all_gather", shard, full)
+    }
+
+    fn all_gather_host(&self, shard: &Tensor, full: &mut [u8]) -> Result<(), CollectiveError> {
+        with_bytes(shard, |src| {
+            if src.len() != full.len() {
+                return Err(mismatch("all_gather", src.len(), full.len()));
+            }
+            full.copy_from_slice(src);
+            Ok(())
+        })
+        .map_err(unsupported("all_gather"))?
     }
 
     fn reduce_scatter_into(

@@ -5,7 +5,7 @@
 //! until backward (the same as ZeRO-3); `no_shard` is DDP; `hybrid_shard` is `full_shard`
 //! inside groups of G ranks, replicated across the groups.
 
-use crate::{Ddp, Zero3};
+use crate::{Ddp, MixedPrecision, Zero3};
 use candle_core::{Device, Shape, Tensor};
 use std::sync::Arc;
 use wick_core::{
@@ -56,6 +56,7 @@ impl FsdpSharding {
 /// Fully sharded data parallel.
 pub struct Fsdp {
     sharding: FsdpSharding,
+    precision: Option<MixedPrecision>,
     inner: Box<dyn Strategy>,
 }
 
@@ -63,17 +64,41 @@ impl Fsdp {
     /// The registry name.
     pub const NAME: &'static str = "fsdp";
 
-    /// FSDP with `sharding`.
+    /// FSDP with `sharding`, in f32.
     pub fn new(sharding: FsdpSharding) -> Self {
+        Self::build(sharding, None)
+    }
+
+    /// FSDP with `sharding` and mixed `precision` (`None`: f32). `no_shard` is DDP and has
+    /// no gathered compute copies, so it takes no mixed precision.
+    pub fn with_precision(
+        sharding: FsdpSharding,
+        precision: Option<MixedPrecision>,
+    ) -> Result<Self> {
+        if precision.is_some() && sharding == FsdpSharding::NoShard {
+            return Err(Error::config(
+                "precision",
+                "mixed precision needs a sharded fsdp sharding, not no_shard",
+            ));
+        }
+        Ok(Self::build(sharding, precision))
+    }
+
+    fn build(sharding: FsdpSharding, precision: Option<MixedPrecision>) -> Self {
+        let sharded = |per_use| Zero3::sharded(Self::NAME, per_use).with_precision(precision);
         let inner: Box<dyn Strategy> = match sharding {
-            FsdpSharding::FullShard => Box::new(Zero3::sharded(Self::NAME, true)),
-            FsdpSharding::ShardGradOp => Box::new(Zero3::sharded(Self::NAME, false)),
+            FsdpSharding::FullShard => Box::new(sharded(true)),
+            FsdpSharding::ShardGradOp => Box::new(sharded(false)),
             FsdpSharding::NoShard => Box::new(Ddp::new()),
             FsdpSharding::HybridShard { group_size } => {
-                Box::new(Zero3::sharded(Self::NAME, true).with_groups(group_size))
+                Box::new(sharded(true).with_groups(group_size))
             }
         };
-        Fsdp { sharding, inner }
+        Fsdp {
+            sharding,
+            precision,
+            inner,
+        }
     }
 
     /// The sharding strategy.
@@ -87,7 +112,7 @@ impl Strategy for Fsdp {
         Self::NAME
     }
     fn for_new_rank(&self) -> Box<dyn Strategy> {
-        Box::new(Fsdp::new(self.sharding))
+        Box::new(Fsdp::build(self.sharding, self.precision))
     }
     fn check_world_size(&self, world_size: usize) -> Result<()> {
         if let FsdpSharding::HybridShard { group_size } = self.sharding {

@@ -1,11 +1,13 @@
 //! The autograd op that turns a flat shard into the full flat buffer.
 //!
-//! Forward: one all-gather of every rank's shard. Backward: one reduce-scatter (mean over
-//! ranks) of the full buffer's gradient into the shard's gradient. Backward runs these in
-//! the order backward visits the graph, which is the same on every rank for the same graph.
+//! Forward: one all-gather of every rank's shard (in the compute dtype). Backward: one
+//! reduce-scatter (mean over ranks, in the reduce dtype) of the full buffer's gradient into
+//! the shard's f32 gradient. Backward runs these in the order backward visits the graph,
+//! which is the same on every rank for the same graph.
 
 use crate::grad_sync::GradSync;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor};
+use half::{bf16, f16};
 use std::sync::Arc;
 use wick_core::{Collective, ReduceOp};
 
@@ -16,6 +18,43 @@ pub(crate) struct GatherOp {
     /// The unit gathered (the key of its kept gradient under accumulation).
     pub(crate) unit: usize,
     pub(crate) sync: Arc<GradSync>,
+    pub(crate) param_dtype: DType,
+    pub(crate) reduce_dtype: DType,
+}
+
+/// `len` elements of `T` filled by an all-gather of `shard` straight into their bytes.
+fn gather_vec<T: Copy + Default>(
+    world: &dyn Collective,
+    shard: &Tensor,
+    len: usize,
+) -> Result<Vec<T>> {
+    let mut full = vec![T::default(); len];
+    // SAFETY: plain floats: the collective writes whole elements' bytes.
+    let bytes = unsafe {
+        std::slice::from_raw_parts_mut(
+            full.as_mut_ptr().cast::<u8>(),
+            std::mem::size_of_val(full.as_slice()),
+        )
+    };
+    world
+        .all_gather_host(shard, bytes)
+        .map_err(candle_core::Error::wrap)?;
+    Ok(full)
+}
+
+/// A CPU storage of `dtype` with `len` elements gathered from every rank's `shard`.
+pub(crate) fn gather_storage(
+    world: &dyn Collective,
+    shard: &Tensor,
+    dtype: DType,
+    len: usize,
+) -> Result<CpuStorage> {
+    let shard = shard.to_dtype(dtype)?;
+    Ok(match dtype {
+        DType::BF16 => CpuStorage::BF16(gather_vec::<bf16>(world, &shard, len)?),
+        DType::F16 => CpuStorage::F16(gather_vec::<f16>(world, &shard, len)?),
+        _ => CpuStorage::F32(gather_vec::<f32>(world, &shard, len)?),
+    })
 }
 
 impl CustomOp1 for GatherOp {
@@ -31,11 +70,8 @@ impl CustomOp1 for GatherOp {
         // A small copy (1/W of the unit) so the world sees a tensor; the full output is
         // written once, straight into the buffer this op returns.
         let shard = Tensor::from_slice(&data[start..end], end - start, &Device::Cpu)?;
-        let mut full = vec![0f32; self.padded];
-        self.world
-            .all_gather_host(&shard, &mut full)
-            .map_err(candle_core::Error::wrap)?;
-        Ok((CpuStorage::F32(full), Shape::from(self.padded)))
+        let full = gather_storage(self.world.as_ref(), &shard, self.param_dtype, self.padded)?;
+        Ok((full, Shape::from(self.padded)))
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
@@ -44,26 +80,28 @@ impl CustomOp1 for GatherOp {
             &self.sync,
             self.unit,
             grad,
+            self.reduce_dtype,
             arg.elem_count(),
         )
     }
 }
 
-/// The shard's gradient from a unit's full flat gradient: one reduce-scatter (mean over
-/// ranks), or `None` while gradients are kept local for accumulation.
+/// The shard's f32 gradient from a unit's full flat gradient: one reduce-scatter (mean over
+/// ranks) in `reduce_dtype`, or `None` while gradients are kept local for accumulation.
 pub(crate) fn reduce_to_shard(
     world: &dyn Collective,
     sync: &GradSync,
     unit: usize,
     grad: &Tensor,
+    reduce_dtype: DType,
     shard_len: usize,
 ) -> Result<Option<Tensor>> {
-    let Some(grad) = sync.settle(unit, grad.contiguous()?)? else {
+    let Some(grad) = sync.settle(unit, grad.to_dtype(reduce_dtype)?.contiguous()?)? else {
         return Ok(None);
     };
-    let shard_grad = Tensor::zeros(shard_len, DType::F32, grad.device())?;
+    let shard_grad = Tensor::zeros(shard_len, reduce_dtype, grad.device())?;
     world
         .reduce_scatter_into(&grad, &shard_grad, ReduceOp::Mean)
         .map_err(candle_core::Error::wrap)?;
-    Ok(Some(shard_grad))
+    Ok(Some(shard_grad.to_dtype(DType::F32)?))
 }

@@ -18,6 +18,7 @@ mod grad_sync;
 mod grads;
 pub mod init;
 pub mod optim;
+mod precision;
 mod registry;
 mod replicated;
 mod sharded_params;
@@ -28,6 +29,7 @@ mod zero3;
 
 pub use ddp::Ddp;
 pub use fsdp::{Fsdp, FsdpSharding};
+pub use precision::MixedPrecision;
 pub use registry::{strategy_by_name, STRATEGY_NAMES};
 pub use single::SingleDevice;
 pub use zero::Zero;

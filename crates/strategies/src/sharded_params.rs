@@ -10,6 +10,7 @@ use crate::flat_layout::FlatLayout;
 use crate::gather_op::GatherOp;
 use crate::grad_sync::GradSync;
 use crate::init::init_values;
+use crate::precision::{dtypes, MixedPrecision};
 use crate::unit_op::UnitOp;
 use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
@@ -35,6 +36,7 @@ struct State {
 pub(crate) struct ShardedParams {
     seed: u64,
     per_use: bool,
+    precision: Option<MixedPrecision>,
     world: Mutex<Arc<dyn Collective>>,
     device: Device,
     state: Mutex<State>,
@@ -49,10 +51,12 @@ impl ShardedParams {
         world: Arc<dyn Collective>,
         device: Device,
         per_use: bool,
+        precision: Option<MixedPrecision>,
     ) -> Self {
         ShardedParams {
             seed,
             per_use,
+            precision,
             world: Mutex::new(world),
             device,
             sync: Arc::default(),
@@ -196,6 +200,10 @@ impl wick_core::ParamSource for ShardedParams {
         true
     }
 
+    fn compute_dtype(&self, _unit: usize) -> Option<DType> {
+        self.precision.map(|p| p.param_dtype)
+    }
+
     fn runs_units(&self, _unit: usize) -> bool {
         self.per_use
     }
@@ -215,6 +223,7 @@ impl wick_core::ParamSource for ShardedParams {
             };
             (u.name.clone(), layout.clone(), shard.clone())
         };
+        let (param_dtype, reduce_dtype) = dtypes(self.precision);
         let op = UnitOp {
             world: self.world(),
             name,
@@ -223,6 +232,8 @@ impl wick_core::ParamSource for ShardedParams {
             run,
             sync: self.sync.clone(),
             device: self.device.clone(),
+            param_dtype,
+            reduce_dtype,
         };
         input.apply_op2(shard.as_tensor(), op)
     }
@@ -242,11 +253,14 @@ impl wick_core::ParamSource for ShardedParams {
         let flat = match &u.gathered {
             Some(t) => t.clone(),
             None => {
+                let (param_dtype, reduce_dtype) = dtypes(self.precision);
                 let op = GatherOp {
                     world: self.world(),
                     padded: layout.padded(),
                     unit,
                     sync: self.sync.clone(),
+                    param_dtype,
+                    reduce_dtype,
                 };
                 let t = shard.as_tensor().apply_op1(op)?;
                 u.gathered = Some(t.clone());

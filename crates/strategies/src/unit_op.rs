@@ -23,6 +23,8 @@ pub(crate) struct UnitOp {
     pub(crate) run: UnitFn,
     pub(crate) sync: Arc<GradSync>,
     pub(crate) device: Device,
+    pub(crate) param_dtype: DType,
+    pub(crate) reduce_dtype: DType,
 }
 
 /// A tensor holding a copy of a CPU storage's contiguous elements.
@@ -36,6 +38,8 @@ fn host_tensor(storage: &CpuStorage, layout: &Layout) -> Result<Tensor> {
         CpuStorage::U32(v) => Tensor::from_slice(&v[start..end], shape, &Device::Cpu),
         CpuStorage::I64(v) => Tensor::from_slice(&v[start..end], shape, &Device::Cpu),
         CpuStorage::U8(v) => Tensor::from_slice(&v[start..end], shape, &Device::Cpu),
+        CpuStorage::BF16(v) => Tensor::from_slice(&v[start..end], shape, &Device::Cpu),
+        CpuStorage::F16(v) => Tensor::from_slice(&v[start..end], shape, &Device::Cpu),
         other => candle_core::bail!(
             "wick unit: unsupported input dtype {:?}",
             candle_core::backend::BackendStorage::dtype(other)
@@ -46,9 +50,10 @@ fn host_tensor(storage: &CpuStorage, layout: &Layout) -> Result<Tensor> {
 impl UnitOp {
     /// The unit's full flat buffer, gathered now (a plain tensor, outside any graph).
     fn gather(&self, shard: &Tensor) -> Result<Tensor> {
-        let full = Tensor::zeros(self.layout.padded(), DType::F32, &self.device)?;
+        let full = Tensor::zeros(self.layout.padded(), self.param_dtype, &self.device)?;
+        let shard = shard.contiguous()?.to_dtype(self.param_dtype)?;
         self.world
-            .all_gather_into(&shard.contiguous()?, &full)
+            .all_gather_into(&shard, &full)
             .map_err(candle_core::Error::wrap)?;
         Ok(full)
     }
@@ -74,8 +79,13 @@ impl CustomOp2 for UnitOp {
             &input,
         )?;
         let shape = out.shape().clone();
-        let values = out.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        Ok((CpuStorage::F32(values), shape))
+        let out = out.flatten_all()?;
+        let storage = match out.dtype() {
+            DType::BF16 => CpuStorage::BF16(out.to_vec1()?),
+            DType::F16 => CpuStorage::F16(out.to_vec1()?),
+            _ => CpuStorage::F32(out.to_dtype(DType::F32)?.to_vec1()?),
+        };
+        Ok((storage, shape))
         // The gathered parameters are dropped here, before the next unit runs.
     }
 
@@ -128,14 +138,14 @@ impl CustomOp2 for UnitOp {
             .iter()
             .map(|(_, v)| match grads.get(v.as_tensor()) {
                 Some(g) => g.flatten_all(),
-                None => Tensor::zeros(v.elem_count(), DType::F32, &self.device),
+                None => Tensor::zeros(v.elem_count(), self.param_dtype, &self.device),
             })
             .collect::<Result<Vec<_>>>()?;
         drop(grads);
         drop(params);
         let padding = self.layout.padded() - self.layout.numel();
         if padding > 0 {
-            parts.push(Tensor::zeros(padding, DType::F32, &self.device)?);
+            parts.push(Tensor::zeros(padding, self.param_dtype, &self.device)?);
         }
         let flat_grad = Tensor::cat(&parts, 0)?;
         drop(parts);
@@ -144,6 +154,7 @@ impl CustomOp2 for UnitOp {
             &self.sync,
             self.unit,
             &flat_grad,
+            self.reduce_dtype,
             shard.elem_count(),
         )?;
         Ok((input_grad, shard_grad))

@@ -9,6 +9,7 @@ use crate::clip::clip_grad_norm;
 use crate::flat_layout::FlatLayout;
 use crate::grads::GradAccumulator;
 use crate::optim::Optimizer;
+use crate::precision::MixedPrecision;
 use crate::replicated::tensor_bytes;
 use crate::sharded_params::ShardedParams;
 use candle_core::{DType, Device, Tensor, Var};
@@ -36,6 +37,8 @@ pub struct Zero3 {
     clip: Option<f64>,
     /// Hybrid sharding: ranks per sharding group.
     group_size: Option<usize>,
+    /// Mixed precision of the gathered units and the gradient reduction.
+    precision: Option<MixedPrecision>,
     /// Hybrid sharding: the ranks of other groups holding the same shard.
     replicas: Option<Arc<dyn Collective>>,
 }
@@ -52,6 +55,12 @@ impl Zero3 {
     /// Shards inside groups of `group_size` consecutive ranks and replicates across groups.
     pub(crate) fn with_groups(mut self, group_size: usize) -> Self {
         self.group_size = Some(group_size);
+        self
+    }
+
+    /// Computes gathered units in, and reduces gradients in, the dtypes of `precision`.
+    pub(crate) fn with_precision(mut self, precision: Option<MixedPrecision>) -> Self {
+        self.precision = precision;
         self
     }
 
@@ -94,6 +103,7 @@ impl Strategy for Zero3 {
             alias: self.alias,
             per_use: self.per_use,
             group_size: self.group_size,
+            precision: self.precision,
             ..Zero3::default()
         })
     }
@@ -127,6 +137,7 @@ impl Strategy for Zero3 {
             world.clone(),
             device.clone(),
             self.per_use,
+            self.precision,
         ));
         self.source = Some(source.clone());
         Ok(ShardedContext::new(source, world, device, self.name()))
