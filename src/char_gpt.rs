@@ -81,7 +81,8 @@ impl Block {
                 .contiguous()
         };
         let (q, k, v) = (head(0)?, head(1)?, head(2)?);
-        let scores = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?.broadcast_add(mask)?;
+        let scores =
+            (q.matmul(&k.t()?)? / (hd as f64).sqrt())?.broadcast_add(&mask.to_dtype(q.dtype())?)?;
         let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
         let out = weights.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))?;
         self.proj.forward(&out)

@@ -35,6 +35,8 @@ pub struct FitArgs {
     pub accumulate: usize,
     /// Clip gradients to this global norm.
     pub clip: Option<f64>,
+    /// `32`, `bf16-mixed` or `16-mixed` (fsdp's sharded modes).
+    pub precision: String,
 }
 
 impl Default for FitArgs {
@@ -55,6 +57,7 @@ impl Default for FitArgs {
             group_size: 2,
             accumulate: 1,
             clip: None,
+            precision: "32".into(),
         }
     }
 }
@@ -79,7 +82,7 @@ options:
   --strategy NAME     distribution strategy: one of STRATEGIES (default fsdp)
   --sharding NAME     fsdp sharding: one of SHARDINGS (default full_shard)
   --group-size N      ranks per group for hybrid_shard (default 2)
-  --precision P       32 (f32 throughout; mixed precision is not implemented yet)
+  --precision P       32, bf16-mixed or 16-mixed (fsdp: units computed, gradients reduced in 16 bits)
   --accumulate N      global batches per optimizer step (default 1)
   --clip X            clip gradients to this global L2 norm
   --devices N         ranks (default 2)
@@ -137,9 +140,8 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
             "--group-size" => a.group_size = positive(flag, it.next())?,
             "--precision" => {
                 let p: String = value(flag, it.next(), "a precision")?;
-                if p != "32" {
-                    return Err(format!("invalid value '{p}' for --precision: only 32 is implemented (bf16-mixed and 16-mixed are not yet)"));
-                }
+                wick_strategies::MixedPrecision::from_name(&p).map_err(|e| e.to_string())?;
+                a.precision = p;
             }
             "--accumulate" => a.accumulate = positive(flag, it.next())?,
             "--clip" => {

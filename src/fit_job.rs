@@ -6,7 +6,7 @@ use crate::cli::FitArgs;
 use anyhow::Context;
 use std::sync::{Arc, Mutex};
 use wick_core::{Callback, RunState};
-use wick_strategies::{Fsdp, FsdpSharding};
+use wick_strategies::{Fsdp, FsdpSharding, MixedPrecision};
 use wick_trainer::{DataLoader, Trainer};
 
 /// Context length of the main job's model.
@@ -92,7 +92,14 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
     builder = match args.strategy.as_str() {
         Fsdp::NAME => {
             let sharding = FsdpSharding::from_name(&args.sharding, args.group_size)?;
-            builder.strategy_instance(Box::new(Fsdp::new(sharding)))
+            let precision = MixedPrecision::from_name(&args.precision)?;
+            builder.strategy_instance(Box::new(Fsdp::with_precision(sharding, precision)?))
+        }
+        _ if args.precision != "32" => {
+            anyhow::bail!(
+                "--precision {} needs --strategy fsdp (its sharded modes)",
+                args.precision
+            )
         }
         name => builder.strategy(name),
     };

@@ -202,3 +202,75 @@ fn wrapping_the_same_name_twice_is_refused() {
         "{e}"
     );
 }
+
+#[test]
+fn mixed_precision_trains_close_to_single_f32() {
+    use wick::strategies::MixedPrecision;
+    let reference = train(1, "single", adamw(), STEPS);
+    for (name, tolerance) in [("bf16-mixed", 1e-2), ("16-mixed", 2e-3)] {
+        let precision = MixedPrecision::from_name(name).unwrap();
+        for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
+            let fsdp = Fsdp::with_precision(sharding, precision).unwrap();
+            let mut trainer = Trainer::builder()
+                .devices(2)
+                .strategy_instance(Box::new(fsdp))
+                .max_steps(STEPS)
+                .seed(42)
+                .no_logger()
+                .progress(false)
+                .model_summary(false)
+                .build()
+                .unwrap();
+            trainer
+                .fit(&mut Mlp::new(adamw()), &loader(), None)
+                .unwrap();
+            let diff = max_diff(&reference, &full_parameters(&mut trainer));
+            println!("{name} {sharding:?}: max |diff| vs single f32 = {diff}");
+            assert!(
+                diff <= tolerance,
+                "{name} {sharding:?}: max |diff| {diff} > {tolerance}"
+            );
+            // The half-precision compute is real: results differ from f32.
+            assert!(diff > 1e-6, "{name} {sharding:?} matched f32 exactly");
+        }
+    }
+    assert!(Fsdp::with_precision(
+        FsdpSharding::NoShard,
+        MixedPrecision::from_name("bf16-mixed").unwrap()
+    )
+    .is_err());
+}
+
+#[test]
+fn mixed_precision_units_take_integer_inputs_and_return_f32() {
+    use wick::strategies::MixedPrecision;
+    let embed = |precision: &str| {
+        let outcomes = ThreadWorld::new(1).run(|comm| {
+            let mut s = Fsdp::with_precision(
+                FsdpSharding::FullShard,
+                MixedPrecision::from_name(precision)?,
+            )?;
+            s.connect(Arc::new(comm), Device::Cpu)?;
+            let ctx = s.sharded_context(9)?;
+            let unit = {
+                let _open = ctx.enter();
+                ctx.wrap("emb", |vb| candle_nn::embedding(5, 3, vb))?
+            };
+            s.finish_sharding()?;
+            let ids = Tensor::new(&[[0u32, 3, 4]], &Device::Cpu)?;
+            let out = unit.apply(&ids, |e, ids| e.forward(ids))?;
+            assert_eq!(out.dtype(), DType::F32);
+            Ok::<_, wick::core::Error>(out.flatten_all()?.to_vec1::<f32>()?)
+        });
+        outcomes.into_iter().next().unwrap().unwrap()
+    };
+    let full = embed("32");
+    let half = embed("bf16-mixed");
+    assert!(full.iter().any(|v| v.fract() != 0.0));
+    for (a, b) in full.iter().zip(&half) {
+        assert!(
+            (a - b).abs() <= 1e-2 * a.abs().max(1.0),
+            "{full:?} vs {half:?}"
+        );
+    }
+}

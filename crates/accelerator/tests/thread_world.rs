@@ -271,3 +271,42 @@ fn a_failure_reaches_ranks_waiting_in_a_sub_world() {
     let e = outcomes[2].as_ref().unwrap_err().to_string();
     assert!(e.contains("rank 3 failed") && e.contains("boom"), "{e}");
 }
+
+#[test]
+fn half_precision_collectives_gather_and_reduce_in_f32() {
+    for dtype in [candle_core::DType::BF16, candle_core::DType::F16] {
+        let got = ok(ThreadWorld::new(3).run(|c| {
+            let r = c.rank();
+            let shard = tensor(values(r, shard_len(r))).to_dtype(dtype).unwrap();
+            let total: usize = (0..3).map(shard_len).sum();
+            let full = Tensor::zeros(total, dtype, &Device::Cpu).unwrap();
+            c.all_gather_into(&shard, &full)?;
+            let summed = Tensor::zeros(shard_len(r), dtype, &Device::Cpu).unwrap();
+            c.reduce_scatter_into(&full, &summed, ReduceOp::Sum)?;
+            let f32s = |t: &Tensor| {
+                t.to_dtype(candle_core::DType::F32)
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            };
+            Ok((f32s(&full), f32s(&summed), f32s(&shard)))
+        }));
+        let gathered: Vec<f32> = got.iter().flat_map(|(_, _, s)| s.clone()).collect();
+        for (full, summed, shard) in &got {
+            assert_eq!(full, &gathered, "{dtype:?}");
+            // Three equal copies summed: 3x each element, rounded once to the 16-bit type.
+            for (s, x) in summed.iter().zip(shard) {
+                let want = Tensor::new(&[3.0 * x], &Device::Cpu)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let want = want
+                    .to_dtype(candle_core::DType::F32)
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()[0];
+                assert_eq!(*s, want, "{dtype:?}");
+            }
+        }
+    }
+}

@@ -279,15 +279,14 @@ impl<T: Clone> Wrapped<T> {
         T: 'static,
         F: Fn(&T, &Tensor) -> candle_core::Result<Tensor> + Send + Sync + 'static,
     {
-        // Mixed precision: the unit computes in its parameters' dtype; the rest of the model
-        // keeps its own.
-        let cast = self
-            .source
-            .compute_dtype(self.unit)
-            .filter(|d| input.dtype().is_float() && *d != input.dtype());
-        let x = match cast {
-            Some(dtype) => input.to_dtype(dtype)?,
-            None => input.clone(),
+        // Mixed precision: the unit computes in its parameters' dtype; what leaves it is f32
+        // again, the dtype of the master parameters and of the rest of the model.
+        let compute = self.source.compute_dtype(self.unit);
+        let x = match compute {
+            Some(dtype) if input.dtype().is_float() && input.dtype() != dtype => {
+                input.to_dtype(dtype)?
+            }
+            _ => input.clone(),
         };
         let out = if self.source.runs_units(self.unit) {
             let build = self.build.clone();
@@ -296,9 +295,9 @@ impl<T: Clone> Wrapped<T> {
         } else {
             f(&self.get()?, &x)?
         };
-        match cast {
-            Some(_) => out.to_dtype(input.dtype()),
-            None => Ok(out),
+        match compute {
+            Some(dtype) if out.dtype() == dtype => out.to_dtype(DType::F32),
+            _ => Ok(out),
         }
     }
 

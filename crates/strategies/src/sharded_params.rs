@@ -279,12 +279,14 @@ pub(crate) fn unit_var_builder(
     flat: Tensor,
     device: &Device,
 ) -> VarBuilder<'static> {
+    // The VarBuilder casts what it hands out to its dtype: keep the buffer's (mixed precision).
+    let dtype = flat.dtype();
     let views = UnitViews {
         unit: name.to_string(),
         layout: layout.clone(),
         flat,
     };
-    VarBuilder::from_backend(Box::new(views), DType::F32, device.clone()).pp(name)
+    VarBuilder::from_backend(Box::new(views), dtype, device.clone()).pp(name)
 }
 
 /// The parameters of one gathered unit, as views of its flat buffer.
