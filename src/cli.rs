@@ -229,8 +229,11 @@ mod tests {
             e.contains("unknown sharding 'half'") && e.contains("full_shard"),
             "{e}"
         );
-        assert!(parse(&args("fit --precision bf16-mixed"))
-            .unwrap_err()
-            .contains("not yet"));
+        assert!(parse(&args("fit --precision bf16-mixed")).is_ok());
+        let e = parse(&args("fit --precision 8")).unwrap_err();
+        assert!(
+            e.contains("unknown precision '8'") && e.contains("bf16-mixed"),
+            "{e}"
+        );
     }
 }
