@@ -1,17 +1,7 @@
-use crate::common::{max_diff, train, Mlp};
+use crate::common::{adamw, max_diff, train, Mlp};
 use wick::core::OptimizerConfig;
 
 const STEPS: usize = 10;
-
-fn adamw() -> OptimizerConfig {
-    OptimizerConfig::AdamW {
-        lr: 0.01,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        weight_decay: 0.01,
-    }
-}
 
 fn sgd_momentum() -> OptimizerConfig {
     OptimizerConfig::Sgd {

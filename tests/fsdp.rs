@@ -1,4 +1,4 @@
-use crate::common::{full_parameters, loader, max_diff, train, Mlp, Recording, Regression};
+use crate::common::{adamw, full_parameters, loader, max_diff, train, Mlp, Recording, Regression};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::Linear;
 use std::sync::{Arc, Mutex};
@@ -8,16 +8,6 @@ use wick::strategies::{Fsdp, FsdpSharding};
 use wick::trainer::{DataLoader, Trainer};
 
 const STEPS: usize = 10;
-
-fn adamw() -> OptimizerConfig {
-    OptimizerConfig::AdamW {
-        lr: 0.01,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        weight_decay: 0.01,
-    }
-}
 
 fn fsdp_trainer(devices: usize, sharding: FsdpSharding) -> Trainer {
     Trainer::builder()

@@ -1,19 +1,8 @@
-use crate::common::{full_parameters, max_diff, Mlp, Recording, Regression};
+use crate::common::{adamw, full_parameters, max_diff, Mlp, Recording, Regression};
 use candle_core::{DType, Device, Module, Tensor};
 use std::sync::{Arc, Mutex};
 use wick::accelerator::ThreadWorld;
-use wick::core::OptimizerConfig;
 use wick::trainer::{DataLoader, Trainer};
-
-fn adamw() -> OptimizerConfig {
-    OptimizerConfig::AdamW {
-        lr: 0.01,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        weight_decay: 0.01,
-    }
-}
 
 /// Trains the MLP with the given options and returns its full parameters.
 fn run(

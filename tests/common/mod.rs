@@ -141,6 +141,17 @@ impl TrainModule for Mlp {
     }
 }
 
+/// The AdamW every equivalence test uses.
+pub fn adamw() -> OptimizerConfig {
+    OptimizerConfig::AdamW {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    }
+}
+
 /// A trainer with no logger and no progress bar.
 pub fn quiet_trainer(devices: usize, strategy: &str, steps: usize) -> Trainer {
     Trainer::builder()

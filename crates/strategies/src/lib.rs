@@ -18,6 +18,7 @@ mod grad_sync;
 mod grads;
 pub mod init;
 pub mod optim;
+mod param_request;
 mod precision;
 mod registry;
 mod replicated;

@@ -5,6 +5,7 @@ use crate::clip::clip_grad_norm;
 use crate::grads::GradAccumulator;
 use crate::init::init_values;
 use crate::optim::Optimizer;
+use crate::param_request::{check_dtype, check_same_shape};
 use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::Init;
 use std::sync::{Arc, Mutex};
@@ -34,19 +35,10 @@ impl ParamSource for ReplicatedParams {
         dtype: DType,
         device: &Device,
     ) -> candle_core::Result<Tensor> {
-        if dtype != DType::F32 {
-            candle_core::bail!(
-                "parameter '{name}': wick keeps f32 master parameters, {dtype:?} was requested"
-            )
-        }
+        check_dtype(name, dtype)?;
         let mut params = self.lock();
         if let Some((_, var)) = params.iter().find(|(n, _)| n == name) {
-            if var.shape() != shape {
-                candle_core::bail!(
-                    "parameter '{name}' requested with shape {shape:?} but created with {:?}",
-                    var.shape()
-                )
-            }
+            check_same_shape(name, shape, var.shape())?;
             return Ok(var.as_tensor().clone());
         }
         let values = init_values(init, self.seed, name, shape, 0..shape.elem_count());

@@ -10,6 +10,7 @@ use crate::flat_layout::FlatLayout;
 use crate::gather_op::GatherOp;
 use crate::grad_sync::GradSync;
 use crate::init::init_values;
+use crate::param_request::{check_dtype, check_same_shape};
 use crate::precision::{dtypes, MixedPrecision};
 use crate::unit_op::UnitOp;
 use candle_core::{DType, Device, Shape, Tensor, Var};
@@ -123,11 +124,7 @@ impl wick_core::ParamSource for ShardedParams {
         dtype: DType,
         device: &Device,
     ) -> candle_core::Result<Tensor> {
-        if dtype != DType::F32 {
-            candle_core::bail!(
-                "parameter '{name}': wick keeps f32 master parameters, {dtype:?} was requested"
-            )
-        }
+        check_dtype(name, dtype)?;
         let mut state = self.lock();
         let Some(open) = state.open_unit else {
             candle_core::bail!(
@@ -137,12 +134,7 @@ impl wick_core::ParamSource for ShardedParams {
         };
         let unit = &mut state.units[open];
         match unit.requests.iter().find(|(n, _, _)| n == name) {
-            Some((_, s, _)) if s != shape => {
-                candle_core::bail!(
-                    "parameter '{name}' requested with shape {shape:?} but created with {s:?}"
-                )
-            }
-            Some(_) => {}
+            Some((_, created, _)) => check_same_shape(name, shape, created)?,
             None => unit.requests.push((name.to_string(), shape.clone(), *init)),
         }
         // A placeholder with the full shape and no memory: the block built at wrap time is
