@@ -6,11 +6,8 @@
 //! parameters, so replicas stay identical without a broadcast.
 
 use crate::replicated::Replicated;
-use candle_core::{Device, Tensor};
-use std::sync::Arc;
-use wick_core::{
-    Collective, OptimizerConfig, ReduceOp, Result, ShardedContext, Sharding, StateBytes, Strategy,
-};
+use candle_core::Tensor;
+use wick_core::{ReduceOp, Result, ShardedContext, Sharding, Strategy};
 
 /// PyTorch DDP's default bucket size.
 const DEFAULT_BUCKET_CAP_BYTES: usize = 25 << 20;
@@ -91,17 +88,14 @@ impl Ddp {
 }
 
 impl Strategy for Ddp {
+    crate::replicated::replicated_state_methods!();
+
     fn name(&self) -> &str {
         Self::NAME
     }
 
     fn for_new_rank(&self) -> Box<dyn Strategy> {
         Box::new(Ddp::new().with_bucket_cap_bytes(self.bucket_cap_bytes))
-    }
-
-    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) -> Result<()> {
-        self.state.connect(world, device);
-        Ok(())
     }
 
     fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext> {
@@ -114,45 +108,13 @@ impl Strategy for Ddp {
         Ok(())
     }
 
-    fn is_configured(&self) -> bool {
-        self.state.is_configured()
-    }
-
-    fn configure_optimizer(&mut self, config: &OptimizerConfig) -> Result<()> {
-        self.state.configure_optimizer(config)
-    }
-
-    fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) {
-        self.state.clip = max_norm;
-    }
-
-    fn backward(&mut self, loss: &Tensor) -> Result<()> {
-        self.state.backward(loss)
-    }
-
     fn optimizer_step(&mut self) -> Result<()> {
         let mut grads = self.state.take_grads()?;
         self.all_reduce_grads(&mut grads)?;
         self.state.apply(Self::NAME, grads)
     }
 
-    fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {
-        self.state.full_parameters()
-    }
-
-    fn num_parameters(&self) -> usize {
-        self.state.num_parameters()
-    }
-
-    fn state_bytes(&self) -> StateBytes {
-        self.state.state_bytes()
-    }
-
     fn sharding(&self) -> Sharding {
         Sharding::default()
-    }
-
-    fn parameter_shapes(&self) -> Vec<(String, candle_core::Shape)> {
-        self.state.parameter_shapes()
     }
 }

@@ -187,3 +187,54 @@ impl Replicated {
 pub(crate) fn tensor_bytes(t: &Tensor) -> usize {
     t.elem_count() * t.dtype().size_in_bytes()
 }
+
+/// The `Strategy` methods a replicated-parameter strategy answers from its
+/// `state: Replicated` field, written once for single, ddp and zero stages 1-2.
+macro_rules! replicated_state_methods {
+    () => {
+        fn connect(
+            &mut self,
+            world: std::sync::Arc<dyn wick_core::Collective>,
+            device: candle_core::Device,
+        ) -> wick_core::Result<()> {
+            self.state.connect(world, device);
+            Ok(())
+        }
+
+        fn is_configured(&self) -> bool {
+            self.state.is_configured()
+        }
+
+        fn configure_optimizer(
+            &mut self,
+            config: &wick_core::OptimizerConfig,
+        ) -> wick_core::Result<()> {
+            self.state.configure_optimizer(config)
+        }
+
+        fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) {
+            self.state.clip = max_norm;
+        }
+
+        fn backward(&mut self, loss: &candle_core::Tensor) -> wick_core::Result<()> {
+            self.state.backward(loss)
+        }
+
+        fn full_parameters(&self) -> wick_core::Result<Vec<(String, candle_core::Tensor)>> {
+            self.state.full_parameters()
+        }
+
+        fn num_parameters(&self) -> usize {
+            self.state.num_parameters()
+        }
+
+        fn state_bytes(&self) -> wick_core::StateBytes {
+            self.state.state_bytes()
+        }
+
+        fn parameter_shapes(&self) -> Vec<(String, candle_core::Shape)> {
+            self.state.parameter_shapes()
+        }
+    };
+}
+pub(crate) use replicated_state_methods;

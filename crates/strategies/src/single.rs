@@ -1,11 +1,7 @@
 //! `SingleDevice`: one rank, no communication. The reference every other strategy must match.
 
 use crate::replicated::Replicated;
-use candle_core::{Device, Tensor};
-use std::sync::Arc;
-use wick_core::{
-    Collective, Error, OptimizerConfig, Result, ShardedContext, Sharding, StateBytes, Strategy,
-};
+use wick_core::{Error, Result, ShardedContext, Sharding, Strategy};
 
 /// Trains on one device.
 #[derive(Default)]
@@ -24,6 +20,8 @@ impl SingleDevice {
 }
 
 impl Strategy for SingleDevice {
+    crate::replicated::replicated_state_methods!();
+
     fn name(&self) -> &str {
         Self::NAME
     }
@@ -44,11 +42,6 @@ impl Strategy for SingleDevice {
         Ok(())
     }
 
-    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) -> Result<()> {
-        self.state.connect(world, device);
-        Ok(())
-    }
-
     fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext> {
         self.state.sharded_context(Self::NAME, seed)
     }
@@ -57,44 +50,12 @@ impl Strategy for SingleDevice {
         self.state.finish_sharding(Self::NAME)
     }
 
-    fn is_configured(&self) -> bool {
-        self.state.is_configured()
-    }
-
-    fn configure_optimizer(&mut self, config: &OptimizerConfig) -> Result<()> {
-        self.state.configure_optimizer(config)
-    }
-
-    fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) {
-        self.state.clip = max_norm;
-    }
-
-    fn backward(&mut self, loss: &Tensor) -> Result<()> {
-        self.state.backward(loss)
-    }
-
     fn optimizer_step(&mut self) -> Result<()> {
         let grads = self.state.take_grads()?;
         self.state.apply(Self::NAME, grads)
     }
 
-    fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {
-        self.state.full_parameters()
-    }
-
-    fn num_parameters(&self) -> usize {
-        self.state.num_parameters()
-    }
-
-    fn state_bytes(&self) -> StateBytes {
-        self.state.state_bytes()
-    }
-
     fn sharding(&self) -> Sharding {
         Sharding::default()
-    }
-
-    fn parameter_shapes(&self) -> Vec<(String, candle_core::Shape)> {
-        self.state.parameter_shapes()
     }
 }

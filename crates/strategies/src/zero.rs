@@ -11,10 +11,7 @@ use crate::clip::clip_grad_norm;
 use crate::flat_layout::FlatLayout;
 use crate::replicated::{tensor_bytes, Replicated};
 use candle_core::{DType, Device, Tensor, Var};
-use std::sync::Arc;
-use wick_core::{
-    Collective, OptimizerConfig, ReduceOp, Result, ShardedContext, Sharding, StateBytes, Strategy,
-};
+use wick_core::{Collective, ReduceOp, Result, ShardedContext, Sharding, Strategy};
 
 /// Which state ZeRO shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,6 +146,8 @@ pub(crate) fn shard_of(
 }
 
 impl Strategy for Zero {
+    crate::replicated::replicated_state_methods!();
+
     fn name(&self) -> &str {
         match self.stage {
             Stage::One => "zero1",
@@ -163,11 +162,6 @@ impl Strategy for Zero {
             layout: None,
             state: Replicated::default(),
         })
-    }
-
-    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) -> Result<()> {
-        self.state.connect(world, device);
-        Ok(())
     }
 
     fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext> {
@@ -187,22 +181,6 @@ impl Strategy for Zero {
             .zip(self.state.params.iter().map(|p| p.shape().clone()));
         self.layout = Some(FlatLayout::new(entries, world_size));
         Ok(())
-    }
-
-    fn is_configured(&self) -> bool {
-        self.state.is_configured()
-    }
-
-    fn configure_optimizer(&mut self, config: &OptimizerConfig) -> Result<()> {
-        self.state.configure_optimizer(config)
-    }
-
-    fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) {
-        self.state.clip = max_norm;
-    }
-
-    fn backward(&mut self, loss: &Tensor) -> Result<()> {
-        self.state.backward(loss)
     }
 
     fn optimizer_step(&mut self) -> Result<()> {
@@ -275,27 +253,11 @@ impl Strategy for Zero {
         Ok(())
     }
 
-    fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {
-        self.state.full_parameters()
-    }
-
-    fn num_parameters(&self) -> usize {
-        self.state.num_parameters()
-    }
-
-    fn state_bytes(&self) -> StateBytes {
-        self.state.state_bytes()
-    }
-
     fn sharding(&self) -> Sharding {
         Sharding {
             params: false,
             grads: self.stage == Stage::Two,
             optimizer: true,
         }
-    }
-
-    fn parameter_shapes(&self) -> Vec<(String, candle_core::Shape)> {
-        self.state.parameter_shapes()
     }
 }
