@@ -37,6 +37,8 @@ pub struct FitArgs {
     pub clip: Option<f64>,
     /// `32`, `bf16-mixed` or `16-mixed` (fsdp's sharded modes).
     pub precision: String,
+    /// fsdp auto-wrap: name prefixes of the blocks that become units of their own.
+    pub auto_wrap: Option<Vec<String>>,
 }
 
 impl Default for FitArgs {
@@ -58,6 +60,7 @@ impl Default for FitArgs {
             accumulate: 1,
             clip: None,
             precision: "32".into(),
+            auto_wrap: None,
         }
     }
 }
@@ -83,6 +86,8 @@ options:
   --sharding NAME     fsdp sharding: one of SHARDINGS (default full_shard)
   --group-size N      ranks per group for hybrid_shard (default 2)
   --precision P       32, bf16-mixed or 16-mixed (fsdp: units computed, gradients reduced in 16 bits)
+  --auto-wrap P,Q     fsdp: only blocks named P..., Q... are units of their own (e.g. blocks.);
+                      the others share one root unit (default: every block is a unit)
   --accumulate N      global batches per optimizer step (default 1)
   --clip X            clip gradients to this global L2 norm
   --devices N         ranks (default 2)
@@ -144,6 +149,15 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
                 a.precision = p;
             }
             "--accumulate" => a.accumulate = positive(flag, it.next())?,
+            "--auto-wrap" => {
+                let list: String = value(flag, it.next(), "comma-separated name prefixes")?;
+                a.auto_wrap = Some(
+                    list.split(',')
+                        .filter(|p| !p.is_empty())
+                        .map(String::from)
+                        .collect(),
+                );
+            }
             "--clip" => {
                 let c: f64 = value(flag, it.next(), "a positive number")?;
                 if !(c > 0.0 && c.is_finite()) {

@@ -93,8 +93,13 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
         Fsdp::NAME => {
             let sharding = FsdpSharding::from_name(&args.sharding, args.group_size)?;
             let precision = MixedPrecision::from_name(&args.precision)?;
-            builder.strategy_instance(Box::new(Fsdp::with_precision(sharding, precision)?))
+            let mut fsdp = Fsdp::new(sharding).with_precision(precision)?;
+            if let Some(prefixes) = &args.auto_wrap {
+                fsdp = fsdp.with_auto_wrap(prefixes.clone());
+            }
+            builder.strategy_instance(Box::new(fsdp))
         }
+        _ if args.auto_wrap.is_some() => anyhow::bail!("--auto-wrap needs --strategy fsdp"),
         _ if args.precision != "32" => {
             anyhow::bail!(
                 "--precision {} needs --strategy fsdp (its sharded modes)",

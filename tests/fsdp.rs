@@ -72,12 +72,17 @@ fn hybrid_groups_must_divide_the_world() {
 
 /// All-gathers one training step issues under `sharding` at W = 2 for a 3-unit model.
 fn gathers_per_step(sharding: FsdpSharding) -> usize {
+    gathers_per_step_of(|| Fsdp::new(sharding))
+}
+
+/// All-gathers one training step issues under the strategy `make` builds, at W = 2.
+fn gathers_per_step_of(make: impl Fn() -> Fsdp + Sync) -> usize {
     let logs = ThreadWorld::new(2).run(|comm| {
         let world = Arc::new(Recording {
             inner: Arc::new(comm),
             log: Mutex::default(),
         });
-        let mut s = Fsdp::new(sharding);
+        let mut s = make();
         s.connect(world.clone(), Device::Cpu)?;
         let ctx = s.sharded_context(1)?;
         let units = {
@@ -200,7 +205,7 @@ fn mixed_precision_trains_close_to_single_f32() {
     for (name, tolerance) in [("bf16-mixed", 1e-2), ("16-mixed", 2e-3)] {
         let precision = MixedPrecision::from_name(name).unwrap();
         for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
-            let fsdp = Fsdp::with_precision(sharding, precision).unwrap();
+            let fsdp = Fsdp::new(sharding).with_precision(precision).unwrap();
             let mut trainer = Trainer::builder()
                 .devices(2)
                 .strategy_instance(Box::new(fsdp))
@@ -224,11 +229,10 @@ fn mixed_precision_trains_close_to_single_f32() {
             assert!(diff > 1e-6, "{name} {sharding:?} matched f32 exactly");
         }
     }
-    assert!(Fsdp::with_precision(
-        FsdpSharding::NoShard,
-        MixedPrecision::from_name("bf16-mixed").unwrap()
-    )
-    .is_err());
+    let bf16 = MixedPrecision::from_name("bf16-mixed").unwrap();
+    assert!(Fsdp::new(FsdpSharding::NoShard)
+        .with_precision(bf16)
+        .is_err());
 }
 
 #[test]
@@ -236,10 +240,8 @@ fn mixed_precision_units_take_integer_inputs_and_return_f32() {
     use wick::strategies::MixedPrecision;
     let embed = |precision: &str| {
         let outcomes = ThreadWorld::new(1).run(|comm| {
-            let mut s = Fsdp::with_precision(
-                FsdpSharding::FullShard,
-                MixedPrecision::from_name(precision)?,
-            )?;
+            let mut s = Fsdp::new(FsdpSharding::FullShard)
+                .with_precision(MixedPrecision::from_name(precision)?)?;
             s.connect(Arc::new(comm), Device::Cpu)?;
             let ctx = s.sharded_context(9)?;
             let unit = {
@@ -263,4 +265,39 @@ fn mixed_precision_units_take_integer_inputs_and_return_f32() {
             "{full:?} vs {half:?}"
         );
     }
+}
+
+#[test]
+fn an_auto_wrap_policy_picks_the_units_without_model_changes() {
+    let by_name = |mut params: Vec<(String, Tensor)>| {
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        params
+            .into_iter()
+            .map(|(_, t)| t.flatten_all().unwrap().to_vec1::<f32>().unwrap())
+            .collect::<Vec<_>>()
+    };
+    let mut single = crate::common::quiet_trainer(1, "single", STEPS);
+    single.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
+    let reference = by_name(single.full_parameters().unwrap());
+    for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
+        for w in [2, 4] {
+            let fsdp = Fsdp::new(sharding).with_auto_wrap(vec!["l1".into()]);
+            let mut t = Trainer::builder()
+                .devices(w)
+                .strategy_instance(Box::new(fsdp))
+                .max_steps(STEPS)
+                .seed(42)
+                .no_logger()
+                .progress(false)
+                .model_summary(false)
+                .build()
+                .unwrap();
+            t.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
+            let diff = max_diff(&reference, &by_name(t.full_parameters().unwrap()));
+            assert!(diff <= 1e-5, "{sharding:?} w={w}: max |diff| {diff}");
+        }
+    }
+    // l0 and l2 share the root unit: two gathers per step instead of three.
+    let policy = || Fsdp::new(FsdpSharding::ShardGradOp).with_auto_wrap(vec!["l1".into()]);
+    assert_eq!(gathers_per_step_of(policy), 2);
 }

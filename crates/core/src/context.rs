@@ -80,7 +80,8 @@ pub trait ParamSource: Send + Sync {
         candle_core::bail!("this strategy does not run units")
     }
 
-    /// A `VarBuilder` (rooted at the unit) over the unit's parameters for the current step.
+    /// A `VarBuilder` (at the root of the model's names) over the unit's parameters for the
+    /// current step; the handle narrows it to its own name.
     /// Gathering is a collective, done once per step and kept until the step's backward.
     fn unit_params(&self, unit: usize) -> candle_core::Result<VarBuilder<'static>> {
         let _ = unit;
@@ -266,7 +267,7 @@ impl<T: Clone> Wrapped<T> {
     pub fn get(&self) -> candle_core::Result<T> {
         match &self.registered {
             Some(block) => Ok(block.clone()),
-            None => (self.build)(self.source.unit_params(self.unit)?),
+            None => (self.build)(self.source.unit_params(self.unit)?.pp(&self.name)),
         }
     }
 
@@ -290,7 +291,8 @@ impl<T: Clone> Wrapped<T> {
         };
         let out = if self.source.runs_units(self.unit) {
             let build = self.build.clone();
-            let run: UnitFn = Arc::new(move |vb, x| f(&build(vb)?, x));
+            let name = self.name.clone();
+            let run: UnitFn = Arc::new(move |vb, x| f(&build(vb.pp(&name))?, x));
             self.source.run_unit(self.unit, &x, run)?
         } else {
             f(&self.get()?, &x)?

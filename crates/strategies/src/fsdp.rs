@@ -57,6 +57,7 @@ impl FsdpSharding {
 pub struct Fsdp {
     sharding: FsdpSharding,
     precision: Option<MixedPrecision>,
+    auto_wrap: Option<Vec<String>>,
     inner: Box<dyn Strategy>,
 }
 
@@ -64,28 +65,42 @@ impl Fsdp {
     /// The registry name.
     pub const NAME: &'static str = "fsdp";
 
-    /// FSDP with `sharding`, in f32.
+    /// FSDP with `sharding`, in f32, every wrapped block a unit.
     pub fn new(sharding: FsdpSharding) -> Self {
-        Self::build(sharding, None)
+        Self::build(sharding, None, None)
     }
 
-    /// FSDP with `sharding` and mixed `precision` (`None`: f32). `no_shard` is DDP and has
-    /// no gathered compute copies, so it takes no mixed precision.
-    pub fn with_precision(
-        sharding: FsdpSharding,
-        precision: Option<MixedPrecision>,
-    ) -> Result<Self> {
-        if precision.is_some() && sharding == FsdpSharding::NoShard {
+    /// Mixed `precision` (`None`: f32). `no_shard` is DDP and has no gathered compute
+    /// copies, so it takes no mixed precision.
+    pub fn with_precision(self, precision: Option<MixedPrecision>) -> Result<Self> {
+        if precision.is_some() && self.sharding == FsdpSharding::NoShard {
             return Err(Error::config(
                 "precision",
                 "mixed precision needs a sharded fsdp sharding, not no_shard",
             ));
         }
-        Ok(Self::build(sharding, precision))
+        Ok(Self::build(self.sharding, precision, self.auto_wrap))
     }
 
-    fn build(sharding: FsdpSharding, precision: Option<MixedPrecision>) -> Self {
-        let sharded = |per_use| Zero3::sharded(Self::NAME, per_use).with_precision(precision);
+    /// Auto-wrap policy for the sharded modes: only blocks whose names start with one of
+    /// `prefixes` become units of their own; the rest share one root unit (see
+    /// [`Zero3::with_auto_wrap`]). `no_shard` has no units and ignores it.
+    pub fn with_auto_wrap(self, prefixes: Vec<String>) -> Self {
+        Self::build(self.sharding, self.precision, Some(prefixes))
+    }
+
+    fn build(
+        sharding: FsdpSharding,
+        precision: Option<MixedPrecision>,
+        auto_wrap: Option<Vec<String>>,
+    ) -> Self {
+        let sharded = |per_use| {
+            let inner = Zero3::sharded(Self::NAME, per_use).with_precision(precision);
+            match &auto_wrap {
+                Some(prefixes) => inner.with_auto_wrap(prefixes.clone()),
+                None => inner,
+            }
+        };
         let inner: Box<dyn Strategy> = match sharding {
             FsdpSharding::FullShard => Box::new(sharded(true)),
             FsdpSharding::ShardGradOp => Box::new(sharded(false)),
@@ -97,6 +112,7 @@ impl Fsdp {
         Fsdp {
             sharding,
             precision,
+            auto_wrap,
             inner,
         }
     }
@@ -112,7 +128,11 @@ impl Strategy for Fsdp {
         Self::NAME
     }
     fn for_new_rank(&self) -> Box<dyn Strategy> {
-        Box::new(Fsdp::build(self.sharding, self.precision))
+        Box::new(Fsdp::build(
+            self.sharding,
+            self.precision,
+            self.auto_wrap.clone(),
+        ))
     }
     fn check_world_size(&self, world_size: usize) -> Result<()> {
         if let FsdpSharding::HybridShard { group_size } = self.sharding {

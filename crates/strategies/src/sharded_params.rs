@@ -31,12 +31,20 @@ pub(crate) struct ShardedUnit {
 struct State {
     units: Vec<ShardedUnit>,
     open_unit: Option<usize>,
+    /// Names of the wrapped blocks so far (a block may be wrapped once).
+    wrapped: Vec<String>,
 }
+
+/// The unit that collects every block the auto-wrap policy does not match.
+const ROOT_UNIT: &str = "root";
 
 /// The units of one rank under ZeRO-3.
 pub(crate) struct ShardedParams {
     seed: u64,
     per_use: bool,
+    /// Auto-wrap: a wrapped block becomes a unit of its own only when its name starts with
+    /// one of these prefixes; the others share the root unit. `None`: every block is a unit.
+    auto_wrap: Option<Vec<String>>,
     precision: Option<MixedPrecision>,
     world: Mutex<Arc<dyn Collective>>,
     device: Device,
@@ -53,10 +61,12 @@ impl ShardedParams {
         device: Device,
         per_use: bool,
         precision: Option<MixedPrecision>,
+        auto_wrap: Option<Vec<String>>,
     ) -> Self {
         ShardedParams {
             seed,
             per_use,
+            auto_wrap,
             precision,
             world: Mutex::new(world),
             device,
@@ -64,6 +74,7 @@ impl ShardedParams {
             state: Mutex::new(State {
                 units: Vec::new(),
                 open_unit: None,
+                wrapped: Vec::new(),
             }),
         }
     }
@@ -80,6 +91,29 @@ impl ShardedParams {
     pub(crate) fn reconnect(&self, world: Arc<dyn Collective>) {
         *self.world.lock().unwrap_or_else(|p| p.into_inner()) = world;
         self.release_gathered();
+    }
+
+    /// Lays out unit `unit` and makes this rank's shard of it.
+    fn shard_unit(&self, unit: usize) -> candle_core::Result<()> {
+        let requests = std::mem::take(&mut self.lock().units[unit].requests);
+        let (layout, shard) = self.make_shard(&requests)?;
+        let mut state = self.lock();
+        let u = &mut state.units[unit];
+        u.requests = requests;
+        u.layout = Some(layout);
+        u.shard = Some(shard);
+        Ok(())
+    }
+
+    /// Shards what is still open when the context closes (the auto-wrap root unit).
+    pub(crate) fn finish(&self) -> candle_core::Result<()> {
+        let pending: Vec<usize> = {
+            let state = self.lock();
+            (0..state.units.len())
+                .filter(|&u| state.units[u].layout.is_none())
+                .collect()
+        };
+        pending.into_iter().try_for_each(|u| self.shard_unit(u))
     }
 
     /// Runs `f` over every unit.
@@ -157,35 +191,43 @@ impl wick_core::ParamSource for ShardedParams {
                 state.units[open].name
             )
         }
-        if state.units.iter().any(|u| u.name == name) {
+        if state.wrapped.iter().any(|w| w == name) {
             candle_core::bail!(
                 "unit '{name}' wrapped twice; reuse its handle instead (weight tying)"
             )
         }
-        state.units.push(ShardedUnit {
-            name: name.to_string(),
-            requests: Vec::new(),
-            layout: None,
-            shard: None,
-            gathered: None,
-        });
-        state.open_unit = Some(state.units.len() - 1);
-        Ok(state.units.len() - 1)
+        state.wrapped.push(name.to_string());
+        let own_unit = match &self.auto_wrap {
+            Some(prefixes) => prefixes.iter().any(|p| name.starts_with(p.as_str())),
+            None => true,
+        };
+        let unit_name = if own_unit { name } else { ROOT_UNIT };
+        let unit = match state.units.iter().position(|u| u.name == unit_name) {
+            Some(root) => root,
+            None => {
+                state.units.push(ShardedUnit {
+                    name: unit_name.to_string(),
+                    requests: Vec::new(),
+                    layout: None,
+                    shard: None,
+                    gathered: None,
+                });
+                state.units.len() - 1
+            }
+        };
+        state.open_unit = Some(unit);
+        Ok(unit)
     }
 
     fn end_unit(&self, unit: usize) -> candle_core::Result<()> {
-        let requests = {
-            let mut state = self.lock();
-            state.open_unit = None;
-            std::mem::take(&mut state.units[unit].requests)
-        };
-        let (layout, shard) = self.make_shard(&requests)?;
         let mut state = self.lock();
-        let u = &mut state.units[unit];
-        u.requests = requests;
-        u.layout = Some(layout);
-        u.shard = Some(shard);
-        Ok(())
+        state.open_unit = None;
+        // The root unit keeps collecting blocks; it is sharded when the context closes.
+        if state.units[unit].name == ROOT_UNIT && self.auto_wrap.is_some() {
+            return Ok(());
+        }
+        drop(state);
+        self.shard_unit(unit)
     }
 
     fn is_gathered(&self, _unit: usize) -> bool {
@@ -263,8 +305,8 @@ impl wick_core::ParamSource for ShardedParams {
     }
 }
 
-/// A `VarBuilder` rooted at unit `name` (like the one `wrap` handed the constructor) whose
-/// parameters are views of the unit's gathered flat buffer `flat`.
+/// A `VarBuilder` (at the root of the names) whose parameters are views of unit `name`'s
+/// gathered flat buffer `flat`.
 pub(crate) fn unit_var_builder(
     name: &str,
     layout: &FlatLayout,
@@ -278,7 +320,7 @@ pub(crate) fn unit_var_builder(
         layout: layout.clone(),
         flat,
     };
-    VarBuilder::from_backend(Box::new(views), dtype, device.clone()).pp(name)
+    VarBuilder::from_backend(Box::new(views), dtype, device.clone())
 }
 
 /// The parameters of one gathered unit, as views of its flat buffer.

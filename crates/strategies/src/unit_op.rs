@@ -129,7 +129,7 @@ impl CustomOp2 for UnitOp {
             .iter()
             .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
             .collect();
-        let vb = VarBuilder::from_tensors(tensors, self.param_dtype, &self.device).pp(&self.name);
+        let vb = VarBuilder::from_tensors(tensors, self.param_dtype, &self.device);
         let out = (self.run)(vb, &x_tensor)?;
         // d(sum(out * g))/d(param) is the vector-Jacobian product backward needs.
         let grads = (out * grad_out.detach())?.sum_all()?.backward()?;

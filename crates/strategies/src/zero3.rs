@@ -39,6 +39,8 @@ pub struct Zero3 {
     group_size: Option<usize>,
     /// Mixed precision of the gathered units and the gradient reduction.
     precision: Option<MixedPrecision>,
+    /// Auto-wrap prefixes (see [`Zero3::with_auto_wrap`]).
+    auto_wrap: Option<Vec<String>>,
     /// Hybrid sharding: the ranks of other groups holding the same shard.
     replicas: Option<Arc<dyn Collective>>,
 }
@@ -61,6 +63,14 @@ impl Zero3 {
     /// Computes gathered units in, and reduces gradients in, the dtypes of `precision`.
     pub(crate) fn with_precision(mut self, precision: Option<MixedPrecision>) -> Self {
         self.precision = precision;
+        self
+    }
+
+    /// Auto-wrap policy: a wrapped block whose name starts with one of `prefixes` is a unit
+    /// of its own (gathered and freed on its own); every other block joins one root unit.
+    /// Changing the policy changes the sharding granularity without touching model code.
+    pub fn with_auto_wrap(mut self, prefixes: Vec<String>) -> Self {
+        self.auto_wrap = Some(prefixes);
         self
     }
 
@@ -104,6 +114,7 @@ impl Strategy for Zero3 {
             per_use: self.per_use,
             group_size: self.group_size,
             precision: self.precision,
+            auto_wrap: self.auto_wrap.clone(),
             ..Zero3::default()
         })
     }
@@ -138,6 +149,7 @@ impl Strategy for Zero3 {
             device.clone(),
             self.per_use,
             self.precision,
+            self.auto_wrap.clone(),
         ));
         self.source = Some(source.clone());
         Ok(ShardedContext::new(source, world, device, self.name()))
@@ -148,6 +160,7 @@ impl Strategy for Zero3 {
             .source
             .as_ref()
             .ok_or_else(|| Self::not_ready("no sharding context was opened"))?;
+        source.finish()?;
         (self.layouts, self.shards) = source.with_units(|units| {
             units
                 .iter()
