@@ -39,6 +39,8 @@ pub struct FitArgs {
     pub precision: String,
     /// fsdp auto-wrap: name prefixes of the blocks that become units of their own.
     pub auto_wrap: Option<Vec<String>>,
+    /// fsdp full/hybrid sharding: gather the next unit in the background.
+    pub prefetch: bool,
 }
 
 impl Default for FitArgs {
@@ -61,6 +63,7 @@ impl Default for FitArgs {
             clip: None,
             precision: "32".into(),
             auto_wrap: None,
+            prefetch: false,
         }
     }
 }
@@ -88,6 +91,7 @@ options:
   --precision P       32, bf16-mixed or 16-mixed (fsdp: units computed, gradients reduced in 16 bits)
   --auto-wrap P,Q     fsdp: only blocks named P..., Q... are units of their own (e.g. blocks.);
                       the others share one root unit (default: every block is a unit)
+  --prefetch          fsdp full_shard/hybrid_shard: gather the next unit in the background
   --accumulate N      global batches per optimizer step (default 1)
   --clip X            clip gradients to this global L2 norm
   --devices N         ranks (default 2)
@@ -185,6 +189,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
             "--log-dir" => a.log_dir = value(flag, it.next(), "a directory")?,
             "--data" => a.data = Some(value(flag, it.next(), "a file")?),
             "--no-progress" => a.progress = false,
+            "--prefetch" => a.prefetch = true,
             "-h" | "--help" => return Ok(Command::Help),
             other => {
                 return Err(format!(

@@ -93,13 +93,17 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
         Fsdp::NAME => {
             let sharding = FsdpSharding::from_name(&args.sharding, args.group_size)?;
             let precision = MixedPrecision::from_name(&args.precision)?;
-            let mut fsdp = Fsdp::new(sharding).with_precision(precision)?;
+            let mut fsdp = Fsdp::new(sharding)
+                .with_precision(precision)?
+                .with_prefetch(args.prefetch);
             if let Some(prefixes) = &args.auto_wrap {
                 fsdp = fsdp.with_auto_wrap(prefixes.clone());
             }
             builder.strategy_instance(Box::new(fsdp))
         }
-        _ if args.auto_wrap.is_some() => anyhow::bail!("--auto-wrap needs --strategy fsdp"),
+        _ if args.auto_wrap.is_some() || args.prefetch => {
+            anyhow::bail!("--auto-wrap and --prefetch need --strategy fsdp")
+        }
         _ if args.precision != "32" => {
             anyhow::bail!(
                 "--precision {} needs --strategy fsdp (its sharded modes)",

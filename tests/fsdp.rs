@@ -107,6 +107,40 @@ fn gathers_per_step_of(make: impl Fn() -> Fsdp + Sync) -> usize {
 }
 
 #[test]
+fn prefetch_moves_gathers_to_the_background_and_changes_nothing() {
+    // With prefetch only the first unit of forward and the first of backward are gathered
+    // on the foreground channel; the other four come from the background thread.
+    assert_eq!(
+        gathers_per_step_of(|| Fsdp::new(FsdpSharding::FullShard).with_prefetch(true)),
+        2
+    );
+    let reference = train(1, "single", adamw(), STEPS);
+    for (sharding, w) in [
+        (FsdpSharding::FullShard, 2),
+        (FsdpSharding::FullShard, 4),
+        (FsdpSharding::HybridShard { group_size: 2 }, 4),
+    ] {
+        let fsdp = Fsdp::new(sharding).with_prefetch(true);
+        let mut t = Trainer::builder()
+            .devices(w)
+            .strategy_instance(Box::new(fsdp))
+            .max_steps(STEPS)
+            .seed(42)
+            .no_logger()
+            .progress(false)
+            .model_summary(false)
+            .build()
+            .unwrap();
+        t.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
+        let diff = max_diff(&reference, &full_parameters(&mut t));
+        assert!(
+            diff <= 1e-5,
+            "{sharding:?} w={w} with prefetch: max |diff| {diff}"
+        );
+    }
+}
+
+#[test]
 fn full_shard_gathers_each_unit_again_in_backward() {
     // Forward and backward each gather every unit once: the forward's gather was freed.
     assert_eq!(gathers_per_step(FsdpSharding::FullShard), 6);

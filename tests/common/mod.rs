@@ -271,6 +271,10 @@ impl Collective for Recording {
     fn barrier(&self) -> Result<(), CollectiveError> {
         self.inner.barrier()
     }
+    fn split(&self, color: usize) -> Result<std::sync::Arc<dyn Collective>, CollectiveError> {
+        // Sub-worlds are not recorded: the log shows this channel's calls only.
+        self.inner.split(color)
+    }
     fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
         self.inner.all_gather_start(shard, full)
     }

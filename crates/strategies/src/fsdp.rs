@@ -58,6 +58,7 @@ pub struct Fsdp {
     sharding: FsdpSharding,
     precision: Option<MixedPrecision>,
     auto_wrap: Option<Vec<String>>,
+    prefetch: bool,
     inner: Box<dyn Strategy>,
 }
 
@@ -67,7 +68,7 @@ impl Fsdp {
 
     /// FSDP with `sharding`, in f32, every wrapped block a unit.
     pub fn new(sharding: FsdpSharding) -> Self {
-        Self::build(sharding, None, None)
+        Self::build(sharding, None, None, false)
     }
 
     /// Mixed `precision` (`None`: f32). `no_shard` is DDP and has no gathered compute
@@ -79,23 +80,37 @@ impl Fsdp {
                 "mixed precision needs a sharded fsdp sharding, not no_shard",
             ));
         }
-        Ok(Self::build(self.sharding, precision, self.auto_wrap))
+        Ok(Self::build(
+            self.sharding,
+            precision,
+            self.auto_wrap,
+            self.prefetch,
+        ))
     }
 
     /// Auto-wrap policy for the sharded modes: only blocks whose names start with one of
     /// `prefixes` become units of their own; the rest share one root unit (see
     /// [`Zero3::with_auto_wrap`]). `no_shard` has no units and ignores it.
     pub fn with_auto_wrap(self, prefixes: Vec<String>) -> Self {
-        Self::build(self.sharding, self.precision, Some(prefixes))
+        Self::build(self.sharding, self.precision, Some(prefixes), self.prefetch)
+    }
+
+    /// Under `full_shard` and `hybrid_shard`, gather the next unit on a background thread
+    /// while the current one computes.
+    pub fn with_prefetch(self, prefetch: bool) -> Self {
+        Self::build(self.sharding, self.precision, self.auto_wrap, prefetch)
     }
 
     fn build(
         sharding: FsdpSharding,
         precision: Option<MixedPrecision>,
         auto_wrap: Option<Vec<String>>,
+        prefetch: bool,
     ) -> Self {
         let sharded = |per_use| {
-            let inner = Zero3::sharded(Self::NAME, per_use).with_precision(precision);
+            let inner = Zero3::sharded(Self::NAME, per_use)
+                .with_precision(precision)
+                .with_prefetch(prefetch);
             match &auto_wrap {
                 Some(prefixes) => inner.with_auto_wrap(prefixes.clone()),
                 None => inner,
@@ -113,6 +128,7 @@ impl Fsdp {
             sharding,
             precision,
             auto_wrap,
+            prefetch,
             inner,
         }
     }
@@ -132,6 +148,7 @@ impl Strategy for Fsdp {
             self.sharding,
             self.precision,
             self.auto_wrap.clone(),
+            self.prefetch,
         ))
     }
     fn check_world_size(&self, world_size: usize) -> Result<()> {

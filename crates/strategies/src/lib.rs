@@ -20,6 +20,7 @@ pub mod init;
 pub mod optim;
 mod param_request;
 mod precision;
+mod prefetch;
 mod registry;
 mod replicated;
 mod sharded_params;

@@ -12,6 +12,7 @@ use crate::grad_sync::GradSync;
 use crate::init::init_values;
 use crate::param_request::{check_dtype, check_same_shape};
 use crate::precision::{dtypes, MixedPrecision};
+use crate::prefetch::Prefetcher;
 use crate::unit_op::UnitOp;
 use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
@@ -45,6 +46,9 @@ pub(crate) struct ShardedParams {
     /// Auto-wrap: a wrapped block becomes a unit of its own only when its name starts with
     /// one of these prefixes; the others share the root unit. `None`: every block is a unit.
     auto_wrap: Option<Vec<String>>,
+    /// Gather the next unit in the background under full sharding.
+    prefetch: bool,
+    prefetcher: Mutex<Option<Arc<Prefetcher>>>,
     precision: Option<MixedPrecision>,
     world: Mutex<Arc<dyn Collective>>,
     device: Device,
@@ -62,11 +66,14 @@ impl ShardedParams {
         per_use: bool,
         precision: Option<MixedPrecision>,
         auto_wrap: Option<Vec<String>>,
+        prefetch: bool,
     ) -> Self {
         ShardedParams {
             seed,
             per_use,
             auto_wrap,
+            prefetch: prefetch && per_use,
+            prefetcher: Mutex::default(),
             precision,
             world: Mutex::new(world),
             device,
@@ -88,9 +95,39 @@ impl ShardedParams {
     }
 
     /// Gathers through `world` from now on (each stage brings its own world).
-    pub(crate) fn reconnect(&self, world: Arc<dyn Collective>) {
+    pub(crate) fn reconnect(&self, world: Arc<dyn Collective>) -> candle_core::Result<()> {
         *self.world.lock().unwrap_or_else(|p| p.into_inner()) = world;
         self.release_gathered();
+        self.start_prefetch()
+    }
+
+    /// (Re)starts the prefetch thread over a channel split from the current world; a
+    /// collective, called by every rank at the same point. No-op without prefetch or units.
+    fn start_prefetch(&self) -> candle_core::Result<()> {
+        if !self.prefetch {
+            return Ok(());
+        }
+        let units: Vec<(Tensor, usize)> = {
+            let state = self.lock();
+            state
+                .units
+                .iter()
+                .filter_map(|u| {
+                    Some((
+                        u.shard.as_ref()?.as_tensor().clone(),
+                        u.layout.as_ref()?.padded(),
+                    ))
+                })
+                .collect()
+        };
+        if units.is_empty() {
+            return Ok(());
+        }
+        let channel = self.world().split(0).map_err(candle_core::Error::wrap)?;
+        let (param_dtype, _) = dtypes(self.precision);
+        let prefetcher = Arc::new(Prefetcher::start(channel, units, param_dtype));
+        *self.prefetcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(prefetcher);
+        Ok(())
     }
 
     /// Lays out unit `unit` and makes this rank's shard of it.
@@ -113,7 +150,8 @@ impl ShardedParams {
                 .filter(|&u| state.units[u].layout.is_none())
                 .collect()
         };
-        pending.into_iter().try_for_each(|u| self.shard_unit(u))
+        pending.into_iter().try_for_each(|u| self.shard_unit(u))?;
+        self.start_prefetch()
     }
 
     /// Runs `f` over every unit.
@@ -125,6 +163,14 @@ impl ShardedParams {
     pub(crate) fn release_gathered(&self) {
         for unit in self.lock().units.iter_mut() {
             unit.gathered = None;
+        }
+        if let Some(p) = self
+            .prefetcher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            p.drain();
         }
     }
 
@@ -268,6 +314,11 @@ impl wick_core::ParamSource for ShardedParams {
             device: self.device.clone(),
             param_dtype,
             reduce_dtype,
+            prefetch: self
+                .prefetcher
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
         };
         input.apply_op2(shard.as_tensor(), op)
     }

@@ -9,6 +9,7 @@
 use crate::flat_layout::FlatLayout;
 use crate::gather_op::reduce_to_shard;
 use crate::grad_sync::GradSync;
+use crate::prefetch::{gather, Prefetcher};
 use crate::sharded_params::unit_var_builder;
 use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor, Var};
 use candle_nn::VarBuilder;
@@ -25,6 +26,7 @@ pub(crate) struct UnitOp {
     pub(crate) device: Device,
     pub(crate) param_dtype: DType,
     pub(crate) reduce_dtype: DType,
+    pub(crate) prefetch: Option<Arc<Prefetcher>>,
 }
 
 /// A tensor holding a copy of a CPU storage's contiguous elements.
@@ -48,13 +50,22 @@ fn host_tensor(storage: &CpuStorage, layout: &Layout) -> Result<Tensor> {
 }
 
 impl UnitOp {
-    /// The unit's full flat buffer, gathered now (a plain tensor, outside any graph).
-    fn gather(&self, shard: &Tensor) -> Result<Tensor> {
-        let full = Tensor::zeros(self.layout.padded(), self.param_dtype, &self.device)?;
-        let shard = shard.contiguous()?.to_dtype(self.param_dtype)?;
-        self.world
-            .all_gather_into(&shard, &full)
-            .map_err(candle_core::Error::wrap)?;
+    /// The unit's full flat buffer: prefetched if a gather of it is in flight, otherwise
+    /// gathered now. Then the neighbour this pass visits next (`next`) starts gathering.
+    fn gather(&self, shard: &Tensor, next: Option<usize>) -> Result<Tensor> {
+        let prefetched = self.prefetch.as_ref().and_then(|p| p.take(self.unit));
+        let full = match prefetched {
+            Some(full) => full?,
+            None => gather(
+                self.world.as_ref(),
+                shard,
+                self.layout.padded(),
+                self.param_dtype,
+            )?,
+        };
+        if let (Some(p), Some(next)) = (&self.prefetch, next) {
+            p.request(next);
+        }
         Ok(full)
     }
 }
@@ -72,7 +83,7 @@ impl CustomOp2 for UnitOp {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let input = host_tensor(s1, l1)?;
-        let full = self.gather(&host_tensor(s2, l2)?)?;
+        let full = self.gather(&host_tensor(s2, l2)?, Some(self.unit + 1))?;
         // Neither the input nor the gathered buffer is a variable: no graph is recorded.
         let out = (self.run)(
             unit_var_builder(&self.name, &self.layout, full, &self.device),
@@ -100,7 +111,7 @@ impl CustomOp2 for UnitOp {
         // once): back-propagating into views of one flat variable would make candle build a
         // full-size padded gradient per parameter.
         let params = {
-            let full = self.gather(shard)?;
+            let full = self.gather(shard, self.unit.checked_sub(1))?;
             self.layout
                 .entries()
                 .iter()

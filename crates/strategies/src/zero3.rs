@@ -41,6 +41,8 @@ pub struct Zero3 {
     precision: Option<MixedPrecision>,
     /// Auto-wrap prefixes (see [`Zero3::with_auto_wrap`]).
     auto_wrap: Option<Vec<String>>,
+    /// Prefetch the next unit's gather (full sharding only).
+    prefetch: bool,
     /// Hybrid sharding: the ranks of other groups holding the same shard.
     replicas: Option<Arc<dyn Collective>>,
 }
@@ -71,6 +73,13 @@ impl Zero3 {
     /// Changing the policy changes the sharding granularity without touching model code.
     pub fn with_auto_wrap(mut self, prefixes: Vec<String>) -> Self {
         self.auto_wrap = Some(prefixes);
+        self
+    }
+
+    /// Under full sharding, gathers the next unit on a background thread while the current
+    /// one computes (forward: the next unit, backward: the previous).
+    pub(crate) fn with_prefetch(mut self, prefetch: bool) -> Self {
+        self.prefetch = prefetch;
         self
     }
 
@@ -115,6 +124,7 @@ impl Strategy for Zero3 {
             group_size: self.group_size,
             precision: self.precision,
             auto_wrap: self.auto_wrap.clone(),
+            prefetch: self.prefetch,
             ..Zero3::default()
         })
     }
@@ -133,7 +143,7 @@ impl Strategy for Zero3 {
         };
         // A new stage brings a new world; the gather ops of the old one must not be reused.
         if let Some(source) = &self.source {
-            source.reconnect(world.clone());
+            source.reconnect(world.clone())?;
         }
         self.world = Some(world);
         self.device = Some(device);
@@ -150,6 +160,7 @@ impl Strategy for Zero3 {
             self.per_use,
             self.precision,
             self.auto_wrap.clone(),
+            self.prefetch,
         ));
         self.source = Some(source.clone());
         Ok(ShardedContext::new(source, world, device, self.name()))
