@@ -9,7 +9,9 @@
 mod accelerator;
 mod barrier;
 mod reduce;
+mod thread_comm;
 mod thread_world;
 
 pub use accelerator::{Accelerator, RankEnv};
-pub use thread_world::{RankError, ThreadComm, ThreadWorld};
+pub use thread_comm::ThreadComm;
+pub use thread_world::{RankError, ThreadWorld};

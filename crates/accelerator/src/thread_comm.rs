@@ -1,0 +1,392 @@
+//! `ThreadComm`: one rank's collectives over a `ThreadWorld`, through shared memory.
+//!
+//! Each call publishes pointers to the rank's buffers, meets the others at a barrier, then
+//! every rank copies or reduces directly from its peers' buffers into its own: one copy per
+//! byte moved, nothing allocated per call. A second barrier keeps every buffer alive until
+//! all peers are done reading it.
+
+use crate::reduce::reduce_ranks;
+use crate::thread_world::{Op, Published, Shared, ThreadWorld};
+use candle_core::{DType, Tensor};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use wick_core::host::{with_bytes, with_bytes_mut, with_bytes_mut_from, HostAccessError};
+use wick_core::{Collective, CollectiveError, ReduceOp};
+
+/// One rank's handle on a [`ThreadWorld`]; implements [`Collective`] for f32, bf16 and f16
+/// CPU tensors.
+pub struct ThreadComm {
+    rank: usize,
+    shared: Arc<Shared>,
+    /// Split calls made so far (the same count on every rank at the same point).
+    splits: AtomicU64,
+}
+
+/// The element types a thread world moves, as published codes.
+const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+fn dtype_code(dtype: DType) -> usize {
+    DTYPES
+        .iter()
+        .position(|&d| d == dtype)
+        .unwrap_or(usize::MAX)
+}
+
+impl ThreadComm {
+    pub(crate) fn new(rank: usize, shared: Arc<Shared>) -> Self {
+        ThreadComm {
+            rank,
+            shared,
+            splits: AtomicU64::new(0),
+        }
+    }
+
+    fn unsupported(&self, op: Op) -> impl Fn(HostAccessError) -> CollectiveError + '_ {
+        move |e| CollectiveError::Unsupported {
+            rank: self.rank,
+            op: op.name(),
+            message: e.0,
+        }
+    }
+
+    fn mismatch(&self, op: Op, message: String) -> CollectiveError {
+        CollectiveError::Mismatch {
+            rank: self.rank,
+            op: op.name(),
+            message,
+        }
+    }
+
+    /// What rank `s` published for the call in progress.
+    fn peer(&self, s: usize) -> Published {
+        self.shared.slots[s].read()
+    }
+
+    /// Publishes this rank's buffers, waits for all ranks, checks they agree on the call,
+    /// runs `work` (which reads peers through [`ThreadComm::peer`]), and waits until every
+    /// rank is done with every buffer.
+    fn exchange(
+        &self,
+        mine: Published,
+        op: Op,
+        work: impl FnOnce() -> Result<(), CollectiveError>,
+    ) -> Result<(), CollectiveError> {
+        let shared = &*self.shared;
+        shared.slots[self.rank].publish(mine);
+        shared.barrier.wait(self.rank, op.name())?;
+        // Every rank evaluates the same check on the same published data, so either all
+        // ranks run `work` or all return the same mismatch.
+        let outcome = self.check_agreement(op).and_then(|()| work());
+        shared.barrier.wait(self.rank, op.name())?;
+        outcome
+    }
+
+    fn check_agreement(&self, op: Op) -> Result<(), CollectiveError> {
+        let first = self.peer(0);
+        for s in 0..self.shared.size {
+            let p = self.peer(s);
+            if p.op != op as usize {
+                return Err(self.mismatch(
+                    op,
+                    format!("rank {s} called a different collective at the same point"),
+                ));
+            }
+            if p.arg != first.arg {
+                return Err(self.mismatch(
+                    op,
+                    format!(
+                        "rank {s} passed {} where rank 0 passed {}",
+                        p.arg, first.arg
+                    ),
+                ));
+            }
+            if p.dtype != first.dtype {
+                return Err(self.mismatch(op, format!("rank {s} passed another dtype than rank 0")));
+            }
+        }
+        Ok(())
+    }
+
+    fn same_lengths(
+        &self,
+        op: Op,
+        len: impl Fn(Published) -> usize,
+    ) -> Result<usize, CollectiveError> {
+        let first = len(self.peer(0));
+        if (0..self.shared.size).any(|s| len(self.peer(s)) != first) {
+            return Err(self.mismatch(op, "ranks passed buffers of different lengths".into()));
+        }
+        Ok(first)
+    }
+
+    fn offsets_check(
+        &self,
+        op: Op,
+        lens: impl Fn(Published) -> usize,
+        total: usize,
+    ) -> Result<(), CollectiveError> {
+        let sum: usize = (0..self.shared.size).map(|s| lens(self.peer(s))).sum();
+        if sum != total {
+            return Err(self.mismatch(
+                op,
+                format!(
+                    "the ranks' shards add up to {sum} elements but the full buffer holds {total}"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// All-gather on host bytes of `dtype`: every rank's `src`, in rank order, into `dst`.
+    fn gather_bytes(
+        &self,
+        dtype: DType,
+        src: &[u8],
+        dst: &mut [u8],
+    ) -> Result<(), CollectiveError> {
+        let op = Op::AllGather;
+        let elem = dtype.size_in_bytes();
+        let mine = Published {
+            op: op as usize,
+            arg: 0,
+            dtype: dtype_code(dtype),
+            src: src.as_ptr(),
+            src_len: src.len() / elem,
+            dst: dst.as_mut_ptr(),
+            dst_len: dst.len() / elem,
+        };
+        self.exchange(mine, op, || {
+            let total = self.same_lengths(op, |p| p.dst_len)?;
+            self.offsets_check(op, |p| p.src_len, total)?;
+            let mut offset = 0;
+            for s in 0..self.shared.size {
+                let p = self.peer(s);
+                // SAFETY: rank s's shard is valid for src_len elements until the closing
+                // barrier, and nobody writes it during the call; our destination range is
+                // in bounds (checked above) and only this rank writes it.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        p.src,
+                        mine.dst.add(offset * elem),
+                        p.src_len * elem,
+                    );
+                }
+                offset += p.src_len;
+            }
+            Ok(())
+        })
+    }
+}
+
+impl Collective for ThreadComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.shared.size
+    }
+
+    fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
+        with_bytes_mut_from(full, shard, |dst, src| {
+            self.gather_bytes(shard.dtype(), src, dst)
+        })
+        .map_err(self.unsupported(Op::AllGather))?
+    }
+
+    fn all_gather_host(&self, shard: &Tensor, full: &mut [u8]) -> Result<(), CollectiveError> {
+        with_bytes(shard, |src| self.gather_bytes(shard.dtype(), src, full))
+            .map_err(self.unsupported(Op::AllGather))?
+    }
+
+    fn reduce_scatter_into(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        reduce: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let op = Op::ReduceScatter;
+        let dtype = full.dtype();
+        let elem = dtype.size_in_bytes();
+        with_bytes_mut_from(shard, full, |dst, src| {
+            let mine = Published {
+                op: op as usize,
+                arg: reduce as usize,
+                dtype: dtype_code(dtype),
+                src: src.as_ptr(),
+                src_len: src.len() / elem,
+                dst: dst.as_mut_ptr(),
+                dst_len: dst.len() / elem,
+            };
+            self.exchange(mine, op, || {
+                let total = self.same_lengths(op, |p| p.src_len)?;
+                self.offsets_check(op, |p| p.dst_len, total)?;
+                let offset: usize = (0..self.rank).map(|s| self.peer(s).dst_len).sum();
+                // SAFETY: every full buffer holds `total` elements and is read-only during
+                // the call; our shard is written by this rank alone.
+                unsafe {
+                    reduce_ranks(
+                        dtype,
+                        mine.dst,
+                        mine.dst_len,
+                        self.shared.size,
+                        |s| self.peer(s).src.add(offset * elem),
+                        reduce,
+                    );
+                }
+                Ok(())
+            })
+        })
+        .map_err(self.unsupported(op))?
+    }
+
+    fn all_reduce_in_place(
+        &self,
+        tensor: &Tensor,
+        reduce: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let op = Op::AllReduce;
+        let dtype = tensor.dtype();
+        let elem = dtype.size_in_bytes();
+        with_bytes_mut(tensor, |buf| {
+            let len = buf.len() / elem;
+            let mine = Published {
+                op: op as usize,
+                arg: reduce as usize,
+                dtype: dtype_code(dtype),
+                src: buf.as_ptr(),
+                src_len: len,
+                dst: buf.as_mut_ptr(),
+                dst_len: len,
+            };
+            let n = self.shared.size;
+            let chunk = |r: usize| (r * len / n, (r + 1) * len / n);
+            self.exchange(mine, op, || {
+                self.same_lengths(op, |p| p.src_len)?;
+                // Phase 1: this rank reduces its chunk from every buffer into its own.
+                let (a, b) = chunk(self.rank);
+                // SAFETY: chunk `rank` of any buffer is read only by this rank in phase 1
+                // and written only in this rank's own buffer.
+                unsafe {
+                    reduce_ranks(
+                        dtype,
+                        mine.dst.add(a * elem),
+                        b - a,
+                        n,
+                        |s| self.peer(s).src.add(a * elem),
+                        reduce,
+                    );
+                }
+                Ok(())
+            })?;
+            // Phase 2: copy every other rank's reduced chunk into this buffer.
+            self.exchange(mine, op, || {
+                for s in (0..n).filter(|&s| s != self.rank) {
+                    let (a, b) = chunk(s);
+                    // SAFETY: chunk s of rank s's buffer is final and read-only now; chunk s
+                    // of our buffer is written only by us and read by nobody in phase 2.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            self.peer(s).src.add(a * elem),
+                            mine.dst.add(a * elem),
+                            (b - a) * elem,
+                        );
+                    }
+                }
+                Ok(())
+            })
+        })
+        .map_err(self.unsupported(op))?
+    }
+
+    fn broadcast_in_place(&self, tensor: &Tensor, root: usize) -> Result<(), CollectiveError> {
+        let op = Op::Broadcast;
+        if root >= self.shared.size {
+            return Err(self.mismatch(
+                op,
+                format!(
+                    "root {root} is not a rank of a world of {}",
+                    self.shared.size
+                ),
+            ));
+        }
+        let dtype = tensor.dtype();
+        with_bytes_mut(tensor, |buf| {
+            let len = buf.len() / dtype.size_in_bytes();
+            let mine = Published {
+                op: op as usize,
+                arg: root,
+                dtype: dtype_code(dtype),
+                src: buf.as_ptr(),
+                src_len: len,
+                dst: buf.as_mut_ptr(),
+                dst_len: len,
+            };
+            self.exchange(mine, op, || {
+                let from = self.peer(root);
+                if from.src_len != mine.dst_len {
+                    return Err(self.mismatch(
+                        op,
+                        format!(
+                            "root has {} elements, this rank {}",
+                            from.src_len, mine.dst_len
+                        ),
+                    ));
+                }
+                if self.rank != root {
+                    // SAFETY: the root's buffer is read-only until the closing barrier.
+                    unsafe { std::ptr::copy_nonoverlapping(from.src, mine.dst, buf.len()) };
+                }
+                Ok(())
+            })
+        })
+        .map_err(self.unsupported(op))?
+    }
+
+    fn split(&self, color: usize) -> Result<Arc<dyn Collective>, CollectiveError> {
+        let call = self.splits.fetch_add(1, Ordering::SeqCst);
+        let size = self.shared.size;
+        let mine = Tensor::new(&[color as f32], &candle_core::Device::Cpu)
+            .map_err(|e| self.mismatch(Op::AllGather, e.to_string()))?;
+        let mut colors = [0u8; 4].repeat(size);
+        self.all_gather_host(&mine, &mut colors)?;
+        let colors: Vec<usize> = colors
+            .chunks_exact(4)
+            .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]) as usize)
+            .collect();
+        let members: Vec<usize> = (0..size).filter(|&r| colors[r] == color).collect();
+        let sub_rank = members
+            .iter()
+            .position(|&r| r == self.rank)
+            .expect("this rank has its own color");
+        let world = {
+            let mut children = self
+                .shared
+                .children
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let (_, world) = children.entry((call, color)).or_insert_with(|| {
+                (
+                    members.clone(),
+                    ThreadWorld::with_timeout(members.len(), self.shared.timeout),
+                )
+            });
+            world.clone()
+        };
+        Ok(Arc::new(world.comm(sub_rank)))
+    }
+
+    fn barrier(&self) -> Result<(), CollectiveError> {
+        // Published like any call, so a barrier facing another collective is a mismatch.
+        let mine = Published {
+            op: Op::Barrier as usize,
+            arg: 0,
+            dtype: 0,
+            src: std::ptr::null(),
+            src_len: 0,
+            dst: std::ptr::null_mut(),
+            dst_len: 0,
+        };
+        self.exchange(mine, Op::Barrier, || Ok(()))
+    }
+}
