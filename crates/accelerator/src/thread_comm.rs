@@ -32,6 +32,28 @@ fn dtype_code(dtype: DType) -> usize {
         .unwrap_or(usize::MAX)
 }
 
+/// What a rank publishes for one call: buffers given as bytes, lengths kept in elements.
+fn publication(
+    op: Op,
+    arg: usize,
+    dtype: DType,
+    src: *const u8,
+    src_bytes: usize,
+    dst: *mut u8,
+    dst_bytes: usize,
+) -> Published {
+    let elem = dtype.size_in_bytes();
+    Published {
+        op: op as usize,
+        arg,
+        dtype: dtype_code(dtype),
+        src,
+        src_len: src_bytes / elem,
+        dst,
+        dst_len: dst_bytes / elem,
+    }
+}
+
 impl ThreadComm {
     pub(crate) fn new(rank: usize, shared: Arc<Shared>) -> Self {
         ThreadComm {
@@ -146,15 +168,15 @@ impl ThreadComm {
     ) -> Result<(), CollectiveError> {
         let op = Op::AllGather;
         let elem = dtype.size_in_bytes();
-        let mine = Published {
-            op: op as usize,
-            arg: 0,
-            dtype: dtype_code(dtype),
-            src: src.as_ptr(),
-            src_len: src.len() / elem,
-            dst: dst.as_mut_ptr(),
-            dst_len: dst.len() / elem,
-        };
+        let mine = publication(
+            op,
+            0,
+            dtype,
+            src.as_ptr(),
+            src.len(),
+            dst.as_mut_ptr(),
+            dst.len(),
+        );
         self.exchange(mine, op, || {
             let total = self.same_lengths(op, |p| p.dst_len)?;
             self.offsets_check(op, |p| p.src_len, total)?;
@@ -209,15 +231,15 @@ impl Collective for ThreadComm {
         let dtype = full.dtype();
         let elem = dtype.size_in_bytes();
         with_bytes_mut_from(shard, full, |dst, src| {
-            let mine = Published {
-                op: op as usize,
-                arg: reduce as usize,
-                dtype: dtype_code(dtype),
-                src: src.as_ptr(),
-                src_len: src.len() / elem,
-                dst: dst.as_mut_ptr(),
-                dst_len: dst.len() / elem,
-            };
+            let mine = publication(
+                op,
+                reduce as usize,
+                dtype,
+                src.as_ptr(),
+                src.len(),
+                dst.as_mut_ptr(),
+                dst.len(),
+            );
             self.exchange(mine, op, || {
                 let total = self.same_lengths(op, |p| p.src_len)?;
                 self.offsets_check(op, |p| p.dst_len, total)?;
@@ -250,15 +272,15 @@ impl Collective for ThreadComm {
         let elem = dtype.size_in_bytes();
         with_bytes_mut(tensor, |buf| {
             let len = buf.len() / elem;
-            let mine = Published {
-                op: op as usize,
-                arg: reduce as usize,
-                dtype: dtype_code(dtype),
-                src: buf.as_ptr(),
-                src_len: len,
-                dst: buf.as_mut_ptr(),
-                dst_len: len,
-            };
+            let mine = publication(
+                op,
+                reduce as usize,
+                dtype,
+                buf.as_ptr(),
+                buf.len(),
+                buf.as_mut_ptr(),
+                buf.len(),
+            );
             let n = self.shared.size;
             let chunk = |r: usize| (r * len / n, (r + 1) * len / n);
             self.exchange(mine, op, || {
@@ -312,16 +334,15 @@ impl Collective for ThreadComm {
         }
         let dtype = tensor.dtype();
         with_bytes_mut(tensor, |buf| {
-            let len = buf.len() / dtype.size_in_bytes();
-            let mine = Published {
-                op: op as usize,
-                arg: root,
-                dtype: dtype_code(dtype),
-                src: buf.as_ptr(),
-                src_len: len,
-                dst: buf.as_mut_ptr(),
-                dst_len: len,
-            };
+            let mine = publication(
+                op,
+                root,
+                dtype,
+                buf.as_ptr(),
+                buf.len(),
+                buf.as_mut_ptr(),
+                buf.len(),
+            );
             self.exchange(mine, op, || {
                 let from = self.peer(root);
                 if from.src_len != mine.dst_len {
@@ -378,15 +399,15 @@ impl Collective for ThreadComm {
 
     fn barrier(&self) -> Result<(), CollectiveError> {
         // Published like any call, so a barrier facing another collective is a mismatch.
-        let mine = Published {
-            op: Op::Barrier as usize,
-            arg: 0,
-            dtype: 0,
-            src: std::ptr::null(),
-            src_len: 0,
-            dst: std::ptr::null_mut(),
-            dst_len: 0,
-        };
+        let mine = publication(
+            Op::Barrier,
+            0,
+            DType::F32,
+            std::ptr::null(),
+            0,
+            std::ptr::null_mut(),
+            0,
+        );
         self.exchange(mine, Op::Barrier, || Ok(()))
     }
 }
