@@ -110,15 +110,7 @@ fn ddp_replicas_stay_identical_every_step_with_many_buckets() {
     };
     // 64-byte buckets: each parameter lands in a bucket of its own (6 all-reduces per step).
     let ddp = wick::strategies::Ddp::new().with_bucket_cap_bytes(64);
-    let mut trainer = wick::trainer::Trainer::builder()
-        .devices(3)
-        .strategy_instance(Box::new(ddp))
-        .max_steps(STEPS)
-        .seed(42)
-        .no_logger()
-        .progress(false)
-        .build()
-        .unwrap();
+    let mut trainer = crate::common::quiet_trainer_with(3, Box::new(ddp), STEPS);
     trainer
         .fit(&mut module, &crate::common::loader(), None)
         .unwrap();
@@ -145,15 +137,7 @@ fn zero2_gathers_updates_in_small_rounds_to_the_same_result() {
     // 5 elements per rank and round: rounds split parameters and cross rank boundaries.
     let zero2 = wick::strategies::Zero::stage2().with_gather_chunk(5);
     let mut model = Mlp::new(adamw());
-    let mut trainer = wick::trainer::Trainer::builder()
-        .devices(3)
-        .strategy_instance(Box::new(zero2))
-        .max_steps(STEPS)
-        .seed(42)
-        .no_logger()
-        .progress(false)
-        .build()
-        .unwrap();
+    let mut trainer = crate::common::quiet_trainer_with(3, Box::new(zero2), STEPS);
     trainer
         .fit(&mut model, &crate::common::loader(), None)
         .unwrap();

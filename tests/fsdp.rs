@@ -10,16 +10,7 @@ use wick::trainer::{DataLoader, Trainer};
 const STEPS: usize = 10;
 
 fn fsdp_trainer(devices: usize, sharding: FsdpSharding) -> Trainer {
-    Trainer::builder()
-        .devices(devices)
-        .strategy_instance(Box::new(Fsdp::new(sharding)))
-        .max_steps(STEPS)
-        .seed(42)
-        .no_logger()
-        .progress(false)
-        .model_summary(false)
-        .build()
-        .unwrap()
+    crate::common::quiet_trainer_with(devices, Box::new(Fsdp::new(sharding)), STEPS)
 }
 
 fn train_fsdp<M: TrainModule<Batch = (Tensor, Tensor)> + Clone + 'static>(
@@ -121,16 +112,7 @@ fn prefetch_moves_gathers_to_the_background_and_changes_nothing() {
         (FsdpSharding::HybridShard { group_size: 2 }, 4),
     ] {
         let fsdp = Fsdp::new(sharding).with_prefetch(true);
-        let mut t = Trainer::builder()
-            .devices(w)
-            .strategy_instance(Box::new(fsdp))
-            .max_steps(STEPS)
-            .seed(42)
-            .no_logger()
-            .progress(false)
-            .model_summary(false)
-            .build()
-            .unwrap();
+        let mut t = crate::common::quiet_trainer_with(w, Box::new(fsdp), STEPS);
         t.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
         let diff = max_diff(&reference, &full_parameters(&mut t));
         assert!(
@@ -240,16 +222,7 @@ fn mixed_precision_trains_close_to_single_f32() {
         let precision = MixedPrecision::from_name(name).unwrap();
         for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
             let fsdp = Fsdp::new(sharding).with_precision(precision).unwrap();
-            let mut trainer = Trainer::builder()
-                .devices(2)
-                .strategy_instance(Box::new(fsdp))
-                .max_steps(STEPS)
-                .seed(42)
-                .no_logger()
-                .progress(false)
-                .model_summary(false)
-                .build()
-                .unwrap();
+            let mut trainer = crate::common::quiet_trainer_with(2, Box::new(fsdp), STEPS);
             trainer
                 .fit(&mut Mlp::new(adamw()), &loader(), None)
                 .unwrap();
@@ -316,16 +289,7 @@ fn an_auto_wrap_policy_picks_the_units_without_model_changes() {
     for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
         for w in [2, 4] {
             let fsdp = Fsdp::new(sharding).with_auto_wrap(vec!["l1".into()]);
-            let mut t = Trainer::builder()
-                .devices(w)
-                .strategy_instance(Box::new(fsdp))
-                .max_steps(STEPS)
-                .seed(42)
-                .no_logger()
-                .progress(false)
-                .model_summary(false)
-                .build()
-                .unwrap();
+            let mut t = crate::common::quiet_trainer_with(w, Box::new(fsdp), STEPS);
             t.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
             let diff = max_diff(&reference, &by_name(t.full_parameters().unwrap()));
             assert!(diff <= 1e-5, "{sharding:?} w={w}: max |diff| {diff}");

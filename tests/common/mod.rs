@@ -154,9 +154,22 @@ pub fn adamw() -> OptimizerConfig {
 
 /// A trainer with no logger and no progress bar.
 pub fn quiet_trainer(devices: usize, strategy: &str, steps: usize) -> Trainer {
+    quiet_trainer_with(
+        devices,
+        wick::strategies::strategy_by_name(strategy).unwrap(),
+        steps,
+    )
+}
+
+/// [`quiet_trainer`] with a strategy instance (non-default options).
+pub fn quiet_trainer_with(
+    devices: usize,
+    strategy: Box<dyn wick::core::Strategy>,
+    steps: usize,
+) -> Trainer {
     Trainer::builder()
         .devices(devices)
-        .strategy(strategy)
+        .strategy_instance(strategy)
         .max_steps(steps)
         .seed(42)
         .no_logger()
