@@ -1,5 +1,6 @@
 //! AdamW with decoupled weight decay and bias correction, as torch.optim.AdamW computes it.
 
+use super::{chunks, flat_in_place};
 use candle_core::{Result, Tensor, Var};
 
 /// AdamW state and hyper-parameters.
@@ -57,7 +58,7 @@ impl AdamW {
             .sum()
     }
 
-    /// One update of every parameter.
+    /// One update of every parameter, in place, a chunk at a time.
     pub fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
         if self.moments.is_empty() {
             self.moments = params
@@ -70,16 +71,25 @@ impl AdamW {
         let step_size = self.lr / (1.0 - self.beta1.powi(t));
         let sqrt_bc2 = (1.0 - self.beta2.powi(t)).sqrt();
         for ((p, g), (m, v)) in params.iter().zip(grads).zip(self.moments.iter_mut()) {
-            let theta = if self.weight_decay != 0.0 {
-                p.affine(1.0 - self.lr * self.weight_decay, 0.0)?
-            } else {
-                p.as_tensor().clone()
-            };
-            *m = (m.affine(self.beta1, 0.0)? + g.affine(1.0 - self.beta1, 0.0)?)?;
-            *v = (v.affine(self.beta2, 0.0)? + g.sqr()?.affine(1.0 - self.beta2, 0.0)?)?;
-            let denom = v.sqrt()?.affine(1.0 / sqrt_bc2, self.eps)?;
-            let update = (m.affine(step_size, 0.0)? / denom)?;
-            p.set(&(theta - update)?)?;
+            let (pf, gf) = (flat_in_place(p, "a parameter")?, g.flatten_all()?);
+            let (mf, vf) = (flat_in_place(m, "a moment")?, flat_in_place(v, "a moment")?);
+            for (start, n) in chunks(pf.elem_count()) {
+                let (p, g) = (pf.narrow(0, start, n)?, gf.narrow(0, start, n)?);
+                let theta = if self.weight_decay != 0.0 {
+                    p.affine(1.0 - self.lr * self.weight_decay, 0.0)?
+                } else {
+                    p
+                };
+                let m = (mf.narrow(0, start, n)?.affine(self.beta1, 0.0)?
+                    + g.affine(1.0 - self.beta1, 0.0)?)?;
+                let v = (vf.narrow(0, start, n)?.affine(self.beta2, 0.0)?
+                    + g.sqr()?.affine(1.0 - self.beta2, 0.0)?)?;
+                let denom = v.sqrt()?.affine(1.0 / sqrt_bc2, self.eps)?;
+                let update = (m.affine(step_size, 0.0)? / denom)?;
+                mf.slice_set(&m, 0, start)?;
+                vf.slice_set(&v, 0, start)?;
+                pf.slice_set(&(theta - update)?, 0, start)?;
+            }
         }
         Ok(())
     }

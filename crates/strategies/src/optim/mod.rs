@@ -72,6 +72,25 @@ impl Optimizer {
     }
 }
 
+/// Elements updated at a time: the step's temporaries are a few chunks, not a few copies of
+/// the whole (possibly multi-gigabyte) parameter or shard.
+const CHUNK: usize = 1 << 16;
+
+/// `(start, len)` of the consecutive chunks covering `numel` elements.
+fn chunks(numel: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..numel)
+        .step_by(CHUNK)
+        .map(move |start| (start, CHUNK.min(numel - start)))
+}
+
+/// A flat view sharing `t`'s storage, so that `slice_set` on it updates `t` in place.
+fn flat_in_place(t: &Tensor, what: &str) -> Result<Tensor> {
+    if !t.is_contiguous() {
+        candle_core::bail!("optimizer step: {what} must be contiguous to be updated in place")
+    }
+    t.flatten_all()
+}
+
 fn bytes(t: &Tensor) -> usize {
     t.elem_count() * t.dtype().size_in_bytes()
 }

@@ -1,5 +1,6 @@
 //! SGD with momentum (dampening 0), nesterov and L2 weight decay, as torch.optim.SGD computes it.
 
+use super::{chunks, flat_in_place};
 use candle_core::{Result, Tensor, Var};
 
 /// SGD state and hyper-parameters.
@@ -50,33 +51,40 @@ impl Sgd {
         self.buffers.iter().map(super::bytes).sum()
     }
 
-    /// One update of every parameter.
+    /// One update of every parameter, in place, a chunk at a time.
     pub fn step(&mut self, params: &[Var], grads: &[Tensor]) -> Result<()> {
         let first = self.buffers.is_empty();
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
-            let mut d = if self.weight_decay != 0.0 {
-                (g + p.affine(self.weight_decay, 0.0)?)?
-            } else {
-                g.clone()
-            };
-            if self.momentum != 0.0 {
-                let buf = if first {
-                    d.copy()?
-                } else {
-                    (self.buffers[i].affine(self.momentum, 0.0)? + &d)?
-                };
-                d = if self.nesterov {
-                    (d + buf.affine(self.momentum, 0.0)?)?
-                } else {
-                    buf.clone()
-                };
-                if first {
-                    self.buffers.push(buf);
-                } else {
-                    self.buffers[i] = buf;
-                }
+            let (pf, gf) = (flat_in_place(p, "a parameter")?, g.flatten_all()?);
+            if self.momentum != 0.0 && first {
+                self.buffers.push(p.zeros_like()?);
             }
-            p.set(&(p.as_tensor() - d.affine(self.lr, 0.0)?)?)?;
+            let bf = match self.buffers.get(i) {
+                Some(b) if self.momentum != 0.0 => Some(flat_in_place(b, "a momentum buffer")?),
+                _ => None,
+            };
+            for (start, n) in chunks(pf.elem_count()) {
+                let (p, g) = (pf.narrow(0, start, n)?, gf.narrow(0, start, n)?);
+                let mut d = if self.weight_decay != 0.0 {
+                    (g + p.affine(self.weight_decay, 0.0)?)?
+                } else {
+                    g
+                };
+                if let Some(bf) = &bf {
+                    let buf = if first {
+                        d.copy()?
+                    } else {
+                        (bf.narrow(0, start, n)?.affine(self.momentum, 0.0)? + &d)?
+                    };
+                    d = if self.nesterov {
+                        (d + buf.affine(self.momentum, 0.0)?)?
+                    } else {
+                        buf.clone()
+                    };
+                    bf.slice_set(&buf, 0, start)?;
+                }
+                pf.slice_set(&(p - d.affine(self.lr, 0.0)?)?, 0, start)?;
+            }
         }
         self.step += 1;
         Ok(())
