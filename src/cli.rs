@@ -41,6 +41,14 @@ pub struct FitArgs {
     pub auto_wrap: Option<Vec<String>>,
     /// fsdp full/hybrid sharding: gather the next unit in the background.
     pub prefetch: bool,
+    /// Where checkpoints are saved (`step-N/` directories and the `last` pointer).
+    pub checkpoint_dir: PathBuf,
+    /// Save a checkpoint every this many steps (and at the end); `None`: never.
+    pub save_every: Option<usize>,
+    /// Keep only this many newest checkpoints.
+    pub keep_last: usize,
+    /// Resume from this checkpoint (`last`: the newest in `checkpoint_dir`).
+    pub resume: Option<PathBuf>,
 }
 
 impl Default for FitArgs {
@@ -64,6 +72,10 @@ impl Default for FitArgs {
             precision: "32".into(),
             auto_wrap: None,
             prefetch: false,
+            checkpoint_dir: "checkpoints".into(),
+            save_every: Some(100),
+            keep_last: 3,
+            resume: None,
         }
     }
 }
@@ -73,6 +85,15 @@ impl Default for FitArgs {
 pub enum Command {
     /// Train the character GPT.
     Fit(Box<FitArgs>),
+    /// Write a checkpoint's parameters as one safetensors file.
+    Consolidate {
+        /// The checkpoint directory (or a checkpoint root / its `last` file).
+        checkpoint: PathBuf,
+        /// The file to write.
+        out: PathBuf,
+        /// Also write the optimizer state beside it.
+        with_optimizer: bool,
+    },
     /// Print usage.
     Help,
 }
@@ -80,9 +101,13 @@ pub enum Command {
 /// Usage text.
 pub const USAGE: &str = "\
 usage: wick fit [options]
+       wick consolidate CHECKPOINT OUT.safetensors [--with-optimizer]
 
-Trains a small GPT-style character model on the corpus bundled with wick (or --data FILE),
-with ranks as threads on the CPU.
+fit trains a small GPT-style character model on the corpus bundled with wick (or --data
+FILE), with ranks as threads on the CPU. consolidate writes a checkpoint's parameters as one
+plain safetensors file under the model's own names (and, with --with-optimizer, the
+optimizer state to OUT.optimizer.safetensors); CHECKPOINT may be a checkpoint directory or
+a checkpoint root such as checkpoints/last.
 
 options:
   --strategy NAME     distribution strategy: one of STRATEGIES (default fsdp)
@@ -104,6 +129,12 @@ options:
   --log-dir DIR       (default runs)
   --data FILE         train on this UTF-8 text instead of the bundled corpus
   --no-progress       no progress bar
+  --checkpoint-dir D  where checkpoints go: D/step-N/ and D/last (default checkpoints)
+  --save-every N      save a checkpoint every N steps and at the end (default 100)
+  --no-checkpoints    save no checkpoints
+  --keep-last K       keep the K newest checkpoints (default 3)
+  --resume C          continue from checkpoint C, or 'last' for the newest in --checkpoint-dir
+                      (at any --devices; raise --max-steps to train further)
 ";
 
 fn value<T: std::str::FromStr>(
@@ -131,7 +162,12 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
     match it.next().map(String::as_str) {
         None | Some("-h" | "--help" | "help") => return Ok(Command::Help),
         Some("fit") => {}
-        Some(other) => return Err(format!("unknown command '{other}'; valid: fit")),
+        Some("consolidate") => return parse_consolidate(it.as_slice()),
+        Some(other) => {
+            return Err(format!(
+                "unknown command '{other}'; valid: fit, consolidate"
+            ))
+        }
     }
     let mut a = FitArgs::default();
     while let Some(flag) = it.next() {
@@ -189,6 +225,11 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
             "--log-dir" => a.log_dir = value(flag, it.next(), "a directory")?,
             "--data" => a.data = Some(value(flag, it.next(), "a file")?),
             "--no-progress" => a.progress = false,
+            "--checkpoint-dir" => a.checkpoint_dir = value(flag, it.next(), "a directory")?,
+            "--save-every" => a.save_every = Some(positive(flag, it.next())?),
+            "--no-checkpoints" => a.save_every = None,
+            "--keep-last" => a.keep_last = positive(flag, it.next())?,
+            "--resume" => a.resume = Some(value(flag, it.next(), "a checkpoint or 'last'")?),
             "--prefetch" => a.prefetch = true,
             "-h" | "--help" => return Ok(Command::Help),
             other => {
@@ -198,7 +239,25 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
             }
         }
     }
+    if a.resume.as_deref() == Some(std::path::Path::new("last")) {
+        a.resume = Some(a.checkpoint_dir.join(wick_trainer::checkpoint::LAST_FILE));
+    }
     Ok(Command::Fit(Box::new(a)))
+}
+
+fn parse_consolidate(args: &[String]) -> Result<Command, String> {
+    let with_optimizer = args.iter().any(|a| a == "--with-optimizer");
+    let paths: Vec<&String> = args.iter().filter(|a| *a != "--with-optimizer").collect();
+    match paths.as_slice() {
+        [checkpoint, out] if !checkpoint.starts_with("--") && !out.starts_with("--") => {
+            Ok(Command::Consolidate {
+                checkpoint: PathBuf::from(checkpoint),
+                out: PathBuf::from(out),
+                with_optimizer,
+            })
+        }
+        _ => Err("usage: wick consolidate CHECKPOINT OUT.safetensors [--with-optimizer]".into()),
+    }
 }
 
 #[cfg(test)]
@@ -225,6 +284,25 @@ mod tests {
     }
 
     #[test]
+    fn checkpoint_options() {
+        let Command::Fit(a) = parse(&args("fit --checkpoint-dir ck --resume last")).unwrap() else {
+            panic!()
+        };
+        assert_eq!(a.resume, Some(PathBuf::from("ck/last")));
+        assert_eq!(
+            parse(&args(
+                "consolidate ck/last out.safetensors --with-optimizer"
+            ))
+            .unwrap(),
+            Command::Consolidate {
+                checkpoint: "ck/last".into(),
+                out: "out.safetensors".into(),
+                with_optimizer: true
+            }
+        );
+    }
+
+    #[test]
     fn bad_values_are_one_line_errors_that_say_what_is_valid() {
         let e = parse(&args("fit --strategy zero9")).unwrap_err();
         assert!(
@@ -242,6 +320,9 @@ mod tests {
             .unwrap_err()
             .contains("unknown option '--frobnicate'"));
         assert!(parse(&args("train")).unwrap_err().contains("valid: fit"));
+        assert!(parse(&args("consolidate only-one"))
+            .unwrap_err()
+            .contains("usage: wick consolidate"));
         assert!(!parse(&args("fit --lr -1")).unwrap_err().contains('\n'));
         let e = parse(&args("fit --sharding half")).unwrap_err();
         assert!(

@@ -7,7 +7,7 @@ use anyhow::Context;
 use std::sync::{Arc, Mutex};
 use wick_core::{Callback, RunState};
 use wick_strategies::{Fsdp, FsdpSharding, MixedPrecision};
-use wick_trainer::{DataLoader, Trainer};
+use wick_trainer::{DataLoader, ModelCheckpoint, Trainer};
 
 /// Context length of the main job's model.
 const BLOCK: usize = 64;
@@ -115,13 +115,25 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
     if let Some(clip) = args.clip {
         builder = builder.gradient_clip_val(clip);
     }
+    if let Some(n) = args.save_every {
+        builder = builder.checkpoint(
+            ModelCheckpoint::new(&args.checkpoint_dir)
+                .every_n_steps(n)
+                .keep_last(args.keep_last),
+        );
+    }
     let mut trainer = builder.build()?;
-    let metrics = trainer.fit(&mut model, &train, Some(&val))?;
+    let metrics = match &args.resume {
+        Some(from) => trainer.fit_from(&mut model, &train, Some(&val), from)?,
+        None => trainer.fit(&mut model, &train, Some(&val))?,
+    };
     let (first, last) = history
         .0
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .context("no training step ran")?;
+        .context(
+        "no training step ran (a resumed run must raise --max-steps above the checkpoint's step)",
+    )?;
     Ok(FitReport {
         first_train_loss: first,
         last_train_loss: last,

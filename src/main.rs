@@ -1,4 +1,5 @@
-//! The `wick` program: `wick fit` trains the bundled character GPT.
+//! The `wick` program: `wick fit` trains the bundled character GPT; `wick consolidate`
+//! turns a checkpoint into one safetensors file.
 
 use std::process::ExitCode;
 use wick::cli::{parse, Command, USAGE};
@@ -25,6 +26,24 @@ fn main() -> ExitCode {
             );
             ExitCode::SUCCESS
         }
+        Command::Consolidate {
+            checkpoint,
+            out,
+            with_optimizer,
+        } => match wick::trainer::checkpoint::resolve_checkpoint(&checkpoint)
+            .and_then(|dir| wick::trainer::consolidate(dir, &out, with_optimizer))
+        {
+            Ok(files) => {
+                for f in files {
+                    println!("wrote {}", f.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Fit(a) => match wick::fit_job::run(&a) {
             Ok(r) => {
                 println!(

@@ -15,3 +15,7 @@ mod zero3;
 mod step_options;
 // FSDP: sharding strategies, re-gather in backward, weight tying.
 mod fsdp;
+// Checkpoints: resume, reshard, consolidate, pretrained init, keeping rules, crash safety.
+mod checkpoint;
+// Bad checkpoint files: clear errors, never a panic, never a touched good checkpoint.
+mod checkpoint_bad_input;

@@ -54,13 +54,19 @@ impl Dataset for Regression {
 #[derive(Clone)]
 pub struct Mlp {
     pub optimizer: OptimizerConfig,
+    /// Pretrained weights to initialise from instead of the initializers.
+    pub weights: Option<std::sync::Arc<dyn wick::core::WeightSource>>,
     layers: Vec<Wrapped<Linear>>,
 }
+
+/// The MLP's layer widths.
+pub const DIMS: [usize; 4] = [FEATURES, 7, 13, 1];
 
 impl Mlp {
     pub fn new(optimizer: OptimizerConfig) -> Self {
         Mlp {
             optimizer,
+            weights: None,
             layers: Vec::new(),
         }
     }
@@ -105,7 +111,9 @@ impl TrainModule for Mlp {
     type Batch = (Tensor, Tensor);
 
     fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> candle_core::Result<()> {
-        const DIMS: [usize; 4] = [FEATURES, 7, 13, 1];
+        if let Some(w) = &self.weights {
+            ctx.load_weights(w.clone());
+        }
         self.layers = (0..3)
             .map(|i| {
                 ctx.wrap(&format!("l{i}"), move |vb| {
@@ -228,6 +236,30 @@ pub fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
             x.iter().zip(y).map(|(p, q)| (p - q).abs())
         })
         .fold(0.0, f32::max)
+}
+
+/// A directory under the system's temporary directory, removed when dropped.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("wick-test-{}-{n}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    pub fn join(&self, path: &str) -> std::path::PathBuf {
+        self.0.join(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// A world that records every call (name and length) before passing it on.

@@ -4,9 +4,8 @@
 //! `cargo run -p wick-core --example param_source`
 
 use candle_core::{DType, Device, Module, Shape, Tensor};
-use candle_nn::Init;
 use std::sync::{Arc, Mutex};
-use wick_core::{ParamSource, ShardedContext, SoloWorld};
+use wick_core::{ParamInit, ParamSource, ShardedContext, SoloWorld};
 
 /// Creates every parameter filled with 0.5 and remembers what was asked for.
 #[derive(Default)]
@@ -17,7 +16,7 @@ impl ParamSource for Recording {
         &self,
         name: &str,
         shape: &Shape,
-        _: &Init,
+        _: &ParamInit,
         dtype: DType,
         device: &Device,
     ) -> candle_core::Result<Tensor> {

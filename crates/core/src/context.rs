@@ -5,13 +5,13 @@
 //! `configure_sharded_model` and leaves it after; a request made outside is an error, so a
 //! parameter can never be created by a path the strategy does not see.
 
-use crate::Collective;
+use crate::{Collective, ParamInit, WeightSource};
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 thread_local! {
     static ACTIVE: Cell<bool> = const { Cell::new(false) };
@@ -31,7 +31,7 @@ pub trait ParamSource: Send + Sync {
         &self,
         name: &str,
         shape: &Shape,
-        init: &Init,
+        init: &ParamInit,
         dtype: DType,
         device: &Device,
     ) -> candle_core::Result<Tensor>;
@@ -95,6 +95,7 @@ pub trait ParamSource: Send + Sync {
 pub struct ShardedContext {
     source: Arc<dyn ParamSource>,
     open: Arc<AtomicBool>,
+    weights: Arc<Mutex<Option<Arc<dyn WeightSource>>>>,
     world: Arc<dyn Collective>,
     device: Device,
     strategy: String,
@@ -111,6 +112,7 @@ impl ShardedContext {
         ShardedContext {
             source,
             open: Arc::new(AtomicBool::new(false)),
+            weights: Arc::default(),
             world,
             device,
             strategy: strategy.into(),
@@ -122,9 +124,18 @@ impl ShardedContext {
         let backend = GuardedSource {
             source: self.source.clone(),
             open: self.open.clone(),
+            weights: self.weights.clone(),
             strategy: self.strategy.clone(),
         };
         VarBuilder::from_backend(Box::new(backend), DType::F32, self.device.clone())
+    }
+
+    /// Parameters created from now on take their values from `weights` (for instance
+    /// [`PretrainedWeights`](crate::PretrainedWeights) over a consolidated checkpoint) instead
+    /// of their initializer; each rank reads only the elements it keeps. A parameter the
+    /// weights lack, or hold with another shape, is an error naming it.
+    pub fn load_weights(&self, weights: Arc<dyn WeightSource>) {
+        *self.weights.lock().unwrap_or_else(|p| p.into_inner()) = Some(weights);
     }
 
     /// This rank's index.
@@ -210,6 +221,7 @@ impl Drop for ContextGuard {
 struct GuardedSource {
     source: Arc<dyn ParamSource>,
     open: Arc<AtomicBool>,
+    weights: Arc<Mutex<Option<Arc<dyn WeightSource>>>>,
     strategy: String,
 }
 
@@ -229,6 +241,10 @@ impl SimpleBackend for GuardedSource {
                 self.strategy
             )
         }
+        let init = match &*self.weights.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(weights) => ParamInit::Weights(weights.clone()),
+            None => ParamInit::Init(init),
+        };
         self.source.get_or_create(name, &shape, &init, dtype, dev)
     }
 

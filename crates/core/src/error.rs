@@ -62,6 +62,9 @@ pub enum Error {
     /// A collective call failed.
     #[error(transparent)]
     Collective(#[from] CollectiveError),
+    /// A weights or checkpoint file cannot be used.
+    #[error(transparent)]
+    File(#[from] FileError),
     /// An option has a value that cannot be used.
     #[error("invalid {option}: {message}")]
     Config {
@@ -95,3 +98,37 @@ impl Error {
 
 /// Result with wick's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// A weights or checkpoint file that cannot be used as asked: names the file and, where
+/// one is concerned, the tensor.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}{}: {message}", file.display(), tensor.as_ref().map(|t| format!(": tensor '{t}'")).unwrap_or_default())]
+pub struct FileError {
+    /// The file.
+    pub file: std::path::PathBuf,
+    /// The tensor concerned, if any.
+    pub tensor: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl FileError {
+    /// An error about `file` (and `tensor`).
+    pub fn new(
+        file: impl AsRef<std::path::Path>,
+        tensor: Option<&str>,
+        message: impl Into<String>,
+    ) -> Self {
+        FileError {
+            file: file.as_ref().to_path_buf(),
+            tensor: tensor.map(str::to_string),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<FileError> for candle_core::Error {
+    fn from(e: FileError) -> Self {
+        candle_core::Error::Msg(e.to_string())
+    }
+}

@@ -3,7 +3,8 @@
 //! It owns the hook traits a model and a callback implement ([`TrainModule`], [`Callback`]),
 //! the [`Stage`]s, the [`Collective`] trait that worlds implement, the [`Strategy`] trait that
 //! strategies implement, the [`ShardedContext`] handed to `configure_sharded_model`, the
-//! optimizer configuration a module returns, and the error types. It knows no other wick crate
+//! optimizer configuration a module returns, the state a checkpoint holds ([`RankState`],
+//! [`StateReader`]), and the error types. It knows no other wick crate
 //! and no device or collective engine.
 
 mod callback;
@@ -13,18 +14,24 @@ mod error;
 pub mod host;
 mod module;
 mod optimizer;
+mod safetensors_file;
 mod solo_world;
 mod stage;
+mod state;
 mod strategy;
+mod weights;
 
 pub use callback::{Callback, CallbackClone, RunState};
 pub use collective::{Collective, ReduceOp, Work};
 pub use context::{
     sharding_context_active, ContextGuard, ParamSource, ShardedContext, UnitFn, Wrapped,
 };
-pub use error::{CollectiveError, Error, Result};
+pub use error::{CollectiveError, Error, FileError, Result};
 pub use module::TrainModule;
 pub use optimizer::OptimizerConfig;
+pub use safetensors_file::SafetensorsFile;
 pub use solo_world::SoloWorld;
 pub use stage::Stage;
+pub use state::{FlatGroup, GroupRange, RankState, StateReader, PARAM_KIND};
 pub use strategy::{Sharding, StateBytes, Strategy};
+pub use weights::{ParamInit, PretrainedWeights, WeightSource};

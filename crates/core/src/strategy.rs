@@ -1,7 +1,7 @@
 //! The `Strategy` trait: how parameters, gradients and optimizer state are laid out over
 //! the ranks, and how a step keeps them consistent.
 
-use crate::{Collective, OptimizerConfig, Result, ShardedContext};
+use crate::{Collective, OptimizerConfig, RankState, Result, ShardedContext, StateReader};
 use candle_core::{Device, Shape, Tensor};
 use std::sync::Arc;
 
@@ -76,6 +76,15 @@ pub trait Strategy: Send {
 
     /// Every parameter's name and full shape, in registration order (no collective).
     fn parameter_shapes(&self) -> Vec<(String, Shape)>;
+
+    /// This rank's range of the parameters and optimizer state, for a checkpoint (no
+    /// collective; together the ranks' ranges cover every element once).
+    fn save_state(&self) -> Result<RankState>;
+
+    /// Replaces the parameters and optimizer state (and its step count) with the saved ones
+    /// `reader` serves, whatever world size saved them. Called after
+    /// [`configure_optimizer`](Strategy::configure_optimizer).
+    fn load_state(&mut self, reader: &dyn StateReader) -> Result<()>;
 }
 
 /// Which of parameters, gradients and optimizer state a strategy shards.

@@ -114,6 +114,17 @@ impl Strategy for Ddp {
         self.state.apply(Self::NAME, grads)
     }
 
+    fn save_state(&self) -> Result<wick_core::RankState> {
+        let (layout, rank) = self.state.layout(Self::NAME)?;
+        self.state.save_state(&layout, rank, false)
+    }
+
+    fn load_state(&mut self, reader: &dyn wick_core::StateReader) -> Result<()> {
+        let (layout, rank) = self.state.layout(Self::NAME)?;
+        self.state
+            .load_state(Self::NAME, reader, &layout, rank, false)
+    }
+
     fn sharding(&self) -> Sharding {
         Sharding::default()
     }

@@ -129,11 +129,26 @@ impl FlatLayout {
         rank: usize,
     ) -> impl Iterator<Item = (usize, &FlatEntry, Range<usize>, usize)> + '_ {
         let shard = self.shard(rank);
+        self.pieces_in(shard.start..shard.end)
+    }
+
+    /// As [`FlatLayout::pieces`], for any range of the flat buffer: positions are relative
+    /// to `range.start`.
+    pub fn pieces_in(
+        &self,
+        range: Range<usize>,
+    ) -> impl Iterator<Item = (usize, &FlatEntry, Range<usize>, usize)> + '_ {
         self.entries.iter().enumerate().filter_map(move |(i, e)| {
-            let start = e.offset.max(shard.start);
-            let end = (e.offset + e.numel()).min(shard.end);
-            (start < end).then(|| (i, e, start - e.offset..end - e.offset, start - shard.start))
+            let start = e.offset.max(range.start);
+            let end = (e.offset + e.numel()).min(range.end);
+            (start < end).then(|| (i, e, start - e.offset..end - e.offset, start - range.start))
         })
+    }
+
+    /// Rank `rank`'s range without the padding: the real elements it owns.
+    pub fn owned(&self, rank: usize) -> Range<usize> {
+        let s = self.shard(rank);
+        s.start.min(self.numel)..s.end.min(self.numel)
     }
 }
 

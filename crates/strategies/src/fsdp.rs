@@ -204,4 +204,10 @@ impl Strategy for Fsdp {
     fn parameter_shapes(&self) -> Vec<(String, Shape)> {
         self.inner.parameter_shapes()
     }
+    fn save_state(&self) -> Result<wick_core::RankState> {
+        self.inner.save_state()
+    }
+    fn load_state(&mut self, reader: &dyn wick_core::StateReader) -> Result<()> {
+        self.inner.load_state(reader)
+    }
 }

@@ -9,6 +9,7 @@ use candle_core::Shape;
 use candle_nn::init::NormalOrUniform;
 use candle_nn::Init;
 use std::ops::Range;
+use wick_core::ParamInit;
 
 fn splitmix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -51,6 +52,21 @@ impl ParamRng {
         let u1 = ((self.bits(2 * i) >> 11) + 1) as f64 / (1u64 << 53) as f64;
         let u2 = (self.bits(2 * i + 1) >> 11) as f64 / (1u64 << 53) as f64;
         (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+}
+
+/// The values of elements `range` (row-major) of parameter `name`: drawn from its
+/// initializer, or read from pretrained weights.
+pub fn param_values(
+    init: &ParamInit,
+    seed: u64,
+    name: &str,
+    shape: &Shape,
+    range: Range<usize>,
+) -> candle_core::Result<Vec<f32>> {
+    match init {
+        ParamInit::Init(init) => Ok(init_values(init, seed, name, shape, range)),
+        ParamInit::Weights(weights) => weights.read(name, shape, range),
     }
 }
 

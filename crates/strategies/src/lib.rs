@@ -23,6 +23,7 @@ mod precision;
 mod prefetch;
 mod registry;
 mod replicated;
+mod saved_state;
 mod sharded_params;
 mod single;
 mod unit_op;

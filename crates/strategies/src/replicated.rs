@@ -2,15 +2,19 @@
 //! [`SingleDevice`](crate::SingleDevice) and [`Ddp`](crate::Ddp).
 
 use crate::clip::clip_grad_norm;
+use crate::flat_layout::FlatLayout;
 use crate::grads::GradAccumulator;
-use crate::init::init_values;
+use crate::init::param_values;
 use crate::optim::Optimizer;
 use crate::param_request::{check_dtype, check_same_shape};
+use crate::saved_state::{
+    concat_range, flat_group, kinds_to_restore, read_shard, read_whole, shard_prefix,
+};
 use candle_core::{DType, Device, Shape, Tensor, Var};
-use candle_nn::Init;
 use std::sync::{Arc, Mutex};
 use wick_core::{
-    Collective, Error, OptimizerConfig, ParamSource, Result, ShardedContext, StateBytes,
+    Collective, Error, GroupRange, OptimizerConfig, ParamSource, RankState, Result, ShardedContext,
+    StateBytes, StateReader, PARAM_KIND,
 };
 
 /// Full parameters created on request, identical on every rank (the init is counter-based,
@@ -31,7 +35,7 @@ impl ParamSource for ReplicatedParams {
         &self,
         name: &str,
         shape: &Shape,
-        init: &Init,
+        init: &wick_core::ParamInit,
         dtype: DType,
         device: &Device,
     ) -> candle_core::Result<Tensor> {
@@ -41,7 +45,7 @@ impl ParamSource for ReplicatedParams {
             check_same_shape(name, shape, var.shape())?;
             return Ok(var.as_tensor().clone());
         }
-        let values = init_values(init, self.seed, name, shape, 0..shape.elem_count());
+        let values = param_values(init, self.seed, name, shape, 0..shape.elem_count())?;
         let var = Var::from_tensor(&Tensor::from_vec(values, shape, device)?)?;
         params.push((name.to_string(), var.clone()));
         Ok(var.as_tensor().clone())
@@ -180,6 +184,86 @@ impl Replicated {
 
     pub(crate) fn num_parameters(&self) -> usize {
         self.params.iter().map(|p| p.elem_count()).sum()
+    }
+
+    /// All parameters laid out over the world, and this rank: what a rank saves of
+    /// replicated state (each rank writes a 1/W range, so no rank writes everything).
+    pub(crate) fn layout(&self, strategy: &str) -> Result<(FlatLayout, usize)> {
+        let world = self.world(strategy)?;
+        let layout = FlatLayout::new(self.parameter_shapes(), world.world_size());
+        Ok((layout, world.rank()))
+    }
+
+    /// This rank's range of `layout` (all parameters). The optimizer state is per parameter,
+    /// or one flat shard of `layout` when `flat_optimizer` (ZeRO 1-2).
+    pub(crate) fn save_state(
+        &self,
+        layout: &FlatLayout,
+        rank: usize,
+        flat_optimizer: bool,
+    ) -> Result<RankState> {
+        let range = layout.owned(rank);
+        let params: Vec<Tensor> = self.params.iter().map(|p| p.as_tensor().clone()).collect();
+        let mut tensors = vec![(
+            PARAM_KIND.to_string(),
+            concat_range(layout, &params, range.clone())?,
+        )];
+        let (step, state) = self
+            .optimizer
+            .as_ref()
+            .map_or((0, Vec::new()), |o| (o.step_count(), o.state()));
+        for (kind, per_param) in state {
+            let t = match flat_optimizer {
+                true => shard_prefix(&per_param[0], range.len())?,
+                false => concat_range(layout, &per_param, range.clone())?,
+            };
+            tensors.push((kind.to_string(), t));
+        }
+        Ok(RankState {
+            groups: vec![GroupRange {
+                group: flat_group("all".into(), layout),
+                range,
+                tensors,
+            }],
+            optimizer_step: step,
+        })
+    }
+
+    /// Reads back what [`Replicated::save_state`] saved (at any world size).
+    pub(crate) fn load_state(
+        &mut self,
+        strategy: &str,
+        reader: &dyn StateReader,
+        layout: &FlatLayout,
+        rank: usize,
+        flat_optimizer: bool,
+    ) -> Result<()> {
+        let group = flat_group("all".into(), layout);
+        let device = self.device.clone().unwrap_or(Device::Cpu);
+        for (var, value) in self
+            .params
+            .iter()
+            .zip(read_whole(reader, PARAM_KIND, &group, &device)?)
+        {
+            var.set(&value)?;
+        }
+        let optimizer = self.optimizer(strategy)?;
+        let state = kinds_to_restore(reader, optimizer.state_kinds())?
+            .iter()
+            .map(|kind| match flat_optimizer {
+                true => Ok(vec![read_shard(
+                    reader,
+                    kind,
+                    &group,
+                    layout.owned(rank),
+                    layout.shard_len(),
+                    &device,
+                )?]),
+                false => read_whole(reader, kind, &group, &device),
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        optimizer.set_state(reader.optimizer_step(), state)?;
+        Ok(())
     }
 }
 

@@ -9,7 +9,7 @@
 use crate::flat_layout::FlatLayout;
 use crate::gather_op::GatherOp;
 use crate::grad_sync::GradSync;
-use crate::init::init_values;
+use crate::init::param_values;
 use crate::param_request::{check_dtype, check_same_shape};
 use crate::precision::{dtypes, MixedPrecision};
 use crate::prefetch::Prefetcher;
@@ -18,12 +18,12 @@ use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 use std::sync::{Arc, Mutex, MutexGuard};
-use wick_core::{Collective, UnitFn};
+use wick_core::{Collective, ParamInit, UnitFn};
 
 /// One wrapped unit: its layout, this rank's shard, and this step's gathered buffer.
 pub(crate) struct ShardedUnit {
     pub(crate) name: String,
-    requests: Vec<(String, Shape, Init)>,
+    requests: Vec<(String, Shape, ParamInit)>,
     pub(crate) layout: Option<FlatLayout>,
     pub(crate) shard: Option<Var>,
     gathered: Option<Tensor>,
@@ -176,7 +176,7 @@ impl ShardedParams {
 
     fn make_shard(
         &self,
-        requests: &[(String, Shape, Init)],
+        requests: &[(String, Shape, ParamInit)],
     ) -> candle_core::Result<(FlatLayout, Var)> {
         let world = self.world();
         let layout = FlatLayout::new(
@@ -186,7 +186,7 @@ impl ShardedParams {
         let mut shard = vec![0f32; layout.shard_len()];
         for (index, entry, within, at) in layout.pieces(world.rank()) {
             let init = &requests[index].2;
-            let values = init_values(init, self.seed, &entry.name, &entry.shape, within);
+            let values = param_values(init, self.seed, &entry.name, &entry.shape, within)?;
             shard[at..at + values.len()].copy_from_slice(&values);
         }
         let len = shard.len();
@@ -200,7 +200,7 @@ impl wick_core::ParamSource for ShardedParams {
         &self,
         name: &str,
         shape: &Shape,
-        init: &Init,
+        init: &ParamInit,
         dtype: DType,
         device: &Device,
     ) -> candle_core::Result<Tensor> {
@@ -215,7 +215,9 @@ impl wick_core::ParamSource for ShardedParams {
         let unit = &mut state.units[open];
         match unit.requests.iter().find(|(n, _, _)| n == name) {
             Some((_, created, _)) => check_same_shape(name, shape, created)?,
-            None => unit.requests.push((name.to_string(), shape.clone(), *init)),
+            None => unit
+                .requests
+                .push((name.to_string(), shape.clone(), init.clone())),
         }
         // A placeholder with the full shape and no memory: the block built at wrap time is
         // discarded, and every step rebuilds it over gathered parameters.

@@ -253,6 +253,18 @@ impl Strategy for Zero {
         Ok(())
     }
 
+    fn save_state(&self) -> Result<wick_core::RankState> {
+        let rank = self.state.world(self.name())?.rank();
+        self.state.save_state(self.layout()?, rank, true)
+    }
+
+    fn load_state(&mut self, reader: &dyn wick_core::StateReader) -> Result<()> {
+        let name = self.name().to_string();
+        let rank = self.state.world(&name)?.rank();
+        let layout = self.layout()?.clone();
+        self.state.load_state(&name, reader, &layout, rank, true)
+    }
+
     fn sharding(&self) -> Sharding {
         Sharding {
             params: false,

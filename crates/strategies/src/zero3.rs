@@ -11,12 +11,13 @@ use crate::grads::GradAccumulator;
 use crate::optim::Optimizer;
 use crate::precision::MixedPrecision;
 use crate::replicated::tensor_bytes;
+use crate::saved_state::{flat_group, kinds_to_restore, read_shard, shard_prefix};
 use crate::sharded_params::ShardedParams;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
 use wick_core::{
-    Collective, Error, OptimizerConfig, ReduceOp, Result, ShardedContext, Sharding, StateBytes,
-    Strategy,
+    Collective, Error, GroupRange, OptimizerConfig, RankState, ReduceOp, Result, ShardedContext,
+    Sharding, StateBytes, StateReader, Strategy, PARAM_KIND,
 };
 
 /// ZeRO stage 3 (and the sharded modes of FSDP, which differ only in how units run).
@@ -281,6 +282,67 @@ impl Strategy for Zero3 {
                     .map(|e| (e.name.clone(), e.shape.clone()))
             })
             .collect()
+    }
+
+    fn save_state(&self) -> Result<RankState> {
+        let world = self.world()?;
+        // Under hybrid sharding the other groups hold copies: only the first group saves.
+        let saves = !matches!(&self.replicas, Some(r) if r.rank() != 0);
+        let optimizer = self.optimizer.as_ref();
+        let state = optimizer.map(Optimizer::state).unwrap_or_default();
+        let mut groups = Vec::new();
+        for (i, (layout, shard)) in self.layouts.iter().zip(&self.shards).enumerate() {
+            let range = match saves {
+                true => layout.owned(world.rank()),
+                false => 0..0,
+            };
+            let mut tensors = vec![(
+                PARAM_KIND.to_string(),
+                shard_prefix(shard.as_tensor(), range.len())?,
+            )];
+            for (kind, per_unit) in &state {
+                tensors.push((kind.to_string(), shard_prefix(&per_unit[i], range.len())?));
+            }
+            groups.push(GroupRange {
+                group: flat_group(format!("unit{i}"), layout),
+                range,
+                tensors,
+            });
+        }
+        Ok(RankState {
+            groups,
+            optimizer_step: optimizer.map_or(0, Optimizer::step_count),
+        })
+    }
+
+    fn load_state(&mut self, reader: &dyn StateReader) -> Result<()> {
+        let rank = self.world()?.rank();
+        let device = self.device.clone().unwrap_or(Device::Cpu);
+        let optimizer = self
+            .optimizer
+            .as_mut()
+            .ok_or_else(|| Self::not_ready("load_state before configure_optimizer"))?;
+        let kinds = kinds_to_restore(reader, optimizer.state_kinds())?;
+        let mut state = vec![Vec::new(); kinds.len()];
+        for (i, layout) in self.layouts.iter().enumerate() {
+            let group = flat_group(format!("unit{i}"), layout);
+            let read = |kind: &str| {
+                read_shard(
+                    reader,
+                    kind,
+                    &group,
+                    layout.owned(rank),
+                    layout.shard_len(),
+                    &device,
+                )
+            };
+            self.shards[i].set(&read(PARAM_KIND)?)?;
+            for (k, kind) in kinds.iter().enumerate() {
+                state[k].push(read(kind)?);
+            }
+        }
+        optimizer.set_state(reader.optimizer_step(), state)?;
+        Ok(())
     }
 
     fn state_bytes(&self) -> StateBytes {

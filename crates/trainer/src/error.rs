@@ -19,6 +19,9 @@ pub enum TrainerError {
         /// Every failing rank with its error message.
         ranks: Vec<(usize, String)>,
     },
+    /// A checkpoint could not be saved or loaded.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     /// Writing logs failed.
     #[error("{}: {source}", path.display())]
     Io {

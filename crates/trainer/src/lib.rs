@@ -2,9 +2,11 @@
 //!
 //! It owns the stage order of fit, validate, test and predict (DESIGN.md), the training and
 //! evaluation loops, callbacks, how each global batch is split over the ranks ([`DataLoader`]),
-//! the metrics CSV and the progress bar. Devices, worlds and the sharded setup belong to
+//! the metrics CSV, the progress bar, and checkpoints ([`checkpoint`]: sharded save, resume
+//! at any world size, consolidation, [`ModelCheckpoint`]). Devices, worlds and the sharded setup belong to
 //! wick-accelerator; parameter layout and optimizer state to the strategy.
 
+pub mod checkpoint;
 mod data;
 mod error;
 mod metrics_csv;
@@ -13,6 +15,7 @@ mod rank_run;
 mod summary;
 mod trainer;
 
+pub use checkpoint::{consolidate, Checkpoint, CheckpointError, ModelCheckpoint};
 pub use data::{DataLoader, Dataset};
 pub use error::TrainerError;
 pub use trainer::{Metrics, Trainer, TrainerBuilder};

@@ -1,17 +1,20 @@
 //! One rank's part of a stage: the hook sequence of DESIGN.md and the loops.
 
+use crate::checkpoint::{optimizer_hyper_parameters, DataPosition, SaveInfo};
 use crate::metrics_csv::MetricsCsv;
 use crate::progress::Progress;
 use crate::trainer::{Config, Metrics};
-use crate::{DataLoader, Dataset, TrainerError};
+use crate::{Checkpoint, CheckpointError, DataLoader, Dataset, ModelCheckpoint, TrainerError};
 use candle_core::{DType, Tensor};
+use std::path::Path;
 use wick_accelerator::{Accelerator, RankEnv};
-use wick_core::{Callback, ReduceOp, RunState, Stage, Strategy, TrainModule};
+use wick_core::{Callback, OptimizerConfig, ReduceOp, RunState, Stage, Strategy, TrainModule};
 
-/// The data a stage runs over.
+/// The data a stage runs over (and, for fit, the checkpoint it resumes from).
 pub(crate) struct Loaders<'a, D> {
     pub(crate) train: Option<&'a DataLoader<D>>,
     pub(crate) eval: Option<&'a DataLoader<D>>,
+    pub(crate) resume: Option<&'a Path>,
 }
 
 /// What a rank brings back from a stage.
@@ -62,7 +65,7 @@ impl<M: TrainModule> RankRun<'_, M> {
         }
         let mut predictions = Vec::new();
         match (stage, loaders.train, loaders.eval) {
-            (Stage::Fit, Some(train), val) => self.fit(train, val)?,
+            (Stage::Fit, Some(train), val) => self.fit(train, val, loaders.resume)?,
             (Stage::Validate, _, Some(data)) => {
                 self.evaluate(data, Eval::Validation)?;
             }
@@ -86,6 +89,7 @@ impl<M: TrainModule> RankRun<'_, M> {
         &mut self,
         train: &DataLoader<D>,
         val: Option<&DataLoader<D>>,
+        resume: Option<&Path>,
     ) -> Result<(), TrainerError> {
         let optimizer = self.module.configure_optimizers();
         self.strategy.configure_optimizer(&optimizer)?;
@@ -95,6 +99,15 @@ impl<M: TrainModule> RankRun<'_, M> {
         let accumulate = self.config.accumulate_grad_batches;
         // Optimizer steps per epoch; trailing micro-batches that cannot fill a step are skipped.
         let per_epoch = train.batches_per_epoch() / accumulate;
+        let seed = match resume {
+            Some(dir) => self.restore(dir, train, &optimizer)?,
+            None => self.config.seed,
+        };
+        let (start_epoch, start_batch) = (
+            self.state.global_step / per_epoch,
+            self.state.global_step % per_epoch,
+        );
+        let mut last_saved = None;
         let max_epochs = match (self.config.max_epochs, self.config.max_steps) {
             (Some(e), _) => e,
             (None, Some(_)) => usize::MAX,
@@ -115,10 +128,11 @@ impl<M: TrainModule> RankRun<'_, M> {
 
         self.callbacks(|cb, s| cb.on_fit_start(s))?;
         self.module.on_fit_start()?;
-        'epochs: for epoch in 0..max_epochs {
+        'epochs: for epoch in start_epoch..max_epochs {
             self.state.epoch = epoch;
-            let order = train.epoch_order(self.config.seed, epoch);
-            for b in 0..per_epoch {
+            let order = train.epoch_order(seed, epoch);
+            let first = if epoch == start_epoch { start_batch } else { 0 };
+            for b in first..per_epoch {
                 if self.state.global_step >= total_steps {
                     break 'epochs;
                 }
@@ -172,6 +186,18 @@ impl<M: TrainModule> RankRun<'_, M> {
                         train.batch_size() * accumulate,
                     );
                 }
+                if let Some(mc) = &self.config.checkpoint {
+                    if mc.due(self.state.global_step) {
+                        self.save_checkpoint(mc, train, &optimizer, seed, per_epoch)?;
+                        last_saved = Some(self.state.global_step);
+                    }
+                }
+            }
+        }
+        if let Some(mc) = &self.config.checkpoint {
+            let step = self.state.global_step;
+            if mc.saves_at_end() && last_saved != Some(step) && !mc.dir_for(step).exists() {
+                self.save_checkpoint(mc, train, &optimizer, seed, per_epoch)?;
             }
         }
         if let Some(p) = &progress {
@@ -182,6 +208,110 @@ impl<M: TrainModule> RankRun<'_, M> {
         }
         self.callbacks(|cb, s| cb.on_fit_end(s))?;
         self.module.on_fit_end()?;
+        Ok(())
+    }
+
+    /// Restores parameters, optimizer state, step and data position from the checkpoint
+    /// `dir`; returns the seed of the data order to continue with.
+    fn restore<D: Dataset<Batch = M::Batch>>(
+        &mut self,
+        dir: &Path,
+        train: &DataLoader<D>,
+        optimizer: &OptimizerConfig,
+    ) -> Result<u64, TrainerError> {
+        let checkpoint = Checkpoint::open(dir)?;
+        checkpoint.check_model(&self.strategy.parameter_shapes())?;
+        let m = checkpoint.manifest();
+        let here = self.data_position(train, 0);
+        let mismatch = |what: &str, saved: usize, now: usize| {
+            Err(CheckpointError::Mismatch {
+                path: dir.to_path_buf(),
+                message: format!(
+                    "saved with {what} {saved}, this run has {now}: the data position would not carry over"
+                ),
+            })
+        };
+        if m.data.batch_size != here.batch_size {
+            mismatch("batch size", m.data.batch_size, here.batch_size)?;
+        }
+        if m.data.accumulate != here.accumulate {
+            mismatch(
+                "accumulate_grad_batches",
+                m.data.accumulate,
+                here.accumulate,
+            )?;
+        }
+        if m.data.dataset_len != here.dataset_len {
+            mismatch(
+                "a training set of length",
+                m.data.dataset_len,
+                here.dataset_len,
+            )?;
+        }
+        let kind = optimizer_hyper_parameters(optimizer).0;
+        if m.optimizer.kind != kind {
+            return Err(CheckpointError::Mismatch {
+                path: dir.to_path_buf(),
+                message: format!(
+                    "saved with optimizer {}, the module configures {kind}",
+                    m.optimizer.kind
+                ),
+            }
+            .into());
+        }
+        self.strategy.load_state(&checkpoint)?;
+        self.state.global_step = m.step;
+        Ok(m.rng.seed)
+    }
+
+    /// Where the data loader stands after `step` optimizer steps.
+    fn data_position<D: Dataset<Batch = M::Batch>>(
+        &self,
+        train: &DataLoader<D>,
+        step: usize,
+    ) -> DataPosition {
+        let accumulate = self.config.accumulate_grad_batches;
+        let per_epoch = (train.batches_per_epoch() / accumulate).max(1);
+        DataPosition {
+            epoch: step / per_epoch,
+            batch: step % per_epoch,
+            batch_size: train.batch_size(),
+            accumulate,
+            dataset_len: train.dataset().len(),
+        }
+    }
+
+    /// Saves a checkpoint of this step from every rank; rank 0 then points `last` at it and
+    /// prunes, before any rank goes on.
+    fn save_checkpoint<D: Dataset<Batch = M::Batch>>(
+        &mut self,
+        mc: &ModelCheckpoint,
+        train: &DataLoader<D>,
+        optimizer: &OptimizerConfig,
+        seed: u64,
+        per_epoch: usize,
+    ) -> Result<(), TrainerError> {
+        let step = self.state.global_step;
+        let dir = mc.dir_for(step);
+        let info = SaveInfo {
+            step,
+            epoch: step / per_epoch,
+            seed,
+            optimizer,
+            data: self.data_position(train, step),
+            metrics: self.state.metrics.clone(),
+        };
+        crate::checkpoint::save(
+            self.env.world.as_ref(),
+            &*self.strategy,
+            &dir,
+            &info,
+            mc.fault(),
+        )?;
+        if self.env.rank == 0 {
+            mc.committed(&dir)?;
+        }
+        self.env.world.barrier()?;
         Ok(())
     }
 

@@ -2,11 +2,11 @@
 //! the four entry points.
 
 use crate::rank_run::{Loaders, RankOutput, RankRun};
-use crate::{DataLoader, Dataset, TrainerError};
+use crate::{DataLoader, Dataset, ModelCheckpoint, TrainerError};
 use candle_core::Tensor;
 use std::any::{Any, TypeId};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 use wick_accelerator::{Accelerator, RankError};
@@ -26,6 +26,7 @@ pub(crate) struct Config {
     pub(crate) model_summary: bool,
     pub(crate) gradient_clip_val: Option<f64>,
     pub(crate) accumulate_grad_batches: usize,
+    pub(crate) checkpoint: Option<ModelCheckpoint>,
 }
 
 enum StrategyChoice {
@@ -49,6 +50,7 @@ pub struct TrainerBuilder {
     gradient_clip_val: Option<f64>,
     accumulate_grad_batches: usize,
     collective_timeout: Option<Duration>,
+    checkpoint: Option<ModelCheckpoint>,
 }
 
 impl TrainerBuilder {
@@ -145,6 +147,13 @@ impl TrainerBuilder {
         self
     }
 
+    /// Save checkpoints during fit as `checkpoint` says (every N steps, at the end, which to
+    /// keep, the `last` pointer).
+    pub fn checkpoint(mut self, checkpoint: ModelCheckpoint) -> Self {
+        self.checkpoint = Some(checkpoint);
+        self
+    }
+
     /// Fail a collective that waits longer than this for the other ranks.
     pub fn collective_timeout(mut self, timeout: Duration) -> Self {
         self.collective_timeout = Some(timeout);
@@ -212,6 +221,7 @@ impl TrainerBuilder {
                 model_summary: self.model_summary,
                 gradient_clip_val: self.gradient_clip_val,
                 accumulate_grad_batches: self.accumulate_grad_batches,
+                checkpoint: self.checkpoint,
             },
             accelerator,
             strategy,
@@ -263,6 +273,7 @@ impl Trainer {
             gradient_clip_val: None,
             accumulate_grad_batches: 1,
             collective_timeout: None,
+            checkpoint: None,
         }
     }
 
@@ -333,6 +344,40 @@ impl Trainer {
         M: TrainModule + Clone + 'static,
         D: Dataset<Batch = M::Batch>,
     {
+        self.fit_inner(module, train, val, None)
+    }
+
+    /// [`Trainer::fit`] resumed from the checkpoint `checkpoint` (a checkpoint directory, or
+    /// a root or `<root>/last` naming one): after `configure_sharded_model`, parameters,
+    /// optimizer state, step, seed and data position are restored, at this trainer's world
+    /// size whatever the checkpoint's. At the same world size the run continues
+    /// bit-identically to one that was never interrupted.
+    pub fn fit_from<M, D>(
+        &mut self,
+        module: &mut M,
+        train: &DataLoader<D>,
+        val: Option<&DataLoader<D>>,
+        checkpoint: impl AsRef<Path>,
+    ) -> Result<Metrics, TrainerError>
+    where
+        M: TrainModule + Clone + 'static,
+        D: Dataset<Batch = M::Batch>,
+    {
+        let dir = crate::checkpoint::resolve_checkpoint(checkpoint)?;
+        self.fit_inner(module, train, val, Some(dir))
+    }
+
+    fn fit_inner<M, D>(
+        &mut self,
+        module: &mut M,
+        train: &DataLoader<D>,
+        val: Option<&DataLoader<D>>,
+        resume: Option<PathBuf>,
+    ) -> Result<Metrics, TrainerError>
+    where
+        M: TrainModule + Clone + 'static,
+        D: Dataset<Batch = M::Batch>,
+    {
         let accumulate = self.config.accumulate_grad_batches;
         if train.batches_per_epoch() < accumulate {
             return Err(TrainerError::config(
@@ -346,6 +391,7 @@ impl Trainer {
         let loaders = Loaders {
             train: Some(train),
             eval: val,
+            resume: resume.as_deref(),
         };
         Ok(self
             .run_stage(module, Stage::Fit, &loaders)?
@@ -366,6 +412,7 @@ impl Trainer {
         let loaders = Loaders {
             train: None,
             eval: Some(data),
+            resume: None,
         };
         Ok(self
             .run_stage(module, Stage::Validate, &loaders)?
@@ -386,6 +433,7 @@ impl Trainer {
         let loaders = Loaders {
             train: None,
             eval: Some(data),
+            resume: None,
         };
         Ok(self
             .run_stage(module, Stage::Test, &loaders)?
@@ -406,6 +454,7 @@ impl Trainer {
         let loaders = Loaders {
             train: None,
             eval: Some(data),
+            resume: None,
         };
         let outputs = self.run_stage(module, Stage::Predict, &loaders)?;
         let batches = outputs[0].predictions.len();

@@ -63,6 +63,56 @@ impl Optimizer {
         }
     }
 
+    /// The state kinds this optimizer keeps per parameter, in torch's names.
+    pub fn state_kinds(&self) -> &'static [&'static str] {
+        match self {
+            Optimizer::AdamW(_) => &["exp_avg", "exp_avg_sq"],
+            Optimizer::Sgd(o) if o.momentum != 0.0 => &["momentum_buffer"],
+            Optimizer::Sgd(_) => &[],
+        }
+    }
+
+    /// The state per kind (in [`Optimizer::state_kinds`] order), one tensor per parameter;
+    /// empty before the first step.
+    pub fn state(&self) -> Vec<(&'static str, Vec<Tensor>)> {
+        let per_kind: Vec<Vec<Tensor>> = match self {
+            Optimizer::AdamW(o) if !o.moments().is_empty() => {
+                let (m, v) = o.moments().iter().cloned().unzip();
+                vec![m, v]
+            }
+            Optimizer::Sgd(o) if !o.momentum_buffers().is_empty() => {
+                vec![o.momentum_buffers().to_vec()]
+            }
+            _ => Vec::new(),
+        };
+        self.state_kinds().iter().copied().zip(per_kind).collect()
+    }
+
+    /// Replaces the step count and the state, given per kind in
+    /// [`Optimizer::state_kinds`] order (or none: the state of an optimizer before its first
+    /// step). The tensors are updated in place by later steps.
+    pub fn set_state(&mut self, step: usize, mut state: Vec<Vec<Tensor>>) -> Result<()> {
+        let kinds = self.state_kinds();
+        if !state.is_empty() && state.len() != kinds.len() {
+            candle_core::bail!(
+                "optimizer state: expected {} kinds ({kinds:?}), got {}",
+                kinds.len(),
+                state.len()
+            )
+        }
+        match self {
+            Optimizer::AdamW(o) => {
+                let moments = match (state.pop(), state.pop()) {
+                    (Some(v), Some(m)) => m.into_iter().zip(v).collect(),
+                    _ => Vec::new(),
+                };
+                o.set_state(step, moments);
+            }
+            Optimizer::Sgd(o) => o.set_state(step, state.pop().unwrap_or_default()),
+        }
+        Ok(())
+    }
+
     /// Bytes of optimizer state held.
     pub fn state_bytes(&self) -> usize {
         match self {

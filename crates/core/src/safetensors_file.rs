@@ -1,0 +1,141 @@
+//! A safetensors file mapped into memory, read a range of one tensor at a time.
+//!
+//! The header is parsed and validated once at open (by the `safetensors` crate: header
+//! length, JSON, every tensor's offsets contiguous, sized by its shape and dtype, and ending
+//! exactly at the file's end), so no later read trusts a size or an offset the file gives.
+
+use crate::FileError;
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, Metadata, TensorInfo};
+use safetensors::SafeTensors;
+use std::collections::HashMap;
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// An open, validated safetensors file.
+pub struct SafetensorsFile {
+    path: PathBuf,
+    mmap: Mmap,
+    data_start: usize,
+    metadata: Metadata,
+}
+
+impl SafetensorsFile {
+    /// Maps `path` and validates its header against the file's length.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, FileError> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|e| FileError::new(&path, None, e.to_string()))?;
+        // SAFETY: the map is read-only; wick never writes a file it has open for reading
+        // (checkpoints are written under temporary names and renamed).
+        let mmap = unsafe { Mmap::map(&file) }
+            .map_err(|e| FileError::new(&path, None, format!("cannot map: {e}")))?;
+        let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| {
+            FileError::new(&path, None, format!("not a valid safetensors file: {e}"))
+        })?;
+        Ok(SafetensorsFile {
+            path,
+            mmap,
+            data_start: 8 + header_len,
+            metadata,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The tensor names, in file order.
+    pub fn names(&self) -> Vec<String> {
+        self.metadata.offset_keys()
+    }
+
+    /// The `__metadata__` strings of the header.
+    pub fn metadata(&self) -> Option<&HashMap<String, String>> {
+        self.metadata.metadata().as_ref()
+    }
+
+    fn info(&self, name: &str) -> Result<&TensorInfo, FileError> {
+        self.metadata
+            .info(name)
+            .ok_or_else(|| FileError::new(&self.path, Some(name), "no such tensor in the file"))
+    }
+
+    /// The shape of tensor `name`.
+    pub fn shape(&self, name: &str) -> Result<Vec<usize>, FileError> {
+        Ok(self.info(name)?.shape.clone())
+    }
+
+    /// Elements `range` of tensor `name` (row-major), converted to f32 from f32, f16 or
+    /// bf16. Errors name the file and tensor: missing, another dtype, range out of bounds.
+    pub fn read_f32(&self, name: &str, range: Range<usize>) -> Result<Vec<f32>, FileError> {
+        let info = self.info(name)?;
+        let numel: usize = info.shape.iter().product();
+        if range.start > range.end || range.end > numel {
+            return Err(FileError::new(
+                &self.path,
+                Some(name),
+                format!("elements {range:?} asked of a tensor of {numel}"),
+            ));
+        }
+        let size = match info.dtype {
+            Dtype::F32 => 4,
+            Dtype::F16 | Dtype::BF16 => 2,
+            other => {
+                return Err(FileError::new(
+                    &self.path,
+                    Some(name),
+                    format!("dtype {other:?}, expected F32, F16 or BF16"),
+                ))
+            }
+        };
+        // Offsets were validated against the file length at open.
+        let start = self.data_start + info.data_offsets.0 + range.start * size;
+        let bytes = &self.mmap[start..start + range.len() * size];
+        let chunks = bytes.chunks_exact(size);
+        Ok(match info.dtype {
+            Dtype::F32 => chunks
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::F16 => chunks
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            _ => chunks
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Tensor};
+
+    #[test]
+    fn reads_a_range_of_a_candle_written_file() {
+        let dir = std::env::temp_dir().join(format!("wick-st-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("a.safetensors");
+        let t = Tensor::arange(0f32, 12f32, &Device::Cpu)
+            .unwrap()
+            .reshape((3, 4))
+            .unwrap();
+        t.save_safetensors("w", &path).unwrap();
+        let f = SafetensorsFile::open(&path).unwrap();
+        assert_eq!(f.shape("w").unwrap(), vec![3, 4]);
+        assert_eq!(f.read_f32("w", 5..8).unwrap(), vec![5.0, 6.0, 7.0]);
+        let err = f.read_f32("w", 10..13).unwrap_err().to_string();
+        assert!(
+            err.contains("a.safetensors") && err.contains("'w'"),
+            "{err}"
+        );
+        let err = f.read_f32("v", 0..1).unwrap_err().to_string();
+        assert!(
+            err.contains("'v'") && err.contains("no such tensor"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,25 @@
+//! Checkpoints: a directory with one safetensors file per rank (its ranges of the parameters
+//! and optimizer state) and a JSON manifest written last (DESIGN.md, "Checkpoints").
+//!
+//! Saving is crash-safe (temporary names, renamed into place); loading checks the whole
+//! checkpoint before it changes anything and reads by parameter name, so it loads at any
+//! world size; [`consolidate`] turns one into a plain safetensors file.
+
+mod consolidate;
+mod error;
+mod files;
+mod manifest;
+mod model_checkpoint;
+mod reader;
+mod save;
+
+pub use consolidate::consolidate;
+pub use error::CheckpointError;
+pub use manifest::{
+    DataPosition, FileRecord, GroupRecord, Manifest, OptimizerRecord, ParamRecord, PieceRecord,
+    RngRecord, FORMAT, FORMAT_VERSION, MANIFEST_FILE,
+};
+pub use model_checkpoint::{resolve_checkpoint, Mode, ModelCheckpoint, LAST_FILE};
+pub use reader::Checkpoint;
+pub(crate) use save::{optimizer_hyper_parameters, save, SaveInfo};
+pub use save::{SaveFault, SavePoint};

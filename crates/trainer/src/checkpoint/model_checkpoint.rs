@@ -1,0 +1,179 @@
+//! `ModelCheckpoint`: when to save during fit, which checkpoints to keep, and the `last`
+//! pointer, as Lightning's callback of the same name.
+
+use super::files::write_atomic;
+use super::manifest::Manifest;
+use super::save::SaveFault;
+use super::CheckpointError;
+use std::cmp::Ordering;
+use std::path::{Path, PathBuf};
+
+/// The file in a checkpoint root that names the newest checkpoint.
+pub const LAST_FILE: &str = "last";
+
+/// Saves checkpoints under one root directory during [`Trainer::fit`](crate::Trainer::fit):
+/// every N optimizer steps and at the end of fit, each as `step-<step>/`; keeps the last K
+/// and the best K by a logged metric (the union of both; all when neither is set); and
+/// points the file `last` at the newest, updated only after that checkpoint is complete.
+#[derive(Clone)]
+pub struct ModelCheckpoint {
+    root: PathBuf,
+    every_n_steps: Option<usize>,
+    save_at_end: bool,
+    keep_last: Option<usize>,
+    keep_best: Option<(usize, String, Mode)>,
+    fault: Option<SaveFault>,
+}
+
+/// Whether smaller or larger values of a monitored metric are better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Smaller is better (losses).
+    Min,
+    /// Larger is better (accuracies).
+    Max,
+}
+
+impl ModelCheckpoint {
+    /// Saves under `root` at the end of fit (add [`ModelCheckpoint::every_n_steps`] for more).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        ModelCheckpoint {
+            root: root.into(),
+            every_n_steps: None,
+            save_at_end: true,
+            keep_last: None,
+            keep_best: None,
+            fault: None,
+        }
+    }
+
+    /// Also save after every `n` optimizer steps.
+    pub fn every_n_steps(mut self, n: usize) -> Self {
+        self.every_n_steps = Some(n.max(1));
+        self
+    }
+
+    /// Whether to save when fit ends (default true).
+    pub fn save_at_end(mut self, on: bool) -> Self {
+        self.save_at_end = on;
+        self
+    }
+
+    /// Keep only the `k` newest checkpoints (besides the best ones, if kept).
+    pub fn keep_last(mut self, k: usize) -> Self {
+        self.keep_last = Some(k);
+        self
+    }
+
+    /// Keep the `k` best checkpoints by `metric` (as logged: `val_loss`, `train_loss`).
+    pub fn keep_best(mut self, k: usize, metric: &str, mode: Mode) -> Self {
+        self.keep_best = Some((k, metric.to_string(), mode));
+        self
+    }
+
+    /// Calls `fault` at each [`SavePoint`](super::SavePoint) of every save; an `Err` aborts
+    /// the save there as a crash would. For crash-safety tests.
+    pub fn with_fault_injection(mut self, fault: SaveFault) -> Self {
+        self.fault = Some(fault);
+        self
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub(crate) fn fault(&self) -> Option<&SaveFault> {
+        self.fault.as_ref()
+    }
+
+    /// Whether a save is due after optimizer step `step`.
+    pub(crate) fn due(&self, step: usize) -> bool {
+        self.every_n_steps.is_some_and(|n| step % n == 0)
+    }
+
+    pub(crate) fn saves_at_end(&self) -> bool {
+        self.save_at_end
+    }
+
+    /// Where the checkpoint of step `step` goes.
+    pub(crate) fn dir_for(&self, step: usize) -> PathBuf {
+        self.root.join(format!("step-{step:08}"))
+    }
+
+    /// After a complete save of `dir` (rank 0 only): point `last` at it, then prune.
+    pub(crate) fn committed(&self, dir: &Path) -> Result<(), CheckpointError> {
+        let name = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("checkpoint directories have plain names");
+        write_atomic(&self.root.join(LAST_FILE), |out| {
+            std::io::Write::write_all(out, name.as_bytes())
+                .map_err(CheckpointError::io(self.root.join(LAST_FILE)))
+        })?;
+        self.prune(name)
+    }
+
+    /// Removes the checkpoints neither among the last K nor the best K (never `keep`).
+    fn prune(&self, keep: &str) -> Result<(), CheckpointError> {
+        if self.keep_last.is_none() && self.keep_best.is_none() {
+            return Ok(());
+        }
+        let mut saved: Vec<(String, Manifest)> = Vec::new();
+        let entries = std::fs::read_dir(&self.root).map_err(CheckpointError::io(&self.root))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if !name.starts_with("step-") || name.ends_with(".tmp") {
+                continue;
+            }
+            // Something that does not read as a checkpoint is not ours to delete.
+            if let Ok(m) = Manifest::read(&entry.path()) {
+                saved.push((name, m));
+            }
+        }
+        let mut kept = vec![keep.to_string()];
+        if let Some(k) = self.keep_last {
+            saved.sort_by_key(|(_, m)| std::cmp::Reverse(m.step));
+            kept.extend(saved.iter().take(k).map(|(n, _)| n.clone()));
+        }
+        if let Some((k, metric, mode)) = &self.keep_best {
+            let mut scored: Vec<(&String, f64)> = saved
+                .iter()
+                .filter_map(|(n, m)| m.metrics.get(metric).map(|v| (n, *v)))
+                .collect();
+            scored.sort_by(|a, b| {
+                let order = a.1.partial_cmp(&b.1).unwrap_or(Ordering::Equal);
+                match mode {
+                    Mode::Min => order,
+                    Mode::Max => order.reverse(),
+                }
+            });
+            kept.extend(scored.iter().take(*k).map(|(n, _)| (*n).clone()));
+        }
+        for (name, _) in saved.iter().filter(|(n, _)| !kept.contains(n)) {
+            let path = self.root.join(name);
+            std::fs::remove_dir_all(&path).map_err(CheckpointError::io(&path))?;
+        }
+        Ok(())
+    }
+}
+
+/// The checkpoint `path` names: a checkpoint directory, or a root whose `last` file names
+/// one (`--resume last` passes `<root>/last`, which is resolved the same way).
+pub fn resolve_checkpoint(path: impl AsRef<Path>) -> Result<PathBuf, CheckpointError> {
+    let path = path.as_ref();
+    let pointer = match path.file_name().and_then(|n| n.to_str()) {
+        Some(LAST_FILE) if path.is_file() => path.to_path_buf(),
+        _ if path.join(LAST_FILE).is_file() => path.join(LAST_FILE),
+        _ => return Ok(path.to_path_buf()),
+    };
+    let name = std::fs::read_to_string(&pointer).map_err(CheckpointError::io(&pointer))?;
+    let name = name.trim();
+    if name.is_empty() || name.contains('/') || name.contains('\\') || name.starts_with('.') {
+        return Err(CheckpointError::NotACheckpoint {
+            path: pointer,
+            message: format!("'{name}' is not a checkpoint name"),
+        });
+    }
+    Ok(pointer.with_file_name(name))
+}

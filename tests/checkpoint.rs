@@ -1,0 +1,422 @@
+//! Checkpoints: resume bit-identical at the same world size, reshard to another, consolidate
+//! for plain candle, pretrained init by slices, ModelCheckpoint's keeping rules, crash safety.
+//! Bad files are in `checkpoint_bad_input`.
+
+use crate::common::{adamw, full_parameters, loader, max_diff, Mlp, TempDir, DIMS};
+use candle_core::{DType, Device};
+use candle_nn::VarBuilder;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use wick::core::{OptimizerConfig, PretrainedWeights, Strategy, WeightSource};
+use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
+use wick::trainer::checkpoint::{Mode, SavePoint};
+use wick::trainer::{consolidate, Checkpoint, ModelCheckpoint, Trainer};
+
+fn trainer(
+    devices: usize,
+    strategy: Box<dyn Strategy>,
+    steps: usize,
+    checkpoint: Option<ModelCheckpoint>,
+) -> Trainer {
+    let builder = Trainer::builder()
+        .devices(devices)
+        .strategy_instance(strategy)
+        .max_steps(steps)
+        .seed(42)
+        .no_logger()
+        .progress(false)
+        .model_summary(false);
+    match checkpoint {
+        Some(c) => builder.checkpoint(c),
+        None => builder,
+    }
+    .build()
+    .unwrap()
+}
+
+fn named(name: &str) -> Box<dyn Strategy> {
+    strategy_by_name(name).unwrap()
+}
+
+fn step_dir(root: &Path, step: usize) -> PathBuf {
+    root.join(format!("step-{step:08}"))
+}
+
+/// Trains `steps` steps saving every `every`, and returns the final parameters.
+fn fit_saving(
+    devices: usize,
+    strategy: Box<dyn Strategy>,
+    optimizer: OptimizerConfig,
+    steps: usize,
+    root: &Path,
+    every: usize,
+) -> Vec<Vec<f32>> {
+    let mut model = Mlp::new(optimizer);
+    let mc = ModelCheckpoint::new(root).every_n_steps(every);
+    let mut t = trainer(devices, strategy, steps, Some(mc));
+    t.fit(&mut model, &loader(), None).unwrap();
+    full_parameters(&mut t)
+}
+
+/// Resumes from `from` and trains to `steps`, saving into `root` if given.
+fn fit_resumed(
+    devices: usize,
+    strategy: Box<dyn Strategy>,
+    optimizer: OptimizerConfig,
+    steps: usize,
+    from: &Path,
+    root: Option<&Path>,
+) -> Vec<Vec<f32>> {
+    let mut model = Mlp::new(optimizer);
+    let mc = root.map(ModelCheckpoint::new);
+    let mut t = trainer(devices, strategy, steps, mc);
+    t.fit_from(&mut model, &loader(), None, from).unwrap();
+    full_parameters(&mut t)
+}
+
+/// Every saved state (parameters and optimizer) of a checkpoint, by parameter and kind.
+fn saved_state(dir: &Path) -> Vec<(String, Vec<f32>)> {
+    use wick::core::StateReader;
+    let c = Checkpoint::open(dir).unwrap();
+    let kinds: Vec<String> = std::iter::once("param".to_string())
+        .chain(c.optimizer_kinds())
+        .collect();
+    let params: Vec<(String, Vec<usize>)> = c
+        .parameters()
+        .map(|(n, s)| (n.to_string(), s.to_vec()))
+        .collect();
+    let mut out = Vec::new();
+    for kind in &kinds {
+        for (name, shape) in &params {
+            let shape = candle_core::Shape::from(shape.clone());
+            let n = shape.elem_count();
+            let t = c.read(kind, &[(name.clone(), shape)], 0..n).unwrap();
+            out.push((format!("{name}.{kind}"), t.to_vec1().unwrap()));
+        }
+    }
+    out
+}
+
+fn sgd_momentum() -> OptimizerConfig {
+    OptimizerConfig::Sgd {
+        lr: 0.05,
+        momentum: 0.9,
+        nesterov: false,
+        weight_decay: 0.01,
+    }
+}
+
+#[test]
+fn resume_at_the_same_world_size_is_bit_identical() {
+    // 8 steps an epoch: resuming at step 6 crosses an epoch boundary.
+    let cases = [
+        (1, "single", adamw()),
+        (2, "ddp", adamw()),
+        (2, "zero1", adamw()),
+        (2, "zero2", sgd_momentum()),
+        (2, "zero3", adamw()),
+        (2, "fsdp", adamw()),
+    ];
+    for (w, name, optimizer) in cases {
+        let first = TempDir::new(name);
+        let whole = fit_saving(w, named(name), optimizer.clone(), 12, &first.0, 6);
+        let second = TempDir::new(name);
+        let resumed = fit_resumed(
+            w,
+            named(name),
+            optimizer,
+            12,
+            &step_dir(&first.0, 6),
+            Some(&second.0),
+        );
+        assert_eq!(whole, resumed, "{name} at W={w}: parameters");
+        assert_eq!(
+            saved_state(&step_dir(&first.0, 12)),
+            saved_state(&step_dir(&second.0, 12)),
+            "{name} at W={w}: optimizer state at the end"
+        );
+    }
+}
+
+#[test]
+fn a_checkpoint_saved_at_4_ranks_continues_at_1_2_and_3() {
+    let hybrid = || -> Box<dyn Strategy> {
+        Box::new(Fsdp::new(FsdpSharding::HybridShard { group_size: 2 }))
+    };
+    type Make = fn() -> Box<dyn Strategy>;
+    let cases: [(&str, Make); 6] = [
+        ("zero3", || named("zero3")),
+        ("fsdp", || named("fsdp")),
+        ("ddp", || named("ddp")),
+        ("zero1", || named("zero1")),
+        ("zero2", || named("zero2")),
+        ("fsdp_hybrid", hybrid),
+    ];
+    for (name, make) in cases {
+        let root = TempDir::new(name);
+        fit_saving(4, make(), adamw(), 6, &root.0, 6);
+        let saved = step_dir(&root.0, 6);
+        let at_4 = fit_resumed(4, make(), adamw(), 12, &saved, None);
+        for w in [1, 2, 3] {
+            // The hybrid checkpoint continues under full sharding at sizes that do not split
+            // into groups of 2.
+            let strategy = match (name, w % 2) {
+                ("fsdp_hybrid", 1) => named("fsdp"),
+                _ => make(),
+            };
+            let at_w = fit_resumed(w, strategy, adamw(), 12, &saved, None);
+            let d = max_diff(&at_4, &at_w);
+            assert!(d < 1e-5, "{name}: saved at 4, continued at {w}: {d}");
+        }
+    }
+}
+
+#[test]
+fn consolidated_weights_load_into_the_same_model_in_plain_candle() {
+    let root = TempDir::new("consolidate");
+    let mut model = Mlp::new(adamw());
+    let mut t = trainer(3, named("zero3"), 5, Some(ModelCheckpoint::new(&root.0)));
+    t.fit(&mut model, &loader(), None).unwrap();
+    let trained = t.full_parameters().unwrap();
+    let out = root.join("model.safetensors");
+    let files = consolidate(step_dir(&root.0, 5), &out, true).unwrap();
+    assert_eq!(
+        files,
+        [out.clone(), root.join("model.optimizer.safetensors")]
+    );
+
+    // No wick code from here: candle-nn layers over the file.
+    let vb =
+        unsafe { VarBuilder::from_mmaped_safetensors(&[&out], DType::F32, &Device::Cpu) }.unwrap();
+    for i in 0..3 {
+        let layer = candle_nn::linear(DIMS[i], DIMS[i + 1], vb.pp(format!("l{i}"))).unwrap();
+        let find = |n: String| trained.iter().find(|(m, _)| *m == n).unwrap().1.clone();
+        let same = |a: &candle_core::Tensor, b: candle_core::Tensor| {
+            a.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+                == b.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        };
+        assert!(
+            same(layer.weight(), find(format!("l{i}.weight"))),
+            "l{i}.weight"
+        );
+        assert!(
+            same(layer.bias().unwrap(), find(format!("l{i}.bias"))),
+            "l{i}.bias"
+        );
+    }
+    let opt =
+        candle_core::safetensors::load(root.join("model.optimizer.safetensors"), &Device::Cpu)
+            .unwrap();
+    assert_eq!(opt.len(), 12, "exp_avg and exp_avg_sq of 6 parameters");
+    assert_eq!(opt["l1.weight.exp_avg_sq"].dims(), [13, 7]);
+}
+
+/// Pretrained weights that count the elements each thread (rank) reads.
+struct Counting {
+    inner: PretrainedWeights,
+    read: Mutex<Vec<(std::thread::ThreadId, String, usize)>>,
+}
+
+impl WeightSource for Counting {
+    fn read(
+        &self,
+        name: &str,
+        shape: &candle_core::Shape,
+        range: std::ops::Range<usize>,
+    ) -> candle_core::Result<Vec<f32>> {
+        self.read.lock().unwrap().push((
+            std::thread::current().id(),
+            name.to_string(),
+            range.len(),
+        ));
+        self.inner.read(name, shape, range)
+    }
+}
+
+#[test]
+fn pretrained_weights_initialise_every_strategy_and_sharded_ranks_read_only_their_slice() {
+    let root = TempDir::new("pretrained");
+    fit_saving(2, named("fsdp"), adamw(), 4, &root.0, 4);
+    let file = root.join("weights.safetensors");
+    consolidate(step_dir(&root.0, 4), &file, false).unwrap();
+    let expected: Vec<Vec<f32>> = {
+        let tensors = candle_core::safetensors::load(&file, &Device::Cpu).unwrap();
+        ["l0", "l1", "l2"]
+            .iter()
+            .flat_map(|l| [format!("{l}.weight"), format!("{l}.bias")])
+            .map(|n| tensors[&n].flatten_all().unwrap().to_vec1().unwrap())
+            .collect()
+    };
+    let numel: usize = expected.iter().map(Vec::len).sum();
+    for (w, name, sharded) in [
+        (1, "single", false),
+        (3, "ddp", false),
+        (3, "zero3", true),
+        (4, "fsdp", true),
+    ] {
+        let weights = Arc::new(Counting {
+            inner: PretrainedWeights::open(&[&file]).unwrap(),
+            read: Mutex::default(),
+        });
+        let mut model = Mlp::new(adamw());
+        model.weights = Some(weights.clone());
+        let mut t = trainer(w, named(name), 1, None);
+        t.validate(&mut model, &loader()).unwrap();
+        assert_eq!(full_parameters(&mut t), expected, "{name} at W={w}");
+        let reads = weights.read.lock().unwrap();
+        let total: usize = reads.iter().map(|r| r.2).sum();
+        if sharded {
+            // Each element is read once, by the rank that keeps it; no rank reads all of l1.
+            assert_eq!(total, numel, "{name}");
+            let l1_by_rank = |id| -> usize {
+                reads
+                    .iter()
+                    .filter(|r| r.0 == id && r.1 == "l1.weight")
+                    .map(|r| r.2)
+                    .sum()
+            };
+            for (id, _, _) in reads.iter() {
+                assert!(l1_by_rank(*id) < 91, "{name}: a rank read all of l1.weight");
+            }
+        } else {
+            assert_eq!(
+                total,
+                w * numel,
+                "{name}: every replica reads the whole model"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_wrong_pretrained_file_is_refused_naming_the_tensor() {
+    let root = TempDir::new("pretrained-bad");
+    let file = root.join("other.safetensors");
+    // l0.weight transposed, and no other tensor.
+    candle_core::Tensor::zeros((5, 7), DType::F32, &Device::Cpu)
+        .unwrap()
+        .save_safetensors("l0.weight", &file)
+        .unwrap();
+    let refused = |strategy: &str, devices: usize| {
+        let mut model = Mlp::new(adamw());
+        model.weights = Some(Arc::new(PretrainedWeights::open(&[&file]).unwrap()));
+        trainer(devices, named(strategy), 1, None)
+            .validate(&mut model, &loader())
+            .unwrap_err()
+            .to_string()
+    };
+    // Under zero3 both ranks hold part of l0.weight, so whichever fails first names it.
+    let err = refused("zero3", 2);
+    assert!(
+        err.contains("other.safetensors") && err.contains("'l0.weight'") && err.contains("[5, 7]"),
+        "{err}"
+    );
+    std::fs::remove_file(&file).unwrap();
+    candle_core::Tensor::zeros((7, 5), DType::F32, &Device::Cpu)
+        .unwrap()
+        .save_safetensors("l0.weight", &file)
+        .unwrap();
+    let err = refused("single", 1);
+    assert!(
+        err.contains("'l0.bias'") && err.contains("other.safetensors"),
+        "{err}"
+    );
+}
+
+#[test]
+fn model_checkpoint_keeps_the_last_k_and_the_best_k_and_points_last_at_the_newest() {
+    let root = TempDir::new("keep");
+    let losses = Arc::new(Mutex::new(Vec::new()));
+    #[derive(Clone)]
+    struct Losses(Arc<Mutex<Vec<f64>>>);
+    impl wick::core::Callback for Losses {
+        fn on_train_batch_end(&mut self, s: &wick::core::RunState) -> candle_core::Result<()> {
+            if s.rank == 0 {
+                self.0.lock().unwrap().push(s.metrics["train_loss"]);
+            }
+            Ok(())
+        }
+    }
+    let mc = ModelCheckpoint::new(&root.0)
+        .every_n_steps(1)
+        .keep_last(2)
+        .keep_best(1, "train_loss", Mode::Max);
+    let mut t = Trainer::builder()
+        .devices(2)
+        .strategy("zero2")
+        .max_steps(6)
+        .no_logger()
+        .progress(false)
+        .model_summary(false)
+        .checkpoint(mc)
+        .callback(Losses(losses.clone()))
+        .build()
+        .unwrap();
+    t.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
+    let losses = losses.lock().unwrap();
+    let worst = 1
+        + (0..losses.len())
+            .max_by(|&a, &b| losses[a].partial_cmp(&losses[b]).unwrap())
+            .unwrap();
+    let mut kept: Vec<String> = std::fs::read_dir(&root.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    kept.sort();
+    let mut expected: Vec<String> = [worst, 5, 6]
+        .iter()
+        .map(|s| format!("step-{s:08}"))
+        .chain(["last".to_string()])
+        .collect();
+    expected.sort();
+    expected.dedup();
+    assert_eq!(kept, expected);
+    assert_eq!(
+        std::fs::read_to_string(root.join("last")).unwrap(),
+        "step-00000006"
+    );
+}
+
+#[test]
+fn a_save_interrupted_anywhere_leaves_the_previous_checkpoint_loadable_and_last() {
+    let reference = fit_saving(2, named("zero3"), adamw(), 4, &TempDir::new("ref").0, 4);
+    for point in [
+        SavePoint::RankFile { rank: 1 },
+        SavePoint::Manifest,
+        SavePoint::Commit,
+    ] {
+        let root = TempDir::new("crash");
+        let seen = Arc::new(AtomicUsize::new(0));
+        let fault = {
+            let seen = seen.clone();
+            Arc::new(move |p: SavePoint| {
+                // The second save (step 4) dies at `point`.
+                if p == point && seen.fetch_add(1, Ordering::SeqCst) == 1 {
+                    return Err(format!("killed at {p:?}"));
+                }
+                Ok(())
+            })
+        };
+        let mc = ModelCheckpoint::new(&root.0)
+            .every_n_steps(2)
+            .with_fault_injection(fault);
+        let err = trainer(2, named("zero3"), 4, Some(mc))
+            .fit(&mut Mlp::new(adamw()), &loader(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("killed at"), "{point:?}: {err}");
+        assert_eq!(
+            std::fs::read_to_string(root.join("last")).unwrap(),
+            "step-00000002",
+            "{point:?}"
+        );
+        assert!(
+            !step_dir(&root.0, 4).exists(),
+            "{point:?}: a half checkpoint"
+        );
+        // The previous one loads, and training from it reaches the uninterrupted result.
+        let resumed = fit_resumed(2, named("zero3"), adamw(), 4, &root.join("last"), None);
+        assert_eq!(resumed, reference, "{point:?}");
+    }
+}
