@@ -2,7 +2,7 @@
 //! for plain candle, pretrained init by slices, ModelCheckpoint's keeping rules, crash safety.
 //! Bad files are in `checkpoint_bad_input`.
 
-use crate::common::{adamw, full_parameters, loader, max_diff, Mlp, TempDir, DIMS};
+use crate::common::{adamw, full_parameters, loader, max_diff, Mlp, Regression, TempDir, DIMS};
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use std::path::{Path, PathBuf};
@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use wick::core::{OptimizerConfig, PretrainedWeights, Strategy, WeightSource};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
 use wick::trainer::checkpoint::{Mode, SavePoint};
-use wick::trainer::{consolidate, Checkpoint, ModelCheckpoint, Trainer};
+use wick::trainer::{consolidate, Checkpoint, DataLoader, ModelCheckpoint, Trainer};
 
 fn trainer(
     devices: usize,
@@ -45,6 +45,7 @@ fn step_dir(root: &Path, step: usize) -> PathBuf {
 
 /// Trains `steps` steps saving every `every`, and returns the final parameters.
 fn fit_saving(
+    data: &DataLoader<Regression>,
     devices: usize,
     strategy: Box<dyn Strategy>,
     optimizer: OptimizerConfig,
@@ -55,12 +56,13 @@ fn fit_saving(
     let mut model = Mlp::new(optimizer);
     let mc = ModelCheckpoint::new(root).every_n_steps(every);
     let mut t = trainer(devices, strategy, steps, Some(mc));
-    t.fit(&mut model, &loader(), None).unwrap();
+    t.fit(&mut model, data, None).unwrap();
     full_parameters(&mut t)
 }
 
 /// Resumes from `from` and trains to `steps`, saving into `root` if given.
 fn fit_resumed(
+    data: &DataLoader<Regression>,
     devices: usize,
     strategy: Box<dyn Strategy>,
     optimizer: OptimizerConfig,
@@ -71,7 +73,7 @@ fn fit_resumed(
     let mut model = Mlp::new(optimizer);
     let mc = root.map(ModelCheckpoint::new);
     let mut t = trainer(devices, strategy, steps, mc);
-    t.fit_from(&mut model, &loader(), None, from).unwrap();
+    t.fit_from(&mut model, data, None, from).unwrap();
     full_parameters(&mut t)
 }
 
@@ -120,9 +122,18 @@ fn resume_at_the_same_world_size_is_bit_identical() {
     ];
     for (w, name, optimizer) in cases {
         let first = TempDir::new(name);
-        let whole = fit_saving(w, named(name), optimizer.clone(), 12, &first.0, 6);
+        let whole = fit_saving(
+            &loader(),
+            w,
+            named(name),
+            optimizer.clone(),
+            12,
+            &first.0,
+            6,
+        );
         let second = TempDir::new(name);
         let resumed = fit_resumed(
+            &loader(),
             w,
             named(name),
             optimizer,
@@ -155,9 +166,9 @@ fn a_checkpoint_saved_at_4_ranks_continues_at_1_2_and_3() {
     ];
     for (name, make) in cases {
         let root = TempDir::new(name);
-        fit_saving(4, make(), adamw(), 6, &root.0, 6);
+        fit_saving(&loader(), 4, make(), adamw(), 6, &root.0, 6);
         let saved = step_dir(&root.0, 6);
-        let at_4 = fit_resumed(4, make(), adamw(), 12, &saved, None);
+        let at_4 = fit_resumed(&loader(), 4, make(), adamw(), 12, &saved, None);
         for w in [1, 2, 3] {
             // The hybrid checkpoint continues under full sharding at sizes that do not split
             // into groups of 2.
@@ -165,10 +176,25 @@ fn a_checkpoint_saved_at_4_ranks_continues_at_1_2_and_3() {
                 ("fsdp_hybrid", 1) => named("fsdp"),
                 _ => make(),
             };
-            let at_w = fit_resumed(w, strategy, adamw(), 12, &saved, None);
+            let at_w = fit_resumed(&loader(), w, strategy, adamw(), 12, &saved, None);
             let d = max_diff(&at_4, &at_w);
             assert!(d < 1e-5, "{name}: saved at 4, continued at {w}: {d}");
         }
+    }
+}
+
+#[test]
+fn a_checkpoint_saved_at_2_ranks_continues_at_8() {
+    // Global batches of 24 split over 1, 2, 4 and 8 ranks; 4 steps an epoch.
+    let data = DataLoader::new(Regression::new(96), 24);
+    for name in ["zero3", "fsdp", "zero2"] {
+        let root = TempDir::new(name);
+        fit_saving(&data, 2, named(name), adamw(), 3, &root.0, 3);
+        let saved = step_dir(&root.0, 3);
+        let at_2 = fit_resumed(&data, 2, named(name), adamw(), 7, &saved, None);
+        let at_8 = fit_resumed(&data, 8, named(name), adamw(), 7, &saved, None);
+        let d = max_diff(&at_2, &at_8);
+        assert!(d < 1e-5, "{name}: saved at 2, continued at 8: {d}");
     }
 }
 
@@ -237,7 +263,7 @@ impl WeightSource for Counting {
 #[test]
 fn pretrained_weights_initialise_every_strategy_and_sharded_ranks_read_only_their_slice() {
     let root = TempDir::new("pretrained");
-    fit_saving(2, named("fsdp"), adamw(), 4, &root.0, 4);
+    fit_saving(&loader(), 2, named("fsdp"), adamw(), 4, &root.0, 4);
     let file = root.join("weights.safetensors");
     consolidate(step_dir(&root.0, 4), &file, false).unwrap();
     let expected: Vec<Vec<f32>> = {
@@ -380,7 +406,15 @@ fn model_checkpoint_keeps_the_last_k_and_the_best_k_and_points_last_at_the_newes
 
 #[test]
 fn a_save_interrupted_anywhere_leaves_the_previous_checkpoint_loadable_and_last() {
-    let reference = fit_saving(2, named("zero3"), adamw(), 4, &TempDir::new("ref").0, 4);
+    let reference = fit_saving(
+        &loader(),
+        2,
+        named("zero3"),
+        adamw(),
+        4,
+        &TempDir::new("ref").0,
+        4,
+    );
     for point in [
         SavePoint::RankFile { rank: 1 },
         SavePoint::Manifest,
@@ -416,7 +450,36 @@ fn a_save_interrupted_anywhere_leaves_the_previous_checkpoint_loadable_and_last(
             "{point:?}: a half checkpoint"
         );
         // The previous one loads, and training from it reaches the uninterrupted result.
-        let resumed = fit_resumed(2, named("zero3"), adamw(), 4, &root.join("last"), None);
+        let resumed = fit_resumed(
+            &loader(),
+            2,
+            named("zero3"),
+            adamw(),
+            4,
+            &root.join("last"),
+            None,
+        );
         assert_eq!(resumed, reference, "{point:?}");
     }
+}
+
+#[test]
+fn a_second_run_into_the_same_root_saves_new_versions_and_last_follows() {
+    let root = TempDir::new("rerun");
+    for _ in 0..2 {
+        let mc = ModelCheckpoint::new(&root.0).every_n_steps(2).keep_last(2);
+        trainer(2, named("ddp"), 4, Some(mc))
+            .fit(&mut Mlp::new(adamw()), &loader(), None)
+            .unwrap();
+    }
+    let mut kept: Vec<String> = std::fs::read_dir(&root.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["last", "step-00000004", "step-00000004-v1"]);
+    assert_eq!(
+        std::fs::read_to_string(root.join("last")).unwrap(),
+        "step-00000004-v1"
+    );
 }

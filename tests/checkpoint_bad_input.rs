@@ -163,13 +163,37 @@ fn each_bad_checkpoint_is_refused_with_the_file_and_the_tensor_or_field() {
     );
 
     let wrong_shape = broken_copy(&good, "wrong-shape", |d| {
+        // unit1.param of rank 0 stored as [1, n] instead of [n]: a valid file, a wrong tensor.
+        let f = d.join("rank-0.safetensors");
+        let bytes = std::fs::read(&f).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        let shape = header["unit1.param"]["shape"].as_array().unwrap()[0].clone();
+        header["unit1.param"]["shape"] = json!([1, shape]);
+        let mut text = header.to_string().into_bytes();
+        text.resize(text.len().div_ceil(8) * 8, b' ');
+        let mut out = (text.len() as u64).to_le_bytes().to_vec();
+        out.extend(text);
+        out.extend(&bytes[8 + n..]);
+        std::fs::write(&f, &out).unwrap();
+        rerecord(d, 0, &out);
+    });
+    assert_error(
+        load_everything(&wrong_shape),
+        &["rank-0.safetensors", "'unit1.param'", "shape [1, "],
+    );
+
+    let wrong_piece = broken_copy(&good, "wrong-piece", |d| {
         edit_manifest(d, |m| {
             // Rank 0's piece of unit0 said to be 1 element long: its file holds more.
             m["groups"][0]["pieces"][0]["end"] = json!(1);
             m["groups"][0]["pieces"][1]["start"] = json!(1);
         })
     });
-    assert_error(load_everything(&wrong_shape), &["rank-0.safetensors"]);
+    assert_error(
+        load_everything(&wrong_piece),
+        &["rank-0.safetensors", "the manifest gives it elements 0..1"],
+    );
 
     let version = broken_copy(&good, "version", |d| {
         edit_manifest(d, |m| m["format_version"] = json!(99))

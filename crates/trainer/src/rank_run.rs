@@ -103,11 +103,13 @@ impl<M: TrainModule> RankRun<'_, M> {
             Some(dir) => self.restore(dir, train, &optimizer)?,
             None => self.config.seed,
         };
+        // The checkpoint resumed from already holds the state at its step.
+        let mut last_saved = resume.map(|_| self.state.global_step);
         let (start_epoch, start_batch) = (
             self.state.global_step / per_epoch,
             self.state.global_step % per_epoch,
         );
-        let mut last_saved = None;
+
         let max_epochs = match (self.config.max_epochs, self.config.max_steps) {
             (Some(e), _) => e,
             (None, Some(_)) => usize::MAX,
@@ -196,7 +198,7 @@ impl<M: TrainModule> RankRun<'_, M> {
         }
         if let Some(mc) = &self.config.checkpoint {
             let step = self.state.global_step;
-            if mc.saves_at_end() && last_saved != Some(step) && !mc.dir_for(step).exists() {
+            if mc.saves_at_end() && last_saved != Some(step) {
                 self.save_checkpoint(mc, train, &optimizer, seed, per_epoch)?;
             }
         }

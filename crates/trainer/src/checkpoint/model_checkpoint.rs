@@ -96,9 +96,18 @@ impl ModelCheckpoint {
         self.save_at_end
     }
 
-    /// Where the checkpoint of step `step` goes.
+    /// Where the checkpoint of step `step` goes: `step-<step>`, or, when an earlier run
+    /// saved that step under this root, `step-<step>-v1`, `-v2`, ... (a checkpoint is never
+    /// overwritten).
     pub(crate) fn dir_for(&self, step: usize) -> PathBuf {
-        self.root.join(format!("step-{step:08}"))
+        let base = format!("step-{step:08}");
+        (0..)
+            .map(|v| match v {
+                0 => self.root.join(&base),
+                v => self.root.join(format!("{base}-v{v}")),
+            })
+            .find(|dir| !dir.exists())
+            .expect("some version is free")
     }
 
     /// After a complete save of `dir` (rank 0 only): point `last` at it, then prune.
@@ -133,7 +142,8 @@ impl ModelCheckpoint {
         }
         let mut kept = vec![keep.to_string()];
         if let Some(k) = self.keep_last {
-            saved.sort_by_key(|(_, m)| std::cmp::Reverse(m.step));
+            // Newest first: by step, then by version (a later run's save of the same step).
+            saved.sort_by_key(|(n, m)| std::cmp::Reverse((m.step, version(n))));
             kept.extend(saved.iter().take(k).map(|(n, _)| n.clone()));
         }
         if let Some((k, metric, mode)) = &self.keep_best {
@@ -156,6 +166,13 @@ impl ModelCheckpoint {
         }
         Ok(())
     }
+}
+
+/// The `K` of a `step-N-vK` name; 0 for `step-N`.
+fn version(name: &str) -> usize {
+    name.rsplit_once("-v")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The checkpoint `path` names: a checkpoint directory, or a root whose `last` file names
