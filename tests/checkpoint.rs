@@ -2,7 +2,10 @@
 //! for plain candle, pretrained init by slices, ModelCheckpoint's keeping rules, crash safety.
 //! Bad files are in `checkpoint_bad_input`.
 
-use crate::common::{adamw, full_parameters, loader, max_diff, Mlp, Regression, TempDir, DIMS};
+use crate::common::{
+    adamw, full_parameters, loader, max_diff, quiet_builder, sgd_momentum, Mlp, Regression,
+    TempDir, DIMS,
+};
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use std::path::{Path, PathBuf};
@@ -19,14 +22,7 @@ fn trainer(
     steps: usize,
     checkpoint: Option<ModelCheckpoint>,
 ) -> Trainer {
-    let builder = Trainer::builder()
-        .devices(devices)
-        .strategy_instance(strategy)
-        .max_steps(steps)
-        .seed(42)
-        .no_logger()
-        .progress(false)
-        .model_summary(false);
+    let builder = quiet_builder(devices, strategy, steps);
     match checkpoint {
         Some(c) => builder.checkpoint(c),
         None => builder,
@@ -43,38 +39,38 @@ fn step_dir(root: &Path, step: usize) -> PathBuf {
     root.join(format!("step-{step:08}"))
 }
 
-/// Trains `steps` steps saving every `every`, and returns the final parameters.
-fn fit_saving(
+/// Trains to `steps` (resuming from `from` if given, saving into `checkpoint` if given) and
+/// returns the final parameters.
+fn fit(
     data: &DataLoader<Regression>,
-    devices: usize,
-    strategy: Box<dyn Strategy>,
+    (devices, strategy): (usize, Box<dyn Strategy>),
     optimizer: OptimizerConfig,
     steps: usize,
-    root: &Path,
-    every: usize,
+    from: Option<&Path>,
+    checkpoint: Option<ModelCheckpoint>,
 ) -> Vec<Vec<f32>> {
     let mut model = Mlp::new(optimizer);
-    let mc = ModelCheckpoint::new(root).every_n_steps(every);
-    let mut t = trainer(devices, strategy, steps, Some(mc));
-    t.fit(&mut model, data, None).unwrap();
+    let mut t = trainer(devices, strategy, steps, checkpoint);
+    match from {
+        Some(from) => t.fit_from(&mut model, data, None, from),
+        None => t.fit(&mut model, data, None),
+    }
+    .unwrap();
     full_parameters(&mut t)
 }
 
-/// Resumes from `from` and trains to `steps`, saving into `root` if given.
-fn fit_resumed(
-    data: &DataLoader<Regression>,
-    devices: usize,
-    strategy: Box<dyn Strategy>,
-    optimizer: OptimizerConfig,
-    steps: usize,
-    from: &Path,
-    root: Option<&Path>,
-) -> Vec<Vec<f32>> {
-    let mut model = Mlp::new(optimizer);
-    let mc = root.map(ModelCheckpoint::new);
-    let mut t = trainer(devices, strategy, steps, mc);
-    t.fit_from(&mut model, data, None, from).unwrap();
-    full_parameters(&mut t)
+/// The entries of `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+fn every(root: &Path, n: usize) -> Option<ModelCheckpoint> {
+    Some(ModelCheckpoint::new(root).every_n_steps(n))
 }
 
 /// Every saved state (parameters and optimizer) of a checkpoint, by parameter and kind.
@@ -100,15 +96,6 @@ fn saved_state(dir: &Path) -> Vec<(String, Vec<f32>)> {
     out
 }
 
-fn sgd_momentum() -> OptimizerConfig {
-    OptimizerConfig::Sgd {
-        lr: 0.05,
-        momentum: 0.9,
-        nesterov: false,
-        weight_decay: 0.01,
-    }
-}
-
 #[test]
 fn resume_at_the_same_world_size_is_bit_identical() {
     // 8 steps an epoch: resuming at step 6 crosses an epoch boundary.
@@ -122,24 +109,22 @@ fn resume_at_the_same_world_size_is_bit_identical() {
     ];
     for (w, name, optimizer) in cases {
         let first = TempDir::new(name);
-        let whole = fit_saving(
+        let whole = fit(
             &loader(),
-            w,
-            named(name),
+            (w, named(name)),
             optimizer.clone(),
             12,
-            &first.0,
-            6,
+            None,
+            every(&first.0, 6),
         );
         let second = TempDir::new(name);
-        let resumed = fit_resumed(
+        let resumed = fit(
             &loader(),
-            w,
-            named(name),
+            (w, named(name)),
             optimizer,
             12,
-            &step_dir(&first.0, 6),
-            Some(&second.0),
+            Some(&step_dir(&first.0, 6)),
+            Some(ModelCheckpoint::new(&second.0)),
         );
         assert_eq!(whole, resumed, "{name} at W={w}: parameters");
         assert_eq!(
@@ -166,9 +151,9 @@ fn a_checkpoint_saved_at_4_ranks_continues_at_1_2_and_3() {
     ];
     for (name, make) in cases {
         let root = TempDir::new(name);
-        fit_saving(&loader(), 4, make(), adamw(), 6, &root.0, 6);
+        fit(&loader(), (4, make()), adamw(), 6, None, every(&root.0, 6));
         let saved = step_dir(&root.0, 6);
-        let at_4 = fit_resumed(&loader(), 4, make(), adamw(), 12, &saved, None);
+        let at_4 = fit(&loader(), (4, make()), adamw(), 12, Some(&saved), None);
         for w in [1, 2, 3] {
             // The hybrid checkpoint continues under full sharding at sizes that do not split
             // into groups of 2.
@@ -176,7 +161,7 @@ fn a_checkpoint_saved_at_4_ranks_continues_at_1_2_and_3() {
                 ("fsdp_hybrid", 1) => named("fsdp"),
                 _ => make(),
             };
-            let at_w = fit_resumed(&loader(), w, strategy, adamw(), 12, &saved, None);
+            let at_w = fit(&loader(), (w, strategy), adamw(), 12, Some(&saved), None);
             let d = max_diff(&at_4, &at_w);
             assert!(d < 1e-5, "{name}: saved at 4, continued at {w}: {d}");
         }
@@ -189,10 +174,10 @@ fn a_checkpoint_saved_at_2_ranks_continues_at_8() {
     let data = DataLoader::new(Regression::new(96), 24);
     for name in ["zero3", "fsdp", "zero2"] {
         let root = TempDir::new(name);
-        fit_saving(&data, 2, named(name), adamw(), 3, &root.0, 3);
+        fit(&data, (2, named(name)), adamw(), 3, None, every(&root.0, 3));
         let saved = step_dir(&root.0, 3);
-        let at_2 = fit_resumed(&data, 2, named(name), adamw(), 7, &saved, None);
-        let at_8 = fit_resumed(&data, 8, named(name), adamw(), 7, &saved, None);
+        let at_2 = fit(&data, (2, named(name)), adamw(), 7, Some(&saved), None);
+        let at_8 = fit(&data, (8, named(name)), adamw(), 7, Some(&saved), None);
         let d = max_diff(&at_2, &at_8);
         assert!(d < 1e-5, "{name}: saved at 2, continued at 8: {d}");
     }
@@ -263,7 +248,14 @@ impl WeightSource for Counting {
 #[test]
 fn pretrained_weights_initialise_every_strategy_and_sharded_ranks_read_only_their_slice() {
     let root = TempDir::new("pretrained");
-    fit_saving(&loader(), 2, named("fsdp"), adamw(), 4, &root.0, 4);
+    fit(
+        &loader(),
+        (2, named("fsdp")),
+        adamw(),
+        4,
+        None,
+        every(&root.0, 4),
+    );
     let file = root.join("weights.safetensors");
     consolidate(step_dir(&root.0, 4), &file, false).unwrap();
     let expected: Vec<Vec<f32>> = {
@@ -385,11 +377,7 @@ fn model_checkpoint_keeps_the_last_k_and_the_best_k_and_points_last_at_the_newes
         + (0..losses.len())
             .max_by(|&a, &b| losses[a].partial_cmp(&losses[b]).unwrap())
             .unwrap();
-    let mut kept: Vec<String> = std::fs::read_dir(&root.0)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .collect();
-    kept.sort();
+    let kept = names_in(&root.0);
     let mut expected: Vec<String> = [worst, 5, 6]
         .iter()
         .map(|s| format!("step-{s:08}"))
@@ -406,14 +394,13 @@ fn model_checkpoint_keeps_the_last_k_and_the_best_k_and_points_last_at_the_newes
 
 #[test]
 fn a_save_interrupted_anywhere_leaves_the_previous_checkpoint_loadable_and_last() {
-    let reference = fit_saving(
+    let reference = fit(
         &loader(),
-        2,
-        named("zero3"),
+        (2, named("zero3")),
         adamw(),
         4,
-        &TempDir::new("ref").0,
-        4,
+        None,
+        every(&TempDir::new("ref").0, 4),
     );
     for point in [
         SavePoint::RankFile { rank: 1 },
@@ -450,13 +437,12 @@ fn a_save_interrupted_anywhere_leaves_the_previous_checkpoint_loadable_and_last(
             "{point:?}: a half checkpoint"
         );
         // The previous one loads, and training from it reaches the uninterrupted result.
-        let resumed = fit_resumed(
+        let resumed = fit(
             &loader(),
-            2,
-            named("zero3"),
+            (2, named("zero3")),
             adamw(),
             4,
-            &root.join("last"),
+            Some(&root.join("last")),
             None,
         );
         assert_eq!(resumed, reference, "{point:?}");
@@ -472,11 +458,7 @@ fn a_second_run_into_the_same_root_saves_new_versions_and_last_follows() {
             .fit(&mut Mlp::new(adamw()), &loader(), None)
             .unwrap();
     }
-    let mut kept: Vec<String> = std::fs::read_dir(&root.0)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .collect();
-    kept.sort();
+    let kept = names_in(&root.0);
     assert_eq!(kept, ["last", "step-00000004", "step-00000004-v1"]);
     assert_eq!(
         std::fs::read_to_string(root.join("last")).unwrap(),

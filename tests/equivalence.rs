@@ -1,16 +1,7 @@
-use crate::common::{adamw, max_diff, train, Mlp};
+use crate::common::{adamw, max_diff, sgd_momentum, train, Mlp};
 use wick::core::OptimizerConfig;
 
 const STEPS: usize = 10;
-
-fn sgd_momentum() -> OptimizerConfig {
-    OptimizerConfig::Sgd {
-        lr: 0.05,
-        momentum: 0.9,
-        nesterov: false,
-        weight_decay: 0.01,
-    }
-}
 
 /// `strategy` at W = 1..4 ends where `single` ends, with AdamW and with SGD + momentum.
 fn matches_single(strategy: &str) {

@@ -160,6 +160,16 @@ pub fn adamw() -> OptimizerConfig {
     }
 }
 
+/// The SGD (momentum, weight decay) the equivalence tests use.
+pub fn sgd_momentum() -> OptimizerConfig {
+    OptimizerConfig::Sgd {
+        lr: 0.05,
+        momentum: 0.9,
+        nesterov: false,
+        weight_decay: 0.01,
+    }
+}
+
 /// A trainer with no logger and no progress bar.
 pub fn quiet_trainer(devices: usize, strategy: &str, steps: usize) -> Trainer {
     quiet_trainer_with(
@@ -175,6 +185,15 @@ pub fn quiet_trainer_with(
     strategy: Box<dyn wick::core::Strategy>,
     steps: usize,
 ) -> Trainer {
+    quiet_builder(devices, strategy, steps).build().unwrap()
+}
+
+/// The options of [`quiet_trainer_with`], to add to.
+pub fn quiet_builder(
+    devices: usize,
+    strategy: Box<dyn wick::core::Strategy>,
+    steps: usize,
+) -> wick::trainer::TrainerBuilder {
     Trainer::builder()
         .devices(devices)
         .strategy_instance(strategy)
@@ -183,8 +202,6 @@ pub fn quiet_trainer_with(
         .no_logger()
         .progress(false)
         .model_summary(false)
-        .build()
-        .unwrap()
 }
 
 /// Global batches of 12: divisible by 1, 2, 3 and 4 ranks.

@@ -54,6 +54,44 @@ impl OptimizerConfig {
         }
     }
 
+    /// The optimizer's name (`adamw`, `sgd`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OptimizerConfig::AdamW { .. } => "adamw",
+            OptimizerConfig::Sgd { .. } => "sgd",
+        }
+    }
+
+    /// The hyper-parameters by name (booleans as 0 or 1), as a checkpoint records them.
+    pub fn hyper_parameters(&self) -> Vec<(&'static str, f64)> {
+        match *self {
+            OptimizerConfig::AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => vec![
+                ("lr", lr),
+                ("beta1", beta1),
+                ("beta2", beta2),
+                ("eps", eps),
+                ("weight_decay", weight_decay),
+            ],
+            OptimizerConfig::Sgd {
+                lr,
+                momentum,
+                nesterov,
+                weight_decay,
+            } => vec![
+                ("lr", lr),
+                ("momentum", momentum),
+                ("nesterov", f64::from(u8::from(nesterov))),
+                ("weight_decay", weight_decay),
+            ],
+        }
+    }
+
     /// The learning rate.
     pub fn lr(&self) -> f64 {
         match self {

@@ -186,12 +186,26 @@ impl Replicated {
         self.params.iter().map(|p| p.elem_count()).sum()
     }
 
-    /// All parameters laid out over the world, and this rank: what a rank saves of
-    /// replicated state (each rank writes a 1/W range, so no rank writes everything).
-    pub(crate) fn layout(&self, strategy: &str) -> Result<(FlatLayout, usize)> {
+    /// `Strategy::save_state` of single and ddp: this rank's 1/W range of all parameters
+    /// laid out over the world (no rank writes everything), optimizer state alike.
+    pub(crate) fn save_replicated(&self, strategy: &str) -> Result<RankState> {
         let world = self.world(strategy)?;
         let layout = FlatLayout::new(self.parameter_shapes(), world.world_size());
-        Ok((layout, world.rank()))
+        self.save_state(&layout, world.rank(), false)
+    }
+
+    /// `Strategy::load_state` of single and ddp.
+    pub(crate) fn load_replicated(
+        &mut self,
+        strategy: &str,
+        reader: &dyn StateReader,
+    ) -> Result<()> {
+        let world = self.world(strategy)?;
+        let (layout, rank) = (
+            FlatLayout::new(self.parameter_shapes(), world.world_size()),
+            world.rank(),
+        );
+        self.load_state(strategy, reader, &layout, rank, false)
     }
 
     /// This rank's range of `layout` (all parameters). The optimizer state is per parameter,
@@ -254,9 +268,8 @@ impl Replicated {
                 true => Ok(vec![read_shard(
                     reader,
                     kind,
-                    &group,
-                    layout.owned(rank),
-                    layout.shard_len(),
+                    (layout, &group),
+                    rank,
                     &device,
                 )?]),
                 false => read_whole(reader, kind, &group, &device),

@@ -43,18 +43,18 @@ pub(crate) fn shard_prefix(shard: &Tensor, len: usize) -> Result<Tensor> {
     shard.narrow(0, 0, len)?.to_device(&Device::Cpu)?.copy()
 }
 
-/// A rank's padded shard of `kind` read back: elements `owned` of the group, zero-padded to
-/// `shard_len` (padding is zero in every buffer wick keeps).
+/// Rank `rank`'s padded shard of `layout` (saved as `group`) for state `kind`, read back:
+/// the elements it owns, zero-padded (padding is zero in every buffer wick keeps).
 pub(crate) fn read_shard(
     reader: &dyn StateReader,
     kind: &str,
-    group: &FlatGroup,
-    owned: Range<usize>,
-    shard_len: usize,
+    (layout, group): (&FlatLayout, &FlatGroup),
+    rank: usize,
     device: &Device,
 ) -> Result<Tensor> {
+    let owned = layout.owned(rank);
     let values = reader.read(kind, &group.params, owned.clone())?;
-    let padding = shard_len - owned.len();
+    let padding = layout.shard_len() - owned.len();
     let values = match padding {
         0 => values,
         n => Tensor::cat(&[values, Tensor::zeros(n, DType::F32, &Device::Cpu)?], 0)?,

@@ -56,14 +56,11 @@ impl Strategy for SingleDevice {
     }
 
     fn save_state(&self) -> Result<wick_core::RankState> {
-        let (layout, rank) = self.state.layout(Self::NAME)?;
-        self.state.save_state(&layout, rank, false)
+        self.state.save_replicated(Self::NAME)
     }
 
     fn load_state(&mut self, reader: &dyn wick_core::StateReader) -> Result<()> {
-        let (layout, rank) = self.state.layout(Self::NAME)?;
-        self.state
-            .load_state(Self::NAME, reader, &layout, rank, false)
+        self.state.load_replicated(Self::NAME, reader)
     }
 
     fn sharding(&self) -> Sharding {

@@ -326,16 +326,7 @@ impl Strategy for Zero3 {
         let mut state = vec![Vec::new(); kinds.len()];
         for (i, layout) in self.layouts.iter().enumerate() {
             let group = flat_group(format!("unit{i}"), layout);
-            let read = |kind: &str| {
-                read_shard(
-                    reader,
-                    kind,
-                    &group,
-                    layout.owned(rank),
-                    layout.shard_len(),
-                    &device,
-                )
-            };
+            let read = |kind: &str| read_shard(reader, kind, (layout, &group), rank, &device);
             self.shards[i].set(&read(PARAM_KIND)?)?;
             for (k, kind) in kinds.iter().enumerate() {
                 state[k].push(read(kind)?);

@@ -1,6 +1,6 @@
 //! One rank's part of a stage: the hook sequence of DESIGN.md and the loops.
 
-use crate::checkpoint::{optimizer_hyper_parameters, DataPosition, SaveInfo};
+use crate::checkpoint::{DataPosition, SaveInfo};
 use crate::metrics_csv::MetricsCsv;
 use crate::progress::Progress;
 use crate::trainer::{Config, Metrics};
@@ -250,7 +250,7 @@ impl<M: TrainModule> RankRun<'_, M> {
                 here.dataset_len,
             )?;
         }
-        let kind = optimizer_hyper_parameters(optimizer).0;
+        let kind = optimizer.kind();
         if m.optimizer.kind != kind {
             return Err(CheckpointError::Mismatch {
                 path: dir.to_path_buf(),

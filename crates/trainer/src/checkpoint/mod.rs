@@ -21,5 +21,5 @@ pub use manifest::{
 };
 pub use model_checkpoint::{resolve_checkpoint, Mode, ModelCheckpoint, LAST_FILE};
 pub use reader::Checkpoint;
-pub(crate) use save::{optimizer_hyper_parameters, save, SaveInfo};
+pub(crate) use save::{save, SaveInfo};
 pub use save::{SaveFault, SavePoint};

@@ -240,50 +240,14 @@ fn optimizer_record(
     step: usize,
     state_kinds: Vec<String>,
 ) -> OptimizerRecord {
-    let (kind, hyper_parameters) = optimizer_hyper_parameters(config);
     OptimizerRecord {
-        kind: kind.into(),
-        hyper_parameters,
+        kind: config.kind().into(),
+        hyper_parameters: config
+            .hyper_parameters()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
         step,
         state_kinds,
-    }
-}
-
-/// The optimizer's kind and hyper-parameters as the manifest records them.
-pub(crate) fn optimizer_hyper_parameters(
-    config: &OptimizerConfig,
-) -> (&'static str, BTreeMap<String, f64>) {
-    let map = |pairs: &[(&str, f64)]| pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect();
-    match *config {
-        OptimizerConfig::AdamW {
-            lr,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-        } => (
-            "adamw",
-            map(&[
-                ("lr", lr),
-                ("beta1", beta1),
-                ("beta2", beta2),
-                ("eps", eps),
-                ("weight_decay", weight_decay),
-            ]),
-        ),
-        OptimizerConfig::Sgd {
-            lr,
-            momentum,
-            nesterov,
-            weight_decay,
-        } => (
-            "sgd",
-            map(&[
-                ("lr", lr),
-                ("momentum", momentum),
-                ("nesterov", nesterov as u8 as f64),
-                ("weight_decay", weight_decay),
-            ]),
-        ),
     }
 }
