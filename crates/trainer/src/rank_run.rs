@@ -190,7 +190,7 @@ impl<M: TrainModule> RankRun<'_, M> {
                 }
                 if let Some(mc) = &self.config.checkpoint {
                     if mc.due(self.state.global_step) {
-                        self.save_checkpoint(mc, train, &optimizer, seed, per_epoch)?;
+                        self.save_checkpoint(mc, train, &optimizer, seed)?;
                         last_saved = Some(self.state.global_step);
                     }
                 }
@@ -199,7 +199,7 @@ impl<M: TrainModule> RankRun<'_, M> {
         if let Some(mc) = &self.config.checkpoint {
             let step = self.state.global_step;
             if mc.saves_at_end() && last_saved != Some(step) {
-                self.save_checkpoint(mc, train, &optimizer, seed, per_epoch)?;
+                self.save_checkpoint(mc, train, &optimizer, seed)?;
             }
         }
         if let Some(p) = &progress {
@@ -291,16 +291,16 @@ impl<M: TrainModule> RankRun<'_, M> {
         train: &DataLoader<D>,
         optimizer: &OptimizerConfig,
         seed: u64,
-        per_epoch: usize,
     ) -> Result<(), TrainerError> {
         let step = self.state.global_step;
         let dir = mc.dir_for(step);
+        let data = self.data_position(train, step);
         let info = SaveInfo {
             step,
-            epoch: step / per_epoch,
+            epoch: data.epoch,
             seed,
             optimizer,
-            data: self.data_position(train, step),
+            data,
             metrics: self.state.metrics.clone(),
         };
         crate::checkpoint::save(
