@@ -1,11 +1,12 @@
-//! wick-trainer alone: a `TrainModule` fitted by the `Trainer` with two ranks as threads.
+//! wick-trainer alone: a `TrainModule` fitted by the `Trainer` with two ranks as threads,
+//! checkpointed, and resumed on four ranks under another strategy.
 //!
 //! `cargo run -p wick-trainer --example fit_linear`
 
 use candle_core::{Device, Module, Tensor};
 use candle_nn::Linear;
 use wick_core::{OptimizerConfig, ShardedContext, TrainModule};
-use wick_trainer::{DataLoader, Dataset, Trainer};
+use wick_trainer::{DataLoader, Dataset, ModelCheckpoint, Trainer};
 
 /// y = 3x + 0.5 on a grid of 64 points.
 struct Line;
@@ -49,14 +50,28 @@ impl TrainModule for Regressor {
 }
 
 fn main() -> Result<(), wick_trainer::TrainerError> {
+    // Checkpoints at the end of each run, under a fresh directory.
+    let root = std::env::temp_dir().join(format!("wick-fit-linear-{}", std::process::id()));
+    let data = DataLoader::new(Line, 16);
     let mut trainer = Trainer::builder()
         .devices(2)
         .strategy("ddp")
+        .max_epochs(20)
+        .no_logger()
+        .checkpoint(ModelCheckpoint::new(&root))
+        .build()?;
+    trainer.fit(&mut Regressor::default(), &data, None)?;
+
+    // Twenty more epochs from that checkpoint, on 4 ranks under zero2 this time.
+    let mut trainer = Trainer::builder()
+        .devices(4)
+        .strategy("zero2")
         .max_epochs(40)
         .no_logger()
         .build()?;
     let mut model = Regressor::default();
-    let metrics = trainer.fit(&mut model, &DataLoader::new(Line, 16), None)?;
+    let metrics = trainer.fit_from(&mut model, &data, None, root.join("last"))?;
+    let _ = std::fs::remove_dir_all(&root);
     let layer = model.layer.expect("configured");
     println!("train_loss {:.5}", metrics["train_loss"]);
     println!(
