@@ -186,12 +186,18 @@ impl Replicated {
         self.params.iter().map(|p| p.elem_count()).sum()
     }
 
-    /// `Strategy::save_state` of single and ddp: this rank's 1/W range of all parameters
-    /// laid out over the world (no rank writes everything), optimizer state alike.
-    pub(crate) fn save_replicated(&self, strategy: &str) -> Result<RankState> {
+    /// All parameters laid out over the world, and this rank: under single and ddp each
+    /// rank saves its 1/W range of it (no rank writes everything), optimizer state alike.
+    fn world_layout(&self, strategy: &str) -> Result<(FlatLayout, usize)> {
         let world = self.world(strategy)?;
         let layout = FlatLayout::new(self.parameter_shapes(), world.world_size());
-        self.save_state(&layout, world.rank(), false)
+        Ok((layout, world.rank()))
+    }
+
+    /// `Strategy::save_state` of single and ddp.
+    pub(crate) fn save_replicated(&self, strategy: &str) -> Result<RankState> {
+        let (layout, rank) = self.world_layout(strategy)?;
+        self.save_state(&layout, rank, false)
     }
 
     /// `Strategy::load_state` of single and ddp.
@@ -200,11 +206,7 @@ impl Replicated {
         strategy: &str,
         reader: &dyn StateReader,
     ) -> Result<()> {
-        let world = self.world(strategy)?;
-        let (layout, rank) = (
-            FlatLayout::new(self.parameter_shapes(), world.world_size()),
-            world.rank(),
-        );
+        let (layout, rank) = self.world_layout(strategy)?;
         self.load_state(strategy, reader, &layout, rank, false)
     }
 

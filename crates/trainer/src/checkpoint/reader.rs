@@ -6,7 +6,7 @@ use super::manifest::{FileRecord, GroupRecord, Manifest};
 use super::save::rank_ranges;
 use super::CheckpointError;
 use candle_core::{Device, Shape, Tensor};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use wick_core::{FileError, SafetensorsFile, StateReader, PARAM_KIND};
@@ -35,8 +35,13 @@ impl Checkpoint {
         let kinds: Vec<&str> = std::iter::once(PARAM_KIND)
             .chain(manifest.optimizer.state_kinds.iter().map(String::as_str))
             .collect();
+        // Each file's recorded ranges, parsed once for all groups.
+        let recorded = files
+            .iter()
+            .map(rank_ranges)
+            .collect::<Result<Vec<_>, _>>()?;
         for group in &manifest.groups {
-            check_pieces(group, &files, &kinds)?;
+            check_pieces(group, &files, &recorded, &kinds)?;
         }
         let mut index = HashMap::new();
         for (g, group) in manifest.groups.iter().enumerate() {
@@ -171,11 +176,12 @@ fn open_checked(path: &Path, record: &FileRecord) -> Result<SafetensorsFile, Che
 fn check_pieces(
     group: &GroupRecord,
     files: &[SafetensorsFile],
+    recorded: &[BTreeMap<String, Range<usize>>],
     kinds: &[&str],
 ) -> Result<(), CheckpointError> {
     for piece in group.pieces.iter().filter(|p| p.end > p.start) {
         let file = &files[piece.rank];
-        let recorded = rank_ranges(file)?;
+        let recorded = &recorded[piece.rank];
         if recorded.get(&group.name) != Some(&(piece.start..piece.end)) {
             return Err(FileError::new(
                 file.path(),
