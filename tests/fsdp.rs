@@ -1,7 +1,7 @@
 use crate::common::{adamw, full_parameters, loader, max_diff, train, Mlp, Recording, Regression};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::Linear;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use wick::accelerator::ThreadWorld;
 use wick::core::{OptimizerConfig, ShardedContext, Strategy, TrainModule, Wrapped};
 use wick::strategies::{Fsdp, FsdpSharding};
@@ -69,10 +69,7 @@ fn gathers_per_step(sharding: FsdpSharding) -> usize {
 /// All-gathers one training step issues under the strategy `make` builds, at W = 2.
 fn gathers_per_step_of(make: impl Fn() -> Fsdp + Sync) -> usize {
     let logs = ThreadWorld::new(2).run(|comm| {
-        let world = Arc::new(Recording {
-            inner: Arc::new(comm),
-            log: Mutex::default(),
-        });
+        let world = Recording::over(comm);
         let mut s = make();
         s.connect(world.clone(), Device::Cpu)?;
         let ctx = s.sharded_context(1)?;

@@ -1,6 +1,5 @@
 use crate::common::{adamw, full_parameters, max_diff, Mlp, Recording, Regression};
 use candle_core::{DType, Device, Module, Tensor};
-use std::sync::{Arc, Mutex};
 use wick::accelerator::ThreadWorld;
 use wick::trainer::{DataLoader, Trainer};
 
@@ -66,10 +65,7 @@ fn four_micro_batches_equal_one_batch_four_times_larger() {
 fn no_gradient_collective_runs_before_the_last_micro_batch() {
     for strategy in STRATEGIES {
         let logs = ThreadWorld::new(2).run(|comm| {
-            let world = Arc::new(Recording {
-                inner: Arc::new(comm),
-                log: Mutex::default(),
-            });
+            let world = Recording::over(comm);
             let mut s = wick::strategies::strategy_by_name(strategy)?;
             s.connect(world.clone(), Device::Cpu)?;
             let ctx = s.sharded_context(1)?;

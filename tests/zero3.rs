@@ -2,7 +2,6 @@ use crate::common::{full_parameters, loader, Mlp};
 
 use crate::common::Recording;
 use candle_core::{DType, Device, Module, Tensor};
-use std::sync::{Arc, Mutex};
 use wick::accelerator::ThreadWorld;
 use wick::core::{OptimizerConfig, Strategy};
 use wick::strategies::Zero3;
@@ -37,10 +36,7 @@ fn born_sharded_parameters_assemble_bit_identically_for_every_world_size() {
 fn backward_issues_the_same_collectives_in_the_same_order_on_every_rank() {
     for w in 2..=4 {
         let logs = ThreadWorld::new(w).run(|comm| {
-            let world = Arc::new(Recording {
-                inner: Arc::new(comm),
-                log: Mutex::default(),
-            });
+            let world = Recording::over(comm);
             let mut zero3 = Zero3::new();
             zero3.connect(world.clone(), Device::Cpu)?;
             let ctx = zero3.sharded_context(3)?;
