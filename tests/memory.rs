@@ -6,6 +6,9 @@
 //!   largest single allocation stays below half the parameter's size at W = 4.
 //! - Under FSDP full_shard a unit's full parameters are not alive between its forward and
 //!   its backward; under shard_grad_op they are.
+//! - Under full_shard a training step holds, beyond the parameter shards, no more than the
+//!   gradient shards plus three units per rank (DESIGN.md: the recomputed unit, its
+//!   gradient and the prefetched neighbour).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -19,9 +22,11 @@ struct LargestAllocation;
 static TRACKING: AtomicBool = AtomicBool::new(false);
 static LARGEST: AtomicUsize = AtomicUsize::new(0);
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
 
 fn seen(size: usize) {
-    CURRENT.fetch_add(size, Ordering::Relaxed);
+    let now = CURRENT.fetch_add(size, Ordering::Relaxed) + size;
+    PEAK.fetch_max(now, Ordering::Relaxed);
     if TRACKING.load(Ordering::Relaxed) {
         LARGEST.fetch_max(size, Ordering::Relaxed);
     }
@@ -108,6 +113,60 @@ fn held_between_forward_and_backward(sharding: FsdpSharding) -> usize {
     outcomes.into_iter().map(|o| o.unwrap()).max().unwrap()
 }
 
+/// Units of the deep model whose full_shard step is measured.
+const DEEP_UNITS: usize = 6;
+/// Width of each unit: one 512 x 512 weight, 1 MiB in full.
+const DEEP_WIDTH: usize = 512;
+
+/// Peak heap growth of the whole process over one full_shard training step of a deep model
+/// at W = 2 (after a first step, so buffers made once already exist).
+fn full_shard_step_growth() -> usize {
+    let outcomes = ThreadWorld::new(2).run(|comm| {
+        let world: Arc<dyn Collective> = Arc::new(comm);
+        let mut s = Fsdp::new(FsdpSharding::FullShard);
+        s.connect(world.clone(), candle_core::Device::Cpu)?;
+        let ctx = s.sharded_context(0)?;
+        let units: Vec<Wrapped<candle_nn::Linear>> = {
+            let _open = ctx.enter();
+            (0..DEEP_UNITS)
+                .map(|i| {
+                    ctx.wrap(&format!("layers.{i}"), |vb| {
+                        candle_nn::linear_no_bias(DEEP_WIDTH, DEEP_WIDTH, vb)
+                    })
+                })
+                .collect::<candle_core::Result<_>>()?
+        };
+        s.finish_sharding()?;
+        s.configure_optimizer(&OptimizerConfig::sgd(0.1))?;
+        let x = candle_core::Tensor::ones(
+            (2, DEEP_WIDTH),
+            candle_core::DType::F32,
+            &candle_core::Device::Cpu,
+        )?;
+        let mut step = || -> wick::core::Result<()> {
+            let mut h = x.clone();
+            for unit in &units {
+                h = unit.apply(&h, |layer, x| {
+                    candle_core::Module::forward(layer, x)?.tanh()
+                })?;
+            }
+            s.backward(&h.sqr()?.mean_all()?)?;
+            s.optimizer_step()
+        };
+        step()?;
+        world.barrier()?;
+        if world.rank() == 0 {
+            PEAK.store(CURRENT.load(Ordering::SeqCst), Ordering::SeqCst);
+        }
+        world.barrier()?;
+        let before = CURRENT.load(Ordering::SeqCst);
+        step()?;
+        world.barrier()?;
+        Ok::<_, wick::core::Error>(PEAK.load(Ordering::SeqCst) - before)
+    });
+    outcomes.into_iter().map(|o| o.unwrap()).max().unwrap()
+}
+
 #[test]
 fn memory_bounds() {
     // The probe works: creating the full parameter is seen.
@@ -127,5 +186,20 @@ fn memory_bounds() {
     assert!(
         freed < FULL_BYTES / 4,
         "full_shard held {freed} bytes between forward and backward; the unit is {FULL_BYTES}"
+    );
+
+    // Per rank: the gradient shards (the whole model over W), three full units, and 256 KiB
+    // for activations (each 2 x 512 floats, a few per unit) and bookkeeping.
+    let unit = DEEP_WIDTH * DEEP_WIDTH * 4;
+    let per_rank = DEEP_UNITS * unit / 2 + 3 * unit + (256 << 10);
+    let growth = full_shard_step_growth();
+    assert!(
+        growth <= 2 * per_rank,
+        "full_shard step grew the heap by {growth} bytes; the bound is {} (units of {unit})",
+        2 * per_rank
+    );
+    println!(
+        "full_shard step: {growth} bytes over the shards, bound {}",
+        2 * per_rank
     );
 }

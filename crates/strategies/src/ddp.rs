@@ -74,7 +74,13 @@ impl Ddp {
                 .iter()
                 .map(|&i| grads[i].flatten_all())
                 .collect::<candle_core::Result<Vec<_>>>()?;
-            let flat = Tensor::cat(&parts, 0)?;
+            // A fresh buffer even for one gradient (where `cat` would hand back the same
+            // storage): candle gives both operands of an add one shared gradient, and the
+            // all-reduce below works in place.
+            let flat = match parts.as_slice() {
+                [one] => one.copy()?,
+                _ => Tensor::cat(&parts, 0)?,
+            };
             world.all_reduce_in_place(&flat, ReduceOp::Mean)?;
             let mut offset = 0;
             for &i in bucket {

@@ -9,14 +9,18 @@ pub(crate) struct GradAccumulator {
 }
 
 impl GradAccumulator {
-    /// Adds the gradients of `store` for `params` (in order).
-    pub(crate) fn add(&mut self, params: &[Var], store: &GradStore) -> Result<()> {
+    /// Adds the gradients of `store` for `params` (in order), draining the store.
+    pub(crate) fn add(&mut self, params: &[Var], mut store: GradStore) -> Result<()> {
         self.grads.resize(params.len(), None);
         for (slot, p) in self.grads.iter_mut().zip(params) {
-            if let Some(g) = store.get(p.as_tensor()) {
+            if let Some(g) = store.remove(p.as_tensor()) {
+                // Candle may return a strided view (a linear weight's gradient is a
+                // transpose); optimizers and collectives want contiguous buffers, made here
+                // one at a time as the store drains.
+                let g = g.contiguous()?;
                 *slot = Some(match slot.take() {
                     Some(acc) => (acc + g)?,
-                    None => g.clone(),
+                    None => g,
                 });
             }
         }

@@ -11,6 +11,7 @@
 
 mod clip;
 mod ddp;
+mod flat_grad;
 pub mod flat_layout;
 mod fsdp;
 mod gather_op;

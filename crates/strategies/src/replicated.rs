@@ -127,7 +127,7 @@ impl Replicated {
 
     pub(crate) fn backward(&mut self, loss: &Tensor) -> Result<()> {
         let store = loss.backward()?;
-        self.grads.add(&self.params, &store)?;
+        self.grads.add(&self.params, store)?;
         Ok(())
     }
 

@@ -3,9 +3,11 @@
 //! Forward gathers the unit, runs it eagerly without a graph and frees the gathered
 //! parameters before returning. Backward gathers again, recomputes the unit with a graph
 //! (activation recompute per unit), back-propagates the incoming gradient through it and
-//! reduce-scatters the parameter gradient into the shard. Peak parameter memory is the
-//! shards plus about two units.
+//! reduce-scatters the parameter gradient into the shard. Beyond the shards, a rank holds
+//! at most three units at once: in backward, the recomputed unit's parameters, its
+//! gradients and the previous unit's prefetched gather.
 
+use crate::flat_grad::flatten_consuming;
 use crate::flat_layout::FlatLayout;
 use crate::gather_op::reduce_to_shard;
 use crate::grad_sync::GradSync;
@@ -51,22 +53,24 @@ fn host_tensor(storage: &CpuStorage, layout: &Layout) -> Result<Tensor> {
 
 impl UnitOp {
     /// The unit's full flat buffer: prefetched if a gather of it is in flight, otherwise
-    /// gathered now. Then the neighbour this pass visits next (`next`) starts gathering.
-    fn gather(&self, shard: &Tensor, next: Option<usize>) -> Result<Tensor> {
-        let prefetched = self.prefetch.as_ref().and_then(|p| p.take(self.unit));
-        let full = match prefetched {
-            Some(full) => full?,
+    /// gathered now.
+    fn gather(&self, shard: &Tensor) -> Result<Tensor> {
+        match self.prefetch.as_ref().and_then(|p| p.take(self.unit)) {
+            Some(full) => full,
             None => gather(
                 self.world.as_ref(),
                 shard,
                 self.layout.padded(),
                 self.param_dtype,
-            )?,
-        };
+            ),
+        }
+    }
+
+    /// Starts gathering `next`, the unit this pass visits after this one.
+    fn prefetch(&self, next: Option<usize>) {
         if let (Some(p), Some(next)) = (&self.prefetch, next) {
             p.request(next);
         }
-        Ok(full)
     }
 }
 
@@ -83,7 +87,8 @@ impl CustomOp2 for UnitOp {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let input = host_tensor(s1, l1)?;
-        let full = self.gather(&host_tensor(s2, l2)?, Some(self.unit + 1))?;
+        let full = self.gather(&host_tensor(s2, l2)?)?;
+        self.prefetch(Some(self.unit + 1));
         // Neither the input nor the gathered buffer is a variable: no graph is recorded.
         let out = (self.run)(
             unit_var_builder(&self.name, &self.layout, full, &self.device),
@@ -109,9 +114,10 @@ impl CustomOp2 for UnitOp {
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         // One variable per parameter, copied out of the gathered buffer (which is dropped at
         // once): back-propagating into views of one flat variable would make candle build a
-        // full-size padded gradient per parameter.
+        // full-size padded gradient per parameter. The previous unit starts gathering only
+        // then, so at most two units' parameters are alive at any time.
         let params = {
-            let full = self.gather(shard, self.unit.checked_sub(1))?;
+            let full = self.gather(shard)?;
             self.layout
                 .entries()
                 .iter()
@@ -127,6 +133,7 @@ impl CustomOp2 for UnitOp {
                 })
                 .collect::<Result<Vec<_>>>()?
         };
+        self.prefetch(self.unit.checked_sub(1));
         let x = match input.dtype() {
             DType::F32 | DType::F16 | DType::BF16 | DType::F64 => {
                 Some(Var::from_tensor(&input.detach())?)
@@ -143,23 +150,17 @@ impl CustomOp2 for UnitOp {
         let vb = VarBuilder::from_tensors(tensors, self.param_dtype, &self.device);
         let out = (self.run)(vb, &x_tensor)?;
         // d(sum(out * g))/d(param) is the vector-Jacobian product backward needs.
-        let grads = (out * grad_out.detach())?.sum_all()?.backward()?;
-        let input_grad = x.and_then(|v| grads.get(v.as_tensor()).cloned());
-        let mut parts = params
+        let mut grads = (out * grad_out.detach())?.sum_all()?.backward()?;
+        let input_grad = x.and_then(|v| grads.remove(v.as_tensor()));
+        let parts: Vec<Option<Tensor>> = params
             .iter()
-            .map(|(_, v)| match grads.get(v.as_tensor()) {
-                Some(g) => g.flatten_all(),
-                None => Tensor::zeros(v.elem_count(), self.param_dtype, &self.device),
-            })
-            .collect::<Result<Vec<_>>>()?;
+            .map(|(_, v)| grads.remove(v.as_tensor()))
+            .collect();
+        // The parameters go before the flat gradient is allocated, so a rank holds three
+        // units at most: gradients, flat buffer and the prefetched previous unit.
         drop(grads);
         drop(params);
-        let padding = self.layout.padded() - self.layout.numel();
-        if padding > 0 {
-            parts.push(Tensor::zeros(padding, self.param_dtype, &self.device)?);
-        }
-        let flat_grad = Tensor::cat(&parts, 0)?;
-        drop(parts);
+        let flat_grad = flatten_consuming(parts, &self.layout, self.param_dtype, &self.device)?;
         let shard_grad = reduce_to_shard(
             self.world.as_ref(),
             &self.sync,

@@ -8,6 +8,7 @@
 //! updated parameters.
 
 use crate::clip::clip_grad_norm;
+use crate::flat_grad::flatten_consuming;
 use crate::flat_layout::FlatLayout;
 use crate::replicated::{tensor_bytes, Replicated};
 use candle_core::{DType, Device, Tensor, Var};
@@ -64,16 +65,6 @@ impl Zero {
                 message: "step before configure_sharded_model".into(),
             })
     }
-}
-
-/// The gradients laid end to end in one zero-padded flat buffer. Each gradient is dropped
-/// as soon as it is copied, so the peak is one flat buffer plus what is left to copy.
-fn flatten_consuming(grads: Vec<Tensor>, layout: &FlatLayout, device: &Device) -> Result<Tensor> {
-    let flat = Tensor::zeros(layout.padded(), DType::F32, device)?;
-    for (entry, grad) in layout.entries().iter().zip(grads) {
-        flat.slice_set(&grad.flatten_all()?, 0, entry.offset)?;
-    }
-    Ok(flat)
 }
 
 /// Elements per rank in each all-gather round of [`gather_into_params`] (4 MiB).
@@ -191,7 +182,8 @@ impl Strategy for Zero {
         let rank = world.rank();
         let range = layout.shard(rank);
 
-        let flat_grad = flatten_consuming(self.state.take_grads()?, &layout, &device)?;
+        let grads = self.state.take_grads()?.into_iter().map(Some);
+        let flat_grad = flatten_consuming(grads, &layout, DType::F32, &device)?;
         let params: Vec<Tensor> = self
             .state
             .params

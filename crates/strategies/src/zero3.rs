@@ -210,7 +210,7 @@ impl Strategy for Zero3 {
         let store = loss.backward();
         // Free the gathered parameters whether or not backward succeeded.
         self.release_gathered();
-        self.grads.add(&self.shards, &store?)?;
+        self.grads.add(&self.shards, store?)?;
         Ok(())
     }
 
