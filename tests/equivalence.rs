@@ -123,10 +123,10 @@ fn ddp_replicas_stay_identical_every_step_with_many_buckets() {
 }
 
 #[test]
-fn zero2_gathers_updates_in_small_rounds_to_the_same_result() {
+fn zero2_reduces_and_gathers_in_small_rounds_to_the_same_result() {
     let reference = train(1, "single", adamw(), STEPS);
     // 5 elements per rank and round: rounds split parameters and cross rank boundaries.
-    let zero2 = wick::strategies::Zero::stage2().with_gather_chunk(5);
+    let zero2 = wick::strategies::Zero::stage2().with_chunk(5);
     let mut model = Mlp::new(adamw());
     let mut trainer = crate::common::quiet_trainer_with(3, Box::new(zero2), STEPS);
     trainer

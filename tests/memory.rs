@@ -120,10 +120,10 @@ const DEEP_WIDTH: usize = 512;
 
 /// Peak heap growth of the whole process over one full_shard training step of a deep model
 /// at W = 2 (after a first step, so buffers made once already exist).
-fn full_shard_step_growth() -> usize {
+fn full_shard_step_growth(prefetch: bool) -> usize {
     let outcomes = ThreadWorld::new(2).run(|comm| {
         let world: Arc<dyn Collective> = Arc::new(comm);
-        let mut s = Fsdp::new(FsdpSharding::FullShard);
+        let mut s = Fsdp::new(FsdpSharding::FullShard).with_prefetch(prefetch);
         s.connect(world.clone(), candle_core::Device::Cpu)?;
         let ctx = s.sharded_context(0)?;
         let units: Vec<Wrapped<candle_nn::Linear>> = {
@@ -192,14 +192,16 @@ fn memory_bounds() {
     // for activations (each 2 x 512 floats, a few per unit) and bookkeeping.
     let unit = DEEP_WIDTH * DEEP_WIDTH * 4;
     let per_rank = DEEP_UNITS * unit / 2 + 3 * unit + (256 << 10);
-    let growth = full_shard_step_growth();
-    assert!(
-        growth <= 2 * per_rank,
-        "full_shard step grew the heap by {growth} bytes; the bound is {} (units of {unit})",
-        2 * per_rank
-    );
-    println!(
-        "full_shard step: {growth} bytes over the shards, bound {}",
-        2 * per_rank
-    );
+    for prefetch in [false, true] {
+        let growth = full_shard_step_growth(prefetch);
+        assert!(
+            growth <= 2 * per_rank,
+            "full_shard step (prefetch {prefetch}) grew the heap by {growth} bytes; the bound is {} (units of {unit})",
+            2 * per_rank
+        );
+        println!(
+            "full_shard step (prefetch {prefetch}): {growth} bytes over the shards, bound {}",
+            2 * per_rank
+        );
+    }
 }

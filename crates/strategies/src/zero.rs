@@ -1,11 +1,11 @@
 //! ZeRO stages 1 and 2: replicated parameters, optimizer state (and, at stage 2, gradients)
 //! sharded over the ranks.
 //!
-//! All parameters form one flat layout padded to a multiple of W. At each step the
-//! gradients are flattened; stage 1 all-reduces them and keeps its range, stage 2
-//! reduce-scatters them so only the range survives. Each rank steps its range of the
-//! parameters with its shard of optimizer state, then one all-gather hands every rank the
-//! updated parameters.
+//! All parameters form one flat layout padded to a multiple of W. At each step stage 1
+//! flattens the gradients, all-reduces them and keeps its range; stage 2 reduce-scatters
+//! them so only the range survives, in rounds that never build the full flat gradient. Each
+//! rank steps its range of the parameters with its shard of optimizer state, then all-gathers
+//! hand every rank the updated parameters.
 
 use crate::clip::clip_grad_norm;
 use crate::flat_grad::flatten_consuming;
@@ -26,7 +26,7 @@ enum Stage {
 /// ZeRO stage 1 or 2.
 pub struct Zero {
     stage: Stage,
-    gather_chunk: usize,
+    chunk: usize,
     layout: Option<FlatLayout>,
     state: Replicated,
 }
@@ -36,7 +36,7 @@ impl Zero {
     pub fn stage1() -> Self {
         Zero {
             stage: Stage::One,
-            gather_chunk: DEFAULT_GATHER_CHUNK,
+            chunk: DEFAULT_CHUNK,
             layout: None,
             state: Replicated::default(),
         }
@@ -50,10 +50,11 @@ impl Zero {
         }
     }
 
-    /// Elements per rank in each all-gather round that returns updated parameters at stage 2
-    /// (default 1Mi: 4 MiB); smaller rounds use less memory and more calls.
-    pub fn with_gather_chunk(mut self, elements: usize) -> Self {
-        self.gather_chunk = elements.max(1);
+    /// Elements per rank in each round of stage 2's collectives: the reduce-scatter of
+    /// gradients and the all-gather of updated parameters (default 1Mi: 4 MiB); smaller
+    /// rounds use less memory and more calls.
+    pub fn with_chunk(mut self, elements: usize) -> Self {
+        self.chunk = elements.max(1);
         self
     }
 
@@ -67,11 +68,55 @@ impl Zero {
     }
 }
 
-/// Elements per rank in each all-gather round of [`gather_into_params`] (4 MiB).
-const DEFAULT_GATHER_CHUNK: usize = 1 << 20;
+/// Elements per rank in each round of stage 2's collectives (4 MiB).
+const DEFAULT_CHUNK: usize = 1 << 20;
 
-/// All-gathers the updated shards straight into the replicated parameters, in rounds of
-/// `chunk` elements per rank, so no full flat buffer is ever allocated.
+/// The rounds of a chunked collective over shards of `layout`: (start within the shard,
+/// length), `chunk` elements per rank at most. Round (start, len) moves rank r's flat
+/// elements [r*S + start, r*S + start + len) to or from offset r*len of a W*len buffer.
+fn rounds(layout: &FlatLayout, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
+    let s = layout.shard_len();
+    (0..s)
+        .step_by(chunk)
+        .map(move |start| (start, chunk.min(s - start)))
+}
+
+/// Flat (contiguous) views of `tensors`, sharing their storage.
+fn flat_views(tensors: impl Iterator<Item = Tensor>) -> Result<Vec<Tensor>> {
+    Ok(tensors
+        .map(|t| t.flatten_all())
+        .collect::<candle_core::Result<Vec<_>>>()?)
+}
+
+/// Reduce-scatters (mean) the full gradients into this rank's shard of them, round by
+/// round, so no full flat gradient is ever allocated: only a W*chunk buffer at a time.
+fn reduce_scatter_grads(
+    world: &dyn Collective,
+    chunk: usize,
+    layout: &FlatLayout,
+    grads: Vec<Tensor>,
+    device: &Device,
+) -> Result<Tensor> {
+    let (s, w) = (layout.shard_len(), layout.world_size());
+    let flat_grads = flat_views(grads.into_iter())?;
+    let shard_grad = Tensor::zeros(s, DType::F32, device)?;
+    for (start, len) in rounds(layout, chunk) {
+        let packed = Tensor::zeros(len * w, DType::F32, device)?;
+        for r in 0..w {
+            for (i, _, within, at) in layout.pieces_in(r * s + start..r * s + start + len) {
+                let src = flat_grads[i].narrow(0, within.start, within.len())?;
+                packed.slice_set(&src, 0, r * len + at)?;
+            }
+        }
+        let piece = Tensor::zeros(len, DType::F32, device)?;
+        world.reduce_scatter_into(&packed, &piece, ReduceOp::Mean)?;
+        shard_grad.slice_set(&piece, 0, start)?;
+    }
+    Ok(shard_grad)
+}
+
+/// All-gathers the updated shards straight into the replicated parameters, round by round,
+/// so no full flat buffer is ever allocated.
 fn gather_into_params(
     world: &dyn Collective,
     chunk: usize,
@@ -79,30 +124,19 @@ fn gather_into_params(
     shard: &Tensor,
     params: &[Var],
 ) -> Result<()> {
-    let s = layout.shard_len();
-    // Flat views of the parameters: contiguous, so they share the parameters' storage.
-    let flat_params = params
-        .iter()
-        .map(|p| p.as_tensor().flatten_all())
-        .collect::<candle_core::Result<Vec<_>>>()?;
-    let mut start = 0;
-    while start < s {
-        let len = chunk.min(s - start);
+    let (s, w) = (layout.shard_len(), layout.world_size());
+    // Contiguous parameters: their flat views share the parameters' storage.
+    let flat_params = flat_views(params.iter().map(|p| p.as_tensor().clone()))?;
+    for (start, len) in rounds(layout, chunk) {
         let piece = shard.narrow(0, start, len)?.contiguous()?;
-        let gathered = Tensor::zeros(len * layout.world_size(), DType::F32, shard.device())?;
+        let gathered = Tensor::zeros(len * w, DType::F32, shard.device())?;
         world.all_gather_into(&piece, &gathered)?;
-        for r in 0..layout.world_size() {
-            // Rank r's piece holds flat elements [r*S + start, r*S + start + len).
-            let (lo, hi) = (r * s + start, r * s + start + len);
-            for (i, entry) in layout.entries().iter().enumerate() {
-                let (a, b) = (entry.offset.max(lo), (entry.offset + entry.numel()).min(hi));
-                if a < b {
-                    let src = gathered.narrow(0, r * len + (a - lo), b - a)?;
-                    flat_params[i].slice_set(&src, 0, a - entry.offset)?;
-                }
+        for r in 0..w {
+            for (i, _, within, at) in layout.pieces_in(r * s + start..r * s + start + len) {
+                let src = gathered.narrow(0, r * len + at, within.len())?;
+                flat_params[i].slice_set(&src, 0, within.start)?;
             }
         }
-        start += len;
     }
     Ok(())
 }
@@ -149,7 +183,7 @@ impl Strategy for Zero {
     fn for_new_rank(&self) -> Box<dyn Strategy> {
         Box::new(Zero {
             stage: self.stage,
-            gather_chunk: self.gather_chunk,
+            chunk: self.chunk,
             layout: None,
             state: Replicated::default(),
         })
@@ -182,19 +216,24 @@ impl Strategy for Zero {
         let rank = world.rank();
         let range = layout.shard(rank);
 
-        let grads = self.state.take_grads()?.into_iter().map(Some);
-        let flat_grad = flatten_consuming(grads, &layout, DType::F32, &device)?;
-        let params: Vec<Tensor> = self
-            .state
-            .params
-            .iter()
-            .map(|v| v.as_tensor().clone())
-            .collect();
-        let shard = Var::from_tensor(&shard_of(&layout, rank, &params, &device)?)?;
+        let grads = self.state.take_grads()?;
+        // This rank's range of the parameters, the buffer its optimizer steps in place.
+        let param_shard = || -> Result<Var> {
+            let params: Vec<Tensor> = self
+                .state
+                .params
+                .iter()
+                .map(|v| v.as_tensor().clone())
+                .collect();
+            Ok(Var::from_tensor(&shard_of(&layout, rank, &params, &device)?)?)
+        };
         match self.stage {
             Stage::One => {
                 // The full averaged gradient is kept through the step (stage 1 shards
                 // only the optimizer state); its buffer then receives the gathered update.
+                let grads = grads.into_iter().map(Some);
+                let flat_grad = flatten_consuming(grads, &layout, DType::F32, &device)?;
+                let shard = param_shard()?;
                 world.all_reduce_in_place(&flat_grad, ReduceOp::Mean)?;
                 let flat_grad = match self.state.clip {
                     // Every rank holds the whole averaged gradient: the norm needs no collective.
@@ -221,9 +260,10 @@ impl Strategy for Zero {
                 }
             }
             Stage::Two => {
-                let shard_grad = Tensor::zeros(range.len(), DType::F32, &device)?;
-                world.reduce_scatter_into(&flat_grad, &shard_grad, ReduceOp::Mean)?;
-                drop(flat_grad);
+                // The full gradients are gone before the parameter shard is copied out.
+                let shard_grad =
+                    reduce_scatter_grads(world.as_ref(), self.chunk, &layout, grads, &device)?;
+                let shard = param_shard()?;
                 let mut shard_grads = [shard_grad];
                 if let Some(max_norm) = self.state.clip {
                     clip_grad_norm(&mut shard_grads, max_norm, Some(world.as_ref()))?;
@@ -235,7 +275,7 @@ impl Strategy for Zero {
                     .step(std::slice::from_ref(&shard), &[shard_grad])?;
                 gather_into_params(
                     world.as_ref(),
-                    self.gather_chunk,
+                    self.chunk,
                     &layout,
                     shard.as_tensor(),
                     &self.state.params,
