@@ -225,7 +225,8 @@ impl Strategy for Zero {
                 .iter()
                 .map(|v| v.as_tensor().clone())
                 .collect();
-            Ok(Var::from_tensor(&shard_of(&layout, rank, &params, &device)?)?)
+            let shard = shard_of(&layout, rank, &params, &device)?;
+            Ok(Var::from_tensor(&shard)?)
         };
         match self.stage {
             Stage::One => {
