@@ -29,6 +29,24 @@ pub(crate) struct ShardedUnit {
     gathered: Option<Tensor>,
 }
 
+impl ShardedUnit {
+    /// The unit's layout and shard, which exist once `configure_sharded_model` has finished.
+    fn sharded(&self) -> candle_core::Result<(FlatLayout, Var)> {
+        match (&self.layout, &self.shard) {
+            (Some(layout), Some(shard)) => Ok((layout.clone(), shard.clone())),
+            _ => candle_core::bail!(
+                "unit '{}' used before configure_sharded_model finished",
+                self.name
+            ),
+        }
+    }
+}
+
+/// The error for a unit index no `wrap` handed out.
+fn unknown_unit(unit: usize) -> candle_core::Error {
+    candle_core::Error::Msg(format!("unknown unit {unit}"))
+}
+
 struct State {
     units: Vec<ShardedUnit>,
     open_unit: Option<usize>,
@@ -293,17 +311,9 @@ impl wick_core::ParamSource for ShardedParams {
     fn run_unit(&self, unit: usize, input: &Tensor, run: UnitFn) -> candle_core::Result<Tensor> {
         let (name, layout, shard) = {
             let state = self.lock();
-            let u = state
-                .units
-                .get(unit)
-                .ok_or_else(|| candle_core::Error::Msg(format!("unknown unit {unit}")))?;
-            let (Some(layout), Some(shard)) = (&u.layout, &u.shard) else {
-                candle_core::bail!(
-                    "unit '{}' used before configure_sharded_model finished",
-                    u.name
-                )
-            };
-            (u.name.clone(), layout.clone(), shard.clone())
+            let u = state.units.get(unit).ok_or_else(|| unknown_unit(unit))?;
+            let (layout, shard) = u.sharded()?;
+            (u.name.clone(), layout, shard)
         };
         let (param_dtype, reduce_dtype) = dtypes(self.precision);
         let op = UnitOp {
@@ -330,13 +340,8 @@ impl wick_core::ParamSource for ShardedParams {
         let u = state
             .units
             .get_mut(unit)
-            .ok_or_else(|| candle_core::Error::Msg(format!("unknown unit {unit}")))?;
-        let (Some(layout), Some(shard)) = (&u.layout, &u.shard) else {
-            candle_core::bail!(
-                "unit '{}' used before configure_sharded_model finished",
-                u.name
-            )
-        };
+            .ok_or_else(|| unknown_unit(unit))?;
+        let (layout, shard) = u.sharded()?;
         let flat = match &u.gathered {
             Some(t) => t.clone(),
             None => {
@@ -354,7 +359,7 @@ impl wick_core::ParamSource for ShardedParams {
                 t
             }
         };
-        Ok(unit_var_builder(&u.name, layout, flat, &self.device))
+        Ok(unit_var_builder(&u.name, &layout, flat, &self.device))
     }
 }
 
