@@ -7,8 +7,9 @@ use std::path::PathBuf;
 pub struct FitArgs {
     /// Strategy name from the registry.
     pub strategy: String,
-    /// Ranks (CPU threads).
-    pub devices: usize,
+    /// Ranks: threads of this process (default 2), or, under `mpirun` / `srun`, the
+    /// launcher's processes (default: as many as it started).
+    pub devices: Option<usize>,
     /// Optimizer steps.
     pub max_steps: usize,
     /// Seed of init and data order.
@@ -55,7 +56,7 @@ impl Default for FitArgs {
     fn default() -> Self {
         FitArgs {
             strategy: "fsdp".into(),
-            devices: 2,
+            devices: None,
             max_steps: 400,
             seed: 0,
             run_name: "char-gpt".into(),
@@ -119,7 +120,8 @@ options:
   --prefetch          fsdp full_shard/hybrid_shard: gather the next unit in the background
   --accumulate N      global batches per optimizer step (default 1)
   --clip X            clip gradients to this global L2 norm
-  --devices N         ranks (default 2)
+  --devices N         ranks: threads (default 2), or under mpirun/srun (a build with
+                      --features mpi) one per process, as many as the launcher started
   --max-steps N       optimizer steps (default 400)
   --seed N            seed of init and data order (default 0)
   --batch-size N      global batch size, a multiple of --devices (default 32)
@@ -207,7 +209,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
                 }
                 a.clip = Some(c);
             }
-            "--devices" => a.devices = positive(flag, it.next())?,
+            "--devices" => a.devices = Some(positive(flag, it.next())?),
             "--max-steps" => a.max_steps = positive(flag, it.next())?,
             "--seed" => a.seed = value(flag, it.next(), "a non-negative integer")?,
             "--batch-size" => a.batch_size = positive(flag, it.next())?,
@@ -279,7 +281,7 @@ mod tests {
         };
         assert_eq!(
             (a.strategy.as_str(), a.devices, a.max_steps, a.seed),
-            ("single", 1, 5, 9)
+            ("single", Some(1), 5, 9)
         );
     }
 

@@ -5,6 +5,7 @@ use crate::char_gpt::{CharGpt, GptConfig};
 use crate::cli::FitArgs;
 use anyhow::Context;
 use std::sync::{Arc, Mutex};
+use wick_accelerator::LaunchEnv;
 use wick_core::{Callback, RunState};
 use wick_strategies::{Fsdp, FsdpSharding, MixedPrecision};
 use wick_trainer::{DataLoader, ModelCheckpoint, Trainer};
@@ -12,13 +13,13 @@ use wick_trainer::{DataLoader, ModelCheckpoint, Trainer};
 /// Context length of the main job's model.
 const BLOCK: usize = 64;
 
-/// Rank 0's first and last training loss.
+/// The first and last training loss (averaged over ranks, so every rank records the same).
 #[derive(Clone, Default)]
 struct LossHistory(Arc<Mutex<Option<(f64, f64)>>>);
 
 impl Callback for LossHistory {
     fn on_train_batch_end(&mut self, state: &RunState) -> candle_core::Result<()> {
-        if let (0, Some(&loss)) = (state.rank, state.metrics.get("train_loss")) {
+        if let Some(&loss) = state.metrics.get("train_loss") {
             let mut h = self.0.lock().unwrap_or_else(|p| p.into_inner());
             *h = Some((h.map_or(loss, |(first, _)| first), loss));
         }
@@ -39,6 +40,11 @@ pub struct FitReport {
     pub parameters: usize,
     /// The metrics file.
     pub metrics_csv: Option<std::path::PathBuf>,
+    /// The number of ranks.
+    pub devices: usize,
+    /// Whether this process runs rank 0 (always, with ranks as threads), the one that
+    /// reports.
+    pub is_global_zero: bool,
 }
 
 /// Trains the model described by `args` and reports its losses.
@@ -79,8 +85,12 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
     };
     let mut model = CharGpt::new(config, args.lr);
     let history = LossHistory::default();
+    // The main job's default is 2 ranks as threads; under a launcher, its process count.
+    let devices = match (args.devices, LaunchEnv::detect()?) {
+        (None, None) => Some(2),
+        (devices, _) => devices,
+    };
     let mut builder = Trainer::builder()
-        .devices(args.devices)
         .accumulate_grad_batches(args.accumulate)
         .max_steps(args.max_steps)
         .seed(args.seed)
@@ -112,6 +122,9 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
         }
         name => builder.strategy(name),
     };
+    if let Some(d) = devices {
+        builder = builder.devices(d);
+    }
     if let Some(clip) = args.clip {
         builder = builder.gradient_clip_val(clip);
     }
@@ -140,5 +153,7 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
         val_loss: metrics.get("val_loss").copied(),
         parameters: trainer.num_parameters().unwrap_or(0),
         metrics_csv: trainer.metrics_path(),
+        devices: trainer.world_size(),
+        is_global_zero: trainer.is_global_zero(),
     })
 }

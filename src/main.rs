@@ -45,12 +45,13 @@ fn main() -> ExitCode {
             }
         },
         Command::Fit(a) => match wick::fit_job::run(&a) {
+            Ok(r) if !r.is_global_zero => ExitCode::SUCCESS,
             Ok(r) => {
                 println!(
                     "trained {} steps with {} on {} device(s): {} parameters, train_loss {:.4} -> {:.4} (ratio {:.3}){}",
                     a.max_steps,
                     a.strategy,
-                    a.devices,
+                    r.devices,
                     r.parameters,
                     r.first_train_loss,
                     r.last_train_loss,

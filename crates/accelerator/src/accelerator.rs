@@ -1,6 +1,7 @@
-//! `Accelerator`: which device each rank gets, how ranks are launched, and the sharded setup
-//! of a module.
+//! `Accelerator`: which device each rank gets, how ranks are launched (threads of this
+//! process, or processes a launcher started), and the sharded setup of a module.
 
+use crate::launcher::LaunchEnv;
 use crate::thread_world::{RankError, ThreadWorld};
 use candle_core::Device;
 use std::sync::Arc;
@@ -19,59 +20,189 @@ pub struct RankEnv {
     pub device: Device,
 }
 
-/// Devices and the world they form. Today: CPU ranks as threads of this process.
+/// How the ranks of a world come to be.
+#[derive(Debug, Clone)]
+enum Ranks {
+    /// Every rank is a thread of this process.
+    Threads(usize),
+    /// A launcher started one process per rank; this process is rank `rank`.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    Process {
+        launch: LaunchEnv,
+        rank: usize,
+        world_size: usize,
+    },
+}
+
+/// Devices and the world they form: CPU ranks as threads of this process, or, with the
+/// `mpi` feature, this process as one rank of a world that `mpirun` or `srun` started.
 #[derive(Debug, Clone)]
 pub struct Accelerator {
-    devices: usize,
+    ranks: Ranks,
     timeout: Option<std::time::Duration>,
 }
 
 impl Accelerator {
-    /// `devices` CPU ranks, run as threads of this process.
+    /// `devices` CPU ranks, run as threads of this process (whatever started it).
     pub fn cpu(devices: usize) -> Result<Self> {
         if devices == 0 {
             return Err(Error::config("devices", "must be at least 1, got 0"));
         }
         Ok(Accelerator {
-            devices,
+            ranks: Ranks::Threads(devices),
             timeout: None,
         })
     }
 
-    /// Fails a collective that waits longer than `timeout` for the other ranks.
+    /// CPU ranks as the environment says: when a launcher (`mpirun`, `srun`) started this
+    /// process, it is one rank of the launcher's world, and `devices`, if given, must equal
+    /// that world's size; otherwise `devices` ranks (default 1) as threads.
+    ///
+    /// A process started by a launcher in a build without the `mpi` feature is refused:
+    /// W independent copies that write the same files are never what was meant.
+    pub fn from_env(devices: Option<usize>) -> Result<Self> {
+        match LaunchEnv::detect()? {
+            None => Self::cpu(devices.unwrap_or(1)),
+            Some(launch) => Self::process(launch, devices),
+        }
+    }
+
+    #[cfg(feature = "mpi")]
+    fn process(launch: LaunchEnv, devices: Option<usize>) -> Result<Self> {
+        let world = crate::MpiWorld::process_world()?;
+        let (rank, world_size) = (world.rank(), world.world_size());
+        let launcher = launch.launcher.name();
+        if let Some(env_size) = launch.world_size.filter(|&s| s != world_size) {
+            return Err(Error::config(
+                "launcher environment",
+                format!(
+                    "{launcher} set a world of {env_size} processes but MPI has {world_size}: \
+                     was this process started by another MPI's launcher?"
+                ),
+            ));
+        }
+        if let Some(d) = devices.filter(|&d| d != world_size) {
+            return Err(Error::config(
+                "devices",
+                format!(
+                    "{d} asked, but {launcher} started {world_size} processes: leave it out \
+                     or pass {world_size}"
+                ),
+            ));
+        }
+        Ok(Accelerator {
+            ranks: Ranks::Process {
+                launch,
+                rank,
+                world_size,
+            },
+            timeout: None,
+        })
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn process(launch: LaunchEnv, _devices: Option<usize>) -> Result<Self> {
+        let launcher = launch.launcher.name();
+        let of = launch
+            .world_size
+            .map(|w| format!(" of {w}"))
+            .unwrap_or_default();
+        Err(Error::config(
+            "launcher",
+            format!(
+                "{launcher} started this process as rank {}{of}, but this wick was built \
+                 without the `mpi` feature and cannot join the other processes; rebuild with \
+                 `--features mpi`, or start it without {launcher} to run ranks as threads",
+                launch.rank
+            ),
+        ))
+    }
+
+    /// Fails a collective that waits longer than `timeout` for the other ranks (ranks as
+    /// threads; under a launcher a rank that dies ends the job instead).
     pub fn with_collective_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.timeout = Some(timeout);
         self
     }
 
-    /// The number of ranks.
+    /// The number of ranks in the world.
     pub fn world_size(&self) -> usize {
-        self.devices
+        match &self.ranks {
+            Ranks::Threads(n) => *n,
+            Ranks::Process { world_size, .. } => *world_size,
+        }
     }
 
-    /// Launches one rank per device, sets up each one's environment (device, world) and runs
-    /// `f` there. Outcomes come back in rank order; a rank that errors or panics makes every
-    /// other rank's pending and later collectives fail with an error naming it.
+    /// The ranks this process runs: all of them as threads, or its own under a launcher.
+    pub fn local_ranks(&self) -> std::ops::Range<usize> {
+        match &self.ranks {
+            Ranks::Threads(n) => 0..*n,
+            Ranks::Process { rank, .. } => *rank..*rank + 1,
+        }
+    }
+
+    /// The launcher that started this process, when each rank is a process.
+    pub fn launcher(&self) -> Option<&LaunchEnv> {
+        match &self.ranks {
+            Ranks::Threads(_) => None,
+            Ranks::Process { launch, .. } => Some(launch),
+        }
+    }
+
+    /// Runs `f` on each of this process's ranks ([`Accelerator::local_ranks`]) with its
+    /// environment (device, world) set up; outcomes come back in rank order.
+    ///
+    /// As threads, a rank that errors or panics makes every other rank's pending and later
+    /// collectives fail with an error naming it. As a process, a rank that errors or panics
+    /// prints an error naming itself and ends the whole job (`MPI_Abort`), so that no other
+    /// process waits for it: under a launcher an `Err` never comes back.
     pub fn launch<T, E, F>(&self, f: F) -> Vec<std::result::Result<T, RankError<E>>>
     where
         T: Send,
         E: std::fmt::Display + Send,
         F: Fn(RankEnv) -> std::result::Result<T, E> + Sync,
     {
-        let world = match self.timeout {
-            Some(t) => ThreadWorld::with_timeout(self.devices, t),
-            None => ThreadWorld::new(self.devices),
-        };
-        world.run(|comm| f(self.setup_environment(comm)))
+        match &self.ranks {
+            Ranks::Threads(n) => {
+                let world = match self.timeout {
+                    Some(t) => ThreadWorld::with_timeout(*n, t),
+                    None => ThreadWorld::new(*n),
+                };
+                world.run(|comm| f(rank_env(Arc::new(comm))))
+            }
+            Ranks::Process { .. } => vec![Ok(self.launch_process(f))],
+        }
     }
 
-    fn setup_environment(&self, comm: crate::ThreadComm) -> RankEnv {
-        RankEnv {
-            rank: comm.rank(),
-            world_size: comm.world_size(),
-            world: Arc::new(comm),
-            device: Device::Cpu,
-        }
+    #[cfg(feature = "mpi")]
+    fn launch_process<T, E, F>(&self, f: F) -> T
+    where
+        E: std::fmt::Display,
+        F: Fn(RankEnv) -> std::result::Result<T, E>,
+    {
+        let world = crate::MpiWorld::process_world()
+            .expect("the accelerator joined the process world when it was made");
+        let env = rank_env(world.clone());
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(env)));
+        let failure = match outcome {
+            Ok(Ok(value)) => return value,
+            Ok(Err(e)) => e.to_string(),
+            Err(payload) => format!("panicked: {}", crate::thread_world::panic_message(&payload)),
+        };
+        eprintln!(
+            "error: rank {} of {} failed: {failure}",
+            world.rank(),
+            world.world_size()
+        );
+        world.abort(1)
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn launch_process<T, E, F>(&self, _f: F) -> T
+    where
+        F: Fn(RankEnv) -> std::result::Result<T, E>,
+    {
+        unreachable!("without the mpi feature no accelerator runs ranks as processes")
     }
 
     /// Runs the module's `configure_sharded_model` inside the strategy's sharding context,
@@ -92,5 +223,15 @@ impl Accelerator {
         }
         strategy.finish_sharding()?;
         Ok(true)
+    }
+}
+
+/// A CPU rank's environment in `world`.
+fn rank_env(world: Arc<dyn Collective>) -> RankEnv {
+    RankEnv {
+        rank: world.rank(),
+        world_size: world.world_size(),
+        world,
+        device: Device::Cpu,
     }
 }

@@ -1,17 +1,26 @@
 //! wick-accelerator: devices and worlds.
 //!
 //! It owns where a rank runs (its `candle_core::Device`), how ranks are launched and find
-//! each other ([`ThreadWorld`]: ranks as threads of one process, the embedded default), and
+//! each other ([`ThreadWorld`]: ranks as threads of one process, the embedded default;
+//! [`LaunchEnv`]: a launcher such as `mpirun` or `srun` started one process per rank, and
+//! with the `mpi` feature they form an `MpiWorld`), and
 //! [`Accelerator::setup`], which opens a strategy's sharding context and calls the module's
 //! `configure_sharded_model` inside it. It knows wick-core only; strategies meet it through
 //! core's `Strategy` and `Collective` traits.
 
 mod accelerator;
 mod barrier;
+mod call;
+mod launcher;
+#[cfg(feature = "mpi")]
+mod mpi_world;
 mod reduce;
 mod thread_comm;
 mod thread_world;
 
 pub use accelerator::{Accelerator, RankEnv};
+pub use launcher::{LaunchEnv, Launcher};
+#[cfg(feature = "mpi")]
+pub use mpi_world::MpiWorld;
 pub use thread_comm::ThreadComm;
 pub use thread_world::{RankError, ThreadWorld};

@@ -5,8 +5,9 @@
 //! byte moved, nothing allocated per call. A second barrier keeps every buffer alive until
 //! all peers are done reading it.
 
+use crate::call::{dtype_code, Op};
 use crate::reduce::reduce_ranks;
-use crate::thread_world::{Op, Published, Shared, ThreadWorld};
+use crate::thread_world::{Published, Shared, ThreadWorld};
 use candle_core::{DType, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,16 +21,6 @@ pub struct ThreadComm {
     shared: Arc<Shared>,
     /// Split calls made so far (the same count on every rank at the same point).
     splits: AtomicU64,
-}
-
-/// The element types a thread world moves, as published codes.
-const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
-
-fn dtype_code(dtype: DType) -> usize {
-    DTYPES
-        .iter()
-        .position(|&d| d == dtype)
-        .unwrap_or(usize::MAX)
 }
 
 /// What a rank publishes for one call: buffers given as bytes, lengths kept in elements.

@@ -12,28 +12,6 @@ use std::time::Duration;
 /// How long a rank waits for its peers before a collective fails with a timeout.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(usize)]
-pub(crate) enum Op {
-    AllGather = 1,
-    ReduceScatter,
-    AllReduce,
-    Broadcast,
-    Barrier,
-}
-
-impl Op {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Op::AllGather => "all_gather",
-            Op::ReduceScatter => "reduce_scatter",
-            Op::AllReduce => "all_reduce",
-            Op::Broadcast => "broadcast",
-            Op::Barrier => "barrier",
-        }
-    }
-}
-
 /// What one rank published for the call in progress. Written by its owner before the first
 /// barrier and read by peers after it; the barrier's lock orders the accesses.
 #[derive(Default)]
@@ -228,7 +206,7 @@ impl ThreadWorld {
     }
 }
 
-fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
+pub(crate) fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         s.to_string()
     } else if let Some(s) = payload.downcast_ref::<String>() {

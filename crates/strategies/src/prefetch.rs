@@ -1,109 +1,85 @@
-//! All-gather prefetch for full sharding: while one unit computes, a background thread
-//! gathers the next one (the next in forward, the previous in backward).
+//! All-gather prefetch for full sharding: while one unit computes, the next one's gather
+//! (the next in forward, the previous in backward) is in flight.
 //!
-//! The background gathers run on a world split from the rank's world, so they never share
-//! the foreground's call slots; every rank requests the same units in the same order (the
-//! graph is the same), which keeps the background channel in lockstep too.
+//! Each gather is issued with [`Collective::all_gather_start`] on the rank's own world and
+//! waited on when its unit runs. Worlds with a progress engine (MPI's nonblocking
+//! collectives) move the data meanwhile; worlds that complete calls at once gather at the
+//! request. Every rank requests the same units in the same order (the graph is the same),
+//! so the calls line up on every rank like any other collective.
 
 use candle_core::{DType, Result, Tensor};
 use std::collections::HashMap;
-use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use wick_core::Collective;
+use wick_core::{Collective, Work};
 
-struct Job {
-    shard: Tensor,
-    padded: usize,
-    reply: Sender<std::result::Result<Tensor, String>>,
-}
+/// A gather in flight: the buffer it fills and the call to wait on, or why it failed.
+type Pending = std::result::Result<(Tensor, Work), String>;
 
-/// One rank's prefetch thread and the gathers it has in flight.
+/// One rank's gathers in flight, by unit index.
 pub(crate) struct Prefetcher {
-    jobs: Mutex<Option<Sender<Job>>>,
-    pending: Mutex<HashMap<usize, Receiver<std::result::Result<Tensor, String>>>>,
+    world: Arc<dyn Collective>,
     /// Each unit's shard and padded length, by unit index.
     units: Vec<(Tensor, usize)>,
-    worker: Mutex<Option<JoinHandle<()>>>,
+    dtype: DType,
+    pending: Mutex<HashMap<usize, Pending>>,
 }
 
 impl Prefetcher {
-    /// Starts the thread; it gathers over `channel` in `dtype`.
-    pub(crate) fn start(
-        channel: Arc<dyn Collective>,
+    /// Prefetches `units` over `world`, gathering in `dtype`.
+    pub(crate) fn new(
+        world: Arc<dyn Collective>,
         units: Vec<(Tensor, usize)>,
         dtype: DType,
     ) -> Self {
-        let (jobs, inbox) = channel_pair();
-        let worker = std::thread::Builder::new()
-            .name(format!("wick-prefetch-{}", channel.rank()))
-            .spawn(move || {
-                for job in inbox {
-                    let gathered = gather(channel.as_ref(), &job.shard, job.padded, dtype)
-                        .map_err(|e| e.to_string());
-                    let _ = job.reply.send(gathered);
-                }
-            })
-            .expect("spawning the prefetch thread");
         Prefetcher {
-            jobs: Mutex::new(Some(jobs)),
-            pending: Mutex::default(),
+            world,
             units,
-            worker: Mutex::new(Some(worker)),
+            dtype,
+            pending: Mutex::default(),
         }
     }
 
-    /// Starts gathering `unit` in the background, unless it is out of range or already asked for.
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Pending>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts gathering `unit`, unless it is out of range or already asked for.
     pub(crate) fn request(&self, unit: usize) {
         let Some((shard, padded)) = self.units.get(unit) else {
             return;
         };
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = self.pending();
         if pending.contains_key(&unit) {
             return;
         }
-        let (reply, answer) = channel();
-        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(jobs) = jobs.as_ref() {
-            if jobs
-                .send(Job {
-                    shard: shard.clone(),
-                    padded: *padded,
-                    reply,
-                })
-                .is_ok()
-            {
-                pending.insert(unit, answer);
-            }
-        }
+        let started = (|| -> Result<(Tensor, Work)> {
+            let full = Tensor::zeros(*padded, self.dtype, shard.device())?;
+            let shard = shard.contiguous()?.to_dtype(self.dtype)?;
+            let work = self
+                .world
+                .all_gather_start(&shard, &full)
+                .map_err(candle_core::Error::wrap)?;
+            Ok((full, work))
+        })();
+        pending.insert(unit, started.map_err(|e| e.to_string()));
     }
 
     /// The gathered buffer of `unit` if it was prefetched (waiting for it if still in flight).
     pub(crate) fn take(&self, unit: usize) -> Option<Result<Tensor>> {
-        let answer = self
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&unit)?;
-        Some(match answer.recv() {
-            Ok(Ok(t)) => Ok(t),
-            Ok(Err(e)) => Err(candle_core::Error::Msg(e)),
-            Err(_) => Err(candle_core::Error::Msg(
-                "the prefetch thread stopped".into(),
-            )),
+        let started = self.pending().remove(&unit)?;
+        Some(match started {
+            Ok((full, work)) => work.wait().map(|()| full).map_err(candle_core::Error::wrap),
+            Err(e) => Err(candle_core::Error::Msg(e)),
         })
     }
 
     /// Waits for every gather in flight and drops the results (before the shards change).
     pub(crate) fn drain(&self) {
-        let pending: Vec<_> = self
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain()
-            .collect();
-        for (_, answer) in pending {
-            let _ = answer.recv();
+        let pending: Vec<_> = self.pending().drain().collect();
+        for (_, started) in pending {
+            if let Ok((_, work)) = started {
+                let _ = work.wait();
+            }
         }
     }
 }
@@ -111,15 +87,7 @@ impl Prefetcher {
 impl Drop for Prefetcher {
     fn drop(&mut self) {
         self.drain();
-        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(worker) = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = worker.join();
-        }
     }
-}
-
-fn channel_pair() -> (Sender<Job>, Receiver<Job>) {
-    channel()
 }
 
 /// The full flat buffer of a unit: every rank's shard, in `dtype`.

@@ -119,8 +119,7 @@ impl ShardedParams {
         self.start_prefetch()
     }
 
-    /// (Re)starts the prefetch thread over a channel split from the current world; a
-    /// collective, called by every rank at the same point. No-op without prefetch or units.
+    /// (Re)starts prefetching over the current world. No-op without prefetch or units.
     fn start_prefetch(&self) -> candle_core::Result<()> {
         if !self.prefetch {
             return Ok(());
@@ -141,9 +140,8 @@ impl ShardedParams {
         if units.is_empty() {
             return Ok(());
         }
-        let channel = self.world().split(0).map_err(candle_core::Error::wrap)?;
         let (param_dtype, _) = dtypes(self.precision);
-        let prefetcher = Arc::new(Prefetcher::start(channel, units, param_dtype));
+        let prefetcher = Arc::new(Prefetcher::new(self.world(), units, param_dtype));
         *self.prefetcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(prefetcher);
         Ok(())
     }

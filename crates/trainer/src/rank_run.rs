@@ -367,7 +367,47 @@ impl<M: TrainModule> RankRun<'_, M> {
     ) -> Result<Vec<Tensor>, TrainerError> {
         let out = self.each_batch(data, |module, batch, b| Ok(module.predict_step(batch, b)?))?;
         self.callbacks(|cb, s| cb.on_predict_end(s))?;
-        Ok(out)
+        let gathered = out
+            .iter()
+            .map(|p| self.gather_to_rank0(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(gathered.into_iter().flatten().collect())
+    }
+
+    /// Every rank's `part` of a global batch joined along dim 0 in rank order, on rank 0
+    /// (`None` elsewhere). Parts must have the same shape on every rank (the data loader
+    /// gives each rank an equal slice). Types other than f32, bf16 and f16 travel as f32,
+    /// exactly for integers below 2^24 (class ids, token ids).
+    fn gather_to_rank0(&self, part: &Tensor) -> Result<Option<Tensor>, TrainerError> {
+        let world = &self.env.world;
+        let n = self.env.world_size;
+        let len = part.elem_count();
+        let mean_len = world.all_reduce_scalar(len as f32, ReduceOp::Mean)?;
+        if mean_len != len as f32 {
+            return Err(TrainerError::config(
+                "predict_step",
+                format!(
+                    "rank {} returned {len} values where the ranks' mean is {mean_len}: every rank must return the same shape",
+                    self.env.rank
+                ),
+            ));
+        }
+        let wire = match part.dtype() {
+            DType::F32 | DType::BF16 | DType::F16 => part.dtype(),
+            _ => DType::F32,
+        };
+        let flat = part.flatten_all()?.to_dtype(wire)?.contiguous()?;
+        let full = Tensor::zeros(len * n, wire, part.device())?;
+        world.all_gather_into(&flat, &full)?;
+        if self.env.rank != 0 {
+            return Ok(None);
+        }
+        let mut dims = part.dims().to_vec();
+        match dims.first_mut() {
+            Some(d0) => *d0 *= n,
+            None => dims.push(n),
+        }
+        Ok(Some(full.reshape(dims)?.to_dtype(part.dtype())?))
     }
 
     /// Runs `step` on this rank's slice of every batch of `data` (one epoch, epoch 0's order).

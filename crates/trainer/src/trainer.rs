@@ -36,7 +36,8 @@ enum StrategyChoice {
 
 /// Options of a [`Trainer`]; see [`Trainer::builder`].
 pub struct TrainerBuilder {
-    devices: usize,
+    devices: Option<usize>,
+    accelerator: Option<Accelerator>,
     strategy: StrategyChoice,
     max_steps: Option<usize>,
     max_epochs: Option<usize>,
@@ -54,9 +55,18 @@ pub struct TrainerBuilder {
 }
 
 impl TrainerBuilder {
-    /// The number of ranks (CPU threads today). Default 1.
+    /// The number of ranks. Default: as many as the launcher started when one started this
+    /// process (`mpirun`, `srun`; a different number is an error), otherwise 1. Without a
+    /// launcher the ranks are threads of this process.
     pub fn devices(mut self, devices: usize) -> Self {
-        self.devices = devices;
+        self.devices = Some(devices);
+        self
+    }
+
+    /// Runs the ranks as `accelerator` says instead of as the environment says (for example
+    /// [`Accelerator::cpu`]: ranks as threads even in a process that a launcher started).
+    pub fn accelerator(mut self, accelerator: Accelerator) -> Self {
+        self.accelerator = Some(accelerator);
         self
     }
 
@@ -162,18 +172,22 @@ impl TrainerBuilder {
 
     /// Checks the options and builds the trainer.
     pub fn build(self) -> Result<Trainer, TrainerError> {
-        let mut accelerator = Accelerator::cpu(self.devices)?;
+        let mut accelerator = match self.accelerator {
+            Some(a) => a,
+            None => Accelerator::from_env(self.devices)?,
+        };
+        let world_size = accelerator.world_size();
         if let Some(t) = self.collective_timeout {
             accelerator = accelerator.with_collective_timeout(t);
         }
         let strategy = match self.strategy {
             StrategyChoice::Instance(s) => s,
             StrategyChoice::Name(name) if name.is_empty() => {
-                wick_strategies::strategy_by_name(if self.devices == 1 { "single" } else { "ddp" })?
+                wick_strategies::strategy_by_name(if world_size == 1 { "single" } else { "ddp" })?
             }
             StrategyChoice::Name(name) => wick_strategies::strategy_by_name(&name)?,
         };
-        strategy.check_world_size(self.devices)?;
+        strategy.check_world_size(world_size)?;
         if self.accumulate_grad_batches == 0 {
             return Err(TrainerError::config(
                 "accumulate_grad_batches",
@@ -259,7 +273,8 @@ impl Trainer {
     /// Options with their defaults: one device, strategy `single`, one epoch, seed 0.
     pub fn builder() -> TrainerBuilder {
         TrainerBuilder {
-            devices: 1,
+            devices: None,
+            accelerator: None,
             strategy: StrategyChoice::Name(String::new()),
             max_steps: None,
             max_epochs: None,
@@ -280,6 +295,12 @@ impl Trainer {
     /// The number of ranks.
     pub fn world_size(&self) -> usize {
         self.accelerator.world_size()
+    }
+
+    /// Whether this process runs rank 0: always with ranks as threads; under a launcher,
+    /// in one process only. Output meant to appear once (reports, files) belongs there.
+    pub fn is_global_zero(&self) -> bool {
+        self.accelerator.local_ranks().start == 0
     }
 
     /// The strategy's name.
@@ -318,14 +339,15 @@ impl Trainer {
         })?;
         let strategies: Vec<Mutex<&mut Box<dyn Strategy>>> =
             session.strategies.iter_mut().map(Mutex::new).collect();
+        let first = self.accelerator.local_ranks().start;
         let outcomes = self.accelerator.launch(|env| {
-            let mut strategy = strategies[env.rank]
+            let mut strategy = strategies[env.rank - first]
                 .lock()
                 .map_err(|_| TrainerError::config("rank", "slot lock poisoned"))?;
             strategy.connect(env.world.clone(), env.device.clone())?;
             Ok(strategy.full_parameters()?)
         });
-        Ok(collect_ranks(outcomes)?.swap_remove(0))
+        Ok(collect_ranks(first, outcomes)?.swap_remove(0))
     }
 
     /// Where this run's metrics file goes, if logging.
@@ -441,7 +463,9 @@ impl Trainer {
             .metrics)
     }
 
-    /// Predictions for every global batch of `data`, in order (the ranks' slices joined).
+    /// Predictions for every global batch of `data`, in dataset order: the ranks' slices,
+    /// gathered over the world to rank 0. Under a launcher, the process of rank 0 gets them
+    /// and the others get an empty list.
     pub fn predict<M, D>(
         &mut self,
         module: &mut M,
@@ -456,14 +480,10 @@ impl Trainer {
             eval: Some(data),
             resume: None,
         };
-        let outputs = self.run_stage(module, Stage::Predict, &loaders)?;
-        let batches = outputs[0].predictions.len();
-        (0..batches)
-            .map(|b| {
-                let parts: Vec<&Tensor> = outputs.iter().map(|o| &o.predictions[b]).collect();
-                Ok(Tensor::cat(&parts, 0)?)
-            })
-            .collect()
+        Ok(self
+            .run_stage(module, Stage::Predict, &loaders)?
+            .swap_remove(0)
+            .predictions)
     }
 
     fn run_stage<M, D>(
@@ -480,15 +500,25 @@ impl Trainer {
         for loader in [loaders.train, loaders.eval].into_iter().flatten() {
             loader.check(world_size)?;
         }
+        // Ranks as threads each need a module; a process under a launcher runs its own rank
+        // only, on the caller's module, and clones nothing.
+        let local = self.accelerator.local_ranks();
         let key = (module as *const M as usize, TypeId::of::<M>());
         let mut session = match self.session.take() {
             Some(s) if s.module == key => s,
             _ => Session {
                 module: key,
-                strategies: (0..world_size)
+                strategies: local
+                    .clone()
                     .map(|_| self.strategy.for_new_rank())
                     .collect(),
-                replicas: Box::new((1..world_size).map(|_| module.clone()).collect::<Vec<M>>()),
+                replicas: Box::new(
+                    local
+                        .clone()
+                        .skip(1)
+                        .map(|_| module.clone())
+                        .collect::<Vec<M>>(),
+                ),
             },
         };
         let replicas = session
@@ -508,7 +538,7 @@ impl Trainer {
             .collect();
         let config = &self.config;
         let outcomes = self.accelerator.launch(|env| {
-            let (module, strategy, callbacks) = slots[env.rank]
+            let (module, strategy, callbacks) = slots[env.rank - local.start]
                 .lock()
                 .map_err(|_| TrainerError::config("rank", "slot lock poisoned"))?
                 .take()
@@ -530,18 +560,20 @@ impl Trainer {
         });
         drop(slots);
         self.session = Some(session);
-        collect_ranks(outcomes)
+        collect_ranks(local.start, outcomes)
     }
 }
 
-/// The ranks' outputs, or one error naming the rank that failed first.
+/// The outputs of this process's ranks (the first being `first`), or one error naming the
+/// rank that failed first.
 fn collect_ranks<T>(
+    first: usize,
     outcomes: Vec<Result<T, RankError<TrainerError>>>,
 ) -> Result<Vec<T>, TrainerError> {
     let mut values = Vec::with_capacity(outcomes.len());
     let mut root = None;
     let mut ranks = Vec::new();
-    for (rank, outcome) in outcomes.into_iter().enumerate() {
+    for (rank, outcome) in (first..).zip(outcomes) {
         match outcome {
             Ok(v) => values.push(v),
             Err(e) => {
