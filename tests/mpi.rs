@@ -1,0 +1,306 @@
+//! Ranks as processes (feature `mpi`): `MpiWorld`'s collectives against `ThreadWorld`'s, and
+//! every strategy under `mpirun -np W` against the same strategy with W ranks as threads.
+//!
+//! `cargo test --features mpi --test mpi`. Started without a launcher, this binary starts
+//! itself under `mpirun -np 1`, `2` and `4` and fails when any of those runs fails; started
+//! by mpirun, it is one rank and runs the checks. A failed check prints what differs and
+//! ends the whole job (`MPI_Abort`), so no rank waits for it.
+
+#[allow(dead_code)] // the fixtures other test binaries use too
+mod common;
+
+use candle_core::{DType, Device, Tensor};
+use common::{adamw, full_parameters, loader, max_diff, Mlp};
+use wick::accelerator::{Accelerator, LaunchEnv, MpiWorld, ThreadWorld};
+use wick::core::{Collective, ReduceOp, Strategy};
+use wick::strategies::{Fsdp, FsdpSharding, MixedPrecision};
+use wick::trainer::{Metrics, Trainer};
+
+const STEPS: usize = 10;
+
+fn main() {
+    match LaunchEnv::detect().expect("a readable launcher environment") {
+        None => launch_self(),
+        Some(_) => run_rank(),
+    }
+}
+
+/// Runs this binary under `mpirun -np W` for W = 1, 2, 4.
+fn launch_self() {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut failed = 0;
+    for np in [1, 2, 4] {
+        let status = std::process::Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-np"])
+            .arg(np.to_string())
+            .arg(&exe)
+            .status()
+            .expect("starting mpirun (install Open MPI: openmpi-bin)");
+        println!("mpirun -np {np}: {status}");
+        if !status.success() {
+            failed += 1;
+        }
+    }
+    println!("{} passed, {failed} failed", 3 - failed);
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
+
+/// Ends the job with a message naming this rank when `ok` is false.
+fn check(world: &MpiWorld, ok: bool, what: impl FnOnce() -> String) {
+    if !ok {
+        eprintln!("rank {}: FAILED: {}", world.rank(), what());
+        world.abort(1);
+    }
+}
+
+fn run_rank() {
+    let world = MpiWorld::process_world().expect("joining the MPI world");
+    let w = world.world_size();
+    collectives(&world);
+    launch_checks(&world);
+    for (name, strategy) in strategies(w) {
+        strategy_matches_threads(&world, &name, &strategy);
+    }
+    if world.rank() == 0 {
+        println!("np {w}: collectives, launch checks and every strategy passed");
+    }
+}
+
+fn tensor(v: Vec<f32>) -> Tensor {
+    Tensor::from_vec(v.clone(), v.len(), &Device::Cpu).unwrap()
+}
+
+fn values(rank: usize, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| (rank * 1000 + i) as f32 * 0.37 - 7.0)
+        .collect()
+}
+
+/// The same calls on an `MpiWorld` and on a `ThreadWorld` of the same size: the outputs
+/// must have the same bits (both sum in rank order), for uneven shards and 16-bit types.
+fn collectives(world: &MpiWorld) {
+    let (rank, w) = (world.rank(), world.world_size());
+    let shard_len = |r: usize| r + 3;
+    let total: usize = (0..w).map(shard_len).sum();
+    let calls = |c: &dyn Collective, dtype: DType| -> Vec<Vec<f32>> {
+        let r = c.rank();
+        let f = |v: Vec<f32>| tensor(v).to_dtype(dtype).unwrap();
+        let back = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+        let full = Tensor::zeros(total, dtype, &Device::Cpu).unwrap();
+        c.all_gather_into(&f(values(r, shard_len(r))), &full)
+            .unwrap();
+        let started = Tensor::zeros(total, dtype, &Device::Cpu).unwrap();
+        c.all_gather_start(&f(values(r, shard_len(r))), &started)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let mut out = vec![back(&full), back(&started)];
+        for op in [ReduceOp::Sum, ReduceOp::Mean] {
+            let shard = Tensor::zeros(shard_len(r), dtype, &Device::Cpu).unwrap();
+            c.reduce_scatter_into(&f(values(r, total)), &shard, op)
+                .unwrap();
+            let all = f(values(r, 11));
+            c.all_reduce_in_place(&all, op).unwrap();
+            out.extend([back(&shard), back(&all)]);
+        }
+        let b = f(values(r, 6));
+        c.broadcast_in_place(&b, w - 1).unwrap();
+        out.push(back(&b));
+        // A sub-world of the even and of the odd ranks.
+        let sub = c.split(r % 2).unwrap();
+        let s = f(values(r, 5));
+        sub.all_reduce_in_place(&s, ReduceOp::Sum).unwrap();
+        out.push(back(&s));
+        out.push(vec![c
+            .all_reduce_scalar(r as f32 + 0.5, ReduceOp::Mean)
+            .unwrap()]);
+        c.barrier().unwrap();
+        out
+    };
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let mpi = calls(world, dtype);
+        let threads = ThreadWorld::new(w)
+            .run(|c| Ok::<_, String>(calls(&c, dtype)))
+            .swap_remove(rank)
+            .unwrap();
+        check(world, mpi == threads, || {
+            format!("{dtype:?} collectives differ from ThreadWorld:\nmpi     {mpi:?}\nthreads {threads:?}")
+        });
+    }
+    // Ranks that disagree get the same clear error, and the world stays usable.
+    let t = tensor(values(rank, 4 + rank % 2));
+    let e = world.all_reduce_in_place(&t, ReduceOp::Sum);
+    check(world, w == 1 || e.is_err(), || {
+        "unequal all_reduce lengths were accepted".into()
+    });
+    if let Err(e) = e {
+        check(world, e.to_string().contains("different lengths"), || {
+            e.to_string()
+        });
+    }
+    let e = if rank == 0 {
+        world.barrier()
+    } else {
+        world.broadcast_in_place(&tensor(vec![1.0]), 0)
+    };
+    check(world, w == 1 || e.is_err(), || {
+        "a barrier met a broadcast".into()
+    });
+    world.barrier().unwrap();
+}
+
+/// The trainer under a launcher: `devices` must agree with the launcher's count, and
+/// `Accelerator::cpu` still gives threads.
+fn launch_checks(world: &MpiWorld) {
+    let w = world.world_size();
+    let e = Trainer::builder().devices(w + 1).build().err();
+    let message = e.map(|e| e.to_string()).unwrap_or_default();
+    check(
+        world,
+        message.contains(&format!("{} asked", w + 1)) && message.contains(&format!("started {w}")),
+        || format!("--devices {} under mpirun -np {w}: {message:?}", w + 1),
+    );
+    let t = Trainer::builder().build().unwrap();
+    check(
+        world,
+        t.world_size() == w && t.is_global_zero() == (world.rank() == 0),
+        || format!("default devices: {}", t.world_size()),
+    );
+    let t = Trainer::builder()
+        .accelerator(Accelerator::cpu(3).unwrap())
+        .build()
+        .unwrap();
+    check(world, t.world_size() == 3 && t.is_global_zero(), || {
+        "Accelerator::cpu(3)".into()
+    });
+}
+
+type MakeStrategy = Box<dyn Fn() -> Box<dyn Strategy>>;
+
+fn fsdp(sharding: &str, group: usize, precision: &str, prefetch: bool) -> MakeStrategy {
+    let (sharding, precision) = (sharding.to_string(), precision.to_string());
+    Box::new(move || {
+        Box::new(
+            Fsdp::new(FsdpSharding::from_name(&sharding, group).unwrap())
+                .with_precision(MixedPrecision::from_name(&precision).unwrap())
+                .unwrap()
+                .with_prefetch(prefetch),
+        )
+    })
+}
+
+/// The strategies to check at world size `w`.
+fn strategies(w: usize) -> Vec<(String, MakeStrategy)> {
+    let named = |name: &'static str| -> (String, MakeStrategy) {
+        (
+            name.into(),
+            Box::new(move || wick::strategies::strategy_by_name(name).unwrap()),
+        )
+    };
+    if w == 1 {
+        return vec![named("single")];
+    }
+    let mut list = vec![
+        named("ddp"),
+        named("zero1"),
+        named("zero2"),
+        named("zero3"),
+        ("fsdp full_shard".into(), fsdp("full_shard", 1, "32", false)),
+        (
+            "fsdp full_shard prefetch".into(),
+            fsdp("full_shard", 1, "32", true),
+        ),
+        (
+            "fsdp shard_grad_op".into(),
+            fsdp("shard_grad_op", 1, "32", false),
+        ),
+        (
+            "fsdp full_shard bf16-mixed".into(),
+            fsdp("full_shard", 1, "bf16-mixed", true),
+        ),
+    ];
+    if w == 4 {
+        list.push((
+            "fsdp hybrid_shard 2x2".into(),
+            fsdp("hybrid_shard", 2, "32", true),
+        ));
+    }
+    list
+}
+
+/// What one run ends with: parameters, fit/validate/test metrics, predictions.
+struct Outcome {
+    params: Vec<Vec<f32>>,
+    metrics: Vec<Metrics>,
+    predictions: Vec<Vec<f32>>,
+}
+
+fn run(accelerator: Option<Accelerator>, strategy: &MakeStrategy) -> Outcome {
+    let mut builder = Trainer::builder()
+        .strategy_instance(strategy())
+        .max_steps(STEPS)
+        .seed(42)
+        .no_logger()
+        .progress(false)
+        .model_summary(false);
+    if let Some(a) = accelerator {
+        builder = builder.accelerator(a);
+    }
+    let mut trainer = builder.build().unwrap();
+    let mut model = Mlp::new(adamw());
+    let data = loader();
+    let fit = trainer.fit(&mut model, &data, Some(&data)).unwrap();
+    let val = trainer.validate(&mut model, &data).unwrap();
+    let test = trainer.test(&mut model, &data).unwrap();
+    let predictions = trainer
+        .predict(&mut model, &data)
+        .unwrap()
+        .iter()
+        .map(|p| p.to_vec1::<f32>().unwrap())
+        .collect();
+    Outcome {
+        params: full_parameters(&mut trainer),
+        metrics: vec![fit, val, test],
+        predictions,
+    }
+}
+
+fn strategy_matches_threads(world: &MpiWorld, name: &str, strategy: &MakeStrategy) {
+    let w = world.world_size();
+    let mpi = run(None, strategy);
+    let threads = run(Some(Accelerator::cpu(w).unwrap()), strategy);
+    let diff = max_diff(&mpi.params, &threads.params);
+    check(world, diff <= 1e-6, || {
+        format!("{name} at np {w}: parameters differ from threads by {diff}")
+    });
+    for (m, t) in mpi.metrics.iter().zip(&threads.metrics) {
+        let same = m.keys().eq(t.keys()) && m.iter().all(|(k, v)| (v - t[k]).abs() <= 1e-6);
+        check(world, same && !m.is_empty(), || {
+            format!("{name} at np {w}: metrics {m:?}, threads {t:?}")
+        });
+    }
+    // Predictions are gathered to rank 0; the other processes get none.
+    let want = if world.rank() == 0 {
+        threads.predictions.len()
+    } else {
+        0
+    };
+    check(world, mpi.predictions.len() == want, || {
+        format!(
+            "{name}: {} prediction batches on rank {}",
+            mpi.predictions.len(),
+            world.rank()
+        )
+    });
+    if world.rank() == 0 {
+        let pdiff = max_diff(&mpi.predictions, &threads.predictions);
+        check(world, pdiff <= 1e-6, || {
+            format!("{name}: predictions differ by {pdiff}")
+        });
+        println!(
+            "np {w}: {name} matches threads (max |diff|: parameters {diff:e}, predictions {pdiff:e})"
+        );
+    }
+}
