@@ -18,22 +18,31 @@ use wick::trainer::{Metrics, Trainer};
 
 const STEPS: usize = 10;
 
+/// The argument that makes the ranks train with rank 1 failing at step 3.
+const FAIL_RANK: &str = "fail-rank-1";
+
 fn main() {
+    let failing = std::env::args().any(|a| a == FAIL_RANK);
     match LaunchEnv::detect().expect("a readable launcher environment") {
         None => launch_self(),
+        Some(_) if failing => fail_rank_1(),
         Some(_) => run_rank(),
     }
 }
 
-/// Runs this binary under `mpirun -np W` for W = 1, 2, 4.
+fn mpirun(np: usize) -> std::process::Command {
+    let mut cmd = std::process::Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np"])
+        .arg(np.to_string())
+        .arg(std::env::current_exe().expect("the test binary's path"));
+    cmd
+}
+
+/// Runs this binary under `mpirun -np W` for W = 1, 2, 4, then once with a failing rank.
 fn launch_self() {
-    let exe = std::env::current_exe().expect("the test binary's path");
     let mut failed = 0;
     for np in [1, 2, 4] {
-        let status = std::process::Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-np"])
-            .arg(np.to_string())
-            .arg(&exe)
+        let status = mpirun(np)
             .status()
             .expect("starting mpirun (install Open MPI: openmpi-bin)");
         println!("mpirun -np {np}: {status}");
@@ -41,10 +50,61 @@ fn launch_self() {
             failed += 1;
         }
     }
-    println!("{} passed, {failed} failed", 3 - failed);
+    if !a_failing_rank_ends_the_job() {
+        failed += 1;
+    }
+    println!("{} passed, {failed} failed", 4 - failed);
     if failed > 0 {
         std::process::exit(1);
     }
+}
+
+/// Rank 1 returns an error mid-fit: every process must exit non-zero within 30 s, and the
+/// error must name rank 1.
+fn a_failing_rank_ends_the_job() -> bool {
+    let start = std::time::Instant::now();
+    let out = mpirun(2).arg(FAIL_RANK).output().expect("starting mpirun");
+    let seconds = start.elapsed().as_secs_f64();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let named = stderr.contains("rank 1 of 2 failed") && stderr.contains("injected failure");
+    let ok = !out.status.success() && named && seconds < 30.0;
+    println!(
+        "mpirun -np 2 with rank 1 failing at step 3: {} after {seconds:.1} s, error names rank 1: {named}",
+        out.status
+    );
+    if !ok {
+        println!("its stderr:\n{stderr}");
+    }
+    ok
+}
+
+/// A callback that fails on rank 1 after step 3.
+#[derive(Clone)]
+struct FailOnRank1;
+
+impl wick::core::Callback for FailOnRank1 {
+    fn on_train_batch_end(&mut self, state: &wick::core::RunState) -> candle_core::Result<()> {
+        if state.rank == 1 && state.global_step == 3 {
+            candle_core::bail!("injected failure at step {}", state.global_step);
+        }
+        Ok(())
+    }
+}
+
+fn fail_rank_1() {
+    let mut trainer = Trainer::builder()
+        .strategy("zero3")
+        .max_steps(STEPS)
+        .no_logger()
+        .progress(false)
+        .model_summary(false)
+        .callback(FailOnRank1)
+        .build()
+        .unwrap();
+    let outcome = trainer.fit(&mut Mlp::new(adamw()), &loader(), None);
+    // Not reached under a launcher: the failing rank aborts the job.
+    eprintln!("rank returned from a failed fit: {:?}", outcome.map(|_| ()));
+    std::process::exit(0);
 }
 
 /// Ends the job with a message naming this rank when `ok` is false.

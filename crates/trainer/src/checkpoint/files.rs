@@ -33,6 +33,12 @@ pub(crate) fn checksum(path: &Path) -> Result<(u64, u32), CheckpointError> {
 
 /// Makes a rename inside `dir` durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+    // A bare file name's parent is "": the current directory.
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(CheckpointError::io(dir))
@@ -111,4 +117,18 @@ pub(crate) fn write_safetensors(
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_file_name_syncs_the_current_directory() {
+        // `wick consolidate ck/last model.safetensors` writes into the current directory,
+        // whose name as the file's parent is "".
+        let parent = Path::new("model.safetensors").parent().unwrap();
+        assert_eq!(parent, Path::new(""));
+        sync_dir(parent).unwrap();
+    }
 }
