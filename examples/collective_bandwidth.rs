@@ -1,0 +1,158 @@
+//! Collective bandwidth: all-gather and reduce-scatter of 1, 16 and 64 MiB at W = 2 and 4,
+//! with ranks as threads (`ThreadWorld`), as processes (`MpiWorld`), and Open MPI's own
+//! speed (rsmpi called directly on plain f32 buffers), all from this one binary.
+//!
+//! `cargo run --release --features mpi --example collective_bandwidth`
+//!
+//! Started without a launcher it measures the thread engine, then starts itself under
+//! `mpirun -np W` for the MPI engines (without the `mpi` feature: threads only). Each
+//! measurement is one line:
+//! `engine=<mpi|mpi-raw|thread> op=<all_gather|reduce_scatter> world=<W> bytes=<S> gbps=<algbw>`,
+//! where S is the full buffer's size and algbw = S / time in 10^9 bytes per second (as
+//! nccl-tests counts it); the time of a call is the slowest rank's mean over the repeats.
+//! Lines starting with `#` give MpiWorld's speed as a fraction of Open MPI's.
+
+use candle_core::{DType, Device, Tensor};
+use std::time::Instant;
+use wick::accelerator::ThreadWorld;
+use wick::core::{Collective, ReduceOp};
+
+const SIZES: [usize; 3] = [1 << 20, 16 << 20, 64 << 20];
+const WORLDS: [usize; 2] = [2, 4];
+
+/// Repeats of a call (after one warm-up): more for small buffers.
+fn repeats(bytes: usize) -> usize {
+    (64 << 20) / bytes * 2 + 8
+}
+
+/// Mean seconds per call of `call` on this rank, each call started together by `sync`.
+fn seconds_per_call(bytes: usize, sync: &dyn Fn(), call: &mut dyn FnMut()) -> f64 {
+    sync();
+    call();
+    let n = repeats(bytes);
+    let mut total = 0.0;
+    for _ in 0..n {
+        sync();
+        let start = Instant::now();
+        call();
+        total += start.elapsed().as_secs_f64();
+    }
+    total / n as f64
+}
+
+fn line(engine: &str, op: &str, world: usize, bytes: usize, seconds: f64) -> f64 {
+    let gbps = bytes as f64 / seconds / 1e9;
+    println!("engine={engine} op={op} world={world} bytes={bytes} gbps={gbps:.3}");
+    gbps
+}
+
+/// Both collectives through the `Collective` trait; returns (op, bytes, seconds) on this
+/// rank, the slowest rank's time taken by the caller.
+fn measure_world(c: &dyn Collective) -> Vec<(&'static str, usize, f64)> {
+    let w = c.world_size();
+    let sync = || c.barrier().expect("barrier");
+    let mut out = Vec::new();
+    for bytes in SIZES {
+        let n = bytes / 4;
+        let full = Tensor::ones(n, DType::F32, &Device::Cpu).unwrap();
+        let shard = Tensor::ones(n / w, DType::F32, &Device::Cpu).unwrap();
+        let s = seconds_per_call(bytes, &sync, &mut || c.all_gather_into(&shard, &full).unwrap());
+        out.push(("all_gather", bytes, s));
+        let s = seconds_per_call(bytes, &sync, &mut || {
+            c.reduce_scatter_into(&full, &shard, ReduceOp::Sum).unwrap()
+        });
+        out.push(("reduce_scatter", bytes, s));
+    }
+    out
+}
+
+fn thread_engine(w: usize) {
+    let per_rank: Vec<Vec<(&str, usize, f64)>> = ThreadWorld::new(w)
+        .run(|c| Ok::<_, String>(measure_world(&c)))
+        .into_iter()
+        .map(|r| r.expect("no rank fails"))
+        .collect();
+    for (i, &(op, bytes, _)) in per_rank[0].iter().enumerate() {
+        let slowest = per_rank.iter().map(|r| r[i].2).fold(0.0, f64::max);
+        line("thread", op, w, bytes, slowest);
+    }
+}
+
+fn main() {
+    #[cfg(feature = "mpi")]
+    if wick::accelerator::LaunchEnv::detect()
+        .expect("a readable launcher environment")
+        .is_some()
+    {
+        return mpi::engines();
+    }
+    for w in WORLDS {
+        thread_engine(w);
+    }
+    #[cfg(feature = "mpi")]
+    for w in WORLDS {
+        let status = std::process::Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-np", &w.to_string()])
+            .arg(std::env::current_exe().expect("this program's path"))
+            .status()
+            .expect("starting mpirun (Open MPI's openmpi-bin)");
+        assert!(status.success(), "mpirun -np {w}: {status}");
+    }
+    #[cfg(not(feature = "mpi"))]
+    println!("# built without the mpi feature: the thread engine only");
+}
+
+#[cfg(feature = "mpi")]
+mod mpi {
+    use super::*;
+    use wick::accelerator::mpi::collective::SystemOperation;
+    use wick::accelerator::mpi::topology::SimpleCommunicator;
+    use wick::accelerator::mpi::traits::*;
+    use wick::accelerator::MpiWorld;
+
+    /// The slowest rank's time.
+    fn slowest(comm: &SimpleCommunicator, seconds: f64) -> f64 {
+        let mut max = 0.0f64;
+        comm.all_reduce_into(&seconds, &mut max, SystemOperation::max());
+        max
+    }
+
+    /// Open MPI's own speed: rsmpi on plain f32 buffers, no wick code in the way.
+    fn raw(comm: &SimpleCommunicator) -> Vec<(&'static str, usize, f64)> {
+        let w = comm.size() as usize;
+        let sync = || comm.barrier();
+        let mut out = Vec::new();
+        for bytes in SIZES {
+            let n = bytes / 4;
+            let mut full = vec![1f32; n];
+            let mut shard = vec![1f32; n / w];
+            let s = seconds_per_call(bytes, &sync, &mut || comm.all_gather_into(&shard[..], &mut full[..]));
+            out.push(("all_gather", bytes, s));
+            let s = seconds_per_call(bytes, &sync, &mut || {
+                comm.reduce_scatter_block_into(&full[..], &mut shard[..], SystemOperation::sum())
+            });
+            out.push(("reduce_scatter", bytes, s));
+        }
+        out
+    }
+
+    pub(super) fn engines() {
+        let world = MpiWorld::process_world().expect("joining the MPI world");
+        let comm = SimpleCommunicator::world();
+        let w = comm.size() as usize;
+        let wick = measure_world(world.as_ref());
+        let raw = raw(&comm);
+        let mut ratios = Vec::new();
+        for (&(op, bytes, s), &(_, _, r)) in wick.iter().zip(&raw) {
+            let (s, r) = (slowest(&comm, s), slowest(&comm, r));
+            if comm.rank() == 0 {
+                let a = line("mpi", op, w, bytes, s);
+                let b = line("mpi-raw", op, w, bytes, r);
+                ratios.push(format!("# mpi/mpi-raw op={op} world={w} bytes={bytes}: {:.2}", a / b));
+            }
+        }
+        for r in ratios {
+            println!("{r}");
+        }
+    }
+}
