@@ -56,7 +56,9 @@ fn measure_world(c: &dyn Collective) -> Vec<(&'static str, usize, f64)> {
         let n = bytes / 4;
         let full = Tensor::ones(n, DType::F32, &Device::Cpu).unwrap();
         let shard = Tensor::ones(n / w, DType::F32, &Device::Cpu).unwrap();
-        let s = seconds_per_call(bytes, &sync, &mut || c.all_gather_into(&shard, &full).unwrap());
+        let s = seconds_per_call(bytes, &sync, &mut || {
+            c.all_gather_into(&shard, &full).unwrap()
+        });
         out.push(("all_gather", bytes, s));
         let s = seconds_per_call(bytes, &sync, &mut || {
             c.reduce_scatter_into(&full, &shard, ReduceOp::Sum).unwrap()
@@ -92,7 +94,12 @@ fn main() {
     #[cfg(feature = "mpi")]
     for w in WORLDS {
         let status = std::process::Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-np", &w.to_string()])
+            .args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-np",
+                &w.to_string(),
+            ])
             .arg(std::env::current_exe().expect("this program's path"))
             .status()
             .expect("starting mpirun (Open MPI's openmpi-bin)");
@@ -126,7 +133,9 @@ mod mpi {
             let n = bytes / 4;
             let mut full = vec![1f32; n];
             let mut shard = vec![1f32; n / w];
-            let s = seconds_per_call(bytes, &sync, &mut || comm.all_gather_into(&shard[..], &mut full[..]));
+            let s = seconds_per_call(bytes, &sync, &mut || {
+                comm.all_gather_into(&shard[..], &mut full[..])
+            });
             out.push(("all_gather", bytes, s));
             let s = seconds_per_call(bytes, &sync, &mut || {
                 comm.reduce_scatter_block_into(&full[..], &mut shard[..], SystemOperation::sum())
@@ -148,7 +157,10 @@ mod mpi {
             if comm.rank() == 0 {
                 let a = line("mpi", op, w, bytes, s);
                 let b = line("mpi-raw", op, w, bytes, r);
-                ratios.push(format!("# mpi/mpi-raw op={op} world={w} bytes={bytes}: {:.2}", a / b));
+                ratios.push(format!(
+                    "# mpi/mpi-raw op={op} world={w} bytes={bytes}: {:.2}",
+                    a / b
+                ));
             }
         }
         for r in ratios {

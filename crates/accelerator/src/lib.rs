@@ -20,11 +20,11 @@ mod thread_world;
 
 pub use accelerator::{Accelerator, RankEnv};
 pub use launcher::{LaunchEnv, Launcher};
-#[cfg(feature = "mpi")]
-pub use mpi_world::MpiWorld;
 /// rsmpi, the MPI bindings `MpiWorld` uses, for code that calls MPI itself on the same
 /// world (the bandwidth example measures Open MPI's own speed with it).
 #[cfg(feature = "mpi")]
 pub use mpi;
+#[cfg(feature = "mpi")]
+pub use mpi_world::MpiWorld;
 pub use thread_comm::ThreadComm;
 pub use thread_world::{RankError, ThreadWorld};
