@@ -139,7 +139,8 @@ fn values(rank: usize, len: usize) -> Vec<f32> {
 }
 
 /// The same calls on an `MpiWorld` and on a `ThreadWorld` of the same size: the outputs
-/// must have the same bits (both sum in rank order), for uneven shards and 16-bit types.
+/// must have the same bits (both sum in rank order), for uneven and empty shards and 16-bit
+/// types.
 fn collectives(world: &MpiWorld) {
     let (rank, w) = (world.rank(), world.world_size());
     let shard_len = |r: usize| r + 3;
@@ -148,6 +149,22 @@ fn collectives(world: &MpiWorld) {
         let r = c.rank();
         let f = |v: Vec<f32>| tensor(v).to_dtype(dtype).unwrap();
         let back = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+        // First call on a new world (nothing allocated yet): a one-element all-reduce,
+        // where some ranks reduce an empty chunk.
+        let fresh = c.split(0).unwrap();
+        let mut out = vec![vec![fresh
+            .all_reduce_scalar(r as f32 + 0.25, ReduceOp::Sum)
+            .unwrap()]];
+        // Rank 0 holds an empty shard.
+        let empty_first = |r: usize| if r == 0 { 0 } else { r };
+        let total0: usize = (0..w).map(empty_first).sum();
+        let full0 = Tensor::zeros(total0, dtype, &Device::Cpu).unwrap();
+        c.all_gather_into(&f(values(r, empty_first(r))), &full0)
+            .unwrap();
+        let shard0 = Tensor::zeros(empty_first(r), dtype, &Device::Cpu).unwrap();
+        c.reduce_scatter_into(&f(values(r, total0)), &shard0, ReduceOp::Sum)
+            .unwrap();
+        out.extend([back(&full0), back(&shard0)]);
         let full = Tensor::zeros(total, dtype, &Device::Cpu).unwrap();
         c.all_gather_into(&f(values(r, shard_len(r))), &full)
             .unwrap();
@@ -156,7 +173,7 @@ fn collectives(world: &MpiWorld) {
             .unwrap()
             .wait()
             .unwrap();
-        let mut out = vec![back(&full), back(&started)];
+        out.extend([back(&full), back(&started)]);
         for op in [ReduceOp::Sum, ReduceOp::Mean] {
             let shard = Tensor::zeros(shard_len(r), dtype, &Device::Cpu).unwrap();
             c.reduce_scatter_into(&f(values(r, total)), &shard, op)

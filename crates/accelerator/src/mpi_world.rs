@@ -234,9 +234,12 @@ impl MpiWorld {
         dst: &mut [u8],
     ) -> Result<(), CollectiveError> {
         let (displs, counts) = self.gather_layout(dtype, src.len(), dst.len())?;
+        let (spare_in, mut spare_out) = ([0u8], [0u8]);
         let _guard = mpi_lock();
-        let mut out = PartitionMut::new(dst, counts, displs);
-        self.comm.0.all_gather_varcount_into(src, &mut out);
+        let mut out = PartitionMut::new(real_mut(dst, &mut spare_out), counts, displs);
+        self.comm
+            .0
+            .all_gather_varcount_into(real(src, &spare_in), &mut out);
         Ok(())
     }
 
@@ -255,14 +258,16 @@ impl MpiWorld {
     ) -> MutexGuard<'_, Vec<u8>> {
         let n = self.size;
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        if scratch.len() < (n + 1) * mine {
-            scratch.resize((n + 1) * mine, 0);
+        // Never empty, so that its address is a real one (see `real`).
+        if scratch.len() < (n + 1) * mine + 1 {
+            scratch.resize((n + 1) * mine + 1, 0);
         }
         let recv_counts = vec![mine as i32; n];
         let recv_displs = displacements(&recv_counts);
         {
             let _guard = mpi_lock();
-            let from = Partition::new(src, send.1, send.0);
+            let spare = [0u8];
+            let from = Partition::new(real(src, &spare), send.1, send.0);
             let mut into = PartitionMut::new(&mut scratch[..n * mine], recv_counts, recv_displs);
             self.comm.0.all_to_all_varcount_into(&from, &mut into);
         }
@@ -279,6 +284,38 @@ impl MpiWorld {
             reduce_ranks(dtype, out, mine / elem, n, |s| base.add(s * mine), op);
         }
         scratch
+    }
+}
+
+/// `bytes`, or, when it is empty, an empty slice of `spare`. An empty Vec's pointer is
+/// dangling (1 for bytes), and Open MPI reads the address 1 as `MPI_IN_PLACE`.
+fn real<'a>(bytes: &'a [u8], spare: &'a [u8; 1]) -> &'a [u8] {
+    if bytes.is_empty() {
+        &spare[..0]
+    } else {
+        bytes
+    }
+}
+
+/// [`real`] for a buffer MPI writes.
+fn real_mut<'a>(bytes: &'a mut [u8], spare: &'a mut [u8; 1]) -> &'a mut [u8] {
+    if bytes.is_empty() {
+        &mut spare[..0]
+    } else {
+        bytes
+    }
+}
+
+/// The address of `bytes` for a raw MPI call: for an empty buffer an aligned dangling one,
+/// never 1 (see `real`); MPI reads no byte of an empty buffer.
+fn address(bytes: &[u8]) -> *const std::ffi::c_void {
+    if bytes.is_empty() {
+        std::ptr::NonNull::<u64>::dangling()
+            .as_ptr()
+            .cast_const()
+            .cast()
+    } else {
+        bytes.as_ptr().cast()
     }
 }
 
@@ -364,10 +401,10 @@ impl Collective for MpiWorld {
             let mut request = unsafe { std::mem::zeroed::<mpi::ffi::MPI_Request>() };
             let code = unsafe {
                 mpi::ffi::MPI_Iallgatherv(
-                    src.as_ptr().cast(),
+                    address(src),
                     src.len() as i32,
                     byte,
-                    dst.as_mut_ptr().cast(),
+                    address(dst).cast_mut(),
                     counts.as_ptr(),
                     displs.as_ptr(),
                     byte,
@@ -481,7 +518,11 @@ impl Collective for MpiWorld {
             }
             self.count(op, buf.len())?;
             let _guard = mpi_lock();
-            self.comm.0.process_at_rank(root as i32).broadcast_into(buf);
+            let mut spare = [0u8];
+            self.comm
+                .0
+                .process_at_rank(root as i32)
+                .broadcast_into(real_mut(buf, &mut spare));
             Ok(())
         })
         .map_err(self.unsupported(op))?
