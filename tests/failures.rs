@@ -195,3 +195,25 @@ fn a_non_scalar_loss_names_the_hook() {
         .to_string();
     assert!(e.contains("training_step") && e.contains("scalar"), "{e}");
 }
+
+/// A module that cannot be cloned trains on one rank; as two rank threads it gets an error
+/// saying why and what to do, before anything runs.
+#[test]
+fn a_module_without_replicas_trains_alone_and_is_refused_as_threads() {
+    use crate::common::{adamw, SoloMlp};
+    let mut one = quiet_trainer(1, "single", 3);
+    let metrics = one
+        .fit(&mut SoloMlp::new(adamw()), &loader(), None)
+        .unwrap();
+    assert!(metrics["train_loss"].is_finite());
+    let mut model = SoloMlp::new(adamw());
+    let e = quiet_trainer(2, "ddp", 3)
+        .fit(&mut model, &loader(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("ranks as threads need one module per rank") && e.contains("derive Clone"),
+        "{e}"
+    );
+    assert!(!model.mlp.is_built(), "nothing ran before the error");
+}

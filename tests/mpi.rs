@@ -10,7 +10,7 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use common::{adamw, full_parameters, loader, max_diff, Mlp};
+use common::{adamw, full_parameters, loader, max_diff, Mlp, SoloMlp};
 use wick::accelerator::{Accelerator, LaunchEnv, MpiWorld, ThreadWorld};
 use wick::core::{Collective, ReduceOp, Strategy};
 use wick::strategies::{Fsdp, FsdpSharding, MixedPrecision};
@@ -123,6 +123,7 @@ fn run_rank() {
     for (name, strategy) in strategies(w) {
         strategy_matches_threads(&world, &name, &strategy);
     }
+    a_module_that_cannot_be_cloned_runs_as_processes(&world);
     if world.rank() == 0 {
         println!("np {w}: collectives, launch checks and every strategy passed");
     }
@@ -305,6 +306,34 @@ fn strategies(w: usize) -> Vec<(String, MakeStrategy)> {
         ));
     }
     list
+}
+
+/// A module that is not `Clone` trains under a launcher (no replica is made) and ends where
+/// the cloneable MLP ends with threads.
+fn a_module_that_cannot_be_cloned_runs_as_processes(world: &MpiWorld) {
+    let w = world.world_size();
+    let quiet = |b: wick::trainer::TrainerBuilder| {
+        b.strategy("zero3")
+            .max_steps(STEPS)
+            .seed(42)
+            .no_logger()
+            .progress(false)
+            .model_summary(false)
+            .build()
+            .unwrap()
+    };
+    let mut procs = quiet(Trainer::builder());
+    procs
+        .fit(&mut SoloMlp::new(adamw()), &loader(), None)
+        .unwrap();
+    let mut threads = quiet(Trainer::builder().accelerator(Accelerator::cpu(w).unwrap()));
+    threads
+        .fit(&mut Mlp::new(adamw()), &loader(), None)
+        .unwrap();
+    let diff = max_diff(&full_parameters(&mut procs), &full_parameters(&mut threads));
+    check(world, diff <= 1e-6, || {
+        format!("a module without Clone at np {w}: {diff} from threads")
+    });
 }
 
 /// What one run ends with: parameters, fit/validate/test metrics, predictions.

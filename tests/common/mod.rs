@@ -149,6 +149,44 @@ impl TrainModule for Mlp {
     }
 }
 
+/// The MLP in a module that cannot be cloned (it holds a channel's receiving end): it trains
+/// as the one rank of its process, never as several threads.
+pub struct SoloMlp {
+    pub mlp: Mlp,
+    _not_clone: std::sync::mpsc::Receiver<()>,
+}
+
+impl SoloMlp {
+    pub fn new(optimizer: OptimizerConfig) -> Self {
+        SoloMlp {
+            mlp: Mlp::new(optimizer),
+            _not_clone: std::sync::mpsc::channel().1,
+        }
+    }
+}
+
+impl wick::trainer::Replicate for SoloMlp {
+    fn replica(&self) -> Option<Self> {
+        None
+    }
+}
+
+impl TrainModule for SoloMlp {
+    type Batch = (Tensor, Tensor);
+
+    fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> candle_core::Result<()> {
+        self.mlp.configure_sharded_model(ctx)
+    }
+
+    fn configure_optimizers(&self) -> OptimizerConfig {
+        self.mlp.configure_optimizers()
+    }
+
+    fn training_step(&mut self, batch: &Self::Batch, i: usize) -> candle_core::Result<Tensor> {
+        self.mlp.training_step(batch, i)
+    }
+}
+
 /// The AdamW every equivalence test uses.
 pub fn adamw() -> OptimizerConfig {
     OptimizerConfig::AdamW {

@@ -12,10 +12,12 @@ mod error;
 mod metrics_csv;
 mod progress;
 mod rank_run;
+mod replicate;
 mod summary;
 mod trainer;
 
 pub use checkpoint::{consolidate, Checkpoint, CheckpointError, ModelCheckpoint};
 pub use data::{DataLoader, Dataset};
 pub use error::TrainerError;
+pub use replicate::Replicate;
 pub use trainer::{Metrics, Trainer, TrainerBuilder};

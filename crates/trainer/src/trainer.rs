@@ -2,7 +2,7 @@
 //! the four entry points.
 
 use crate::rank_run::{Loaders, RankOutput, RankRun};
-use crate::{DataLoader, Dataset, ModelCheckpoint, TrainerError};
+use crate::{DataLoader, Dataset, ModelCheckpoint, Replicate, TrainerError};
 use candle_core::Tensor;
 use std::any::{Any, TypeId};
 use std::collections::BTreeMap;
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 use wick_accelerator::{Accelerator, RankError};
-use wick_core::{Callback, RunState, Stage, Strategy, TrainModule};
+use wick_core::{Callback, RunState, Stage, Strategy};
 
 /// Metric name to value, averaged over ranks (`train_loss`, `val_loss`, `test_loss`).
 pub type Metrics = BTreeMap<String, f64>;
@@ -363,7 +363,7 @@ impl Trainer {
         val: Option<&DataLoader<D>>,
     ) -> Result<Metrics, TrainerError>
     where
-        M: TrainModule + Clone + 'static,
+        M: Replicate + 'static,
         D: Dataset<Batch = M::Batch>,
     {
         self.fit_inner(module, train, val, None)
@@ -382,7 +382,7 @@ impl Trainer {
         checkpoint: impl AsRef<Path>,
     ) -> Result<Metrics, TrainerError>
     where
-        M: TrainModule + Clone + 'static,
+        M: Replicate + 'static,
         D: Dataset<Batch = M::Batch>,
     {
         let dir = crate::checkpoint::resolve_checkpoint(checkpoint)?;
@@ -397,7 +397,7 @@ impl Trainer {
         resume: Option<PathBuf>,
     ) -> Result<Metrics, TrainerError>
     where
-        M: TrainModule + Clone + 'static,
+        M: Replicate + 'static,
         D: Dataset<Batch = M::Batch>,
     {
         let accumulate = self.config.accumulate_grad_batches;
@@ -428,7 +428,7 @@ impl Trainer {
         data: &DataLoader<D>,
     ) -> Result<Metrics, TrainerError>
     where
-        M: TrainModule + Clone + 'static,
+        M: Replicate + 'static,
         D: Dataset<Batch = M::Batch>,
     {
         let loaders = Loaders {
@@ -449,7 +449,7 @@ impl Trainer {
         data: &DataLoader<D>,
     ) -> Result<Metrics, TrainerError>
     where
-        M: TrainModule + Clone + 'static,
+        M: Replicate + 'static,
         D: Dataset<Batch = M::Batch>,
     {
         let loaders = Loaders {
@@ -472,7 +472,7 @@ impl Trainer {
         data: &DataLoader<D>,
     ) -> Result<Vec<Tensor>, TrainerError>
     where
-        M: TrainModule + Clone + 'static,
+        M: Replicate + 'static,
         D: Dataset<Batch = M::Batch>,
     {
         let loaders = Loaders {
@@ -493,7 +493,7 @@ impl Trainer {
         loaders: &Loaders<'_, D>,
     ) -> Result<Vec<RankOutput>, TrainerError>
     where
-        M: TrainModule + Clone + 'static,
+        M: Replicate + 'static,
         D: Dataset<Batch = M::Batch>,
     {
         let world_size = self.world_size();
@@ -516,8 +516,8 @@ impl Trainer {
                     local
                         .clone()
                         .skip(1)
-                        .map(|_| module.clone())
-                        .collect::<Vec<M>>(),
+                        .map(|_| module.replica().ok_or_else(no_replica))
+                        .collect::<Result<Vec<M>, _>>()?,
                 ),
             },
         };
@@ -562,6 +562,14 @@ impl Trainer {
         self.session = Some(session);
         collect_ranks(local.start, outcomes)
     }
+}
+
+fn no_replica() -> TrainerError {
+    TrainerError::config(
+        "devices",
+        "ranks as threads need one module per rank, and this module's Replicate::replica \
+         gives none: derive Clone on it, or run one rank per process under mpirun or srun",
+    )
 }
 
 /// The outputs of this process's ranks (the first being `first`), or one error naming the
