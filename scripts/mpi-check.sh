@@ -9,8 +9,9 @@
 #      alone ends;
 #   3. a rank killed with SIGKILL mid-fit: mpirun and every other rank exit non-zero within
 #      30 s, and `last` still names a checkpoint that loads;
-#   4. bad launches: --devices against the launcher's count, and a build without the `mpi`
-#      feature under mpirun, each a clear error, no hang, no files.
+#   4. bad launches: --devices against the launcher's count, a build without the `mpi`
+#      feature under mpirun, and consolidate (one process's job) under mpirun -np 2, each a
+#      clear error, no hang, no files.
 #
 # usage: scripts/mpi-check.sh MPI_WICK PLAIN_WICK PYTHON
 #   MPI_WICK    a release `wick` built with --features mpi
@@ -142,4 +143,11 @@ grep -q "built without the \`mpi\` feature" bad2.out || { cat bad2.out; fail "a 
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "a build without mpi under mpirun exited $rc"
 [ ! -e bad2 ] && [ ! -e bad2ck ] || fail "a build without mpi under mpirun wrote files"
 echo "a build without the mpi feature under mpirun -np 2: exit $rc, $(grep -m1 '^error' bad2.out)"
+set +e
+timeout 120 "${mpirun[@]}" -np 2 "$mpi_wick" consolidate ck-u2/last two.safetensors > bad3.out 2>&1
+rc=$?
+set -e
+grep -q "consolidate writes one file from one process" bad3.out || { cat bad3.out; fail "consolidate ran under mpirun -np 2"; }
+[ "$rc" -ne 0 ] && [ ! -e two.safetensors ] || fail "consolidate under mpirun -np 2 exited $rc or wrote a file"
+echo "consolidate under mpirun -np 2: exit $rc, $(grep -m1 '^error' bad3.out)"
 echo "mpi-check: all passed"

@@ -26,6 +26,12 @@ fn main() -> ExitCode {
             );
             ExitCode::SUCCESS
         }
+        Command::Consolidate { .. } if launched_many() => {
+            eprintln!(
+                "error: wick consolidate writes one file from one process; run it without mpirun or srun"
+            );
+            ExitCode::FAILURE
+        }
         Command::Consolidate {
             checkpoint,
             out,
@@ -68,5 +74,14 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+    }
+}
+
+/// Whether a launcher started more than this one process (or its variables are unreadable).
+fn launched_many() -> bool {
+    match wick::accelerator::LaunchEnv::detect() {
+        Ok(None) => false,
+        Ok(Some(launch)) => launch.world_size != Some(1),
+        Err(_) => true,
     }
 }

@@ -198,21 +198,34 @@ impl MpiWorld {
         Ok(headers)
     }
 
-    /// Checks an all-gather's lengths (elements: each rank's shard, the full buffer) and
-    /// returns each rank's byte count and offset.
-    fn gather_layout(
+    /// Field `field` of the headers (a length), when every rank passed the same.
+    fn same_length(
         &self,
-        dtype: DType,
-        src_bytes: usize,
-        dst_bytes: usize,
-    ) -> Result<(Vec<i32>, Vec<i32>), CollectiveError> {
-        let op = Op::AllGather;
-        let elem = dtype.size_in_bytes();
-        let headers = self.agree(op, dtype, 0, src_bytes / elem, dst_bytes / elem)?;
-        let total = headers[0][4];
-        if headers.iter().any(|h| h[4] != total) {
+        op: Op,
+        headers: &[Header],
+        field: usize,
+    ) -> Result<u64, CollectiveError> {
+        let first = headers[0][field];
+        if headers.iter().any(|h| h[field] != first) {
             return Err(self.mismatch(op, "ranks passed buffers of different lengths".into()));
         }
+        Ok(first)
+    }
+
+    /// Agrees on a call that splits a full buffer into the ranks' shards (all-gather,
+    /// reduce-scatter): every rank passed the same full length, and the shards add up to
+    /// it. Returns each rank's shard as byte counts and byte offsets.
+    fn shard_layout(
+        &self,
+        op: Op,
+        dtype: DType,
+        arg: usize,
+        shard_bytes: usize,
+        full_bytes: usize,
+    ) -> Result<(Vec<i32>, Vec<i32>), CollectiveError> {
+        let elem = dtype.size_in_bytes();
+        let headers = self.agree(op, dtype, arg, shard_bytes / elem, full_bytes / elem)?;
+        let total = self.same_length(op, &headers, 4)?;
         let sum: u64 = headers.iter().map(|h| h[3]).sum();
         if sum != total {
             return Err(self.mismatch(
@@ -223,7 +236,8 @@ impl MpiWorld {
             ));
         }
         let counts = self.counts(op, headers.iter().map(|h| h[3] as usize * elem))?;
-        Ok((displacements(&counts), counts))
+        let offsets = displacements(&counts);
+        Ok((counts, offsets))
     }
 
     /// All-gather on host bytes of `dtype`: every rank's `src`, in rank order, into `dst`.
@@ -233,7 +247,7 @@ impl MpiWorld {
         src: &[u8],
         dst: &mut [u8],
     ) -> Result<(), CollectiveError> {
-        let (displs, counts) = self.gather_layout(dtype, src.len(), dst.len())?;
+        let (counts, displs) = self.shard_layout(Op::AllGather, dtype, 0, src.len(), dst.len())?;
         let (spare_in, mut spare_out) = ([0u8], [0u8]);
         let _guard = mpi_lock();
         let mut out = PartitionMut::new(real_mut(dst, &mut spare_out), counts, displs);
@@ -393,7 +407,8 @@ impl Collective for MpiWorld {
     fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
         let dtype = shard.dtype();
         let started = with_bytes_mut_from(full, shard, |dst, src| {
-            let (displs, counts) = self.gather_layout(dtype, src.len(), dst.len())?;
+            let (counts, displs) =
+                self.shard_layout(Op::AllGather, dtype, 0, src.len(), dst.len())?;
             let byte = u8::equivalent_datatype().as_raw();
             let _guard = mpi_lock();
             // SAFETY: MPI_Iallgatherv is given a null request to fill, buffers and count
@@ -438,23 +453,9 @@ impl Collective for MpiWorld {
     ) -> Result<(), CollectiveError> {
         let op = Op::ReduceScatter;
         let dtype = full.dtype();
-        let elem = dtype.size_in_bytes();
         with_bytes_mut_from(shard, full, |dst, src| {
-            let headers =
-                self.agree(op, dtype, reduce_code(reduce), src.len() / elem, dst.len() / elem)?;
-            let total = headers[0][3];
-            if headers.iter().any(|h| h[3] != total) {
-                return Err(self.mismatch(op, "ranks passed buffers of different lengths".into()));
-            }
-            let sum: u64 = headers.iter().map(|h| h[4]).sum();
-            if sum != total {
-                return Err(self.mismatch(
-                    op,
-                    format!("the ranks' shards add up to {sum} elements but the full buffer holds {total}"),
-                ));
-            }
-            let send = self.counts(op, headers.iter().map(|h| h[4] as usize * elem))?;
-            let offsets = displacements(&send);
+            let (send, offsets) =
+                self.shard_layout(op, dtype, reduce_code(reduce), dst.len(), src.len())?;
             drop(self.reduce_chunks(dtype, src, (&offsets, &send), dst.len(), Some(dst), reduce));
             Ok(())
         })
@@ -473,9 +474,7 @@ impl Collective for MpiWorld {
         with_bytes_mut(tensor, |buf| {
             let len = buf.len() / elem;
             let headers = self.agree(op, dtype, reduce_code(reduce), len, 0)?;
-            if headers.iter().any(|h| h[3] != len as u64) {
-                return Err(self.mismatch(op, "ranks passed buffers of different lengths".into()));
-            }
+            self.same_length(op, &headers, 3)?;
             // Rank s reduces elements [len*s/n, len*(s+1)/n), then every rank gathers them.
             let counts =
                 self.counts(op, (0..n).map(|s| (len * (s + 1) / n - len * s / n) * elem))?;
@@ -513,9 +512,7 @@ impl Collective for MpiWorld {
                     ),
                 ));
             }
-            if headers.iter().any(|h| h[3] != root_len) {
-                return Err(self.mismatch(op, "ranks passed buffers of different lengths".into()));
-            }
+            self.same_length(op, &headers, 3)?;
             self.count(op, buf.len())?;
             let _guard = mpi_lock();
             let mut spare = [0u8];
