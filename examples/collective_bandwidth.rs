@@ -9,7 +9,8 @@
 //! measurement is one line:
 //! `engine=<mpi|mpi-raw|thread> op=<all_gather|reduce_scatter> world=<W> bytes=<S> gbps=<algbw>`,
 //! where S is the full buffer's size and algbw = S / time in 10^9 bytes per second (as
-//! nccl-tests counts it); the time of a call is the slowest rank's mean over the repeats.
+//! nccl-tests counts it); the time of a call is the slowest rank's median over the repeats,
+//! `mpi` and `mpi-raw` taking turns call by call.
 //! Lines starting with `#` give MpiWorld's speed as a fraction of Open MPI's.
 
 use candle_core::{DType, Device, Tensor};
@@ -22,22 +23,30 @@ const WORLDS: [usize; 2] = [2, 4];
 
 /// Repeats of a call (after one warm-up): more for small buffers.
 fn repeats(bytes: usize) -> usize {
-    (64 << 20) / bytes * 2 + 8
+    (64 << 20) / bytes * 2 + 14
 }
 
-/// Mean seconds per call of `call` on this rank, each call started together by `sync`.
-fn seconds_per_call(bytes: usize, sync: &dyn Fn(), call: &mut dyn FnMut()) -> f64 {
-    sync();
-    call();
-    let n = repeats(bytes);
-    let mut total = 0.0;
-    for _ in 0..n {
-        sync();
-        let start = Instant::now();
-        call();
-        total += start.elapsed().as_secs_f64();
+/// The median seconds per call of each of `calls` on this rank. The calls take turns, each
+/// started together by `sync`, so that a slow moment of the machine falls on all of them.
+fn seconds_per_call(bytes: usize, sync: &dyn Fn(), calls: &mut [&mut dyn FnMut()]) -> Vec<f64> {
+    let mut times = vec![Vec::new(); calls.len()];
+    for i in 0..=repeats(bytes) {
+        for (call, t) in calls.iter_mut().zip(times.iter_mut()) {
+            sync();
+            let start = Instant::now();
+            call();
+            if i > 0 {
+                t.push(start.elapsed().as_secs_f64());
+            }
+        }
     }
-    total / n as f64
+    times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
+        })
+        .collect()
 }
 
 fn line(engine: &str, op: &str, world: usize, bytes: usize, seconds: f64) -> f64 {
@@ -46,24 +55,38 @@ fn line(engine: &str, op: &str, world: usize, bytes: usize, seconds: f64) -> f64
     gbps
 }
 
-/// Both collectives through the `Collective` trait; returns (op, bytes, seconds) on this
-/// rank, the slowest rank's time taken by the caller.
+/// The buffers of one size: the full buffer and a rank's shard.
+fn buffers(bytes: usize, w: usize) -> (Tensor, Tensor) {
+    let n = bytes / 4;
+    (
+        Tensor::ones(n, DType::F32, &Device::Cpu).unwrap(),
+        Tensor::ones(n / w, DType::F32, &Device::Cpu).unwrap(),
+    )
+}
+
+fn gather(c: &dyn Collective, full: &Tensor, shard: &Tensor) {
+    c.all_gather_into(shard, full).unwrap()
+}
+
+fn reduce_scatter(c: &dyn Collective, full: &Tensor, shard: &Tensor) {
+    c.reduce_scatter_into(full, shard, ReduceOp::Sum).unwrap()
+}
+
+/// Both collectives through the `Collective` trait; (op, bytes, seconds) on this rank, the
+/// slowest rank's time taken by the caller.
 fn measure_world(c: &dyn Collective) -> Vec<(&'static str, usize, f64)> {
-    let w = c.world_size();
     let sync = || c.barrier().expect("barrier");
     let mut out = Vec::new();
     for bytes in SIZES {
-        let n = bytes / 4;
-        let full = Tensor::ones(n, DType::F32, &Device::Cpu).unwrap();
-        let shard = Tensor::ones(n / w, DType::F32, &Device::Cpu).unwrap();
-        let s = seconds_per_call(bytes, &sync, &mut || {
-            c.all_gather_into(&shard, &full).unwrap()
-        });
-        out.push(("all_gather", bytes, s));
-        let s = seconds_per_call(bytes, &sync, &mut || {
-            c.reduce_scatter_into(&full, &shard, ReduceOp::Sum).unwrap()
-        });
-        out.push(("reduce_scatter", bytes, s));
+        let (full, shard) = buffers(bytes, c.world_size());
+        let s = seconds_per_call(bytes, &sync, &mut [&mut || gather(c, &full, &shard)]);
+        out.push(("all_gather", bytes, s[0]));
+        let s = seconds_per_call(
+            bytes,
+            &sync,
+            &mut [&mut || reduce_scatter(c, &full, &shard)],
+        );
+        out.push(("reduce_scatter", bytes, s[0]));
     }
     out
 }
@@ -124,23 +147,38 @@ mod mpi {
         max
     }
 
-    /// Open MPI's own speed: rsmpi on plain f32 buffers, no wick code in the way.
-    fn raw(comm: &SimpleCommunicator) -> Vec<(&'static str, usize, f64)> {
+    /// `MpiWorld` and Open MPI's own calls (rsmpi on plain f32 buffers, no wick code in the
+    /// way), taking turns: (op, bytes, wick's seconds, Open MPI's seconds) on this rank.
+    fn measure(
+        world: &MpiWorld,
+        comm: &SimpleCommunicator,
+    ) -> Vec<(&'static str, usize, f64, f64)> {
         let w = comm.size() as usize;
         let sync = || comm.barrier();
         let mut out = Vec::new();
         for bytes in SIZES {
-            let n = bytes / 4;
-            let mut full = vec![1f32; n];
-            let mut shard = vec![1f32; n / w];
-            let s = seconds_per_call(bytes, &sync, &mut || {
-                comm.all_gather_into(&shard[..], &mut full[..])
-            });
-            out.push(("all_gather", bytes, s));
-            let s = seconds_per_call(bytes, &sync, &mut || {
-                comm.reduce_scatter_block_into(&full[..], &mut shard[..], SystemOperation::sum())
-            });
-            out.push(("reduce_scatter", bytes, s));
+            let (full, shard) = buffers(bytes, w);
+            let (mut raw_full, mut raw_shard) = (vec![1f32; bytes / 4], vec![1f32; bytes / 4 / w]);
+            let s = seconds_per_call(
+                bytes,
+                &sync,
+                &mut [&mut || gather(world, &full, &shard), &mut || {
+                    comm.all_gather_into(&raw_shard[..], &mut raw_full[..])
+                }],
+            );
+            out.push(("all_gather", bytes, s[0], s[1]));
+            let s = seconds_per_call(
+                bytes,
+                &sync,
+                &mut [&mut || reduce_scatter(world, &full, &shard), &mut || {
+                    comm.reduce_scatter_block_into(
+                        &raw_full[..],
+                        &mut raw_shard[..],
+                        SystemOperation::sum(),
+                    )
+                }],
+            );
+            out.push(("reduce_scatter", bytes, s[0], s[1]));
         }
         out
     }
@@ -149,10 +187,8 @@ mod mpi {
         let world = MpiWorld::process_world().expect("joining the MPI world");
         let comm = SimpleCommunicator::world();
         let w = comm.size() as usize;
-        let wick = measure_world(world.as_ref());
-        let raw = raw(&comm);
         let mut ratios = Vec::new();
-        for (&(op, bytes, s), &(_, _, r)) in wick.iter().zip(&raw) {
+        for (op, bytes, s, r) in measure(&world, &comm) {
             let (s, r) = (slowest(&comm, s), slowest(&comm, r));
             if comm.rank() == 0 {
                 let a = line("mpi", op, w, bytes, s);

@@ -249,11 +249,16 @@ impl MpiWorld {
     ) -> Result<(), CollectiveError> {
         let (counts, displs) = self.shard_layout(Op::AllGather, dtype, 0, src.len(), dst.len())?;
         let (spare_in, mut spare_out) = ([0u8], [0u8]);
+        let (src, dst) = (real(src, &spare_in), real_mut(dst, &mut spare_out));
         let _guard = mpi_lock();
-        let mut out = PartitionMut::new(real_mut(dst, &mut spare_out), counts, displs);
-        self.comm
-            .0
-            .all_gather_varcount_into(real(src, &spare_in), &mut out);
+        if equal(&counts) {
+            // Every rank sees the same counts, so all take this branch: MPI_Allgather, whose
+            // algorithms Open MPI tunes better than MPI_Allgatherv's.
+            self.comm.0.all_gather_into(src, dst);
+        } else {
+            let mut out = PartitionMut::new(dst, counts, displs);
+            self.comm.0.all_gather_varcount_into(src, &mut out);
+        }
         Ok(())
     }
 
@@ -333,6 +338,11 @@ fn address(bytes: &[u8]) -> *const std::ffi::c_void {
     }
 }
 
+/// Whether every rank's count is the same.
+fn equal(counts: &[i32]) -> bool {
+    counts.iter().all(|&c| c == counts[0])
+}
+
 /// The offsets of consecutive chunks of `counts` bytes.
 fn displacements(counts: &[i32]) -> Vec<i32> {
     counts
@@ -352,7 +362,7 @@ fn reduce_code(op: ReduceOp) -> usize {
     }
 }
 
-/// An `MPI_Iallgatherv` in flight, with everything MPI reads or writes until it completes.
+/// An `MPI_Iallgather(v)` in flight, with everything MPI reads or writes until it completes.
 struct InFlight {
     request: mpi::ffi::MPI_Request,
     _counts: Vec<i32>,
@@ -368,7 +378,7 @@ unsafe impl Send for InFlight {}
 impl InFlight {
     fn wait(mut self) -> Result<(), CollectiveError> {
         let _guard = mpi_lock();
-        // SAFETY: `request` came from MPI_Iallgatherv and is waited on once.
+        // SAFETY: `request` came from MPI_Iallgather(v) and is waited on once.
         let code = unsafe { mpi::ffi::MPI_Wait(&mut self.request, mpi::ffi::RSMPI_STATUS_IGNORE) };
         if code != 0 {
             return Err(CollectiveError::Unsupported {
@@ -402,8 +412,9 @@ impl Collective for MpiWorld {
             .map_err(self.unsupported(Op::AllGather))?
     }
 
-    /// A nonblocking `MPI_Iallgatherv`: the header exchange happens now, the data moves
-    /// until [`Work::wait`]. `full` must not be read before then.
+    /// A nonblocking `MPI_Iallgather` (`MPI_Iallgatherv` for uneven shards): the header
+    /// exchange happens now, the data moves until [`Work::wait`]. `full` must not be read
+    /// before then.
     fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
         let dtype = shard.dtype();
         let started = with_bytes_mut_from(full, shard, |dst, src| {
@@ -411,26 +422,40 @@ impl Collective for MpiWorld {
                 self.shard_layout(Op::AllGather, dtype, 0, src.len(), dst.len())?;
             let byte = u8::equivalent_datatype().as_raw();
             let _guard = mpi_lock();
-            // SAFETY: MPI_Iallgatherv is given a null request to fill, buffers and count
+            // SAFETY: MPI is given a null request to fill, buffers and count
             // arrays that `InFlight` keeps alive until MPI_Wait returns.
             let mut request = unsafe { std::mem::zeroed::<mpi::ffi::MPI_Request>() };
+            let (send, recv) = (address(src), address(dst).cast_mut());
             let code = unsafe {
-                mpi::ffi::MPI_Iallgatherv(
-                    address(src),
-                    src.len() as i32,
-                    byte,
-                    address(dst).cast_mut(),
-                    counts.as_ptr(),
-                    displs.as_ptr(),
-                    byte,
-                    self.comm.0.as_raw(),
-                    &mut request,
-                )
+                if equal(&counts) {
+                    mpi::ffi::MPI_Iallgather(
+                        send,
+                        counts[0],
+                        byte,
+                        recv,
+                        counts[0],
+                        byte,
+                        self.comm.0.as_raw(),
+                        &mut request,
+                    )
+                } else {
+                    mpi::ffi::MPI_Iallgatherv(
+                        send,
+                        src.len() as i32,
+                        byte,
+                        recv,
+                        counts.as_ptr(),
+                        displs.as_ptr(),
+                        byte,
+                        self.comm.0.as_raw(),
+                        &mut request,
+                    )
+                }
             };
             if code != 0 {
                 return Err(self.mismatch(
                     Op::AllGather,
-                    format!("MPI_Iallgatherv returned error code {code}"),
+                    format!("MPI_Iallgather returned error code {code}"),
                 ));
             }
             Ok(InFlight {
