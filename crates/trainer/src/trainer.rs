@@ -256,9 +256,12 @@ struct Session {
 
 /// Runs fit, validate, test and predict over a world of ranks, in DESIGN.md's stage order.
 ///
-/// Rank 0 uses the module passed in, so it holds rank 0's parameters afterwards; ranks 1..
-/// use clones made before its parameters existed, which the trainer keeps for later stages
-/// on the same module (recognised by its address: keep the module in place between calls).
+/// With ranks as threads, rank 0 uses the module passed in, so it holds rank 0's parameters
+/// afterwards; ranks 1.. use replicas made before its parameters existed
+/// ([`Replicate`]), which the trainer keeps for later stages on the same module (recognised
+/// by its address: keep the module in place between calls). Under a launcher (`mpirun`,
+/// `srun`) each process runs its own rank on the module passed in, and every call is a
+/// collective: all processes make it.
 pub struct Trainer {
     config: Config,
     accelerator: Accelerator,
