@@ -165,7 +165,10 @@ fn collectives(world: &MpiWorld) {
         let shard0 = Tensor::zeros(empty_first(r), dtype, &Device::Cpu).unwrap();
         c.reduce_scatter_into(&f(values(r, total0)), &shard0, ReduceOp::Sum)
             .unwrap();
-        out.extend([back(&full0), back(&shard0)]);
+        let nothing = f(Vec::new());
+        c.all_reduce_in_place(&nothing, ReduceOp::Sum).unwrap();
+        c.broadcast_in_place(&nothing, 0).unwrap();
+        out.extend([back(&full0), back(&shard0), back(&nothing)]);
         let full = Tensor::zeros(total, dtype, &Device::Cpu).unwrap();
         c.all_gather_into(&f(values(r, shard_len(r))), &full)
             .unwrap();

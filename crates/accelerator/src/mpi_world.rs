@@ -507,8 +507,9 @@ impl Collective for MpiWorld {
             let mine = counts[self.rank] as usize;
             let scratch = self.reduce_chunks(dtype, buf, (&offsets, &counts), mine, None, reduce);
             let reduced = &scratch[n * mine..(n + 1) * mine];
+            let mut spare = [0u8];
             let _guard = mpi_lock();
-            let mut out = PartitionMut::new(&mut buf[..], counts, offsets);
+            let mut out = PartitionMut::new(real_mut(buf, &mut spare), counts, offsets);
             self.comm.0.all_gather_varcount_into(reduced, &mut out);
             Ok(())
         })
