@@ -63,11 +63,14 @@ fn hybrid_groups_must_divide_the_world() {
 
 /// All-gathers one training step issues under `sharding` at W = 2 for a 3-unit model.
 fn gathers_per_step(sharding: FsdpSharding) -> usize {
-    gathers_per_step_of(|| Fsdp::new(sharding))
+    let (waited, started) = gathers_per_step_of(|| Fsdp::new(sharding));
+    assert_eq!(started, 0, "no prefetch, no gather started ahead");
+    waited
 }
 
-/// All-gathers one training step issues under the strategy `make` builds, at W = 2.
-fn gathers_per_step_of(make: impl Fn() -> Fsdp + Sync) -> usize {
+/// All-gathers one training step issues under the strategy `make` builds, at W = 2: those
+/// made when a unit needs its parameters, and those started ahead (prefetch).
+fn gathers_per_step_of(make: impl Fn() -> Fsdp + Sync) -> (usize, usize) {
     let logs = ThreadWorld::new(2).run(|comm| {
         let world = Recording::over(comm);
         let mut s = make();
@@ -91,16 +94,17 @@ fn gathers_per_step_of(make: impl Fn() -> Fsdp + Sync) -> usize {
         Ok::<_, wick::core::Error>(log)
     });
     let log = logs.into_iter().next().unwrap().unwrap();
-    log.iter().filter(|e| e.starts_with("all_gather")).count()
+    let count = |call: &str| log.iter().filter(|e| e.starts_with(call)).count();
+    (count("all_gather("), count("all_gather_start("))
 }
 
 #[test]
-fn prefetch_moves_gathers_to_the_background_and_changes_nothing() {
+fn prefetch_starts_gathers_ahead_and_changes_nothing() {
     // With prefetch only the first unit of forward and the first of backward are gathered
-    // on the foreground channel; the other four come from the background thread.
+    // when needed; the other four were started ahead, while the unit before them ran.
     assert_eq!(
         gathers_per_step_of(|| Fsdp::new(FsdpSharding::FullShard).with_prefetch(true)),
-        2
+        (2, 4)
     );
     let reference = train(1, "single", adamw(), STEPS);
     for (sharding, w) in [
@@ -294,5 +298,5 @@ fn an_auto_wrap_policy_picks_the_units_without_model_changes() {
     }
     // l0 and l2 share the root unit: two gathers per step instead of three.
     let policy = || Fsdp::new(FsdpSharding::ShardGradOp).with_auto_wrap(vec!["l1".into()]);
-    assert_eq!(gathers_per_step_of(policy), 2);
+    assert_eq!(gathers_per_step_of(policy), (2, 0));
 }

@@ -384,6 +384,7 @@ impl Collective for Recording {
         self.inner.split(color)
     }
     fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
+        self.note("all_gather_start", full);
         self.inner.all_gather_start(shard, full)
     }
 }
