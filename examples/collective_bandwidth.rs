@@ -11,7 +11,9 @@
 //! where S is the full buffer's size and algbw = S / time in 10^9 bytes per second (as
 //! nccl-tests counts it); the time of a call is the slowest rank's median over the repeats,
 //! `mpi` and `mpi-raw` taking turns call by call.
-//! Lines starting with `#` give MpiWorld's speed as a fraction of Open MPI's.
+//! Lines starting with `#` give MpiWorld's speed as a fraction of Open MPI's on plain
+//! buffers, and, for all-gather, the same fraction when Open MPI's call runs on the very
+//! tensors MpiWorld used (what is left when the buffers' memory is the same).
 
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
@@ -23,7 +25,7 @@ const WORLDS: [usize; 2] = [2, 4];
 
 /// Repeats of a call (after one warm-up): more for small buffers.
 fn repeats(bytes: usize) -> usize {
-    (64 << 20) / bytes * 2 + 14
+    (64 << 20) / bytes * 4 + 40
 }
 
 /// The median seconds per call of each of `calls` on this rank. The calls take turns, each
@@ -139,6 +141,7 @@ mod mpi {
     use wick::accelerator::mpi::topology::SimpleCommunicator;
     use wick::accelerator::mpi::traits::*;
     use wick::accelerator::MpiWorld;
+    use wick::core::host::with_bytes_mut_from;
 
     /// The slowest rank's time.
     fn slowest(comm: &SimpleCommunicator, seconds: f64) -> f64 {
@@ -147,12 +150,19 @@ mod mpi {
         max
     }
 
+    /// One collective's times on this rank: through `MpiWorld`, Open MPI's own call on plain
+    /// buffers, and (all-gather) Open MPI's own call on the very tensors `MpiWorld` used.
+    struct Times {
+        op: &'static str,
+        bytes: usize,
+        wick: f64,
+        raw: f64,
+        raw_on_tensors: Option<f64>,
+    }
+
     /// `MpiWorld` and Open MPI's own calls (rsmpi on plain f32 buffers, no wick code in the
-    /// way), taking turns: (op, bytes, wick's seconds, Open MPI's seconds) on this rank.
-    fn measure(
-        world: &MpiWorld,
-        comm: &SimpleCommunicator,
-    ) -> Vec<(&'static str, usize, f64, f64)> {
+    /// way), taking turns call by call.
+    fn measure(world: &MpiWorld, comm: &SimpleCommunicator) -> Vec<Times> {
         let w = comm.size() as usize;
         let sync = || comm.barrier();
         let mut out = Vec::new();
@@ -162,11 +172,22 @@ mod mpi {
             let s = seconds_per_call(
                 bytes,
                 &sync,
-                &mut [&mut || gather(world, &full, &shard), &mut || {
-                    comm.all_gather_into(&raw_shard[..], &mut raw_full[..])
-                }],
+                &mut [
+                    &mut || gather(world, &full, &shard),
+                    &mut || comm.all_gather_into(&raw_shard[..], &mut raw_full[..]),
+                    &mut || {
+                        with_bytes_mut_from(&full, &shard, |f, s| comm.all_gather_into(s, f))
+                            .unwrap()
+                    },
+                ],
             );
-            out.push(("all_gather", bytes, s[0], s[1]));
+            out.push(Times {
+                op: "all_gather",
+                bytes,
+                wick: s[0],
+                raw: s[1],
+                raw_on_tensors: Some(s[2]),
+            });
             let s = seconds_per_call(
                 bytes,
                 &sync,
@@ -178,7 +199,13 @@ mod mpi {
                     )
                 }],
             );
-            out.push(("reduce_scatter", bytes, s[0], s[1]));
+            out.push(Times {
+                op: "reduce_scatter",
+                bytes,
+                wick: s[0],
+                raw: s[1],
+                raw_on_tensors: None,
+            });
         }
         out
     }
@@ -188,13 +215,18 @@ mod mpi {
         let comm = SimpleCommunicator::world();
         let w = comm.size() as usize;
         let mut ratios = Vec::new();
-        for (op, bytes, s, r) in measure(&world, &comm) {
-            let (s, r) = (slowest(&comm, s), slowest(&comm, r));
+        for t in measure(&world, &comm) {
+            let (op, bytes) = (t.op, t.bytes);
+            let (s, r) = (slowest(&comm, t.wick), slowest(&comm, t.raw));
+            let same_memory = t.raw_on_tensors.map(|x| slowest(&comm, x));
             if comm.rank() == 0 {
                 let a = line("mpi", op, w, bytes, s);
                 let b = line("mpi-raw", op, w, bytes, r);
+                let on_tensors = same_memory
+                    .map(|x| format!(" (Open MPI's call on the same tensors: {:.2})", x / s))
+                    .unwrap_or_default();
                 ratios.push(format!(
-                    "# mpi/mpi-raw op={op} world={w} bytes={bytes}: {:.2}",
+                    "# mpi/mpi-raw op={op} world={w} bytes={bytes}: {:.2}{on_tensors}",
                     a / b
                 ));
             }
