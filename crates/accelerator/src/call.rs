@@ -12,6 +12,9 @@ pub(crate) enum Op {
     AllReduce,
     Broadcast,
     Barrier,
+    /// Only `MpiWorld` names it: `ThreadComm` splits through an all-gather of colors.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    Split,
 }
 
 impl Op {
@@ -22,6 +25,7 @@ impl Op {
             Op::AllReduce => "all_reduce",
             Op::Broadcast => "broadcast",
             Op::Barrier => "barrier",
+            Op::Split => "split",
         }
     }
 }

@@ -558,10 +558,11 @@ impl Collective for MpiWorld {
     }
 
     fn split(&self, color: usize) -> Result<Arc<dyn Collective>, CollectiveError> {
-        let op = Op::AllGather;
+        let op = Op::Split;
+        // Agreed as a call of its own, so a split facing another collective is a mismatch.
+        self.agree(op, DType::F32, 0, 0, 0)?;
         let value = i32::try_from(color)
             .map_err(|_| self.mismatch(op, format!("split color {color} is too large")))?;
-        self.agree(Op::Barrier, DType::F32, 0, 0, 0)?;
         let _guard = mpi_lock();
         let sub = self
             .comm
