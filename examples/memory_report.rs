@@ -8,11 +8,17 @@
 //! steps; `formula_bytes_per_rank` is DESIGN.md's table; `peak_heap_bytes` is the highest
 //! heap of the whole process (all ranks) during the run, minus the heap before it, measured
 //! by the counting allocator below.
+//!
+//! With `--accelerator cuda` (a build with `--features cuda`) the ranks compute on GPUs: one
+//! each when there are enough, otherwise all on GPU 0 (collectives staged through the host).
+//! `peak_heap_bytes` is then the peak of the GPUs' memory pools during the run, summed over
+//! the GPUs used, measured by the CUDA allocator; the same bound is checked.
 
 use candle_core::{Device, Module, Tensor};
 use candle_nn::Linear;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use wick::accelerator::{cuda_device_count, Accelerator, DeviceKind};
 use wick::core::{OptimizerConfig, ShardedContext, Strategy, TrainModule, Wrapped};
 use wick::strategies::{Fsdp, FsdpSharding};
 use wick::trainer::{DataLoader, Dataset, Trainer};
@@ -105,20 +111,65 @@ impl TrainModule for DeepMlp {
     }
 }
 
-fn world_from_args() -> anyhow::Result<usize> {
+/// `--world N` (default 4) and `--accelerator cpu|cuda` (default cpu).
+fn args() -> anyhow::Result<(usize, DeviceKind)> {
+    let (mut world, mut kind) = (4, DeviceKind::Cpu);
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.as_slice() {
-        [] => Ok(4),
-        [flag, w] if flag == "--world" => match w.parse::<usize>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => anyhow::bail!("invalid value '{w}' for --world: expected a positive integer"),
-        },
-        _ => anyhow::bail!("usage: memory_report [--world N]"),
+    for pair in args.chunks(2) {
+        match pair {
+            [flag, w] if flag == "--world" => match w.parse::<usize>() {
+                Ok(n) if n > 0 => world = n,
+                _ => anyhow::bail!("invalid value '{w}' for --world: expected a positive integer"),
+            },
+            [flag, a] if flag == "--accelerator" => kind = DeviceKind::parse(a)?,
+            _ => anyhow::bail!("usage: memory_report [--world N] [--accelerator cpu|cuda]"),
+        }
+    }
+    Ok((world, kind))
+}
+
+/// The ranks, and the GPUs whose memory they use (none on the CPU).
+fn accelerator(devices: usize, kind: DeviceKind) -> anyhow::Result<(Accelerator, Vec<usize>)> {
+    Ok(match kind {
+        DeviceKind::Cpu => (Accelerator::cpu(devices)?, vec![]),
+        DeviceKind::Cuda if cuda_device_count()? >= devices => {
+            (Accelerator::cuda(devices)?, (0..devices).collect())
+        }
+        DeviceKind::Cuda => (Accelerator::cuda_one_gpu(devices)?, vec![0]),
+    })
+}
+
+/// The bytes a run uses beyond `before`: the heap's peak, or the GPUs' pool peaks.
+#[cfg(feature = "cuda")]
+fn peak_since(before: usize, gpus: &[usize]) -> anyhow::Result<usize> {
+    match gpus {
+        [] => Ok(PEAK.load(Ordering::SeqCst) - before),
+        _ => Ok(gpus
+            .iter()
+            .map(|&g| wick::accelerator::cuda_memory_peak(g))
+            .sum::<Result<usize, _>>()?),
     }
 }
 
+#[cfg(not(feature = "cuda"))]
+fn peak_since(before: usize, _: &[usize]) -> anyhow::Result<usize> {
+    Ok(PEAK.load(Ordering::SeqCst) - before)
+}
+
+/// Starts measuring: returns the heap now, after resetting the GPUs' pool peaks.
+fn start_measuring(gpus: &[usize]) -> anyhow::Result<usize> {
+    #[cfg(feature = "cuda")]
+    for &g in gpus {
+        wick::accelerator::reset_cuda_memory_peak(g)?;
+    }
+    let _ = gpus;
+    let before = CURRENT.load(Ordering::SeqCst);
+    PEAK.store(before, Ordering::SeqCst);
+    Ok(before)
+}
+
 fn main() -> anyhow::Result<()> {
-    let world = world_from_args()?;
+    let (world, kind) = args()?;
     let data = DataLoader::new(Inputs, 4 * world);
     let by_name = wick::strategies::strategy_by_name;
     let runs: Vec<(&str, Box<dyn Strategy>)> = vec![
@@ -143,8 +194,9 @@ fn main() -> anyhow::Result<()> {
     let mut peaks = std::collections::HashMap::new();
     for (strategy, instance) in runs {
         let devices = if strategy == "single" { 1 } else { world };
+        let (accelerator, gpus) = accelerator(devices, kind)?;
         let mut trainer = Trainer::builder()
-            .devices(devices)
+            .accelerator(accelerator)
             .strategy_instance(instance)
             .max_steps(3)
             .no_logger()
@@ -152,15 +204,15 @@ fn main() -> anyhow::Result<()> {
             .model_summary(false)
             .build()?;
         let mut model = DeepMlp::default();
-        let before = CURRENT.load(Ordering::SeqCst);
-        PEAK.store(before, Ordering::SeqCst);
+        let before = start_measuring(&gpus)?;
         trainer.fit(&mut model, &data, None)?;
-        let peak = PEAK.load(Ordering::SeqCst) - before;
+        let peak = peak_since(before, &gpus)?;
         let params = trainer.num_parameters().unwrap_or(0);
         let state = trainer.state_bytes().unwrap_or_default().total();
         let formula = trainer.sharding().adamw_formula_bytes(params, devices);
         println!(
-            "strategy={strategy} world={devices} params={params} state_bytes_per_rank={state} formula_bytes_per_rank={formula} peak_heap_bytes={peak}"
+            "accelerator={} strategy={strategy} world={devices} params={params} state_bytes_per_rank={state} formula_bytes_per_rank={formula} peak_heap_bytes={peak}",
+            kind.name()
         );
         peaks.insert(strategy, (peak, state));
     }

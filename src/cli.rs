@@ -10,6 +10,8 @@ pub struct FitArgs {
     /// Ranks: threads of this process (default 2), or, under `mpirun` / `srun`, the
     /// launcher's processes (default: as many as it started).
     pub devices: Option<usize>,
+    /// Where each rank computes: `cpu`, or `cuda` (a GPU per rank; the `cuda` feature).
+    pub accelerator: String,
     /// Optimizer steps.
     pub max_steps: usize,
     /// Seed of init and data order.
@@ -57,6 +59,7 @@ impl Default for FitArgs {
         FitArgs {
             strategy: "fsdp".into(),
             devices: None,
+            accelerator: "cpu".into(),
             max_steps: 400,
             seed: 0,
             run_name: "char-gpt".into(),
@@ -122,6 +125,8 @@ options:
   --clip X            clip gradients to this global L2 norm
   --devices N         ranks: threads (default 2), or under mpirun/srun (a build with
                       --features mpi) one per process, as many as the launcher started
+  --accelerator A     cpu (default) or cuda: rank r on GPU r (a build with --features
+                      cuda, or cuda,nccl for NCCL collectives)
   --max-steps N       optimizer steps (default 400)
   --seed N            seed of init and data order (default 0)
   --batch-size N      global batch size, a multiple of --devices (default 32)
@@ -210,6 +215,15 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
                 a.clip = Some(c);
             }
             "--devices" => a.devices = Some(positive(flag, it.next())?),
+            "--accelerator" => {
+                a.accelerator = value(flag, it.next(), "cpu or cuda")?;
+                if !matches!(a.accelerator.as_str(), "cpu" | "cuda") {
+                    return Err(format!(
+                        "invalid value '{}' for --accelerator: expected cpu or cuda",
+                        a.accelerator
+                    ));
+                }
+            }
             "--max-steps" => a.max_steps = positive(flag, it.next())?,
             "--seed" => a.seed = value(flag, it.next(), "a non-negative integer")?,
             "--batch-size" => a.batch_size = positive(flag, it.next())?,
@@ -315,6 +329,11 @@ mod tests {
         assert_eq!(
             e,
             "invalid value 'two' for --devices: expected a positive integer"
+        );
+        let e = parse(&args("fit --accelerator tpu")).unwrap_err();
+        assert_eq!(
+            e,
+            "invalid value 'tpu' for --accelerator: expected cpu or cuda"
         );
         let e = parse(&args("fit --max-steps 0")).unwrap_err();
         assert!(e.contains("expected a positive integer"), "{e}");

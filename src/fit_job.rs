@@ -5,7 +5,7 @@ use crate::char_gpt::{CharGpt, GptConfig};
 use crate::cli::FitArgs;
 use anyhow::Context;
 use std::sync::{Arc, Mutex};
-use wick_accelerator::LaunchEnv;
+use wick_accelerator::{cuda_device_count, DeviceKind, LaunchEnv};
 use wick_core::{Callback, RunState};
 use wick_strategies::{Fsdp, FsdpSharding, MixedPrecision};
 use wick_trainer::{DataLoader, ModelCheckpoint, Trainer};
@@ -85,12 +85,16 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
     };
     let mut model = CharGpt::new(config, args.lr);
     let history = LossHistory::default();
-    // The main job's default is 2 ranks as threads; under a launcher, its process count.
-    let devices = match (args.devices, LaunchEnv::detect()?) {
-        (None, None) => Some(2),
-        (devices, _) => devices,
+    // The main job's default is 2 ranks as threads (CUDA: one per GPU); under a launcher,
+    // its process count.
+    let kind = DeviceKind::parse(&args.accelerator)?;
+    let devices = match (args.devices, LaunchEnv::detect()?, kind) {
+        (None, None, DeviceKind::Cpu) => Some(2),
+        (None, None, DeviceKind::Cuda) => Some(cuda_device_count()?),
+        (devices, ..) => devices,
     };
     let mut builder = Trainer::builder()
+        .device_kind(kind)
         .accumulate_grad_batches(args.accumulate)
         .max_steps(args.max_steps)
         .seed(args.seed)

@@ -107,6 +107,27 @@ fn zero_devices_is_an_error() {
 }
 
 #[test]
+fn cuda_that_is_not_there_is_an_error_not_a_cpu_run() {
+    let e = Trainer::builder()
+        .devices(2)
+        .device_kind(wick::accelerator::DeviceKind::Cuda)
+        .build()
+        .err()
+        .unwrap()
+        .to_string();
+    if cfg!(feature = "cuda") {
+        // A CUDA build here finds no driver or too few GPUs (scripts/gpu-check.sh --dry-run).
+        assert!(e.contains("GPU") || e.contains("CUDA device"), "{e}");
+    } else {
+        assert!(e.contains("built without the `cuda` feature"), "{e}");
+    }
+    let e = wick::accelerator::Accelerator::cuda_one_gpu(2)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cuda"), "{e}");
+}
+
+#[test]
 fn a_batch_that_does_not_divide_by_the_ranks_is_an_error() {
     let mut m = Mlp::new(OptimizerConfig::sgd(0.1));
     let data = DataLoader::new(crate::common::Regression::new(96), 10);

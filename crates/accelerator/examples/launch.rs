@@ -9,7 +9,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use wick_accelerator::{Accelerator, LaunchEnv};
-use wick_core::{CollectiveError, ReduceOp};
+use wick_core::ReduceOp;
 
 fn main() -> Result<(), wick_core::Error> {
     let accelerator = match LaunchEnv::detect()? {
@@ -26,7 +26,7 @@ fn main() -> Result<(), wick_core::Error> {
         let mean_rank = env
             .world
             .all_reduce_scalar(env.rank as f32, ReduceOp::Mean)?;
-        Ok::<_, CollectiveError>((env.rank, full.to_vec1::<f32>().unwrap(), mean_rank))
+        Ok::<_, wick_core::Error>((env.rank, full.to_vec1::<f32>().unwrap(), mean_rank))
     });
     for outcome in outcomes {
         let (rank, gathered, mean) = outcome.expect("no rank fails here");

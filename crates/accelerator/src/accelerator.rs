@@ -1,6 +1,7 @@
 //! `Accelerator`: which device each rank gets, how ranks are launched (threads of this
 //! process, or processes a launcher started), and the sharded setup of a module.
 
+use crate::device::{check_gpus, rank_device, DeviceKind};
 use crate::launcher::LaunchEnv;
 use crate::thread_world::{RankError, ThreadWorld};
 use candle_core::Device;
@@ -34,12 +35,21 @@ enum Ranks {
     },
 }
 
-/// Devices and the world they form: CPU ranks as threads of this process, or, with the
-/// `mpi` feature, this process as one rank of a world that `mpirun` or `srun` started.
+/// Devices and the world they form: ranks as threads of this process, or, with the `mpi`
+/// feature, this process as one rank of a world that `mpirun` or `srun` started; each rank
+/// on the CPU, or on a CUDA GPU of its own (the `cuda` feature).
+///
+/// The worlds: CPU ranks use a `ThreadWorld` (threads) or an `MpiWorld` (processes). CUDA
+/// ranks use an `NcclWorld` over that world with the `nccl` feature, and otherwise stage
+/// their collectives through host memory over it.
 #[derive(Debug, Clone)]
 pub struct Accelerator {
     ranks: Ranks,
     timeout: Option<std::time::Duration>,
+    kind: DeviceKind,
+    /// The devices of this process's ranks, opened once so that every launch sees the same
+    /// Candle devices (tensors of one launch are used by the next).
+    devices: Vec<Device>,
 }
 
 impl Accelerator {
@@ -51,7 +61,51 @@ impl Accelerator {
         Ok(Accelerator {
             ranks: Ranks::Threads(devices),
             timeout: None,
+            kind: DeviceKind::Cpu,
+            devices: vec![Device::Cpu; devices],
         })
+    }
+
+    /// `devices` ranks as threads of this process, rank r on CUDA GPU r. Fewer GPUs than
+    /// ranks, no GPU, or a build without the `cuda` feature is an error, never a CPU run.
+    pub fn cuda(devices: usize) -> Result<Self> {
+        Self::cpu(devices)?.on(DeviceKind::Cuda)
+    }
+
+    /// `ranks` ranks as threads that all compute on CUDA GPU 0, their collectives staged
+    /// through host memory (a `ThreadWorld`). Slow; it exists so that the strategies' device
+    /// code runs at several ranks on a machine with one GPU, which NCCL refuses.
+    pub fn cuda_one_gpu(ranks: usize) -> Result<Self> {
+        let mut accelerator = Self::cpu(ranks)?;
+        check_gpus(ranks, 0)?;
+        // One Candle device for all: each thread still computes on its own stream.
+        accelerator.devices = vec![rank_device(DeviceKind::Cuda, 0)?; ranks];
+        accelerator.kind = DeviceKind::Cuda;
+        Ok(accelerator)
+    }
+
+    /// The same ranks on devices of `kind`: with CUDA, rank r of this process's ranks on
+    /// GPU r (threads), or the process on GPU `local_rank` (a launcher's processes).
+    pub fn on(mut self, kind: DeviceKind) -> Result<Self> {
+        let ordinals: Vec<usize> = match &self.ranks {
+            Ranks::Threads(n) => (0..*n).collect(),
+            Ranks::Process { launch, .. } => vec![launch.local_rank],
+        };
+        if kind == DeviceKind::Cuda {
+            let highest = ordinals.iter().copied().max().unwrap_or(0);
+            check_gpus(self.world_size(), highest)?;
+        }
+        self.devices = ordinals
+            .into_iter()
+            .map(|o| rank_device(kind, o))
+            .collect::<Result<_>>()?;
+        self.kind = kind;
+        Ok(self)
+    }
+
+    /// The kind of device the ranks compute on.
+    pub fn device_kind(&self) -> DeviceKind {
+        self.kind
     }
 
     /// CPU ranks as the environment says: when a launcher (`mpirun`, `srun`) started this
@@ -97,6 +151,8 @@ impl Accelerator {
                 world_size,
             },
             timeout: None,
+            kind: DeviceKind::Cpu,
+            devices: vec![Device::Cpu],
         })
     }
 
@@ -150,7 +206,8 @@ impl Accelerator {
     }
 
     /// Runs `f` on each of this process's ranks ([`Accelerator::local_ranks`]) with its
-    /// environment (device, world) set up; outcomes come back in rank order.
+    /// environment (device, world) set up; outcomes come back in rank order. A world that
+    /// cannot be set up (an NCCL communicator) fails the rank with that error.
     ///
     /// As threads, a rank that errors or panics makes every other rank's pending and later
     /// collectives fail with an error naming it. As a process, a rank that errors or panics
@@ -159,7 +216,7 @@ impl Accelerator {
     pub fn launch<T, E, F>(&self, f: F) -> Vec<std::result::Result<T, RankError<E>>>
     where
         T: Send,
-        E: std::fmt::Display + Send,
+        E: std::fmt::Display + Send + From<Error>,
         F: Fn(RankEnv) -> std::result::Result<T, E> + Sync,
     {
         match &self.ranks {
@@ -168,7 +225,10 @@ impl Accelerator {
                     Some(t) => ThreadWorld::with_timeout(*n, t),
                     None => ThreadWorld::new(*n),
                 };
-                world.run(|comm| f(rank_env(Arc::new(comm))))
+                world.run(|comm| {
+                    let device = self.devices[comm.rank()].clone();
+                    f(self.rank_env(Arc::new(comm), device)?)
+                })
             }
             Ranks::Process { .. } => vec![Ok(self.launch_process(f))],
         }
@@ -177,13 +237,13 @@ impl Accelerator {
     #[cfg(feature = "mpi")]
     fn launch_process<T, E, F>(&self, f: F) -> T
     where
-        E: std::fmt::Display,
+        E: std::fmt::Display + From<Error>,
         F: Fn(RankEnv) -> std::result::Result<T, E>,
     {
         let world = crate::MpiWorld::process_world()
             .expect("the accelerator joined the process world when it was made");
-        let env = rank_env(world.clone());
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(env)));
+        let run = || f(self.rank_env(world.clone(), self.devices[0].clone())?);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
         let failure = match outcome {
             Ok(Ok(value)) => return value,
             Ok(Err(e)) => e.to_string(),
@@ -226,12 +286,36 @@ impl Accelerator {
     }
 }
 
-/// A CPU rank's environment in `world`.
-fn rank_env(world: Arc<dyn Collective>) -> RankEnv {
-    RankEnv {
-        rank: world.rank(),
-        world_size: world.world_size(),
-        world,
-        device: Device::Cpu,
+impl Accelerator {
+    /// A rank's environment: its device, and the world its collectives use, made from the
+    /// host world (`ThreadComm` or `MpiWorld`) the launch set up.
+    fn rank_env(&self, host: Arc<dyn Collective>, device: Device) -> Result<RankEnv> {
+        let world = self.device_world(host, &device)?;
+        Ok(RankEnv {
+            rank: world.rank(),
+            world_size: world.world_size(),
+            world,
+            device,
+        })
+    }
+
+    /// NCCL for ranks on distinct GPUs (the `nccl` feature); the host world otherwise.
+    #[cfg(feature = "nccl")]
+    fn device_world(
+        &self,
+        host: Arc<dyn Collective>,
+        device: &Device,
+    ) -> Result<Arc<dyn Collective>> {
+        let distinct_gpus = device.is_cuda()
+            && (self.devices.len() < 2 || !self.devices[0].same_device(&self.devices[1]));
+        match distinct_gpus {
+            true => Ok(Arc::new(crate::NcclWorld::new(host, device)?)),
+            false => Ok(host),
+        }
+    }
+
+    #[cfg(not(feature = "nccl"))]
+    fn device_world(&self, host: Arc<dyn Collective>, _: &Device) -> Result<Arc<dyn Collective>> {
+        Ok(host)
     }
 }

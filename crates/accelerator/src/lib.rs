@@ -3,7 +3,8 @@
 //! It owns where a rank runs (its `candle_core::Device`), how ranks are launched and find
 //! each other ([`ThreadWorld`]: ranks as threads of one process, the embedded default;
 //! [`LaunchEnv`]: a launcher such as `mpirun` or `srun` started one process per rank, and
-//! with the `mpi` feature they form an `MpiWorld`), and
+//! with the `mpi` feature they form an `MpiWorld`; with `nccl`, CUDA ranks form an
+//! `NcclWorld`), and
 //! [`Accelerator::setup`], which opens a strategy's sharding context and calls the module's
 //! `configure_sharded_model` inside it. It knows wick-core only; strategies meet it through
 //! core's `Strategy` and `Collective` traits.
@@ -11,14 +12,21 @@
 mod accelerator;
 mod barrier;
 mod call;
+mod device;
+mod host;
 mod launcher;
 #[cfg(feature = "mpi")]
 mod mpi_world;
+#[cfg(feature = "nccl")]
+mod nccl_world;
 mod reduce;
 mod thread_comm;
 mod thread_world;
 
 pub use accelerator::{Accelerator, RankEnv};
+pub use device::{cuda_device_count, DeviceKind};
+#[cfg(feature = "cuda")]
+pub use device::{cuda_memory_peak, reset_cuda_memory_peak};
 pub use launcher::{LaunchEnv, Launcher};
 /// rsmpi, the MPI bindings `MpiWorld` uses, for code that calls MPI itself on the same
 /// world (the bandwidth example measures Open MPI's own speed with it).
@@ -26,5 +34,7 @@ pub use launcher::{LaunchEnv, Launcher};
 pub use mpi;
 #[cfg(feature = "mpi")]
 pub use mpi_world::MpiWorld;
+#[cfg(feature = "nccl")]
+pub use nccl_world::NcclWorld;
 pub use thread_comm::ThreadComm;
 pub use thread_world::{RankError, ThreadWorld};

@@ -13,13 +13,13 @@
 //! training; it only makes the handles safe to share.
 
 use crate::call::{dtype_code, Op};
+use crate::host::{with_bytes, with_bytes_mut, with_bytes_mut_from, HostAccessError};
 use crate::reduce::reduce_ranks;
 use candle_core::{DType, Tensor};
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use wick_core::host::{with_bytes, with_bytes_mut, with_bytes_mut_from, HostAccessError};
 use wick_core::{Collective, CollectiveError, ReduceOp, Work};
 
 /// One lock for every MPI call of this process.

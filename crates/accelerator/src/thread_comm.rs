@@ -6,12 +6,12 @@
 //! all peers are done reading it.
 
 use crate::call::{dtype_code, Op};
+use crate::host::{with_bytes, with_bytes_mut, with_bytes_mut_from, HostAccessError};
 use crate::reduce::reduce_ranks;
 use crate::thread_world::{Published, Shared, ThreadWorld};
 use candle_core::{DType, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use wick_core::host::{with_bytes, with_bytes_mut, with_bytes_mut_from, HostAccessError};
 use wick_core::{Collective, CollectiveError, ReduceOp};
 
 /// One rank's handle on a [`ThreadWorld`]; implements [`Collective`] for f32, bf16 and f16

@@ -6,7 +6,19 @@
 //! its collectives after warm-up. Every rank must issue the same calls in the same order.
 
 use crate::CollectiveError;
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
+
+/// Writes `values`' bytes into `out`, element by element.
+fn write_ne<T, const N: usize>(
+    out: &mut [u8],
+    values: candle_core::Result<Vec<T>>,
+    bytes: impl Fn(T) -> [u8; N],
+) -> candle_core::Result<()> {
+    for (dst, v) in out.chunks_exact_mut(N).zip(values?) {
+        dst.copy_from_slice(&bytes(v));
+    }
+    Ok(())
+}
 
 /// How values from the ranks are combined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,10 +62,14 @@ impl Work {
 
 /// A world of ranks that can exchange tensors.
 ///
-/// Tensors are flat (any shape, contiguous, read in row-major order). Lengths may differ
-/// between ranks where the operation allows it: in `all_gather_into` each rank's shard has
-/// its own length and the output holds their concatenation in rank order; in
-/// `reduce_scatter_into` the input is split at the ranks' shard lengths.
+/// Tensors are flat (any shape, contiguous, read in row-major order), on the device the
+/// world serves. In `all_gather_into` the output holds the ranks' shards concatenated in
+/// rank order; in `reduce_scatter_into` the input is split into the ranks' shards.
+///
+/// Equal chunks are the contract every world meets: the full buffer is `world_size` times
+/// the shard (the strategies' flat layouts pad to that). `NcclWorld` requires it; the host
+/// worlds (`ThreadWorld`, `MpiWorld`) also accept shards whose lengths differ between
+/// ranks, but wick's own calls always pass equal chunks, so they run on every world.
 pub trait Collective: Send + Sync {
     /// This rank's index, `0..world_size()`.
     fn rank(&self) -> usize;
@@ -90,20 +106,26 @@ pub trait Collective: Send + Sync {
     }
 
     /// [`Collective::all_gather_into`] with the output in host memory: the bytes of
-    /// `full`, of `shard`'s dtype, for code that must produce an owned buffer (an autograd
-    /// op's forward). The default gathers into a tensor and copies; worlds that work on host
-    /// memory override it to copy once.
+    /// `full`, of `shard`'s dtype, for code that must produce an owned host buffer (an
+    /// autograd op's CPU forward). The default gathers into a tensor and copies it out;
+    /// worlds that work on host memory override it to copy once.
     fn all_gather_host(&self, shard: &Tensor, full: &mut [u8]) -> Result<(), CollectiveError> {
-        let fail = |message: String| CollectiveError::Unsupported {
+        let fail = |e: candle_core::Error| CollectiveError::Unsupported {
             rank: self.rank(),
             op: "all_gather",
-            message,
+            message: e.to_string(),
         };
-        let elem = shard.dtype().size_in_bytes();
-        let out = Tensor::zeros(full.len() / elem, shard.dtype(), shard.device())
-            .map_err(|e| fail(e.to_string()))?;
+        let dtype = shard.dtype();
+        let out = Tensor::zeros(full.len() / dtype.size_in_bytes(), dtype, shard.device())
+            .map_err(fail)?;
         self.all_gather_into(shard, &out)?;
-        crate::host::with_bytes(&out, |b| full.copy_from_slice(b)).map_err(|e| fail(e.0))
+        let out = out.to_device(&candle_core::Device::Cpu).map_err(fail)?;
+        match dtype {
+            DType::BF16 => write_ne(full, out.to_vec1::<half::bf16>(), half::bf16::to_ne_bytes),
+            DType::F16 => write_ne(full, out.to_vec1::<half::f16>(), half::f16::to_ne_bytes),
+            _ => write_ne(full, out.to_vec1::<f32>(), f32::to_ne_bytes),
+        }
+        .map_err(fail)
     }
 
     /// Splits the world: the ranks that pass the same `color` form a new world, ranked in

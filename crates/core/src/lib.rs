@@ -11,7 +11,6 @@ mod callback;
 mod collective;
 mod context;
 mod error;
-pub mod host;
 mod module;
 mod optimizer;
 mod safetensors_file;

@@ -1,9 +1,9 @@
 //! `SoloWorld`: the world of a single rank, where every collective is a local copy.
 //!
 //! It lets a strategy run with no engine at all: in single-device code, in tests, and in
-//! examples that use wick-strategies alone.
+//! examples that use wick-strategies alone. Copies are Candle's own, so it works on every
+//! device.
 
-use crate::host::{with_bytes, with_bytes_mut_from, HostAccessError};
 use crate::{Collective, CollectiveError, ReduceOp};
 use candle_core::Tensor;
 
@@ -11,31 +11,26 @@ use candle_core::Tensor;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SoloWorld;
 
-fn unsupported(op: &'static str) -> impl Fn(HostAccessError) -> CollectiveError {
-    move |e| CollectiveError::Unsupported {
-        rank: 0,
-        op,
-        message: e.0,
-    }
-}
-
-fn mismatch(op: &'static str, from: usize, to: usize) -> CollectiveError {
-    CollectiveError::Mismatch {
-        rank: 0,
-        op,
-        message: format!("input has {from} bytes, output {to}"),
-    }
-}
-
+/// Copies `from` into `to`, in place, both read as flat buffers of the same length.
 fn copy(op: &'static str, from: &Tensor, to: &Tensor) -> Result<(), CollectiveError> {
-    with_bytes_mut_from(to, from, |dst, src| {
-        if dst.len() != src.len() {
-            return Err(mismatch(op, src.len(), dst.len()));
-        }
-        dst.copy_from_slice(src);
-        Ok(())
-    })
-    .map_err(unsupported(op))?
+    if from.elem_count() != to.elem_count() {
+        return Err(CollectiveError::Mismatch {
+            rank: 0,
+            op,
+            message: format!(
+                "input has {} elements, output {}",
+                from.elem_count(),
+                to.elem_count()
+            ),
+        });
+    }
+    to.flatten_all()
+        .and_then(|to| to.slice_set(&from.flatten_all()?, 0, 0))
+        .map_err(|e| CollectiveError::Unsupported {
+            rank: 0,
+            op,
+            message: e.to_string(),
+        })
 }
 
 impl Collective for SoloWorld {
@@ -49,17 +44,6 @@ impl Collective for SoloWorld {
 
     fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
         copy("all_gather", shard, full)
-    }
-
-    fn all_gather_host(&self, shard: &Tensor, full: &mut [u8]) -> Result<(), CollectiveError> {
-        with_bytes(shard, |src| {
-            if src.len() != full.len() {
-                return Err(mismatch("all_gather", src.len(), full.len()));
-            }
-            full.copy_from_slice(src);
-            Ok(())
-        })
-        .map_err(unsupported("all_gather"))?
     }
 
     fn reduce_scatter_into(
@@ -88,5 +72,27 @@ impl Collective for SoloWorld {
 
     fn barrier(&self) -> Result<(), CollectiveError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    #[test]
+    fn copies_in_place_and_refuses_other_lengths() {
+        let shard = Tensor::new(&[1f32, 2., 3.], &Device::Cpu).unwrap();
+        let full = Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap();
+        SoloWorld.all_gather_into(&shard, &full).unwrap();
+        assert_eq!(full.to_vec1::<f32>().unwrap(), [1., 2., 3.]);
+        let mut bytes = vec![0u8; 12];
+        SoloWorld.all_gather_host(&shard, &mut bytes).unwrap();
+        assert_eq!(bytes[4..8], 2f32.to_ne_bytes());
+        let short = Tensor::zeros(2, DType::F32, &Device::Cpu).unwrap();
+        let err = SoloWorld
+            .reduce_scatter_into(&full, &short, ReduceOp::Sum)
+            .unwrap_err();
+        assert!(err.to_string().contains("3 elements"), "{err}");
     }
 }

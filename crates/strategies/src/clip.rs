@@ -1,6 +1,6 @@
 //! Gradient clipping by global norm, across shards.
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use wick_core::{Collective, ReduceOp, Result};
 
 /// Scales `grads` in place so that their global L2 norm is at most `max_norm`, the way
@@ -13,10 +13,17 @@ pub(crate) fn clip_grad_norm(
     max_norm: f64,
     shards_over: Option<&dyn Collective>,
 ) -> Result<f64> {
-    let mut squares = 0f64;
-    for g in grads.iter() {
-        squares += g.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-    }
+    // The sum of squares stays on the gradients' device; one scalar is read back.
+    let mut squares = match grads {
+        [] => 0.0,
+        _ => {
+            let per_grad = grads
+                .iter()
+                .map(|g| g.sqr()?.sum_all()?.to_dtype(DType::F64))
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            Tensor::stack(&per_grad, 0)?.sum_all()?.to_scalar::<f64>()?
+        }
+    };
     if let Some(world) = shards_over {
         squares = world.all_reduce_scalar(squares as f32, ReduceOp::Sum)? as f64;
     }

@@ -6,6 +6,8 @@
 //! which is the same on every rank for the same graph.
 
 use crate::grad_sync::GradSync;
+#[cfg(feature = "cuda")]
+use crate::prefetch::gather;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor};
 use half::{bf16, f16};
 use std::sync::Arc;
@@ -72,6 +74,18 @@ impl CustomOp1 for GatherOp {
         let shard = Tensor::from_slice(&data[start..end], end - start, &Device::Cpu)?;
         let full = gather_storage(self.world.as_ref(), &shard, self.param_dtype, self.padded)?;
         Ok((full, Shape::from(self.padded)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::cuda_backend::CudaStorage,
+        layout: &Layout,
+    ) -> Result<(candle_core::cuda_backend::CudaStorage, Shape)> {
+        use crate::device_storage::{storage_of, tensor_of};
+        let shard = tensor_of(storage, layout)?;
+        let full = gather(self.world.as_ref(), &shard, self.padded, self.param_dtype)?;
+        Ok((storage_of(&full)?, Shape::from(self.padded)))
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {

@@ -7,10 +7,13 @@
 //! [`Zero`] stages 1 and 2 (sharded optimizer state, then gradients) and [`Zero3`]
 //! (parameters born sharded, gathered per step by an autograd op). A
 //! strategy reaches other ranks only through wick-core's `Collective`, so it runs over any
-//! world (threads, MPI, NCCL) without knowing which.
+//! world (threads, MPI, NCCL) without knowing which, and on any device: the autograd ops that
+//! move data have a CUDA forward with the `cuda` feature.
 
 mod clip;
 mod ddp;
+#[cfg(feature = "cuda")]
+mod device_storage;
 mod flat_grad;
 pub mod flat_layout;
 mod fsdp;

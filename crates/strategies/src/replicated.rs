@@ -85,6 +85,12 @@ impl Replicated {
         }
     }
 
+    fn device(&self, strategy: &str) -> Result<Device> {
+        self.device
+            .clone()
+            .ok_or_else(|| Self::not_ready(strategy, "no device connected"))
+    }
+
     pub(crate) fn world(&self, strategy: &str) -> Result<&Arc<dyn Collective>> {
         self.world
             .as_ref()
@@ -93,7 +99,7 @@ impl Replicated {
 
     pub(crate) fn sharded_context(&mut self, strategy: &str, seed: u64) -> Result<ShardedContext> {
         let world = self.world(strategy)?.clone();
-        let device = self.device.clone().unwrap_or(Device::Cpu);
+        let device = self.device(strategy)?;
         let source = Arc::new(ReplicatedParams {
             seed,
             params: Mutex::new(Vec::new()),
@@ -255,7 +261,7 @@ impl Replicated {
         flat_optimizer: bool,
     ) -> Result<()> {
         let group = flat_group("all".into(), layout);
-        let device = self.device.clone().unwrap_or(Device::Cpu);
+        let device = self.device(strategy)?;
         for (var, value) in self
             .params
             .iter()

@@ -66,6 +66,18 @@ impl UnitOp {
         }
     }
 
+    /// The unit's output for `input`, computed without a graph from its gathered
+    /// parameters, which are dropped before this returns (before the next unit runs).
+    fn forward(&self, input: &Tensor, shard: &Tensor) -> Result<Tensor> {
+        let full = self.gather(shard)?;
+        self.prefetch(Some(self.unit + 1));
+        // Neither the input nor the gathered buffer is a variable: no graph is recorded.
+        (self.run)(
+            unit_var_builder(&self.name, &self.layout, full, &self.device),
+            input,
+        )
+    }
+
     /// Starts gathering `next`, the unit this pass visits after this one.
     fn prefetch(&self, next: Option<usize>) {
         if let (Some(p), Some(next)) = (&self.prefetch, next) {
@@ -86,14 +98,7 @@ impl CustomOp2 for UnitOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let input = host_tensor(s1, l1)?;
-        let full = self.gather(&host_tensor(s2, l2)?)?;
-        self.prefetch(Some(self.unit + 1));
-        // Neither the input nor the gathered buffer is a variable: no graph is recorded.
-        let out = (self.run)(
-            unit_var_builder(&self.name, &self.layout, full, &self.device),
-            &input,
-        )?;
+        let out = self.forward(&host_tensor(s1, l1)?, &host_tensor(s2, l2)?)?;
         let shape = out.shape().clone();
         let out = out.flatten_all()?;
         let storage = match out.dtype() {
@@ -102,7 +107,19 @@ impl CustomOp2 for UnitOp {
             _ => CpuStorage::F32(out.to_dtype(DType::F32)?.to_vec1()?),
         };
         Ok((storage, shape))
-        // The gathered parameters are dropped here, before the next unit runs.
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::cuda_backend::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::cuda_backend::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::cuda_backend::CudaStorage, Shape)> {
+        use crate::device_storage::{storage_of, tensor_of};
+        let out = self.forward(&tensor_of(s1, l1)?, &tensor_of(s2, l2)?)?;
+        Ok((storage_of(&out)?, out.shape().clone()))
     }
 
     fn bwd(

@@ -100,6 +100,12 @@ impl Zero3 {
         }
     }
 
+    fn device(&self) -> Result<Device> {
+        self.device
+            .clone()
+            .ok_or_else(|| Self::not_ready("no device connected"))
+    }
+
     fn world(&self) -> Result<&Arc<dyn Collective>> {
         self.world
             .as_ref()
@@ -153,7 +159,7 @@ impl Strategy for Zero3 {
 
     fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext> {
         let world = self.world()?.clone();
-        let device = self.device.clone().unwrap_or(Device::Cpu);
+        let device = self.device()?;
         let source = Arc::new(ShardedParams::new(
             seed,
             world.clone(),
@@ -317,7 +323,7 @@ impl Strategy for Zero3 {
 
     fn load_state(&mut self, reader: &dyn StateReader) -> Result<()> {
         let rank = self.world()?.rank();
-        let device = self.device.clone().unwrap_or(Device::Cpu);
+        let device = self.device()?;
         let optimizer = self
             .optimizer
             .as_mut()

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
-use wick_accelerator::{Accelerator, RankError};
+use wick_accelerator::{Accelerator, DeviceKind, RankError};
 use wick_core::{Callback, RunState, Stage, Strategy};
 
 /// Metric name to value, averaged over ranks (`train_loss`, `val_loss`, `test_loss`).
@@ -37,6 +37,7 @@ enum StrategyChoice {
 /// Options of a [`Trainer`]; see [`Trainer::builder`].
 pub struct TrainerBuilder {
     devices: Option<usize>,
+    device_kind: DeviceKind,
     accelerator: Option<Accelerator>,
     strategy: StrategyChoice,
     max_steps: Option<usize>,
@@ -60,6 +61,14 @@ impl TrainerBuilder {
     /// launcher the ranks are threads of this process.
     pub fn devices(mut self, devices: usize) -> Self {
         self.devices = Some(devices);
+        self
+    }
+
+    /// The kind of device every rank computes on (default [`DeviceKind::Cpu`]). With
+    /// [`DeviceKind::Cuda`], rank r uses GPU r (or GPU `local_rank` under a launcher); too
+    /// few GPUs is an error when the trainer is built.
+    pub fn device_kind(mut self, kind: DeviceKind) -> Self {
+        self.device_kind = kind;
         self
     }
 
@@ -174,7 +183,7 @@ impl TrainerBuilder {
     pub fn build(self) -> Result<Trainer, TrainerError> {
         let mut accelerator = match self.accelerator {
             Some(a) => a,
-            None => Accelerator::from_env(self.devices)?,
+            None => Accelerator::from_env(self.devices)?.on(self.device_kind)?,
         };
         let world_size = accelerator.world_size();
         if let Some(t) = self.collective_timeout {
@@ -277,6 +286,7 @@ impl Trainer {
     pub fn builder() -> TrainerBuilder {
         TrainerBuilder {
             devices: None,
+            device_kind: DeviceKind::Cpu,
             accelerator: None,
             strategy: StrategyChoice::Name(String::new()),
             max_steps: None,

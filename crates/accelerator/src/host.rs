@@ -1,37 +1,57 @@
-//! Access to the host memory behind CPU tensors, for worlds that move bytes themselves.
+//! Access to the host memory behind tensors, for the worlds that move bytes themselves
+//! (`ThreadComm`, `MpiWorld`).
 //!
 //! Candle keeps storage private; reads go through its read guard and writes through an
 //! in-place custom op, which also refuses a destination that aliases its source instead of
 //! deadlocking on the storage lock. Collectives move f32 and, for mixed precision, bf16 and
 //! f16: the data is handed out as bytes with the tensor's dtype.
+//!
+//! A tensor on another device (a CUDA rank of a `ThreadWorld`, several of which may share
+//! one GPU) is staged: copied to the host, handed out, and written back in place when it
+//! was lent mutably. That costs two copies per call and is meant for tests; `NcclWorld`
+//! moves device memory itself.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, DType, InplaceOp1, InplaceOp2, Layout, Storage, Tensor};
+use candle_core::{CpuStorage, DType, Device, InplaceOp1, InplaceOp2, Layout, Storage, Tensor};
 
 /// Why a tensor's memory could not be reached.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
-pub struct HostAccessError(pub String);
-
-/// The element types collectives move.
-pub fn is_collective_dtype(dtype: DType) -> bool {
-    matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
-}
+pub(crate) struct HostAccessError(pub(crate) String);
 
 fn check(t: &Tensor) -> Result<(), HostAccessError> {
-    if !is_collective_dtype(t.dtype()) {
+    if !matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16) {
         return Err(HostAccessError(format!(
             "expected an f32, bf16 or f16 tensor, found {:?}",
             t.dtype()
         )));
     }
-    if !t.device().is_cpu() {
-        return Err(HostAccessError(format!(
-            "expected a cpu tensor, found {:?}",
-            t.device().location()
-        )));
-    }
     Ok(())
+}
+
+fn access_error(e: candle_core::Error) -> HostAccessError {
+    HostAccessError(e.to_string())
+}
+
+/// A host copy of a tensor on another device (`None` for a CPU tensor, used as it is).
+fn staged(t: &Tensor) -> Result<Option<Tensor>, HostAccessError> {
+    if t.device().is_cpu() {
+        return Ok(None);
+    }
+    if !t.is_contiguous() {
+        return Err(HostAccessError(
+            "expected a contiguous tensor, found a strided view".into(),
+        ));
+    }
+    t.to_device(&Device::Cpu).map(Some).map_err(access_error)
+}
+
+/// Writes a staged host copy back into the device tensor it was made from, in place.
+fn write_back(t: &Tensor, host: &Tensor) -> Result<(), HostAccessError> {
+    let upload = host.flatten_all().and_then(|h| h.to_device(t.device()));
+    upload
+        .and_then(|h| t.flatten_all()?.slice_set(&h, 0, 0))
+        .map_err(access_error)
 }
 
 fn range(len: usize, layout: &Layout) -> candle_core::Result<(usize, usize)> {
@@ -86,9 +106,12 @@ fn bytes_mut<'a>(
     }
 }
 
-/// Runs `f` on the bytes of a contiguous CPU tensor (f32, bf16 or f16).
-pub fn with_bytes<R>(t: &Tensor, f: impl FnOnce(&[u8]) -> R) -> Result<R, HostAccessError> {
+/// Runs `f` on the bytes of a contiguous tensor (f32, bf16 or f16).
+pub(crate) fn with_bytes<R>(t: &Tensor, f: impl FnOnce(&[u8]) -> R) -> Result<R, HostAccessError> {
     check(t)?;
+    if let Some(host) = staged(t)? {
+        return with_bytes(&host, f);
+    }
     let (storage, layout) = t.storage_and_layout();
     match &*storage {
         Storage::Cpu(cpu) => {
@@ -134,12 +157,20 @@ impl<F: FnOnce(&mut [u8], &[u8])> InplaceOp2 for Mutate<F> {
     }
 }
 
-/// Runs `f` on the bytes of a contiguous CPU tensor, mutably, in place.
+/// Runs `f` on the bytes of a contiguous tensor, mutably, in place.
 ///
 /// The tensor's storage is written for everyone holding it: only use it on buffers this
 /// code owns (collective outputs, flat gradient buckets).
-pub fn with_bytes_mut<R>(t: &Tensor, f: impl FnOnce(&mut [u8]) -> R) -> Result<R, HostAccessError> {
+pub(crate) fn with_bytes_mut<R>(
+    t: &Tensor,
+    f: impl FnOnce(&mut [u8]) -> R,
+) -> Result<R, HostAccessError> {
     check(t)?;
+    if let Some(host) = staged(t)? {
+        let out = with_bytes_mut(&host, f)?;
+        write_back(t, &host)?;
+        return Ok(out);
+    }
     let mut out = None;
     let op = Mutate(std::cell::RefCell::new(Some(|d: &mut [u8]| {
         out = Some(f(d));
@@ -152,7 +183,7 @@ pub fn with_bytes_mut<R>(t: &Tensor, f: impl FnOnce(&mut [u8]) -> R) -> Result<R
 
 /// Runs `f` on `dst`'s bytes (mutably) and `src`'s bytes; the two must have the same dtype
 /// and must not share storage.
-pub fn with_bytes_mut_from<R>(
+pub(crate) fn with_bytes_mut_from<R>(
     dst: &Tensor,
     src: &Tensor,
     f: impl FnOnce(&mut [u8], &[u8]) -> R,
@@ -165,6 +196,15 @@ pub fn with_bytes_mut_from<R>(
             src.dtype(),
             dst.dtype()
         )));
+    }
+    let (host_dst, host_src) = (staged(dst)?, staged(src)?);
+    if host_dst.is_some() || host_src.is_some() {
+        let d = host_dst.as_ref().unwrap_or(dst);
+        let out = with_bytes_mut_from(d, host_src.as_ref().unwrap_or(src), f)?;
+        if host_dst.is_some() {
+            write_back(dst, d)?;
+        }
+        return Ok(out);
     }
     let mut out = None;
     let op = Mutate(std::cell::RefCell::new(Some(|d: &mut [u8], s: &[u8]| {

@@ -1,0 +1,416 @@
+//! `NcclWorld`: collectives on CUDA device memory, through NCCL (cudarc's bindings).
+//!
+//! Data moves GPU to GPU with no copy through the host: each call reaches the tensors'
+//! `CudaSlice`s through an in-place custom op and hands them to NCCL. Set-up and splitting
+//! go through a host world, the *control* world (a `ThreadComm` when ranks are threads,
+//! the `MpiWorld` when they are processes): rank 0 makes the NCCL unique id and broadcasts
+//! it there. One code path serves one thread per GPU and one process per GPU.
+//!
+//! Calls run on a communication stream of their own. Before a call it waits for the work
+//! issued so far on the rank's compute stream; a blocking call makes the compute stream
+//! wait for it in turn, and an all-gather started for prefetch does so only in
+//! [`Work::wait`], so the gather overlaps whatever the rank computes meanwhile.
+//!
+//! NCCL moves equal chunks: an all-gather's or reduce-scatter's full buffer must be
+//! `world_size` times the shard (the strategies' flat layouts pad to that).
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::CudaStream;
+use candle_core::cuda_backend::cudarc::nccl::safe::{Comm, Id, NcclType, ReduceOp as NcclOp};
+use candle_core::cuda_backend::{CudaDType, CudaStorage};
+use candle_core::{CpuStorage, DType, Device, InplaceOp1, InplaceOp2, Layout, Tensor};
+use half::{bf16, f16};
+use std::sync::{Arc, Mutex};
+use wick_core::{Collective, CollectiveError, ReduceOp, Work};
+
+/// An NCCL communicator, used by one call at a time.
+struct SharedComm(Comm);
+
+// SAFETY: an NCCL communicator may be used from any thread as long as calls on it do not
+// overlap; every use goes through `NcclWorld::comm`'s mutex.
+unsafe impl Send for SharedComm {}
+
+/// One rank's NCCL communicator with the streams it orders against.
+pub struct NcclWorld {
+    comm: Mutex<SharedComm>,
+    /// The stream Candle computes on for this rank's device.
+    compute: Arc<CudaStream>,
+    /// The stream NCCL runs on.
+    comm_stream: Arc<CudaStream>,
+    device: Device,
+    control: Arc<dyn Collective>,
+    rank: usize,
+    size: usize,
+}
+
+/// What one NCCL call does.
+#[derive(Clone, Copy)]
+enum Call {
+    AllGather,
+    ReduceScatter(ReduceOp),
+    AllReduce(ReduceOp),
+    Broadcast(usize),
+}
+
+impl Call {
+    fn name(self) -> &'static str {
+        match self {
+            Call::AllGather => "all_gather",
+            Call::ReduceScatter(_) => "reduce_scatter",
+            Call::AllReduce(_) => "all_reduce",
+            Call::Broadcast(_) => "broadcast",
+        }
+    }
+}
+
+fn nccl_op(op: ReduceOp) -> NcclOp {
+    match op {
+        ReduceOp::Sum => NcclOp::Sum,
+        ReduceOp::Mean => NcclOp::Avg,
+    }
+}
+
+/// The contiguous element range a layout covers.
+fn range(layout: &Layout) -> candle_core::Result<std::ops::Range<usize>> {
+    let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
+        candle_core::Error::Msg("nccl: expected a contiguous tensor, found a strided view".into())
+    })?;
+    Ok(start..end)
+}
+
+/// A call bound to a communicator, run by Candle as an in-place op on the output's storage.
+struct Run<'a> {
+    comm: &'a Comm,
+    call: Call,
+}
+
+impl Run<'_> {
+    fn two<T: CudaDType + NcclType>(
+        &self,
+        dst: &mut CudaStorage,
+        dst_l: &Layout,
+        src: &CudaStorage,
+        src_l: &Layout,
+    ) -> candle_core::Result<()> {
+        let src_slice = T::as_cuda_slice(src)?.slice(range(src_l)?);
+        let dst_full = T::as_cuda_slice_mut(dst)?;
+        let mut dst_slice = dst_full.slice_mut(range(dst_l)?);
+        let status = match self.call {
+            Call::AllGather => self.comm.all_gather(&src_slice, &mut dst_slice),
+            Call::ReduceScatter(op) => {
+                self.comm
+                    .reduce_scatter(&src_slice, &mut dst_slice, &nccl_op(op))
+            }
+            _ => unreachable!("in-place calls run through one()"),
+        };
+        status.map(drop).map_err(nccl_error)
+    }
+
+    fn one<T: CudaDType + NcclType>(
+        &self,
+        buf: &mut CudaStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<()> {
+        let full = T::as_cuda_slice_mut(buf)?;
+        let mut slice = full.slice_mut(range(layout)?);
+        let status = match self.call {
+            Call::AllReduce(op) => self.comm.all_reduce_in_place(&mut slice, &nccl_op(op)),
+            Call::Broadcast(root) => self.comm.broadcast_in_place(&mut slice, root as i32),
+            _ => unreachable!("calls with an input run through two()"),
+        };
+        status.map(drop).map_err(nccl_error)
+    }
+}
+
+fn nccl_error(e: impl std::fmt::Debug) -> candle_core::Error {
+    candle_core::Error::Msg(format!("nccl: {e:?}"))
+}
+
+fn host_only(name: &str) -> candle_core::Error {
+    candle_core::Error::Msg(format!(
+        "{name}: NcclWorld moves CUDA tensors only, found a cpu tensor"
+    ))
+}
+
+impl InplaceOp2 for Run<'_> {
+    fn name(&self) -> &'static str {
+        "wick-nccl"
+    }
+    fn cpu_fwd(
+        &self,
+        _: &mut CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<()> {
+        Err(host_only(self.call.name()))
+    }
+    fn cuda_fwd(
+        &self,
+        dst: &mut CudaStorage,
+        dst_l: &Layout,
+        src: &CudaStorage,
+        src_l: &Layout,
+    ) -> candle_core::Result<()> {
+        match dst.dtype() {
+            DType::F32 => self.two::<f32>(dst, dst_l, src, src_l),
+            DType::BF16 => self.two::<bf16>(dst, dst_l, src, src_l),
+            DType::F16 => self.two::<f16>(dst, dst_l, src, src_l),
+            other => candle_core::bail!("nccl: no collective for {other:?}"),
+        }
+    }
+}
+
+impl InplaceOp1 for Run<'_> {
+    fn name(&self) -> &'static str {
+        "wick-nccl"
+    }
+    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout) -> candle_core::Result<()> {
+        Err(host_only(self.call.name()))
+    }
+    fn cuda_fwd(&self, buf: &mut CudaStorage, layout: &Layout) -> candle_core::Result<()> {
+        match buf.dtype() {
+            DType::F32 => self.one::<f32>(buf, layout),
+            DType::BF16 => self.one::<bf16>(buf, layout),
+            DType::F16 => self.one::<f16>(buf, layout),
+            other => candle_core::bail!("nccl: no collective for {other:?}"),
+        }
+    }
+}
+
+/// The NCCL unique id as 32 f32 words whose bits are its bytes, so that a host world's
+/// broadcast (which copies bytes) carries it.
+fn id_words(id: &Id) -> Vec<f32> {
+    id.internal()
+        .chunks_exact(4)
+        .map(|c| {
+            f32::from_bits(u32::from_ne_bytes([
+                c[0] as u8, c[1] as u8, c[2] as u8, c[3] as u8,
+            ]))
+        })
+        .collect()
+}
+
+fn id_from_words(words: &[f32]) -> Id {
+    let mut internal = [0 as std::ffi::c_char; 128];
+    for (chunk, w) in internal.chunks_exact_mut(4).zip(words) {
+        for (c, b) in chunk.iter_mut().zip(w.to_bits().to_ne_bytes()) {
+            *c = b as std::ffi::c_char;
+        }
+    }
+    Id::uninit(internal)
+}
+
+impl NcclWorld {
+    /// Joins the NCCL world of the ranks of `control`, this rank computing on `device` (a
+    /// CUDA device, a different GPU for every rank: NCCL refuses two ranks on one GPU).
+    /// A collective over `control`: every rank calls it at the same point.
+    pub fn new(control: Arc<dyn Collective>, device: &Device) -> Result<Self, CollectiveError> {
+        let rank = control.rank();
+        let size = control.world_size();
+        let fail = |message: String| CollectiveError::Unsupported {
+            rank,
+            op: "nccl set-up",
+            message,
+        };
+        let Device::Cuda(cuda) = device else {
+            return Err(fail(format!(
+                "NcclWorld needs a CUDA device, got {:?}",
+                device.location()
+            )));
+        };
+        let compute = cuda.cuda_stream();
+        let comm_stream = compute
+            .context()
+            .new_stream()
+            .map_err(|e| fail(format!("cannot make a communication stream: {e:?}")))?;
+        // Rank 0's id reaches every rank through the control world.
+        let mine = match rank {
+            0 => Id::new().map_err(|e| fail(format!("ncclGetUniqueId failed: {e:?}")))?,
+            _ => id_from_words(&[0.0; 32]),
+        };
+        let words = Tensor::new(id_words(&mine), &Device::Cpu).map_err(|e| fail(e.to_string()))?;
+        control.broadcast_in_place(&words, 0)?;
+        let words = words.to_vec1::<f32>().map_err(|e| fail(e.to_string()))?;
+        // NCCL takes the GPU from the calling thread's current device.
+        compute
+            .context()
+            .bind_to_thread()
+            .map_err(|e| fail(format!("cannot make GPU current: {e:?}")))?;
+        let comm = Comm::from_rank(comm_stream.clone(), rank, size, id_from_words(&words))
+            .map_err(|e| fail(format!("ncclCommInitRank failed: {e:?}")))?;
+        Ok(NcclWorld {
+            comm: Mutex::new(SharedComm(comm)),
+            compute,
+            comm_stream,
+            device: device.clone(),
+            control,
+            rank,
+            size,
+        })
+    }
+
+    fn error(&self, call: Call, message: String) -> CollectiveError {
+        CollectiveError::Unsupported {
+            rank: self.rank,
+            op: call.name(),
+            message,
+        }
+    }
+
+    fn check_device(&self, call: Call, t: &Tensor) -> Result<(), CollectiveError> {
+        if !t.device().same_device(&self.device) {
+            return Err(self.error(
+                call,
+                format!(
+                    "tensor on {:?}, but this rank's NCCL world is on {:?}",
+                    t.device().location(),
+                    self.device.location()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Issues `call` on the communication stream, after the compute stream's work so far.
+    /// The caller makes the compute stream wait (at once, or in a `Work`).
+    fn issue(&self, call: Call, dst: &Tensor, src: Option<&Tensor>) -> Result<(), CollectiveError> {
+        self.check_device(call, dst)?;
+        let comm = self.comm.lock().unwrap_or_else(|e| e.into_inner());
+        self.comm_stream
+            .join(&self.compute)
+            .map_err(|e| self.error(call, format!("stream wait failed: {e:?}")))?;
+        let run = Run {
+            comm: &comm.0,
+            call,
+        };
+        let outcome = match src {
+            Some(src) => {
+                self.check_device(call, src)?;
+                dst.inplace_op2(src, &run)
+            }
+            None => dst.inplace_op1(&run),
+        };
+        outcome.map_err(|e| self.error(call, e.to_string()))
+    }
+
+    /// Makes the compute stream wait for every call issued so far.
+    fn join(&self, call: Call) -> Result<(), CollectiveError> {
+        self.compute
+            .join(&self.comm_stream)
+            .map_err(|e| self.error(call, format!("stream wait failed: {e:?}")))
+    }
+
+    fn equal_chunks(
+        &self,
+        call: Call,
+        shard: &Tensor,
+        full: &Tensor,
+    ) -> Result<(), CollectiveError> {
+        if full.elem_count() != shard.elem_count() * self.size {
+            return Err(CollectiveError::Mismatch {
+                rank: self.rank,
+                op: call.name(),
+                message: format!(
+                    "NCCL moves equal chunks: the full buffer has {} elements, not {} ranks x \
+                     {} of the shard",
+                    full.elem_count(),
+                    self.size,
+                    shard.elem_count()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Bytes of device memory in use on this rank's GPU (total minus free, as the driver
+    /// reports; it counts every process on the GPU).
+    pub fn device_memory_used(&self) -> Result<usize, CollectiveError> {
+        let (free, total) = self
+            .compute
+            .context()
+            .mem_get_info()
+            .map_err(|e| self.error(Call::AllGather, format!("cuMemGetInfo failed: {e:?}")))?;
+        Ok(total - free)
+    }
+}
+
+impl Collective for NcclWorld {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.size
+    }
+
+    fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
+        self.equal_chunks(Call::AllGather, shard, full)?;
+        self.issue(Call::AllGather, full, Some(shard))?;
+        self.join(Call::AllGather)
+    }
+
+    fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
+        self.equal_chunks(Call::AllGather, shard, full)?;
+        self.issue(Call::AllGather, full, Some(shard))?;
+        let (compute, comm_stream, rank) =
+            (self.compute.clone(), self.comm_stream.clone(), self.rank);
+        Ok(Work::pending(move || {
+            compute
+                .join(&comm_stream)
+                .map_err(|e| CollectiveError::Unsupported {
+                    rank,
+                    op: "all_gather",
+                    message: format!("stream wait failed: {e:?}"),
+                })
+        }))
+    }
+
+    fn reduce_scatter_into(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let call = Call::ReduceScatter(op);
+        self.equal_chunks(call, shard, full)?;
+        self.issue(call, shard, Some(full))?;
+        self.join(call)
+    }
+
+    fn all_reduce_in_place(&self, tensor: &Tensor, op: ReduceOp) -> Result<(), CollectiveError> {
+        let call = Call::AllReduce(op);
+        self.issue(call, tensor, None)?;
+        self.join(call)
+    }
+
+    fn broadcast_in_place(&self, tensor: &Tensor, root: usize) -> Result<(), CollectiveError> {
+        let call = Call::Broadcast(root);
+        if root >= self.size {
+            return Err(CollectiveError::Mismatch {
+                rank: self.rank,
+                op: call.name(),
+                message: format!("root {root} is not a rank of a world of {}", self.size),
+            });
+        }
+        self.issue(call, tensor, None)?;
+        self.join(call)
+    }
+
+    fn barrier(&self) -> Result<(), CollectiveError> {
+        self.control.barrier()
+    }
+
+    fn all_reduce_scalar(&self, value: f32, op: ReduceOp) -> Result<f32, CollectiveError> {
+        let call = Call::AllReduce(op);
+        let fail = |e: candle_core::Error| self.error(call, e.to_string());
+        let t = Tensor::new(&[value], &self.device).map_err(fail)?;
+        self.all_reduce_in_place(&t, op)?;
+        t.to_vec1::<f32>().map(|v| v[0]).map_err(fail)
+    }
+
+    fn split(&self, color: usize) -> Result<Arc<dyn Collective>, CollectiveError> {
+        let control = self.control.split(color)?;
+        Ok(Arc::new(NcclWorld::new(control, &self.device)?))
+    }
+}
