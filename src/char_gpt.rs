@@ -1,8 +1,13 @@
 //! The main job's model: a small GPT-style character language model, built from candle-nn
-//! layers inside `configure_sharded_model`.
+//! and wick-nn layers (fused layer norm, attention, GELU and cross-entropy) inside
+//! `configure_sharded_model`.
 
-use candle_core::{DType, Device, Result, Tensor, D};
+use candle_core::{Result, Tensor};
 use candle_nn::{Embedding, Linear, Module, VarBuilder};
+use wick_nn::{CausalSelfAttention, LayerNorm};
+
+/// Layer norms' epsilon.
+const EPS: f64 = 1e-5;
 use wick_core::{OptimizerConfig, ShardedContext, TrainModule, Wrapped};
 
 /// Sizes of the model.
@@ -20,77 +25,30 @@ pub struct GptConfig {
     pub n_head: usize,
 }
 
-/// Layer norm from basic ops, so autograd reaches its parameters.
-#[derive(Clone)]
-struct Norm {
-    weight: Tensor,
-    bias: Tensor,
-}
-
-impl Norm {
-    fn new(size: usize, vb: VarBuilder) -> Result<Self> {
-        Ok(Norm {
-            weight: vb.get_with_hints(size, "weight", candle_nn::Init::Const(1.0))?,
-            bias: vb.get_with_hints(size, "bias", candle_nn::Init::Const(0.0))?,
-        })
-    }
-
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let centered = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
-        let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
-        let normed = centered.broadcast_div(&(var + 1e-5)?.sqrt()?)?;
-        normed
-            .broadcast_mul(&self.weight)?
-            .broadcast_add(&self.bias)
-    }
-}
-
 #[derive(Clone)]
 struct Block {
-    ln1: Norm,
-    qkv: Linear,
-    proj: Linear,
-    ln2: Norm,
+    ln1: LayerNorm,
+    attn: CausalSelfAttention,
+    ln2: LayerNorm,
     fc: Linear,
     fc_out: Linear,
-    n_head: usize,
 }
 
 impl Block {
     fn new(c: &GptConfig, vb: VarBuilder) -> Result<Self> {
         let d = c.d_model;
         Ok(Block {
-            ln1: Norm::new(d, vb.pp("ln1"))?,
-            qkv: candle_nn::linear(d, 3 * d, vb.pp("attn.qkv"))?,
-            proj: candle_nn::linear(d, d, vb.pp("attn.proj"))?,
-            ln2: Norm::new(d, vb.pp("ln2"))?,
+            ln1: wick_nn::layer_norm(d, EPS, vb.pp("ln1"))?,
+            attn: CausalSelfAttention::new(d, c.n_head, vb.pp("attn"))?,
+            ln2: wick_nn::layer_norm(d, EPS, vb.pp("ln2"))?,
             fc: candle_nn::linear(d, 4 * d, vb.pp("mlp.fc"))?,
             fc_out: candle_nn::linear(4 * d, d, vb.pp("mlp.out"))?,
-            n_head: c.n_head,
         })
     }
 
-    fn attention(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
-        let (b, t, c) = x.dims3()?;
-        let hd = c / self.n_head;
-        let qkv = self.qkv.forward(x)?.reshape((b, t, 3, self.n_head, hd))?;
-        let head = |i| {
-            qkv.narrow(2, i, 1)?
-                .squeeze(2)?
-                .transpose(1, 2)?
-                .contiguous()
-        };
-        let (q, k, v) = (head(0)?, head(1)?, head(2)?);
-        let scores =
-            (q.matmul(&k.t()?)? / (hd as f64).sqrt())?.broadcast_add(&mask.to_dtype(q.dtype())?)?;
-        let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
-        let out = weights.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))?;
-        self.proj.forward(&out)
-    }
-
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
-        let x = (x + self.attention(&self.ln1.forward(x)?, mask)?)?;
-        let h = self.fc.forward(&self.ln2.forward(&x)?)?.gelu()?;
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = (x + self.attn.forward(&self.ln1.forward(x)?)?)?;
+        let h = wick_nn::gelu(&self.fc.forward(&self.ln2.forward(&x)?)?)?;
         x + self.fc_out.forward(&h)?
     }
 }
@@ -121,14 +79,14 @@ impl Embed {
 /// Final norm and the projection to logits.
 #[derive(Clone)]
 struct Head {
-    ln_f: Norm,
+    ln_f: LayerNorm,
     out: Linear,
 }
 
 impl Head {
     fn new(c: &GptConfig, vb: VarBuilder) -> Result<Self> {
         Ok(Head {
-            ln_f: Norm::new(c.d_model, vb.pp("ln_f"))?,
+            ln_f: wick_nn::layer_norm(c.d_model, EPS, vb.pp("ln_f"))?,
             out: candle_nn::linear(c.d_model, c.vocab, vb.pp("out"))?,
         })
     }
@@ -166,15 +124,13 @@ impl CharGpt {
             candle_core::Error::Msg("model used before configure_sharded_model".into())
         })?;
         let (_, t) = ids.dims2()?;
-        let mask = causal_mask(t, ids.device())?;
         // Each unit runs through `apply`: under fsdp full_shard it is gathered, run and
         // freed, then gathered again and recomputed in backward.
         let mut x = layers.embed.apply(ids, move |e, ids| {
             e.tok.forward(ids)?.broadcast_add(&e.pos.narrow(0, 0, t)?)
         })?;
         for block in &layers.blocks {
-            let mask = mask.clone();
-            x = block.apply(&x, move |b, x| b.forward(x, &mask))?;
+            x = block.apply(&x, |b, x| b.forward(x))?;
         }
         layers
             .head
@@ -184,16 +140,8 @@ impl CharGpt {
     fn loss(&self, (ids, targets): &(Tensor, Tensor)) -> Result<Tensor> {
         let logits = self.forward(ids)?;
         let (b, t, v) = logits.dims3()?;
-        candle_nn::loss::cross_entropy(&logits.reshape((b * t, v))?, &targets.reshape(b * t)?)
+        wick_nn::cross_entropy(&logits.reshape((b * t, v))?, &targets.reshape(b * t)?)
     }
-}
-
-/// 0 on and below the diagonal, a large negative number above it.
-fn causal_mask(t: usize, device: &Device) -> Result<Tensor> {
-    let values: Vec<f32> = (0..t * t)
-        .map(|i| if i % t > i / t { -1e9 } else { 0.0 })
-        .collect();
-    Tensor::from_vec(values, (t, t), device)?.to_dtype(DType::F32)
 }
 
 impl TrainModule for CharGpt {

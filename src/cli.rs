@@ -12,6 +12,8 @@ pub struct FitArgs {
     pub devices: Option<usize>,
     /// Where each rank computes: `cpu`, or `cuda` (a GPU per rank; the `cuda` feature).
     pub accelerator: String,
+    /// Compute threads per rank (ranks as threads); `None`: the cores shared out.
+    pub threads_per_rank: Option<usize>,
     /// Optimizer steps.
     pub max_steps: usize,
     /// Seed of init and data order.
@@ -60,6 +62,7 @@ impl Default for FitArgs {
             strategy: "fsdp".into(),
             devices: None,
             accelerator: "cpu".into(),
+            threads_per_rank: None,
             max_steps: 400,
             seed: 0,
             run_name: "char-gpt".into(),
@@ -127,6 +130,8 @@ options:
                       --features mpi) one per process, as many as the launcher started
   --accelerator A     cpu (default) or cuda: rank r on GPU r (a build with --features
                       cuda, or cuda,nccl for NCCL collectives)
+  --threads-per-rank N  compute threads of each rank as a thread (default: the cores
+                      shared out between the ranks)
   --max-steps N       optimizer steps (default 400)
   --seed N            seed of init and data order (default 0)
   --batch-size N      global batch size, a multiple of --devices (default 32)
@@ -215,6 +220,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
                 a.clip = Some(c);
             }
             "--devices" => a.devices = Some(positive(flag, it.next())?),
+            "--threads-per-rank" => a.threads_per_rank = Some(positive(flag, it.next())?),
             "--accelerator" => {
                 a.accelerator = value(flag, it.next(), "cpu or cuda")?;
                 if !matches!(a.accelerator.as_str(), "cpu" | "cuda") {
@@ -288,7 +294,7 @@ mod tests {
     fn defaults_and_overrides() {
         assert_eq!(parse(&args("fit")).unwrap(), Command::Fit(Box::default()));
         let Command::Fit(a) = parse(&args(
-            "fit --strategy single --devices 1 --max-steps 5 --seed 9",
+            "fit --strategy single --devices 1 --max-steps 5 --seed 9 --threads-per-rank 3",
         ))
         .unwrap() else {
             panic!()
@@ -297,6 +303,7 @@ mod tests {
             (a.strategy.as_str(), a.devices, a.max_steps, a.seed),
             ("single", Some(1), 5, 9)
         );
+        assert_eq!(a.threads_per_rank, Some(3));
     }
 
     #[test]

@@ -129,6 +129,9 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
     if let Some(d) = devices {
         builder = builder.devices(d);
     }
+    if let Some(n) = args.threads_per_rank {
+        builder = builder.threads_per_rank(n);
+    }
     if let Some(clip) = args.clip {
         builder = builder.gradient_clip_val(clip);
     }

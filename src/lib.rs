@@ -2,7 +2,7 @@
 //!
 //! This facade re-exports the layers: [`core`] (hook traits, collectives, strategy trait),
 //! [`strategies`] (single, ddp, optimizers, sharded init), [`accelerator`] (devices, worlds,
-//! sharded setup) and [`trainer`] (the `Trainer`). The `wick` program and the main job's model
+//! sharded setup), [`trainer`] (the `Trainer`) and [`nn`] (fused training layers). The `wick` program and the main job's model
 //! live in this package too.
 //!
 //! The README follows; its example is compiled and run as a doctest.
@@ -10,6 +10,7 @@
 
 pub use wick_accelerator as accelerator;
 pub use wick_core as core;
+pub use wick_nn as nn;
 pub use wick_strategies as strategies;
 pub use wick_trainer as trainer;
 

@@ -23,8 +23,11 @@ static TRACKING: AtomicBool = AtomicBool::new(false);
 static LARGEST: AtomicUsize = AtomicUsize::new(0);
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// Bytes ever allocated (never decreases): the allocation traffic of a step.
+static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
 
 fn seen(size: usize) {
+    ALLOCATED.fetch_add(size, Ordering::Relaxed);
     let now = CURRENT.fetch_add(size, Ordering::Relaxed) + size;
     PEAK.fetch_max(now, Ordering::Relaxed);
     if TRACKING.load(Ordering::Relaxed) {
@@ -167,6 +170,61 @@ fn full_shard_step_growth(prefetch: bool) -> usize {
     outcomes.into_iter().map(|o| o.unwrap()).max().unwrap()
 }
 
+/// The heap of the whole process, and the bytes allocated so far, after each of 8 training
+/// steps of the deep model under `strategy` at W = 2 (1 for `single`), taken when every
+/// rank has finished the step.
+fn heap_after_each_step(strategy: &str) -> Vec<(usize, usize)> {
+    let world_size = if strategy == "single" { 1 } else { 2 };
+    let heaps = std::sync::Mutex::new(Vec::with_capacity(8));
+    let outcomes = ThreadWorld::new(world_size).run(|comm| {
+        let world: Arc<dyn Collective> = Arc::new(comm);
+        let mut s = make(strategy);
+        s.connect(world.clone(), candle_core::Device::Cpu)?;
+        let ctx = s.sharded_context(0)?;
+        let units: Vec<Wrapped<candle_nn::Linear>> = {
+            let _open = ctx.enter();
+            (0..DEEP_UNITS)
+                .map(|i| {
+                    ctx.wrap(&format!("layers.{i}"), |vb| {
+                        candle_nn::linear(DEEP_WIDTH, DEEP_WIDTH, vb)
+                    })
+                })
+                .collect::<candle_core::Result<_>>()?
+        };
+        s.finish_sharding()?;
+        s.configure_optimizer(&OptimizerConfig::adamw(1e-3))?;
+        let x = candle_core::Tensor::ones(
+            (2, DEEP_WIDTH),
+            candle_core::DType::F32,
+            &candle_core::Device::Cpu,
+        )?;
+        for _ in 0..8 {
+            let mut h = x.clone();
+            for unit in &units {
+                h = unit.apply(&h, |layer, x| {
+                    candle_core::Module::forward(layer, x)?.tanh()
+                })?;
+            }
+            s.backward(&h.sqr()?.mean_all()?)?;
+            s.optimizer_step()?;
+            world.barrier()?;
+            if world.rank() == 0 {
+                let now = (
+                    CURRENT.load(Ordering::SeqCst),
+                    ALLOCATED.load(Ordering::SeqCst),
+                );
+                heaps.lock().unwrap().push(now);
+            }
+            world.barrier()?;
+        }
+        Ok::<_, wick::core::Error>(())
+    });
+    for o in outcomes {
+        o.unwrap();
+    }
+    heaps.into_inner().unwrap()
+}
+
 #[test]
 fn memory_bounds() {
     // The probe works: creating the full parameter is seen.
@@ -203,5 +261,41 @@ fn memory_bounds() {
             "full_shard step (prefetch {prefetch}): {growth} bytes over the shards, bound {}",
             2 * per_rank
         );
+    }
+
+    // After warm-up (the optimizer state and buffers made at the first steps), a training
+    // step leaves the heap as it found it, under every strategy.
+    for strategy in STRATEGIES {
+        let heaps = heap_after_each_step(strategy);
+        let growth: Vec<isize> = heaps
+            .windows(2)
+            .map(|w| w[1].0 as isize - w[0].0 as isize)
+            .collect();
+        let traffic = (heaps[7].1 - heaps[3].1) / 4;
+        println!(
+            "{strategy}: heap change per step {growth:?}; {traffic} bytes allocated (and freed) per step"
+        );
+        assert!(
+            growth[2..].iter().all(|&g| g <= 0),
+            "{strategy}: the heap grew after warm-up, by {growth:?} bytes per step"
+        );
+    }
+}
+
+/// The strategies checked, by registry name (`fsdp` is full_shard) and shard_grad_op.
+const STRATEGIES: [&str; 7] = [
+    "single",
+    "ddp",
+    "zero1",
+    "zero2",
+    "zero3",
+    "fsdp",
+    "fsdp_shard_grad_op",
+];
+
+fn make(strategy: &str) -> Box<dyn Strategy> {
+    match strategy {
+        "fsdp_shard_grad_op" => Box::new(Fsdp::new(FsdpSharding::ShardGradOp)),
+        name => wick::strategies::strategy_by_name(name).unwrap(),
     }
 }

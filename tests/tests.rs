@@ -19,3 +19,5 @@ mod fsdp;
 mod checkpoint;
 // Bad checkpoint files: clear errors, never a panic, never a touched good checkpoint.
 mod checkpoint_bad_input;
+// Parameters without gradient: reported at the first step, or an error if asked.
+mod unused_parameters;

@@ -3,6 +3,7 @@
 
 use crate::device::{check_gpus, rank_device, DeviceKind};
 use crate::launcher::LaunchEnv;
+use crate::thread_budget::{run_within, ThreadBudget};
 use crate::thread_world::{RankError, ThreadWorld};
 use candle_core::Device;
 use std::sync::Arc;
@@ -46,6 +47,7 @@ enum Ranks {
 pub struct Accelerator {
     ranks: Ranks,
     timeout: Option<std::time::Duration>,
+    budget: ThreadBudget,
     kind: DeviceKind,
     /// The devices of this process's ranks, opened once so that every launch sees the same
     /// Candle devices (tensors of one launch are used by the next).
@@ -61,6 +63,7 @@ impl Accelerator {
         Ok(Accelerator {
             ranks: Ranks::Threads(devices),
             timeout: None,
+            budget: ThreadBudget::Auto,
             kind: DeviceKind::Cpu,
             devices: vec![Device::Cpu; devices],
         })
@@ -151,6 +154,7 @@ impl Accelerator {
                 world_size,
             },
             timeout: None,
+            budget: ThreadBudget::Auto,
             kind: DeviceKind::Cpu,
             devices: vec![Device::Cpu],
         })
@@ -178,6 +182,14 @@ impl Accelerator {
     /// threads; under a launcher a rank that dies ends the job instead).
     pub fn with_collective_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// The compute threads each CPU rank may use when ranks are threads (default
+    /// [`ThreadBudget::Auto`]: the cores shared out between the ranks). Processes that a
+    /// launcher started, and CUDA ranks, keep Candle's own pool.
+    pub fn with_thread_budget(mut self, budget: ThreadBudget) -> Self {
+        self.budget = budget;
         self
     }
 
@@ -225,9 +237,13 @@ impl Accelerator {
                     Some(t) => ThreadWorld::with_timeout(*n, t),
                     None => ThreadWorld::new(*n),
                 };
+                let threads = match self.kind {
+                    DeviceKind::Cpu => self.budget.threads(*n),
+                    DeviceKind::Cuda => None,
+                };
                 world.run(|comm| {
                     let device = self.devices[comm.rank()].clone();
-                    f(self.rank_env(Arc::new(comm), device)?)
+                    run_within(threads, || f(self.rank_env(Arc::new(comm), device)?))
                 })
             }
             Ranks::Process { .. } => vec![Ok(self.launch_process(f))],

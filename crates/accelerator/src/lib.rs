@@ -20,6 +20,7 @@ mod mpi_world;
 #[cfg(feature = "nccl")]
 mod nccl_world;
 mod reduce;
+mod thread_budget;
 mod thread_comm;
 mod thread_world;
 
@@ -36,5 +37,6 @@ pub use mpi;
 pub use mpi_world::MpiWorld;
 #[cfg(feature = "nccl")]
 pub use nccl_world::NcclWorld;
+pub use thread_budget::ThreadBudget;
 pub use thread_comm::ThreadComm;
 pub use thread_world::{RankError, ThreadWorld};

@@ -58,6 +58,16 @@ pub trait Strategy: Send {
     /// sharded strategies, and only when grad sync is on).
     fn backward(&mut self, loss: &Tensor) -> Result<()>;
 
+    /// Looks, during the next forward and [`backward`](Strategy::backward), for parameters
+    /// that get no gradient; [`unused_parameters`](Strategy::unused_parameters) tells them
+    /// after that backward. Called before the forward.
+    fn find_unused_parameters(&mut self);
+
+    /// The parameters the last `backward` after
+    /// [`find_unused_parameters`](Strategy::find_unused_parameters) gave no gradient, by
+    /// name (the same on every rank: every rank runs the same graph).
+    fn unused_parameters(&self) -> Vec<String>;
+
     /// Synchronizes the accumulated gradients, steps the optimizer, clears the gradients.
     fn optimizer_step(&mut self) -> Result<()>;
 

@@ -186,6 +186,12 @@ impl Strategy for Fsdp {
     fn backward(&mut self, loss: &Tensor) -> Result<()> {
         self.inner.backward(loss)
     }
+    fn find_unused_parameters(&mut self) {
+        self.inner.find_unused_parameters()
+    }
+    fn unused_parameters(&self) -> Vec<String> {
+        self.inner.unused_parameters()
+    }
     fn optimizer_step(&mut self) -> Result<()> {
         self.inner.optimizer_step()
     }

@@ -23,6 +23,7 @@ mod grads;
 pub mod init;
 pub mod optim;
 mod param_request;
+mod param_use;
 mod precision;
 mod prefetch;
 mod registry;

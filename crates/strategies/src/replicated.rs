@@ -7,6 +7,7 @@ use crate::grads::GradAccumulator;
 use crate::init::param_values;
 use crate::optim::Optimizer;
 use crate::param_request::{check_dtype, check_same_shape};
+use crate::param_use::unreached;
 use crate::saved_state::{
     concat_range, flat_group, kinds_to_restore, read_shard, read_whole, shard_prefix,
 };
@@ -70,6 +71,10 @@ pub(crate) struct Replicated {
     pub(crate) grad_bytes: usize,
     /// Global-norm clipping applied before each step.
     pub(crate) clip: Option<f64>,
+    /// Look for parameters without gradient in the next backward.
+    pub(crate) find_unused: bool,
+    /// What the last looking backward found.
+    pub(crate) unused: Vec<String>,
 }
 
 impl Replicated {
@@ -132,6 +137,13 @@ impl Replicated {
     }
 
     pub(crate) fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        if std::mem::take(&mut self.find_unused) {
+            let handed = self.params.iter().zip(&self.names);
+            self.unused = unreached(
+                loss,
+                handed.map(|(p, n)| (Some(p.id()), std::slice::from_ref(n))),
+            );
+        }
         let store = loss.backward()?;
         self.grads.add(&self.params, store)?;
         Ok(())
@@ -323,6 +335,14 @@ macro_rules! replicated_state_methods {
 
         fn backward(&mut self, loss: &candle_core::Tensor) -> wick_core::Result<()> {
             self.state.backward(loss)
+        }
+
+        fn find_unused_parameters(&mut self) {
+            self.state.find_unused = true;
+        }
+
+        fn unused_parameters(&self) -> Vec<String> {
+            self.state.unused.clone()
         }
 
         fn full_parameters(&self) -> wick_core::Result<Vec<(String, candle_core::Tensor)>> {

@@ -11,6 +11,7 @@ use crate::gather_op::GatherOp;
 use crate::grad_sync::GradSync;
 use crate::init::param_values;
 use crate::param_request::{check_dtype, check_same_shape};
+use crate::param_use::ParamUse;
 use crate::precision::{dtypes, MixedPrecision};
 use crate::prefetch::Prefetcher;
 use crate::unit_op::UnitOp;
@@ -72,6 +73,8 @@ pub(crate) struct ShardedParams {
     device: Device,
     state: Mutex<State>,
     pub(crate) sync: Arc<GradSync>,
+    /// The first step's record of which parameters backward reached.
+    pub(crate) param_use: Arc<ParamUse>,
 }
 
 impl ShardedParams {
@@ -96,6 +99,7 @@ impl ShardedParams {
             world: Mutex::new(world),
             device,
             sync: Arc::default(),
+            param_use: Arc::default(),
             state: Mutex::new(State {
                 units: Vec::new(),
                 open_unit: None,
@@ -314,6 +318,7 @@ impl wick_core::ParamSource for ShardedParams {
             (u.name.clone(), layout, shard)
         };
         let (param_dtype, reduce_dtype) = dtypes(self.precision);
+        let names: Vec<String> = layout.entries().iter().map(|e| e.name.clone()).collect();
         let op = UnitOp {
             world: self.world(),
             name,
@@ -321,6 +326,7 @@ impl wick_core::ParamSource for ShardedParams {
             layout,
             run,
             sync: self.sync.clone(),
+            uses: self.param_use.clone(),
             device: self.device.clone(),
             param_dtype,
             reduce_dtype,
@@ -330,7 +336,10 @@ impl wick_core::ParamSource for ShardedParams {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
         };
-        input.apply_op2(shard.as_tensor(), op)
+        let out = input.apply_op2(shard.as_tensor(), op)?;
+        // The unit's output stands for all its parameters: if it misses the loss, so do they.
+        self.param_use.hand_out(&out, || names);
+        Ok(out)
     }
 
     fn unit_params(&self, unit: usize) -> candle_core::Result<VarBuilder<'static>> {
@@ -357,17 +366,19 @@ impl wick_core::ParamSource for ShardedParams {
                 t
             }
         };
-        Ok(unit_var_builder(&u.name, &layout, flat, &self.device))
+        let uses = Some(self.param_use.clone());
+        Ok(unit_var_builder(&u.name, &layout, flat, &self.device, uses))
     }
 }
 
 /// A `VarBuilder` (at the root of the names) whose parameters are views of unit `name`'s
-/// gathered flat buffer `flat`.
+/// gathered flat buffer `flat`; each view handed out is recorded in `uses`, if given.
 pub(crate) fn unit_var_builder(
     name: &str,
     layout: &FlatLayout,
     flat: Tensor,
     device: &Device,
+    uses: Option<Arc<ParamUse>>,
 ) -> VarBuilder<'static> {
     // The VarBuilder casts what it hands out to its dtype: keep the buffer's (mixed precision).
     let dtype = flat.dtype();
@@ -375,6 +386,7 @@ pub(crate) fn unit_var_builder(
         unit: name.to_string(),
         layout: layout.clone(),
         flat,
+        uses,
     };
     VarBuilder::from_backend(Box::new(views), dtype, device.clone())
 }
@@ -384,6 +396,25 @@ struct UnitViews {
     unit: String,
     layout: FlatLayout,
     flat: Tensor,
+    uses: Option<Arc<ParamUse>>,
+}
+
+impl UnitViews {
+    /// Parameter `name`'s view of the flat buffer.
+    fn view(
+        &self,
+        name: &str,
+        entry: &crate::flat_layout::FlatEntry,
+    ) -> candle_core::Result<Tensor> {
+        let view = self
+            .flat
+            .narrow(0, entry.offset, entry.numel())?
+            .reshape(entry.shape.clone())?;
+        if let Some(uses) = &self.uses {
+            uses.hand_out(&view, || vec![name.to_string()]);
+        }
+        Ok(view)
+    }
 }
 
 impl SimpleBackend for UnitViews {
@@ -409,18 +440,14 @@ impl SimpleBackend for UnitViews {
                 entry.shape
             )
         }
-        self.flat
-            .narrow(0, entry.offset, entry.numel())?
-            .reshape(shape)
+        self.view(name, entry)
     }
 
     fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {
         let entry = self.layout.entry(name).ok_or_else(|| {
             candle_core::Error::Msg(format!("no parameter '{name}' in unit '{}'", self.unit))
         })?;
-        self.flat
-            .narrow(0, entry.offset, entry.numel())?
-            .reshape(entry.shape.clone())
+        self.view(name, entry)
     }
 
     fn contains_tensor(&self, name: &str) -> bool {

@@ -11,6 +11,7 @@ use crate::flat_grad::flatten_consuming;
 use crate::flat_layout::FlatLayout;
 use crate::gather_op::reduce_to_shard;
 use crate::grad_sync::GradSync;
+use crate::param_use::ParamUse;
 use crate::prefetch::{gather, Prefetcher};
 use crate::sharded_params::unit_var_builder;
 use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor, Var};
@@ -25,6 +26,8 @@ pub(crate) struct UnitOp {
     pub(crate) layout: FlatLayout,
     pub(crate) run: UnitFn,
     pub(crate) sync: Arc<GradSync>,
+    /// Where a parameter this unit's backward gives no gradient is reported.
+    pub(crate) uses: Arc<ParamUse>,
     pub(crate) device: Device,
     pub(crate) param_dtype: DType,
     pub(crate) reduce_dtype: DType,
@@ -73,7 +76,7 @@ impl UnitOp {
         self.prefetch(Some(self.unit + 1));
         // Neither the input nor the gathered buffer is a variable: no graph is recorded.
         (self.run)(
-            unit_var_builder(&self.name, &self.layout, full, &self.device),
+            unit_var_builder(&self.name, &self.layout, full, &self.device, None),
             input,
         )
     }
@@ -168,10 +171,27 @@ impl CustomOp2 for UnitOp {
         let out = (self.run)(vb, &x_tensor)?;
         // d(sum(out * g))/d(param) is the vector-Jacobian product backward needs.
         let mut grads = (out * grad_out.detach())?.sum_all()?.backward()?;
-        let input_grad = x.and_then(|v| grads.remove(v.as_tensor()));
+        let input_grad = match x {
+            // The unit cut the graph inside (a layer without backward): the input gets zeros,
+            // which candle needs for a node on its path, and is reported as cut.
+            Some(v) => Some(match grads.remove(v.as_tensor()) {
+                Some(g) => g,
+                None => {
+                    self.uses.cut(input);
+                    input.zeros_like()?
+                }
+            }),
+            None => None,
+        };
         let parts: Vec<Option<Tensor>> = params
             .iter()
-            .map(|(_, v)| grads.remove(v.as_tensor()))
+            .map(|(name, v)| {
+                let grad = grads.remove(v.as_tensor());
+                if grad.is_none() {
+                    self.uses.missed(name);
+                }
+                grad
+            })
             .collect();
         // The parameters go before the flat gradient is allocated, so a rank holds three
         // units at most: gradients, flat buffer and the prefetched previous unit.

@@ -30,6 +30,8 @@ pub struct Zero3 {
     world: Option<Arc<dyn Collective>>,
     device: Option<Device>,
     source: Option<Arc<ShardedParams>>,
+    /// Parameters the last looking backward gave no gradient.
+    unused: Vec<String>,
     layouts: Vec<FlatLayout>,
     shards: Vec<Var>,
     grads: GradAccumulator,
@@ -214,10 +216,25 @@ impl Strategy for Zero3 {
 
     fn backward(&mut self, loss: &Tensor) -> Result<()> {
         let store = loss.backward();
+        if let Some(uses) = self.source.as_ref().map(|s| &s.param_use) {
+            if uses.is_looking() {
+                self.unused = uses.finish(loss);
+            }
+        }
         // Free the gathered parameters whether or not backward succeeded.
         self.release_gathered();
         self.grads.add(&self.shards, store?)?;
         Ok(())
+    }
+
+    fn find_unused_parameters(&mut self) {
+        if let Some(source) = &self.source {
+            source.param_use.start();
+        }
+    }
+
+    fn unused_parameters(&self) -> Vec<String> {
+        self.unused.clone()
     }
 
     fn optimizer_step(&mut self) -> Result<()> {

@@ -19,6 +19,18 @@ pub enum TrainerError {
         /// Every failing rank with its error message.
         ranks: Vec<(usize, String)>,
     },
+    /// Parameters received no gradient at the first step and the trainer was asked to
+    /// refuse that (`TrainerBuilder::error_on_unused_parameters`).
+    #[error(
+        "{} parameter(s) received no gradient at the first step (a layer without backward, \
+         such as candle-nn's fused LayerNorm, or one the loss does not use): {}",
+        names.len(),
+        names.join(", ")
+    )]
+    UnusedParameters {
+        /// The parameters, by name.
+        names: Vec<String>,
+    },
     /// A checkpoint could not be saved or loaded.
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),

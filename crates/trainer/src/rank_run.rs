@@ -130,6 +130,8 @@ impl<M: TrainModule> RankRun<'_, M> {
 
         self.callbacks(|cb, s| cb.on_fit_start(s))?;
         self.module.on_fit_start()?;
+        // The first backward of this fit looks for parameters that get no gradient.
+        let mut checked_unused = false;
         'epochs: for epoch in start_epoch..max_epochs {
             self.state.epoch = epoch;
             let order = train.epoch_order(seed, epoch);
@@ -147,6 +149,10 @@ impl<M: TrainModule> RankRun<'_, M> {
                         train.rank_slice(&order, index, rank, world_size),
                         &self.env.device,
                     )?;
+                    let looking = !checked_unused;
+                    if looking {
+                        self.strategy.find_unused_parameters();
+                    }
                     let loss = self.module.training_step(&batch, index)?;
                     local += scalar(&loss, "training_step")? / accumulate as f32;
                     self.strategy.set_grad_sync(micro + 1 == accumulate);
@@ -156,6 +162,10 @@ impl<M: TrainModule> RankRun<'_, M> {
                         loss
                     };
                     self.strategy.backward(&loss)?;
+                    if looking {
+                        checked_unused = true;
+                        self.report_unused_parameters()?;
+                    }
                 }
                 self.strategy.optimizer_step()?;
                 let train_loss = self.env.world.all_reduce_scalar(local, ReduceOp::Mean)? as f64;
@@ -372,6 +382,29 @@ impl<M: TrainModule> RankRun<'_, M> {
             .map(|p| self.gather_to_rank0(p))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(gathered.into_iter().flatten().collect())
+    }
+
+    /// Reports the parameters the first backward gave no gradient: once, on rank 0, as a
+    /// warning; or, with `error_on_unused_parameters`, as an error on every rank (all ranks
+    /// find the same ones, so they stop together).
+    fn report_unused_parameters(&self) -> Result<(), TrainerError> {
+        let names = self.strategy.unused_parameters();
+        if names.is_empty() {
+            return Ok(());
+        }
+        if self.config.error_on_unused_parameters {
+            return Err(TrainerError::UnusedParameters { names });
+        }
+        if self.env.rank == 0 {
+            eprintln!(
+                "warning: {} parameter(s) received no gradient at the first step and will not \
+                 train (a layer without backward, such as candle-nn's fused LayerNorm, or one \
+                 the loss does not use): {}",
+                names.len(),
+                names.join(", ")
+            );
+        }
+        Ok(())
     }
 
     /// Every rank's `part` of a global batch joined along dim 0 in rank order, on rank 0

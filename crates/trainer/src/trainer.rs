@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
-use wick_accelerator::{Accelerator, DeviceKind, RankError};
+use wick_accelerator::{Accelerator, DeviceKind, RankError, ThreadBudget};
 use wick_core::{Callback, RunState, Stage, Strategy};
 
 /// Metric name to value, averaged over ranks (`train_loss`, `val_loss`, `test_loss`).
@@ -27,6 +27,7 @@ pub(crate) struct Config {
     pub(crate) gradient_clip_val: Option<f64>,
     pub(crate) accumulate_grad_batches: usize,
     pub(crate) checkpoint: Option<ModelCheckpoint>,
+    pub(crate) error_on_unused_parameters: bool,
 }
 
 enum StrategyChoice {
@@ -38,6 +39,7 @@ enum StrategyChoice {
 pub struct TrainerBuilder {
     devices: Option<usize>,
     device_kind: DeviceKind,
+    threads_per_rank: Option<usize>,
     accelerator: Option<Accelerator>,
     strategy: StrategyChoice,
     max_steps: Option<usize>,
@@ -53,6 +55,7 @@ pub struct TrainerBuilder {
     accumulate_grad_batches: usize,
     collective_timeout: Option<Duration>,
     checkpoint: Option<ModelCheckpoint>,
+    error_on_unused_parameters: bool,
 }
 
 impl TrainerBuilder {
@@ -69,6 +72,14 @@ impl TrainerBuilder {
     /// few GPUs is an error when the trainer is built.
     pub fn device_kind(mut self, kind: DeviceKind) -> Self {
         self.device_kind = kind;
+        self
+    }
+
+    /// The compute threads of each CPU rank when ranks are threads. Default: the cores
+    /// shared out between the ranks (`max(1, cores / devices)`), so that W ranks never ask
+    /// for more threads than there are cores; one rank uses them all.
+    pub fn threads_per_rank(mut self, threads: usize) -> Self {
+        self.threads_per_rank = Some(threads);
         self
     }
 
@@ -173,6 +184,13 @@ impl TrainerBuilder {
         self
     }
 
+    /// Fails `fit` when a parameter receives no gradient at the first step, instead of the
+    /// default warning on rank 0 (DDP's `find_unused_parameters`, made strict).
+    pub fn error_on_unused_parameters(mut self, on: bool) -> Self {
+        self.error_on_unused_parameters = on;
+        self
+    }
+
     /// Fail a collective that waits longer than this for the other ranks.
     pub fn collective_timeout(mut self, timeout: Duration) -> Self {
         self.collective_timeout = Some(timeout);
@@ -186,6 +204,9 @@ impl TrainerBuilder {
             None => Accelerator::from_env(self.devices)?.on(self.device_kind)?,
         };
         let world_size = accelerator.world_size();
+        if let Some(n) = self.threads_per_rank {
+            accelerator = accelerator.with_thread_budget(ThreadBudget::per_rank(n)?);
+        }
         if let Some(t) = self.collective_timeout {
             accelerator = accelerator.with_collective_timeout(t);
         }
@@ -245,6 +266,7 @@ impl TrainerBuilder {
                 gradient_clip_val: self.gradient_clip_val,
                 accumulate_grad_batches: self.accumulate_grad_batches,
                 checkpoint: self.checkpoint,
+                error_on_unused_parameters: self.error_on_unused_parameters,
             },
             accelerator,
             strategy,
@@ -287,6 +309,7 @@ impl Trainer {
         TrainerBuilder {
             devices: None,
             device_kind: DeviceKind::Cpu,
+            threads_per_rank: None,
             accelerator: None,
             strategy: StrategyChoice::Name(String::new()),
             max_steps: None,
@@ -302,6 +325,7 @@ impl Trainer {
             accumulate_grad_batches: 1,
             collective_timeout: None,
             checkpoint: None,
+            error_on_unused_parameters: false,
         }
     }
 

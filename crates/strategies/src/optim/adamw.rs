@@ -1,5 +1,6 @@
 //! AdamW with decoupled weight decay and bias correction, as torch.optim.AdamW computes it.
 
+use super::fused_adamw::{self, AdamWConstants};
 use super::{chunks, flat_in_place};
 use candle_core::{Result, Tensor, Var};
 
@@ -70,9 +71,21 @@ impl AdamW {
         let t = self.step as i32;
         let step_size = self.lr / (1.0 - self.beta1.powi(t));
         let sqrt_bc2 = (1.0 - self.beta2.powi(t)).sqrt();
+        let constants = AdamWConstants {
+            decay: (self.weight_decay != 0.0).then_some(1.0 - self.lr * self.weight_decay),
+            beta1: self.beta1,
+            beta2: self.beta2,
+            step_size,
+            inv_sqrt_bc2: 1.0 / sqrt_bc2,
+            eps: self.eps,
+        };
         for ((p, g), (m, v)) in params.iter().zip(grads).zip(self.moments.iter_mut()) {
             let (pf, gf) = (flat_in_place(p, "a parameter")?, g.flatten_all()?);
             let (mf, vf) = (flat_in_place(m, "a moment")?, flat_in_place(v, "a moment")?);
+            if fused_adamw::applies(&[&pf, &gf, &mf, &vf]) {
+                fused_adamw::step(&pf, &gf, &mf, &vf, &constants)?;
+                continue;
+            }
             for (start, n) in chunks(pf.elem_count()) {
                 let (p, g) = (pf.narrow(0, start, n)?, gf.narrow(0, start, n)?);
                 let theta = if self.weight_decay != 0.0 {

@@ -3,6 +3,7 @@
 //! can be read and written for checkpoints.
 
 mod adamw;
+mod fused_adamw;
 mod sgd;
 
 pub use adamw::AdamW;

@@ -1,0 +1,86 @@
+//! The compute threads each rank may use when ranks are threads of one process.
+//!
+//! Candle's CPU matmul (gemm) runs on the rayon pool of the thread that calls it. With W
+//! ranks as threads all calling into one global pool of as many threads as cores, the W
+//! rank threads run their own ops beside that pool's workers: up to W + cores busy threads
+//! on `cores` cores. A budget gives each rank a pool of its own, of `cores / W` threads
+//! (at least 1), and runs the rank inside it, so that the ranks together never ask for
+//! more threads than there are cores.
+
+use wick_core::{Error, Result};
+
+/// How many compute threads each rank gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ThreadBudget {
+    /// `max(1, cores / ranks)` when ranks are threads and there are several; one rank
+    /// uses Candle's global pool (all cores).
+    #[default]
+    Auto,
+    /// This many threads per rank.
+    PerRank(usize),
+    /// Every rank on Candle's one global pool (no budget; what Candle does by itself).
+    Shared,
+}
+
+impl ThreadBudget {
+    /// `n` threads per rank (at least 1).
+    pub fn per_rank(n: usize) -> Result<Self> {
+        match n {
+            0 => Err(Error::config(
+                "threads_per_rank",
+                "must be at least 1, got 0",
+            )),
+            n => Ok(ThreadBudget::PerRank(n)),
+        }
+    }
+
+    /// The threads each of `ranks` rank threads gets; `None`: leave the rank on Candle's
+    /// global pool.
+    pub(crate) fn threads(self, ranks: usize) -> Option<usize> {
+        match self {
+            ThreadBudget::PerRank(n) => Some(n),
+            ThreadBudget::Auto if ranks > 1 => {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                Some((cores / ranks).max(1))
+            }
+            ThreadBudget::Auto | ThreadBudget::Shared => None,
+        }
+    }
+}
+
+/// Runs `f` inside a pool of `threads` threads (on one of them), or here when `None`.
+pub(crate) fn run_within<T: Send>(threads: Option<usize>, f: impl FnOnce() -> T + Send) -> T {
+    let pool = threads.and_then(|n| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(|i| format!("wick-rank-compute-{i}"))
+            .build()
+            .ok()
+    });
+    match pool {
+        Some(pool) => pool.install(f),
+        None => f(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_splits_the_cores_and_leaves_one_rank_alone() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(ThreadBudget::Auto.threads(1), None);
+        assert_eq!(ThreadBudget::Shared.threads(4), None);
+        assert_eq!(ThreadBudget::Auto.threads(2), Some((cores / 2).max(1)));
+        assert_eq!(ThreadBudget::Auto.threads(4 * cores), Some(1));
+        assert_eq!(ThreadBudget::per_rank(3).unwrap().threads(8), Some(3));
+        assert!(ThreadBudget::per_rank(0).is_err());
+    }
+
+    #[test]
+    fn a_rank_runs_inside_its_pool() {
+        assert_eq!(run_within(Some(3), rayon::current_num_threads), 3);
+        assert_eq!(run_within(None, || 7), 7);
+    }
+}

@@ -1,0 +1,42 @@
+//! The f32 slices behind CPU storages, for the fused ops.
+
+use candle_core::{CpuStorage, Layout, Result};
+
+/// The contiguous f32 elements a layout reads from a CPU storage.
+pub(crate) fn f32s<'a>(op: &str, storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [f32]> {
+    let (start, end) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg(format!("{op}: inputs must be contiguous")))?;
+    Ok(&storage.as_slice::<f32>()?[start..end])
+}
+
+/// The contiguous u32 elements a layout reads from a CPU storage.
+pub(crate) fn u32s<'a>(op: &str, storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [u32]> {
+    let (start, end) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg(format!("{op}: inputs must be contiguous")))?;
+    Ok(&storage.as_slice::<u32>()?[start..end])
+}
+
+/// Whether the fused CPU path takes these tensors: f32 on the CPU.
+pub(crate) fn fused(tensors: &[&candle_core::Tensor]) -> bool {
+    tensors
+        .iter()
+        .all(|t| t.device().is_cpu() && t.dtype() == candle_core::DType::F32)
+}
+
+/// Rows per parallel task, chosen so that a task does at least ~32k elements of work.
+pub(crate) fn rows_per_task(row_len: usize) -> usize {
+    (32 * 1024 / row_len.max(1)).max(1)
+}
+
+/// Sums per-chunk partial vectors in chunk order: the same result on any number of threads.
+pub(crate) fn sum_in_order(partials: Vec<Vec<f32>>, len: usize) -> Vec<f32> {
+    let mut total = vec![0f32; len];
+    for part in partials {
+        for (t, p) in total.iter_mut().zip(part) {
+            *t += p;
+        }
+    }
+    total
+}

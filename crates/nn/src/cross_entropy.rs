@@ -1,0 +1,146 @@
+//! `cross_entropy`: the mean negative log-likelihood of the targets under softmax(logits),
+//! forward one pass over the rows, backward softmax minus one-hot.
+
+use crate::cpu::{f32s, fused, rows_per_task, sum_in_order, u32s};
+use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+/// Mean cross-entropy of `logits` `[n, classes]` against class ids `targets` `[n]`,
+/// equal to candle-nn's `loss::cross_entropy`. Fused on the CPU for f32 logits and u32
+/// targets; candle-nn's composite elsewhere.
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let (n, _) = logits.dims2()?;
+    if targets.dims() != [n] {
+        candle_core::bail!(
+            "cross_entropy: {n} rows of logits but targets of shape {:?}",
+            targets.dims()
+        )
+    }
+    match fused(&[logits]) && targets.dtype() == DType::U32 {
+        true => logits
+            .contiguous()?
+            .apply_op2(&targets.contiguous()?, Forward),
+        false => cross_entropy_composite(logits, targets),
+    }
+}
+
+/// candle-nn's composite cross-entropy (the fallback, and the reference in tests).
+pub fn cross_entropy_composite(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    candle_nn::loss::cross_entropy(logits, targets)
+}
+
+/// Row `r`'s max and log of the sum of exp(x - max).
+fn log_sum_exp(row: &[f32]) -> (f32, f32) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    (max, row.iter().map(|v| (v - max).exp()).sum::<f32>().ln())
+}
+
+fn rows<'a>(
+    op: &str,
+    ls: &'a CpuStorage,
+    ll: &Layout,
+    ts: &'a CpuStorage,
+    tl: &Layout,
+) -> Result<(&'a [f32], &'a [u32], usize)> {
+    let (logits, targets) = (f32s(op, ls, ll)?, u32s(op, ts, tl)?);
+    let classes = ll.shape().dims().last().copied().unwrap_or(1);
+    if let Some(t) = targets.iter().find(|&&t| t as usize >= classes) {
+        candle_core::bail!("{op}: target {t} is not below the {classes} classes")
+    }
+    Ok((logits, targets, classes))
+}
+
+struct Forward;
+
+impl CustomOp2 for Forward {
+    fn name(&self) -> &'static str {
+        "wick-cross-entropy"
+    }
+
+    fn cpu_fwd(
+        &self,
+        ls: &CpuStorage,
+        ll: &Layout,
+        ts: &CpuStorage,
+        tl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (logits, targets, classes) = rows(self.name(), ls, ll, ts, tl)?;
+        // Per-task sums, added in task order: the same bits on any number of threads.
+        let task = rows_per_task(classes);
+        let partials: Vec<Vec<f32>> = logits
+            .par_chunks(task * classes)
+            .zip(targets.par_chunks(task))
+            .map(|(logits, targets)| {
+                let sum = logits
+                    .chunks_exact(classes)
+                    .zip(targets)
+                    .map(|(row, &t)| {
+                        let (max, lse) = log_sum_exp(row);
+                        max + lse - row[t as usize]
+                    })
+                    .sum();
+                vec![sum]
+            })
+            .collect();
+        let total = sum_in_order(partials, 1)[0];
+        Ok((
+            CpuStorage::F32(vec![total / targets.len() as f32]),
+            Shape::from(()),
+        ))
+    }
+
+    fn bwd(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let scale = grad.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+        Ok((
+            Some(logits.apply_op2_no_bwd(targets, &Backward { scale })?),
+            None,
+        ))
+    }
+}
+
+/// (logits, targets) -> d loss / d logits, times the incoming gradient `scale`.
+struct Backward {
+    scale: f32,
+}
+
+impl CustomOp2 for Backward {
+    fn name(&self) -> &'static str {
+        "wick-cross-entropy-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        ls: &CpuStorage,
+        ll: &Layout,
+        ts: &CpuStorage,
+        tl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (logits, targets, classes) = rows(self.name(), ls, ll, ts, tl)?;
+        let per_row = self.scale / targets.len() as f32;
+        let mut d = vec![0f32; logits.len()];
+        let task = rows_per_task(classes);
+        d.par_chunks_mut(task * classes)
+            .zip(
+                logits
+                    .par_chunks(task * classes)
+                    .zip(targets.par_chunks(task)),
+            )
+            .for_each(|(d, (logits, targets))| {
+                let rows = logits.chunks_exact(classes).zip(targets);
+                for ((row, &t), out) in rows.zip(d.chunks_exact_mut(classes)) {
+                    let (max, lse) = log_sum_exp(row);
+                    for (o, v) in out.iter_mut().zip(row) {
+                        *o = (v - max - lse).exp() * per_row;
+                    }
+                    out[t as usize] -= per_row;
+                }
+            });
+        Ok((CpuStorage::F32(d), ll.shape().clone()))
+    }
+}

@@ -1,0 +1,207 @@
+//! `LayerNorm`: y = (x - mean) / sqrt(var + eps) * weight + bias over the last dimension,
+//! forward and backward each one pass over the rows.
+
+use crate::cpu::{f32s, fused, rows_per_task, sum_in_order};
+use candle_core::{CpuStorage, CustomOp3, Layout, Module, Result, Shape, Tensor, D};
+use candle_nn::VarBuilder;
+use rayon::prelude::*;
+
+/// Layer normalisation over the last dimension, with a learned scale and shift.
+///
+/// Unlike candle-nn's `LayerNorm`, whose fused op has no backward (gradients stop at it,
+/// silently), this one trains: its backward is fused too. Fused on the CPU in f32; the
+/// composite ops elsewhere.
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    weight: Tensor,
+    bias: Tensor,
+    eps: f64,
+}
+
+/// A [`LayerNorm`] of width `size`: `weight` (ones) and `bias` (zeros) from `vb`.
+pub fn layer_norm(size: usize, eps: f64, vb: VarBuilder) -> Result<LayerNorm> {
+    Ok(LayerNorm {
+        weight: vb.get_with_hints(size, "weight", candle_nn::Init::Const(1.0))?,
+        bias: vb.get_with_hints(size, "bias", candle_nn::Init::Const(0.0))?,
+        eps,
+    })
+}
+
+impl LayerNorm {
+    /// A layer norm over given tensors.
+    pub fn new(weight: Tensor, bias: Tensor, eps: f64) -> Self {
+        LayerNorm { weight, bias, eps }
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if !fused(&[x, &self.weight, &self.bias]) {
+            return layer_norm_composite(x, &self.weight, &self.bias, self.eps);
+        }
+        x.contiguous()?.apply_op3(
+            &self.weight.contiguous()?,
+            &self.bias.contiguous()?,
+            Forward {
+                eps: self.eps as f32,
+            },
+        )
+    }
+}
+
+/// The same layer norm from Candle's basic ops (the fallback, and the reference in tests).
+pub fn layer_norm_composite(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
+    let centered = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
+    let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
+    let normed = centered.broadcast_div(&(var + eps)?.sqrt()?)?;
+    normed.broadcast_mul(weight)?.broadcast_add(bias)
+}
+
+/// A row's mean and reciprocal standard deviation.
+fn moments(row: &[f32], eps: f32) -> (f32, f32) {
+    let n = row.len() as f32;
+    let mean = row.iter().sum::<f32>() / n;
+    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    (mean, 1.0 / (var + eps).sqrt())
+}
+
+fn width(op: &str, x: &Layout, w: &Layout) -> Result<usize> {
+    let c = x.shape().dims().last().copied().unwrap_or(1);
+    if w.shape().elem_count() != c {
+        candle_core::bail!(
+            "{op}: weight has {} elements for rows of {c}",
+            w.shape().elem_count()
+        )
+    }
+    Ok(c)
+}
+
+struct Forward {
+    eps: f32,
+}
+
+impl CustomOp3 for Forward {
+    fn name(&self) -> &'static str {
+        "wick-layer-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+        bs: &CpuStorage,
+        bl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let c = width(self.name(), xl, wl)?;
+        let (x, w, b) = (
+            f32s(self.name(), xs, xl)?,
+            f32s(self.name(), ws, wl)?,
+            f32s(self.name(), bs, bl)?,
+        );
+        let mut y = vec![0f32; x.len()];
+        let task = rows_per_task(c) * c;
+        y.par_chunks_mut(task)
+            .zip(x.par_chunks(task))
+            .for_each(|(y, x)| {
+                for (row, out) in x.chunks_exact(c).zip(y.chunks_exact_mut(c)) {
+                    let (mean, rstd) = moments(row, self.eps);
+                    for i in 0..c {
+                        out[i] = (row[i] - mean) * rstd * w[i] + b[i];
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(y), xl.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let c = w.elem_count();
+        let all = x.apply_op3_no_bwd(w, &grad.contiguous()?, &Backward { eps: self.eps })?;
+        let n = x.elem_count();
+        Ok((
+            Some(all.narrow(0, 0, n)?.reshape(x.shape())?),
+            Some(all.narrow(0, n, c)?.reshape(w.shape())?),
+            Some(all.narrow(0, n + c, c)?.reshape(w.shape())?),
+        ))
+    }
+}
+
+/// (x, weight, dy) -> [dx, dweight, dbias] end to end.
+struct Backward {
+    eps: f32,
+}
+
+impl CustomOp3 for Backward {
+    fn name(&self) -> &'static str {
+        "wick-layer-norm-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let c = width(self.name(), xl, wl)?;
+        let (x, w, dy) = (
+            f32s(self.name(), xs, xl)?,
+            f32s(self.name(), ws, wl)?,
+            f32s(self.name(), gs, gl)?,
+        );
+        let n = x.len();
+        let mut dx = vec![0f32; n];
+        // Each task's rows give dx and partial sums for dweight and dbias, summed in task
+        // order afterwards: the same bits on any number of threads.
+        let task = rows_per_task(c) * c;
+        let partials: Vec<Vec<f32>> = dx
+            .par_chunks_mut(task)
+            .zip(x.par_chunks(task).zip(dy.par_chunks(task)))
+            .map(|(dx, (x, dy))| {
+                let mut dwb = vec![0f32; 2 * c];
+                let (dw, db) = dwb.split_at_mut(c);
+                let mut xhat = vec![0f32; c];
+                for ((row, g), d) in x
+                    .chunks_exact(c)
+                    .zip(dy.chunks_exact(c))
+                    .zip(dx.chunks_exact_mut(c))
+                {
+                    let (mean, rstd) = moments(row, self.eps);
+                    let (mut mean_dxhat, mut mean_dxhat_xhat) = (0f32, 0f32);
+                    for i in 0..c {
+                        xhat[i] = (row[i] - mean) * rstd;
+                        let dxhat = g[i] * w[i];
+                        mean_dxhat += dxhat;
+                        mean_dxhat_xhat += dxhat * xhat[i];
+                        dw[i] += g[i] * xhat[i];
+                        db[i] += g[i];
+                    }
+                    mean_dxhat /= c as f32;
+                    mean_dxhat_xhat /= c as f32;
+                    for i in 0..c {
+                        d[i] = rstd * (g[i] * w[i] - mean_dxhat - xhat[i] * mean_dxhat_xhat);
+                    }
+                }
+                dwb
+            })
+            .collect();
+        let mut out = dx;
+        out.extend(sum_in_order(partials, 2 * c));
+        Ok((CpuStorage::F32(out), Shape::from(n + 2 * c)))
+    }
+}

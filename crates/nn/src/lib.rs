@@ -1,0 +1,28 @@
+//! wick-nn: layers whose forward and backward are each one fused op with a hand-written
+//! gradient, for training on Candle's CPU backend.
+//!
+//! Candle builds these layers from many small ops (or, for its fused `layer_norm`, with no
+//! backward at all). Each op allocates and is visited by backprop; on the CPU that costs
+//! more than the arithmetic. Here each layer is one [`candle_core::CustomOp1`]/`2`/`3`:
+//! - [`LayerNorm`] ([`layer_norm`]): normalise, scale and shift;
+//! - [`Gelu`] ([`gelu`]): the tanh approximation Candle's `Tensor::gelu` computes;
+//! - [`causal_attention`] (inside [`CausalSelfAttention`]): scores, causal mask, softmax
+//!   and the weighted sum, whose backward recomputes the probabilities instead of keeping
+//!   them;
+//! - [`cross_entropy`]: mean negative log-likelihood from logits.
+//!
+//! The fused path runs for contiguous f32 tensors on the CPU. On other devices and dtypes
+//! each function falls back to the composite Candle ops of the same layer (the same
+//! numbers, the usual speed) until a kernel exists. Layers are built from a candle-nn
+//! `VarBuilder`, like candle-nn's own.
+
+mod attention;
+mod cpu;
+mod cross_entropy;
+mod gelu;
+mod layer_norm;
+
+pub use attention::{causal_attention, causal_attention_composite, CausalSelfAttention};
+pub use cross_entropy::{cross_entropy, cross_entropy_composite};
+pub use gelu::{gelu, Gelu};
+pub use layer_norm::{layer_norm, layer_norm_composite, LayerNorm};

@@ -1,0 +1,158 @@
+//! Each fused layer against the composite Candle ops of the same layer: outputs and every
+//! input's gradient within 1e-5 (f32), on random inputs, odd sizes and a batch of one.
+
+use candle_core::{DType, Device, Module, Result, Tensor, Var};
+use wick_nn::{
+    causal_attention, causal_attention_composite, cross_entropy, cross_entropy_composite, gelu,
+    layer_norm_composite, LayerNorm,
+};
+
+const TOLERANCE: f32 = 1e-5;
+
+/// Deterministic values in [-scale, scale) (a 64-bit LCG keyed by `seed`).
+fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn var(shape: &[usize], seed: u64, scale: f32) -> Var {
+    let n = shape.iter().product();
+    Var::from_tensor(&Tensor::from_vec(values(n, seed, scale), shape, &Device::Cpu).unwrap())
+        .unwrap()
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims());
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar()
+        .unwrap()
+}
+
+/// Runs `fused` and `composite` on the same variables, back-propagates sum(out * r) for a
+/// random r through both, and compares outputs and gradients.
+fn check(
+    what: &str,
+    inputs: &[Var],
+    fused: impl Fn(&[Tensor]) -> Result<Tensor>,
+    composite: impl Fn(&[Tensor]) -> Result<Tensor>,
+) {
+    let ts: Vec<Tensor> = inputs.iter().map(|v| v.as_tensor().clone()).collect();
+    let (a, b) = (fused(&ts).unwrap(), composite(&ts).unwrap());
+    let diff = max_diff(&a, &b);
+    assert!(diff <= TOLERANCE, "{what}: outputs differ by {diff}");
+    let r = Tensor::from_vec(values(a.elem_count(), 99, 1.0), a.shape(), &Device::Cpu).unwrap();
+    let ga = (a * &r).unwrap().sum_all().unwrap().backward().unwrap();
+    let gb = (b * &r).unwrap().sum_all().unwrap().backward().unwrap();
+    for (i, v) in inputs.iter().enumerate() {
+        let (x, y) = (ga.get(v), gb.get(v));
+        let (Some(x), Some(y)) = (x, y) else {
+            panic!("{what}: input {i} has a gradient on one side only");
+        };
+        let diff = max_diff(x, y);
+        assert!(
+            diff <= TOLERANCE,
+            "{what}: gradient of input {i} differs by {diff}"
+        );
+    }
+}
+
+#[test]
+fn layer_norm_matches_the_composite() {
+    for (shape, seed) in [(vec![4, 7, 33], 1), (vec![1, 1, 5], 2), (vec![3, 128], 3)] {
+        let c = *shape.last().unwrap();
+        let inputs = [
+            var(&shape, seed, 2.0),
+            var(&[c], seed + 10, 1.0),
+            var(&[c], seed + 20, 1.0),
+        ];
+        check(
+            &format!("layer_norm {shape:?}"),
+            &inputs,
+            |t| LayerNorm::new(t[1].clone(), t[2].clone(), 1e-5).forward(&t[0]),
+            |t| layer_norm_composite(&t[0], &t[1], &t[2], 1e-5),
+        );
+    }
+}
+
+#[test]
+fn gelu_matches_the_composite() {
+    for (shape, seed) in [(vec![5, 13], 4), (vec![1], 5), (vec![2, 3, 65], 6)] {
+        check(
+            &format!("gelu {shape:?}"),
+            &[var(&shape, seed, 4.0)],
+            |t| gelu(&t[0]),
+            |t| t[0].gelu(),
+        );
+    }
+}
+
+#[test]
+fn causal_attention_matches_the_composite() {
+    for (shape, seed) in [
+        (vec![2, 3, 17, 8], 7),
+        (vec![1, 1, 1, 4], 8),
+        (vec![1, 4, 64, 32], 9),
+    ] {
+        let inputs = [
+            var(&shape, seed, 1.0),
+            var(&shape, seed + 1, 1.0),
+            var(&shape, seed + 2, 1.0),
+        ];
+        check(
+            &format!("attention {shape:?}"),
+            &inputs,
+            |t| causal_attention(&t[0], &t[1], &t[2]),
+            |t| causal_attention_composite(&t[0], &t[1], &t[2]),
+        );
+    }
+}
+
+#[test]
+fn cross_entropy_matches_the_composite() {
+    for (rows, classes, seed) in [(37, 11, 10), (1, 3, 11), (256, 96, 12)] {
+        let targets: Vec<u32> = (0..rows)
+            .map(|i| ((i * 7 + seed) % classes) as u32)
+            .collect();
+        let targets = Tensor::new(targets, &Device::Cpu).unwrap();
+        check(
+            &format!("cross_entropy {rows}x{classes}"),
+            &[var(&[rows, classes], seed as u64, 3.0)],
+            |t| cross_entropy(&t[0], &targets),
+            |t| cross_entropy_composite(&t[0], &targets),
+        );
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let logits = Tensor::zeros((4, 3), DType::F32, &Device::Cpu).unwrap();
+    let out_of_range = Tensor::new(&[0u32, 1, 2, 3], &Device::Cpu).unwrap();
+    let e = cross_entropy(&logits, &out_of_range)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("target 3 is not below the 3 classes"), "{e}");
+    let short = Tensor::new(&[0u32, 1], &Device::Cpu).unwrap();
+    assert!(cross_entropy(&logits, &short).is_err());
+    let q = Tensor::zeros((1, 1, 4, 2), DType::F32, &Device::Cpu).unwrap();
+    let k = Tensor::zeros((1, 1, 3, 2), DType::F32, &Device::Cpu).unwrap();
+    assert!(causal_attention(&q, &k, &k)
+        .unwrap_err()
+        .to_string()
+        .contains("one shape"));
+}

@@ -1,0 +1,96 @@
+//! Which parameters a backward reached, for the report of parameters that receive no
+//! gradient (a graph cut, such as candle-nn's `LayerNorm`, whose fused op has no backward;
+//! or a layer the loss never uses).
+//!
+//! A tensor handed to the model reached the loss's backward exactly when it is a node of
+//! the loss's graph on a path to a variable (`Tensor::sorted_nodes`). Full sharding adds
+//! what each unit's own backward finds: its graph is not the loss's.
+
+use candle_core::{Tensor, TensorId};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// The parameters' tensors handed out while looking, and those a unit found unreached.
+#[derive(Default)]
+pub(crate) struct ParamUse {
+    looking: AtomicBool,
+    /// Each tensor handed to the model, with the parameters it carries.
+    handed: Mutex<Vec<(TensorId, Vec<String>)>>,
+    /// Parameters a unit's own backward gave no gradient.
+    missed: Mutex<Vec<String>>,
+    /// Tensors a unit's backward could not pass a gradient to (its input, cut inside it).
+    cut: Mutex<Vec<TensorId>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl ParamUse {
+    /// Starts recording (for the next forward and backward).
+    pub(crate) fn start(&self) {
+        lock(&self.handed).clear();
+        lock(&self.missed).clear();
+        lock(&self.cut).clear();
+        self.looking.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_looking(&self) -> bool {
+        self.looking.load(Ordering::SeqCst)
+    }
+
+    /// Records `tensor`, carrying the parameters `names` gives, as handed to the model.
+    pub(crate) fn hand_out(&self, tensor: &Tensor, names: impl FnOnce() -> Vec<String>) {
+        if self.is_looking() {
+            lock(&self.handed).push((tensor.id(), names()));
+        }
+    }
+
+    /// Records that a unit's backward gave `name` no gradient.
+    pub(crate) fn missed(&self, name: &str) {
+        if self.is_looking() {
+            lock(&self.missed).push(name.to_string());
+        }
+    }
+
+    /// Records that a unit's backward found no gradient for its input `tensor`: whatever
+    /// made that tensor got none either.
+    pub(crate) fn cut(&self, tensor: &Tensor) {
+        if self.is_looking() {
+            lock(&self.cut).push(tensor.id());
+        }
+    }
+
+    /// Stops recording and returns the parameters `loss`'s backward did not reach.
+    pub(crate) fn finish(&self, loss: &Tensor) -> Vec<String> {
+        self.looking.store(false, Ordering::SeqCst);
+        let handed = std::mem::take(&mut *lock(&self.handed));
+        let cut = std::mem::take(&mut *lock(&self.cut));
+        // A cut tensor is in the graph, but its gradient was zeros made up by the unit.
+        let handed = handed.iter().map(|(id, n)| match cut.contains(id) {
+            true => (None, n.as_slice()),
+            false => (Some(*id), n.as_slice()),
+        });
+        let mut names = unreached(loss, handed);
+        names.append(&mut lock(&self.missed));
+        names
+    }
+}
+
+/// The names whose tensors are not in `loss`'s graph (or are `None`: known unreached), in
+/// the order given, each once.
+pub(crate) fn unreached<'a>(
+    loss: &Tensor,
+    handed: impl IntoIterator<Item = (Option<TensorId>, &'a [String])>,
+) -> Vec<String> {
+    let reached: HashSet<TensorId> = loss.sorted_nodes().iter().map(|t| t.id()).collect();
+    let mut seen = HashSet::new();
+    handed
+        .into_iter()
+        .filter(|(id, _)| !id.is_some_and(|id| reached.contains(&id)))
+        .flat_map(|(_, names)| names.iter())
+        .filter(|n| seen.insert(n.as_str()))
+        .cloned()
+        .collect()
+}

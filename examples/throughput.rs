@@ -1,0 +1,249 @@
+//! Training throughput: wick's strategies against a plain Candle training loop of the same
+//! GPT, in one run.
+//!
+//! `cargo run --release --example throughput` (add `--table` for step time against width
+//! and ranks).
+//!
+//! The model is the main job's GPT scaled up: 4 layers, d_model 128, 4 heads, context 64,
+//! vocabulary 96, global batch 16 (1024 tokens a step), AdamW, on token ids drawn from a
+//! fixed generator. One line per row:
+//! `impl=<wick|candle> strategy=<name> world=<W> tokens_per_s=<n>`, where `impl=candle` is
+//! a plain Candle loop (`VarMap`, candle-nn's `AdamW`) over the same model built from
+//! composite ops, and `impl=wick` runs the main job's model (wick-nn's fused layers) under
+//! the `Trainer`. Each row is the median step time of the measured steps after the warm-up
+//! ones. Lines starting with `#` give ratios of rows of this run.
+//!
+//! `--table` adds `table strategy=fsdp_full_shard d_model=<d> world=<W> step_ms=<t>` for
+//! d_model 128, 256 and 512 at W = 1, 2 and 4.
+
+use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_nn::{Embedding, Linear, Optimizer, VarBuilder, VarMap};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use wick::accelerator::{Accelerator, ThreadBudget};
+use wick::char_corpus::CharWindows;
+use wick::char_gpt::{CharGpt, GptConfig};
+use wick::core::{Callback, RunState, Strategy};
+use wick::nn::{causal_attention_composite, cross_entropy_composite, layer_norm_composite};
+use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
+use wick::trainer::{DataLoader, Trainer};
+
+const BATCH: usize = 16;
+const WARMUP: usize = 3;
+const MEASURED: usize = 10;
+const LR: f64 = 1e-3;
+
+fn config(d_model: usize) -> GptConfig {
+    GptConfig {
+        vocab: 96,
+        block: 64,
+        d_model,
+        n_layer: 4,
+        n_head: 4,
+    }
+}
+
+/// Token ids from a fixed 64-bit LCG: the benchmark is about speed, not learning.
+fn data(c: &GptConfig) -> CharWindows {
+    let mut s = 42u64;
+    let ids = (0..(WARMUP + MEASURED + 2) * BATCH * c.block + c.block + 1)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) % c.vocab as u64) as u32
+        })
+        .collect();
+    CharWindows::new(ids, c.block, c.block)
+}
+
+/// The median of the step times after the warm-up.
+fn median_step(times: &[Instant]) -> f64 {
+    let mut steps: Vec<f64> = times
+        .windows(2)
+        .skip(WARMUP - 1)
+        .map(|w| (w[1] - w[0]).as_secs_f64())
+        .collect();
+    steps.sort_by(f64::total_cmp);
+    steps[steps.len() / 2]
+}
+
+/// The end time of every step, on rank 0.
+#[derive(Clone, Default)]
+struct StepClock(Arc<Mutex<Vec<Instant>>>);
+
+impl Callback for StepClock {
+    fn on_train_batch_end(&mut self, state: &RunState) -> Result<()> {
+        if state.rank == 0 {
+            self.0.lock().unwrap().push(Instant::now());
+        }
+        Ok(())
+    }
+}
+
+/// wick's seconds per step for `strategy` at `world` ranks as threads with `budget`.
+fn wick_step(
+    c: GptConfig,
+    strategy: Box<dyn Strategy>,
+    world: usize,
+    budget: ThreadBudget,
+) -> anyhow::Result<f64> {
+    let clock = StepClock::default();
+    let mut trainer = Trainer::builder()
+        .accelerator(Accelerator::cpu(world)?.with_thread_budget(budget))
+        .strategy_instance(strategy)
+        .max_steps(WARMUP + MEASURED)
+        .seed(1)
+        .no_logger()
+        .progress(false)
+        .model_summary(false)
+        .callback(clock.clone())
+        .build()?;
+    let mut model = CharGpt::new(c, LR);
+    trainer.fit(&mut model, &DataLoader::new(data(&c), BATCH), None)?;
+    let times = clock.0.lock().unwrap().clone();
+    Ok(median_step(&times))
+}
+
+/// The same GPT as a plain Candle user writes it: candle-nn layers and composite ops.
+struct CandleGpt {
+    tok: Embedding,
+    pos: Tensor,
+    blocks: Vec<[(Tensor, Tensor); 2]>,
+    linears: Vec<[Linear; 4]>,
+    ln_f: (Tensor, Tensor),
+    out: Linear,
+    n_head: usize,
+}
+
+impl CandleGpt {
+    fn new(c: &GptConfig, vb: VarBuilder) -> Result<Self> {
+        let d = c.d_model;
+        let norm = |vb: VarBuilder| -> Result<(Tensor, Tensor)> {
+            Ok((
+                vb.get_with_hints(d, "weight", candle_nn::Init::Const(1.0))?,
+                vb.get_with_hints(d, "bias", candle_nn::Init::Const(0.0))?,
+            ))
+        };
+        let (mut blocks, mut linears) = (Vec::new(), Vec::new());
+        for i in 0..c.n_layer {
+            let vb = vb.pp(format!("blocks.{i}"));
+            blocks.push([norm(vb.pp("ln1"))?, norm(vb.pp("ln2"))?]);
+            linears.push([
+                candle_nn::linear(d, 3 * d, vb.pp("attn.qkv"))?,
+                candle_nn::linear(d, d, vb.pp("attn.proj"))?,
+                candle_nn::linear(d, 4 * d, vb.pp("mlp.fc"))?,
+                candle_nn::linear(4 * d, d, vb.pp("mlp.out"))?,
+            ]);
+        }
+        Ok(CandleGpt {
+            tok: candle_nn::embedding(c.vocab, d, vb.pp("tok"))?,
+            pos: vb.get((c.block, d), "pos")?,
+            blocks,
+            linears,
+            ln_f: norm(vb.pp("ln_f"))?,
+            out: candle_nn::linear(d, c.vocab, vb.pp("out"))?,
+            n_head: c.n_head,
+        })
+    }
+
+    fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let mut x = self.tok.forward(ids)?.broadcast_add(&self.pos)?;
+        let c = x.dim(2)?;
+        let hd = c / self.n_head;
+        for ([ln1, ln2], [qkv, proj, fc, fc_out]) in self.blocks.iter().zip(&self.linears) {
+            let h = layer_norm_composite(&x, &ln1.0, &ln1.1, 1e-5)?;
+            let qkv = qkv.forward(&h)?.reshape((b, t, 3, self.n_head, hd))?;
+            let head = |i| {
+                qkv.narrow(2, i, 1)?
+                    .squeeze(2)?
+                    .transpose(1, 2)?
+                    .contiguous()
+            };
+            let a = causal_attention_composite(&head(0)?, &head(1)?, &head(2)?)?;
+            x = (&x + proj.forward(&a.transpose(1, 2)?.reshape((b, t, c))?)?)?;
+            let h = fc
+                .forward(&layer_norm_composite(&x, &ln2.0, &ln2.1, 1e-5)?)?
+                .gelu()?;
+            x = (&x + fc_out.forward(&h)?)?;
+        }
+        let logits =
+            self.out
+                .forward(&layer_norm_composite(&x, &self.ln_f.0, &self.ln_f.1, 1e-5)?)?;
+        cross_entropy_composite(&logits.reshape((b * t, ()))?, &targets.reshape(b * t)?)
+    }
+}
+
+/// A plain Candle loop's seconds per step.
+fn candle_step(c: GptConfig) -> anyhow::Result<f64> {
+    let vars = VarMap::new();
+    let model = CandleGpt::new(&c, VarBuilder::from_varmap(&vars, DType::F32, &Device::Cpu))?;
+    let mut opt = candle_nn::AdamW::new(
+        vars.all_vars(),
+        candle_nn::ParamsAdamW {
+            lr: LR,
+            ..Default::default()
+        },
+    )?;
+    let data = data(&c);
+    let mut times = vec![Instant::now()];
+    for step in 0..WARMUP + MEASURED {
+        let indices: Vec<usize> = (step * BATCH..(step + 1) * BATCH).collect();
+        let (ids, targets) = wick::trainer::Dataset::batch(&data, &indices, &Device::Cpu)?;
+        opt.backward_step(&model.loss(&ids, &targets)?)?;
+        times.push(Instant::now());
+    }
+    Ok(median_step(&times[1..]))
+}
+
+fn main() -> anyhow::Result<()> {
+    let table = std::env::args().any(|a| a == "--table");
+    let c = config(128);
+    let tokens = (BATCH * c.block) as f64;
+    let row = |imp: &str, strategy: &str, world: usize, step: f64| {
+        let tps = tokens / step;
+        println!("impl={imp} strategy={strategy} world={world} tokens_per_s={tps:.0}");
+        tps
+    };
+    let candle = row("candle", "single", 1, candle_step(c)?);
+    let mut wick = std::collections::HashMap::new();
+    let fsdp = |s| -> Box<dyn Strategy> { Box::new(Fsdp::new(s)) };
+    for world in [1, 2] {
+        let mut runs: Vec<(&str, Box<dyn Strategy>)> = Vec::new();
+        if world == 1 {
+            runs.push(("single", strategy_by_name("single")?));
+        }
+        for name in ["ddp", "zero1", "zero2", "zero3"] {
+            runs.push((name, strategy_by_name(name)?));
+        }
+        runs.push(("fsdp_full_shard", fsdp(FsdpSharding::FullShard)));
+        runs.push(("fsdp_shard_grad_op", fsdp(FsdpSharding::ShardGradOp)));
+        for (name, strategy) in runs {
+            let step = wick_step(c, strategy, world, ThreadBudget::Auto)?;
+            let tps = row("wick", name, world, step);
+            wick.insert((name, world), tps);
+        }
+    }
+    let single = wick[&("single", 1)];
+    println!("# wick single / candle: {:.2}", single / candle);
+    for name in ["ddp", "fsdp_full_shard"] {
+        println!(
+            "# wick {name} W=2 / wick single: {:.2}",
+            wick[&(name, 2)] / single
+        );
+    }
+    if table {
+        for d_model in [128, 256, 512] {
+            for world in [1, 2, 4] {
+                let strategy = fsdp(FsdpSharding::FullShard);
+                let step = wick_step(config(d_model), strategy, world, ThreadBudget::Auto)?;
+                println!(
+                    "table strategy=fsdp_full_shard d_model={d_model} world={world} step_ms={:.1}",
+                    step * 1e3
+                );
+            }
+        }
+    }
+    Ok(())
+}

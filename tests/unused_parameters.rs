@@ -1,0 +1,117 @@
+//! Parameters that receive no gradient are reported by name at the first step, whatever
+//! the strategy: here because candle-nn's fused `LayerNorm` has no backward, so nothing
+//! before it trains. `error_on_unused_parameters` turns the report into an error.
+
+use crate::common::{loader, quiet_builder, FEATURES};
+use candle_core::{Module, Tensor};
+use candle_nn::{LayerNorm, Linear};
+use wick::core::{OptimizerConfig, ShardedContext, Strategy, TrainModule, Wrapped};
+use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
+use wick::trainer::TrainerError;
+
+/// linear -> candle-nn LayerNorm -> linear, each a unit of its own.
+#[derive(Clone, Default)]
+struct CutByLayerNorm {
+    units: Option<(Wrapped<Linear>, Wrapped<LayerNorm>, Wrapped<Linear>)>,
+}
+
+impl TrainModule for CutByLayerNorm {
+    type Batch = (Tensor, Tensor);
+
+    fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> candle_core::Result<()> {
+        self.units = Some((
+            ctx.wrap("first", |vb| candle_nn::linear(FEATURES, 8, vb))?,
+            ctx.wrap("norm", |vb| candle_nn::layer_norm(8, 1e-5, vb))?,
+            ctx.wrap("last", |vb| candle_nn::linear(8, 1, vb))?,
+        ));
+        Ok(())
+    }
+
+    fn configure_optimizers(&self) -> OptimizerConfig {
+        OptimizerConfig::sgd(0.1)
+    }
+
+    fn training_step(&mut self, (x, y): &Self::Batch, _: usize) -> candle_core::Result<Tensor> {
+        let (first, norm, last) = self.units.as_ref().expect("configured");
+        let h = first.apply(x, |l, x| l.forward(x))?;
+        let h = norm.apply(&h, |l, x| l.forward(x))?;
+        let out = last.apply(&h, |l, x| l.forward(x))?;
+        (out - y)?.sqr()?.mean_all()
+    }
+}
+
+/// Every strategy, at 1 and 2 ranks.
+fn strategies() -> Vec<(String, usize, Box<dyn Strategy>)> {
+    let mut all: Vec<(String, usize, Box<dyn Strategy>)> = Vec::new();
+    all.push(("single".into(), 1, strategy_by_name("single").unwrap()));
+    for world in [1, 2] {
+        for name in ["ddp", "zero1", "zero2", "zero3"] {
+            all.push((name.into(), world, strategy_by_name(name).unwrap()));
+        }
+        for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
+            let name = format!("fsdp {sharding:?}");
+            all.push((name, world, Box::new(Fsdp::new(sharding))));
+        }
+    }
+    all
+}
+
+const CUT: [&str; 4] = ["first.weight", "first.bias", "norm.weight", "norm.bias"];
+
+#[test]
+fn every_strategy_names_the_parameters_without_gradient() {
+    for (name, world, strategy) in strategies() {
+        let mut model = CutByLayerNorm::default();
+        let mut probe = quiet_builder(world, strategy.for_new_rank(), 2)
+            .build()
+            .unwrap();
+        // Warned, not failed: training goes on.
+        probe.fit(&mut model, &loader(), None).unwrap();
+        let e = quiet_builder(world, strategy, 2)
+            .error_on_unused_parameters(true)
+            .build()
+            .unwrap()
+            .fit(&mut CutByLayerNorm::default(), &loader(), None)
+            .expect_err(&format!("{name} at {world} did not refuse"));
+        let names = match &e {
+            TrainerError::UnusedParameters { names } => names.clone(),
+            TrainerError::RankFailed { message, .. } => {
+                assert!(
+                    message.contains("received no gradient"),
+                    "{name}: {message}"
+                );
+                CUT.iter()
+                    .filter(|n| message.contains(*n))
+                    .map(|n| n.to_string())
+                    .collect()
+            }
+            other => panic!("{name} at {world}: {other}"),
+        };
+        let mut sorted = names.clone();
+        sorted.sort();
+        let mut expected: Vec<String> = CUT.iter().map(|n| n.to_string()).collect();
+        expected.sort();
+        assert_eq!(sorted, expected, "{name} at {world}: {e}");
+        assert!(!e.to_string().contains("last."), "{name} at {world}: {e}");
+    }
+}
+
+#[test]
+fn a_model_whose_parameters_all_train_passes_the_strict_check() {
+    for (name, world, strategy) in strategies() {
+        let mut trainer = quiet_builder(world, strategy, 2)
+            .error_on_unused_parameters(true)
+            .build()
+            .unwrap();
+        let outcome = trainer.fit(
+            &mut crate::common::Mlp::new(OptimizerConfig::sgd(0.1)),
+            &loader(),
+            None,
+        );
+        assert!(
+            outcome.is_ok(),
+            "{name} at {world}: {}",
+            outcome.unwrap_err()
+        );
+    }
+}
