@@ -9,7 +9,7 @@
 //! fixed generator. One line per row:
 //! `impl=<wick|candle> strategy=<name> world=<W> tokens_per_s=<n>`, where `impl=candle` is
 //! a plain Candle loop (`VarMap`, candle-nn's `AdamW`) over the same model built from
-//! composite ops, and `impl=wick` runs the main job's model (wick-nn's fused layers) under
+//! composite ops, run in a child process with Candle's default settings, and `impl=wick` runs the main job's model (wick-nn's fused layers) under
 //! the `Trainer`. Each row is the median step time of the measured steps after the warm-up
 //! ones. Lines starting with `#` give ratios of rows of this run.
 //!
@@ -198,15 +198,29 @@ fn candle_step(c: GptConfig) -> anyhow::Result<f64> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let table = std::env::args().any(|a| a == "--table");
     let c = config(128);
+    if std::env::args().any(|a| a == "--candle-baseline") {
+        println!("{}", candle_step(c)?);
+        return Ok(());
+    }
+    let table = std::env::args().any(|a| a == "--table");
     let tokens = (BATCH * c.block) as f64;
     let row = |imp: &str, strategy: &str, world: usize, step: f64| {
         let tps = tokens / step;
         println!("impl={imp} strategy={strategy} world={world} tokens_per_s={tps:.0}");
         tps
     };
-    let candle = row("candle", "single", 1, candle_step(c)?);
+    // The plain Candle loop runs in a child process, with Candle's defaults: wick's first
+    // accelerator sets CANDLE_NUM_THREADS=1 for the rest of its process.
+    let baseline = std::process::Command::new(std::env::current_exe()?)
+        .arg("--candle-baseline")
+        .output()?;
+    anyhow::ensure!(
+        baseline.status.success(),
+        "the candle baseline failed: {baseline:?}"
+    );
+    let candle_step = String::from_utf8(baseline.stdout)?.trim().parse::<f64>()?;
+    let candle = row("candle", "single", 1, candle_step);
     let mut wick = std::collections::HashMap::new();
     let fsdp = |s| -> Box<dyn Strategy> { Box::new(Fsdp::new(s)) };
     for world in [1, 2] {

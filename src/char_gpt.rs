@@ -3,8 +3,8 @@
 //! `configure_sharded_model`.
 
 use candle_core::{Result, Tensor};
-use candle_nn::{Embedding, Linear, Module, VarBuilder};
-use wick_nn::{CausalSelfAttention, LayerNorm};
+use candle_nn::{Embedding, Module, VarBuilder};
+use wick_nn::{CausalSelfAttention, LayerNorm, Linear};
 
 /// Layer norms' epsilon.
 const EPS: f64 = 1e-5;
@@ -41,8 +41,8 @@ impl Block {
             ln1: wick_nn::layer_norm(d, EPS, vb.pp("ln1"))?,
             attn: CausalSelfAttention::new(d, c.n_head, vb.pp("attn"))?,
             ln2: wick_nn::layer_norm(d, EPS, vb.pp("ln2"))?,
-            fc: candle_nn::linear(d, 4 * d, vb.pp("mlp.fc"))?,
-            fc_out: candle_nn::linear(4 * d, d, vb.pp("mlp.out"))?,
+            fc: wick_nn::linear(d, 4 * d, vb.pp("mlp.fc"))?,
+            fc_out: wick_nn::linear(4 * d, d, vb.pp("mlp.out"))?,
         })
     }
 
@@ -87,7 +87,7 @@ impl Head {
     fn new(c: &GptConfig, vb: VarBuilder) -> Result<Self> {
         Ok(Head {
             ln_f: wick_nn::layer_norm(c.d_model, EPS, vb.pp("ln_f"))?,
-            out: candle_nn::linear(c.d_model, c.vocab, vb.pp("out"))?,
+            out: wick_nn::linear(c.d_model, c.vocab, vb.pp("out"))?,
         })
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::device::{check_gpus, rank_device, DeviceKind};
 use crate::launcher::LaunchEnv;
-use crate::thread_budget::{run_within, ThreadBudget};
+use crate::thread_budget::{quiet_candle_elementwise_pool, run_within, ThreadBudget};
 use crate::thread_world::{RankError, ThreadWorld};
 use candle_core::Device;
 use std::sync::Arc;
@@ -56,10 +56,14 @@ pub struct Accelerator {
 
 impl Accelerator {
     /// `devices` CPU ranks, run as threads of this process (whatever started it).
+    ///
+    /// The first accelerator of a process sets `CANDLE_NUM_THREADS=1` unless it is set:
+    /// Candle's element-wise pool spins beside the ranks (see [`ThreadBudget`]).
     pub fn cpu(devices: usize) -> Result<Self> {
         if devices == 0 {
             return Err(Error::config("devices", "must be at least 1, got 0"));
         }
+        quiet_candle_elementwise_pool();
         Ok(Accelerator {
             ranks: Ranks::Threads(devices),
             timeout: None,
@@ -147,6 +151,7 @@ impl Accelerator {
                 ),
             ));
         }
+        quiet_candle_elementwise_pool();
         Ok(Accelerator {
             ranks: Ranks::Process {
                 launch,

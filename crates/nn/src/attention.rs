@@ -3,8 +3,9 @@
 //! between forward and backward).
 
 use crate::cpu::{f32s, fused};
+use crate::linear::{linear, Linear};
 use candle_core::{CpuStorage, CustomOp3, Layout, Module, Result, Shape, Storage, Tensor, D};
-use candle_nn::{Linear, VarBuilder};
+use candle_nn::VarBuilder;
 use rayon::prelude::*;
 
 /// softmax(q kᵀ / sqrt(d) + causal mask) v for `q`, `k`, `v` of shape
@@ -46,7 +47,7 @@ pub fn causal_attention_composite(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<
     candle_nn::ops::softmax(&scores, D::Minus1)?.matmul(v)
 }
 
-/// Multi-head causal self-attention: a fused `qkv` projection, [`causal_attention`], and
+/// Multi-head causal self-attention: one [`Linear`] `qkv` projection, [`causal_attention`], and
 /// the output projection.
 #[derive(Clone, Debug)]
 pub struct CausalSelfAttention {
@@ -57,14 +58,14 @@ pub struct CausalSelfAttention {
 
 impl CausalSelfAttention {
     /// Attention over `d_model` wide inputs with `n_head` heads; weights `qkv` and `proj`
-    /// from `vb` (candle-nn `Linear`s with biases).
+    /// from `vb` (as candle-nn's `linear` makes them).
     pub fn new(d_model: usize, n_head: usize, vb: VarBuilder) -> Result<Self> {
         if n_head == 0 || d_model % n_head != 0 {
             candle_core::bail!("attention: {n_head} heads do not divide width {d_model}")
         }
         Ok(CausalSelfAttention {
-            qkv: candle_nn::linear(d_model, 3 * d_model, vb.pp("qkv"))?,
-            proj: candle_nn::linear(d_model, d_model, vb.pp("proj"))?,
+            qkv: linear(d_model, 3 * d_model, vb.pp("qkv"))?,
+            proj: linear(d_model, d_model, vb.pp("proj"))?,
             n_head,
         })
     }

@@ -9,7 +9,9 @@
 //! - [`causal_attention`] (inside [`CausalSelfAttention`]): scores, causal mask, softmax
 //!   and the weighted sum, whose backward recomputes the probabilities instead of keeping
 //!   them;
-//! - [`cross_entropy`]: mean negative log-likelihood from logits.
+//! - [`cross_entropy`]: mean negative log-likelihood from logits;
+//! - [`Linear`] ([`linear`]): candle-nn's linear layer, its bias added by one op whose
+//!   backward sums the bias gradient row by row.
 //!
 //! The fused path runs for contiguous f32 tensors on the CPU. On other devices and dtypes
 //! each function falls back to the composite Candle ops of the same layer (the same
@@ -21,8 +23,10 @@ mod cpu;
 mod cross_entropy;
 mod gelu;
 mod layer_norm;
+mod linear;
 
 pub use attention::{causal_attention, causal_attention_composite, CausalSelfAttention};
 pub use cross_entropy::{cross_entropy, cross_entropy_composite};
 pub use gelu::{gelu, Gelu};
 pub use layer_norm::{layer_norm, layer_norm_composite, LayerNorm};
+pub use linear::{linear, Linear};

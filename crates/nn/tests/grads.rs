@@ -140,6 +140,29 @@ fn cross_entropy_matches_the_composite() {
 }
 
 #[test]
+fn linear_matches_candle_nn() {
+    for (shape, out, seed) in [
+        (vec![4, 7, 33], 19, 13),
+        (vec![1, 3], 1, 14),
+        (vec![2, 64, 128], 512, 15),
+    ] {
+        let inp = *shape.last().unwrap();
+        let inputs = [
+            var(&shape, seed, 1.0),
+            var(&[out, inp], seed + 1, 0.5),
+            var(&[out], seed + 2, 0.5),
+        ];
+        let layer = |t: &[Tensor]| candle_nn::Linear::new(t[1].clone(), Some(t[2].clone()));
+        check(
+            &format!("linear {shape:?} -> {out}"),
+            &inputs,
+            |t| wick_nn::Linear::from(layer(t)).forward(&t[0]),
+            |t| layer(t).forward(&t[0]),
+        );
+    }
+}
+
+#[test]
 fn bad_inputs_are_errors() {
     let logits = Tensor::zeros((4, 3), DType::F32, &Device::Cpu).unwrap();
     let out_of_range = Tensor::new(&[0u32, 1, 2, 3], &Device::Cpu).unwrap();

@@ -1,0 +1,128 @@
+//! `Linear`: candle-nn's linear layer with the bias added by one op whose backward sums the
+//! bias gradient row by row (Candle's broadcast-add backward reduces over the batch
+//! dimensions with a strided sum, the slowest part of a small model's backward).
+
+use crate::cpu::{f32s, fused, rows_per_task, sum_in_order};
+use candle_core::{CpuStorage, CustomOp2, Layout, Module, Result, Shape, Tensor};
+use candle_nn::VarBuilder;
+use rayon::prelude::*;
+
+/// y = x Wᵀ + b over the last dimension of `x`. Same parameters (`weight` `[out, in]`,
+/// `bias` `[out]`) and initialisation as candle-nn's `linear`. Fused bias on the CPU in f32;
+/// candle-nn's `Linear` elsewhere.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    inner: candle_nn::Linear,
+}
+
+/// A [`Linear`] from `in_dim` to `out_dim` features, with a bias, its parameters from `vb`
+/// exactly as `candle_nn::linear` makes them.
+pub fn linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
+    Ok(Linear {
+        inner: candle_nn::linear(in_dim, out_dim, vb)?,
+    })
+}
+
+impl From<candle_nn::Linear> for Linear {
+    /// The same layer (weight and bias), with the fused bias when it has one.
+    fn from(inner: candle_nn::Linear) -> Self {
+        Linear { inner }
+    }
+}
+
+impl Linear {
+    /// The weight, `[out, in]`.
+    pub fn weight(&self) -> &Tensor {
+        self.inner.weight()
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (w, b) = (self.inner.weight(), self.inner.bias());
+        let Some(b) = b.filter(|b| fused(&[x, w, b])) else {
+            return self.inner.forward(x);
+        };
+        let (in_dim, out_dim) = (w.dim(1)?, w.dim(0)?);
+        let mut dims = x.dims().to_vec();
+        let rows = x.elem_count() / in_dim;
+        let y = x.reshape((rows, in_dim))?.matmul(&w.t()?)?;
+        let y = y.apply_op2(&b.contiguous()?, AddBias)?;
+        if let Some(last) = dims.last_mut() {
+            *last = out_dim;
+        }
+        y.reshape(dims)
+    }
+}
+
+/// `[rows, n]` + `[n]`, broadcast over the rows.
+struct AddBias;
+
+impl CustomOp2 for AddBias {
+    fn name(&self) -> &'static str {
+        "wick-add-bias"
+    }
+
+    fn cpu_fwd(
+        &self,
+        ys: &CpuStorage,
+        yl: &Layout,
+        bs: &CpuStorage,
+        bl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (y, b) = (f32s(self.name(), ys, yl)?, f32s(self.name(), bs, bl)?);
+        let n = b.len();
+        let task = rows_per_task(n) * n;
+        let mut out = vec![0f32; y.len()];
+        out.par_chunks_mut(task)
+            .zip(y.par_chunks(task))
+            .for_each(|(out, y)| {
+                for (o_row, y_row) in out.chunks_exact_mut(n).zip(y.chunks_exact(n)) {
+                    for ((o, y), b) in o_row.iter_mut().zip(y_row).zip(b) {
+                        *o = y + b;
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(out), yl.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _y: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let db = grad.contiguous()?.apply_op1_no_bwd(&ColumnSums)?;
+        Ok((Some(grad.clone()), Some(db.reshape(b.shape())?)))
+    }
+}
+
+/// The sums of a `[rows, n]` matrix's columns, in a fixed order (the same bits on any
+/// number of threads).
+struct ColumnSums;
+
+impl candle_core::CustomOp1 for ColumnSums {
+    fn name(&self) -> &'static str {
+        "wick-column-sums"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = f32s(self.name(), s, l)?;
+        let n = l.shape().dims().last().copied().unwrap_or(1);
+        let task = rows_per_task(n) * n;
+        let partials: Vec<Vec<f32>> = g
+            .par_chunks(task)
+            .map(|rows| {
+                let mut sums = vec![0f32; n];
+                for row in rows.chunks_exact(n) {
+                    for (s, v) in sums.iter_mut().zip(row) {
+                        *s += v;
+                    }
+                }
+                sums
+            })
+            .collect();
+        Ok((CpuStorage::F32(sum_in_order(partials, n)), Shape::from(n)))
+    }
+}
