@@ -11,7 +11,8 @@
 //! a plain Candle loop (`VarMap`, candle-nn's `AdamW`) over the same model built from
 //! composite ops, run in a child process with Candle's default settings, and `impl=wick` runs the main job's model (wick-nn's fused layers) under
 //! the `Trainer`. Each row is the median step time of the measured steps after the warm-up
-//! ones. Lines starting with `#` give ratios of rows of this run.
+//! ones. Lines starting with `#` give ratios of rows of this run, and ddp at W=2 without
+//! the thread budget (both ranks on Candle's one global pool).
 //!
 //! `--table` adds `table strategy=fsdp_full_shard d_model=<d> world=<W> step_ms=<t>` for
 //! d_model 128, 256 and 512 at W = 1, 2 and 4.
@@ -247,6 +248,12 @@ fn main() -> anyhow::Result<()> {
             wick[&(name, 2)] / single
         );
     }
+    // The same ddp at W=2 with both ranks on Candle's one global rayon pool (no budget).
+    let shared = tokens / wick_step(c, strategy_by_name("ddp")?, 2, ThreadBudget::Shared)?;
+    println!(
+        "# wick ddp W=2 with both ranks on Candle's shared pool: tokens_per_s={shared:.0}, {:.2} of the budgeted ddp",
+        shared / wick[&("ddp", 2)]
+    );
     if table {
         for d_model in [128, 256, 512] {
             for world in [1, 2, 4] {
