@@ -19,15 +19,22 @@
 
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear, Optimizer, VarBuilder, VarMap};
+use char_corpus::CharWindows;
+use char_gpt::{CharGpt, GptConfig};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use wick::accelerator::{Accelerator, ThreadBudget};
-use wick::char_corpus::CharWindows;
-use wick::char_gpt::{CharGpt, GptConfig};
 use wick::core::{Callback, RunState, Strategy};
 use wick::nn::{causal_attention_composite, cross_entropy_composite, layer_norm_composite};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
 use wick::trainer::{DataLoader, Trainer};
+
+// The main job's model and windows, from the `wick` program's own modules.
+#[path = "../src/char_corpus.rs"]
+#[allow(dead_code)]
+mod char_corpus;
+#[path = "../src/char_gpt.rs"]
+mod char_gpt;
 
 const BATCH: usize = 16;
 const WARMUP: usize = 3;

@@ -27,11 +27,6 @@ impl Vocab {
         self.chars.len()
     }
 
-    /// Whether the vocabulary is empty.
-    pub fn is_empty(&self) -> bool {
-        self.chars.is_empty()
-    }
-
     /// The ids of `text`'s characters (characters outside the vocabulary are an error).
     pub fn encode(&self, text: &str) -> std::result::Result<Vec<u32>, char> {
         text.chars()

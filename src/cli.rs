@@ -1,284 +1,407 @@
-//! The `wick` program's command line: `wick fit [options]`.
+//! The `wick` program's command line (clap): `fit`, `consolidate`, `inspect`, `estimate`.
+//!
+//! `wick fit --config run.toml` reads every option of `fit` from a TOML file whose keys are
+//! the long options without their dashes (`max-steps = 400`); options given on the command
+//! line override the file, and `--print-config` prints the effective options as TOML and
+//! exits, as LightningCLI's `--config` and `--print_config` do.
 
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-/// Options of `wick fit`.
-#[derive(Debug, Clone, PartialEq)]
+/// wick: Lightning-style training with sharded data parallelism for Candle.
+#[derive(Debug, Parser)]
+#[command(name = "wick", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// What the command line asks for.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train a small GPT-style character model on the corpus bundled with wick (or --data),
+    /// with ranks as threads (or processes under mpirun/srun, or GPUs).
+    Fit(Box<FitFlags>),
+    /// Write a checkpoint's parameters as one plain safetensors file under the model's names
+    /// (and, with --with-optimizer, the optimizer state to OUT.optimizer.safetensors).
+    Consolidate {
+        /// A checkpoint directory, or a checkpoint root such as checkpoints/last.
+        checkpoint: PathBuf,
+        /// The safetensors file to write.
+        out: PathBuf,
+        /// Also write the optimizer state.
+        #[arg(long)]
+        with_optimizer: bool,
+    },
+    /// Print a checkpoint's step, strategy, world size, optimizer, metrics and file sizes,
+    /// after checking it whole (a damaged checkpoint gets the errors loading it would).
+    Inspect {
+        /// A checkpoint directory, or a checkpoint root such as checkpoints/last.
+        checkpoint: PathBuf,
+        /// Also list every parameter's name, shape and dtype.
+        #[arg(long)]
+        tensors: bool,
+    },
+    /// Model-state bytes per rank for each strategy (parameters, gradients, AdamW state) and
+    /// the largest unit held under full_shard: will it fit at W ranks?
+    Estimate(EstimateArgs),
+}
+
+/// A registry strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StrategyName {
+    Single,
+    Ddp,
+    Zero1,
+    Zero2,
+    Zero3,
+    Fsdp,
+}
+
+/// An FSDP sharding strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum ShardingName {
+    FullShard,
+    ShardGradOp,
+    NoShard,
+    HybridShard,
+}
+
+/// A precision of FSDP's sharded modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum PrecisionName {
+    #[value(name = "32")]
+    #[serde(rename = "32")]
+    Full,
+    #[value(name = "bf16-mixed")]
+    #[serde(rename = "bf16-mixed")]
+    Bf16Mixed,
+    #[value(name = "16-mixed")]
+    #[serde(rename = "16-mixed")]
+    F16Mixed,
+}
+
+/// Where each rank computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AcceleratorName {
+    Cpu,
+    Cuda,
+}
+
+/// The name clap and the TOML file use for a value of one of the enums above.
+pub fn name_of<T: ValueEnum>(value: T) -> String {
+    value
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default()
+}
+
+/// The effective options of `wick fit`: the defaults, overridden by `--config`, overridden
+/// by the command line. Keys in TOML are the long options without dashes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FitArgs {
-    /// Strategy name from the registry.
-    pub strategy: String,
-    /// Ranks: threads of this process (default 2), or, under `mpirun` / `srun`, the
-    /// launcher's processes (default: as many as it started).
-    pub devices: Option<usize>,
-    /// Where each rank computes: `cpu`, or `cuda` (a GPU per rank; the `cuda` feature).
-    pub accelerator: String,
-    /// Compute threads per rank (ranks as threads); `None`: the cores shared out.
-    pub threads_per_rank: Option<usize>,
-    /// Optimizer steps.
-    pub max_steps: usize,
-    /// Seed of init and data order.
-    pub seed: u64,
-    /// Run name (the metrics folder).
-    pub run_name: String,
-    /// Where runs are logged.
-    pub log_dir: PathBuf,
-    /// Global batch size (sequences).
-    pub batch_size: usize,
-    /// AdamW learning rate.
-    pub lr: f64,
-    /// Validate every this many steps.
-    pub val_every: usize,
-    /// A text file to train on instead of the bundled corpus.
-    pub data: Option<PathBuf>,
-    /// Draw the progress bar (when stdout is a terminal).
-    pub progress: bool,
-    /// FSDP sharding strategy (with `--strategy fsdp`).
-    pub sharding: String,
-    /// Ranks per sharding group for `hybrid_shard`.
+    pub strategy: StrategyName,
+    pub sharding: ShardingName,
     pub group_size: usize,
-    /// Global batches accumulated per optimizer step.
-    pub accumulate: usize,
-    /// Clip gradients to this global norm.
-    pub clip: Option<f64>,
-    /// `32`, `bf16-mixed` or `16-mixed` (fsdp's sharded modes).
-    pub precision: String,
-    /// fsdp auto-wrap: name prefixes of the blocks that become units of their own.
+    pub precision: PrecisionName,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub auto_wrap: Option<Vec<String>>,
-    /// fsdp full/hybrid sharding: gather the next unit in the background.
     pub prefetch: bool,
-    /// Where checkpoints are saved (`step-N/` directories and the `last` pointer).
+    pub accumulate: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip: Option<f64>,
+    /// Ranks: threads (default 2), or a launcher's processes (default: as many as it started).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub devices: Option<usize>,
+    pub accelerator: AcceleratorName,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threads_per_rank: Option<usize>,
+    pub max_steps: usize,
+    pub seed: u64,
+    pub batch_size: usize,
+    pub lr: f64,
+    pub val_every: usize,
+    pub run_name: String,
+    pub log_dir: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<PathBuf>,
+    pub progress: bool,
     pub checkpoint_dir: PathBuf,
-    /// Save a checkpoint every this many steps (and at the end); `None`: never.
-    pub save_every: Option<usize>,
-    /// Keep only this many newest checkpoints.
+    /// Save a checkpoint every this many steps and at the end; 0: never.
+    pub save_every: usize,
     pub keep_last: usize,
-    /// Resume from this checkpoint (`last`: the newest in `checkpoint_dir`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub resume: Option<PathBuf>,
 }
 
 impl Default for FitArgs {
     fn default() -> Self {
         FitArgs {
-            strategy: "fsdp".into(),
+            strategy: StrategyName::Fsdp,
+            sharding: ShardingName::FullShard,
+            group_size: 2,
+            precision: PrecisionName::Full,
+            auto_wrap: None,
+            prefetch: false,
+            accumulate: 1,
+            clip: None,
             devices: None,
-            accelerator: "cpu".into(),
+            accelerator: AcceleratorName::Cpu,
             threads_per_rank: None,
             max_steps: 400,
             seed: 0,
-            run_name: "char-gpt".into(),
-            log_dir: "runs".into(),
             batch_size: 32,
             lr: 3e-3,
             val_every: 100,
+            run_name: "char-gpt".into(),
+            log_dir: "runs".into(),
             data: None,
             progress: true,
-            sharding: "full_shard".into(),
-            group_size: 2,
-            accumulate: 1,
-            clip: None,
-            precision: "32".into(),
-            auto_wrap: None,
-            prefetch: false,
             checkpoint_dir: "checkpoints".into(),
-            save_every: Some(100),
+            save_every: 100,
             keep_last: 3,
             resume: None,
         }
     }
 }
 
-/// What the command line asks for.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Command {
-    /// Train the character GPT.
-    Fit(Box<FitArgs>),
-    /// Write a checkpoint's parameters as one safetensors file.
-    Consolidate {
-        /// The checkpoint directory (or a checkpoint root / its `last` file).
-        checkpoint: PathBuf,
-        /// The file to write.
-        out: PathBuf,
-        /// Also write the optimizer state beside it.
-        with_optimizer: bool,
-    },
-    /// Print usage.
-    Help,
+/// `wick fit`'s command line: every option is optional here, so that only those given
+/// override the config file. Serialized (given ones only), they are a TOML overlay.
+#[derive(Debug, Default, Args, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct FitFlags {
+    /// Read every option from this TOML file (keys: the long options without dashes);
+    /// options on the command line override it.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Print the effective options as TOML and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub print_config: bool,
+    /// Distribution strategy [default: fsdp].
+    #[arg(long, value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<StrategyName>,
+    /// FSDP sharding [default: full_shard].
+    #[arg(long, value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sharding: Option<ShardingName>,
+    /// Ranks per group for hybrid_shard [default: 2].
+    #[arg(long, value_parser = positive, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<usize>,
+    /// fsdp: units computed and gradients reduced in 16 bits [default: 32].
+    #[arg(long, value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub precision: Option<PrecisionName>,
+    /// fsdp: only blocks whose names start with one of these prefixes are units of their
+    /// own (e.g. blocks.); the others share one root unit [default: every block].
+    #[arg(long, value_delimiter = ',', value_name = "P,Q")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto_wrap: Option<Vec<String>>,
+    /// fsdp full_shard/hybrid_shard: gather the next unit in the background.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "is_false")]
+    pub prefetch: bool,
+    /// Global batches per optimizer step [default: 1].
+    #[arg(long, value_parser = positive, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accumulate: Option<usize>,
+    /// Clip gradients to this global L2 norm.
+    #[arg(long, value_parser = positive_number, value_name = "X", allow_hyphen_values = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip: Option<f64>,
+    /// Ranks: threads [default: 2], or under mpirun/srun (a build with --features mpi) one
+    /// per process, as many as the launcher started.
+    #[arg(long, value_parser = positive, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub devices: Option<usize>,
+    /// cpu, or cuda: rank r on GPU r (a build with --features cuda, or cuda,nccl)
+    /// [default: cpu].
+    #[arg(long, value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accelerator: Option<AcceleratorName>,
+    /// Compute threads of each rank as a thread [default: the cores shared out].
+    #[arg(long, value_parser = positive, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threads_per_rank: Option<usize>,
+    /// Optimizer steps [default: 400].
+    #[arg(long, value_parser = positive, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<usize>,
+    /// Seed of init and data order [default: 0].
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Global batch size, a multiple of --devices [default: 32].
+    #[arg(long, value_parser = positive, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<usize>,
+    /// AdamW learning rate [default: 0.003].
+    #[arg(long, value_parser = positive_number, value_name = "X", allow_hyphen_values = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// Validate every N steps [default: 100].
+    #[arg(long, value_parser = positive, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_every: Option<usize>,
+    /// Metrics go to <log dir>/<run name>/metrics.csv [default: char-gpt].
+    #[arg(long, value_name = "NAME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_name: Option<String>,
+    /// [default: runs]
+    #[arg(long, value_name = "DIR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_dir: Option<PathBuf>,
+    /// Train on this UTF-8 text instead of the bundled corpus.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    #[serde(skip)]
+    pub no_progress: bool,
+    /// Where checkpoints go: D/step-N/ and D/last [default: checkpoints].
+    #[arg(long, value_name = "D")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Save a checkpoint every N steps and at the end [default: 100].
+    #[arg(long, value_parser = positive, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub save_every: Option<usize>,
+    /// Save no checkpoints.
+    #[arg(long, conflicts_with = "save_every")]
+    #[serde(skip)]
+    pub no_checkpoints: bool,
+    /// Keep the K newest checkpoints [default: 3].
+    #[arg(long, value_parser = positive, value_name = "K")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_last: Option<usize>,
+    /// Continue from checkpoint C, or 'last' for the newest in --checkpoint-dir (at any
+    /// --devices; raise --max-steps to train further).
+    #[arg(long, value_name = "C")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resume: Option<PathBuf>,
 }
 
-/// Usage text.
-pub const USAGE: &str = "\
-usage: wick fit [options]
-       wick consolidate CHECKPOINT OUT.safetensors [--with-optimizer]
-
-fit trains a small GPT-style character model on the corpus bundled with wick (or --data
-FILE), with ranks as threads on the CPU. consolidate writes a checkpoint's parameters as one
-plain safetensors file under the model's own names (and, with --with-optimizer, the
-optimizer state to OUT.optimizer.safetensors); CHECKPOINT may be a checkpoint directory or
-a checkpoint root such as checkpoints/last.
-
-options:
-  --strategy NAME     distribution strategy: one of STRATEGIES (default fsdp)
-  --sharding NAME     fsdp sharding: one of SHARDINGS (default full_shard)
-  --group-size N      ranks per group for hybrid_shard (default 2)
-  --precision P       32, bf16-mixed or 16-mixed (fsdp: units computed, gradients reduced in 16 bits)
-  --auto-wrap P,Q     fsdp: only blocks named P..., Q... are units of their own (e.g. blocks.);
-                      the others share one root unit (default: every block is a unit)
-  --prefetch          fsdp full_shard/hybrid_shard: gather the next unit in the background
-  --accumulate N      global batches per optimizer step (default 1)
-  --clip X            clip gradients to this global L2 norm
-  --devices N         ranks: threads (default 2), or under mpirun/srun (a build with
-                      --features mpi) one per process, as many as the launcher started
-  --accelerator A     cpu (default) or cuda: rank r on GPU r (a build with --features
-                      cuda, or cuda,nccl for NCCL collectives)
-  --threads-per-rank N  compute threads of each rank as a thread (default: the cores
-                      shared out between the ranks)
-  --max-steps N       optimizer steps (default 400)
-  --seed N            seed of init and data order (default 0)
-  --batch-size N      global batch size, a multiple of --devices (default 32)
-  --lr X              AdamW learning rate (default 0.003)
-  --val-every N       validate every N steps (default 100)
-  --run-name NAME     metrics go to <log dir>/<run name>/metrics.csv (default char-gpt)
-  --log-dir DIR       (default runs)
-  --data FILE         train on this UTF-8 text instead of the bundled corpus
-  --no-progress       no progress bar
-  --checkpoint-dir D  where checkpoints go: D/step-N/ and D/last (default checkpoints)
-  --save-every N      save a checkpoint every N steps and at the end (default 100)
-  --no-checkpoints    save no checkpoints
-  --keep-last K       keep the K newest checkpoints (default 3)
-  --resume C          continue from checkpoint C, or 'last' for the newest in --checkpoint-dir
-                      (at any --devices; raise --max-steps to train further)
-";
-
-fn value<T: std::str::FromStr>(
-    flag: &str,
-    raw: Option<&String>,
-    expected: &str,
-) -> Result<T, String> {
-    let raw = raw.ok_or_else(|| format!("{flag} needs a value ({expected})"))?;
-    raw.parse()
-        .map_err(|_| format!("invalid value '{raw}' for {flag}: expected {expected}"))
+/// `wick estimate`'s options.
+#[derive(Debug, Args)]
+pub struct EstimateArgs {
+    /// Parameters of the model; without it, the main job's model of the sizes below.
+    #[arg(long, value_parser = positive, value_name = "N")]
+    pub params: Option<usize>,
+    /// Ranks.
+    #[arg(long, value_parser = positive, value_name = "W", default_value_t = 2)]
+    pub world: usize,
+    /// Precision of full_shard's gathered units.
+    #[arg(long, value_enum, default_value = "32")]
+    pub precision: PrecisionName,
+    /// Main job model: width.
+    #[arg(long, value_parser = positive, default_value_t = 64)]
+    pub d_model: usize,
+    /// Main job model: transformer blocks.
+    #[arg(long, value_parser = positive, default_value_t = 2)]
+    pub n_layer: usize,
+    /// Main job model: attention heads.
+    #[arg(long, value_parser = positive, default_value_t = 4)]
+    pub n_head: usize,
+    /// Main job model: vocabulary (85 for the bundled corpus).
+    #[arg(long, value_parser = positive, default_value_t = 85)]
+    pub vocab: usize,
+    /// Main job model: context length.
+    #[arg(long, value_parser = positive, default_value_t = 64)]
+    pub block: usize,
 }
 
-fn positive(flag: &str, raw: Option<&String>) -> Result<usize, String> {
-    match value::<usize>(flag, raw, "a positive integer")? {
-        0 => Err(format!(
-            "invalid value '0' for {flag}: expected a positive integer"
-        )),
-        n => Ok(n),
+fn is_false(b: &bool) -> bool {
+    !b
+}
+
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("expected a positive integer".into()),
     }
 }
 
-/// Parses the arguments after the program name.
-pub fn parse(args: &[String]) -> Result<Command, String> {
-    let mut it = args.iter();
-    match it.next().map(String::as_str) {
-        None | Some("-h" | "--help" | "help") => return Ok(Command::Help),
-        Some("fit") => {}
-        Some("consolidate") => return parse_consolidate(it.as_slice()),
-        Some(other) => {
-            return Err(format!(
-                "unknown command '{other}'; valid: fit, consolidate"
-            ))
+fn positive_number(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x.is_finite() => Ok(x),
+        _ => Err("expected a positive number".into()),
+    }
+}
+
+impl FitFlags {
+    /// The effective options: defaults, then `--config`'s file, then the command line.
+    pub fn resolve(&self) -> Result<FitArgs, String> {
+        let mut table = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("--config {}: {e}", path.display()))?;
+                text.parse::<toml::Table>()
+                    .map_err(|e| format!("--config {}: {e}", path.display()))?
+            }
+            None => toml::Table::new(),
+        };
+        let overlay = toml::Table::try_from(self).map_err(|e| e.to_string())?;
+        table.extend(overlay);
+        if self.no_progress {
+            table.insert("progress".into(), false.into());
         }
-    }
-    let mut a = FitArgs::default();
-    while let Some(flag) = it.next() {
-        match flag.as_str() {
-            "--strategy" => {
-                let name: String = value(flag, it.next(), "a strategy name")?;
-                wick_strategies::strategy_by_name(&name).map_err(|e| e.to_string())?;
-                a.strategy = name;
-            }
-            "--sharding" => {
-                let name: String = value(flag, it.next(), "a sharding name")?;
-                wick_strategies::FsdpSharding::from_name(&name, 1).map_err(|e| e.to_string())?;
-                a.sharding = name;
-            }
-            "--group-size" => a.group_size = positive(flag, it.next())?,
-            "--precision" => {
-                let p: String = value(flag, it.next(), "a precision")?;
-                wick_strategies::MixedPrecision::from_name(&p).map_err(|e| e.to_string())?;
-                a.precision = p;
-            }
-            "--accumulate" => a.accumulate = positive(flag, it.next())?,
-            "--auto-wrap" => {
-                let list: String = value(flag, it.next(), "comma-separated name prefixes")?;
-                a.auto_wrap = Some(
-                    list.split(',')
-                        .filter(|p| !p.is_empty())
-                        .map(String::from)
-                        .collect(),
-                );
-            }
-            "--clip" => {
-                let c: f64 = value(flag, it.next(), "a positive number")?;
-                if !(c > 0.0 && c.is_finite()) {
-                    return Err(format!(
-                        "invalid value '{c}' for --clip: expected a positive number"
-                    ));
-                }
-                a.clip = Some(c);
-            }
-            "--devices" => a.devices = Some(positive(flag, it.next())?),
-            "--threads-per-rank" => a.threads_per_rank = Some(positive(flag, it.next())?),
-            "--accelerator" => {
-                a.accelerator = value(flag, it.next(), "cpu or cuda")?;
-                if !matches!(a.accelerator.as_str(), "cpu" | "cuda") {
-                    return Err(format!(
-                        "invalid value '{}' for --accelerator: expected cpu or cuda",
-                        a.accelerator
-                    ));
-                }
-            }
-            "--max-steps" => a.max_steps = positive(flag, it.next())?,
-            "--seed" => a.seed = value(flag, it.next(), "a non-negative integer")?,
-            "--batch-size" => a.batch_size = positive(flag, it.next())?,
-            "--lr" => {
-                a.lr = value(flag, it.next(), "a positive number")?;
-                if !(a.lr > 0.0 && a.lr.is_finite()) {
-                    return Err(format!(
-                        "invalid value '{}' for --lr: expected a positive number",
-                        a.lr
-                    ));
-                }
-            }
-            "--val-every" => a.val_every = positive(flag, it.next())?,
-            "--run-name" => a.run_name = value(flag, it.next(), "a name")?,
-            "--log-dir" => a.log_dir = value(flag, it.next(), "a directory")?,
-            "--data" => a.data = Some(value(flag, it.next(), "a file")?),
-            "--no-progress" => a.progress = false,
-            "--checkpoint-dir" => a.checkpoint_dir = value(flag, it.next(), "a directory")?,
-            "--save-every" => a.save_every = Some(positive(flag, it.next())?),
-            "--no-checkpoints" => a.save_every = None,
-            "--keep-last" => a.keep_last = positive(flag, it.next())?,
-            "--resume" => a.resume = Some(value(flag, it.next(), "a checkpoint or 'last'")?),
-            "--prefetch" => a.prefetch = true,
-            "-h" | "--help" => return Ok(Command::Help),
-            other => {
-                return Err(format!(
-                    "unknown option '{other}'; run 'wick --help' for the list"
-                ))
-            }
+        if self.no_checkpoints {
+            table.insert("save-every".into(), 0i64.into());
         }
+        let where_from = match &self.config {
+            Some(path) => format!("--config {}", path.display()),
+            None => "the options".into(),
+        };
+        let mut args: FitArgs = table
+            .try_into()
+            .map_err(|e: toml::de::Error| format!("{where_from}: {}", e.message().trim()))?;
+        args.check().map_err(|e| format!("{where_from}: {e}"))?;
+        if args.resume.as_deref() == Some(std::path::Path::new("last")) {
+            args.resume = Some(
+                args.checkpoint_dir
+                    .join(wick_trainer::checkpoint::LAST_FILE),
+            );
+        }
+        Ok(args)
     }
-    if a.resume.as_deref() == Some(std::path::Path::new("last")) {
-        a.resume = Some(a.checkpoint_dir.join(wick_trainer::checkpoint::LAST_FILE));
-    }
-    Ok(Command::Fit(Box::new(a)))
 }
 
-fn parse_consolidate(args: &[String]) -> Result<Command, String> {
-    let with_optimizer = args.iter().any(|a| a == "--with-optimizer");
-    let paths: Vec<&String> = args.iter().filter(|a| *a != "--with-optimizer").collect();
-    match paths.as_slice() {
-        [checkpoint, out] if !checkpoint.starts_with("--") && !out.starts_with("--") => {
-            Ok(Command::Consolidate {
-                checkpoint: PathBuf::from(checkpoint),
-                out: PathBuf::from(out),
-                with_optimizer,
-            })
+impl FitArgs {
+    /// What clap checks on the command line, checked again for values from a file.
+    fn check(&self) -> Result<(), String> {
+        let positive = [
+            ("group-size", self.group_size),
+            ("accumulate", self.accumulate),
+            ("max-steps", self.max_steps),
+            ("batch-size", self.batch_size),
+            ("val-every", self.val_every),
+            ("keep-last", self.keep_last),
+        ];
+        if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("{key} must be a positive integer, got 0"));
         }
-        _ => Err("usage: wick consolidate CHECKPOINT OUT.safetensors [--with-optimizer]".into()),
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return Err(format!("lr must be a positive number, got {}", self.lr));
+        }
+        if self.devices == Some(0) || self.threads_per_rank == Some(0) {
+            return Err("devices and threads-per-rank must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// These options as TOML, which `--config` reads back.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("the options serialize")
     }
 }
 
@@ -286,82 +409,131 @@ fn parse_consolidate(args: &[String]) -> Result<Command, String> {
 mod tests {
     use super::*;
 
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
+    fn parse(s: &str) -> Result<Command, String> {
+        Cli::try_parse_from(std::iter::once("wick").chain(s.split_whitespace()))
+            .map(|c| c.command)
+            .map_err(|e| e.to_string())
+    }
+
+    fn fit(s: &str) -> Result<FitArgs, String> {
+        match parse(s)? {
+            Command::Fit(flags) => flags.resolve(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn temp_file(name: &str, text: &str) -> PathBuf {
+        let path = std::env::temp_dir().join(format!("wick-cli-{}-{name}", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        path
     }
 
     #[test]
     fn defaults_and_overrides() {
-        assert_eq!(parse(&args("fit")).unwrap(), Command::Fit(Box::default()));
-        let Command::Fit(a) = parse(&args(
-            "fit --strategy single --devices 1 --max-steps 5 --seed 9 --threads-per-rank 3",
-        ))
-        .unwrap() else {
-            panic!()
-        };
+        assert_eq!(fit("fit").unwrap(), FitArgs::default());
+        let a =
+            fit("fit --strategy single --devices 1 --max-steps 5 --seed 9 --threads-per-rank 3")
+                .unwrap();
         assert_eq!(
-            (a.strategy.as_str(), a.devices, a.max_steps, a.seed),
-            ("single", Some(1), 5, 9)
+            (
+                a.strategy,
+                a.devices,
+                a.max_steps,
+                a.seed,
+                a.threads_per_rank
+            ),
+            (StrategyName::Single, Some(1), 5, 9, Some(3))
         );
-        assert_eq!(a.threads_per_rank, Some(3));
-    }
-
-    #[test]
-    fn checkpoint_options() {
-        let Command::Fit(a) = parse(&args("fit --checkpoint-dir ck --resume last")).unwrap() else {
-            panic!()
-        };
+        let a =
+            fit("fit --no-progress --no-checkpoints --auto-wrap blocks.,head --prefetch").unwrap();
+        assert_eq!((a.progress, a.save_every, a.prefetch), (false, 0, true));
+        assert_eq!(a.auto_wrap, Some(vec!["blocks.".into(), "head".into()]));
+        let a = fit("fit --checkpoint-dir ck --resume last").unwrap();
         assert_eq!(a.resume, Some(PathBuf::from("ck/last")));
-        assert_eq!(
-            parse(&args(
-                "consolidate ck/last out.safetensors --with-optimizer"
-            ))
-            .unwrap(),
-            Command::Consolidate {
-                checkpoint: "ck/last".into(),
-                out: "out.safetensors".into(),
-                with_optimizer: true
-            }
-        );
+        let Command::Consolidate { with_optimizer, .. } =
+            parse("consolidate ck/last out.safetensors --with-optimizer").unwrap()
+        else {
+            panic!()
+        };
+        assert!(with_optimizer);
     }
 
     #[test]
-    fn bad_values_are_one_line_errors_that_say_what_is_valid() {
-        let e = parse(&args("fit --strategy zero9")).unwrap_err();
-        assert!(
-            e.contains("unknown strategy 'zero9'") && e.contains("single, ddp"),
-            "{e}"
+    fn a_config_file_is_overridden_by_the_command_line() {
+        let file = temp_file(
+            "run.toml",
+            "strategy = \"zero3\"\nmax-steps = 50\nlr = 0.01\nprogress = false\n",
         );
-        let e = parse(&args("fit --devices two")).unwrap_err();
+        let a = fit(&format!("fit --config {} --max-steps 7", file.display())).unwrap();
         assert_eq!(
-            e,
-            "invalid value 'two' for --devices: expected a positive integer"
+            (a.strategy, a.max_steps, a.lr, a.progress),
+            (StrategyName::Zero3, 7, 0.01, false)
         );
-        let e = parse(&args("fit --accelerator tpu")).unwrap_err();
-        assert_eq!(
-            e,
-            "invalid value 'tpu' for --accelerator: expected cpu or cuda"
-        );
-        let e = parse(&args("fit --max-steps 0")).unwrap_err();
-        assert!(e.contains("expected a positive integer"), "{e}");
-        assert!(parse(&args("fit --frobnicate"))
-            .unwrap_err()
-            .contains("unknown option '--frobnicate'"));
-        assert!(parse(&args("train")).unwrap_err().contains("valid: fit"));
-        assert!(parse(&args("consolidate only-one"))
-            .unwrap_err()
-            .contains("usage: wick consolidate"));
-        assert!(!parse(&args("fit --lr -1")).unwrap_err().contains('\n'));
-        let e = parse(&args("fit --sharding half")).unwrap_err();
+        std::fs::remove_file(file).unwrap();
+    }
+
+    #[test]
+    fn print_config_round_trips() {
+        let a = fit("fit --strategy zero2 --clip 0.5 --precision bf16-mixed --devices 4").unwrap();
+        let file = temp_file("printed.toml", &a.to_toml());
+        let b = fit(&format!("fit --config {}", file.display())).unwrap();
+        assert_eq!(a, b);
         assert!(
-            e.contains("unknown sharding 'half'") && e.contains("full_shard"),
+            a.to_toml().contains("precision = \"bf16-mixed\""),
+            "{}",
+            a.to_toml()
+        );
+        std::fs::remove_file(file).unwrap();
+    }
+
+    #[test]
+    fn bad_input_gets_one_clear_error() {
+        let e = parse("fit --strategy zero9").unwrap_err();
+        assert!(
+            e.contains("'zero9'") && e.contains("single, ddp, zero1, zero2, zero3, fsdp"),
             "{e}"
         );
-        assert!(parse(&args("fit --precision bf16-mixed")).is_ok());
-        let e = parse(&args("fit --precision 8")).unwrap_err();
+        let e = parse("fit --sharding half").unwrap_err();
         assert!(
-            e.contains("unknown precision '8'") && e.contains("bf16-mixed"),
+            e.contains("full_shard, shard_grad_op, no_shard, hybrid_shard"),
             "{e}"
         );
+        let e = parse("fit --precision 8").unwrap_err();
+        assert!(e.contains("32, bf16-mixed, 16-mixed"), "{e}");
+        let e = parse("fit --accelerator tpu").unwrap_err();
+        assert!(e.contains("cpu, cuda"), "{e}");
+        let e = parse("fit --devices two").unwrap_err();
+        assert!(
+            e.contains("'two'") && e.contains("--devices") && e.contains("positive integer"),
+            "{e}"
+        );
+        assert!(parse("fit --max-steps 0")
+            .unwrap_err()
+            .contains("positive integer"));
+        assert!(parse("fit --lr -1")
+            .unwrap_err()
+            .contains("positive number"));
+        assert!(parse("fit --frobnicate")
+            .unwrap_err()
+            .contains("'--frobnicate'"));
+        assert!(parse("train").unwrap_err().contains("'train'"));
+        assert!(parse("consolidate only-one").unwrap_err().contains("<OUT>"));
+        assert!(parse("fit --save-every 5 --no-checkpoints").is_err());
+        // The same checks hold for a config file, naming it.
+        let file = temp_file("bad.toml", "max-steps = 0\n");
+        let e = fit(&format!("fit --config {}", file.display())).unwrap_err();
+        assert!(
+            e.contains("bad.toml") && e.contains("max-steps must be a positive integer"),
+            "{e}"
+        );
+        std::fs::write(&file, "strategy = \"zero9\"\n").unwrap();
+        let e = fit(&format!("fit --config {}", file.display())).unwrap_err();
+        assert!(e.contains("bad.toml") && e.contains("zero9"), "{e}");
+        std::fs::write(&file, "max_steps = 3\n").unwrap();
+        let e = fit(&format!("fit --config {}", file.display())).unwrap_err();
+        assert!(e.contains("unknown field `max_steps`"), "{e}");
+        std::fs::remove_file(file).unwrap();
+        let e = fit("fit --config /nonexistent/run.toml").unwrap_err();
+        assert!(e.contains("/nonexistent/run.toml"), "{e}");
     }
 }

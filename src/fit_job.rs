@@ -2,7 +2,7 @@
 
 use crate::char_corpus::{CharWindows, Vocab, BUNDLED_TEXT};
 use crate::char_gpt::{CharGpt, GptConfig};
-use crate::cli::FitArgs;
+use crate::cli::{name_of, FitArgs, PrecisionName, StrategyName};
 use anyhow::Context;
 use std::sync::{Arc, Mutex};
 use wick_accelerator::{cuda_device_count, DeviceKind, LaunchEnv};
@@ -87,7 +87,7 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
     let history = LossHistory::default();
     // The main job's default is 2 ranks as threads (CUDA: one per GPU); under a launcher,
     // its process count.
-    let kind = DeviceKind::parse(&args.accelerator)?;
+    let kind = DeviceKind::parse(&name_of(args.accelerator))?;
     let devices = match (args.devices, LaunchEnv::detect()?, kind) {
         (None, None, DeviceKind::Cpu) => Some(2),
         (None, None, DeviceKind::Cuda) => Some(cuda_device_count()?),
@@ -103,10 +103,10 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
         .val_check_interval(args.val_every)
         .progress(args.progress)
         .callback(history.clone());
-    builder = match args.strategy.as_str() {
-        Fsdp::NAME => {
-            let sharding = FsdpSharding::from_name(&args.sharding, args.group_size)?;
-            let precision = MixedPrecision::from_name(&args.precision)?;
+    builder = match args.strategy {
+        StrategyName::Fsdp => {
+            let sharding = FsdpSharding::from_name(&name_of(args.sharding), args.group_size)?;
+            let precision = MixedPrecision::from_name(&name_of(args.precision))?;
             let mut fsdp = Fsdp::new(sharding)
                 .with_precision(precision)?
                 .with_prefetch(args.prefetch);
@@ -118,13 +118,13 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
         _ if args.auto_wrap.is_some() || args.prefetch => {
             anyhow::bail!("--auto-wrap and --prefetch need --strategy fsdp")
         }
-        _ if args.precision != "32" => {
+        _ if args.precision != PrecisionName::Full => {
             anyhow::bail!(
                 "--precision {} needs --strategy fsdp (its sharded modes)",
-                args.precision
+                name_of(args.precision)
             )
         }
-        name => builder.strategy(name),
+        name => builder.strategy(&name_of(name)),
     };
     if let Some(d) = devices {
         builder = builder.devices(d);
@@ -135,7 +135,8 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
     if let Some(clip) = args.clip {
         builder = builder.gradient_clip_val(clip);
     }
-    if let Some(n) = args.save_every {
+    if args.save_every > 0 {
+        let n = args.save_every;
         builder = builder.checkpoint(
             ModelCheckpoint::new(&args.checkpoint_dir)
                 .every_n_steps(n)

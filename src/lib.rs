@@ -2,8 +2,8 @@
 //!
 //! This facade re-exports the layers: [`core`] (hook traits, collectives, strategy trait),
 //! [`strategies`] (single, ddp, optimizers, sharded init), [`accelerator`] (devices, worlds,
-//! sharded setup), [`trainer`] (the `Trainer`) and [`nn`] (fused training layers). The `wick` program and the main job's model
-//! live in this package too.
+//! sharded setup), [`trainer`] (the `Trainer`) and [`nn`] (fused training layers). The `wick`
+//! program and the main job's model live in this package too, as the binary's own modules.
 //!
 //! The README follows; its example is compiled and run as a doctest.
 #![doc = include_str!("../README.md")]
@@ -13,8 +13,3 @@ pub use wick_core as core;
 pub use wick_nn as nn;
 pub use wick_strategies as strategies;
 pub use wick_trainer as trainer;
-
-pub mod char_corpus;
-pub mod char_gpt;
-pub mod cli;
-pub mod fit_job;

@@ -1,62 +1,42 @@
-//! The `wick` program: `wick fit` trains the bundled character GPT; `wick consolidate`
-//! turns a checkpoint into one safetensors file.
+//! The `wick` program: `wick fit` trains the bundled character GPT, `wick consolidate` turns
+//! a checkpoint into one safetensors file, `wick inspect` shows a checkpoint, `wick estimate`
+//! says what each strategy holds per rank. `wick --help` lists them.
 
+mod char_corpus;
+mod char_gpt;
+mod cli;
+mod estimate;
+mod fit_job;
+mod inspect;
+
+use clap::Parser;
+use cli::{name_of, Cli, Command};
 use std::process::ExitCode;
-use wick::cli::{parse, Command, USAGE};
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let command = match parse(&args) {
-        Ok(c) => c,
+    match run(Cli::parse().command) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match command {
-        Command::Help => {
-            print!(
-                "{}",
-                USAGE
-                    .replace("STRATEGIES", &wick::strategies::STRATEGY_NAMES.join(", "))
-                    .replace(
-                        "SHARDINGS",
-                        &wick::strategies::FsdpSharding::NAMES.join(", ")
-                    )
-            );
-            ExitCode::SUCCESS
-        }
-        Command::Consolidate { .. } if launched_many() => {
-            eprintln!(
-                "error: wick consolidate writes one file from one process; run it without mpirun or srun"
-            );
+            eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
-        Command::Consolidate {
-            checkpoint,
-            out,
-            with_optimizer,
-        } => match wick::trainer::checkpoint::resolve_checkpoint(&checkpoint)
-            .and_then(|dir| wick::trainer::consolidate(dir, &out, with_optimizer))
-        {
-            Ok(files) => {
-                for f in files {
-                    println!("wrote {}", f.display());
-                }
-                ExitCode::SUCCESS
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Fit(flags) => {
+            let args = flags.resolve().map_err(anyhow::Error::msg)?;
+            if flags.print_config {
+                print!("{}", args.to_toml());
+                return Ok(());
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Command::Fit(a) => match wick::fit_job::run(&a) {
-            Ok(r) if !r.is_global_zero => ExitCode::SUCCESS,
-            Ok(r) => {
+            let r = fit_job::run(&args)?;
+            if r.is_global_zero {
                 println!(
                     "trained {} steps with {} on {} device(s): {} parameters, train_loss {:.4} -> {:.4} (ratio {:.3}){}",
-                    a.max_steps,
-                    a.strategy,
+                    args.max_steps,
+                    name_of(args.strategy),
                     r.devices,
                     r.parameters,
                     r.first_train_loss,
@@ -67,13 +47,36 @@ fn main() -> ExitCode {
                 if let Some(p) = r.metrics_csv {
                     println!("metrics: {}", p.display());
                 }
-                ExitCode::SUCCESS
             }
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::FAILURE
+            Ok(())
+        }
+        Command::Consolidate { .. } if launched_many() => {
+            anyhow::bail!(
+                "wick consolidate writes one file from one process; run it without mpirun or srun"
+            )
+        }
+        Command::Consolidate {
+            checkpoint,
+            out,
+            with_optimizer,
+        } => {
+            let dir = wick::trainer::checkpoint::resolve_checkpoint(&checkpoint)?;
+            for f in wick::trainer::consolidate(dir, &out, with_optimizer)? {
+                println!("wrote {}", f.display());
             }
-        },
+            Ok(())
+        }
+        Command::Inspect {
+            checkpoint,
+            tensors,
+        } => {
+            print!("{}", inspect::report(&checkpoint, tensors)?);
+            Ok(())
+        }
+        Command::Estimate(args) => {
+            print!("{}", estimate::report(&args)?);
+            Ok(())
+        }
     }
 }
 

@@ -1,0 +1,236 @@
+//! `wick estimate`: model-state bytes per rank for each strategy, from the ZeRO formulas
+//! wick's strategies meet (AdamW: 4 bytes of parameter, 4 of gradient and 8 of state per
+//! element, each either whole on every rank or sharded over W), and the largest unit that
+//! full_shard gathers: "will it fit?" before trying, as DeepSpeed's estimators answer.
+
+use crate::char_gpt::{CharGpt, GptConfig};
+use crate::cli::{name_of, EstimateArgs, PrecisionName};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Arc;
+use wick_core::{Sharding, SoloWorld, Strategy};
+use wick_strategies::{strategy_by_name, Fsdp, FsdpSharding};
+
+/// One strategy's bytes per rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// Strategy (and FSDP sharding).
+    pub strategy: String,
+    /// Parameter bytes per rank.
+    pub params: usize,
+    /// Reduced-gradient bytes per rank.
+    pub grads: usize,
+    /// AdamW state bytes per rank.
+    pub optimizer: usize,
+}
+
+impl Row {
+    /// All three.
+    pub fn total(&self) -> usize {
+        self.params + self.grads + self.optimizer
+    }
+}
+
+/// The strategies estimated, by the names `wick fit` takes.
+fn strategies() -> Vec<(String, Box<dyn Strategy>)> {
+    let mut all: Vec<(String, Box<dyn Strategy>)> = ["ddp", "zero1", "zero2", "zero3"]
+        .iter()
+        .map(|n| (n.to_string(), strategy_by_name(n).expect("a registry name")))
+        .collect();
+    for s in [
+        FsdpSharding::FullShard,
+        FsdpSharding::ShardGradOp,
+        FsdpSharding::NoShard,
+    ] {
+        all.push((format!("fsdp {}", fsdp_name(s)), Box::new(Fsdp::new(s))));
+    }
+    all
+}
+
+fn fsdp_name(s: FsdpSharding) -> &'static str {
+    match s {
+        FsdpSharding::FullShard => "full_shard",
+        FsdpSharding::ShardGradOp => "shard_grad_op",
+        FsdpSharding::NoShard => "no_shard",
+        FsdpSharding::HybridShard { .. } => "hybrid_shard",
+    }
+}
+
+/// Bytes per rank of `params` elements under `sharding` at `world` ranks.
+pub fn row(strategy: &str, sharding: Sharding, params: usize, world: usize) -> Row {
+    let part = |sharded: bool, bytes: usize| match sharded {
+        true => bytes * params / world,
+        false => bytes * params,
+    };
+    Row {
+        strategy: strategy.to_string(),
+        params: part(sharding.params, 4),
+        grads: part(sharding.grads, 4),
+        optimizer: part(sharding.optimizer, 8),
+    }
+}
+
+/// Every strategy's row for `params` elements at `world` ranks.
+pub fn rows(params: usize, world: usize) -> Vec<Row> {
+    strategies()
+        .into_iter()
+        .map(|(name, s)| row(&name, s.sharding(), params, world))
+        .collect()
+}
+
+/// The main job's model's units (`embed`, `blocks.i`, `head`) and their element counts,
+/// from the model itself, created on one CPU rank.
+pub fn model_units(config: GptConfig) -> anyhow::Result<BTreeMap<String, usize>> {
+    let mut strategy = strategy_by_name("single")?;
+    strategy.connect(Arc::new(SoloWorld), candle_core::Device::Cpu)?;
+    let mut model = CharGpt::new(config, 1e-3);
+    wick_accelerator::Accelerator::setup(strategy.as_mut(), &mut model, 0)?;
+    let mut units = BTreeMap::new();
+    for (name, shape) in strategy.parameter_shapes() {
+        let parts: Vec<&str> = name.split('.').collect();
+        let unit = match parts.as_slice() {
+            ["blocks", i, ..] => format!("blocks.{i}"),
+            [first, ..] => first.to_string(),
+            [] => String::new(),
+        };
+        *units.entry(unit).or_insert(0) += shape.elem_count();
+    }
+    Ok(units)
+}
+
+fn mib(bytes: usize) -> String {
+    format!("{:.2} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+/// The report `wick estimate` prints.
+pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
+    let (params, largest) = match args.params {
+        Some(n) => (n, None),
+        None => {
+            let units = model_units(GptConfig {
+                vocab: args.vocab,
+                block: args.block,
+                d_model: args.d_model,
+                n_layer: args.n_layer,
+                n_head: args.n_head,
+            })?;
+            let largest = units
+                .iter()
+                .max_by_key(|(_, n)| **n)
+                .map(|(u, n)| (u.clone(), *n));
+            (units.values().sum(), largest)
+        }
+    };
+    let w = args.world;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{params} parameters at {w} rank(s), AdamW, f32 master state (per rank, without padding):"
+    );
+    let _ = writeln!(
+        out,
+        "{:<20} {:>14} {:>14} {:>14} {:>14}",
+        "strategy", "parameters", "gradients", "optimizer", "total"
+    );
+    for r in rows(params, w) {
+        let _ = writeln!(
+            out,
+            "{:<20} {:>14} {:>14} {:>14} {:>14}",
+            r.strategy,
+            mib(r.params),
+            mib(r.grads),
+            mib(r.optimizer),
+            mib(r.total())
+        );
+    }
+    let elem = match args.precision {
+        PrecisionName::Full => 4,
+        _ => 2,
+    };
+    match largest {
+        Some((unit, n)) => {
+            let _ = writeln!(
+                out,
+                "largest unit under full_shard: {unit}, {n} elements, {} gathered in {} (a rank \
+                 holds up to three such units beside its shards)",
+                mib(n * elem),
+                name_of(args.precision)
+            );
+        }
+        None => {
+            let _ = writeln!(out, "largest unit: not known from --params alone");
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::char_corpus::CharWindows;
+    use wick_trainer::{DataLoader, Trainer};
+
+    const CONFIG: GptConfig = GptConfig {
+        vocab: 11,
+        block: 8,
+        d_model: 16,
+        n_layer: 2,
+        n_head: 2,
+    };
+
+    #[test]
+    fn the_formulas() {
+        let [ddp, zero1, zero2, zero3, full, ..] = &rows(1000, 4)[..] else {
+            panic!()
+        };
+        assert_eq!((ddp.params, ddp.grads, ddp.optimizer), (4000, 4000, 8000));
+        assert_eq!(
+            (zero1.params, zero1.grads, zero1.optimizer),
+            (4000, 4000, 2000)
+        );
+        assert_eq!(
+            (zero2.params, zero2.grads, zero2.optimizer),
+            (4000, 1000, 2000)
+        );
+        assert_eq!(zero3.total(), 4000);
+        assert_eq!(full.total(), 4000);
+    }
+
+    #[test]
+    fn the_estimate_agrees_with_what_the_strategies_hold() {
+        let units = model_units(CONFIG).unwrap();
+        let params: usize = units.values().sum();
+        let ids: Vec<u32> = (0..400).map(|i| (i * 7 % 11) as u32).collect();
+        let data = DataLoader::new(CharWindows::new(ids, CONFIG.block, 1), 4);
+        let world = 2;
+        for ((name, strategy), estimate) in strategies().into_iter().zip(rows(params, world)) {
+            let mut trainer = Trainer::builder()
+                .devices(world)
+                .strategy_instance(strategy)
+                .max_steps(1)
+                .no_logger()
+                .progress(false)
+                .model_summary(false)
+                .build()
+                .unwrap();
+            trainer
+                .fit(&mut CharGpt::new(CONFIG, 1e-3), &data, None)
+                .unwrap();
+            assert_eq!(trainer.num_parameters(), Some(params), "{name}");
+            let held = trainer.state_bytes().unwrap();
+            // Flat shards are padded to a multiple of W per unit: at most W - 1 elements a
+            // unit, in each of the 4 f32 buffers (parameter, gradient, two moments).
+            let padding = units.len() * (world - 1) * 4 * 4;
+            for (what, held, estimated) in [
+                ("parameters", held.params, estimate.params),
+                ("gradients", held.grads, estimate.grads),
+                ("optimizer", held.optimizer, estimate.optimizer),
+            ] {
+                assert!(
+                    held >= estimated && held <= estimated + padding,
+                    "{name} {what}: holds {held} bytes, estimated {estimated}"
+                );
+            }
+        }
+    }
+}
