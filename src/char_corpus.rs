@@ -69,6 +69,10 @@ impl Dataset for CharWindows {
         }
     }
 
+    fn tokens_per_sample(&self) -> usize {
+        self.block
+    }
+
     fn batch(&self, indices: &[usize], device: &Device) -> Result<Self::Batch> {
         let window = |off: usize| -> Vec<u32> {
             indices

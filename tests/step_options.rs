@@ -104,3 +104,39 @@ fn no_gradient_collective_runs_before_the_last_micro_batch() {
         );
     }
 }
+
+#[test]
+fn the_metrics_csv_logs_lr_throughput_and_epoch_time() {
+    let dir = crate::common::TempDir::new("metrics-csv");
+    let mut trainer =
+        crate::common::quiet_builder(2, wick::strategies::strategy_by_name("ddp").unwrap(), 10)
+            .log_dir(&dir.0)
+            .run_name("run")
+            .build()
+            .unwrap();
+    let mut model = crate::common::Mlp::new(wick::core::OptimizerConfig::adamw(0.02));
+    trainer
+        .fit(&mut model, &crate::common::loader(), None)
+        .unwrap();
+    let text = std::fs::read_to_string(trainer.metrics_path().unwrap()).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("step,epoch,train_loss,val_loss,lr,tokens_per_s,epoch_time_s")
+    );
+    let rows: Vec<Vec<String>> = lines
+        .map(|l| l.split(',').map(String::from).collect())
+        .collect();
+    assert_eq!(rows.len(), 10);
+    let mut last_epoch_time = (usize::MAX, 0.0);
+    for r in &rows {
+        assert_eq!(r[4].parse::<f64>().unwrap(), 0.02, "lr in {r:?}");
+        assert!(r[5].parse::<f64>().unwrap() > 0.0, "tokens_per_s in {r:?}");
+        // Within an epoch the epoch time only grows; it restarts with the next epoch.
+        let (epoch, t) = (r[1].parse::<usize>().unwrap(), r[6].parse::<f64>().unwrap());
+        if epoch == last_epoch_time.0 {
+            assert!(t >= last_epoch_time.1, "epoch_time_s went back in {r:?}");
+        }
+        last_epoch_time = (epoch, t);
+    }
+}

@@ -18,6 +18,12 @@ pub trait Dataset: Sync {
 
     /// The batch made of the samples `indices`, in that order, on `device`.
     fn batch(&self, indices: &[usize], device: &Device) -> candle_core::Result<Self::Batch>;
+
+    /// Tokens in one sample, for the `tokens_per_s` the trainer logs (default 1: a sample
+    /// is a token). A dataset of sequences returns their length.
+    fn tokens_per_sample(&self) -> usize {
+        1
+    }
 }
 
 /// A dataset with a global batch size, like a DataLoader with a DistributedSampler.

@@ -1,12 +1,13 @@
 //! One rank's part of a stage: the hook sequence of DESIGN.md and the loops.
 
 use crate::checkpoint::{DataPosition, SaveInfo};
-use crate::metrics_csv::MetricsCsv;
+use crate::metrics_csv::{MetricsCsv, Row};
 use crate::progress::Progress;
 use crate::trainer::{Config, Metrics};
 use crate::{Checkpoint, CheckpointError, DataLoader, Dataset, ModelCheckpoint, TrainerError};
 use candle_core::{DType, Tensor};
 use std::path::Path;
+use std::time::Instant;
 use wick_accelerator::{Accelerator, RankEnv};
 use wick_core::{Callback, OptimizerConfig, ReduceOp, RunState, Stage, Strategy, TrainModule};
 
@@ -132,14 +133,18 @@ impl<M: TrainModule> RankRun<'_, M> {
         self.module.on_fit_start()?;
         // The first backward of this fit looks for parameters that get no gradient.
         let mut checked_unused = false;
+        let tokens_per_step =
+            (train.batch_size() * accumulate * train.dataset().tokens_per_sample()) as f64;
         'epochs: for epoch in start_epoch..max_epochs {
             self.state.epoch = epoch;
+            let epoch_start = Instant::now();
             let order = train.epoch_order(seed, epoch);
             let first = if epoch == start_epoch { start_batch } else { 0 };
             for b in first..per_epoch {
                 if self.state.global_step >= total_steps {
                     break 'epochs;
                 }
+                let step_start = Instant::now();
                 // `accumulate` micro-batches, each a whole global batch, make one step; each
                 // loss is scaled so the step sees the mean over them.
                 let mut local = 0f32;
@@ -176,7 +181,12 @@ impl<M: TrainModule> RankRun<'_, M> {
                         crate::summary::model_summary(&*self.strategy, world_size)
                     );
                 }
+                let tokens_per_s = tokens_per_step / step_start.elapsed().as_secs_f64().max(1e-9);
                 self.state.metrics.insert("train_loss".into(), train_loss);
+                self.state.metrics.insert("lr".into(), optimizer.lr());
+                self.state
+                    .metrics
+                    .insert("tokens_per_s".into(), tokens_per_s);
                 self.callbacks(|cb, s| cb.on_train_batch_end(s))?;
 
                 let validate_now = val.is_some()
@@ -189,7 +199,15 @@ impl<M: TrainModule> RankRun<'_, M> {
                     _ => None,
                 };
                 if let Some(csv) = csv.as_mut() {
-                    csv.row(self.state.global_step, epoch, train_loss, val_loss)?;
+                    csv.row(&Row {
+                        step: self.state.global_step,
+                        epoch,
+                        train_loss,
+                        val_loss,
+                        lr: optimizer.lr(),
+                        tokens_per_s,
+                        epoch_time_s: epoch_start.elapsed().as_secs_f64(),
+                    })?;
                 }
                 if let Some(p) = &progress {
                     p.update(
