@@ -34,6 +34,7 @@ use wick::trainer::{DataLoader, Trainer};
 #[allow(dead_code)]
 mod char_corpus;
 #[path = "../src/char_gpt.rs"]
+#[allow(dead_code)]
 mod char_gpt;
 
 const BATCH: usize = 16;

@@ -27,6 +27,13 @@ impl Vocab {
         self.chars.len()
     }
 
+    /// The text of `ids` (ids outside the vocabulary are skipped).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        ids.iter()
+            .filter_map(|&i| self.chars.get(i as usize))
+            .collect()
+    }
+
     /// The ids of `text`'s characters (characters outside the vocabulary are an error).
     pub fn encode(&self, text: &str) -> std::result::Result<Vec<u32>, char> {
         text.chars()

@@ -4,11 +4,12 @@
 
 use candle_core::{Result, Tensor};
 use candle_nn::{Embedding, Module, VarBuilder};
+use std::sync::Arc;
+use wick_core::{OptimizerConfig, ShardedContext, TrainModule, WeightSource, Wrapped};
 use wick_nn::{CausalSelfAttention, LayerNorm, Linear};
 
 /// Layer norms' epsilon.
 const EPS: f64 = 1e-5;
-use wick_core::{OptimizerConfig, ShardedContext, TrainModule, Wrapped};
 
 /// Sizes of the model.
 #[derive(Debug, Clone, Copy)]
@@ -105,6 +106,8 @@ struct Layers {
 pub struct CharGpt {
     config: GptConfig,
     lr: f64,
+    /// Where the parameters come from instead of their initializers (a checkpoint).
+    weights: Option<Arc<dyn WeightSource>>,
     layers: Option<Layers>,
 }
 
@@ -114,8 +117,16 @@ impl CharGpt {
         CharGpt {
             config,
             lr,
+            weights: None,
             layers: None,
         }
+    }
+
+    /// The same model with its parameters read from `weights` (a checkpoint of any world
+    /// size) instead of initialized.
+    pub fn with_weights(mut self, weights: Arc<dyn WeightSource>) -> Self {
+        self.weights = Some(weights);
+        self
     }
 
     /// Logits `[batch, time, vocab]` for character ids `[batch, time]`.
@@ -148,6 +159,9 @@ impl TrainModule for CharGpt {
     type Batch = (Tensor, Tensor);
 
     fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> Result<()> {
+        if let Some(w) = &self.weights {
+            ctx.load_weights(w.clone());
+        }
         let c = self.config;
         self.layers = Some(Layers {
             embed: ctx.wrap("embed", move |vb| Embed::new(&c, vb))?,
@@ -174,6 +188,10 @@ impl TrainModule for CharGpt {
     }
 
     fn validation_step(&mut self, batch: &Self::Batch, _: usize) -> Result<Option<Tensor>> {
+        Ok(Some(self.loss(batch)?.detach()))
+    }
+
+    fn test_step(&mut self, batch: &Self::Batch, _: usize) -> Result<Option<Tensor>> {
         Ok(Some(self.loss(batch)?.detach()))
     }
 }

@@ -43,6 +43,13 @@ pub enum Command {
         #[arg(long)]
         tensors: bool,
     },
+    /// The main job's model from a checkpoint (of any world size), evaluated on the held-out
+    /// tenth of the text at these --devices and --strategy: prints val_loss.
+    Validate(EvalArgs),
+    /// The same pass through `test_step`: prints test_loss.
+    Test(EvalArgs),
+    /// Generate text with the main job's model from a checkpoint (of any world size).
+    Sample(SampleArgs),
     /// Model-state bytes per rank for each strategy (parameters, gradients, AdamW state) and
     /// the largest unit held under full_shard: will it fit at W ranks?
     Estimate(EstimateArgs),
@@ -289,6 +296,47 @@ pub struct FitFlags {
     #[arg(long, value_name = "C")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resume: Option<PathBuf>,
+}
+
+/// `wick validate` and `wick test`'s options.
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// A checkpoint of the main job (directory, or a root such as checkpoints/last).
+    pub checkpoint: PathBuf,
+    /// Ranks: threads [default: 1], or the processes mpirun/srun started.
+    #[arg(long, value_parser = positive, value_name = "N")]
+    pub devices: Option<usize>,
+    /// Strategy to evaluate under.
+    #[arg(long, value_enum, default_value = "single")]
+    pub strategy: StrategyName,
+    /// Global batch size, a multiple of --devices.
+    #[arg(long, value_parser = positive, default_value_t = 32)]
+    pub batch_size: usize,
+    /// The text the model was trained on, if not the bundled corpus.
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+}
+
+/// `wick sample`'s options.
+#[derive(Debug, Args)]
+pub struct SampleArgs {
+    /// A checkpoint of the main job (directory, or a root such as checkpoints/last).
+    pub checkpoint: PathBuf,
+    /// The text to continue (characters of the corpus).
+    #[arg(long)]
+    pub prompt: String,
+    /// Characters to generate.
+    #[arg(long, default_value_t = 200)]
+    pub tokens: usize,
+    /// Softmax temperature; 0 picks the most likely character every time.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f64,
+    /// Seed of the draws: the same seed gives the same text.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// The text the model was trained on, if not the bundled corpus (its vocabulary).
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
 }
 
 /// `wick estimate`'s options.

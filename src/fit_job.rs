@@ -47,42 +47,65 @@ pub struct FitReport {
     pub is_global_zero: bool,
 }
 
-/// Trains the model described by `args` and reports its losses.
-pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
-    let text = match &args.data {
+/// The main job's model sizes for a vocabulary of `vocab` characters.
+pub fn main_job_config(vocab: usize) -> GptConfig {
+    GptConfig {
+        vocab,
+        block: BLOCK,
+        d_model: 64,
+        n_layer: 2,
+        n_head: 4,
+    }
+}
+
+/// The text the main job trains on: `data`'s, or the bundled corpus.
+pub fn corpus(data: Option<&std::path::Path>) -> anyhow::Result<String> {
+    Ok(match data {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("reading --data {}", path.display()))?,
         None => BUNDLED_TEXT.to_string(),
-    };
+    })
+}
+
+/// The main job's data: the vocabulary, the first nine tenths of the text as training
+/// windows (a window at every character) and the last tenth held out for validation and
+/// test, in non-overlapping windows.
+pub struct Split {
+    pub vocab: Vocab,
+    pub train: DataLoader<CharWindows>,
+    pub val: DataLoader<CharWindows>,
+}
+
+/// [`Split`] of `data`'s text (or the bundled corpus) in global batches of `batch_size`.
+pub fn split(data: Option<&std::path::Path>, batch_size: usize) -> anyhow::Result<Split> {
+    let text = corpus(data)?;
     let vocab = Vocab::of(&text);
     let ids = vocab
         .encode(&text)
         .expect("the vocabulary is made from this text");
     anyhow::ensure!(
         ids.len() > 20 * BLOCK,
-        "the text has {} characters; wick fit needs at least {}",
+        "the text has {} characters; wick needs at least {}",
         ids.len(),
         20 * BLOCK
     );
-    // The last tenth is held out for validation, in non-overlapping windows.
-    let split = ids.len() * 9 / 10;
-    let train = DataLoader::new(
-        CharWindows::new(ids[..split].to_vec(), BLOCK, 1),
-        args.batch_size,
-    );
-    let val = DataLoader::new(
-        CharWindows::new(ids[split..].to_vec(), BLOCK, BLOCK),
-        args.batch_size,
-    )
-    .without_shuffle();
+    let at = ids.len() * 9 / 10;
+    Ok(Split {
+        train: DataLoader::new(CharWindows::new(ids[..at].to_vec(), BLOCK, 1), batch_size),
+        val: DataLoader::new(
+            CharWindows::new(ids[at..].to_vec(), BLOCK, BLOCK),
+            batch_size,
+        )
+        .without_shuffle(),
+        vocab,
+    })
+}
 
-    let config = GptConfig {
-        vocab: vocab.len(),
-        block: BLOCK,
-        d_model: 64,
-        n_layer: 2,
-        n_head: 4,
-    };
+/// Trains the model described by `args` and reports its losses.
+pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
+    let Split { vocab, train, val } = split(args.data.as_deref(), args.batch_size)?;
+
+    let config = main_job_config(vocab.len());
     let mut model = CharGpt::new(config, args.lr);
     let history = LossHistory::default();
     // The main job's default is 2 ranks as threads (CUDA: one per GPU); under a launcher,

@@ -1,13 +1,15 @@
 //! The `wick` program: `wick fit` trains the bundled character GPT, `wick consolidate` turns
-//! a checkpoint into one safetensors file, `wick inspect` shows a checkpoint, `wick estimate`
-//! says what each strategy holds per rank. `wick --help` lists them.
+//! a checkpoint into one safetensors file, `wick inspect` shows a checkpoint, `wick sample`
+//! generates text from one, `wick estimate` says what each strategy holds per rank. `wick --help` lists them.
 
 mod char_corpus;
 mod char_gpt;
 mod cli;
 mod estimate;
+mod eval_job;
 mod fit_job;
 mod inspect;
+mod sample;
 
 use clap::Parser;
 use cli::{name_of, Cli, Command};
@@ -73,11 +75,30 @@ fn run(command: Command) -> anyhow::Result<()> {
             print!("{}", inspect::report(&checkpoint, tensors)?);
             Ok(())
         }
+        Command::Validate(args) => report_eval(eval_job::Pass::Validate, &args),
+        Command::Test(args) => report_eval(eval_job::Pass::Test, &args),
+        Command::Sample(args) => {
+            println!("{}", sample::sample(&args)?);
+            Ok(())
+        }
         Command::Estimate(args) => {
             print!("{}", estimate::report(&args)?);
             Ok(())
         }
     }
+}
+
+/// Runs `wick validate` or `wick test` and prints the loss (on rank 0).
+fn report_eval(pass: eval_job::Pass, args: &cli::EvalArgs) -> anyhow::Result<()> {
+    let (loss, is_global_zero) = eval_job::run(pass, args)?;
+    if is_global_zero {
+        let key = match pass {
+            eval_job::Pass::Validate => "val_loss",
+            eval_job::Pass::Test => "test_loss",
+        };
+        println!("{key} {loss:.4}");
+    }
+    Ok(())
 }
 
 /// Whether a launcher started more than this one process (or its variables are unreadable).
