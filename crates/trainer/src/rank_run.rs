@@ -183,10 +183,8 @@ impl<M: TrainModule> RankRun<'_, M> {
                 }
                 let tokens_per_s = tokens_per_step / step_start.elapsed().as_secs_f64().max(1e-9);
                 self.state.metrics.insert("train_loss".into(), train_loss);
+                // Metrics stay deterministic; wall-clock figures go to the CSV only.
                 self.state.metrics.insert("lr".into(), optimizer.lr());
-                self.state
-                    .metrics
-                    .insert("tokens_per_s".into(), tokens_per_s);
                 self.callbacks(|cb, s| cb.on_train_batch_end(s))?;
 
                 let validate_now = val.is_some()
