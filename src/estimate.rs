@@ -5,31 +5,11 @@
 
 use crate::char_gpt::{CharGpt, GptConfig};
 use crate::cli::{name_of, EstimateArgs, PrecisionName};
+use crate::fit_job::configure_on_one_cpu;
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Arc;
-use wick_core::{Sharding, SoloWorld, Strategy};
+use wick_core::{StateBytes, Strategy};
 use wick_strategies::{strategy_by_name, Fsdp, FsdpSharding};
-
-/// One strategy's bytes per rank.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Row {
-    /// Strategy (and FSDP sharding).
-    pub strategy: String,
-    /// Parameter bytes per rank.
-    pub params: usize,
-    /// Reduced-gradient bytes per rank.
-    pub grads: usize,
-    /// AdamW state bytes per rank.
-    pub optimizer: usize,
-}
-
-impl Row {
-    /// All three.
-    pub fn total(&self) -> usize {
-        self.params + self.grads + self.optimizer
-    }
-}
 
 /// The strategies estimated, by the names `wick fit` takes.
 fn strategies() -> Vec<(String, Box<dyn Strategy>)> {
@@ -37,54 +17,25 @@ fn strategies() -> Vec<(String, Box<dyn Strategy>)> {
         .iter()
         .map(|n| (n.to_string(), strategy_by_name(n).expect("a registry name")))
         .collect();
-    for s in [
-        FsdpSharding::FullShard,
-        FsdpSharding::ShardGradOp,
-        FsdpSharding::NoShard,
-    ] {
-        all.push((format!("fsdp {}", fsdp_name(s)), Box::new(Fsdp::new(s))));
+    for name in ["full_shard", "shard_grad_op", "no_shard"] {
+        let sharding = FsdpSharding::from_name(name, 1).expect("an FSDP sharding name");
+        all.push((format!("fsdp {name}"), Box::new(Fsdp::new(sharding))));
     }
     all
 }
 
-fn fsdp_name(s: FsdpSharding) -> &'static str {
-    match s {
-        FsdpSharding::FullShard => "full_shard",
-        FsdpSharding::ShardGradOp => "shard_grad_op",
-        FsdpSharding::NoShard => "no_shard",
-        FsdpSharding::HybridShard { .. } => "hybrid_shard",
-    }
-}
-
-/// Bytes per rank of `params` elements under `sharding` at `world` ranks.
-pub fn row(strategy: &str, sharding: Sharding, params: usize, world: usize) -> Row {
-    let part = |sharded: bool, bytes: usize| match sharded {
-        true => bytes * params / world,
-        false => bytes * params,
-    };
-    Row {
-        strategy: strategy.to_string(),
-        params: part(sharding.params, 4),
-        grads: part(sharding.grads, 4),
-        optimizer: part(sharding.optimizer, 8),
-    }
-}
-
-/// Every strategy's row for `params` elements at `world` ranks.
-pub fn rows(params: usize, world: usize) -> Vec<Row> {
+/// Every strategy's bytes per rank for `params` elements at `world` ranks.
+pub fn rows(params: usize, world: usize) -> Vec<(String, StateBytes)> {
     strategies()
         .into_iter()
-        .map(|(name, s)| row(&name, s.sharding(), params, world))
+        .map(|(name, s)| (name, s.sharding().adamw_formula(params, world)))
         .collect()
 }
 
 /// The main job's model's units (`embed`, `blocks.i`, `head`) and their element counts,
 /// from the model itself, created on one CPU rank.
 pub fn model_units(config: GptConfig) -> anyhow::Result<BTreeMap<String, usize>> {
-    let mut strategy = strategy_by_name("single")?;
-    strategy.connect(Arc::new(SoloWorld), candle_core::Device::Cpu)?;
-    let mut model = CharGpt::new(config, 1e-3);
-    wick_accelerator::Accelerator::setup(strategy.as_mut(), &mut model, 0)?;
+    let strategy = configure_on_one_cpu(&mut CharGpt::new(config, 1e-3))?;
     let mut units = BTreeMap::new();
     for (name, shape) in strategy.parameter_shapes() {
         let parts: Vec<&str> = name.split('.').collect();
@@ -132,11 +83,11 @@ pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
         "{:<20} {:>14} {:>14} {:>14} {:>14}",
         "strategy", "parameters", "gradients", "optimizer", "total"
     );
-    for r in rows(params, w) {
+    for (strategy, r) in rows(params, w) {
         let _ = writeln!(
             out,
             "{:<20} {:>14} {:>14} {:>14} {:>14}",
-            r.strategy,
+            strategy,
             mib(r.params),
             mib(r.grads),
             mib(r.optimizer),
@@ -180,7 +131,8 @@ mod tests {
 
     #[test]
     fn the_formulas() {
-        let [ddp, zero1, zero2, zero3, full, ..] = &rows(1000, 4)[..] else {
+        let bytes: Vec<StateBytes> = rows(1000, 4).into_iter().map(|(_, b)| b).collect();
+        let [ddp, zero1, zero2, zero3, full, ..] = &bytes[..] else {
             panic!()
         };
         assert_eq!((ddp.params, ddp.grads, ddp.optimizer), (4000, 4000, 8000));
@@ -203,7 +155,7 @@ mod tests {
         let ids: Vec<u32> = (0..400).map(|i| (i * 7 % 11) as u32).collect();
         let data = DataLoader::new(CharWindows::new(ids, CONFIG.block, 1), 4);
         let world = 2;
-        for ((name, strategy), estimate) in strategies().into_iter().zip(rows(params, world)) {
+        for ((name, strategy), (_, estimate)) in strategies().into_iter().zip(rows(params, world)) {
             let mut trainer = Trainer::builder()
                 .devices(world)
                 .strategy_instance(strategy)

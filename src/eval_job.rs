@@ -17,6 +17,16 @@ pub enum Pass {
     Test,
 }
 
+impl Pass {
+    /// The metric the pass reports.
+    pub fn metric(self) -> &'static str {
+        match self {
+            Pass::Validate => "val_loss",
+            Pass::Test => "test_loss",
+        }
+    }
+}
+
 /// The loss of the pass, averaged over the held-out batches and the ranks, and whether
 /// this process is rank 0 (the one that reports).
 pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
@@ -33,10 +43,11 @@ pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
         builder = builder.devices(d);
     }
     let mut trainer = builder.build()?;
-    let (metrics, key) = match pass {
-        Pass::Validate => (trainer.validate(&mut model, &val)?, "val_loss"),
-        Pass::Test => (trainer.test(&mut model, &val)?, "test_loss"),
+    let metrics = match pass {
+        Pass::Validate => trainer.validate(&mut model, &val)?,
+        Pass::Test => trainer.test(&mut model, &val)?,
     };
+    let key = pass.metric();
     let loss = metrics
         .get(key)
         .copied()

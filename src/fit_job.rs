@@ -58,6 +58,15 @@ pub fn main_job_config(vocab: usize) -> GptConfig {
     }
 }
 
+/// Creates `model`'s parameters on one CPU rank (the `single` strategy over a world of one),
+/// for the commands that use the model outside a trainer; the strategy holds them.
+pub fn configure_on_one_cpu(model: &mut CharGpt) -> anyhow::Result<Box<dyn wick_core::Strategy>> {
+    let mut strategy = wick_strategies::strategy_by_name("single")?;
+    strategy.connect(Arc::new(wick_core::SoloWorld), candle_core::Device::Cpu)?;
+    wick_accelerator::Accelerator::setup(strategy.as_mut(), model, 0)?;
+    Ok(strategy)
+}
+
 /// The text the main job trains on: `data`'s, or the bundled corpus.
 pub fn corpus(data: Option<&std::path::Path>) -> anyhow::Result<String> {
     Ok(match data {

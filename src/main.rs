@@ -92,11 +92,7 @@ fn run(command: Command) -> anyhow::Result<()> {
 fn report_eval(pass: eval_job::Pass, args: &cli::EvalArgs) -> anyhow::Result<()> {
     let (loss, is_global_zero) = eval_job::run(pass, args)?;
     if is_global_zero {
-        let key = match pass {
-            eval_job::Pass::Validate => "val_loss",
-            eval_job::Pass::Test => "test_loss",
-        };
-        println!("{key} {loss:.4}");
+        println!("{} {loss:.4}", pass.metric());
     }
     Ok(())
 }

@@ -5,10 +5,8 @@
 use crate::char_corpus::Vocab;
 use crate::char_gpt::CharGpt;
 use crate::cli::SampleArgs;
-use crate::fit_job::{corpus, main_job_config};
+use crate::fit_job::{configure_on_one_cpu, corpus, main_job_config};
 use candle_core::{DType, Device, Tensor, D};
-use std::sync::Arc;
-use wick_core::SoloWorld;
 use wick_trainer::checkpoint::resolve_checkpoint;
 use wick_trainer::Checkpoint;
 
@@ -38,9 +36,8 @@ pub fn sample(args: &SampleArgs) -> anyhow::Result<String> {
     let config = main_job_config(vocab.len());
     let checkpoint = Checkpoint::open(resolve_checkpoint(&args.checkpoint)?)?;
     let mut model = CharGpt::new(config, 1e-3).with_weights(checkpoint.into_weights());
-    let mut strategy = wick_strategies::strategy_by_name("single")?;
-    strategy.connect(Arc::new(SoloWorld), Device::Cpu)?;
-    wick_accelerator::Accelerator::setup(strategy.as_mut(), &mut model, 0)?;
+    // The strategy holds the parameters the model's views read.
+    let _strategy = configure_on_one_cpu(&mut model)?;
     let mut rng = XorShift(args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let prompt_len = ids.len();
     for _ in 0..args.tokens {

@@ -121,41 +121,56 @@ const DEEP_UNITS: usize = 6;
 /// Width of each unit: one 512 x 512 weight, 1 MiB in full.
 const DEEP_WIDTH: usize = 512;
 
+/// The deep model's units (linear layers, with biases if `bias`), created under `s`
+/// connected to `world`, with `optimizer` configured.
+fn deep_model(
+    s: &mut dyn Strategy,
+    world: &Arc<dyn Collective>,
+    bias: bool,
+    optimizer: OptimizerConfig,
+) -> wick::core::Result<Vec<Wrapped<candle_nn::Linear>>> {
+    s.connect(world.clone(), candle_core::Device::Cpu)?;
+    let ctx = s.sharded_context(0)?;
+    let units = {
+        let _open = ctx.enter();
+        (0..DEEP_UNITS)
+            .map(|i| {
+                ctx.wrap(&format!("layers.{i}"), move |vb| match bias {
+                    true => candle_nn::linear(DEEP_WIDTH, DEEP_WIDTH, vb),
+                    false => candle_nn::linear_no_bias(DEEP_WIDTH, DEEP_WIDTH, vb),
+                })
+            })
+            .collect::<candle_core::Result<_>>()?
+    };
+    s.finish_sharding()?;
+    s.configure_optimizer(&optimizer)?;
+    Ok(units)
+}
+
+/// One training step of the deep model on a batch of two rows of ones.
+fn deep_step(s: &mut dyn Strategy, units: &[Wrapped<candle_nn::Linear>]) -> wick::core::Result<()> {
+    let mut h = candle_core::Tensor::ones(
+        (2, DEEP_WIDTH),
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    )?;
+    for unit in units {
+        h = unit.apply(&h, |layer, x| {
+            candle_core::Module::forward(layer, x)?.tanh()
+        })?;
+    }
+    s.backward(&h.sqr()?.mean_all()?)?;
+    s.optimizer_step()
+}
+
 /// Peak heap growth of the whole process over one full_shard training step of a deep model
 /// at W = 2 (after a first step, so buffers made once already exist).
 fn full_shard_step_growth(prefetch: bool) -> usize {
     let outcomes = ThreadWorld::new(2).run(|comm| {
         let world: Arc<dyn Collective> = Arc::new(comm);
         let mut s = Fsdp::new(FsdpSharding::FullShard).with_prefetch(prefetch);
-        s.connect(world.clone(), candle_core::Device::Cpu)?;
-        let ctx = s.sharded_context(0)?;
-        let units: Vec<Wrapped<candle_nn::Linear>> = {
-            let _open = ctx.enter();
-            (0..DEEP_UNITS)
-                .map(|i| {
-                    ctx.wrap(&format!("layers.{i}"), |vb| {
-                        candle_nn::linear_no_bias(DEEP_WIDTH, DEEP_WIDTH, vb)
-                    })
-                })
-                .collect::<candle_core::Result<_>>()?
-        };
-        s.finish_sharding()?;
-        s.configure_optimizer(&OptimizerConfig::sgd(0.1))?;
-        let x = candle_core::Tensor::ones(
-            (2, DEEP_WIDTH),
-            candle_core::DType::F32,
-            &candle_core::Device::Cpu,
-        )?;
-        let mut step = || -> wick::core::Result<()> {
-            let mut h = x.clone();
-            for unit in &units {
-                h = unit.apply(&h, |layer, x| {
-                    candle_core::Module::forward(layer, x)?.tanh()
-                })?;
-            }
-            s.backward(&h.sqr()?.mean_all()?)?;
-            s.optimizer_step()
-        };
+        let units = deep_model(&mut s, &world, false, OptimizerConfig::sgd(0.1))?;
+        let mut step = || deep_step(&mut s, &units);
         step()?;
         world.barrier()?;
         if world.rank() == 0 {
@@ -179,34 +194,9 @@ fn heap_after_each_step(strategy: &str) -> Vec<(usize, usize)> {
     let outcomes = ThreadWorld::new(world_size).run(|comm| {
         let world: Arc<dyn Collective> = Arc::new(comm);
         let mut s = make(strategy);
-        s.connect(world.clone(), candle_core::Device::Cpu)?;
-        let ctx = s.sharded_context(0)?;
-        let units: Vec<Wrapped<candle_nn::Linear>> = {
-            let _open = ctx.enter();
-            (0..DEEP_UNITS)
-                .map(|i| {
-                    ctx.wrap(&format!("layers.{i}"), |vb| {
-                        candle_nn::linear(DEEP_WIDTH, DEEP_WIDTH, vb)
-                    })
-                })
-                .collect::<candle_core::Result<_>>()?
-        };
-        s.finish_sharding()?;
-        s.configure_optimizer(&OptimizerConfig::adamw(1e-3))?;
-        let x = candle_core::Tensor::ones(
-            (2, DEEP_WIDTH),
-            candle_core::DType::F32,
-            &candle_core::Device::Cpu,
-        )?;
+        let units = deep_model(s.as_mut(), &world, true, OptimizerConfig::adamw(1e-3))?;
         for _ in 0..8 {
-            let mut h = x.clone();
-            for unit in &units {
-                h = unit.apply(&h, |layer, x| {
-                    candle_core::Module::forward(layer, x)?.tanh()
-                })?;
-            }
-            s.backward(&h.sqr()?.mean_all()?)?;
-            s.optimizer_step()?;
+            deep_step(s.as_mut(), &units)?;
             world.barrier()?;
             if world.rank() == 0 {
                 let now = (

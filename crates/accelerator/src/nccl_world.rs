@@ -178,6 +178,22 @@ impl InplaceOp1 for Run<'_> {
     }
 }
 
+/// Makes `compute` wait for the work issued on `comm_stream` so far (rank `rank`'s `call`).
+fn compute_waits(
+    compute: &CudaStream,
+    comm_stream: &CudaStream,
+    rank: usize,
+    call: Call,
+) -> Result<(), CollectiveError> {
+    compute
+        .join(comm_stream)
+        .map_err(|e| CollectiveError::Unsupported {
+            rank,
+            op: call.name(),
+            message: format!("stream wait failed: {e:?}"),
+        })
+}
+
 /// The NCCL unique id as 32 f32 words whose bits are its bytes, so that a host world's
 /// broadcast (which copies bytes) carries it.
 fn id_words(id: &Id) -> Vec<f32> {
@@ -296,9 +312,7 @@ impl NcclWorld {
 
     /// Makes the compute stream wait for every call issued so far.
     fn join(&self, call: Call) -> Result<(), CollectiveError> {
-        self.compute
-            .join(&self.comm_stream)
-            .map_err(|e| self.error(call, format!("stream wait failed: {e:?}")))
+        compute_waits(&self.compute, &self.comm_stream, self.rank, call)
     }
 
     fn equal_chunks(
@@ -356,13 +370,7 @@ impl Collective for NcclWorld {
         let (compute, comm_stream, rank) =
             (self.compute.clone(), self.comm_stream.clone(), self.rank);
         Ok(Work::pending(move || {
-            compute
-                .join(&comm_stream)
-                .map_err(|e| CollectiveError::Unsupported {
-                    rank,
-                    op: "all_gather",
-                    message: format!("stream wait failed: {e:?}"),
-                })
+            compute_waits(&compute, &comm_stream, rank, Call::AllGather)
         }))
     }
 

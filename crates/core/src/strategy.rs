@@ -110,9 +110,9 @@ pub struct Sharding {
 
 impl Sharding {
     /// Model-state bytes per rank for `params` f32 parameters over `world_size` ranks with
-    /// AdamW (4 bytes parameter, 4 gradient, 8 state): the ZeRO paper's formulas with K = 8
-    /// (16Ψ, 8Ψ + 8Ψ/W, 4Ψ + 12Ψ/W, 16Ψ/W), without padding.
-    pub fn adamw_formula_bytes(&self, params: usize, world_size: usize) -> usize {
+    /// AdamW (4 bytes parameter, 4 gradient, 8 state), part by part: the ZeRO paper's
+    /// formulas with K = 8, without padding.
+    pub fn adamw_formula(&self, params: usize, world_size: usize) -> StateBytes {
         let part = |sharded: bool, bytes: usize| {
             if sharded {
                 bytes * params / world_size
@@ -120,7 +120,16 @@ impl Sharding {
                 bytes * params
             }
         };
-        part(self.params, 4) + part(self.grads, 4) + part(self.optimizer, 8)
+        StateBytes {
+            params: part(self.params, 4),
+            grads: part(self.grads, 4),
+            optimizer: part(self.optimizer, 8),
+        }
+    }
+
+    /// [`Sharding::adamw_formula`] in all (16Ψ, 8Ψ + 8Ψ/W, 4Ψ + 12Ψ/W, 16Ψ/W).
+    pub fn adamw_formula_bytes(&self, params: usize, world_size: usize) -> usize {
+        self.adamw_formula(params, world_size).total()
     }
 }
 

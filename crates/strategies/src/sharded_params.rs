@@ -318,7 +318,11 @@ impl wick_core::ParamSource for ShardedParams {
             (u.name.clone(), layout, shard)
         };
         let (param_dtype, reduce_dtype) = dtypes(self.precision);
-        let names: Vec<String> = layout.entries().iter().map(|e| e.name.clone()).collect();
+        // Only the first step's look for unused parameters needs the unit's names.
+        let names = self
+            .param_use
+            .is_looking()
+            .then(|| layout.entries().iter().map(|e| e.name.clone()).collect());
         let op = UnitOp {
             world: self.world(),
             name,
@@ -338,7 +342,9 @@ impl wick_core::ParamSource for ShardedParams {
         };
         let out = input.apply_op2(shard.as_tensor(), op)?;
         // The unit's output stands for all its parameters: if it misses the loss, so do they.
-        self.param_use.hand_out(&out, || names);
+        if let Some(names) = names {
+            self.param_use.hand_out(&out, || names);
+        }
         Ok(out)
     }
 
