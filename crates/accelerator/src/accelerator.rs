@@ -63,14 +63,19 @@ impl Accelerator {
         if devices == 0 {
             return Err(Error::config("devices", "must be at least 1, got 0"));
         }
+        Ok(Self::on_cpu(Ranks::Threads(devices), devices))
+    }
+
+    /// `ranks`, `local` of them in this process, on the CPU with the default options.
+    fn on_cpu(ranks: Ranks, local: usize) -> Self {
         quiet_candle_elementwise_pool();
-        Ok(Accelerator {
-            ranks: Ranks::Threads(devices),
+        Accelerator {
+            ranks,
             timeout: None,
             budget: ThreadBudget::Auto,
             kind: DeviceKind::Cpu,
-            devices: vec![Device::Cpu; devices],
-        })
+            devices: vec![Device::Cpu; local],
+        }
     }
 
     /// `devices` ranks as threads of this process, rank r on CUDA GPU r. Fewer GPUs than
@@ -151,18 +156,12 @@ impl Accelerator {
                 ),
             ));
         }
-        quiet_candle_elementwise_pool();
-        Ok(Accelerator {
-            ranks: Ranks::Process {
-                launch,
-                rank,
-                world_size,
-            },
-            timeout: None,
-            budget: ThreadBudget::Auto,
-            kind: DeviceKind::Cpu,
-            devices: vec![Device::Cpu],
-        })
+        let ranks = Ranks::Process {
+            launch,
+            rank,
+            world_size,
+        };
+        Ok(Self::on_cpu(ranks, 1))
     }
 
     #[cfg(not(feature = "mpi"))]
