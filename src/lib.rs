@@ -13,3 +13,9 @@ pub use wick_core as core;
 pub use wick_nn as nn;
 pub use wick_strategies as strategies;
 pub use wick_trainer as trainer;
+
+/// The user guide (`docs/guide.md`): choosing a strategy, writing a `TrainModule`,
+/// checkpoints and resharding, launching. Its Rust example runs as a doctest;
+/// `scripts/guide-check.sh` runs its commands.
+#[doc = include_str!("../docs/guide.md")]
+pub mod guide {}

@@ -9,6 +9,7 @@ mod estimate;
 mod eval_job;
 mod fit_job;
 mod inspect;
+mod loss_plot;
 mod sample;
 
 use clap::Parser;
@@ -46,8 +47,9 @@ fn run(command: Command) -> anyhow::Result<()> {
                     r.last_train_loss / r.first_train_loss,
                     r.val_loss.map(|v| format!(", val_loss {v:.4}")).unwrap_or_default()
                 );
-                if let Some(p) = r.metrics_csv {
-                    println!("metrics: {}", p.display());
+                if let Some(csv) = r.metrics_csv {
+                    println!("metrics: {}", csv.display());
+                    println!("plot: {}", loss_plot::plot_run(&csv)?.display());
                 }
             }
             Ok(())

@@ -1,45 +1,58 @@
-//! A one-line progress bar on standard output, drawn only when it is a terminal.
+//! Live progress on standard output (indicatif): a training bar and, below it while a pass
+//! runs, a validation or test bar. Drawn by rank 0 only, and only when standard output is a
+//! terminal, so logs and pipes get no control characters.
 
-use std::io::{IsTerminal, Write};
-use std::time::Instant;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
 
-/// Step, loss, throughput and ETA, redrawn in place.
+/// The bars of one rank-0 run.
 pub(crate) struct Progress {
-    total: usize,
-    start: Instant,
+    bars: MultiProgress,
 }
 
 impl Progress {
-    /// A bar for `total` steps, or `None` when standard output is not a terminal.
-    pub(crate) fn new_if_terminal(total: usize) -> Option<Self> {
-        std::io::stdout().is_terminal().then(|| Progress {
-            total,
-            start: Instant::now(),
+    /// The bars, or `None` when `on` is false or standard output is not a terminal.
+    pub(crate) fn new_if_terminal(on: bool) -> Option<Self> {
+        (on && std::io::stdout().is_terminal()).then(|| Progress {
+            bars: MultiProgress::with_draw_target(ProgressDrawTarget::stdout()),
         })
     }
 
-    /// Redraws the bar after `step` steps of `samples_per_step` samples.
-    pub(crate) fn update(&self, step: usize, loss: f64, samples_per_step: usize) {
-        let elapsed = self.start.elapsed().as_secs_f64().max(1e-9);
-        let rate = (step * samples_per_step) as f64 / elapsed;
-        let eta = elapsed / step.max(1) as f64 * self.total.saturating_sub(step) as f64;
-        let width = 30;
-        let filled = (width * step / self.total.max(1)).min(width);
-        let mut out = std::io::stdout().lock();
-        let _ = write!(
-            out,
-            "\r[{}{}] step {step}/{} loss {loss:.4} {rate:.0} samples/s ETA {:02}:{:02} ",
-            "#".repeat(filled),
-            "-".repeat(width - filled),
-            self.total,
-            (eta as u64) / 60,
-            (eta as u64) % 60
-        );
-        let _ = out.flush();
+    /// The training bar over `total` optimizer steps, starting at `done` (a resumed run).
+    pub(crate) fn train(&self, total: usize, done: usize) -> ProgressBar {
+        let bar = self.bars.add(ProgressBar::new(total as u64));
+        bar.set_style(style(
+            "train {bar:30.cyan/blue} step {pos}/{len} {msg} ETA {eta}",
+        ));
+        bar.set_position(done as u64);
+        // ETA from this run's steps only, not from the resumed ones.
+        bar.reset_eta();
+        bar
     }
 
-    /// Ends the bar's line.
-    pub(crate) fn finish(&self) {
-        println!();
+    /// Runs `print` (text for standard output) with the bars hidden, so they redraw below it.
+    pub(crate) fn suspend(&self, print: impl FnOnce()) {
+        self.bars.suspend(print)
     }
+
+    /// A bar over `batches` of an evaluation pass named `name`, removed when it finishes.
+    pub(crate) fn eval(&self, name: &str, batches: usize) -> ProgressBar {
+        let bar = self.bars.add(ProgressBar::new(batches as u64));
+        bar.set_style(style(&format!(
+            "{name:<5} {{bar:30.green/blue}} batch {{pos}}/{{len}}"
+        )));
+        bar
+    }
+}
+
+/// A bar style from `template`; the templates are constants, so a bad one is a bug.
+fn style(template: &str) -> ProgressStyle {
+    ProgressStyle::with_template(template)
+        .expect("progress templates are valid")
+        .progress_chars("=> ")
+}
+
+/// The training bar's message: the step's loss and throughput.
+pub(crate) fn train_message(loss: f64, tokens_per_s: f64) -> String {
+    format!("loss {loss:.4} {tokens_per_s:.0} tokens/s")
 }

@@ -2,7 +2,7 @@
 
 use crate::checkpoint::{DataPosition, SaveInfo};
 use crate::metrics_csv::{MetricsCsv, Row};
-use crate::progress::Progress;
+use crate::progress::{train_message, Progress};
 use crate::trainer::{Config, Metrics};
 use crate::{Checkpoint, CheckpointError, DataLoader, Dataset, ModelCheckpoint, TrainerError};
 use candle_core::{DType, Tensor};
@@ -26,6 +26,8 @@ pub(crate) struct RankOutput {
 
 pub(crate) struct RankRun<'a, M> {
     pub(crate) env: RankEnv,
+    /// Rank 0's bars on a terminal.
+    pub(crate) progress: Option<Progress>,
     pub(crate) module: &'a mut M,
     pub(crate) strategy: &'a mut dyn Strategy,
     pub(crate) callbacks: Vec<Box<dyn Callback>>,
@@ -125,9 +127,10 @@ impl<M: TrainModule> RankRun<'_, M> {
             (Some(dir), 0) => Some(MetricsCsv::create(dir)?),
             _ => None,
         };
-        let progress = (rank == 0 && self.config.progress)
-            .then(|| Progress::new_if_terminal(total_steps))
-            .flatten();
+        let bar = self
+            .progress
+            .as_ref()
+            .map(|p| p.train(total_steps, self.state.global_step));
 
         self.callbacks(|cb, s| cb.on_fit_start(s))?;
         self.module.on_fit_start()?;
@@ -176,10 +179,11 @@ impl<M: TrainModule> RankRun<'_, M> {
                 let train_loss = self.env.world.all_reduce_scalar(local, ReduceOp::Mean)? as f64;
                 self.state.global_step += 1;
                 if self.state.global_step == 1 && rank == 0 && self.config.model_summary {
-                    print!(
-                        "{}",
-                        crate::summary::model_summary(&*self.strategy, world_size)
-                    );
+                    let summary = crate::summary::model_summary(&*self.strategy, world_size);
+                    match &self.progress {
+                        Some(p) => p.suspend(|| print!("{summary}")),
+                        None => print!("{summary}"),
+                    }
                 }
                 let tokens_per_s = tokens_per_step / step_start.elapsed().as_secs_f64().max(1e-9);
                 self.state.metrics.insert("train_loss".into(), train_loss);
@@ -207,12 +211,9 @@ impl<M: TrainModule> RankRun<'_, M> {
                         epoch_time_s: epoch_start.elapsed().as_secs_f64(),
                     })?;
                 }
-                if let Some(p) = &progress {
-                    p.update(
-                        self.state.global_step,
-                        train_loss,
-                        train.batch_size() * accumulate,
-                    );
+                if let Some(bar) = &bar {
+                    bar.set_message(train_message(train_loss, tokens_per_s));
+                    bar.set_position(self.state.global_step as u64);
                 }
                 if let Some(mc) = &self.config.checkpoint {
                     if mc.due(self.state.global_step) {
@@ -228,8 +229,8 @@ impl<M: TrainModule> RankRun<'_, M> {
                 self.save_checkpoint(mc, train, &optimizer, seed)?;
             }
         }
-        if let Some(p) = &progress {
-            p.finish();
+        if let Some(bar) = &bar {
+            bar.finish();
         }
         if let Some(csv) = csv.as_mut() {
             csv.flush()?;
@@ -353,14 +354,27 @@ impl<M: TrainModule> RankRun<'_, M> {
         if let Eval::Validation = kind {
             self.callbacks(|cb, s| cb.on_validation_start(s))?;
         }
-        let (sum, count) = self
-            .each_batch(data, |module, batch, b| {
-                let (loss, hook) = match kind {
-                    Eval::Validation => (module.validation_step(batch, b)?, "validation_step"),
-                    Eval::Test => (module.test_step(batch, b)?, "test_step"),
-                };
-                loss.map(|l| scalar(&l, hook)).transpose()
-            })?
+        let bar = self.progress.as_ref().map(|p| {
+            let name = match kind {
+                Eval::Validation => "val",
+                Eval::Test => "test",
+            };
+            p.eval(name, data.batches_per_epoch())
+        });
+        let losses = self.each_batch(data, |module, batch, b| {
+            let (loss, hook) = match kind {
+                Eval::Validation => (module.validation_step(batch, b)?, "validation_step"),
+                Eval::Test => (module.test_step(batch, b)?, "test_step"),
+            };
+            if let Some(bar) = &bar {
+                bar.inc(1);
+            }
+            loss.map(|l| scalar(&l, hook)).transpose()
+        });
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        let (sum, count) = losses?
             .into_iter()
             .flatten()
             .fold((0f64, 0usize), |(s, n), l| (s + l as f64, n + 1));

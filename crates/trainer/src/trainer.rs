@@ -1,6 +1,7 @@
 //! `Trainer`: options, the per-module session that keeps rank replicas between stages, and
 //! the four entry points.
 
+use crate::progress::Progress;
 use crate::rank_run::{Loaders, RankOutput, RankRun};
 use crate::{DataLoader, Dataset, ModelCheckpoint, Replicate, TrainerError};
 use candle_core::Tensor;
@@ -585,8 +586,10 @@ impl Trainer {
                 world_size: env.world_size,
                 ..RunState::default()
             };
+            let progress = Progress::new_if_terminal(env.rank == 0 && config.progress);
             RankRun {
                 env,
+                progress,
                 module,
                 strategy: strategy.as_mut(),
                 callbacks,

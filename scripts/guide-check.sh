@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every command of docs/guide.md's `sh` blocks, in order, from the repository root;
+# the first that fails fails the check. CI runs it (it needs Open MPI for the launch
+# section). The guide's runs write into runs/ and checkpoints/ as the main job does; the
+# files and folders named for the guide are removed at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# mpirun as root (CI's containers) needs Open MPI's consent.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mapfile -t commands < <(awk '/^```sh$/ {on = 1; next} /^```/ {on = 0} on && !/^#/ && NF' docs/guide.md)
+[ "${#commands[@]}" -gt 0 ] || { echo "guide-check: no sh blocks in docs/guide.md" >&2; exit 1; }
+cleanup() { rm -rf run.toml guide-model.safetensors checkpoints/guide runs/guide-*; }
+trap cleanup EXIT
+n=0
+for cmd in "${commands[@]}"; do
+  n=$((n + 1))
+  echo "== guide $n: $cmd"
+  bash -euo pipefail -c "$cmd" < /dev/null > "/tmp/guide-check-$n.log" 2>&1 || {
+    echo "guide-check: command $n failed: $cmd" >&2
+    tail -20 "/tmp/guide-check-$n.log" >&2
+    exit 1
+  }
+  tail -3 "/tmp/guide-check-$n.log"
+done
+echo "guide-check: all $n commands passed"
