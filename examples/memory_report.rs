@@ -16,48 +16,15 @@
 
 use candle_core::{Device, Module, Tensor};
 use candle_nn::Linear;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use wick::accelerator::{cuda_device_count, Accelerator, DeviceKind};
 use wick::core::{OptimizerConfig, ShardedContext, Strategy, TrainModule, Wrapped};
 use wick::strategies::{Fsdp, FsdpSharding};
 use wick::trainer::{DataLoader, Dataset, Trainer};
 
-struct CountingAllocator;
+#[path = "../tests/counting_allocator.rs"]
+mod counting_allocator;
 
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-fn grew(bytes: usize) {
-    let now = CURRENT.fetch_add(bytes, Ordering::Relaxed) + bytes;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        grew(layout.size());
-        System.alloc(layout)
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        grew(layout.size());
-        System.alloc_zeroed(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
-        System.dealloc(ptr, layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if new_size > layout.size() {
-            grew(new_size - layout.size());
-        } else {
-            CURRENT.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
-        }
-        System.realloc(ptr, layout, new_size)
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: CountingAllocator = CountingAllocator;
+use counting_allocator as heap;
 
 const WIDTH: usize = 1600;
 const UNITS: usize = 8;
@@ -143,7 +110,7 @@ fn accelerator(devices: usize, kind: DeviceKind) -> anyhow::Result<(Accelerator,
 #[cfg(feature = "cuda")]
 fn peak_since(before: usize, gpus: &[usize]) -> anyhow::Result<usize> {
     match gpus {
-        [] => Ok(PEAK.load(Ordering::SeqCst) - before),
+        [] => Ok(heap::peak() - before),
         _ => Ok(gpus
             .iter()
             .map(|&g| wick::accelerator::cuda_memory_peak(g))
@@ -153,7 +120,7 @@ fn peak_since(before: usize, gpus: &[usize]) -> anyhow::Result<usize> {
 
 #[cfg(not(feature = "cuda"))]
 fn peak_since(before: usize, _: &[usize]) -> anyhow::Result<usize> {
-    Ok(PEAK.load(Ordering::SeqCst) - before)
+    Ok(heap::peak() - before)
 }
 
 /// Starts measuring: returns the heap now, after resetting the GPUs' pool peaks.
@@ -163,9 +130,7 @@ fn start_measuring(gpus: &[usize]) -> anyhow::Result<usize> {
         wick::accelerator::reset_cuda_memory_peak(g)?;
     }
     let _ = gpus;
-    let before = CURRENT.load(Ordering::SeqCst);
-    PEAK.store(before, Ordering::SeqCst);
-    Ok(before)
+    Ok(heap::reset_peak())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -180,15 +145,17 @@ fn main() -> anyhow::Result<()> {
         ("zero3", by_name("zero3")?),
         (
             "fsdp_shard_grad_op",
-            Box::new(Fsdp::new(FsdpSharding::ShardGradOp)),
+            Fsdp::new(FsdpSharding::ShardGradOp).build(),
         ),
         (
             "fsdp_full_shard",
-            Box::new(Fsdp::new(FsdpSharding::FullShard)),
+            Fsdp::new(FsdpSharding::FullShard).build(),
         ),
         (
             "fsdp_full_shard_prefetch",
-            Box::new(Fsdp::new(FsdpSharding::FullShard).with_prefetch(true)),
+            Fsdp::new(FsdpSharding::FullShard)
+                .with_prefetch(true)
+                .build(),
         ),
     ];
     let mut peaks = std::collections::HashMap::new();

@@ -231,7 +231,7 @@ fn main() -> anyhow::Result<()> {
     let candle_step = String::from_utf8(baseline.stdout)?.trim().parse::<f64>()?;
     let candle = row("candle", "single", 1, candle_step);
     let mut wick = std::collections::HashMap::new();
-    let fsdp = |s| -> Box<dyn Strategy> { Box::new(Fsdp::new(s)) };
+    let fsdp = |s| -> Box<dyn Strategy> { Fsdp::new(s).build() };
     for world in [1, 2] {
         let mut runs: Vec<(&str, Box<dyn Strategy>)> = Vec::new();
         if world == 1 {

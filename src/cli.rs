@@ -470,10 +470,11 @@ mod tests {
         }
     }
 
-    fn temp_file(name: &str, text: &str) -> PathBuf {
-        let path = std::env::temp_dir().join(format!("wick-cli-{}-{name}", std::process::id()));
-        std::fs::write(&path, text).unwrap();
-        path
+    /// A file holding `text`, removed when dropped.
+    fn temp_file(text: &str) -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), text).unwrap();
+        file
     }
 
     #[test]
@@ -508,30 +509,29 @@ mod tests {
 
     #[test]
     fn a_config_file_is_overridden_by_the_command_line() {
-        let file = temp_file(
-            "run.toml",
-            "strategy = \"zero3\"\nmax-steps = 50\nlr = 0.01\nprogress = false\n",
-        );
-        let a = fit(&format!("fit --config {} --max-steps 7", file.display())).unwrap();
+        let file = temp_file("strategy = \"zero3\"\nmax-steps = 50\nlr = 0.01\nprogress = false\n");
+        let a = fit(&format!(
+            "fit --config {} --max-steps 7",
+            file.path().display()
+        ))
+        .unwrap();
         assert_eq!(
             (a.strategy, a.max_steps, a.lr, a.progress),
             (StrategyName::Zero3, 7, 0.01, false)
         );
-        std::fs::remove_file(file).unwrap();
     }
 
     #[test]
     fn print_config_round_trips() {
         let a = fit("fit --strategy zero2 --clip 0.5 --precision bf16-mixed --devices 4").unwrap();
-        let file = temp_file("printed.toml", &a.to_toml());
-        let b = fit(&format!("fit --config {}", file.display())).unwrap();
+        let file = temp_file(&a.to_toml());
+        let b = fit(&format!("fit --config {}", file.path().display())).unwrap();
         assert_eq!(a, b);
         assert!(
             a.to_toml().contains("precision = \"bf16-mixed\""),
             "{}",
             a.to_toml()
         );
-        std::fs::remove_file(file).unwrap();
     }
 
     #[test]
@@ -568,19 +568,19 @@ mod tests {
         assert!(parse("consolidate only-one").unwrap_err().contains("<OUT>"));
         assert!(parse("fit --save-every 5 --no-checkpoints").is_err());
         // The same checks hold for a config file, naming it.
-        let file = temp_file("bad.toml", "max-steps = 0\n");
-        let e = fit(&format!("fit --config {}", file.display())).unwrap_err();
+        let file = temp_file("max-steps = 0\n");
+        let name = file.path().display().to_string();
+        let e = fit(&format!("fit --config {name}")).unwrap_err();
         assert!(
-            e.contains("bad.toml") && e.contains("max-steps must be a positive integer"),
+            e.contains(&name) && e.contains("max-steps must be a positive integer"),
             "{e}"
         );
-        std::fs::write(&file, "strategy = \"zero9\"\n").unwrap();
-        let e = fit(&format!("fit --config {}", file.display())).unwrap_err();
-        assert!(e.contains("bad.toml") && e.contains("zero9"), "{e}");
-        std::fs::write(&file, "max_steps = 3\n").unwrap();
-        let e = fit(&format!("fit --config {}", file.display())).unwrap_err();
+        std::fs::write(file.path(), "strategy = \"zero9\"\n").unwrap();
+        let e = fit(&format!("fit --config {name}")).unwrap_err();
+        assert!(e.contains(&name) && e.contains("zero9"), "{e}");
+        std::fs::write(file.path(), "max_steps = 3\n").unwrap();
+        let e = fit(&format!("fit --config {}", file.path().display())).unwrap_err();
         assert!(e.contains("unknown field `max_steps`"), "{e}");
-        std::fs::remove_file(file).unwrap();
         let e = fit("fit --config /nonexistent/run.toml").unwrap_err();
         assert!(e.contains("/nonexistent/run.toml"), "{e}");
     }

@@ -19,7 +19,7 @@ fn strategies() -> Vec<(String, Box<dyn Strategy>)> {
         .collect();
     for name in ["full_shard", "shard_grad_op", "no_shard"] {
         let sharding = FsdpSharding::from_name(name, 1).expect("an FSDP sharding name");
-        all.push((format!("fsdp {name}"), Box::new(Fsdp::new(sharding))));
+        all.push((format!("fsdp {name}"), Fsdp::new(sharding).build()));
     }
     all
 }

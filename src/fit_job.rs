@@ -145,7 +145,7 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
             if let Some(prefixes) = &args.auto_wrap {
                 fsdp = fsdp.with_auto_wrap(prefixes.clone());
             }
-            builder.strategy_instance(Box::new(fsdp))
+            builder.strategy_instance(fsdp.build())
         }
         _ if args.auto_wrap.is_some() || args.prefetch => {
             anyhow::bail!("--auto-wrap and --prefetch need --strategy fsdp")

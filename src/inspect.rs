@@ -85,9 +85,8 @@ mod tests {
     use wick_trainer::{DataLoader, ModelCheckpoint, Trainer};
 
     /// A checkpoint of two steps of a tiny model under zero3 at 2 ranks, in a fresh folder.
-    fn checkpoint(name: &str) -> std::path::PathBuf {
-        let root = std::env::temp_dir().join(format!("wick-inspect-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+    fn checkpoint() -> tempfile::TempDir {
+        let root = tempfile::tempdir().unwrap();
         let config = GptConfig {
             vocab: 11,
             block: 8,
@@ -103,7 +102,7 @@ mod tests {
             .no_logger()
             .progress(false)
             .model_summary(false)
-            .checkpoint(ModelCheckpoint::new(&root).every_n_steps(2))
+            .checkpoint(ModelCheckpoint::new(root.path()).every_n_steps(2))
             .build()
             .unwrap();
         let data = DataLoader::new(CharWindows::new(ids, 8, 1), 4);
@@ -115,8 +114,8 @@ mod tests {
 
     #[test]
     fn a_good_checkpoint_is_described_whole() {
-        let root = checkpoint("good");
-        let text = report(&root.join("last"), true).unwrap();
+        let root = checkpoint();
+        let text = report(&root.path().join("last"), true).unwrap();
         for expected in [
             "step 2, epoch 0, strategy zero3, world size 2",
             "optimizer adamw at step 2",
@@ -128,16 +127,15 @@ mod tests {
         ] {
             assert!(text.contains(expected), "missing {expected:?} in\n{text}");
         }
-        assert!(!report(&root.join("last"), false)
+        assert!(!report(&root.path().join("last"), false)
             .unwrap()
             .contains("tensors:"));
-        std::fs::remove_dir_all(root).unwrap();
     }
 
     #[test]
     fn a_damaged_checkpoint_gets_the_errors_loading_gets() {
-        let root = checkpoint("damaged");
-        let dir = resolve_checkpoint(root.join("last")).unwrap();
+        let root = checkpoint();
+        let dir = resolve_checkpoint(root.path().join("last")).unwrap();
         let file = dir.join("rank-1.safetensors");
         let bytes = std::fs::read(&file).unwrap();
         std::fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();
@@ -150,6 +148,5 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("manifest.json"));
-        std::fs::remove_dir_all(root).unwrap();
     }
 }

@@ -74,7 +74,8 @@ mod tests {
 
     #[test]
     fn the_same_seed_gives_the_same_text_from_a_two_rank_checkpoint() {
-        let root = std::env::temp_dir().join(format!("wick-sample-{}", std::process::id()));
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
         let fit = FitArgs {
             devices: Some(2),
             strategy: crate::cli::StrategyName::Zero3,
@@ -112,6 +113,5 @@ mod tests {
             e.to_string().contains("not in the corpus's vocabulary"),
             "{e}"
         );
-        std::fs::remove_dir_all(root).unwrap();
     }
 }

@@ -3,14 +3,14 @@
 //! Bad files are in `checkpoint_bad_input`.
 
 use crate::common::{
-    adamw, full_parameters, loader, max_diff, quiet_builder, sgd_momentum, Mlp, Regression,
-    TempDir, DIMS,
+    adamw, full_parameters, loader, max_diff, quiet_builder, sgd_momentum, Mlp, Regression, DIMS,
 };
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use tempfile::TempDir;
 use wick::core::{OptimizerConfig, PretrainedWeights, Strategy, WeightSource};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
 use wick::trainer::checkpoint::{Mode, SavePoint};
@@ -108,28 +108,28 @@ fn resume_at_the_same_world_size_is_bit_identical() {
         (2, "fsdp", adamw()),
     ];
     for (w, name, optimizer) in cases {
-        let first = TempDir::new(name);
+        let first = TempDir::new().unwrap();
         let whole = fit(
             &loader(),
             (w, named(name)),
             optimizer.clone(),
             12,
             None,
-            every(&first.0, 6),
+            every(first.path(), 6),
         );
-        let second = TempDir::new(name);
+        let second = TempDir::new().unwrap();
         let resumed = fit(
             &loader(),
             (w, named(name)),
             optimizer,
             12,
-            Some(&step_dir(&first.0, 6)),
-            Some(ModelCheckpoint::new(&second.0)),
+            Some(&step_dir(first.path(), 6)),
+            Some(ModelCheckpoint::new(second.path())),
         );
         assert_eq!(whole, resumed, "{name} at W={w}: parameters");
         assert_eq!(
-            saved_state(&step_dir(&first.0, 12)),
-            saved_state(&step_dir(&second.0, 12)),
+            saved_state(&step_dir(first.path(), 12)),
+            saved_state(&step_dir(second.path(), 12)),
             "{name} at W={w}: optimizer state at the end"
         );
     }
@@ -137,9 +137,8 @@ fn resume_at_the_same_world_size_is_bit_identical() {
 
 #[test]
 fn a_checkpoint_saved_at_4_ranks_continues_at_1_2_and_3() {
-    let hybrid = || -> Box<dyn Strategy> {
-        Box::new(Fsdp::new(FsdpSharding::HybridShard { group_size: 2 }))
-    };
+    let hybrid =
+        || -> Box<dyn Strategy> { Fsdp::new(FsdpSharding::HybridShard { group_size: 2 }).build() };
     type Make = fn() -> Box<dyn Strategy>;
     let cases: [(&str, Make); 6] = [
         ("zero3", || named("zero3")),
@@ -150,9 +149,16 @@ fn a_checkpoint_saved_at_4_ranks_continues_at_1_2_and_3() {
         ("fsdp_hybrid", hybrid),
     ];
     for (name, make) in cases {
-        let root = TempDir::new(name);
-        fit(&loader(), (4, make()), adamw(), 6, None, every(&root.0, 6));
-        let saved = step_dir(&root.0, 6);
+        let root = TempDir::new().unwrap();
+        fit(
+            &loader(),
+            (4, make()),
+            adamw(),
+            6,
+            None,
+            every(root.path(), 6),
+        );
+        let saved = step_dir(root.path(), 6);
         let at_4 = fit(&loader(), (4, make()), adamw(), 12, Some(&saved), None);
         for w in [1, 2, 3] {
             // The hybrid checkpoint continues under full sharding at sizes that do not split
@@ -173,9 +179,16 @@ fn a_checkpoint_saved_at_2_ranks_continues_at_8() {
     // Global batches of 24 split over 1, 2, 4 and 8 ranks; 4 steps an epoch.
     let data = DataLoader::new(Regression::new(96), 24);
     for name in ["zero3", "fsdp", "zero2"] {
-        let root = TempDir::new(name);
-        fit(&data, (2, named(name)), adamw(), 3, None, every(&root.0, 3));
-        let saved = step_dir(&root.0, 3);
+        let root = TempDir::new().unwrap();
+        fit(
+            &data,
+            (2, named(name)),
+            adamw(),
+            3,
+            None,
+            every(root.path(), 3),
+        );
+        let saved = step_dir(root.path(), 3);
         let at_2 = fit(&data, (2, named(name)), adamw(), 7, Some(&saved), None);
         let at_8 = fit(&data, (8, named(name)), adamw(), 7, Some(&saved), None);
         let d = max_diff(&at_2, &at_8);
@@ -185,16 +198,21 @@ fn a_checkpoint_saved_at_2_ranks_continues_at_8() {
 
 #[test]
 fn consolidated_weights_load_into_the_same_model_in_plain_candle() {
-    let root = TempDir::new("consolidate");
+    let root = TempDir::new().unwrap();
     let mut model = Mlp::new(adamw());
-    let mut t = trainer(3, named("zero3"), 5, Some(ModelCheckpoint::new(&root.0)));
+    let mut t = trainer(
+        3,
+        named("zero3"),
+        5,
+        Some(ModelCheckpoint::new(root.path())),
+    );
     t.fit(&mut model, &loader(), None).unwrap();
     let trained = t.full_parameters().unwrap();
-    let out = root.join("model.safetensors");
-    let files = consolidate(step_dir(&root.0, 5), &out, true).unwrap();
+    let out = root.path().join("model.safetensors");
+    let files = consolidate(step_dir(root.path(), 5), &out, true).unwrap();
     assert_eq!(
         files,
-        [out.clone(), root.join("model.optimizer.safetensors")]
+        [out.clone(), root.path().join("model.optimizer.safetensors")]
     );
 
     // No wick code from here: candle-nn layers over the file.
@@ -216,9 +234,11 @@ fn consolidated_weights_load_into_the_same_model_in_plain_candle() {
             "l{i}.bias"
         );
     }
-    let opt =
-        candle_core::safetensors::load(root.join("model.optimizer.safetensors"), &Device::Cpu)
-            .unwrap();
+    let opt = candle_core::safetensors::load(
+        root.path().join("model.optimizer.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
     assert_eq!(opt.len(), 12, "exp_avg and exp_avg_sq of 6 parameters");
     assert_eq!(opt["l1.weight.exp_avg_sq"].dims(), [13, 7]);
 }
@@ -247,17 +267,17 @@ impl WeightSource for Counting {
 
 #[test]
 fn pretrained_weights_initialise_every_strategy_and_sharded_ranks_read_only_their_slice() {
-    let root = TempDir::new("pretrained");
+    let root = TempDir::new().unwrap();
     fit(
         &loader(),
         (2, named("fsdp")),
         adamw(),
         4,
         None,
-        every(&root.0, 4),
+        every(root.path(), 4),
     );
-    let file = root.join("weights.safetensors");
-    consolidate(step_dir(&root.0, 4), &file, false).unwrap();
+    let file = root.path().join("weights.safetensors");
+    consolidate(step_dir(root.path(), 4), &file, false).unwrap();
     let expected: Vec<Vec<f32>> = {
         let tensors = candle_core::safetensors::load(&file, &Device::Cpu).unwrap();
         ["l0", "l1", "l2"]
@@ -309,8 +329,8 @@ fn pretrained_weights_initialise_every_strategy_and_sharded_ranks_read_only_thei
 
 #[test]
 fn a_wrong_pretrained_file_is_refused_naming_the_tensor() {
-    let root = TempDir::new("pretrained-bad");
-    let file = root.join("other.safetensors");
+    let root = TempDir::new().unwrap();
+    let file = root.path().join("other.safetensors");
     // l0.weight transposed, and no other tensor.
     candle_core::Tensor::zeros((5, 7), DType::F32, &Device::Cpu)
         .unwrap()
@@ -344,7 +364,7 @@ fn a_wrong_pretrained_file_is_refused_naming_the_tensor() {
 
 #[test]
 fn model_checkpoint_keeps_the_last_k_and_the_best_k_and_points_last_at_the_newest() {
-    let root = TempDir::new("keep");
+    let root = TempDir::new().unwrap();
     let losses = Arc::new(Mutex::new(Vec::new()));
     #[derive(Clone)]
     struct Losses(Arc<Mutex<Vec<f64>>>);
@@ -356,7 +376,7 @@ fn model_checkpoint_keeps_the_last_k_and_the_best_k_and_points_last_at_the_newes
             Ok(())
         }
     }
-    let mc = ModelCheckpoint::new(&root.0)
+    let mc = ModelCheckpoint::new(root.path())
         .every_n_steps(1)
         .keep_last(2)
         .keep_best(1, "train_loss", Mode::Max);
@@ -377,7 +397,7 @@ fn model_checkpoint_keeps_the_last_k_and_the_best_k_and_points_last_at_the_newes
         + (0..losses.len())
             .max_by(|&a, &b| losses[a].partial_cmp(&losses[b]).unwrap())
             .unwrap();
-    let kept = names_in(&root.0);
+    let kept = names_in(root.path());
     let mut expected: Vec<String> = [worst, 5, 6]
         .iter()
         .map(|s| format!("step-{s:08}"))
@@ -387,7 +407,7 @@ fn model_checkpoint_keeps_the_last_k_and_the_best_k_and_points_last_at_the_newes
     expected.dedup();
     assert_eq!(kept, expected);
     assert_eq!(
-        std::fs::read_to_string(root.join("last")).unwrap(),
+        std::fs::read_to_string(root.path().join("last")).unwrap(),
         "step-00000006"
     );
 }
@@ -400,14 +420,14 @@ fn a_save_interrupted_anywhere_leaves_the_previous_checkpoint_loadable_and_last(
         adamw(),
         4,
         None,
-        every(&TempDir::new("ref").0, 4),
+        every(TempDir::new().unwrap().path(), 4),
     );
     for point in [
         SavePoint::RankFile { rank: 1 },
         SavePoint::Manifest,
         SavePoint::Commit,
     ] {
-        let root = TempDir::new("crash");
+        let root = TempDir::new().unwrap();
         let seen = Arc::new(AtomicUsize::new(0));
         let fault = {
             let seen = seen.clone();
@@ -419,7 +439,7 @@ fn a_save_interrupted_anywhere_leaves_the_previous_checkpoint_loadable_and_last(
                 Ok(())
             })
         };
-        let mc = ModelCheckpoint::new(&root.0)
+        let mc = ModelCheckpoint::new(root.path())
             .every_n_steps(2)
             .with_fault_injection(fault);
         let err = trainer(2, named("zero3"), 4, Some(mc))
@@ -428,12 +448,12 @@ fn a_save_interrupted_anywhere_leaves_the_previous_checkpoint_loadable_and_last(
             .to_string();
         assert!(err.contains("killed at"), "{point:?}: {err}");
         assert_eq!(
-            std::fs::read_to_string(root.join("last")).unwrap(),
+            std::fs::read_to_string(root.path().join("last")).unwrap(),
             "step-00000002",
             "{point:?}"
         );
         assert!(
-            !step_dir(&root.0, 4).exists(),
+            !step_dir(root.path(), 4).exists(),
             "{point:?}: a half checkpoint"
         );
         // The previous one loads, and training from it reaches the uninterrupted result.
@@ -442,7 +462,7 @@ fn a_save_interrupted_anywhere_leaves_the_previous_checkpoint_loadable_and_last(
             (2, named("zero3")),
             adamw(),
             4,
-            Some(&root.join("last")),
+            Some(&root.path().join("last")),
             None,
         );
         assert_eq!(resumed, reference, "{point:?}");
@@ -451,17 +471,19 @@ fn a_save_interrupted_anywhere_leaves_the_previous_checkpoint_loadable_and_last(
 
 #[test]
 fn a_second_run_into_the_same_root_saves_new_versions_and_last_follows() {
-    let root = TempDir::new("rerun");
+    let root = TempDir::new().unwrap();
     for _ in 0..2 {
-        let mc = ModelCheckpoint::new(&root.0).every_n_steps(2).keep_last(2);
+        let mc = ModelCheckpoint::new(root.path())
+            .every_n_steps(2)
+            .keep_last(2);
         trainer(2, named("ddp"), 4, Some(mc))
             .fit(&mut Mlp::new(adamw()), &loader(), None)
             .unwrap();
     }
-    let kept = names_in(&root.0);
+    let kept = names_in(root.path());
     assert_eq!(kept, ["last", "step-00000004", "step-00000004-v1"]);
     assert_eq!(
-        std::fs::read_to_string(root.join("last")).unwrap(),
+        std::fs::read_to_string(root.path().join("last")).unwrap(),
         "step-00000004-v1"
     );
 }

@@ -1,9 +1,10 @@
 //! Bad checkpoints: each is an error naming the file and the tensor or field, never a
 //! panic, and the good checkpoint beside it is never touched.
 
-use crate::common::{adamw, loader, Mlp, TempDir};
+use crate::common::{adamw, loader, Mlp};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use tempfile::TempDir;
 use wick::core::StateReader;
 use wick::trainer::checkpoint::{resolve_checkpoint, MANIFEST_FILE};
 use wick::trainer::{consolidate, Checkpoint, ModelCheckpoint, Trainer};
@@ -17,11 +18,11 @@ fn good_checkpoint(root: &TempDir) -> PathBuf {
         .no_logger()
         .progress(false)
         .model_summary(false)
-        .checkpoint(ModelCheckpoint::new(root.join("ck")))
+        .checkpoint(ModelCheckpoint::new(root.path().join("ck")))
         .build()
         .unwrap();
     t.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
-    resolve_checkpoint(root.join("ck/last")).unwrap()
+    resolve_checkpoint(root.path().join("ck/last")).unwrap()
 }
 
 /// A copy of checkpoint `dir` as `name`, with `edit` applied.
@@ -85,7 +86,7 @@ fn assert_error(result: Result<(), String>, needles: &[&str]) {
 
 #[test]
 fn each_bad_checkpoint_is_refused_with_the_file_and_the_tensor_or_field() {
-    let root = TempDir::new("bad");
+    let root = TempDir::new().unwrap();
     let good = good_checkpoint(&root);
     let before = file_bytes(&good);
     load_everything(&good).unwrap();
@@ -215,11 +216,11 @@ fn each_bad_checkpoint_is_refused_with_the_file_and_the_tensor_or_field() {
     });
     assert_error(load_everything(&not_json), &[MANIFEST_FILE]);
 
-    let empty = root.join("empty");
+    let empty = root.path().join("empty");
     std::fs::create_dir_all(&empty).unwrap();
     assert_error(load_everything(&empty), &["empty", "not a wick checkpoint"]);
     assert_error(
-        load_everything(&root.join("nowhere")),
+        load_everything(&root.path().join("nowhere")),
         &["nowhere", "no such directory"],
     );
 
@@ -247,10 +248,10 @@ fn each_bad_checkpoint_is_refused_with_the_file_and_the_tensor_or_field() {
         "{err}"
     );
     assert!(
-        consolidate(&truncated, root.join("out.safetensors"), false).is_err(),
+        consolidate(&truncated, root.path().join("out.safetensors"), false).is_err(),
         "consolidate refuses a bad checkpoint too"
     );
-    assert!(!root.join("out.safetensors").exists());
+    assert!(!root.path().join("out.safetensors").exists());
 
     assert_eq!(file_bytes(&good), before, "the good checkpoint was touched");
 }
@@ -267,7 +268,7 @@ fn rerecord(dir: &Path, rank: usize, bytes: &[u8]) {
 
 #[test]
 fn random_bytes_and_truncations_give_errors_never_panics() {
-    let root = TempDir::new("fuzz");
+    let root = TempDir::new().unwrap();
     let good = good_checkpoint(&root);
     let names = ["rank-0.safetensors", "rank-1.safetensors", MANIFEST_FILE];
     let originals: Vec<Vec<u8>> = names

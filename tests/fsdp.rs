@@ -3,14 +3,14 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::Linear;
 use std::sync::Arc;
 use wick::accelerator::ThreadWorld;
-use wick::core::{OptimizerConfig, ShardedContext, Strategy, TrainModule, Wrapped};
+use wick::core::{OptimizerConfig, ShardedContext, TrainModule, Wrapped};
 use wick::strategies::{Fsdp, FsdpSharding};
 use wick::trainer::{DataLoader, Trainer};
 
 const STEPS: usize = 10;
 
 fn fsdp_trainer(devices: usize, sharding: FsdpSharding) -> Trainer {
-    crate::common::quiet_trainer_with(devices, Box::new(Fsdp::new(sharding)), STEPS)
+    crate::common::quiet_trainer_with(devices, Fsdp::new(sharding).build(), STEPS)
 }
 
 fn train_fsdp<M: TrainModule<Batch = (Tensor, Tensor)> + Clone + 'static>(
@@ -51,9 +51,7 @@ fn every_sharding_strategy_matches_single_device() {
 fn hybrid_groups_must_divide_the_world() {
     let e = Trainer::builder()
         .devices(4)
-        .strategy_instance(Box::new(Fsdp::new(FsdpSharding::HybridShard {
-            group_size: 3,
-        })))
+        .strategy_instance(Fsdp::new(FsdpSharding::HybridShard { group_size: 3 }).build())
         .build()
         .err()
         .unwrap()
@@ -73,7 +71,7 @@ fn gathers_per_step(sharding: FsdpSharding) -> usize {
 fn gathers_per_step_of(make: impl Fn() -> Fsdp + Sync) -> (usize, usize) {
     let logs = ThreadWorld::new(2).run(|comm| {
         let world = Recording::over(comm);
-        let mut s = make();
+        let mut s = make().build();
         s.connect(world.clone(), Device::Cpu)?;
         let ctx = s.sharded_context(1)?;
         let units = {
@@ -113,7 +111,7 @@ fn prefetch_starts_gathers_ahead_and_changes_nothing() {
         (FsdpSharding::HybridShard { group_size: 2 }, 4),
     ] {
         let fsdp = Fsdp::new(sharding).with_prefetch(true);
-        let mut t = crate::common::quiet_trainer_with(w, Box::new(fsdp), STEPS);
+        let mut t = crate::common::quiet_trainer_with(w, fsdp.build(), STEPS);
         t.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
         let diff = max_diff(&reference, &full_parameters(&mut t));
         assert!(
@@ -223,7 +221,7 @@ fn mixed_precision_trains_close_to_single_f32() {
         let precision = MixedPrecision::from_name(name).unwrap();
         for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
             let fsdp = Fsdp::new(sharding).with_precision(precision).unwrap();
-            let mut trainer = crate::common::quiet_trainer_with(2, Box::new(fsdp), STEPS);
+            let mut trainer = crate::common::quiet_trainer_with(2, fsdp.build(), STEPS);
             trainer
                 .fit(&mut Mlp::new(adamw()), &loader(), None)
                 .unwrap();
@@ -249,7 +247,8 @@ fn mixed_precision_units_take_integer_inputs_and_return_f32() {
     let embed = |precision: &str| {
         let outcomes = ThreadWorld::new(1).run(|comm| {
             let mut s = Fsdp::new(FsdpSharding::FullShard)
-                .with_precision(MixedPrecision::from_name(precision)?)?;
+                .with_precision(MixedPrecision::from_name(precision)?)?
+                .build();
             s.connect(Arc::new(comm), Device::Cpu)?;
             let ctx = s.sharded_context(9)?;
             let unit = {
@@ -290,7 +289,7 @@ fn an_auto_wrap_policy_picks_the_units_without_model_changes() {
     for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
         for w in [2, 4] {
             let fsdp = Fsdp::new(sharding).with_auto_wrap(vec!["l1".into()]);
-            let mut t = crate::common::quiet_trainer_with(w, Box::new(fsdp), STEPS);
+            let mut t = crate::common::quiet_trainer_with(w, fsdp.build(), STEPS);
             t.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
             let diff = max_diff(&reference, &by_name(t.full_parameters().unwrap()));
             assert!(diff <= 1e-5, "{sharding:?} w={w}: max |diff| {diff}");

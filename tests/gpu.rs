@@ -38,7 +38,7 @@ fn strategies(world: usize) -> Vec<(String, Box<dyn Strategy>)> {
         shardings.push(FsdpSharding::from_name("hybrid_shard", 2).unwrap());
     }
     for sharding in shardings {
-        all.push((format!("fsdp {sharding:?}"), Box::new(Fsdp::new(sharding))));
+        all.push((format!("fsdp {sharding:?}"), Fsdp::new(sharding).build()));
         if sharding == FsdpSharding::FullShard {
             let prefetch = Fsdp::new(sharding).with_prefetch(true);
             all.push(("fsdp FullShard prefetch".into(), Box::new(prefetch)));
@@ -95,7 +95,7 @@ fn bf16_mixed_on_the_gpu_matches_the_cpu() {
         for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
             let fsdp = || {
                 let bf16 = MixedPrecision::from_name("bf16-mixed").unwrap();
-                Box::new(Fsdp::new(sharding).with_precision(bf16).unwrap())
+                Fsdp::new(sharding).with_precision(bf16).unwrap().build()
             };
             let reference = train_on(Accelerator::cpu(world).unwrap(), fsdp());
             let diff = max_diff(

@@ -10,53 +10,13 @@
 //!   gradient shards plus three units per rank (DESIGN.md: the recomputed unit, its
 //!   gradient and the prefetched neighbour).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+mod counting_allocator;
+
+use counting_allocator as heap;
 use std::sync::Arc;
 use wick::accelerator::ThreadWorld;
 use wick::core::{Collective, OptimizerConfig, Strategy, Wrapped};
 use wick::strategies::{Fsdp, FsdpSharding};
-
-struct LargestAllocation;
-
-static TRACKING: AtomicBool = AtomicBool::new(false);
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-/// Bytes ever allocated (never decreases): the allocation traffic of a step.
-static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
-
-fn seen(size: usize) {
-    ALLOCATED.fetch_add(size, Ordering::Relaxed);
-    let now = CURRENT.fetch_add(size, Ordering::Relaxed) + size;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-    if TRACKING.load(Ordering::Relaxed) {
-        LARGEST.fetch_max(size, Ordering::Relaxed);
-    }
-}
-
-unsafe impl GlobalAlloc for LargestAllocation {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        seen(layout.size());
-        System.alloc(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
-        System.dealloc(ptr, layout)
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        seen(layout.size());
-        System.alloc_zeroed(layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
-        seen(new_size);
-        System.realloc(ptr, layout, new_size)
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: LargestAllocation = LargestAllocation;
 
 /// One 1024 x 4096 weight: 16 MiB in full, 4 MiB per rank at W = 4.
 const FULL_BYTES: usize = 1024 * 4096 * 4;
@@ -64,8 +24,7 @@ const FULL_BYTES: usize = 1024 * 4096 * 4;
 /// Creates the model under `strategy` on 4 ranks; returns the largest allocation seen.
 fn largest_allocation_while_creating(strategy: &str) -> usize {
     let world_size = if strategy == "single" { 1 } else { 4 };
-    LARGEST.store(0, Ordering::SeqCst);
-    TRACKING.store(true, Ordering::SeqCst);
+    heap::track_largest(true);
     let outcomes = ThreadWorld::new(world_size).run(|comm| {
         let mut s = wick::strategies::strategy_by_name(strategy)?;
         s.connect(Arc::new(comm), candle_core::Device::Cpu)?;
@@ -77,11 +36,11 @@ fn largest_allocation_while_creating(strategy: &str) -> usize {
         s.finish_sharding()?;
         Ok::<_, wick::core::Error>(s.num_parameters())
     });
-    TRACKING.store(false, Ordering::SeqCst);
+    heap::track_largest(false);
     for o in outcomes {
         assert_eq!(o.unwrap(), 1024 * 4096);
     }
-    LARGEST.load(Ordering::SeqCst)
+    heap::largest()
 }
 
 /// Heap growth of the whole process between the end of every rank's forward and the start
@@ -89,7 +48,7 @@ fn largest_allocation_while_creating(strategy: &str) -> usize {
 fn held_between_forward_and_backward(sharding: FsdpSharding) -> usize {
     let outcomes = ThreadWorld::new(2).run(|comm| {
         let world: Arc<dyn Collective> = Arc::new(comm);
-        let mut s = Fsdp::new(sharding);
+        let mut s = Fsdp::new(sharding).build();
         s.connect(world.clone(), candle_core::Device::Cpu)?;
         let ctx = s.sharded_context(0)?;
         let unit: Wrapped<candle_nn::Linear> = {
@@ -104,10 +63,10 @@ fn held_between_forward_and_backward(sharding: FsdpSharding) -> usize {
             &candle_core::Device::Cpu,
         )?;
         world.barrier()?;
-        let before = CURRENT.load(Ordering::SeqCst);
+        let before = heap::current();
         let y = unit.apply(&x, candle_core::Module::forward)?;
         world.barrier()?;
-        let held = CURRENT.load(Ordering::SeqCst).saturating_sub(before);
+        let held = heap::current().saturating_sub(before);
         world.barrier()?;
         s.backward(&y.sqr()?.mean_all()?)?;
         s.optimizer_step()?;
@@ -168,19 +127,21 @@ fn deep_step(s: &mut dyn Strategy, units: &[Wrapped<candle_nn::Linear>]) -> wick
 fn full_shard_step_growth(prefetch: bool) -> usize {
     let outcomes = ThreadWorld::new(2).run(|comm| {
         let world: Arc<dyn Collective> = Arc::new(comm);
-        let mut s = Fsdp::new(FsdpSharding::FullShard).with_prefetch(prefetch);
-        let units = deep_model(&mut s, &world, false, OptimizerConfig::sgd(0.1))?;
-        let mut step = || deep_step(&mut s, &units);
+        let mut s = Fsdp::new(FsdpSharding::FullShard)
+            .with_prefetch(prefetch)
+            .build();
+        let units = deep_model(s.as_mut(), &world, false, OptimizerConfig::sgd(0.1))?;
+        let mut step = || deep_step(s.as_mut(), &units);
         step()?;
         world.barrier()?;
         if world.rank() == 0 {
-            PEAK.store(CURRENT.load(Ordering::SeqCst), Ordering::SeqCst);
+            heap::reset_peak();
         }
         world.barrier()?;
-        let before = CURRENT.load(Ordering::SeqCst);
+        let before = heap::current();
         step()?;
         world.barrier()?;
-        Ok::<_, wick::core::Error>(PEAK.load(Ordering::SeqCst) - before)
+        Ok::<_, wick::core::Error>(heap::peak() - before)
     });
     outcomes.into_iter().map(|o| o.unwrap()).max().unwrap()
 }
@@ -199,10 +160,7 @@ fn heap_after_each_step(strategy: &str) -> Vec<(usize, usize)> {
             deep_step(s.as_mut(), &units)?;
             world.barrier()?;
             if world.rank() == 0 {
-                let now = (
-                    CURRENT.load(Ordering::SeqCst),
-                    ALLOCATED.load(Ordering::SeqCst),
-                );
+                let now = (heap::current(), heap::allocated());
                 heaps.lock().unwrap().push(now);
             }
             world.barrier()?;
@@ -285,7 +243,7 @@ const STRATEGIES: [&str; 7] = [
 
 fn make(strategy: &str) -> Box<dyn Strategy> {
     match strategy {
-        "fsdp_shard_grad_op" => Box::new(Fsdp::new(FsdpSharding::ShardGradOp)),
+        "fsdp_shard_grad_op" => Fsdp::new(FsdpSharding::ShardGradOp).build(),
         name => wick::strategies::strategy_by_name(name).unwrap(),
     }
 }

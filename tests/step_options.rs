@@ -107,10 +107,10 @@ fn no_gradient_collective_runs_before_the_last_micro_batch() {
 
 #[test]
 fn the_metrics_csv_logs_lr_throughput_and_epoch_time() {
-    let dir = crate::common::TempDir::new("metrics-csv");
+    let dir = tempfile::TempDir::new().unwrap();
     let mut trainer =
         crate::common::quiet_builder(2, wick::strategies::strategy_by_name("ddp").unwrap(), 10)
-            .log_dir(&dir.0)
+            .log_dir(dir.path())
             .run_name("run")
             .build()
             .unwrap();

@@ -50,7 +50,7 @@ fn strategies() -> Vec<(String, usize, Box<dyn Strategy>)> {
         }
         for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
             let name = format!("fsdp {sharding:?}");
-            all.push((name, world, Box::new(Fsdp::new(sharding))));
+            all.push((name, world, Fsdp::new(sharding).build()));
         }
     }
     all

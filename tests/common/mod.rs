@@ -293,30 +293,6 @@ pub fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// A directory under the system's temporary directory, removed when dropped.
-pub struct TempDir(pub std::path::PathBuf);
-
-impl TempDir {
-    pub fn new(name: &str) -> Self {
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let dir = std::env::temp_dir().join(format!("wick-test-{}-{n}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    pub fn join(&self, path: &str) -> std::path::PathBuf {
-        self.0.join(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A world that records every call (name and length) before passing it on.
 pub struct Recording {
     pub inner: std::sync::Arc<dyn wick::core::Collective>,

@@ -115,9 +115,8 @@ mod tests {
 
     #[test]
     fn reads_a_range_of_a_candle_written_file() {
-        let dir = std::env::temp_dir().join(format!("wick-st-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("a.safetensors");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.safetensors");
         let t = Tensor::arange(0f32, 12f32, &Device::Cpu)
             .unwrap()
             .reshape((3, 4))
@@ -136,6 +135,5 @@ mod tests {
             err.contains("'v'") && err.contains("no such tensor"),
             "{err}"
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -5,24 +5,21 @@
 //! bucket is one all-reduce. Every rank then applies the same update to the same
 //! parameters, so replicas stay identical without a broadcast.
 
-use crate::replicated::Replicated;
-use candle_core::Tensor;
-use wick_core::{ReduceOp, Result, ShardedContext, Sharding, Strategy};
+use crate::replicated::ReplicatedState;
+use crate::replicated_strategy::{GradReduce, Replicated};
+use candle_core::{Tensor, Var};
+use wick_core::{ReduceOp, Result, Sharding};
 
 /// PyTorch DDP's default bucket size.
 const DEFAULT_BUCKET_CAP_BYTES: usize = 25 << 20;
 
 /// Distributed data parallel.
-pub struct Ddp {
-    bucket_cap_bytes: usize,
-    buckets: Vec<Vec<usize>>,
-    state: Replicated,
-}
+pub type Ddp = Replicated<BucketedAllReduce>;
 
-impl Default for Ddp {
-    fn default() -> Self {
-        Ddp::new()
-    }
+/// Gradients averaged by one all-reduce per bucket of about `bucket_cap_bytes` ([`Ddp`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BucketedAllReduce {
+    bucket_cap_bytes: usize,
 }
 
 impl Ddp {
@@ -31,45 +28,60 @@ impl Ddp {
 
     /// DDP with 25 MiB buckets.
     pub fn new() -> Self {
-        Ddp {
-            bucket_cap_bytes: DEFAULT_BUCKET_CAP_BYTES,
-            buckets: Vec::new(),
-            state: Replicated::default(),
-        }
+        Replicated::with_reduce(
+            Self::NAME,
+            BucketedAllReduce {
+                bucket_cap_bytes: DEFAULT_BUCKET_CAP_BYTES,
+            },
+        )
     }
 
     /// Sets the bucket size in bytes (a parameter larger than it gets a bucket of its own).
     pub fn with_bucket_cap_bytes(mut self, bytes: usize) -> Self {
-        self.bucket_cap_bytes = bytes.max(1);
+        self.reduce_mut().bucket_cap_bytes = bytes.max(1);
         self
     }
 
-    /// The parameter indices of each bucket, in all-reduce order.
-    pub fn buckets(&self) -> &[Vec<usize>] {
-        &self.buckets
+    /// The parameter indices of each bucket, in all-reduce order (empty before the
+    /// parameters exist).
+    pub fn buckets(&self) -> Vec<Vec<usize>> {
+        self.reduce().buckets(&self.state().params)
     }
+}
 
-    fn build_buckets(&mut self) {
-        self.buckets.clear();
+impl Default for Ddp {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BucketedAllReduce {
+    /// Buckets of `params` in reverse order, each up to the cap (or one larger parameter).
+    fn buckets(&self, params: &[Var]) -> Vec<Vec<usize>> {
+        let mut buckets = Vec::new();
         let mut current = Vec::new();
         let mut bytes = 0;
-        for (i, p) in self.state.params.iter().enumerate().rev() {
+        for (i, p) in params.iter().enumerate().rev() {
             let size = p.elem_count() * p.dtype().size_in_bytes();
             if !current.is_empty() && bytes + size > self.bucket_cap_bytes {
-                self.buckets.push(std::mem::take(&mut current));
+                buckets.push(std::mem::take(&mut current));
                 bytes = 0;
             }
             current.push(i);
             bytes += size;
         }
         if !current.is_empty() {
-            self.buckets.push(current);
+            buckets.push(current);
         }
+        buckets
     }
+}
 
-    fn all_reduce_grads(&self, grads: &mut [Tensor]) -> Result<()> {
-        let world = self.state.world(Self::NAME)?;
-        for bucket in &self.buckets {
+impl GradReduce for BucketedAllReduce {
+    fn step(&self, name: &str, state: &mut ReplicatedState) -> Result<()> {
+        let mut grads = state.take_grads()?;
+        let world = state.world(name)?;
+        for bucket in self.buckets(&state.params) {
             let parts = bucket
                 .iter()
                 .map(|&i| grads[i].flatten_all())
@@ -83,49 +95,13 @@ impl Ddp {
             };
             world.all_reduce_in_place(&flat, ReduceOp::Mean)?;
             let mut offset = 0;
-            for &i in bucket {
+            for &i in &bucket {
                 let n = grads[i].elem_count();
                 grads[i] = flat.narrow(0, offset, n)?.reshape(grads[i].shape())?;
                 offset += n;
             }
         }
-        Ok(())
-    }
-}
-
-impl Strategy for Ddp {
-    crate::replicated::replicated_state_methods!();
-
-    fn name(&self) -> &str {
-        Self::NAME
-    }
-
-    fn for_new_rank(&self) -> Box<dyn Strategy> {
-        Box::new(Ddp::new().with_bucket_cap_bytes(self.bucket_cap_bytes))
-    }
-
-    fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext> {
-        self.state.sharded_context(Self::NAME, seed)
-    }
-
-    fn finish_sharding(&mut self) -> Result<()> {
-        self.state.finish_sharding(Self::NAME)?;
-        self.build_buckets();
-        Ok(())
-    }
-
-    fn optimizer_step(&mut self) -> Result<()> {
-        let mut grads = self.state.take_grads()?;
-        self.all_reduce_grads(&mut grads)?;
-        self.state.apply(Self::NAME, grads)
-    }
-
-    fn save_state(&self) -> Result<wick_core::RankState> {
-        self.state.save_replicated(Self::NAME)
-    }
-
-    fn load_state(&mut self, reader: &dyn wick_core::StateReader) -> Result<()> {
-        self.state.load_replicated(Self::NAME, reader)
+        state.apply(name, grads)
     }
 
     fn sharding(&self) -> Sharding {

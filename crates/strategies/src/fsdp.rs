@@ -5,12 +5,9 @@
 //! until backward (the same as ZeRO-3); `no_shard` is DDP; `hybrid_shard` is `full_shard`
 //! inside groups of G ranks, replicated across the groups.
 
+use crate::zero3::ShardedOptions;
 use crate::{Ddp, MixedPrecision, Zero3};
-use candle_core::{Device, Shape, Tensor};
-use std::sync::Arc;
-use wick_core::{
-    Collective, Error, OptimizerConfig, Result, ShardedContext, Sharding, StateBytes, Strategy,
-};
+use wick_core::{Error, Result, Strategy};
 
 /// How FSDP shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,13 +50,13 @@ impl FsdpSharding {
     }
 }
 
-/// Fully sharded data parallel.
+/// Fully sharded data parallel: a builder that picks the strategy of its sharding and
+/// builds it ([`Fsdp::build`]). The sharded modes are [`Zero3`] with FSDP's options, and
+/// `no_shard` is [`Ddp`](crate::Ddp); all register as `fsdp`.
+#[derive(Debug, Clone)]
 pub struct Fsdp {
     sharding: FsdpSharding,
-    precision: Option<MixedPrecision>,
-    auto_wrap: Option<Vec<String>>,
-    prefetch: bool,
-    inner: Box<dyn Strategy>,
+    options: ShardedOptions,
 }
 
 impl Fsdp {
@@ -68,152 +65,59 @@ impl Fsdp {
 
     /// FSDP with `sharding`, in f32, every wrapped block a unit.
     pub fn new(sharding: FsdpSharding) -> Self {
-        Self::build(sharding, None, None, false)
+        let group_size = match sharding {
+            FsdpSharding::HybridShard { group_size } => Some(group_size),
+            _ => None,
+        };
+        Fsdp {
+            sharding,
+            options: ShardedOptions {
+                name: Self::NAME,
+                per_use: sharding != FsdpSharding::ShardGradOp,
+                group_size,
+                ..ShardedOptions::default()
+            },
+        }
     }
 
     /// Mixed `precision` (`None`: f32). `no_shard` is DDP and has no gathered compute
     /// copies, so it takes no mixed precision.
-    pub fn with_precision(self, precision: Option<MixedPrecision>) -> Result<Self> {
+    pub fn with_precision(mut self, precision: Option<MixedPrecision>) -> Result<Self> {
         if precision.is_some() && self.sharding == FsdpSharding::NoShard {
             return Err(Error::config(
                 "precision",
                 "mixed precision needs a sharded fsdp sharding, not no_shard",
             ));
         }
-        Ok(Self::build(
-            self.sharding,
-            precision,
-            self.auto_wrap,
-            self.prefetch,
-        ))
+        self.options.precision = precision;
+        Ok(self)
     }
 
     /// Auto-wrap policy for the sharded modes: only blocks whose names start with one of
     /// `prefixes` become units of their own; the rest share one root unit (see
     /// [`Zero3::with_auto_wrap`]). `no_shard` has no units and ignores it.
-    pub fn with_auto_wrap(self, prefixes: Vec<String>) -> Self {
-        Self::build(self.sharding, self.precision, Some(prefixes), self.prefetch)
+    pub fn with_auto_wrap(mut self, prefixes: Vec<String>) -> Self {
+        self.options.auto_wrap = Some(prefixes);
+        self
     }
 
     /// Under `full_shard` and `hybrid_shard`, gather the next unit on a background thread
     /// while the current one computes.
-    pub fn with_prefetch(self, prefetch: bool) -> Self {
-        Self::build(self.sharding, self.precision, self.auto_wrap, prefetch)
-    }
-
-    fn build(
-        sharding: FsdpSharding,
-        precision: Option<MixedPrecision>,
-        auto_wrap: Option<Vec<String>>,
-        prefetch: bool,
-    ) -> Self {
-        let sharded = |per_use| {
-            let inner = Zero3::sharded(Self::NAME, per_use)
-                .with_precision(precision)
-                .with_prefetch(prefetch);
-            match &auto_wrap {
-                Some(prefixes) => inner.with_auto_wrap(prefixes.clone()),
-                None => inner,
-            }
-        };
-        let inner: Box<dyn Strategy> = match sharding {
-            FsdpSharding::FullShard => Box::new(sharded(true)),
-            FsdpSharding::ShardGradOp => Box::new(sharded(false)),
-            FsdpSharding::NoShard => Box::new(Ddp::new()),
-            FsdpSharding::HybridShard { group_size } => {
-                Box::new(sharded(true).with_groups(group_size))
-            }
-        };
-        Fsdp {
-            sharding,
-            precision,
-            auto_wrap,
-            prefetch,
-            inner,
-        }
+    pub fn with_prefetch(mut self, prefetch: bool) -> Self {
+        self.options.prefetch = prefetch;
+        self
     }
 
     /// The sharding strategy.
     pub fn sharding_strategy(&self) -> FsdpSharding {
         self.sharding
     }
-}
 
-impl Strategy for Fsdp {
-    fn name(&self) -> &str {
-        Self::NAME
-    }
-    fn for_new_rank(&self) -> Box<dyn Strategy> {
-        Box::new(Fsdp::build(
-            self.sharding,
-            self.precision,
-            self.auto_wrap.clone(),
-            self.prefetch,
-        ))
-    }
-    fn check_world_size(&self, world_size: usize) -> Result<()> {
-        if let FsdpSharding::HybridShard { group_size } = self.sharding {
-            if group_size == 0 || world_size % group_size != 0 {
-                return Err(Error::config(
-                    "group size",
-                    format!("hybrid_shard needs the {world_size} ranks to split into groups of {group_size}"),
-                ));
-            }
+    /// The strategy: `no_shard` is ddp, every other sharding is [`Zero3`] with these options.
+    pub fn build(self) -> Box<dyn Strategy> {
+        match self.sharding {
+            FsdpSharding::NoShard => Box::new(Ddp::new().named(Self::NAME)),
+            _ => Box::new(Zero3::with_options(self.options)),
         }
-        self.inner.check_world_size(world_size)
-    }
-    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) -> Result<()> {
-        self.inner.connect(world, device)
-    }
-    fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext> {
-        self.inner.sharded_context(seed)
-    }
-    fn finish_sharding(&mut self) -> Result<()> {
-        self.inner.finish_sharding()
-    }
-    fn is_configured(&self) -> bool {
-        self.inner.is_configured()
-    }
-    fn configure_optimizer(&mut self, config: &OptimizerConfig) -> Result<()> {
-        self.inner.configure_optimizer(config)
-    }
-    fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) {
-        self.inner.set_clip_grad_norm(max_norm)
-    }
-    fn set_grad_sync(&mut self, sync: bool) {
-        self.inner.set_grad_sync(sync)
-    }
-    fn backward(&mut self, loss: &Tensor) -> Result<()> {
-        self.inner.backward(loss)
-    }
-    fn find_unused_parameters(&mut self) {
-        self.inner.find_unused_parameters()
-    }
-    fn unused_parameters(&self) -> Vec<String> {
-        self.inner.unused_parameters()
-    }
-    fn optimizer_step(&mut self) -> Result<()> {
-        self.inner.optimizer_step()
-    }
-    fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {
-        self.inner.full_parameters()
-    }
-    fn num_parameters(&self) -> usize {
-        self.inner.num_parameters()
-    }
-    fn state_bytes(&self) -> StateBytes {
-        self.inner.state_bytes()
-    }
-    fn sharding(&self) -> Sharding {
-        self.inner.sharding()
-    }
-    fn parameter_shapes(&self) -> Vec<(String, Shape)> {
-        self.inner.parameter_shapes()
-    }
-    fn save_state(&self) -> Result<wick_core::RankState> {
-        self.inner.save_state()
-    }
-    fn load_state(&mut self, reader: &dyn wick_core::StateReader) -> Result<()> {
-        self.inner.load_state(reader)
     }
 }

@@ -3,9 +3,10 @@
 //!
 //! It owns the counter-based parameter init that makes any slice of a parameter on its own
 //! ([`init`]), wick's optimizers over plain or flat buffers ([`optim`]), and the strategies:
-//! [`SingleDevice`] and [`Ddp`] (replicated parameters, bucketed gradient all-reduce),
-//! [`Zero`] stages 1 and 2 (sharded optimizer state, then gradients) and [`Zero3`]
-//! (parameters born sharded, gathered per step by an autograd op). A
+//! [`SingleDevice`], [`Ddp`] (bucketed gradient all-reduce) and [`Zero`] stages 1 and 2
+//! (sharded optimizer state, then gradients), one [`Replicated`] type over how gradients are
+//! reduced; [`Zero3`] (parameters born sharded, gathered per step by an autograd op), of
+//! which [`Fsdp`] builds its sharded modes. A
 //! strategy reaches other ranks only through wick-core's `Collective`, so it runs over any
 //! world (threads, MPI, NCCL) without knowing which, and on any device: the autograd ops that
 //! move data have a CUDA forward with the `cuda` feature.
@@ -28,6 +29,7 @@ mod precision;
 mod prefetch;
 mod registry;
 mod replicated;
+mod replicated_strategy;
 mod saved_state;
 mod sharded_params;
 mod single;
@@ -35,10 +37,11 @@ mod unit_op;
 mod zero;
 mod zero3;
 
-pub use ddp::Ddp;
+pub use ddp::{BucketedAllReduce, Ddp};
 pub use fsdp::{Fsdp, FsdpSharding};
 pub use precision::MixedPrecision;
 pub use registry::{strategy_by_name, STRATEGY_NAMES};
-pub use single::SingleDevice;
-pub use zero::Zero;
+pub use replicated_strategy::Replicated;
+pub use single::{NoReduce, SingleDevice};
+pub use zero::{Zero, ZeroReduce};
 pub use zero3::Zero3;

@@ -21,7 +21,7 @@ pub fn strategy_by_name(name: &str) -> Result<Box<dyn Strategy>> {
         "zero1" => Ok(Box::new(Zero::stage1())),
         "zero2" => Ok(Box::new(Zero::stage2())),
         Zero3::NAME => Ok(Box::new(Zero3::new())),
-        Fsdp::NAME => Ok(Box::new(Fsdp::new(FsdpSharding::FullShard))),
+        Fsdp::NAME => Ok(Fsdp::new(FsdpSharding::FullShard).build()),
         other => Err(Error::config(
             "strategy",
             format!(

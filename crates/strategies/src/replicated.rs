@@ -1,5 +1,5 @@
-//! Replicated parameters: every rank holds every parameter in full. The state shared by
-//! [`SingleDevice`](crate::SingleDevice) and [`Ddp`](crate::Ddp).
+//! Replicated parameters: every rank holds every parameter in full. The state of the
+//! [`Replicated`](crate::Replicated) strategies (single, ddp, zero1, zero2).
 
 use crate::clip::clip_grad_norm;
 use crate::flat_layout::FlatLayout;
@@ -59,10 +59,12 @@ impl ParamSource for ReplicatedParams {
 
 /// One rank's replicated model state: parameters, accumulated gradients, optimizer.
 #[derive(Default)]
-pub(crate) struct Replicated {
+pub(crate) struct ReplicatedState {
     pub(crate) world: Option<Arc<dyn Collective>>,
     device: Option<Device>,
     source: Option<Arc<ReplicatedParams>>,
+    /// Set when the parameters exist (see [`ReplicatedState::layout`]).
+    layout: Option<FlatLayout>,
     pub(crate) names: Vec<String>,
     pub(crate) params: Vec<Var>,
     grads: GradAccumulator,
@@ -77,7 +79,7 @@ pub(crate) struct Replicated {
     pub(crate) unused: Vec<String>,
 }
 
-impl Replicated {
+impl ReplicatedState {
     pub(crate) fn connect(&mut self, world: Arc<dyn Collective>, device: Device) {
         self.world = Some(world);
         self.device = Some(device);
@@ -120,7 +122,17 @@ impl Replicated {
             .ok_or_else(|| Self::not_ready(strategy, "no sharding context was opened"))?;
         let params = std::mem::take(&mut *source.lock());
         (self.names, self.params) = params.into_iter().unzip();
+        let world_size = self.world(strategy)?.world_size();
+        self.layout = Some(FlatLayout::new(self.parameter_shapes(), world_size));
         Ok(())
+    }
+
+    /// All parameters laid out flat over the world: ZeRO 1-2 shard the optimizer state by
+    /// it, and checkpoints save rank r's 1/W range of it (no rank writes everything).
+    pub(crate) fn layout(&self, strategy: &str) -> Result<&FlatLayout> {
+        self.layout
+            .as_ref()
+            .ok_or_else(|| Self::not_ready(strategy, "step before configure_sharded_model"))
     }
 
     pub(crate) fn is_configured(&self) -> bool {
@@ -204,39 +216,11 @@ impl Replicated {
         self.params.iter().map(|p| p.elem_count()).sum()
     }
 
-    /// All parameters laid out over the world, and this rank: under single and ddp each
-    /// rank saves its 1/W range of it (no rank writes everything), optimizer state alike.
-    fn world_layout(&self, strategy: &str) -> Result<(FlatLayout, usize)> {
-        let world = self.world(strategy)?;
-        let layout = FlatLayout::new(self.parameter_shapes(), world.world_size());
-        Ok((layout, world.rank()))
-    }
-
-    /// `Strategy::save_state` of single and ddp.
-    pub(crate) fn save_replicated(&self, strategy: &str) -> Result<RankState> {
-        let (layout, rank) = self.world_layout(strategy)?;
-        self.save_state(&layout, rank, false)
-    }
-
-    /// `Strategy::load_state` of single and ddp.
-    pub(crate) fn load_replicated(
-        &mut self,
-        strategy: &str,
-        reader: &dyn StateReader,
-    ) -> Result<()> {
-        let (layout, rank) = self.world_layout(strategy)?;
-        self.load_state(strategy, reader, &layout, rank, false)
-    }
-
-    /// This rank's range of `layout` (all parameters). The optimizer state is per parameter,
-    /// or one flat shard of `layout` when `flat_optimizer` (ZeRO 1-2).
-    pub(crate) fn save_state(
-        &self,
-        layout: &FlatLayout,
-        rank: usize,
-        flat_optimizer: bool,
-    ) -> Result<RankState> {
-        let range = layout.owned(rank);
+    /// This rank's range of the [`layout`](Self::layout). The optimizer state is per
+    /// parameter, or one flat shard of the layout when `flat_optimizer` (ZeRO 1-2).
+    pub(crate) fn save_state(&self, strategy: &str, flat_optimizer: bool) -> Result<RankState> {
+        let layout = self.layout(strategy)?;
+        let range = layout.owned(self.world(strategy)?.rank());
         let params: Vec<Tensor> = self.params.iter().map(|p| p.as_tensor().clone()).collect();
         let mut tensors = vec![(
             PARAM_KIND.to_string(),
@@ -263,15 +247,16 @@ impl Replicated {
         })
     }
 
-    /// Reads back what [`Replicated::save_state`] saved (at any world size).
+    /// Reads back what [`ReplicatedState::save_state`] saved (at any world size).
     pub(crate) fn load_state(
         &mut self,
         strategy: &str,
         reader: &dyn StateReader,
-        layout: &FlatLayout,
-        rank: usize,
         flat_optimizer: bool,
     ) -> Result<()> {
+        let layout = self.layout(strategy)?.clone();
+        let rank = self.world(strategy)?.rank();
+        let layout = &layout;
         let group = flat_group("all".into(), layout);
         let device = self.device(strategy)?;
         for (var, value) in self
@@ -304,62 +289,3 @@ impl Replicated {
 pub(crate) fn tensor_bytes(t: &Tensor) -> usize {
     t.elem_count() * t.dtype().size_in_bytes()
 }
-
-/// The `Strategy` methods a replicated-parameter strategy answers from its
-/// `state: Replicated` field, written once for single, ddp and zero stages 1-2.
-macro_rules! replicated_state_methods {
-    () => {
-        fn connect(
-            &mut self,
-            world: std::sync::Arc<dyn wick_core::Collective>,
-            device: candle_core::Device,
-        ) -> wick_core::Result<()> {
-            self.state.connect(world, device);
-            Ok(())
-        }
-
-        fn is_configured(&self) -> bool {
-            self.state.is_configured()
-        }
-
-        fn configure_optimizer(
-            &mut self,
-            config: &wick_core::OptimizerConfig,
-        ) -> wick_core::Result<()> {
-            self.state.configure_optimizer(config)
-        }
-
-        fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) {
-            self.state.clip = max_norm;
-        }
-
-        fn backward(&mut self, loss: &candle_core::Tensor) -> wick_core::Result<()> {
-            self.state.backward(loss)
-        }
-
-        fn find_unused_parameters(&mut self) {
-            self.state.find_unused = true;
-        }
-
-        fn unused_parameters(&self) -> Vec<String> {
-            self.state.unused.clone()
-        }
-
-        fn full_parameters(&self) -> wick_core::Result<Vec<(String, candle_core::Tensor)>> {
-            self.state.full_parameters()
-        }
-
-        fn num_parameters(&self) -> usize {
-            self.state.num_parameters()
-        }
-
-        fn state_bytes(&self) -> wick_core::StateBytes {
-            self.state.state_bytes()
-        }
-
-        fn parameter_shapes(&self) -> Vec<(String, candle_core::Shape)> {
-            self.state.parameter_shapes()
-        }
-    };
-}
-pub(crate) use replicated_state_methods;

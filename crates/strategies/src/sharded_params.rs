@@ -15,6 +15,7 @@ use crate::param_use::ParamUse;
 use crate::precision::{dtypes, MixedPrecision};
 use crate::prefetch::Prefetcher;
 use crate::unit_op::UnitOp;
+use crate::zero3::ShardedOptions;
 use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
@@ -84,18 +85,15 @@ impl ShardedParams {
         seed: u64,
         world: Arc<dyn Collective>,
         device: Device,
-        per_use: bool,
-        precision: Option<MixedPrecision>,
-        auto_wrap: Option<Vec<String>>,
-        prefetch: bool,
+        options: &ShardedOptions,
     ) -> Self {
         ShardedParams {
             seed,
-            per_use,
-            auto_wrap,
-            prefetch: prefetch && per_use,
+            per_use: options.per_use,
+            auto_wrap: options.auto_wrap.clone(),
+            prefetch: options.prefetch && options.per_use,
             prefetcher: Mutex::default(),
-            precision,
+            precision: options.precision,
             world: Mutex::new(world),
             device,
             sync: Arc::default(),

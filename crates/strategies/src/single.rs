@@ -1,13 +1,15 @@
 //! `SingleDevice`: one rank, no communication. The reference every other strategy must match.
 
-use crate::replicated::Replicated;
-use wick_core::{Error, Result, ShardedContext, Sharding, Strategy};
+use crate::replicated::ReplicatedState;
+use crate::replicated_strategy::{GradReduce, Replicated};
+use wick_core::{Error, Result, Sharding};
 
 /// Trains on one device.
-#[derive(Default)]
-pub struct SingleDevice {
-    state: Replicated,
-}
+pub type SingleDevice = Replicated<NoReduce>;
+
+/// The gradients of the one rank are the update's ([`SingleDevice`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoReduce;
 
 impl SingleDevice {
     /// The registry name.
@@ -15,52 +17,32 @@ impl SingleDevice {
 
     /// A new, unconfigured instance.
     pub fn new() -> Self {
-        Self::default()
+        Replicated::with_reduce(Self::NAME, NoReduce)
     }
 }
 
-impl Strategy for SingleDevice {
-    crate::replicated::replicated_state_methods!();
-
-    fn name(&self) -> &str {
-        Self::NAME
+impl Default for SingleDevice {
+    fn default() -> Self {
+        Self::new()
     }
+}
 
-    fn for_new_rank(&self) -> Box<dyn Strategy> {
-        Box::new(SingleDevice::new())
-    }
-
-    fn check_world_size(&self, world_size: usize) -> Result<()> {
+impl GradReduce for NoReduce {
+    fn check_world_size(&self, name: &str, world_size: usize) -> Result<()> {
         if world_size != 1 {
             return Err(Error::config(
                 "devices",
                 format!(
-                    "strategy single runs on exactly 1 device, got {world_size}; use ddp for more"
+                    "strategy {name} runs on exactly 1 device, got {world_size}; use ddp for more"
                 ),
             ));
         }
         Ok(())
     }
 
-    fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext> {
-        self.state.sharded_context(Self::NAME, seed)
-    }
-
-    fn finish_sharding(&mut self) -> Result<()> {
-        self.state.finish_sharding(Self::NAME)
-    }
-
-    fn optimizer_step(&mut self) -> Result<()> {
-        let grads = self.state.take_grads()?;
-        self.state.apply(Self::NAME, grads)
-    }
-
-    fn save_state(&self) -> Result<wick_core::RankState> {
-        self.state.save_replicated(Self::NAME)
-    }
-
-    fn load_state(&mut self, reader: &dyn wick_core::StateReader) -> Result<()> {
-        self.state.load_replicated(Self::NAME, reader)
+    fn step(&self, name: &str, state: &mut ReplicatedState) -> Result<()> {
+        let grads = state.take_grads()?;
+        state.apply(name, grads)
     }
 
     fn sharding(&self) -> Sharding {

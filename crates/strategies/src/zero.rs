@@ -10,9 +10,10 @@
 use crate::clip::clip_grad_norm;
 use crate::flat_grad::flatten_consuming;
 use crate::flat_layout::FlatLayout;
-use crate::replicated::{tensor_bytes, Replicated};
+use crate::replicated::{tensor_bytes, ReplicatedState};
+use crate::replicated_strategy::{GradReduce, Replicated};
 use candle_core::{DType, Device, Tensor, Var};
-use wick_core::{Collective, ReduceOp, Result, ShardedContext, Sharding, Strategy};
+use wick_core::{Collective, ReduceOp, Result, Sharding};
 
 /// Which state ZeRO shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,47 +25,43 @@ enum Stage {
 }
 
 /// ZeRO stage 1 or 2.
-pub struct Zero {
+pub type Zero = Replicated<ZeroReduce>;
+
+/// The step of ZeRO stages 1 and 2 ([`Zero`]): gradients reduced to this rank's shard, the
+/// shard stepped with its optimizer state, the updated parameters all-gathered.
+#[derive(Debug, Clone, Copy)]
+pub struct ZeroReduce {
     stage: Stage,
     chunk: usize,
-    layout: Option<FlatLayout>,
-    state: Replicated,
 }
 
 impl Zero {
     /// Stage 1: optimizer state sharded.
     pub fn stage1() -> Self {
-        Zero {
-            stage: Stage::One,
-            chunk: DEFAULT_CHUNK,
-            layout: None,
-            state: Replicated::default(),
-        }
+        Self::at(Stage::One, "zero1")
     }
 
     /// Stage 2: optimizer state and gradients sharded.
     pub fn stage2() -> Self {
-        Zero {
-            stage: Stage::Two,
-            ..Zero::stage1()
-        }
+        Self::at(Stage::Two, "zero2")
+    }
+
+    fn at(stage: Stage, name: &'static str) -> Self {
+        Replicated::with_reduce(
+            name,
+            ZeroReduce {
+                stage,
+                chunk: DEFAULT_CHUNK,
+            },
+        )
     }
 
     /// Elements per rank in each round of stage 2's collectives: the reduce-scatter of
     /// gradients and the all-gather of updated parameters (default 1Mi: 4 MiB); smaller
     /// rounds use less memory and more calls.
     pub fn with_chunk(mut self, elements: usize) -> Self {
-        self.chunk = elements.max(1);
+        self.reduce_mut().chunk = elements.max(1);
         self
-    }
-
-    fn layout(&self) -> Result<&FlatLayout> {
-        self.layout
-            .as_ref()
-            .ok_or_else(|| wick_core::Error::NotReady {
-                strategy: self.name().to_string(),
-                message: "step before configure_sharded_model".into(),
-            })
     }
 }
 
@@ -170,61 +167,18 @@ pub(crate) fn shard_of(
     Ok(Tensor::cat(&parts, 0)?)
 }
 
-impl Strategy for Zero {
-    crate::replicated::replicated_state_methods!();
-
-    fn name(&self) -> &str {
-        match self.stage {
-            Stage::One => "zero1",
-            Stage::Two => "zero2",
-        }
-    }
-
-    fn for_new_rank(&self) -> Box<dyn Strategy> {
-        Box::new(Zero {
-            stage: self.stage,
-            chunk: self.chunk,
-            layout: None,
-            state: Replicated::default(),
-        })
-    }
-
-    fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext> {
-        let name = self.name().to_string();
-        self.state.sharded_context(&name, seed)
-    }
-
-    fn finish_sharding(&mut self) -> Result<()> {
-        let name = self.name().to_string();
-        self.state.finish_sharding(&name)?;
-        let world_size = self.state.world(&name)?.world_size();
-        let entries = self
-            .state
-            .names
-            .iter()
-            .cloned()
-            .zip(self.state.params.iter().map(|p| p.shape().clone()));
-        self.layout = Some(FlatLayout::new(entries, world_size));
-        Ok(())
-    }
-
-    fn optimizer_step(&mut self) -> Result<()> {
-        let name = self.name().to_string();
-        let layout = self.layout()?.clone();
-        let world = self.state.world(&name)?.clone();
-        let device = self.state.params[0].device().clone();
+impl GradReduce for ZeroReduce {
+    fn step(&self, name: &str, state: &mut ReplicatedState) -> Result<()> {
+        let layout = state.layout(name)?.clone();
+        let world = state.world(name)?.clone();
+        let device = state.params[0].device().clone();
         let rank = world.rank();
         let range = layout.shard(rank);
 
-        let grads = self.state.take_grads()?;
+        let grads = state.take_grads()?;
         // This rank's range of the parameters, the buffer its optimizer steps in place.
-        let param_shard = || -> Result<Var> {
-            let params: Vec<Tensor> = self
-                .state
-                .params
-                .iter()
-                .map(|v| v.as_tensor().clone())
-                .collect();
+        let param_shard = |params: &[Var]| -> Result<Var> {
+            let params: Vec<Tensor> = params.iter().map(|v| v.as_tensor().clone()).collect();
             let shard = shard_of(&layout, rank, &params, &device)?;
             Ok(Var::from_tensor(&shard)?)
         };
@@ -234,9 +188,9 @@ impl Strategy for Zero {
                 // only the optimizer state); its buffer then receives the gathered update.
                 let grads = grads.into_iter().map(Some);
                 let flat_grad = flatten_consuming(grads, &layout, DType::F32, &device)?;
-                let shard = param_shard()?;
+                let shard = param_shard(&state.params)?;
                 world.all_reduce_in_place(&flat_grad, ReduceOp::Mean)?;
-                let flat_grad = match self.state.clip {
+                let flat_grad = match state.clip {
                     // Every rank holds the whole averaged gradient: the norm needs no collective.
                     Some(max_norm) => {
                         let mut whole = [flat_grad];
@@ -246,13 +200,13 @@ impl Strategy for Zero {
                     }
                     None => flat_grad,
                 };
-                self.state.grad_bytes = tensor_bytes(&flat_grad);
+                state.grad_bytes = tensor_bytes(&flat_grad);
                 let shard_grad = flat_grad.narrow(0, range.start, range.len())?;
-                self.state
-                    .optimizer(&name)?
+                state
+                    .optimizer(name)?
                     .step(std::slice::from_ref(&shard), &[shard_grad])?;
                 world.all_gather_into(shard.as_tensor(), &flat_grad)?;
-                for (entry, var) in layout.entries().iter().zip(&self.state.params) {
+                for (entry, var) in layout.entries().iter().zip(&state.params) {
                     var.set(
                         &flat_grad
                             .narrow(0, entry.offset, entry.numel())?
@@ -264,38 +218,26 @@ impl Strategy for Zero {
                 // The full gradients are gone before the parameter shard is copied out.
                 let shard_grad =
                     reduce_scatter_grads(world.as_ref(), self.chunk, &layout, grads, &device)?;
-                let shard = param_shard()?;
+                let shard = param_shard(&state.params)?;
                 let mut shard_grads = [shard_grad];
-                if let Some(max_norm) = self.state.clip {
+                if let Some(max_norm) = state.clip {
                     clip_grad_norm(&mut shard_grads, max_norm, Some(world.as_ref()))?;
                 }
                 let [shard_grad] = shard_grads;
-                self.state.grad_bytes = tensor_bytes(&shard_grad);
-                self.state
-                    .optimizer(&name)?
+                state.grad_bytes = tensor_bytes(&shard_grad);
+                state
+                    .optimizer(name)?
                     .step(std::slice::from_ref(&shard), &[shard_grad])?;
                 gather_into_params(
                     world.as_ref(),
                     self.chunk,
                     &layout,
                     shard.as_tensor(),
-                    &self.state.params,
+                    &state.params,
                 )?;
             }
         }
         Ok(())
-    }
-
-    fn save_state(&self) -> Result<wick_core::RankState> {
-        let rank = self.state.world(self.name())?.rank();
-        self.state.save_state(self.layout()?, rank, true)
-    }
-
-    fn load_state(&mut self, reader: &dyn wick_core::StateReader) -> Result<()> {
-        let name = self.name().to_string();
-        let rank = self.state.world(&name)?.rank();
-        let layout = self.layout()?.clone();
-        self.state.load_state(&name, reader, &layout, rank, true)
     }
 
     fn sharding(&self) -> Sharding {

@@ -20,13 +20,41 @@ use wick_core::{
     Sharding, StateBytes, StateReader, Strategy, PARAM_KIND,
 };
 
+/// The options of a sharded strategy: everything that is not built from the model. A new
+/// rank's strategy gets a clone of them whole, so no option can be left behind.
+#[derive(Debug, Clone)]
+pub(crate) struct ShardedOptions {
+    /// The registry name: `zero3`, or `fsdp` for FSDP's sharded modes.
+    pub(crate) name: &'static str,
+    /// Units run through the unit op (full sharding) rather than gathered once per step.
+    pub(crate) per_use: bool,
+    /// Hybrid sharding: ranks per sharding group.
+    pub(crate) group_size: Option<usize>,
+    /// Mixed precision of the gathered units and the gradient reduction.
+    pub(crate) precision: Option<MixedPrecision>,
+    /// Auto-wrap prefixes (see [`Zero3::with_auto_wrap`]).
+    pub(crate) auto_wrap: Option<Vec<String>>,
+    /// Prefetch the next unit's gather (full sharding only).
+    pub(crate) prefetch: bool,
+}
+
+impl Default for ShardedOptions {
+    fn default() -> Self {
+        ShardedOptions {
+            name: Zero3::NAME,
+            per_use: false,
+            group_size: None,
+            precision: None,
+            auto_wrap: None,
+            prefetch: false,
+        }
+    }
+}
+
 /// ZeRO stage 3 (and the sharded modes of FSDP, which differ only in how units run).
 #[derive(Default)]
 pub struct Zero3 {
-    /// `None`: zero3; otherwise the name it registers under (fsdp).
-    alias: Option<&'static str>,
-    /// Units run through the unit op (full sharding) rather than gathered once per step.
-    per_use: bool,
+    options: ShardedOptions,
     world: Option<Arc<dyn Collective>>,
     device: Option<Device>,
     source: Option<Arc<ShardedParams>>,
@@ -38,14 +66,6 @@ pub struct Zero3 {
     optimizer: Option<Optimizer>,
     grad_bytes: usize,
     clip: Option<f64>,
-    /// Hybrid sharding: ranks per sharding group.
-    group_size: Option<usize>,
-    /// Mixed precision of the gathered units and the gradient reduction.
-    precision: Option<MixedPrecision>,
-    /// Auto-wrap prefixes (see [`Zero3::with_auto_wrap`]).
-    auto_wrap: Option<Vec<String>>,
-    /// Prefetch the next unit's gather (full sharding only).
-    prefetch: bool,
     /// Hybrid sharding: the ranks of other groups holding the same shard.
     replicas: Option<Arc<dyn Collective>>,
 }
@@ -59,59 +79,36 @@ impl Zero3 {
         Self::default()
     }
 
-    /// Shards inside groups of `group_size` consecutive ranks and replicates across groups.
-    pub(crate) fn with_groups(mut self, group_size: usize) -> Self {
-        self.group_size = Some(group_size);
-        self
-    }
-
-    /// Computes gathered units in, and reduces gradients in, the dtypes of `precision`.
-    pub(crate) fn with_precision(mut self, precision: Option<MixedPrecision>) -> Self {
-        self.precision = precision;
-        self
+    /// An unconfigured instance with `options`.
+    pub(crate) fn with_options(options: ShardedOptions) -> Self {
+        Zero3 {
+            options,
+            ..Zero3::default()
+        }
     }
 
     /// Auto-wrap policy: a wrapped block whose name starts with one of `prefixes` is a unit
     /// of its own (gathered and freed on its own); every other block joins one root unit.
     /// Changing the policy changes the sharding granularity without touching model code.
     pub fn with_auto_wrap(mut self, prefixes: Vec<String>) -> Self {
-        self.auto_wrap = Some(prefixes);
+        self.options.auto_wrap = Some(prefixes);
         self
     }
 
-    /// Under full sharding, gathers the next unit on a background thread while the current
-    /// one computes (forward: the next unit, backward: the previous).
-    pub(crate) fn with_prefetch(mut self, prefetch: bool) -> Self {
-        self.prefetch = prefetch;
-        self
-    }
-
-    /// A sharded strategy named `name` whose units run through the unit op when `per_use`.
-    pub(crate) fn sharded(name: &'static str, per_use: bool) -> Self {
-        Zero3 {
-            alias: Some(name),
-            per_use,
-            ..Zero3::default()
-        }
-    }
-
-    fn not_ready(message: &str) -> Error {
-        Error::NotReady {
-            strategy: Self::NAME.into(),
-            message: message.into(),
-        }
+    fn not_ready(&self, message: &str) -> Error {
+        not_ready(self.options.name, message)
     }
 
     fn device(&self) -> Result<Device> {
         self.device
             .clone()
-            .ok_or_else(|| Self::not_ready("no device connected"))
+            .ok_or_else(|| self.not_ready("no device connected"))
     }
 
     fn world(&self) -> Result<&Arc<dyn Collective>> {
         self.world
             .as_ref()
-            .ok_or_else(|| Self::not_ready("no world connected"))
+            .ok_or_else(|| self.not_ready("no world connected"))
     }
 
     fn release_gathered(&self) {
@@ -121,27 +118,37 @@ impl Zero3 {
     }
 }
 
+/// The error for a call that comes before the state it needs.
+fn not_ready(strategy: &str, message: &str) -> Error {
+    Error::NotReady {
+        strategy: strategy.into(),
+        message: message.into(),
+    }
+}
+
 impl Strategy for Zero3 {
     fn name(&self) -> &str {
-        self.alias.unwrap_or(Self::NAME)
+        self.options.name
     }
 
     fn for_new_rank(&self) -> Box<dyn Strategy> {
-        Box::new(Zero3 {
-            alias: self.alias,
-            per_use: self.per_use,
-            group_size: self.group_size,
-            precision: self.precision,
-            auto_wrap: self.auto_wrap.clone(),
-            prefetch: self.prefetch,
-            ..Zero3::default()
-        })
+        Box::new(Zero3::with_options(self.options.clone()))
+    }
+
+    fn check_world_size(&self, world_size: usize) -> Result<()> {
+        match self.options.group_size {
+            Some(g) if g == 0 || world_size % g != 0 => Err(Error::config(
+                "group size",
+                format!("hybrid_shard needs the {world_size} ranks to split into groups of {g}"),
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn connect(&mut self, world: Arc<dyn Collective>, device: Device) -> Result<()> {
         // Hybrid sharding: shard inside groups of consecutive ranks, average across groups
         // between the ranks that hold the same shard.
-        let world = match self.group_size {
+        let world = match self.options.group_size {
             Some(g) => {
                 let rank = world.rank();
                 let group = world.split(rank / g)?;
@@ -166,10 +173,7 @@ impl Strategy for Zero3 {
             seed,
             world.clone(),
             device.clone(),
-            self.per_use,
-            self.precision,
-            self.auto_wrap.clone(),
-            self.prefetch,
+            &self.options,
         ));
         self.source = Some(source.clone());
         Ok(ShardedContext::new(source, world, device, self.name()))
@@ -179,7 +183,7 @@ impl Strategy for Zero3 {
         let source = self
             .source
             .as_ref()
-            .ok_or_else(|| Self::not_ready("no sharding context was opened"))?;
+            .ok_or_else(|| self.not_ready("no sharding context was opened"))?;
         source.finish()?;
         (self.layouts, self.shards) = source.with_units(|units| {
             units
@@ -241,10 +245,7 @@ impl Strategy for Zero3 {
         // Gradients arrive already reduce-scattered by the gather op's backward.
         let kept = self.source.as_ref().map_or(0, |s| s.sync.kept_bytes());
         if kept > 0 {
-            return Err(Error::NotReady {
-                strategy: Self::NAME.into(),
-                message: format!("optimizer_step with {kept} bytes of unreduced gradients: the last backward before a step must run with grad sync on"),
-            });
+            return Err(self.not_ready(&format!("optimizer_step with {kept} bytes of unreduced gradients: the last backward before a step must run with grad sync on")));
         }
         let mut grads = self.grads.take(&self.shards)?;
         if let Some(replicas) = &self.replicas {
@@ -258,10 +259,12 @@ impl Strategy for Zero3 {
             clip_grad_norm(&mut grads, max_norm, Some(self.world()?.as_ref()))?;
         }
         self.grad_bytes = grads.iter().map(tensor_bytes).sum();
-        let optimizer = self
-            .optimizer
-            .as_mut()
-            .ok_or_else(|| Self::not_ready("optimizer_step before configure_optimizer"))?;
+        let optimizer = self.optimizer.as_mut().ok_or_else(|| {
+            not_ready(
+                self.options.name,
+                "optimizer_step before configure_optimizer",
+            )
+        })?;
         optimizer.step(&self.shards, &grads)?;
         self.release_gathered();
         Ok(())
@@ -344,7 +347,7 @@ impl Strategy for Zero3 {
         let optimizer = self
             .optimizer
             .as_mut()
-            .ok_or_else(|| Self::not_ready("load_state before configure_optimizer"))?;
+            .ok_or_else(|| not_ready(self.options.name, "load_state before configure_optimizer"))?;
         let kinds = kinds_to_restore(reader, optimizer.state_kinds())?;
         let mut state = vec![Vec::new(); kinds.len()];
         for (i, layout) in self.layouts.iter().enumerate() {
