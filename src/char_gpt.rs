@@ -5,7 +5,9 @@
 use candle_core::{Result, Tensor};
 use candle_nn::{Embedding, Module, VarBuilder};
 use std::sync::Arc;
-use wick_core::{OptimizerConfig, ShardedContext, TrainModule, WeightSource, Wrapped};
+use wick_core::{
+    Algorithm, LrSchedule, OptimizerConfig, ShardedContext, TrainModule, WeightSource, Wrapped,
+};
 use wick_nn::{CausalSelfAttention, LayerNorm, Linear};
 
 /// Layer norms' epsilon.
@@ -106,20 +108,28 @@ struct Layers {
 pub struct CharGpt {
     config: GptConfig,
     lr: f64,
+    schedule: LrSchedule,
     /// Where the parameters come from instead of their initializers (a checkpoint).
     weights: Option<Arc<dyn WeightSource>>,
     layers: Option<Layers>,
 }
 
 impl CharGpt {
-    /// A model of `config` trained with AdamW at `lr`; no parameters yet.
+    /// A model of `config` trained with AdamW at `lr` (constant); no parameters yet.
     pub fn new(config: GptConfig, lr: f64) -> Self {
         CharGpt {
             config,
             lr,
+            schedule: LrSchedule::constant(),
             weights: None,
             layers: None,
         }
+    }
+
+    /// The same model trained along `schedule` (a factor of `lr` per step).
+    pub fn with_schedule(mut self, schedule: LrSchedule) -> Self {
+        self.schedule = schedule;
+        self
     }
 
     /// The same model with its parameters read from `weights` (a checkpoint of any world
@@ -174,13 +184,14 @@ impl TrainModule for CharGpt {
     }
 
     fn configure_optimizers(&self) -> OptimizerConfig {
-        OptimizerConfig::AdamW {
+        OptimizerConfig::from(Algorithm::AdamW {
             lr: self.lr,
             beta1: 0.9,
             beta2: 0.95,
             eps: 1e-8,
             weight_decay: 0.01,
-        }
+        })
+        .with_schedule(self.schedule)
     }
 
     fn training_step(&mut self, batch: &Self::Batch, _: usize) -> Result<Tensor> {

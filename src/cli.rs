@@ -8,6 +8,7 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+use wick_core::{Decay, LrSchedule};
 
 /// wick: Lightning-style training with sharded data parallelism for Candle.
 #[derive(Debug, Parser)]
@@ -92,6 +93,15 @@ pub enum PrecisionName {
     F16Mixed,
 }
 
+/// How the learning rate falls after warmup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecayName {
+    Cosine,
+    Linear,
+    Constant,
+}
+
 /// Where each rank computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -133,6 +143,11 @@ pub struct FitArgs {
     pub seed: u64,
     pub batch_size: usize,
     pub lr: f64,
+    /// `None`: a tenth of `max_steps`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warmup_steps: Option<usize>,
+    pub lr_decay: DecayName,
+    pub min_lr_ratio: f64,
     pub val_every: usize,
     pub run_name: String,
     pub log_dir: PathBuf,
@@ -164,7 +179,10 @@ impl Default for FitArgs {
             max_steps: 400,
             seed: 0,
             batch_size: 32,
-            lr: 3e-3,
+            lr: 1e-2,
+            warmup_steps: None,
+            lr_decay: DecayName::Cosine,
+            min_lr_ratio: 0.1,
             val_every: 100,
             run_name: "char-gpt".into(),
             log_dir: "runs".into(),
@@ -251,10 +269,23 @@ pub struct FitFlags {
     #[arg(long, value_parser = positive, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch_size: Option<usize>,
-    /// AdamW learning rate [default: 0.003].
+    /// AdamW peak learning rate (after warmup) [default: 0.01].
     #[arg(long, value_parser = positive_number, value_name = "X", allow_hyphen_values = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lr: Option<f64>,
+    /// Steps of linear learning-rate warmup [default: a tenth of --max-steps].
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warmup_steps: Option<usize>,
+    /// How the rate falls after warmup, reaching --min-lr-ratio at --max-steps [default:
+    /// cosine].
+    #[arg(long, value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr_decay: Option<DecayName>,
+    /// The floor of the decay, as a fraction of --lr [default: 0.1].
+    #[arg(long, value_name = "X")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_lr_ratio: Option<f64>,
     /// Validate every N steps [default: 100].
     #[arg(long, value_parser = positive, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -444,7 +475,31 @@ impl FitArgs {
         if self.devices == Some(0) || self.threads_per_rank == Some(0) {
             return Err("devices and threads-per-rank must be positive".into());
         }
-        Ok(())
+        self.lr_schedule().validate().map_err(|e| {
+            format!(
+                "learning-rate schedule (--warmup-steps {}, --lr-decay {}, --min-lr-ratio {}, \
+                 decaying until --max-steps {}): {e}",
+                self.lr_schedule().warmup_steps,
+                name_of(self.lr_decay),
+                self.min_lr_ratio,
+                self.max_steps
+            )
+        })
+    }
+
+    /// The schedule of the options: warmup, then the decay until `max-steps`.
+    pub fn lr_schedule(&self) -> LrSchedule {
+        let decay = match self.lr_decay {
+            DecayName::Cosine => Decay::Cosine,
+            DecayName::Linear => Decay::Linear,
+            DecayName::Constant => Decay::Constant,
+        };
+        LrSchedule {
+            warmup_steps: self.warmup_steps.unwrap_or(self.max_steps / 10),
+            decay,
+            total_steps: self.max_steps,
+            min_lr_ratio: self.min_lr_ratio,
+        }
     }
 
     /// These options as TOML, which `--config` reads back.
@@ -583,5 +638,27 @@ mod tests {
         assert!(e.contains("unknown field `max_steps`"), "{e}");
         let e = fit("fit --config /nonexistent/run.toml").unwrap_err();
         assert!(e.contains("/nonexistent/run.toml"), "{e}");
+    }
+
+    #[test]
+    fn the_learning_rate_schedule_options() {
+        let a = fit("fit").unwrap();
+        assert_eq!(
+            a.lr_schedule(),
+            LrSchedule::warmup_cosine(40, 400, 0.1),
+            "the main job's default: a tenth of the steps warming up, cosine to a tenth"
+        );
+        let a =
+            fit("fit --max-steps 100 --warmup-steps 5 --lr-decay linear --min-lr-ratio 0").unwrap();
+        assert_eq!(a.lr_schedule(), LrSchedule::warmup_linear(5, 100, 0.0));
+        let a = fit("fit --lr-decay constant --warmup-steps 0").unwrap();
+        assert_eq!(a.lr_schedule().factor(0), 1.0);
+        let e = fit("fit --max-steps 20 --warmup-steps 50").unwrap_err();
+        assert!(
+            e.contains("--warmup-steps 50") && e.contains("--max-steps 20"),
+            "{e}"
+        );
+        let e = fit("fit --min-lr-ratio 2").unwrap_err();
+        assert!(e.contains("min_lr_ratio"), "{e}");
     }
 }

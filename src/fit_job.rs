@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use wick_accelerator::{cuda_device_count, DeviceKind, LaunchEnv};
 use wick_core::{Callback, RunState};
 use wick_strategies::{Fsdp, FsdpSharding, MixedPrecision};
-use wick_trainer::{DataLoader, ModelCheckpoint, Trainer};
+use wick_trainer::{DataLoader, LearningRateMonitor, ModelCheckpoint, Trainer};
 
 /// Context length of the main job's model.
 const BLOCK: usize = 64;
@@ -115,7 +115,7 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
     let Split { vocab, train, val } = split(args.data.as_deref(), args.batch_size)?;
 
     let config = main_job_config(vocab.len());
-    let mut model = CharGpt::new(config, args.lr);
+    let mut model = CharGpt::new(config, args.lr).with_schedule(args.lr_schedule());
     let history = LossHistory::default();
     // The main job's default is 2 ranks as threads (CUDA: one per GPU); under a launcher,
     // its process count.
@@ -134,6 +134,7 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
         .log_dir(&args.log_dir)
         .val_check_interval(args.val_every)
         .progress(args.progress)
+        .callback(LearningRateMonitor::new())
         .callback(history.clone());
     builder = match args.strategy {
         StrategyName::Fsdp => {

@@ -213,18 +213,25 @@ fn wrapping_the_same_name_twice_is_refused() {
     );
 }
 
+/// Mixed precision against single-device f32. The loss is divided by 64 in every run: at
+/// `16-mixed`'s initial loss scale of 2^16 this model's first gradients overflow f16, and
+/// the skipped step (as torch's GradScaler would skip it) leaves the parameters 0.09 from
+/// f32 after 10 steps; at 2^10 no step is skipped. AdamW's update does not depend on the
+/// loss's scale, so the f32 reference is the same training.
 #[test]
 fn mixed_precision_trains_close_to_single_f32() {
+    use crate::common::ScaledLoss;
     use wick::strategies::MixedPrecision;
-    let reference = train(1, "single", adamw(), STEPS);
+    let model = || ScaledLoss::new(adamw(), 1.0 / 64.0);
+    let mut single = crate::common::quiet_trainer(1, "single", STEPS);
+    single.fit(&mut model(), &loader(), None).unwrap();
+    let reference = full_parameters(&mut single);
     for (name, tolerance) in [("bf16-mixed", 1e-2), ("16-mixed", 2e-3)] {
         let precision = MixedPrecision::from_name(name).unwrap();
         for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
             let fsdp = Fsdp::new(sharding).with_precision(precision).unwrap();
             let mut trainer = crate::common::quiet_trainer_with(2, fsdp.build(), STEPS);
-            trainer
-                .fit(&mut Mlp::new(adamw()), &loader(), None)
-                .unwrap();
+            let metrics = trainer.fit(&mut model(), &loader(), None).unwrap();
             let diff = max_diff(&reference, &full_parameters(&mut trainer));
             println!("{name} {sharding:?}: max |diff| vs single f32 = {diff}");
             assert!(
@@ -233,6 +240,10 @@ fn mixed_precision_trains_close_to_single_f32() {
             );
             // The half-precision compute is real: results differ from f32.
             assert!(diff > 1e-6, "{name} {sharding:?} matched f32 exactly");
+            // Only 16-mixed scales the loss, and no step was skipped.
+            let scale = metrics.get("loss_scale").copied();
+            let want = (name == "16-mixed").then_some(65536.0);
+            assert_eq!(scale, want, "{name} {sharding:?}");
         }
     }
     let bf16 = MixedPrecision::from_name("bf16-mixed").unwrap();

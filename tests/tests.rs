@@ -21,3 +21,9 @@ mod checkpoint;
 mod checkpoint_bad_input;
 // Parameters without gradient: reported at the first step, or an error if asked.
 mod unused_parameters;
+// 16-mixed dynamic loss scaling: overflowing steps skipped on every rank, scale in checkpoints.
+mod loss_scaling;
+// Learning-rate schedules: the rate of each step, across strategies, through a resume.
+mod lr_schedule;
+// EarlyStopping: every rank stops at the same step, from the rank-averaged metric.
+mod early_stopping;

@@ -5,7 +5,8 @@ use candle_core::{Device, Tensor, D};
 use candle_nn::{Linear, Module};
 use wick::core::Wrapped;
 use wick::core::{
-    Collective, CollectiveError, OptimizerConfig, ReduceOp, ShardedContext, TrainModule, Work,
+    Algorithm, Collective, CollectiveError, OptimizerConfig, ReduceOp, ShardedContext, TrainModule,
+    Work,
 };
 use wick::trainer::{DataLoader, Dataset, Trainer};
 
@@ -149,6 +150,63 @@ impl TrainModule for Mlp {
     }
 }
 
+/// The MLP with its training loss multiplied by `factor`, and, with
+/// [`ScaledLoss::with_spike`], by another factor at one batch on one rank.
+#[derive(Clone)]
+pub struct ScaledLoss {
+    pub mlp: Mlp,
+    factor: f64,
+    /// (rank, batch index in the epoch, factor).
+    spike: Option<(usize, usize, f64)>,
+    rank: usize,
+}
+
+impl ScaledLoss {
+    pub fn new(optimizer: OptimizerConfig, factor: f64) -> Self {
+        ScaledLoss {
+            mlp: Mlp::new(optimizer),
+            factor,
+            spike: None,
+            rank: 0,
+        }
+    }
+
+    /// Multiplies batch `batch` on rank `rank` by `factor` instead.
+    pub fn with_spike(mut self, rank: usize, batch: usize, factor: f64) -> Self {
+        self.spike = Some((rank, batch, factor));
+        self
+    }
+}
+
+impl TrainModule for ScaledLoss {
+    type Batch = (Tensor, Tensor);
+
+    fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> candle_core::Result<()> {
+        self.rank = ctx.rank();
+        self.mlp.configure_sharded_model(ctx)
+    }
+
+    fn configure_optimizers(&self) -> OptimizerConfig {
+        self.mlp.configure_optimizers()
+    }
+
+    fn training_step(&mut self, batch: &Self::Batch, b: usize) -> candle_core::Result<Tensor> {
+        let factor = match self.spike {
+            Some((rank, at, spike)) if (rank, at) == (self.rank, b) => spike,
+            _ => self.factor,
+        };
+        self.mlp.loss(batch)?.affine(factor, 0.0)
+    }
+
+    fn validation_step(
+        &mut self,
+        batch: &Self::Batch,
+        b: usize,
+    ) -> candle_core::Result<Option<Tensor>> {
+        self.mlp.validation_step(batch, b)
+    }
+}
+
 /// The MLP in a module that cannot be cloned (it holds a channel's receiving end): it trains
 /// as the one rank of its process, never as several threads.
 pub struct SoloMlp {
@@ -189,23 +247,23 @@ impl TrainModule for SoloMlp {
 
 /// The AdamW every equivalence test uses.
 pub fn adamw() -> OptimizerConfig {
-    OptimizerConfig::AdamW {
+    OptimizerConfig::from(Algorithm::AdamW {
         lr: 0.01,
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,
         weight_decay: 0.01,
-    }
+    })
 }
 
 /// The SGD (momentum, weight decay) the equivalence tests use.
 pub fn sgd_momentum() -> OptimizerConfig {
-    OptimizerConfig::Sgd {
+    OptimizerConfig::from(Algorithm::Sgd {
         lr: 0.05,
         momentum: 0.9,
         nesterov: false,
         weight_decay: 0.01,
-    }
+    })
 }
 
 /// A trainer with no logger and no progress bar.

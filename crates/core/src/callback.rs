@@ -2,6 +2,7 @@
 
 use crate::Stage;
 use candle_core::Result;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 
 /// Where a run is, as seen by callback hooks.
@@ -17,6 +18,46 @@ pub struct RunState {
     pub epoch: usize,
     /// The last value of each logged metric (`train_loss`, `val_loss`, `test_loss`), averaged over ranks.
     pub metrics: BTreeMap<String, f64>,
+    /// The learning rate of the last optimizer step (the schedule's rate).
+    pub lr: f64,
+    /// Values hooks logged with [`RunState::log`], not yet in `metrics`.
+    logged: RefCell<BTreeMap<String, f64>>,
+    /// Whether a hook asked with [`RunState::request_stop`].
+    stop: Cell<bool>,
+}
+
+impl RunState {
+    /// The state of rank `rank` of `world_size` before any step.
+    pub fn new(rank: usize, world_size: usize) -> Self {
+        RunState {
+            rank,
+            world_size,
+            ..RunState::default()
+        }
+    }
+
+    /// Logs `value` as the metric `name`: the trainer adds it to `metrics` (and to what fit
+    /// returns) when the hook returns. A hook that logs the same value on every rank keeps
+    /// the metrics the same on every rank.
+    pub fn log(&self, name: &str, value: f64) {
+        self.logged.borrow_mut().insert(name.to_string(), value);
+    }
+
+    /// Asks the trainer to end `fit` after this step. The ranks decide together: if any
+    /// rank asks, every rank stops at the same step.
+    pub fn request_stop(&self) {
+        self.stop.set(true);
+    }
+
+    /// The values logged since the last call (for the trainer).
+    pub fn take_logged(&self) -> BTreeMap<String, f64> {
+        std::mem::take(&mut *self.logged.borrow_mut())
+    }
+
+    /// Whether a stop was asked since the last call (for the trainer).
+    pub fn take_stop_request(&self) -> bool {
+        self.stop.replace(false)
+    }
 }
 
 /// Hooks into a run; every one has an empty default, so a callback implements only what it

@@ -3,7 +3,7 @@
 //! It owns the hook traits a model and a callback implement ([`TrainModule`], [`Callback`]),
 //! the [`Stage`]s, the [`Collective`] trait that worlds implement, the [`Strategy`] trait that
 //! strategies implement, the [`ShardedContext`] handed to `configure_sharded_model`, the
-//! optimizer configuration a module returns, the state a checkpoint holds ([`RankState`],
+//! optimizer configuration a module returns (with its learning-rate schedule), the state a checkpoint holds ([`RankState`],
 //! [`StateReader`]), and the error types. It knows no other wick crate
 //! and no device or collective engine.
 
@@ -11,6 +11,7 @@ mod callback;
 mod collective;
 mod context;
 mod error;
+mod lr_schedule;
 mod module;
 mod optimizer;
 mod safetensors_file;
@@ -26,11 +27,12 @@ pub use context::{
     sharding_context_active, ContextGuard, ParamSource, ShardedContext, UnitFn, Wrapped,
 };
 pub use error::{CollectiveError, Error, FileError, Result};
+pub use lr_schedule::{Decay, LrSchedule};
 pub use module::TrainModule;
-pub use optimizer::OptimizerConfig;
+pub use optimizer::{Algorithm, OptimizerConfig};
 pub use safetensors_file::SafetensorsFile;
 pub use solo_world::SoloWorld;
 pub use stage::Stage;
-pub use state::{FlatGroup, GroupRange, RankState, StateReader, PARAM_KIND};
+pub use state::{FlatGroup, GroupRange, LossScale, RankState, StateReader, PARAM_KIND};
 pub use strategy::{Sharding, StateBytes, Strategy};
 pub use weights::{ParamInit, PretrainedWeights, WeightSource};

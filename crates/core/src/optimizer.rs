@@ -1,11 +1,73 @@
-//! What `configure_optimizers` returns: an optimizer kind and its hyper-parameters.
+//! What `configure_optimizers` returns: an optimizer's update rule with its
+//! hyper-parameters, and its learning-rate schedule.
 //!
 //! The strategy builds the optimizer itself, over whatever buffers it holds (full
 //! parameters, flat shards), so a module names the optimizer but never owns its state.
 
-/// An optimizer and its hyper-parameters, with PyTorch's defaults.
+use crate::LrSchedule;
+
+/// An optimizer and its learning-rate schedule:
+/// `OptimizerConfig::adamw(3e-3).with_schedule(LrSchedule::warmup_cosine(40, 400, 0.1))`.
 #[derive(Debug, Clone, PartialEq)]
-pub enum OptimizerConfig {
+pub struct OptimizerConfig {
+    /// The update rule and its hyper-parameters (`lr` is the base rate).
+    pub algorithm: Algorithm,
+    /// The rate of each step as a factor of the base rate (default: constant).
+    pub schedule: LrSchedule,
+}
+
+impl From<Algorithm> for OptimizerConfig {
+    fn from(algorithm: Algorithm) -> Self {
+        OptimizerConfig {
+            algorithm,
+            schedule: LrSchedule::constant(),
+        }
+    }
+}
+
+impl OptimizerConfig {
+    /// AdamW with `lr` and PyTorch's defaults (betas 0.9/0.999, eps 1e-8, weight decay
+    /// 0.01), at a constant rate.
+    pub fn adamw(lr: f64) -> Self {
+        Algorithm::adamw(lr).into()
+    }
+
+    /// Plain SGD with `lr`, no momentum, no weight decay, at a constant rate.
+    pub fn sgd(lr: f64) -> Self {
+        Algorithm::sgd(lr).into()
+    }
+
+    /// The same optimizer stepped along `schedule`.
+    pub fn with_schedule(mut self, schedule: LrSchedule) -> Self {
+        self.schedule = schedule;
+        self
+    }
+
+    /// The optimizer's name (`adamw`, `sgd`).
+    pub fn kind(&self) -> &'static str {
+        self.algorithm.kind()
+    }
+
+    /// The hyper-parameters by name (booleans as 0 or 1), as a checkpoint records them.
+    pub fn hyper_parameters(&self) -> Vec<(&'static str, f64)> {
+        self.algorithm.hyper_parameters()
+    }
+
+    /// The base learning rate.
+    pub fn lr(&self) -> f64 {
+        self.algorithm.lr()
+    }
+
+    /// The learning rate of optimizer step `step` (from 0): the base rate times the
+    /// schedule's factor.
+    pub fn lr_at(&self, step: usize) -> f64 {
+        self.lr() * self.schedule.factor(step)
+    }
+}
+
+/// An optimizer's update rule and its hyper-parameters, with PyTorch's defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Algorithm {
     /// AdamW as in `torch.optim.AdamW`: decoupled weight decay, bias correction.
     AdamW {
         /// Learning rate.
@@ -32,10 +94,10 @@ pub enum OptimizerConfig {
     },
 }
 
-impl OptimizerConfig {
+impl Algorithm {
     /// AdamW with `lr` and PyTorch's defaults (betas 0.9/0.999, eps 1e-8, weight decay 0.01).
     pub fn adamw(lr: f64) -> Self {
-        OptimizerConfig::AdamW {
+        Algorithm::AdamW {
             lr,
             beta1: 0.9,
             beta2: 0.999,
@@ -46,7 +108,7 @@ impl OptimizerConfig {
 
     /// Plain SGD with `lr`, no momentum, no weight decay.
     pub fn sgd(lr: f64) -> Self {
-        OptimizerConfig::Sgd {
+        Algorithm::Sgd {
             lr,
             momentum: 0.0,
             nesterov: false,
@@ -57,15 +119,15 @@ impl OptimizerConfig {
     /// The optimizer's name (`adamw`, `sgd`).
     pub fn kind(&self) -> &'static str {
         match self {
-            OptimizerConfig::AdamW { .. } => "adamw",
-            OptimizerConfig::Sgd { .. } => "sgd",
+            Algorithm::AdamW { .. } => "adamw",
+            Algorithm::Sgd { .. } => "sgd",
         }
     }
 
     /// The hyper-parameters by name (booleans as 0 or 1), as a checkpoint records them.
     pub fn hyper_parameters(&self) -> Vec<(&'static str, f64)> {
         match *self {
-            OptimizerConfig::AdamW {
+            Algorithm::AdamW {
                 lr,
                 beta1,
                 beta2,
@@ -78,7 +140,7 @@ impl OptimizerConfig {
                 ("eps", eps),
                 ("weight_decay", weight_decay),
             ],
-            OptimizerConfig::Sgd {
+            Algorithm::Sgd {
                 lr,
                 momentum,
                 nesterov,
@@ -95,7 +157,7 @@ impl OptimizerConfig {
     /// The learning rate.
     pub fn lr(&self) -> f64 {
         match self {
-            OptimizerConfig::AdamW { lr, .. } | OptimizerConfig::Sgd { lr, .. } => *lr,
+            Algorithm::AdamW { lr, .. } | Algorithm::Sgd { lr, .. } => *lr,
         }
     }
 }

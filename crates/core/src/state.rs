@@ -50,6 +50,19 @@ pub struct RankState {
     pub groups: Vec<GroupRange>,
     /// Optimizer steps taken.
     pub optimizer_step: usize,
+    /// The dynamic loss scale of `16-mixed` runs (the same on every rank).
+    pub loss_scale: Option<LossScale>,
+}
+
+/// Where a dynamic loss scaler stands (`torch.amp.GradScaler`'s state).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossScale {
+    /// The factor the loss is multiplied by before backward.
+    pub scale: f64,
+    /// Steps with finite gradients since the scale last changed.
+    pub growth_tracker: usize,
+    /// Optimizer steps skipped so far because a gradient held inf or NaN on some rank.
+    pub skipped_steps: usize,
 }
 
 /// Saved state served by parameter name, whatever world size or strategy saved it.
@@ -69,4 +82,7 @@ pub trait StateReader {
 
     /// Optimizer steps taken when the checkpoint was saved.
     fn optimizer_step(&self) -> usize;
+
+    /// The loss scale saved with a `16-mixed` run, if any.
+    fn loss_scale(&self) -> Option<LossScale>;
 }

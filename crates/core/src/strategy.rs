@@ -1,7 +1,9 @@
 //! The `Strategy` trait: how parameters, gradients and optimizer state are laid out over
 //! the ranks, and how a step keeps them consistent.
 
-use crate::{Collective, OptimizerConfig, RankState, Result, ShardedContext, StateReader};
+use crate::{
+    Collective, LossScale, OptimizerConfig, RankState, Result, ShardedContext, StateReader,
+};
 use candle_core::{Device, Shape, Tensor};
 use std::sync::Arc;
 
@@ -68,8 +70,19 @@ pub trait Strategy: Send {
     /// name (the same on every rank: every rank runs the same graph).
     fn unused_parameters(&self) -> Vec<String>;
 
+    /// Sets the learning rate of the next optimizer steps (the trainer sets the schedule's
+    /// rate before each step).
+    fn set_lr(&mut self, lr: f64) -> Result<()>;
+
     /// Synchronizes the accumulated gradients, steps the optimizer, clears the gradients.
+    /// Under dynamic loss scaling, a step whose gradients hold inf or NaN on any rank is
+    /// skipped on every rank (see [`loss_scale`](Strategy::loss_scale)).
     fn optimizer_step(&mut self) -> Result<()>;
+
+    /// Where the dynamic loss scaler stands, for strategies that scale the loss (`16-mixed`).
+    fn loss_scale(&self) -> Option<LossScale> {
+        None
+    }
 
     /// Every parameter in full, by name, in registration order. Collective under
     /// sharding strategies: every rank must call it.

@@ -19,6 +19,7 @@ mod flat_grad;
 pub mod flat_layout;
 mod fsdp;
 mod gather_op;
+mod grad_scaler;
 mod grad_sync;
 mod grads;
 pub mod init;

@@ -244,6 +244,7 @@ impl ReplicatedState {
                 tensors,
             }],
             optimizer_step: step,
+            loss_scale: None,
         })
     }
 

@@ -117,6 +117,11 @@ impl<R: GradReduce> Strategy for Replicated<R> {
         self.state.unused.clone()
     }
 
+    fn set_lr(&mut self, lr: f64) -> Result<()> {
+        self.state.optimizer(self.name)?.set_lr(lr);
+        Ok(())
+    }
+
     fn optimizer_step(&mut self) -> Result<()> {
         self.reduce.step(self.name, &mut self.state)
     }

@@ -7,6 +7,7 @@
 
 use crate::clip::clip_grad_norm;
 use crate::flat_layout::FlatLayout;
+use crate::grad_scaler::GradScaler;
 use crate::grads::GradAccumulator;
 use crate::optim::Optimizer;
 use crate::precision::MixedPrecision;
@@ -16,8 +17,8 @@ use crate::sharded_params::ShardedParams;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
 use wick_core::{
-    Collective, Error, GroupRange, OptimizerConfig, RankState, ReduceOp, Result, ShardedContext,
-    Sharding, StateBytes, StateReader, Strategy, PARAM_KIND,
+    Collective, Error, GroupRange, LossScale, OptimizerConfig, RankState, ReduceOp, Result,
+    ShardedContext, Sharding, StateBytes, StateReader, Strategy, PARAM_KIND,
 };
 
 /// The options of a sharded strategy: everything that is not built from the model. A new
@@ -66,6 +67,8 @@ pub struct Zero3 {
     optimizer: Option<Optimizer>,
     grad_bytes: usize,
     clip: Option<f64>,
+    /// `16-mixed`: the dynamic loss scale (made with the optimizer).
+    scaler: Option<GradScaler>,
     /// Hybrid sharding: the ranks of other groups holding the same shard.
     replicas: Option<Arc<dyn Collective>>,
 }
@@ -205,6 +208,8 @@ impl Strategy for Zero3 {
         }
         self.optimizer = Some(Optimizer::new(config));
         self.grads = GradAccumulator::default();
+        let f16 = matches!(self.options.precision, Some(p) if p.param_dtype == DType::F16);
+        self.scaler = f16.then(GradScaler::default);
         Ok(())
     }
 
@@ -219,7 +224,10 @@ impl Strategy for Zero3 {
     }
 
     fn backward(&mut self, loss: &Tensor) -> Result<()> {
-        let store = loss.backward();
+        let store = match &self.scaler {
+            Some(scaler) => scaler.scale(loss)?.backward(),
+            None => loss.backward(),
+        };
         if let Some(uses) = self.source.as_ref().map(|s| &s.param_use) {
             if uses.is_looking() {
                 self.unused = uses.finish(loss);
@@ -253,6 +261,19 @@ impl Strategy for Zero3 {
             for g in grads.iter_mut() {
                 *g = g.contiguous()?.copy()?;
                 replicas.all_reduce_in_place(g, ReduceOp::Mean)?;
+            }
+        }
+        if let Some(scaler) = &mut self.scaler {
+            let world = self
+                .world
+                .clone()
+                .ok_or_else(|| not_ready(self.options.name, "no world connected"))?;
+            let mut worlds: Vec<&dyn Collective> = vec![world.as_ref()];
+            worlds.extend(self.replicas.as_deref());
+            if !scaler.unscale(&mut grads, &worlds)? {
+                // Inf or NaN on some rank: every rank skips this step.
+                self.release_gathered();
+                return Ok(());
             }
         }
         if let Some(max_norm) = self.clip {
@@ -338,6 +359,7 @@ impl Strategy for Zero3 {
         Ok(RankState {
             groups,
             optimizer_step: optimizer.map_or(0, Optimizer::step_count),
+            loss_scale: self.loss_scale(),
         })
     }
 
@@ -359,7 +381,22 @@ impl Strategy for Zero3 {
             }
         }
         optimizer.set_state(reader.optimizer_step(), state)?;
+        if let (Some(scaler), Some(saved)) = (&mut self.scaler, reader.loss_scale()) {
+            scaler.restore(saved);
+        }
         Ok(())
+    }
+
+    fn set_lr(&mut self, lr: f64) -> Result<()> {
+        self.optimizer
+            .as_mut()
+            .ok_or_else(|| not_ready(self.options.name, "set_lr before configure_optimizer"))?
+            .set_lr(lr);
+        Ok(())
+    }
+
+    fn loss_scale(&self) -> Option<LossScale> {
+        self.scaler.as_ref().map(GradScaler::state)
     }
 
     fn state_bytes(&self) -> StateBytes {

@@ -1,7 +1,7 @@
 //! wick's optimizers against the torch update rules computed by hand in f64.
 
 use candle_core::{Device, Tensor, Var};
-use wick_core::OptimizerConfig;
+use wick_core::{Algorithm, OptimizerConfig};
 use wick_strategies::optim::Optimizer;
 
 fn var(v: &[f32]) -> Var {
@@ -21,13 +21,13 @@ const GRADS: [[f32; 3]; 3] = [[0.5, 0.1, -0.3], [-0.2, 0.4, 0.0], [0.3, -0.1, 0.
 fn adamw_matches_the_torch_rule() {
     let (lr, b1, b2, eps, wd) = (0.1, 0.9, 0.999, 1e-8, 0.05);
     let p = var(&P0);
-    let mut opt = Optimizer::new(&OptimizerConfig::AdamW {
+    let mut opt = Optimizer::new(&OptimizerConfig::from(Algorithm::AdamW {
         lr,
         beta1: b1,
         beta2: b2,
         eps,
         weight_decay: wd,
-    });
+    }));
     let mut want: Vec<f64> = P0.iter().map(|&x| x as f64).collect();
     let (mut m, mut v) = (vec![0f64; 3], vec![0f64; 3]);
     for (t, g) in GRADS.iter().enumerate() {
@@ -54,12 +54,12 @@ fn adamw_matches_the_torch_rule() {
 
 fn sgd_reference(lr: f64, momentum: f64, nesterov: bool, wd: f64) {
     let p = var(&P0);
-    let mut opt = Optimizer::new(&OptimizerConfig::Sgd {
+    let mut opt = Optimizer::new(&OptimizerConfig::from(Algorithm::Sgd {
         lr,
         momentum,
         nesterov,
         weight_decay: wd,
-    });
+    }));
     let mut want: Vec<f64> = P0.iter().map(|&x| x as f64).collect();
     let mut buf: Option<Vec<f64>> = None;
     for g in GRADS.iter() {

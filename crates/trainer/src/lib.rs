@@ -1,11 +1,13 @@
 //! wick-trainer: the `Trainer`, which sequences a run and nothing more.
 //!
 //! It owns the stage order of fit, validate, test and predict (DESIGN.md), the training and
-//! evaluation loops, callbacks, how each global batch is split over the ranks ([`DataLoader`]),
+//! evaluation loops, callbacks (and the stock ones: [`EarlyStopping`], [`LearningRateMonitor`]),
+//! how each global batch is split over the ranks ([`DataLoader`]),
 //! the metrics CSV, the progress bar, and checkpoints ([`checkpoint`]: sharded save, resume
 //! at any world size, consolidation, [`ModelCheckpoint`]). Devices, worlds and the sharded setup belong to
 //! wick-accelerator; parameter layout and optimizer state to the strategy.
 
+mod callbacks;
 pub mod checkpoint;
 mod data;
 mod error;
@@ -16,7 +18,8 @@ mod replicate;
 mod summary;
 mod trainer;
 
-pub use checkpoint::{consolidate, Checkpoint, CheckpointError, ModelCheckpoint};
+pub use callbacks::{EarlyStopping, LearningRateMonitor};
+pub use checkpoint::{consolidate, Checkpoint, CheckpointError, Mode, ModelCheckpoint};
 pub use data::{DataLoader, Dataset};
 pub use error::TrainerError;
 pub use replicate::Replicate;

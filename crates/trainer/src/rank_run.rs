@@ -9,7 +9,9 @@ use candle_core::{DType, Tensor};
 use std::path::Path;
 use std::time::Instant;
 use wick_accelerator::{Accelerator, RankEnv};
-use wick_core::{Callback, OptimizerConfig, ReduceOp, RunState, Stage, Strategy, TrainModule};
+use wick_core::{
+    Callback, LrSchedule, OptimizerConfig, ReduceOp, RunState, Stage, Strategy, TrainModule,
+};
 
 /// The data a stage runs over (and, for fit, the checkpoint it resumes from).
 pub(crate) struct Loaders<'a, D> {
@@ -49,6 +51,9 @@ impl<M: TrainModule> RankRun<'_, M> {
     ) -> Result<(), TrainerError> {
         for cb in self.callbacks.iter_mut() {
             hook(cb.as_mut(), &self.state)?;
+            // What a callback logs is visible to the callbacks after it.
+            let logged = self.state.take_logged();
+            self.state.metrics.extend(logged);
         }
         Ok(())
     }
@@ -94,7 +99,11 @@ impl<M: TrainModule> RankRun<'_, M> {
         val: Option<&DataLoader<D>>,
         resume: Option<&Path>,
     ) -> Result<(), TrainerError> {
-        let optimizer = self.module.configure_optimizers();
+        let mut optimizer = self.module.configure_optimizers();
+        optimizer
+            .schedule
+            .validate()
+            .map_err(|e| TrainerError::config("lr schedule", e))?;
         self.strategy.configure_optimizer(&optimizer)?;
         self.strategy
             .set_clip_grad_norm(self.config.gradient_clip_val);
@@ -103,7 +112,7 @@ impl<M: TrainModule> RankRun<'_, M> {
         // Optimizer steps per epoch; trailing micro-batches that cannot fill a step are skipped.
         let per_epoch = train.batches_per_epoch() / accumulate;
         let seed = match resume {
-            Some(dir) => self.restore(dir, train, &optimizer)?,
+            Some(dir) => self.restore(dir, train, &mut optimizer)?,
             None => self.config.seed,
         };
         // The checkpoint resumed from already holds the state at its step.
@@ -175,6 +184,9 @@ impl<M: TrainModule> RankRun<'_, M> {
                         self.report_unused_parameters()?;
                     }
                 }
+                let lr = optimizer.lr_at(self.state.global_step);
+                self.strategy.set_lr(lr)?;
+                self.state.lr = lr;
                 self.strategy.optimizer_step()?;
                 let train_loss = self.env.world.all_reduce_scalar(local, ReduceOp::Mean)? as f64;
                 self.state.global_step += 1;
@@ -188,7 +200,9 @@ impl<M: TrainModule> RankRun<'_, M> {
                 let tokens_per_s = tokens_per_step / step_start.elapsed().as_secs_f64().max(1e-9);
                 self.state.metrics.insert("train_loss".into(), train_loss);
                 // Metrics stay deterministic; wall-clock figures go to the CSV only.
-                self.state.metrics.insert("lr".into(), optimizer.lr());
+                if let Some(scale) = self.strategy.loss_scale() {
+                    self.state.metrics.insert("loss_scale".into(), scale.scale);
+                }
                 self.callbacks(|cb, s| cb.on_train_batch_end(s))?;
 
                 let validate_now = val.is_some()
@@ -206,7 +220,7 @@ impl<M: TrainModule> RankRun<'_, M> {
                         epoch,
                         train_loss,
                         val_loss,
-                        lr: optimizer.lr(),
+                        lr: self.state.lr,
                         tokens_per_s,
                         epoch_time_s: epoch_start.elapsed().as_secs_f64(),
                     })?;
@@ -220,6 +234,9 @@ impl<M: TrainModule> RankRun<'_, M> {
                         self.save_checkpoint(mc, train, &optimizer, seed)?;
                         last_saved = Some(self.state.global_step);
                     }
+                }
+                if self.stop_requested()? {
+                    break 'epochs;
                 }
             }
         }
@@ -240,13 +257,26 @@ impl<M: TrainModule> RankRun<'_, M> {
         Ok(())
     }
 
+    /// Whether a callback on any rank asked to stop (with `RunState::request_stop`): the
+    /// ranks decide together, so all stop after the same step. Without callbacks nothing
+    /// can ask, and no collective is spent.
+    fn stop_requested(&mut self) -> Result<bool, TrainerError> {
+        if self.callbacks.is_empty() {
+            return Ok(false);
+        }
+        let asked = f32::from(u8::from(self.state.take_stop_request()));
+        Ok(self.env.world.all_reduce_scalar(asked, ReduceOp::Sum)? > 0.0)
+    }
+
     /// Restores parameters, optimizer state, step and data position from the checkpoint
-    /// `dir`; returns the seed of the data order to continue with.
+    /// `dir`, and the learning-rate schedule, which continues from the checkpoint's step
+    /// (replacing the module's if they differ, as Lightning restores a scheduler); returns
+    /// the seed of the data order to continue with.
     fn restore<D: Dataset<Batch = M::Batch>>(
         &mut self,
         dir: &Path,
         train: &DataLoader<D>,
-        optimizer: &OptimizerConfig,
+        optimizer: &mut OptimizerConfig,
     ) -> Result<u64, TrainerError> {
         let checkpoint = Checkpoint::open(dir)?;
         checkpoint.check_model(&self.strategy.parameter_shapes())?;
@@ -288,6 +318,23 @@ impl<M: TrainModule> RankRun<'_, M> {
             }
             .into());
         }
+        let saved = match &m.optimizer.lr_schedule {
+            Some(record) => record
+                .schedule()
+                .map_err(|message| CheckpointError::Mismatch {
+                    path: dir.to_path_buf(),
+                    message,
+                })?,
+            None => LrSchedule::constant(),
+        };
+        if saved != optimizer.schedule && self.env.rank == 0 {
+            eprintln!(
+                "note: resuming with the checkpoint's learning-rate schedule ({saved:?}), not \
+                 the module's ({:?}), so the curve continues where it stopped",
+                optimizer.schedule
+            );
+        }
+        optimizer.schedule = saved;
         self.strategy.load_state(&checkpoint)?;
         self.state.global_step = m.step;
         Ok(m.rng.seed)

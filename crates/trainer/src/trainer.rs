@@ -581,11 +581,7 @@ impl Trainer {
                 .map_err(|_| TrainerError::config("rank", "slot lock poisoned"))?
                 .take()
                 .expect("each rank takes its slot once");
-            let state = RunState {
-                rank: env.rank,
-                world_size: env.world_size,
-                ..RunState::default()
-            };
+            let state = RunState::new(env.rank, env.world_size);
             let progress = Progress::new_if_terminal(env.rank == 0 && config.progress);
             RankRun {
                 env,

@@ -10,7 +10,7 @@ pub use adamw::AdamW;
 pub use sgd::Sgd;
 
 use candle_core::{Result, Tensor, Var};
-use wick_core::OptimizerConfig;
+use wick_core::{Algorithm, OptimizerConfig};
 
 /// An optimizer built from an [`OptimizerConfig`].
 #[derive(Debug)]
@@ -24,15 +24,15 @@ pub enum Optimizer {
 impl Optimizer {
     /// The optimizer `config` names, with fresh state.
     pub fn new(config: &OptimizerConfig) -> Self {
-        match *config {
-            OptimizerConfig::AdamW {
+        match config.algorithm {
+            Algorithm::AdamW {
                 lr,
                 beta1,
                 beta2,
                 eps,
                 weight_decay,
             } => Optimizer::AdamW(AdamW::new(lr, beta1, beta2, eps, weight_decay)),
-            OptimizerConfig::Sgd {
+            Algorithm::Sgd {
                 lr,
                 momentum,
                 nesterov,
@@ -53,6 +53,14 @@ impl Optimizer {
         match self {
             Optimizer::AdamW(o) => o.step(params, grads),
             Optimizer::Sgd(o) => o.step(params, grads),
+        }
+    }
+
+    /// Sets the learning rate of the next steps (a schedule's rate for this step).
+    pub fn set_lr(&mut self, lr: f64) {
+        match self {
+            Optimizer::AdamW(o) => o.lr = lr,
+            Optimizer::Sgd(o) => o.lr = lr,
         }
     }
 

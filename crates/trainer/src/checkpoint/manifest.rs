@@ -5,6 +5,7 @@ use super::CheckpointError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
+use wick_core::{Decay, LossScale, LrSchedule};
 
 /// The `format` field of every wick checkpoint.
 pub const FORMAT: &str = "wick-checkpoint";
@@ -65,6 +66,87 @@ pub struct OptimizerRecord {
     pub step: usize,
     /// State saved per parameter besides `param` (`exp_avg`, ...); empty before the first step.
     pub state_kinds: Vec<String>,
+    /// The learning-rate schedule (absent: constant). A resumed run continues it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr_schedule: Option<LrScheduleRecord>,
+    /// The dynamic loss scale of a `16-mixed` run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<LossScaleRecord>,
+}
+
+/// A learning-rate schedule ([`LrSchedule`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LrScheduleRecord {
+    /// Steps of linear warmup.
+    pub warmup_steps: usize,
+    /// `constant`, `cosine` or `linear`.
+    pub decay: String,
+    /// The step at which the decay reaches the floor.
+    pub total_steps: usize,
+    /// The floor, as a fraction of the base rate.
+    pub min_lr_ratio: f64,
+}
+
+impl From<&LrSchedule> for LrScheduleRecord {
+    fn from(s: &LrSchedule) -> Self {
+        LrScheduleRecord {
+            warmup_steps: s.warmup_steps,
+            decay: s.decay.name().into(),
+            total_steps: s.total_steps,
+            min_lr_ratio: s.min_lr_ratio,
+        }
+    }
+}
+
+impl LrScheduleRecord {
+    /// The schedule, or a message naming the bad field.
+    pub fn schedule(&self) -> Result<LrSchedule, String> {
+        let decay = Decay::from_name(&self.decay).ok_or_else(|| {
+            format!(
+                "lr_schedule.decay '{}' is not one of {}",
+                self.decay,
+                Decay::NAMES.join(", ")
+            )
+        })?;
+        let schedule = LrSchedule {
+            warmup_steps: self.warmup_steps,
+            decay,
+            total_steps: self.total_steps,
+            min_lr_ratio: self.min_lr_ratio,
+        };
+        schedule.validate().map(|()| schedule)
+    }
+}
+
+/// A dynamic loss scaler's state ([`LossScale`]).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct LossScaleRecord {
+    /// The scale.
+    pub scale: f64,
+    /// Good steps since the scale last changed.
+    pub growth_tracker: usize,
+    /// Steps skipped for inf or NaN gradients.
+    pub skipped_steps: usize,
+}
+
+impl From<LossScale> for LossScaleRecord {
+    fn from(s: LossScale) -> Self {
+        LossScaleRecord {
+            scale: s.scale,
+            growth_tracker: s.growth_tracker,
+            skipped_steps: s.skipped_steps,
+        }
+    }
+}
+
+impl From<LossScaleRecord> for LossScale {
+    fn from(s: LossScaleRecord) -> Self {
+        LossScale {
+            scale: s.scale,
+            growth_tracker: s.growth_tracker,
+            skipped_steps: s.skipped_steps,
+        }
+    }
 }
 
 /// Random state: wick draws parameter init and each epoch's data order from one seed.

@@ -16,8 +16,8 @@ mod save;
 pub use consolidate::consolidate;
 pub use error::CheckpointError;
 pub use manifest::{
-    DataPosition, FileRecord, GroupRecord, Manifest, OptimizerRecord, ParamRecord, PieceRecord,
-    RngRecord, FORMAT, FORMAT_VERSION, MANIFEST_FILE,
+    DataPosition, FileRecord, GroupRecord, LossScaleRecord, LrScheduleRecord, Manifest,
+    OptimizerRecord, ParamRecord, PieceRecord, RngRecord, FORMAT, FORMAT_VERSION, MANIFEST_FILE,
 };
 pub use model_checkpoint::{resolve_checkpoint, Mode, ModelCheckpoint, LAST_FILE};
 pub use reader::Checkpoint;

@@ -9,7 +9,7 @@ use candle_core::{Device, Shape, Tensor};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use wick_core::{FileError, SafetensorsFile, StateReader, WeightSource, PARAM_KIND};
+use wick_core::{FileError, LossScale, SafetensorsFile, StateReader, WeightSource, PARAM_KIND};
 
 /// An opened checkpoint: the manifest and every rank file, checked against each other
 /// before anything is read (so a bad checkpoint fails on every rank alike, before any state
@@ -300,5 +300,9 @@ impl StateReader for Checkpoint {
 
     fn optimizer_step(&self) -> usize {
         self.manifest.optimizer.step
+    }
+
+    fn loss_scale(&self) -> Option<LossScale> {
+        self.manifest.optimizer.loss_scale.map(LossScale::from)
     }
 }

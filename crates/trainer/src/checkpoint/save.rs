@@ -4,8 +4,8 @@
 
 use super::files::{checksum, sync_dir, temporary, write_atomic, write_safetensors};
 use super::manifest::{
-    DataPosition, FileRecord, GroupRecord, Manifest, OptimizerRecord, ParamRecord, PieceRecord,
-    RngRecord, FORMAT, FORMAT_VERSION, MANIFEST_FILE,
+    DataPosition, FileRecord, GroupRecord, LossScaleRecord, LrScheduleRecord, Manifest,
+    OptimizerRecord, ParamRecord, PieceRecord, RngRecord, FORMAT, FORMAT_VERSION, MANIFEST_FILE,
 };
 use super::CheckpointError;
 use crate::TrainerError;
@@ -13,7 +13,9 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
-use wick_core::{Collective, OptimizerConfig, RankState, SafetensorsFile, Strategy, PARAM_KIND};
+use wick_core::{
+    Collective, LrSchedule, OptimizerConfig, RankState, SafetensorsFile, Strategy, PARAM_KIND,
+};
 
 /// A moment in a save at which a fault can be injected (for crash tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,7 +228,7 @@ fn manifest(
         epoch: info.epoch,
         world_size,
         strategy: strategy.name().to_string(),
-        optimizer: optimizer_record(info.optimizer, state.optimizer_step, state_kinds),
+        optimizer: optimizer_record(info.optimizer, state, state_kinds),
         rng: RngRecord { seed: info.seed },
         data: info.data.clone(),
         metrics: info.metrics.clone(),
@@ -237,7 +239,7 @@ fn manifest(
 
 fn optimizer_record(
     config: &OptimizerConfig,
-    step: usize,
+    state: &RankState,
     state_kinds: Vec<String>,
 ) -> OptimizerRecord {
     OptimizerRecord {
@@ -247,7 +249,10 @@ fn optimizer_record(
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect(),
-        step,
+        step: state.optimizer_step,
         state_kinds,
+        lr_schedule: (config.schedule != LrSchedule::constant())
+            .then(|| LrScheduleRecord::from(&config.schedule)),
+        loss_scale: state.loss_scale.map(LossScaleRecord::from),
     }
 }
