@@ -35,6 +35,20 @@ pub fn report(path: &Path, tensors: bool) -> Result<String, CheckpointError> {
             kinds => kinds.join(", "),
         }
     );
+    if let Some(s) = &m.optimizer.lr_schedule {
+        let _ = writeln!(
+            w,
+            "lr schedule: {} warmup steps, {} decay to {} of the rate at step {}",
+            s.warmup_steps, s.decay, s.min_lr_ratio, s.total_steps
+        );
+    }
+    if let Some(s) = &m.optimizer.loss_scale {
+        let _ = writeln!(
+            w,
+            "loss scale: {} ({} good steps since it changed, {} steps skipped)",
+            s.scale, s.growth_tracker, s.skipped_steps
+        );
+    }
     let _ = writeln!(
         w,
         "data: epoch {}, batch {} of global batches of {} (accumulate {}), {} samples; seed {}",
@@ -107,7 +121,12 @@ mod tests {
             .unwrap();
         let data = DataLoader::new(CharWindows::new(ids, 8, 1), 4);
         trainer
-            .fit(&mut CharGpt::new(config, 1e-3), &data, None)
+            .fit(
+                &mut CharGpt::new(config, 1e-3)
+                    .with_schedule(wick_core::LrSchedule::warmup_cosine(1, 4, 0.1)),
+                &data,
+                None,
+            )
             .unwrap();
         root
     }
@@ -119,6 +138,7 @@ mod tests {
         for expected in [
             "step 2, epoch 0, strategy zero3, world size 2",
             "optimizer adamw at step 2",
+            "lr schedule: 1 warmup steps, cosine decay to 0.1 of the rate at step 4",
             "train_loss=",
             "rank-0.safetensors",
             "rank-1.safetensors",

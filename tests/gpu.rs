@@ -41,7 +41,7 @@ fn strategies(world: usize) -> Vec<(String, Box<dyn Strategy>)> {
         all.push((format!("fsdp {sharding:?}"), Fsdp::new(sharding).build()));
         if sharding == FsdpSharding::FullShard {
             let prefetch = Fsdp::new(sharding).with_prefetch(true);
-            all.push(("fsdp FullShard prefetch".into(), Box::new(prefetch)));
+            all.push(("fsdp FullShard prefetch".into(), prefetch.build()));
         }
     }
     all

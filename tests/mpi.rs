@@ -263,12 +263,11 @@ type MakeStrategy = Box<dyn Fn() -> Box<dyn Strategy>>;
 fn fsdp(sharding: &str, group: usize, precision: &str, prefetch: bool) -> MakeStrategy {
     let (sharding, precision) = (sharding.to_string(), precision.to_string());
     Box::new(move || {
-        Box::new(
-            Fsdp::new(FsdpSharding::from_name(&sharding, group).unwrap())
-                .with_precision(MixedPrecision::from_name(&precision).unwrap())
-                .unwrap()
-                .with_prefetch(prefetch),
-        )
+        Fsdp::new(FsdpSharding::from_name(&sharding, group).unwrap())
+            .with_precision(MixedPrecision::from_name(&precision).unwrap())
+            .unwrap()
+            .with_prefetch(prefetch)
+            .build()
     })
 }
 
