@@ -1,51 +1,11 @@
 //! EarlyStopping: fit ends on every rank after the same step, decided from the
 //! rank-averaged metric.
 
-use crate::common::{adamw, loader, quiet_builder, Mlp};
-use candle_core::Tensor;
+use crate::common::{adamw, loader, quiet_builder, Mlp, RankedMlp};
 use std::sync::{Arc, Mutex};
-use wick::core::{Callback, OptimizerConfig, RunState, ShardedContext, TrainModule};
+use wick::core::{Callback, RunState};
 use wick::strategies::strategy_by_name;
 use wick::trainer::{EarlyStopping, Mode};
-
-/// The MLP whose validation loss is scripted per pass and rank: rank r reports
-/// `script(pass, r)`, so the mean over ranks is what the trainer logs.
-#[derive(Clone)]
-struct Scripted {
-    mlp: Mlp,
-    rank: usize,
-    passes: usize,
-    script: fn(usize, usize) -> f64,
-}
-
-impl TrainModule for Scripted {
-    type Batch = (Tensor, Tensor);
-
-    fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> candle_core::Result<()> {
-        self.rank = ctx.rank();
-        self.mlp.configure_sharded_model(ctx)
-    }
-
-    fn configure_optimizers(&self) -> OptimizerConfig {
-        self.mlp.configure_optimizers()
-    }
-
-    fn training_step(&mut self, batch: &Self::Batch, _: usize) -> candle_core::Result<Tensor> {
-        self.mlp.loss(batch)
-    }
-
-    fn validation_step(
-        &mut self,
-        _: &Self::Batch,
-        b: usize,
-    ) -> candle_core::Result<Option<Tensor>> {
-        if b == 0 {
-            self.passes += 1;
-        }
-        let value = (self.script)(self.passes, self.rank) as f32;
-        Ok(Some(Tensor::new(value, &candle_core::Device::Cpu)?))
-    }
-}
 
 /// The global steps each rank finished, in order.
 #[derive(Clone, Default)]
@@ -72,12 +32,8 @@ fn last_steps(
         .callback(steps.clone())
         .build()
         .unwrap();
-    let mut model = Scripted {
-        mlp: Mlp::new(adamw()),
-        rank: 0,
-        passes: 0,
-        script,
-    };
+    // Rank r's validation loss is script(pass, r); the trainer logs the mean over ranks.
+    let mut model = RankedMlp::scaled(adamw(), 1.0).with_val_script(script);
     t.fit(&mut model, &loader(), Some(&loader())).unwrap();
     let seen = steps.0.lock().unwrap().clone();
     (0..devices)

@@ -220,9 +220,9 @@ fn wrapping_the_same_name_twice_is_refused() {
 /// loss's scale, so the f32 reference is the same training.
 #[test]
 fn mixed_precision_trains_close_to_single_f32() {
-    use crate::common::ScaledLoss;
+    use crate::common::RankedMlp;
     use wick::strategies::MixedPrecision;
-    let model = || ScaledLoss::new(adamw(), 1.0 / 64.0);
+    let model = || RankedMlp::scaled(adamw(), 1.0 / 64.0);
     let mut single = crate::common::quiet_trainer(1, "single", STEPS);
     single.fit(&mut model(), &loader(), None).unwrap();
     let reference = full_parameters(&mut single);

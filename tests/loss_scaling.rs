@@ -1,7 +1,7 @@
 //! `16-mixed` dynamic loss scaling: a step whose gradients overflow on any rank is skipped
 //! on every rank, the scale backs off, training goes on, and checkpoints keep the scale.
 
-use crate::common::{adamw, full_parameters, loader, quiet_builder, ScaledLoss};
+use crate::common::{adamw, full_parameters, loader, quiet_builder, RankedMlp};
 use wick::strategies::{Fsdp, FsdpSharding, MixedPrecision};
 use wick::trainer::{Checkpoint, ModelCheckpoint, Trainer};
 
@@ -16,8 +16,8 @@ fn sixteen_mixed(sharding: FsdpSharding) -> Box<dyn wick::core::Strategy> {
 
 /// The model that overflows at batch 3 on rank 0; the loss divided by 64 elsewhere, so no
 /// other step overflows (see `fsdp::mixed_precision_trains_close_to_single_f32`).
-fn overflowing() -> ScaledLoss {
-    ScaledLoss::new(adamw(), 1.0 / 64.0).with_spike(0, 3, HUGE)
+fn overflowing() -> RankedMlp {
+    RankedMlp::scaled(adamw(), 1.0 / 64.0).with_spike(0, 3, HUGE)
 }
 
 fn trainer(sharding: FsdpSharding, steps: usize) -> Trainer {
@@ -76,7 +76,7 @@ fn the_scale_is_saved_and_resumed() {
     let mut resumed = quiet_builder(4, sixteen_mixed(FsdpSharding::FullShard), 6)
         .build()
         .unwrap();
-    let mut model = ScaledLoss::new(adamw(), 1.0 / 64.0);
+    let mut model = RankedMlp::scaled(adamw(), 1.0 / 64.0);
     let metrics = resumed
         .fit_from(&mut model, &loader(), None, root.path().join("last"))
         .unwrap();

@@ -150,23 +150,30 @@ impl TrainModule for Mlp {
     }
 }
 
-/// The MLP with its training loss multiplied by `factor`, and, with
-/// [`ScaledLoss::with_spike`], by another factor at one batch on one rank.
+/// The MLP knowing its rank, with losses shaped for a test: the training loss multiplied
+/// by a factor (and by another at one batch on one rank, [`RankedMlp::with_spike`]), the
+/// validation loss scripted per pass and rank ([`RankedMlp::with_val_script`]).
 #[derive(Clone)]
-pub struct ScaledLoss {
+pub struct RankedMlp {
     pub mlp: Mlp,
     factor: f64,
     /// (rank, batch index in the epoch, factor).
     spike: Option<(usize, usize, f64)>,
+    /// The validation loss of (pass from 1, rank).
+    val_script: Option<fn(usize, usize) -> f64>,
+    passes: usize,
     rank: usize,
 }
 
-impl ScaledLoss {
-    pub fn new(optimizer: OptimizerConfig, factor: f64) -> Self {
-        ScaledLoss {
+impl RankedMlp {
+    /// The MLP with its training loss times `factor`.
+    pub fn scaled(optimizer: OptimizerConfig, factor: f64) -> Self {
+        RankedMlp {
             mlp: Mlp::new(optimizer),
             factor,
             spike: None,
+            val_script: None,
+            passes: 0,
             rank: 0,
         }
     }
@@ -176,9 +183,15 @@ impl ScaledLoss {
         self.spike = Some((rank, batch, factor));
         self
     }
+
+    /// Rank r's validation loss at pass p (from 1) is `script(p, r)`.
+    pub fn with_val_script(mut self, script: fn(usize, usize) -> f64) -> Self {
+        self.val_script = Some(script);
+        self
+    }
 }
 
-impl TrainModule for ScaledLoss {
+impl TrainModule for RankedMlp {
     type Batch = (Tensor, Tensor);
 
     fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> candle_core::Result<()> {
@@ -203,7 +216,14 @@ impl TrainModule for ScaledLoss {
         batch: &Self::Batch,
         b: usize,
     ) -> candle_core::Result<Option<Tensor>> {
-        self.mlp.validation_step(batch, b)
+        let Some(script) = self.val_script else {
+            return self.mlp.validation_step(batch, b);
+        };
+        if b == 0 {
+            self.passes += 1;
+        }
+        let value = script(self.passes, self.rank) as f32;
+        Ok(Some(Tensor::new(value, batch.0.device())?))
     }
 }
 
