@@ -46,7 +46,9 @@ print(f"20 steps, same CSV format, max |train_loss diff| {worst:g}")
 EOF
 
 echo "== 2. checkpoints across engines (zero3)"
-z3=(--strategy zero3 "${quiet[@]}" --log-dir runs --save-every 6)
+# One learning-rate schedule for runs of 6 and of 12 steps, so a 6-step run is the first
+# half of a 12-step one.
+z3=(--strategy zero3 "${quiet[@]}" --log-dir runs --save-every 6 --decay-steps 12)
 fit() { "$@" > /dev/null; }
 # Uninterrupted, with threads at 2 and at 4 ranks (saving at steps 6 and 12).
 fit "$mpi_wick" fit --devices 4 "${z3[@]}" --max-steps 12 --checkpoint-dir ck-u4

@@ -147,6 +147,9 @@ pub struct FitArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warmup_steps: Option<usize>,
     pub lr_decay: DecayName,
+    /// `None`: `max_steps`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decay_steps: Option<usize>,
     pub min_lr_ratio: f64,
     pub val_every: usize,
     pub run_name: String,
@@ -182,6 +185,7 @@ impl Default for FitArgs {
             lr: 1e-2,
             warmup_steps: None,
             lr_decay: DecayName::Cosine,
+            decay_steps: None,
             min_lr_ratio: 0.1,
             val_every: 100,
             run_name: "char-gpt".into(),
@@ -273,15 +277,20 @@ pub struct FitFlags {
     #[arg(long, value_parser = positive_number, value_name = "X", allow_hyphen_values = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lr: Option<f64>,
-    /// Steps of linear learning-rate warmup [default: a tenth of --max-steps].
+    /// Steps of linear learning-rate warmup [default: a tenth of --decay-steps].
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warmup_steps: Option<usize>,
-    /// How the rate falls after warmup, reaching --min-lr-ratio at --max-steps [default:
+    /// How the rate falls after warmup, reaching --min-lr-ratio at --decay-steps [default:
     /// cosine].
     #[arg(long, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lr_decay: Option<DecayName>,
+    /// The step at which the decay reaches its floor (the rate stays there after it)
+    /// [default: --max-steps].
+    #[arg(long, value_parser = positive, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decay_steps: Option<usize>,
     /// The floor of the decay, as a fraction of --lr [default: 0.1].
     #[arg(long, value_name = "X")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -478,26 +487,27 @@ impl FitArgs {
         self.lr_schedule().validate().map_err(|e| {
             format!(
                 "learning-rate schedule (--warmup-steps {}, --lr-decay {}, --min-lr-ratio {}, \
-                 decaying until --max-steps {}): {e}",
+                 --decay-steps {}): {e}",
                 self.lr_schedule().warmup_steps,
                 name_of(self.lr_decay),
                 self.min_lr_ratio,
-                self.max_steps
+                self.lr_schedule().total_steps
             )
         })
     }
 
-    /// The schedule of the options: warmup, then the decay until `max-steps`.
+    /// The schedule of the options: warmup, then the decay until `decay-steps`.
     pub fn lr_schedule(&self) -> LrSchedule {
+        let total = self.decay_steps.unwrap_or(self.max_steps);
         let decay = match self.lr_decay {
             DecayName::Cosine => Decay::Cosine,
             DecayName::Linear => Decay::Linear,
             DecayName::Constant => Decay::Constant,
         };
         LrSchedule {
-            warmup_steps: self.warmup_steps.unwrap_or(self.max_steps / 10),
+            warmup_steps: self.warmup_steps.unwrap_or(total / 10),
             decay,
-            total_steps: self.max_steps,
+            total_steps: total,
             min_lr_ratio: self.min_lr_ratio,
         }
     }
@@ -655,9 +665,13 @@ mod tests {
         assert_eq!(a.lr_schedule().factor(0), 1.0);
         let e = fit("fit --max-steps 20 --warmup-steps 50").unwrap_err();
         assert!(
-            e.contains("--warmup-steps 50") && e.contains("--max-steps 20"),
+            e.contains("--warmup-steps 50") && e.contains("--decay-steps 20"),
             "{e}"
         );
+        // The decay's horizon apart from the run's length: a 6-step run follows the first
+        // 6 steps of a 12-step one.
+        let a = fit("fit --max-steps 6 --decay-steps 12").unwrap();
+        assert_eq!(a.lr_schedule(), LrSchedule::warmup_cosine(1, 12, 0.1));
         let e = fit("fit --min-lr-ratio 2").unwrap_err();
         assert!(e.contains("min_lr_ratio"), "{e}");
     }

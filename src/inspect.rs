@@ -35,12 +35,14 @@ pub fn report(path: &Path, tensors: bool) -> Result<String, CheckpointError> {
             kinds => kinds.join(", "),
         }
     );
-    if let Some(s) = &m.optimizer.lr_schedule {
-        let _ = writeln!(
-            w,
-            "lr schedule: {} warmup steps, {} decay to {} of the rate at step {}",
-            s.warmup_steps, s.decay, s.min_lr_ratio, s.total_steps
-        );
+    if let Some(record) = &m.optimizer.lr_schedule {
+        let schedule = record
+            .schedule()
+            .map_err(|message| CheckpointError::Mismatch {
+                path: ck.dir().to_path_buf(),
+                message,
+            })?;
+        let _ = writeln!(w, "lr schedule: {schedule}");
     }
     if let Some(s) = &m.optimizer.loss_scale {
         let _ = writeln!(

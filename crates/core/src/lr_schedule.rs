@@ -125,6 +125,23 @@ impl LrSchedule {
     }
 }
 
+impl std::fmt::Display for LrSchedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.decay {
+            Decay::Constant if self.warmup_steps == 0 => write!(f, "constant"),
+            Decay::Constant => write!(f, "{} warmup steps, then constant", self.warmup_steps),
+            decay => write!(
+                f,
+                "{} warmup steps, {} decay to {} of the rate at step {}",
+                self.warmup_steps,
+                decay.name(),
+                self.min_lr_ratio,
+                self.total_steps
+            ),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,6 +166,11 @@ mod tests {
         assert_eq!(s.factor(10), 0.0);
         assert_eq!(s.factor(99), 0.0);
         assert!((0..50).all(|i| LrSchedule::constant().factor(i) == 1.0));
+        assert_eq!(LrSchedule::constant().to_string(), "constant");
+        assert_eq!(
+            LrSchedule::warmup_cosine(40, 400, 0.1).to_string(),
+            "40 warmup steps, cosine decay to 0.1 of the rate at step 400"
+        );
     }
 
     #[test]

@@ -329,8 +329,8 @@ impl<M: TrainModule> RankRun<'_, M> {
         };
         if saved != optimizer.schedule && self.env.rank == 0 {
             eprintln!(
-                "note: resuming with the checkpoint's learning-rate schedule ({saved:?}), not \
-                 the module's ({:?}), so the curve continues where it stopped",
+                "note: resuming with the checkpoint's learning-rate schedule ({saved}), not the \
+                 module's ({}), so the curve continues where it stopped",
                 optimizer.schedule
             );
         }

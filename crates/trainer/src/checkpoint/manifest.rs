@@ -340,3 +340,29 @@ impl Manifest {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_schedule_record_round_trips_and_a_bad_one_names_the_field() {
+        let schedule = LrSchedule::warmup_linear(3, 30, 0.05);
+        let record = LrScheduleRecord::from(&schedule);
+        assert_eq!(record.schedule(), Ok(schedule));
+        let bad = LrScheduleRecord {
+            decay: "sideways".into(),
+            ..record.clone()
+        };
+        let e = bad.schedule().unwrap_err();
+        assert!(
+            e.contains("lr_schedule.decay") && e.contains("sideways"),
+            "{e}"
+        );
+        let bad = LrScheduleRecord {
+            min_lr_ratio: -1.0,
+            ..record
+        };
+        assert!(bad.schedule().unwrap_err().contains("min_lr_ratio"));
+    }
+}
