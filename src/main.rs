@@ -17,6 +17,12 @@ use cli::{name_of, Cli, Command};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Rust ignores SIGPIPE, so a closed pipe turns the next print into a panic.
+    // SAFETY: runs first, before any thread exists; SIG_DFL is a valid action for SIGPIPE.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     match run(Cli::parse().command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
