@@ -2,16 +2,19 @@
 //! sum are one op, and its backward recomputes the probabilities (nothing T x T is kept
 //! between forward and backward).
 
-use crate::cpu::{f32s, fused};
+use crate::cpu::{as_f32, f32s, fused};
 use crate::linear::{linear, Linear};
-use candle_core::{CpuStorage, CustomOp3, Layout, Module, Result, Shape, Storage, Tensor, D};
+use candle_core::{
+    CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, Storage, Tensor, D,
+};
 use candle_nn::VarBuilder;
 use rayon::prelude::*;
 
 /// softmax(q kᵀ / sqrt(d) + causal mask) v for `q`, `k`, `v` of shape
 /// `[batch, heads, time, head_dim]`: position i attends to positions 0..=i.
 ///
-/// Fused on the CPU in f32; [`causal_attention_composite`] elsewhere.
+/// Fused on the CPU in f32; [`causal_attention_composite`] elsewhere. 16-bit inputs are
+/// computed in f32 and the output rounded back.
 pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     let dims = q.dims4()?;
     if k.dims4()? != dims || v.dims4()? != dims {
@@ -21,6 +24,11 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
             k.dims(),
             v.dims()
         )
+    }
+    let dtype = q.dtype();
+    if dtype != DType::F32 {
+        // 16-bit inputs: the softmax runs in f32, the output is rounded once.
+        return causal_attention(&as_f32(q)?, &as_f32(k)?, &as_f32(v)?)?.to_dtype(dtype);
     }
     match fused(&[q, k, v]) {
         true => q

@@ -25,6 +25,12 @@ pub(crate) fn fused(tensors: &[&candle_core::Tensor]) -> bool {
         .all(|t| t.device().is_cpu() && t.dtype() == candle_core::DType::F32)
 }
 
+/// `t` in f32: layer norm and softmax compute in f32 whatever their inputs' dtype, as
+/// torch's autocast keeps them (f16 loses small variances and large exponents).
+pub(crate) fn as_f32(t: &candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
+    t.to_dtype(candle_core::DType::F32)
+}
+
 /// Rows per parallel task, chosen so that a task does at least ~32k elements of work.
 pub(crate) fn rows_per_task(row_len: usize) -> usize {
     (32 * 1024 / row_len.max(1)).max(1)

@@ -1,8 +1,8 @@
 //! `LayerNorm`: y = (x - mean) / sqrt(var + eps) * weight + bias over the last dimension,
 //! forward and backward each one pass over the rows.
 
-use crate::cpu::{f32s, fused, rows_per_task, sum_in_order};
-use candle_core::{CpuStorage, CustomOp3, Layout, Module, Result, Shape, Tensor, D};
+use crate::cpu::{as_f32, f32s, fused, rows_per_task, sum_in_order};
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, Tensor, D};
 use candle_nn::VarBuilder;
 use rayon::prelude::*;
 
@@ -10,7 +10,7 @@ use rayon::prelude::*;
 ///
 /// Unlike candle-nn's `LayerNorm`, whose fused op has no backward (gradients stop at it,
 /// silently), this one trains: its backward is fused too. Fused on the CPU in f32; the
-/// composite ops elsewhere.
+/// composite ops elsewhere. 16-bit inputs are computed in f32 and rounded back.
 #[derive(Clone, Debug)]
 pub struct LayerNorm {
     weight: Tensor,
@@ -36,6 +36,14 @@ impl LayerNorm {
 
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dtype = x.dtype();
+        if dtype != DType::F32 {
+            // 16-bit inputs are normalised in f32 and the result rounded once.
+            let (w, b) = (as_f32(&self.weight)?, as_f32(&self.bias)?);
+            return LayerNorm::new(w, b, self.eps)
+                .forward(&as_f32(x)?)?
+                .to_dtype(dtype);
+        }
         if !fused(&[x, &self.weight, &self.bias]) {
             return layer_norm_composite(x, &self.weight, &self.bias, self.eps);
         }

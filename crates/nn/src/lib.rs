@@ -15,7 +15,8 @@
 //!
 //! The fused path runs for contiguous f32 tensors on the CPU. On other devices and dtypes
 //! each function falls back to the composite Candle ops of the same layer (the same
-//! numbers, the usual speed) until a kernel exists. Layers are built from a candle-nn
+//! numbers, the usual speed) until a kernel exists. Layer norm and attention take 16-bit
+//! inputs as torch's autocast does: they compute in f32 and round the output once. Layers are built from a candle-nn
 //! `VarBuilder`, like candle-nn's own.
 
 mod attention;

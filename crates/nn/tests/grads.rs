@@ -179,3 +179,88 @@ fn bad_inputs_are_errors() {
         .to_string()
         .contains("one shape"));
 }
+
+/// Layer norm and attention take 16-bit inputs as torch's autocast does: computed in f32,
+/// the output rounded to the input's dtype once, the gradient flowing back in that dtype.
+#[test]
+fn sixteen_bit_inputs_compute_in_f32() {
+    let x = var(&[3, 5, 24], 21, 2.0);
+    let (w, b) = (var(&[24], 22, 1.0), var(&[24], 23, 1.0));
+    let q = var(&[2, 3, 7, 8], 24, 1.0);
+    let (k, v) = (var(&[2, 3, 7, 8], 25, 1.0), var(&[2, 3, 7, 8], 26, 1.0));
+    for dtype in [DType::F16, DType::BF16] {
+        let half = |t: &Var| t.as_tensor().to_dtype(dtype).unwrap();
+        let f32_of_half = |t: &Var| half(t).to_dtype(DType::F32).unwrap();
+        // Layer norm: the f32 result over the rounded inputs, rounded once.
+        let ln_half = LayerNorm::new(half(&w), half(&b), 1e-5);
+        let ln_f32 = LayerNorm::new(f32_of_half(&w), f32_of_half(&b), 1e-5);
+        let got = ln_half.forward(&half(&x)).unwrap();
+        let want = ln_f32
+            .forward(&f32_of_half(&x))
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        assert_eq!(got.dtype(), dtype);
+        let diff = max_diff(
+            &got.to_dtype(DType::F32).unwrap(),
+            &want.to_dtype(DType::F32).unwrap(),
+        );
+        assert_eq!(diff, 0.0, "{dtype:?} layer norm");
+        // Attention likewise.
+        let got = causal_attention(&half(&q), &half(&k), &half(&v)).unwrap();
+        let want = causal_attention(&f32_of_half(&q), &f32_of_half(&k), &f32_of_half(&v))
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let diff = max_diff(
+            &got.to_dtype(DType::F32).unwrap(),
+            &want.to_dtype(DType::F32).unwrap(),
+        );
+        assert_eq!(diff, 0.0, "{dtype:?} attention");
+    }
+    // The gradient too: through f16 layer norm it is within f16 rounding of the f32
+    // gradient, closer than the composite ops computed in f16 get (3.5x here).
+    let x16 = Var::from_tensor(&x.as_tensor().to_dtype(DType::F16).unwrap()).unwrap();
+    let x32 = Var::from_tensor(&x16.as_tensor().to_dtype(DType::F32).unwrap()).unwrap();
+    let half = |t: &Var, dtype| t.as_tensor().to_dtype(dtype).unwrap();
+    let grad = |x: &Var, norm: &dyn Fn(&Tensor) -> Tensor| {
+        let out = norm(x.as_tensor()).to_dtype(DType::F32).unwrap();
+        let r = Tensor::from_vec(values(out.elem_count(), 98, 1.0), out.shape(), &Device::Cpu);
+        let store = (out * r.unwrap())
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        store
+            .get(x.as_tensor())
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+    };
+    let reference = grad(&x32, &|t| {
+        LayerNorm::new(
+            half(&w, DType::F16).to_dtype(DType::F32).unwrap(),
+            half(&b, DType::F16).to_dtype(DType::F32).unwrap(),
+            1e-5,
+        )
+        .forward(t)
+        .unwrap()
+    });
+    let ours = grad(&x16, &|t| {
+        LayerNorm::new(half(&w, DType::F16), half(&b, DType::F16), 1e-5)
+            .forward(t)
+            .unwrap()
+    });
+    let composite = grad(&x16, &|t| {
+        layer_norm_composite(t, &half(&w, DType::F16), &half(&b, DType::F16), 1e-5).unwrap()
+    });
+    let (ours, composite) = (
+        max_diff(&ours, &reference),
+        max_diff(&composite, &reference),
+    );
+    assert!(
+        ours <= 1e-3 && ours * 2.0 < composite,
+        "f16 layer norm gradient {ours} from f32's (the f16 composite: {composite})"
+    );
+}
