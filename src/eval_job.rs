@@ -58,23 +58,12 @@ pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::{FitArgs, StrategyName};
+    use crate::cli::StrategyName;
 
     #[test]
     fn a_checkpoint_evaluates_the_same_at_any_world_size() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = crate::fit_job::trained_checkpoint(StrategyName::Fsdp, 2);
         let root = dir.path();
-        let fit = FitArgs {
-            devices: Some(2),
-            max_steps: 2,
-            batch_size: 8,
-            save_every: 2,
-            progress: false,
-            checkpoint_dir: root.join("ck"),
-            log_dir: root.join("runs"),
-            ..FitArgs::default()
-        };
-        crate::fit_job::run(&fit).unwrap();
         let args = |devices, strategy| EvalArgs {
             checkpoint: root.join("ck/last"),
             devices: Some(devices),

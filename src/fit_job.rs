@@ -198,3 +198,23 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
         is_global_zero: trainer.is_global_zero(),
     })
 }
+
+/// A checkpoint of the main job after `steps` steps of `strategy` on 2 ranks (global batch
+/// 8), saved in a fresh folder: `<folder>/ck/last`. For the commands' tests.
+#[cfg(test)]
+pub fn trained_checkpoint(strategy: StrategyName, steps: usize) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let fit = FitArgs {
+        devices: Some(2),
+        strategy,
+        max_steps: steps,
+        batch_size: 8,
+        save_every: steps,
+        progress: false,
+        checkpoint_dir: dir.path().join("ck"),
+        log_dir: dir.path().join("runs"),
+        ..FitArgs::default()
+    };
+    run(&fit).expect("the main job trains");
+    dir
+}

@@ -37,7 +37,7 @@ pub fn read_losses(csv: &Path) -> anyhow::Result<Vec<Curve>> {
             .with_context(|| format!("{} has no `{name}` column", csv.display()))
     };
     let (step, train, val) = (column("step")?, column("train_loss")?, column("val_loss")?);
-    let mut curves = [("train_loss", train), ("val_loss", val)].map(|(name, _)| Curve {
+    let mut curves = ["train_loss", "val_loss"].map(|name| Curve {
         name: name.to_string(),
         points: Vec::new(),
     });

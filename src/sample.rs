@@ -70,24 +70,11 @@ pub fn sample(args: &SampleArgs) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::FitArgs;
 
     #[test]
     fn the_same_seed_gives_the_same_text_from_a_two_rank_checkpoint() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = crate::fit_job::trained_checkpoint(crate::cli::StrategyName::Zero3, 3);
         let root = dir.path();
-        let fit = FitArgs {
-            devices: Some(2),
-            strategy: crate::cli::StrategyName::Zero3,
-            max_steps: 3,
-            batch_size: 8,
-            save_every: 3,
-            progress: false,
-            checkpoint_dir: root.join("ck"),
-            log_dir: root.join("runs"),
-            ..FitArgs::default()
-        };
-        crate::fit_job::run(&fit).unwrap();
         let args = |seed| SampleArgs {
             checkpoint: root.join("ck/last"),
             prompt: "The ".into(),

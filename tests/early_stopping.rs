@@ -11,6 +11,22 @@ use wick::trainer::{EarlyStopping, Mode};
 #[derive(Clone, Default)]
 struct Steps(Arc<Mutex<Vec<(usize, usize)>>>);
 
+impl Steps {
+    /// The last step each of ranks 0..devices finished (a rank that finished none fails).
+    fn last_per_rank(&self, devices: usize) -> Vec<usize> {
+        let seen = self.0.lock().unwrap();
+        (0..devices)
+            .map(|r| {
+                let steps = seen.iter().filter(|(rank, _)| *rank == r);
+                steps
+                    .map(|(_, s)| *s)
+                    .max()
+                    .expect("the rank finished a step")
+            })
+            .collect()
+    }
+}
+
 impl Callback for Steps {
     fn on_train_batch_end(&mut self, state: &RunState) -> candle_core::Result<()> {
         self.0.lock().unwrap().push((state.rank, state.global_step));
@@ -35,16 +51,7 @@ fn last_steps(
     // Rank r's validation loss is script(pass, r); the trainer logs the mean over ranks.
     let mut model = RankedMlp::scaled(adamw(), 1.0).with_val_script(script);
     t.fit(&mut model, &loader(), Some(&loader())).unwrap();
-    let seen = steps.0.lock().unwrap().clone();
-    (0..devices)
-        .map(|r| {
-            seen.iter()
-                .filter(|(rank, _)| *rank == r)
-                .map(|(_, s)| *s)
-                .max()
-                .unwrap()
-        })
-        .collect()
+    steps.last_per_rank(devices)
 }
 
 #[test]
@@ -121,13 +128,5 @@ fn a_stop_asked_on_one_rank_stops_every_rank() {
         .build()
         .unwrap();
     t.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
-    let seen = steps.0.lock().unwrap().clone();
-    for rank in 0..3 {
-        let last = seen
-            .iter()
-            .filter(|(r, _)| *r == rank)
-            .map(|(_, s)| *s)
-            .max();
-        assert_eq!(last, Some(5), "rank {rank}");
-    }
+    assert_eq!(steps.last_per_rank(3), [5, 5, 5]);
 }

@@ -263,11 +263,8 @@ impl Strategy for Zero3 {
                 replicas.all_reduce_in_place(g, ReduceOp::Mean)?;
             }
         }
+        let world = self.world()?.clone();
         if let Some(scaler) = &mut self.scaler {
-            let world = self
-                .world
-                .clone()
-                .ok_or_else(|| not_ready(self.options.name, "no world connected"))?;
             let mut worlds: Vec<&dyn Collective> = vec![world.as_ref()];
             worlds.extend(self.replicas.as_deref());
             if !scaler.unscale(&mut grads, &worlds)? {
@@ -277,7 +274,7 @@ impl Strategy for Zero3 {
             }
         }
         if let Some(max_norm) = self.clip {
-            clip_grad_norm(&mut grads, max_norm, Some(self.world()?.as_ref()))?;
+            clip_grad_norm(&mut grads, max_norm, Some(world.as_ref()))?;
         }
         self.grad_bytes = grads.iter().map(tensor_bytes).sum();
         let optimizer = self.optimizer.as_mut().ok_or_else(|| {
