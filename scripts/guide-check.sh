@@ -22,4 +22,7 @@ for cmd in "${commands[@]}"; do
   }
   tail -3 "/tmp/guide-check-$n.log"
 done
-echo "guide-check: all $n commands passed"
+# What the guide says of the resumed run: its metrics cover the whole run, steps 1 to 90.
+steps=$(awk -F, 'NR > 1 { printf "%s ", $1 }' runs/guide-ck/metrics.csv)
+[ "$steps" = "$(seq -s ' ' 1 90) " ] || { echo "guide-check: runs/guide-ck/metrics.csv has steps $steps" >&2; exit 1; }
+echo "guide-check: all $n commands passed; the resumed run's metrics cover steps 1-90"

@@ -48,21 +48,23 @@ EOF
 echo "== 2. checkpoints across engines (zero3)"
 # One learning-rate schedule for runs of 6 and of 12 steps, so a 6-step run is the first
 # half of a 12-step one.
-z3=(--strategy zero3 "${quiet[@]}" --log-dir runs --save-every 6 --decay-steps 12)
+# The two runs whose step 6 is compared byte for byte log into folders of their own, so that
+# both manifests record the same run name (a new run in a used folder takes a new version).
+z3=(--strategy zero3 "${quiet[@]}" --save-every 6 --decay-steps 12)
 fit() { "$@" > /dev/null; }
 # Uninterrupted, with threads at 2 and at 4 ranks (saving at steps 6 and 12).
-fit "$mpi_wick" fit --devices 4 "${z3[@]}" --max-steps 12 --checkpoint-dir ck-u4
-fit "$mpi_wick" fit --devices 2 "${z3[@]}" --max-steps 12 --checkpoint-dir ck-u2
+fit "$mpi_wick" fit --devices 4 "${z3[@]}" --max-steps 12 --checkpoint-dir ck-u4 --log-dir runs-u4
+fit "$mpi_wick" fit --devices 2 "${z3[@]}" --max-steps 12 --checkpoint-dir ck-u2 --log-dir runs
 # Saved by 4 processes; resumed by 4 threads and by 2 threads.
-fit "${mpirun[@]}" -np 4 "$mpi_wick" fit "${z3[@]}" --max-steps 6 --checkpoint-dir ck-p4
-fit "$mpi_wick" fit --devices 4 "${z3[@]}" --max-steps 12 --resume ck-p4/step-00000006 --checkpoint-dir ck-p4-t4
-fit "$mpi_wick" fit --devices 2 "${z3[@]}" --max-steps 12 --resume ck-p4/step-00000006 --checkpoint-dir ck-p4-t2
+fit "${mpirun[@]}" -np 4 "$mpi_wick" fit "${z3[@]}" --max-steps 6 --checkpoint-dir ck-p4 --log-dir runs-p4
+fit "$mpi_wick" fit --devices 4 "${z3[@]}" --max-steps 12 --resume ck-p4/step-00000006 --checkpoint-dir ck-p4-t4 --log-dir runs
+fit "$mpi_wick" fit --devices 2 "${z3[@]}" --max-steps 12 --resume ck-p4/step-00000006 --checkpoint-dir ck-p4-t2 --log-dir runs
 # Saved by 2 threads; resumed by 2 and by 4 processes, and (the reference) by 4 threads.
-fit "${mpirun[@]}" -np 2 "$mpi_wick" fit "${z3[@]}" --max-steps 12 --resume ck-u2/step-00000006 --checkpoint-dir ck-t2-p2
-fit "${mpirun[@]}" -np 4 "$mpi_wick" fit "${z3[@]}" --max-steps 12 --resume ck-u2/step-00000006 --checkpoint-dir ck-t2-p4
-fit "$mpi_wick" fit --devices 4 "${z3[@]}" --max-steps 12 --resume ck-u2/step-00000006 --checkpoint-dir ck-t2-t4
+fit "${mpirun[@]}" -np 2 "$mpi_wick" fit "${z3[@]}" --max-steps 12 --resume ck-u2/step-00000006 --checkpoint-dir ck-t2-p2 --log-dir runs
+fit "${mpirun[@]}" -np 4 "$mpi_wick" fit "${z3[@]}" --max-steps 12 --resume ck-u2/step-00000006 --checkpoint-dir ck-t2-p4 --log-dir runs
+fit "$mpi_wick" fit --devices 4 "${z3[@]}" --max-steps 12 --resume ck-u2/step-00000006 --checkpoint-dir ck-t2-t4 --log-dir runs
 # The reference of ck-p4-t2: the threads' own step 6 at 4 ranks, resumed by 2 threads.
-fit "$mpi_wick" fit --devices 2 "${z3[@]}" --max-steps 12 --resume ck-u4/step-00000006 --checkpoint-dir ck-t4-t2
+fit "$mpi_wick" fit --devices 2 "${z3[@]}" --max-steps 12 --resume ck-u4/step-00000006 --checkpoint-dir ck-t4-t2 --log-dir runs
 for f in manifest.json rank-0.safetensors rank-1.safetensors rank-2.safetensors rank-3.safetensors; do
   cmp ck-u4/step-00000006/$f ck-p4/step-00000006/$f || fail "$f saved by processes differs from threads"
 done

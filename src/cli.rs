@@ -156,10 +156,11 @@ pub struct FitArgs {
     pub log_dir: PathBuf,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<PathBuf>,
-    pub progress: bool,
+    pub no_progress: bool,
     pub checkpoint_dir: PathBuf,
-    /// Save a checkpoint every this many steps and at the end; 0: never.
+    /// Save a checkpoint every this many steps and at the end (unless `no_checkpoints`).
     pub save_every: usize,
+    pub no_checkpoints: bool,
     pub keep_last: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resume: Option<PathBuf>,
@@ -191,9 +192,10 @@ impl Default for FitArgs {
             run_name: "char-gpt".into(),
             log_dir: "runs".into(),
             data: None,
-            progress: true,
+            no_progress: false,
             checkpoint_dir: "checkpoints".into(),
             save_every: 100,
+            no_checkpoints: false,
             keep_last: 3,
             resume: None,
         }
@@ -299,7 +301,8 @@ pub struct FitFlags {
     #[arg(long, value_parser = positive, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub val_every: Option<usize>,
-    /// Metrics go to <log dir>/<run name>/metrics.csv [default: char-gpt].
+    /// Metrics go to <log dir>/<run name>/metrics.csv; a new run never reuses another's
+    /// directory, taking <run name>-v1, -v2, ... instead [default: char-gpt].
     #[arg(long, value_name = "NAME")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run_name: Option<String>,
@@ -313,21 +316,23 @@ pub struct FitFlags {
     pub data: Option<PathBuf>,
     /// No progress bar.
     #[arg(long)]
-    #[serde(skip)]
+    #[serde(skip_serializing_if = "is_false")]
     pub no_progress: bool,
-    /// Where checkpoints go: D/step-N/ and D/last [default: checkpoints].
+    /// Where checkpoints go: D/step-N/ and D/last; a new run never saves into a D that
+    /// holds another run's, taking D-v1, -v2, ... instead [default: checkpoints].
     #[arg(long, value_name = "D")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint_dir: Option<PathBuf>,
-    /// Save a checkpoint every N steps and at the end [default: 100].
+    /// Save a checkpoint every N steps and at the end, keeping the newest --keep-last
+    /// [default: 100].
     #[arg(long, value_parser = positive, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub save_every: Option<usize>,
     /// Save no checkpoints.
     #[arg(long, conflicts_with = "save_every")]
-    #[serde(skip)]
+    #[serde(skip_serializing_if = "is_false")]
     pub no_checkpoints: bool,
-    /// Keep the K newest checkpoints [default: 3].
+    /// Keep the K newest checkpoints, deleting older ones of this run [default: 3].
     #[arg(long, value_parser = positive, value_name = "K")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keep_last: Option<usize>,
@@ -440,12 +445,6 @@ impl FitFlags {
         };
         let overlay = toml::Table::try_from(self).map_err(|e| e.to_string())?;
         table.extend(overlay);
-        if self.no_progress {
-            table.insert("progress".into(), false.into());
-        }
-        if self.no_checkpoints {
-            table.insert("save-every".into(), 0i64.into());
-        }
         let where_from = match &self.config {
             Some(path) => format!("--config {}", path.display()),
             None => "the options".into(),
@@ -560,7 +559,10 @@ mod tests {
         );
         let a =
             fit("fit --no-progress --no-checkpoints --auto-wrap blocks.,head --prefetch").unwrap();
-        assert_eq!((a.progress, a.save_every, a.prefetch), (false, 0, true));
+        assert_eq!(
+            (a.no_progress, a.no_checkpoints, a.prefetch),
+            (true, true, true)
+        );
         assert_eq!(a.auto_wrap, Some(vec!["blocks.".into(), "head".into()]));
         let a = fit("fit --checkpoint-dir ck --resume last").unwrap();
         assert_eq!(a.resume, Some(PathBuf::from("ck/last")));
@@ -573,16 +575,46 @@ mod tests {
     }
 
     #[test]
+    fn the_toml_keys_are_exactly_the_long_options_without_dashes() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let fit = cli.find_subcommand("fit").unwrap();
+        let mut options: Vec<&str> = fit
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .filter(|l| !["config", "print-config"].contains(l))
+            .collect();
+        options.sort();
+        // Every optional value given, so that every key is printed.
+        let all = FitArgs {
+            auto_wrap: Some(vec!["blocks.".into()]),
+            clip: Some(1.0),
+            devices: Some(2),
+            threads_per_rank: Some(1),
+            warmup_steps: Some(1),
+            decay_steps: Some(9),
+            data: Some("text.txt".into()),
+            resume: Some("ck".into()),
+            ..FitArgs::default()
+        };
+        let table: toml::Table = all.to_toml().parse().unwrap();
+        let mut keys: Vec<&str> = table.keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(keys, options);
+    }
+
+    #[test]
     fn a_config_file_is_overridden_by_the_command_line() {
-        let file = temp_file("strategy = \"zero3\"\nmax-steps = 50\nlr = 0.01\nprogress = false\n");
+        let file =
+            temp_file("strategy = \"zero3\"\nmax-steps = 50\nlr = 0.01\nno-progress = true\n");
         let a = fit(&format!(
             "fit --config {} --max-steps 7",
             file.path().display()
         ))
         .unwrap();
         assert_eq!(
-            (a.strategy, a.max_steps, a.lr, a.progress),
-            (StrategyName::Zero3, 7, 0.01, false)
+            (a.strategy, a.max_steps, a.lr, a.no_progress),
+            (StrategyName::Zero3, 7, 0.01, true)
         );
     }
 

@@ -5,7 +5,6 @@
 use crate::char_gpt::CharGpt;
 use crate::cli::{name_of, EvalArgs};
 use crate::fit_job::{main_job_config, split, Split};
-use wick_trainer::checkpoint::resolve_checkpoint;
 use wick_trainer::{Checkpoint, Trainer};
 
 /// Which pass to run.
@@ -31,7 +30,7 @@ impl Pass {
 /// this process is rank 0 (the one that reports).
 pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
     let Split { vocab, val, .. } = split(args.data.as_deref(), args.batch_size)?;
-    let checkpoint = Checkpoint::open(resolve_checkpoint(&args.checkpoint)?)?;
+    let checkpoint = Checkpoint::open(&args.checkpoint)?;
     let mut model =
         CharGpt::new(main_job_config(vocab.len()), 1e-3).with_weights(checkpoint.into_weights());
     let mut builder = Trainer::builder()

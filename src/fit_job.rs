@@ -40,6 +40,8 @@ pub struct FitReport {
     pub parameters: usize,
     /// The metrics file.
     pub metrics_csv: Option<std::path::PathBuf>,
+    /// The checkpoint root the run saved under.
+    pub checkpoint_dir: Option<std::path::PathBuf>,
     /// The number of ranks.
     pub devices: usize,
     /// Whether this process runs rank 0 (always, with ranks as threads), the one that
@@ -133,7 +135,7 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
         .run_name(&args.run_name)
         .log_dir(&args.log_dir)
         .val_check_interval(args.val_every)
-        .progress(args.progress)
+        .progress(!args.no_progress)
         .callback(LearningRateMonitor::new())
         .callback(history.clone());
     builder = match args.strategy {
@@ -168,7 +170,7 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
     if let Some(clip) = args.clip {
         builder = builder.gradient_clip_val(clip);
     }
-    if args.save_every > 0 {
+    if !args.no_checkpoints {
         let n = args.save_every;
         builder = builder.checkpoint(
             ModelCheckpoint::new(&args.checkpoint_dir)
@@ -194,6 +196,7 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
         val_loss: metrics.get("val_loss").copied(),
         parameters: trainer.num_parameters().unwrap_or(0),
         metrics_csv: trainer.metrics_path(),
+        checkpoint_dir: trainer.checkpoint_dir().map(std::path::Path::to_path_buf),
         devices: trainer.world_size(),
         is_global_zero: trainer.is_global_zero(),
     })
@@ -210,7 +213,7 @@ pub fn trained_checkpoint(strategy: StrategyName, steps: usize) -> tempfile::Tem
         max_steps: steps,
         batch_size: 8,
         save_every: steps,
-        progress: false,
+        no_progress: true,
         checkpoint_dir: dir.path().join("ck"),
         log_dir: dir.path().join("runs"),
         ..FitArgs::default()

@@ -3,12 +3,11 @@
 
 use std::fmt::Write;
 use std::path::Path;
-use wick_trainer::checkpoint::resolve_checkpoint;
 use wick_trainer::{Checkpoint, CheckpointError};
 
 /// The report `wick inspect` prints.
 pub fn report(path: &Path, tensors: bool) -> Result<String, CheckpointError> {
-    let ck = Checkpoint::open(resolve_checkpoint(path)?)?;
+    let ck = Checkpoint::open(path)?;
     let m = ck.manifest();
     let mut out = String::new();
     let w = &mut out;
@@ -157,7 +156,7 @@ mod tests {
     #[test]
     fn a_damaged_checkpoint_gets_the_errors_loading_gets() {
         let root = checkpoint();
-        let dir = resolve_checkpoint(root.path().join("last")).unwrap();
+        let dir = wick_trainer::checkpoint::resolve_checkpoint(root.path().join("last")).unwrap();
         let file = dir.join("rank-1.safetensors");
         let bytes = std::fs::read(&file).unwrap();
         std::fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();

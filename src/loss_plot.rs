@@ -129,13 +129,32 @@ pub fn plot_run(csv: &Path) -> anyhow::Result<PathBuf> {
         .file_name()
         .map(|n| n.to_string_lossy())
         .unwrap_or_default();
-    draw(&read_losses(csv)?, &format!("{run}: loss"), &out)?;
+    let curves = read_losses(csv)?;
+    // Opened first, so that a path that cannot be written says so in plain words (the
+    // drawing backend would report it in its own debug form).
+    std::fs::File::create(&out).with_context(|| format!("writing {}", out.display()))?;
+    draw(&curves, &format!("{run}: loss"), &out)?;
     Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_directory_where_the_plot_goes_is_named_in_plain_words() {
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("metrics.csv");
+        std::fs::write(
+            &csv,
+            "step,epoch,train_loss,val_loss\n1,0,2.0,\n2,0,1.5,1.7\n",
+        )
+        .unwrap();
+        std::fs::create_dir(dir.path().join("loss.png")).unwrap();
+        let e = format!("{:#}", plot_run(&csv).unwrap_err());
+        assert!(e.contains("loss.png") && e.contains("directory"), "{e}");
+        assert!(!e.contains("IoError") && !e.contains("Os {"), "{e}");
+    }
 
     /// A small metrics file: a falling train loss every step, validation every 10.
     fn metrics(dir: &Path) -> PathBuf {

@@ -55,7 +55,15 @@ fn run(command: Command) -> anyhow::Result<()> {
                 );
                 if let Some(csv) = r.metrics_csv {
                     println!("metrics: {}", csv.display());
-                    println!("plot: {}", loss_plot::plot_run(&csv)?.display());
+                    // The run is trained and saved by now: a plot that cannot be drawn
+                    // costs nothing else.
+                    match loss_plot::plot_run(&csv) {
+                        Ok(png) => println!("plot: {}", png.display()),
+                        Err(e) => eprintln!("warning: no plot: {e:#}"),
+                    }
+                }
+                if let Some(dir) = r.checkpoint_dir {
+                    println!("checkpoints: {}", dir.display());
                 }
             }
             Ok(())
@@ -70,8 +78,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             out,
             with_optimizer,
         } => {
-            let dir = wick::trainer::checkpoint::resolve_checkpoint(&checkpoint)?;
-            for f in wick::trainer::consolidate(dir, &out, with_optimizer)? {
+            for f in wick::trainer::consolidate(&checkpoint, &out, with_optimizer)? {
                 println!("wrote {}", f.display());
             }
             Ok(())

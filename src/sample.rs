@@ -7,7 +7,6 @@ use crate::char_gpt::CharGpt;
 use crate::cli::SampleArgs;
 use crate::fit_job::{configure_on_one_cpu, corpus, main_job_config};
 use candle_core::{DType, Device, Tensor, D};
-use wick_trainer::checkpoint::resolve_checkpoint;
 use wick_trainer::Checkpoint;
 
 /// A 64-bit xorshift generator: the sampler's only randomness, seeded by `--seed`.
@@ -34,7 +33,7 @@ pub fn sample(args: &SampleArgs) -> anyhow::Result<String> {
     })?;
     anyhow::ensure!(!ids.is_empty(), "--prompt must not be empty");
     let config = main_job_config(vocab.len());
-    let checkpoint = Checkpoint::open(resolve_checkpoint(&args.checkpoint)?)?;
+    let checkpoint = Checkpoint::open(&args.checkpoint)?;
     let mut model = CharGpt::new(config, 1e-3).with_weights(checkpoint.into_weights());
     // The strategy holds the parameters the model's views read.
     let _strategy = configure_on_one_cpu(&mut model)?;

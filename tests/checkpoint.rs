@@ -470,20 +470,40 @@ fn a_save_interrupted_anywhere_leaves_the_previous_checkpoint_loadable_and_last(
 }
 
 #[test]
-fn a_second_run_into_the_same_root_saves_new_versions_and_last_follows() {
-    let root = TempDir::new().unwrap();
-    for _ in 0..2 {
-        let mc = ModelCheckpoint::new(root.path())
-            .every_n_steps(2)
-            .keep_last(2);
-        trainer(2, named("ddp"), 4, Some(mc))
-            .fit(&mut Mlp::new(adamw()), &loader(), None)
-            .unwrap();
-    }
-    let kept = names_in(root.path());
-    assert_eq!(kept, ["last", "step-00000004", "step-00000004-v1"]);
+fn a_new_run_never_saves_into_another_runs_root() {
+    let tmp = TempDir::new().unwrap();
+    let root = tmp.path().join("ck");
+    let run = |steps, from: Option<PathBuf>| {
+        let mc = ModelCheckpoint::new(&root).every_n_steps(2).keep_last(2);
+        let mut t = trainer(2, named("ddp"), steps, Some(mc));
+        let mut model = Mlp::new(adamw());
+        match from {
+            Some(from) => t.fit_from(&mut model, &loader(), None, from),
+            None => t.fit(&mut model, &loader(), None),
+        }
+        .unwrap();
+        t.checkpoint_dir().unwrap().to_path_buf()
+    };
+    assert_eq!(run(6, None), root);
+    // A second run of 4 steps: a root of its own, the first run's left whole.
+    let second = run(4, None);
+    assert_eq!(second, tmp.path().join("ck-v1"));
+    assert_eq!(names_in(&root), ["last", "step-00000004", "step-00000006"]);
     assert_eq!(
-        std::fs::read_to_string(root.path().join("last")).unwrap(),
-        "step-00000004-v1"
+        std::fs::read_to_string(root.join("last")).unwrap(),
+        "step-00000006"
     );
+    assert_eq!(
+        names_in(&second),
+        ["last", "step-00000002", "step-00000004"]
+    );
+    // Resuming either run keeps saving in its own root.
+    assert_eq!(run(8, Some(second.join("last"))), second);
+    assert_eq!(
+        names_in(&second),
+        ["last", "step-00000006", "step-00000008"]
+    );
+    assert_eq!(run(8, Some(root.clone())), root);
+    assert_eq!(names_in(&root), ["last", "step-00000006", "step-00000008"]);
+    assert_eq!(names_in(tmp.path()), ["ck", "ck-v1"]);
 }

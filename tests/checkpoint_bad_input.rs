@@ -221,7 +221,7 @@ fn each_bad_checkpoint_is_refused_with_the_file_and_the_tensor_or_field() {
     assert_error(load_everything(&empty), &["empty", "not a wick checkpoint"]);
     assert_error(
         load_everything(&root.path().join("nowhere")),
-        &["nowhere", "no such directory"],
+        &["nowhere", "no such file or directory"],
     );
 
     // A checkpoint of another model: refused by the trainer before any state changes, on
@@ -318,5 +318,60 @@ fn random_bytes_and_truncations_give_errors_never_panics() {
     assert!(
         refused > 90,
         "only {refused} of 120 damaged checkpoints refused"
+    );
+}
+
+#[test]
+fn every_form_of_a_checkpoint_path_resolves_alike_everywhere() {
+    let root = TempDir::new().unwrap();
+    let dir = good_checkpoint(&root);
+    let ck = root.path().join("ck");
+    let want = Checkpoint::open(&dir).unwrap().manifest().step;
+    for path in [dir.clone(), ck.clone(), ck.join("last")] {
+        let what = path.display().to_string();
+        assert_eq!(
+            Checkpoint::open(&path).unwrap().manifest().step,
+            want,
+            "{what}"
+        );
+        let out = root.path().join("out.safetensors");
+        consolidate(&path, &out, false).unwrap_or_else(|e| panic!("{what}: {e}"));
+        std::fs::remove_file(&out).unwrap();
+        let mut t = Trainer::builder()
+            .devices(2)
+            .strategy("zero3")
+            .max_steps(3)
+            .no_logger()
+            .progress(false)
+            .model_summary(false)
+            .build()
+            .unwrap();
+        t.fit_from(&mut Mlp::new(adamw()), &loader(), None, &path)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+    // A file where a checkpoint directory is expected is named as one.
+    for file in [dir.join("rank-0.safetensors"), dir.join(MANIFEST_FILE)] {
+        let e = consolidate(&file, root.path().join("x.safetensors"), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&file.display().to_string())
+                && e.contains("a file, where a checkpoint directory"),
+            "{e}"
+        );
+    }
+    // What is wrong behind `last` says that `last` pointed there.
+    std::fs::remove_file(dir.join(MANIFEST_FILE)).unwrap();
+    let e = Checkpoint::open(&ck).err().unwrap().to_string();
+    assert!(
+        e.contains("manifest.json")
+            && e.contains(&format!("{} points there", ck.join("last").display())),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    let e = Checkpoint::open(ck.join("last")).err().unwrap().to_string();
+    assert!(
+        e.contains("no such directory") && e.contains("points there"),
+        "{e}"
     );
 }

@@ -27,3 +27,7 @@ mod loss_scaling;
 mod lr_schedule;
 // EarlyStopping: every rank stops at the same step, from the rank-averaged metric.
 mod early_stopping;
+// The trained module after fit: validate, predict, full_parameters in any order; bare forwards.
+mod after_fit;
+// Runs never overwrite each other; outputs and data checked before training.
+mod runs;

@@ -115,3 +115,58 @@ fn a_model_whose_parameters_all_train_passes_the_strict_check() {
         );
     }
 }
+
+/// The MLP with a fourth unit that is created but never applied.
+#[derive(Clone)]
+struct WithIdleUnit {
+    mlp: crate::common::Mlp,
+    idle: Option<Wrapped<Linear>>,
+}
+
+impl TrainModule for WithIdleUnit {
+    type Batch = (Tensor, Tensor);
+
+    fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> candle_core::Result<()> {
+        self.mlp.configure_sharded_model(ctx)?;
+        self.idle = Some(ctx.wrap("idle", |vb| candle_nn::linear(3, 2, vb))?);
+        Ok(())
+    }
+
+    fn configure_optimizers(&self) -> OptimizerConfig {
+        OptimizerConfig::sgd(0.1)
+    }
+
+    fn training_step(&mut self, batch: &Self::Batch, _: usize) -> candle_core::Result<Tensor> {
+        self.mlp.loss(batch)
+    }
+}
+
+#[test]
+fn a_unit_that_is_never_applied_is_reported_by_every_strategy() {
+    for (name, world, strategy) in strategies() {
+        let idle = || WithIdleUnit {
+            mlp: crate::common::Mlp::new(OptimizerConfig::sgd(0.1)),
+            idle: None,
+        };
+        // Warned, not failed.
+        quiet_builder(world, strategy.for_new_rank(), 2)
+            .build()
+            .unwrap()
+            .fit(&mut idle(), &loader(), None)
+            .unwrap_or_else(|e| panic!("{name} at {world}: {e}"));
+        let e = quiet_builder(world, strategy, 2)
+            .error_on_unused_parameters(true)
+            .build()
+            .unwrap()
+            .fit(&mut idle(), &loader(), None)
+            .expect_err(&format!("{name} at {world} did not refuse"));
+        let message = e.to_string();
+        assert!(
+            message.contains("received no gradient")
+                && message.contains("idle.weight")
+                && message.contains("idle.bias"),
+            "{name} at {world}: {message}"
+        );
+        assert!(!message.contains("l0."), "{name} at {world}: {message}");
+    }
+}

@@ -3,8 +3,7 @@
 //! `cargo run -p wick-accelerator --example collectives`
 
 use candle_core::{DType, Device, Tensor};
-use wick_accelerator::ThreadWorld;
-use wick_core::{Collective, CollectiveError, ReduceOp};
+use wick_accelerator::{Collective, CollectiveError, ReduceOp, ThreadWorld};
 
 fn main() {
     let outcomes = ThreadWorld::new(4).run(|comm| {

@@ -8,10 +8,9 @@
 //! ```
 
 use candle_core::{DType, Device, Tensor};
-use wick_accelerator::{Accelerator, LaunchEnv};
-use wick_core::ReduceOp;
+use wick_accelerator::{Accelerator, Error, LaunchEnv, ReduceOp};
 
-fn main() -> Result<(), wick_core::Error> {
+fn main() -> Result<(), Error> {
     let accelerator = match LaunchEnv::detect()? {
         // One rank per process; devices default to the launcher's count.
         Some(_) => Accelerator::from_env(None)?,
@@ -26,7 +25,7 @@ fn main() -> Result<(), wick_core::Error> {
         let mean_rank = env
             .world
             .all_reduce_scalar(env.rank as f32, ReduceOp::Mean)?;
-        Ok::<_, wick_core::Error>((env.rank, full.to_vec1::<f32>().unwrap(), mean_rank))
+        Ok::<_, Error>((env.rank, full.to_vec1::<f32>().unwrap(), mean_rank))
     });
     for outcome in outcomes {
         let (rank, gathered, mean) = outcome.expect("no rank fails here");

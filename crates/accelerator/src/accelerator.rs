@@ -2,12 +2,13 @@
 //! process, or processes a launcher started), and the sharded setup of a module.
 
 use crate::device::{check_gpus, rank_device, DeviceKind};
+use crate::ended_world::EndedWorld;
 use crate::launcher::LaunchEnv;
 use crate::thread_budget::{quiet_candle_elementwise_pool, run_within, ThreadBudget};
 use crate::thread_world::{RankError, ThreadWorld};
 use candle_core::Device;
 use std::sync::Arc;
-use wick_core::{Collective, Error, Result, Strategy, TrainModule};
+use wick_core::{Collective, Error, Result, SoloWorld, Strategy, TrainModule};
 
 /// What a rank has once its environment is set up: its place in the world and its device.
 #[derive(Clone)]
@@ -211,6 +212,21 @@ impl Accelerator {
             Ranks::Threads(n) => 0..*n,
             Ranks::Process { rank, .. } => *rank..*rank + 1,
         }
+    }
+
+    /// The world (and device) rank `rank`'s strategy keeps between stages, once a launch
+    /// returned, or `None` to keep the one the launch gave it. Ranks as threads end with the
+    /// launch, so a world of one becomes a [`SoloWorld`] (its module runs alone after the
+    /// stage) and a larger one an [`EndedWorld`] (a sharded module's gathers fail at once,
+    /// saying what to call instead). A launcher's process world outlives the launch: every
+    /// process can still run a collective forward together.
+    pub fn idle_world(&self, rank: usize) -> Option<(Arc<dyn Collective>, Device)> {
+        let world: Arc<dyn Collective> = match &self.ranks {
+            Ranks::Threads(1) => Arc::new(SoloWorld),
+            Ranks::Threads(n) => Arc::new(EndedWorld::new(rank, *n)),
+            Ranks::Process { .. } => return None,
+        };
+        Some((world, self.devices.get(rank)?.clone()))
     }
 
     /// The launcher that started this process, when each rank is a process.

@@ -13,6 +13,7 @@ mod accelerator;
 mod barrier;
 mod call;
 mod device;
+mod ended_world;
 mod host;
 mod launcher;
 #[cfg(feature = "mpi")]
@@ -28,6 +29,7 @@ pub use accelerator::{Accelerator, RankEnv};
 pub use device::{cuda_device_count, DeviceKind};
 #[cfg(feature = "cuda")]
 pub use device::{cuda_memory_peak, reset_cuda_memory_peak};
+pub use ended_world::EndedWorld;
 pub use launcher::{LaunchEnv, Launcher};
 /// rsmpi, the MPI bindings `MpiWorld` uses, for code that calls MPI itself on the same
 /// world (the bandwidth example measures Open MPI's own speed with it).
@@ -40,3 +42,11 @@ pub use nccl_world::NcclWorld;
 pub use thread_budget::ThreadBudget;
 pub use thread_comm::ThreadComm;
 pub use thread_world::{RankError, ThreadWorld};
+
+// What a crate that uses wick-accelerator alone needs from wick-core to use its worlds and
+// `Accelerator::setup`; the rest of wick-core is reachable as `wick_accelerator::wick_core`.
+pub use wick_core;
+pub use wick_core::{
+    Collective, CollectiveError, Error, ReduceOp, ShardedContext, SoloWorld, Strategy, TrainModule,
+    Work,
+};

@@ -21,6 +21,22 @@ pub enum CollectiveError {
         /// The collective being waited on.
         op: &'static str,
     },
+    /// A collective called on a world of threads after its stage ended: the module's
+    /// parameters are sharded over ranks that no longer run.
+    #[error(
+        "rank {rank}: {op} after the trainer's stage ended: this module's parameters are \
+         sharded over {world_size} ranks as threads, which finished with the stage, so it runs \
+         only inside the trainer: use Trainer::validate, Trainer::test or Trainer::predict to \
+         run it, and Trainer::full_parameters for its weights"
+    )]
+    Ended {
+        /// The calling rank.
+        rank: usize,
+        /// The number of ranks the world had.
+        world_size: usize,
+        /// The collective.
+        op: &'static str,
+    },
     /// Ranks called different collectives, or the same one with incompatible sizes.
     #[error("rank {rank}: {op}: {message}")]
     Mismatch {

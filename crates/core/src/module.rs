@@ -31,10 +31,15 @@ pub trait TrainModule: Send {
         Ok(())
     }
 
-    /// The loss of one batch (this rank's slice of the global batch), a scalar.
+    /// The loss of one batch (this rank's slice of the global batch), a scalar. The metric
+    /// `train_loss` is this loss of the last optimizer step (averaged over the ranks and
+    /// over accumulated micro-batches), not a mean over the epoch. Training batches are
+    /// always whole global batches: an incomplete last one is dropped.
     fn training_step(&mut self, batch: &Self::Batch, batch_idx: usize) -> Result<Tensor>;
 
-    /// The validation loss of one batch, a scalar; `None` skips validation.
+    /// The validation loss of one batch, a scalar: the mean over the batch's samples (the
+    /// trainer weights each batch by its samples, and a pass covers every sample, the short
+    /// last batch included); `None` skips validation.
     fn validation_step(
         &mut self,
         _batch: &Self::Batch,
@@ -43,7 +48,8 @@ pub trait TrainModule: Send {
         Ok(None)
     }
 
-    /// The test loss of one batch, a scalar; `None` reports nothing.
+    /// The test loss of one batch, a scalar, as [`TrainModule::validation_step`]; `None`
+    /// reports nothing.
     fn test_step(&mut self, _batch: &Self::Batch, _batch_idx: usize) -> Result<Option<Tensor>> {
         Ok(None)
     }

@@ -73,6 +73,11 @@ impl Collective for SoloWorld {
     fn barrier(&self) -> Result<(), CollectiveError> {
         Ok(())
     }
+
+    /// The one rank's color makes a world of one again.
+    fn split(&self, _: usize) -> Result<std::sync::Arc<dyn Collective>, CollectiveError> {
+        Ok(std::sync::Arc::new(SoloWorld))
+    }
 }
 
 #[cfg(test)]

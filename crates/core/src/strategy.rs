@@ -60,6 +60,11 @@ pub trait Strategy: Send {
     /// sharded strategies, and only when grad sync is on).
     fn backward(&mut self, loss: &Tensor) -> Result<()>;
 
+    /// Frees whatever a forward that no backward follows (an evaluation or prediction
+    /// step) gathered: a strategy that keeps a unit's gathered parameters until backward
+    /// would otherwise hold them until the next one.
+    fn free_gathered(&mut self) {}
+
     /// Looks, during the next forward and [`backward`](Strategy::backward), for parameters
     /// that get no gradient; [`unused_parameters`](Strategy::unused_parameters) tells them
     /// after that backward. Called before the forward.

@@ -5,10 +5,9 @@
 
 use candle_core::{Device, Module, Tensor};
 use std::sync::Arc;
-use wick_core::{OptimizerConfig, SoloWorld, Strategy};
-use wick_strategies::Ddp;
+use wick_strategies::{Ddp, Error, OptimizerConfig, SoloWorld, Strategy};
 
-fn main() -> wick_core::Result<()> {
+fn main() -> Result<(), Error> {
     let mut ddp = Ddp::new();
     ddp.connect(Arc::new(SoloWorld), Device::Cpu)?;
     let ctx = ddp.sharded_context(7)?;

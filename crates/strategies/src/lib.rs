@@ -46,3 +46,11 @@ pub use replicated_strategy::Replicated;
 pub use single::{NoReduce, SingleDevice};
 pub use zero::{Zero, ZeroReduce};
 pub use zero3::Zero3;
+
+// What a crate that uses wick-strategies alone (a hand-written loop) needs from wick-core;
+// the rest of it is reachable as `wick_strategies::wick_core`.
+pub use wick_core;
+pub use wick_core::{
+    Algorithm, Collective, Error, LrSchedule, OptimizerConfig, ReduceOp, ShardedContext, SoloWorld,
+    Strategy, TrainModule, Wrapped,
+};

@@ -62,8 +62,14 @@ impl ParamUse {
         }
     }
 
-    /// Stops recording and returns the parameters `loss`'s backward did not reach.
-    pub(crate) fn finish(&self, loss: &Tensor) -> Vec<String> {
+    /// Stops recording and returns the parameters of `all` that `loss`'s backward did not
+    /// reach: those handed out but not in its graph, those a unit's backward missed, and
+    /// those never handed out at all (a unit the forward never applied).
+    pub(crate) fn finish<'a>(
+        &self,
+        loss: &Tensor,
+        all: impl IntoIterator<Item = &'a str>,
+    ) -> Vec<String> {
         self.looking.store(false, Ordering::SeqCst);
         let handed = std::mem::take(&mut *lock(&self.handed));
         let cut = std::mem::take(&mut *lock(&self.cut));
@@ -72,8 +78,18 @@ impl ParamUse {
             true => (None, n.as_slice()),
             false => (Some(*id), n.as_slice()),
         });
-        let mut names = unreached(loss, handed);
+        let handed: Vec<_> = handed.collect();
+        let mut names = unreached(loss, handed.iter().copied());
         names.append(&mut lock(&self.missed));
+        let seen: HashSet<&str> = handed
+            .iter()
+            .flat_map(|(_, n)| n.iter().map(String::as_str))
+            .collect();
+        names.extend(
+            all.into_iter()
+                .filter(|n| !seen.contains(n))
+                .map(str::to_string),
+        );
         names
     }
 }

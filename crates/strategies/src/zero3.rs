@@ -230,13 +230,21 @@ impl Strategy for Zero3 {
         };
         if let Some(uses) = self.source.as_ref().map(|s| &s.param_use) {
             if uses.is_looking() {
-                self.unused = uses.finish(loss);
+                let all = self
+                    .layouts
+                    .iter()
+                    .flat_map(|l| l.entries().iter().map(|e| e.name.as_str()));
+                self.unused = uses.finish(loss, all);
             }
         }
         // Free the gathered parameters whether or not backward succeeded.
         self.release_gathered();
         self.grads.add(&self.shards, store?)?;
         Ok(())
+    }
+
+    fn free_gathered(&mut self) {
+        self.release_gathered();
     }
 
     fn find_unused_parameters(&mut self) {

@@ -29,9 +29,13 @@ pub trait Dataset: Sync {
 /// A dataset with a global batch size, like a DataLoader with a DistributedSampler.
 ///
 /// Each epoch's order is a shuffle seeded by (seed, epoch) (or the identity without shuffle);
-/// it is cut into global batches (an incomplete last batch is dropped, so every rank runs
-/// the same number of steps), and each global batch into W equal, disjoint slices: rank r
-/// takes slice r. Concatenating the ranks' slices gives the global batch of one device.
+/// it is cut into global batches, and each global batch into W equal, disjoint slices: rank
+/// r takes slice r. Concatenating the ranks' slices gives the global batch of one device.
+///
+/// Training drops an incomplete last batch, so that every step sees a whole global batch
+/// (PyTorch's `drop_last=True`). Evaluation (validate, test, predict) covers every sample,
+/// as Lightning's evaluation loaders do: the short last batch is split over the ranks as
+/// evenly as it goes ([`DataLoader::eval_slice`]).
 pub struct DataLoader<D> {
     dataset: D,
     batch_size: usize,
@@ -64,12 +68,47 @@ impl<D: Dataset> DataLoader<D> {
         self.batch_size
     }
 
-    /// Global batches per epoch.
+    /// Global batches per training epoch (an incomplete last batch is dropped).
     pub fn batches_per_epoch(&self) -> usize {
         self.dataset.len() / self.batch_size.max(1)
     }
 
-    /// Checks that the batches can be split over `world_size` ranks.
+    /// Global batches of an evaluation pass: every sample, the last batch possibly short.
+    pub fn eval_batches(&self) -> usize {
+        self.dataset.len().div_ceil(self.batch_size.max(1))
+    }
+
+    /// Rank `rank`'s part of evaluation batch `batch` of `order`: its samples, and how many
+    /// of them count. A whole batch is [`DataLoader::rank_slice`]. The short last batch is
+    /// split in rank order, the first ranks taking one sample more; a rank left without a
+    /// sample runs the batch's last one and counts none, so that every rank runs the same
+    /// steps, and with them the same collectives.
+    pub fn eval_slice<'o>(
+        &self,
+        order: &'o [usize],
+        batch: usize,
+        rank: usize,
+        world_size: usize,
+    ) -> (&'o [usize], usize) {
+        let start = batch * self.batch_size;
+        let n = self.batch_size.min(order.len() - start);
+        if n == self.batch_size {
+            let slice = self.rank_slice(order, batch, rank, world_size);
+            return (slice, slice.len());
+        }
+        let (base, extra) = (n / world_size, n % world_size);
+        let own = base + usize::from(rank < extra);
+        match own {
+            0 => (&order[start + n - 1..start + n], 0),
+            _ => {
+                let at = start + rank * base + rank.min(extra);
+                (&order[at..at + own], own)
+            }
+        }
+    }
+
+    /// Checks that the batches can be split over `world_size` ranks and that there is data.
+    /// (Training also needs one whole global batch; the trainer checks that.)
     pub fn check(&self, world_size: usize) -> Result<(), TrainerError> {
         if self.batch_size == 0 {
             return Err(TrainerError::config(
@@ -86,15 +125,8 @@ impl<D: Dataset> DataLoader<D> {
                 ),
             ));
         }
-        if self.batches_per_epoch() == 0 {
-            return Err(TrainerError::config(
-                "batch size",
-                format!(
-                    "the dataset has {} samples, fewer than one global batch of {}",
-                    self.dataset.len(),
-                    self.batch_size
-                ),
-            ));
+        if self.dataset.is_empty() {
+            return Err(TrainerError::config("dataset", "has no samples"));
         }
         Ok(())
     }
@@ -170,6 +202,28 @@ mod tests {
     }
 
     #[test]
+    fn evaluation_covers_every_sample_once_at_any_world_size() {
+        for (len, batch, world) in [(50, 12, 4), (50, 12, 3), (13, 4, 4), (2, 8, 4), (24, 12, 2)] {
+            let loader = DataLoader::new(Range(len), batch).without_shuffle();
+            let order = loader.epoch_order(0, 0);
+            let mut counted = Vec::new();
+            for b in 0..loader.eval_batches() {
+                for r in 0..world {
+                    let (idx, count) = loader.eval_slice(&order, b, r, world);
+                    assert!(!idx.is_empty(), "every rank runs every batch");
+                    assert!(count == idx.len() || count == 0);
+                    counted.extend_from_slice(&idx[..count]);
+                }
+            }
+            assert_eq!(
+                counted,
+                (0..len).collect::<Vec<_>>(),
+                "{len} {batch} {world}"
+            );
+        }
+    }
+
+    #[test]
     fn shuffle_depends_on_seed_and_epoch_only() {
         let loader = DataLoader::new(Range(100), 10);
         assert_eq!(loader.epoch_order(1, 0), loader.epoch_order(1, 0));
@@ -190,10 +244,14 @@ mod tests {
             e.contains("global batch size 10 does not divide by 4 ranks"),
             "{e}"
         );
-        let e = DataLoader::new(Range(3), 4)
+        let e = DataLoader::new(Range(0), 4)
             .check(2)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("fewer than one global batch"), "{e}");
+        assert!(e.contains("no samples"), "{e}");
+        assert!(
+            DataLoader::new(Range(3), 4).check(2).is_ok(),
+            "evaluation covers it"
+        );
     }
 }

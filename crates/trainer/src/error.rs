@@ -35,12 +35,12 @@ pub enum TrainerError {
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
     /// Writing logs failed.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {cause}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
+        /// The cause (in the message, not a separate source: it prints once).
+        cause: std::io::Error,
     },
 }
 

@@ -15,6 +15,7 @@ mod metrics_csv;
 mod progress;
 mod rank_run;
 mod replicate;
+mod run_dirs;
 mod summary;
 mod trainer;
 
@@ -24,3 +25,12 @@ pub use data::{DataLoader, Dataset};
 pub use error::TrainerError;
 pub use replicate::Replicate;
 pub use trainer::{Metrics, Trainer, TrainerBuilder};
+
+// What a crate that uses wick-trainer alone needs to write a module and configure a run;
+// the crates below are reachable whole under their own names.
+pub use wick_accelerator::{self, Accelerator, DeviceKind};
+pub use wick_core::{
+    self, Algorithm, Callback, LrSchedule, OptimizerConfig, RunState, ShardedContext, Stage,
+    TrainModule, Wrapped,
+};
+pub use wick_strategies::{self, Fsdp, FsdpSharding, MixedPrecision};

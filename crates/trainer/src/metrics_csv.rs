@@ -1,10 +1,10 @@
 //! `<log dir>/<run name>/metrics.csv`, written by rank 0: one row per optimizer step.
 //!
 //! The first five columns are deterministic (the same command gives the same values); the
-//! last two are wall-clock measurements.
+//! last two are wall-clock measurements. A resumed run continues its run's file: the rows
+//! up to the checkpoint's step stay, later ones (from a run that went further) go.
 
 use crate::TrainerError;
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -28,21 +28,69 @@ pub(crate) struct Row {
 /// An open metrics file.
 pub(crate) struct MetricsCsv {
     path: PathBuf,
-    out: BufWriter<File>,
+    out: BufWriter<std::fs::File>,
 }
 
 impl MetricsCsv {
-    /// Creates (or truncates) `dir/metrics.csv` and writes the header.
+    /// Creates `dir/metrics.csv` and writes the header.
     pub(crate) fn create(dir: &Path) -> Result<Self, TrainerError> {
+        Self::open(dir, |_| Ok(String::new()))
+    }
+
+    /// Continues `dir/metrics.csv` after optimizer step `step`: its rows up to that step
+    /// stay, later ones are dropped (the file is rewritten whole, then renamed into place).
+    /// A missing file is created.
+    pub(crate) fn resume(dir: &Path, step: usize) -> Result<Self, TrainerError> {
+        Self::open(dir, |path| {
+            let text = match std::fs::read_to_string(path) {
+                Ok(text) => text,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
+                Err(e) => return Err(e),
+            };
+            let mut lines = text.lines();
+            if lines.next() != Some(HEADER) {
+                return Err(std::io::Error::other(format!(
+                    "its header is not `{HEADER}`, so this run cannot continue it; give the \
+                     run another name"
+                )));
+            }
+            let kept = lines.take_while(|line| {
+                let row_step = line.split(',').next().and_then(|s| s.parse::<usize>().ok());
+                row_step.is_some_and(|s| s <= step)
+            });
+            Ok(kept.map(|l| format!("{l}\n")).collect())
+        })
+    }
+
+    /// Writes the header and the rows `kept` returns (from the file's old contents) under a
+    /// temporary name, renames it into place and keeps it open for appending.
+    fn open(
+        dir: &Path,
+        kept: impl FnOnce(&Path) -> std::io::Result<String>,
+    ) -> Result<Self, TrainerError> {
         let path = dir.join("metrics.csv");
-        let io = |source| TrainerError::Io {
+        let io = |cause| TrainerError::Io {
             path: path.clone(),
-            source,
+            cause,
         };
         std::fs::create_dir_all(dir).map_err(io)?;
-        let mut out = BufWriter::new(File::create(&path).map_err(io)?);
-        writeln!(out, "{HEADER}").map_err(io)?;
-        Ok(MetricsCsv { path, out })
+        let rows = kept(&path).map_err(io)?;
+        let tmp = dir.join("metrics.csv.tmp");
+        std::fs::write(&tmp, format!("{HEADER}\n{rows}")).map_err(io)?;
+        std::fs::rename(&tmp, &path).map_err(io)?;
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(io)?;
+        Ok(MetricsCsv {
+            path,
+            out: BufWriter::new(file),
+        })
+    }
+
+    /// The file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Appends one row.
@@ -53,17 +101,66 @@ impl MetricsCsv {
             "{},{},{},{val},{},{:.1},{:.3}",
             r.step, r.epoch, r.train_loss, r.lr, r.tokens_per_s, r.epoch_time_s
         )
-        .map_err(|source| TrainerError::Io {
+        .map_err(|cause| TrainerError::Io {
             path: self.path.clone(),
-            source,
+            cause,
         })
     }
 
     /// Flushes buffered rows to the file.
     pub(crate) fn flush(&mut self) -> Result<(), TrainerError> {
-        self.out.flush().map_err(|source| TrainerError::Io {
+        self.out.flush().map_err(|cause| TrainerError::Io {
             path: self.path.clone(),
-            source,
+            cause,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(step: usize) -> Row {
+        Row {
+            step,
+            epoch: 0,
+            train_loss: step as f64,
+            val_loss: None,
+            lr: 0.1,
+            tokens_per_s: 1.0,
+            epoch_time_s: 1.0,
+        }
+    }
+
+    fn steps(dir: &Path) -> Vec<String> {
+        std::fs::read_to_string(dir.join("metrics.csv"))
+            .unwrap()
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').next().unwrap().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_resumed_run_keeps_the_rows_up_to_its_step_and_replaces_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut csv = MetricsCsv::create(dir.path()).unwrap();
+        (1..=6).for_each(|s| csv.row(&row(s)).unwrap());
+        csv.flush().unwrap();
+        drop(csv);
+        let mut csv = MetricsCsv::resume(dir.path(), 4).unwrap();
+        assert_eq!(steps(dir.path()), ["1", "2", "3", "4"]);
+        (5..=8).for_each(|s| csv.row(&row(s)).unwrap());
+        csv.flush().unwrap();
+        assert_eq!(steps(dir.path()), ["1", "2", "3", "4", "5", "6", "7", "8"]);
+        // Another file is never continued.
+        std::fs::write(dir.path().join("metrics.csv"), "a,b\n1,2\n").unwrap();
+        let e = MetricsCsv::resume(dir.path(), 4).err().unwrap().to_string();
+        assert!(e.contains("metrics.csv") && e.contains("header"), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap(),
+            "a,b\n1,2\n",
+            "left as it was"
+        );
     }
 }

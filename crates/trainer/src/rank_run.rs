@@ -6,18 +6,33 @@ use crate::progress::{train_message, Progress};
 use crate::trainer::{Config, Metrics};
 use crate::{Checkpoint, CheckpointError, DataLoader, Dataset, ModelCheckpoint, TrainerError};
 use candle_core::{DType, Tensor};
-use std::path::Path;
 use std::time::Instant;
 use wick_accelerator::{Accelerator, RankEnv};
 use wick_core::{
     Callback, LrSchedule, OptimizerConfig, ReduceOp, RunState, Stage, Strategy, TrainModule,
 };
 
-/// The data a stage runs over (and, for fit, the checkpoint it resumes from).
-pub(crate) struct Loaders<'a, D> {
+/// What a stage runs over: its data, and for fit the checkpoint it resumes from, where it
+/// saves, and the name of its log directory (recorded in its checkpoints).
+pub(crate) struct StageInput<'a, D> {
     pub(crate) train: Option<&'a DataLoader<D>>,
     pub(crate) eval: Option<&'a DataLoader<D>>,
-    pub(crate) resume: Option<&'a Path>,
+    pub(crate) resume: Option<&'a Checkpoint>,
+    pub(crate) checkpoint: Option<&'a ModelCheckpoint>,
+    pub(crate) run: Option<&'a str>,
+}
+
+impl<'a, D> StageInput<'a, D> {
+    /// An evaluation or prediction pass over `data`.
+    pub(crate) fn eval(data: &'a DataLoader<D>) -> Self {
+        StageInput {
+            train: None,
+            eval: Some(data),
+            resume: None,
+            checkpoint: None,
+            run: None,
+        }
+    }
 }
 
 /// What a rank brings back from a stage.
@@ -30,6 +45,8 @@ pub(crate) struct RankRun<'a, M> {
     pub(crate) env: RankEnv,
     /// Rank 0's bars on a terminal.
     pub(crate) progress: Option<Progress>,
+    /// Rank 0's metrics file, during fit.
+    pub(crate) csv: Option<MetricsCsv>,
     pub(crate) module: &'a mut M,
     pub(crate) strategy: &'a mut dyn Strategy,
     pub(crate) callbacks: Vec<Box<dyn Callback>>,
@@ -62,7 +79,7 @@ impl<M: TrainModule> RankRun<'_, M> {
     pub(crate) fn run<D: Dataset<Batch = M::Batch>>(
         mut self,
         stage: Stage,
-        loaders: &Loaders<'_, D>,
+        loaders: &StageInput<'_, D>,
     ) -> Result<RankOutput, TrainerError> {
         self.strategy
             .connect(self.env.world.clone(), self.env.device.clone())?;
@@ -73,7 +90,7 @@ impl<M: TrainModule> RankRun<'_, M> {
         }
         let mut predictions = Vec::new();
         match (stage, loaders.train, loaders.eval) {
-            (Stage::Fit, Some(train), val) => self.fit(train, val, loaders.resume)?,
+            (Stage::Fit, Some(train), val) => self.fit(train, val, loaders)?,
             (Stage::Validate, _, Some(data)) => {
                 self.evaluate(data, Eval::Validation)?;
             }
@@ -97,8 +114,9 @@ impl<M: TrainModule> RankRun<'_, M> {
         &mut self,
         train: &DataLoader<D>,
         val: Option<&DataLoader<D>>,
-        resume: Option<&Path>,
+        input: &StageInput<'_, D>,
     ) -> Result<(), TrainerError> {
+        let resume = input.resume;
         let mut optimizer = self.module.configure_optimizers();
         optimizer
             .schedule
@@ -112,7 +130,7 @@ impl<M: TrainModule> RankRun<'_, M> {
         // Optimizer steps per epoch; trailing micro-batches that cannot fill a step are skipped.
         let per_epoch = train.batches_per_epoch() / accumulate;
         let seed = match resume {
-            Some(dir) => self.restore(dir, train, &mut optimizer)?,
+            Some(checkpoint) => self.restore(checkpoint, train, &mut optimizer)?,
             None => self.config.seed,
         };
         // The checkpoint resumed from already holds the state at its step.
@@ -132,10 +150,7 @@ impl<M: TrainModule> RankRun<'_, M> {
             .max_steps
             .unwrap_or(usize::MAX)
             .min(per_epoch.saturating_mul(max_epochs));
-        let mut csv = match (&self.config.run_dir, rank) {
-            (Some(dir), 0) => Some(MetricsCsv::create(dir)?),
-            _ => None,
-        };
+        let mut csv = self.csv.take();
         let bar = self
             .progress
             .as_ref()
@@ -229,9 +244,9 @@ impl<M: TrainModule> RankRun<'_, M> {
                     bar.set_message(train_message(train_loss, tokens_per_s));
                     bar.set_position(self.state.global_step as u64);
                 }
-                if let Some(mc) = &self.config.checkpoint {
+                if let Some(mc) = input.checkpoint {
                     if mc.due(self.state.global_step) {
-                        self.save_checkpoint(mc, train, &optimizer, seed)?;
+                        self.save_checkpoint(mc, input.run, train, &optimizer, seed)?;
                         last_saved = Some(self.state.global_step);
                     }
                 }
@@ -240,10 +255,10 @@ impl<M: TrainModule> RankRun<'_, M> {
                 }
             }
         }
-        if let Some(mc) = &self.config.checkpoint {
+        if let Some(mc) = input.checkpoint {
             let step = self.state.global_step;
             if mc.saves_at_end() && last_saved != Some(step) {
-                self.save_checkpoint(mc, train, &optimizer, seed)?;
+                self.save_checkpoint(mc, input.run, train, &optimizer, seed)?;
             }
         }
         if let Some(bar) = &bar {
@@ -268,17 +283,17 @@ impl<M: TrainModule> RankRun<'_, M> {
         Ok(self.env.world.all_reduce_scalar(asked, ReduceOp::Sum)? > 0.0)
     }
 
-    /// Restores parameters, optimizer state, step and data position from the checkpoint
-    /// `dir`, and the learning-rate schedule, which continues from the checkpoint's step
+    /// Restores parameters, optimizer state, step and data position from `checkpoint`, and
+    /// the learning-rate schedule, which continues from the checkpoint's step
     /// (replacing the module's if they differ, as Lightning restores a scheduler); returns
     /// the seed of the data order to continue with.
     fn restore<D: Dataset<Batch = M::Batch>>(
         &mut self,
-        dir: &Path,
+        checkpoint: &Checkpoint,
         train: &DataLoader<D>,
         optimizer: &mut OptimizerConfig,
     ) -> Result<u64, TrainerError> {
-        let checkpoint = Checkpoint::open(dir)?;
+        let dir = checkpoint.dir();
         checkpoint.check_model(&self.strategy.parameter_shapes())?;
         let m = checkpoint.manifest();
         let here = self.data_position(train, 0);
@@ -335,7 +350,7 @@ impl<M: TrainModule> RankRun<'_, M> {
             );
         }
         optimizer.schedule = saved;
-        self.strategy.load_state(&checkpoint)?;
+        self.strategy.load_state(checkpoint)?;
         self.state.global_step = m.step;
         Ok(m.rng.seed)
     }
@@ -362,6 +377,7 @@ impl<M: TrainModule> RankRun<'_, M> {
     fn save_checkpoint<D: Dataset<Batch = M::Batch>>(
         &mut self,
         mc: &ModelCheckpoint,
+        run: Option<&str>,
         train: &DataLoader<D>,
         optimizer: &OptimizerConfig,
         seed: u64,
@@ -376,6 +392,7 @@ impl<M: TrainModule> RankRun<'_, M> {
             optimizer,
             data,
             metrics: self.state.metrics.clone(),
+            run: run.map(str::to_string),
         };
         crate::checkpoint::save(
             self.env.world.as_ref(),
@@ -406,7 +423,7 @@ impl<M: TrainModule> RankRun<'_, M> {
                 Eval::Validation => "val",
                 Eval::Test => "test",
             };
-            p.eval(name, data.batches_per_epoch())
+            p.eval(name, data.eval_batches())
         });
         let losses = self.each_batch(data, |module, batch, b| {
             let (loss, hook) = match kind {
@@ -421,18 +438,22 @@ impl<M: TrainModule> RankRun<'_, M> {
         if let Some(bar) = bar {
             bar.finish_and_clear();
         }
-        let (sum, count) = losses?
-            .into_iter()
-            .flatten()
-            .fold((0f64, 0usize), |(s, n), l| (s + l as f64, n + 1));
-        let mean = match count {
-            0 => None,
-            n => Some(
-                self.env
-                    .world
-                    .all_reduce_scalar((sum / n as f64) as f32, ReduceOp::Mean)?
-                    as f64,
-            ),
+        // The mean over samples, as Lightning weights each batch's loss by its size: a
+        // short last batch counts for what it holds, whatever the world size.
+        let losses = losses?;
+        let reported = losses.iter().any(|(l, _)| l.is_some());
+        let (sum, count) = losses
+            .iter()
+            .filter_map(|(l, n)| l.map(|l| (l as f64 * *n as f64, *n)))
+            .fold((0f64, 0usize), |(s, c), (l, n)| (s + l, c + n));
+        let mean = match reported {
+            false => None,
+            true => {
+                let world = &self.env.world;
+                let sum = world.all_reduce_scalar(sum as f32, ReduceOp::Sum)? as f64;
+                let count = world.all_reduce_scalar(count as f32, ReduceOp::Sum)? as f64;
+                Some(sum / count)
+            }
         };
         let metric = match kind {
             Eval::Validation => "val_loss",
@@ -454,11 +475,19 @@ impl<M: TrainModule> RankRun<'_, M> {
     ) -> Result<Vec<Tensor>, TrainerError> {
         let out = self.each_batch(data, |module, batch, b| Ok(module.predict_step(batch, b)?))?;
         self.callbacks(|cb, s| cb.on_predict_end(s))?;
-        let gathered = out
-            .iter()
-            .map(|p| self.gather_to_rank0(p))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(gathered.into_iter().flatten().collect())
+        let order = data.epoch_order(self.config.seed, 0);
+        let mut gathered = Vec::new();
+        for (b, (part, _)) in out.iter().enumerate() {
+            // Every rank's (rows run, rows that count) of this batch, known to all.
+            let rows: Vec<(usize, usize)> = (0..self.env.world_size)
+                .map(|r| {
+                    let (idx, count) = data.eval_slice(&order, b, r, self.env.world_size);
+                    (idx.len(), count)
+                })
+                .collect();
+            gathered.extend(self.gather_to_rank0(part, &rows)?);
+        }
+        Ok(gathered)
     }
 
     /// Reports the parameters the first backward gave no gradient: once, on rank 0, as a
@@ -485,20 +514,36 @@ impl<M: TrainModule> RankRun<'_, M> {
     }
 
     /// Every rank's `part` of a global batch joined along dim 0 in rank order, on rank 0
-    /// (`None` elsewhere). Parts must have the same shape on every rank (the data loader
-    /// gives each rank an equal slice). Types other than f32, bf16 and f16 travel as f32,
-    /// exactly for integers below 2^24 (class ids, token ids).
-    fn gather_to_rank0(&self, part: &Tensor) -> Result<Option<Tensor>, TrainerError> {
+    /// (`None` elsewhere). `rows[r]` is rank r's (rows it ran, rows that count): a part has
+    /// one row per sample it ran, and rows that do not count (a rank without a sample of a
+    /// short batch) are left out. Types other than f32, bf16 and f16 travel as f32, exactly
+    /// for integers below 2^24 (class ids, token ids).
+    fn gather_to_rank0(
+        &self,
+        part: &Tensor,
+        rows: &[(usize, usize)],
+    ) -> Result<Option<Tensor>, TrainerError> {
         let world = &self.env.world;
-        let n = self.env.world_size;
-        let len = part.elem_count();
-        let mean_len = world.all_reduce_scalar(len as f32, ReduceOp::Mean)?;
-        if mean_len != len as f32 {
+        let rank = self.env.rank;
+        let ran = rows[rank].0;
+        if part.dims().first() != Some(&ran) {
             return Err(TrainerError::config(
                 "predict_step",
                 format!(
-                    "rank {} returned {len} values where the ranks' mean is {mean_len}: every rank must return the same shape",
-                    self.env.rank
+                    "must return one row per sample of its batch (first dimension {ran}), got \
+                     shape {:?} on rank {rank}",
+                    part.dims()
+                ),
+            ));
+        }
+        let row_len = part.elem_count() / ran;
+        let mean_row = world.all_reduce_scalar(row_len as f32, ReduceOp::Mean)?;
+        if mean_row != row_len as f32 {
+            return Err(TrainerError::config(
+                "predict_step",
+                format!(
+                    "rank {rank} returned rows of {row_len} values where the ranks' mean is \
+                     {mean_row}: every rank must return rows of the same shape"
                 ),
             ));
         }
@@ -506,32 +551,51 @@ impl<M: TrainModule> RankRun<'_, M> {
             DType::F32 | DType::BF16 | DType::F16 => part.dtype(),
             _ => DType::F32,
         };
-        let flat = part.flatten_all()?.to_dtype(wire)?.contiguous()?;
-        let full = Tensor::zeros(len * n, wire, part.device())?;
+        // Equal chunks for the gather: each part padded to the most rows any rank ran.
+        let chunk = rows.iter().map(|r| r.0).max().unwrap_or(0) * row_len;
+        let mut flat = part.flatten_all()?.to_dtype(wire)?;
+        if flat.elem_count() < chunk {
+            let pad = Tensor::zeros(chunk - flat.elem_count(), wire, part.device())?;
+            flat = Tensor::cat(&[&flat, &pad], 0)?;
+        }
+        let flat = flat.contiguous()?;
+        let full = Tensor::zeros(chunk * rows.len(), wire, part.device())?;
         world.all_gather_into(&flat, &full)?;
-        if self.env.rank != 0 {
+        if rank != 0 {
             return Ok(None);
         }
+        let kept = rows
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, count))| *count > 0)
+            .map(|(r, (_, count))| full.narrow(0, r * chunk, count * row_len))
+            .collect::<candle_core::Result<Vec<_>>>()?;
         let mut dims = part.dims().to_vec();
-        match dims.first_mut() {
-            Some(d0) => *d0 *= n,
-            None => dims.push(n),
-        }
-        Ok(Some(full.reshape(dims)?.to_dtype(part.dtype())?))
+        dims[0] = rows.iter().map(|r| r.1).sum();
+        Ok(Some(
+            Tensor::cat(&kept, 0)?
+                .reshape(dims)?
+                .to_dtype(part.dtype())?,
+        ))
     }
 
-    /// Runs `step` on this rank's slice of every batch of `data` (one epoch, epoch 0's order).
+    /// Runs `step` on this rank's part of every evaluation batch of `data` (every sample,
+    /// epoch 0's order), freeing after each what the strategy gathered for it; returns each
+    /// batch's result with the number of this rank's samples that count
+    /// ([`DataLoader::eval_slice`]).
     fn each_batch<D: Dataset<Batch = M::Batch>, T>(
         &mut self,
         data: &DataLoader<D>,
         mut step: impl FnMut(&mut M, &M::Batch, usize) -> Result<T, TrainerError>,
-    ) -> Result<Vec<T>, TrainerError> {
+    ) -> Result<Vec<(T, usize)>, TrainerError> {
         let order = data.epoch_order(self.config.seed, 0);
-        (0..data.batches_per_epoch())
+        (0..data.eval_batches())
             .map(|b| {
-                let idx = data.rank_slice(&order, b, self.env.rank, self.env.world_size);
+                let (idx, count) = data.eval_slice(&order, b, self.env.rank, self.env.world_size);
                 let batch = data.dataset().batch(idx, &self.env.device)?;
-                step(self.module, &batch, b)
+                let out = step(self.module, &batch, b);
+                self.strategy.free_gathered();
+                Ok((out?, count))
             })
             .collect()
     }

@@ -1,9 +1,10 @@
 //! `Trainer`: options, the per-module session that keeps rank replicas between stages, and
 //! the four entry points.
 
+use crate::metrics_csv::MetricsCsv;
 use crate::progress::Progress;
-use crate::rank_run::{Loaders, RankOutput, RankRun};
-use crate::{DataLoader, Dataset, ModelCheckpoint, Replicate, TrainerError};
+use crate::rank_run::{RankOutput, RankRun, StageInput};
+use crate::{Checkpoint, DataLoader, Dataset, ModelCheckpoint, Replicate, TrainerError};
 use candle_core::Tensor;
 use std::any::{Any, TypeId};
 use std::collections::BTreeMap;
@@ -21,7 +22,9 @@ pub(crate) struct Config {
     pub(crate) max_steps: Option<usize>,
     pub(crate) max_epochs: Option<usize>,
     pub(crate) seed: u64,
-    pub(crate) run_dir: Option<PathBuf>,
+    /// Where runs are logged (`None`: no metrics file) and this run's name under it.
+    pub(crate) log_dir: Option<PathBuf>,
+    pub(crate) run_name: String,
     pub(crate) val_check_interval: Option<usize>,
     pub(crate) progress: bool,
     pub(crate) model_summary: bool,
@@ -128,7 +131,12 @@ impl TrainerBuilder {
         self
     }
 
-    /// The run's name: metrics go to `<log dir>/<run name>/metrics.csv`. Default `run`.
+    /// The run's name: metrics go to `<log dir>/<run name>/metrics.csv`. Default `run`. A
+    /// fit that does not resume never writes into a run directory that holds anything: it
+    /// takes the first free `<run name>-v1`, `-v2`, ... instead, as Lightning's `version_N`
+    /// ([`Trainer::metrics_path`] tells which). A resumed fit continues the metrics of the
+    /// run it resumes (recorded in the checkpoint) when that run is this name or a version
+    /// of it: the rows up to the checkpoint's step stay, later rows are replaced.
     pub fn run_name(mut self, name: &str) -> Self {
         self.run_name = name.to_string();
         self
@@ -260,7 +268,8 @@ impl TrainerBuilder {
                 max_steps: self.max_steps,
                 max_epochs: self.max_epochs,
                 seed: self.seed,
-                run_dir: self.log_dir.map(|d| d.join(&self.run_name)),
+                log_dir: self.log_dir,
+                run_name: self.run_name,
                 val_check_interval: self.val_check_interval,
                 progress: self.progress,
                 model_summary: self.model_summary,
@@ -273,6 +282,7 @@ impl TrainerBuilder {
             strategy,
             callbacks: self.callbacks,
             session: None,
+            last_fit: FitDirs::default(),
         })
     }
 }
@@ -288,18 +298,43 @@ struct Session {
 
 /// Runs fit, validate, test and predict over a world of ranks, in DESIGN.md's stage order.
 ///
-/// With ranks as threads, rank 0 uses the module passed in, so it holds rank 0's parameters
-/// afterwards; ranks 1.. use replicas made before its parameters existed
-/// ([`Replicate`]), which the trainer keeps for later stages on the same module (recognised
-/// by its address: keep the module in place between calls). Under a launcher (`mpirun`,
-/// `srun`) each process runs its own rank on the module passed in, and every call is a
-/// collective: all processes make it.
+/// With ranks as threads, rank 0 uses the module passed in, and ranks 1.. use replicas made
+/// before its parameters existed ([`Replicate`]), which the trainer keeps for later stages on
+/// the same module (recognised by its address: keep the module in place between calls).
+/// Under a launcher (`mpirun`, `srun`) each process runs its own rank on the module passed
+/// in, and every call is a collective: all processes make it.
+///
+/// After [`Trainer::fit`], use the trained module through the trainer: [`Trainer::validate`],
+/// [`Trainer::test`], [`Trainer::predict`] and [`Trainer::full_parameters`] work under every
+/// strategy, any number of times, in any order. The module passed in holds every parameter
+/// under the replicated strategies, so it also runs alone; under `zero3` and `fsdp` with
+/// several ranks as threads it holds rank 0's shard only, and a forward outside the trainer
+/// fails at once with [`wick_core::CollectiveError::Ended`], which says what to call instead.
 pub struct Trainer {
     config: Config,
     accelerator: Accelerator,
     strategy: Box<dyn Strategy>,
     callbacks: Vec<Box<dyn Callback>>,
     session: Option<Session>,
+    last_fit: FitDirs,
+}
+
+/// What a fit writes to, chosen before its ranks start.
+#[derive(Default)]
+struct FitOutputs {
+    /// Rank 0's metrics file (in rank 0's process).
+    csv: Option<MetricsCsv>,
+    /// The log directory, recorded in checkpoints.
+    run: Option<String>,
+    /// The checkpoint rules under the root chosen.
+    checkpoint: Option<ModelCheckpoint>,
+}
+
+/// Where the last fit wrote.
+#[derive(Default)]
+struct FitDirs {
+    metrics: Option<PathBuf>,
+    checkpoints: Option<PathBuf>,
 }
 
 type Slot<'a, M> = Mutex<Option<(&'a mut M, &'a mut Box<dyn Strategy>, Vec<Box<dyn Callback>>)>>;
@@ -370,7 +405,8 @@ impl Trainer {
     }
 
     /// Every parameter of the configured module in full, by name, in registration order
-    /// (gathered from the shards under sharding strategies).
+    /// (gathered from the shards under sharding strategies). It may be called any number of
+    /// times, before or after the other stages.
     pub fn full_parameters(&mut self) -> Result<Vec<(String, Tensor)>, TrainerError> {
         let session = self.session.as_mut().ok_or_else(|| {
             TrainerError::config("module", "no module was configured by this trainer yet")
@@ -385,12 +421,23 @@ impl Trainer {
             strategy.connect(env.world.clone(), env.device.clone())?;
             Ok(strategy.full_parameters()?)
         });
+        drop(strategies);
+        idle(&self.accelerator, &mut session.strategies)?;
         Ok(collect_ranks(first, outcomes)?.swap_remove(0))
     }
 
-    /// Where this run's metrics file goes, if logging.
+    /// The metrics file the last fit wrote (`None` before a fit, or without a logger):
+    /// `<log dir>/<run name>/metrics.csv`, or a version of that directory when it held
+    /// another run ([`TrainerBuilder::run_name`]).
     pub fn metrics_path(&self) -> Option<PathBuf> {
-        self.config.run_dir.as_ref().map(|d| d.join("metrics.csv"))
+        self.last_fit.metrics.clone()
+    }
+
+    /// The checkpoint root the last fit saved under (`None` before a fit, or without
+    /// checkpoints): the configured root, or a version of it when that held another run's
+    /// checkpoints ([`ModelCheckpoint`]).
+    pub fn checkpoint_dir(&self) -> Option<&Path> {
+        self.last_fit.checkpoints.as_deref()
     }
 
     /// Trains `module` on `train`, validating on `val` as configured; returns the last metrics.
@@ -407,11 +454,12 @@ impl Trainer {
         self.fit_inner(module, train, val, None)
     }
 
-    /// [`Trainer::fit`] resumed from the checkpoint `checkpoint` (a checkpoint directory, or
-    /// a root or `<root>/last` naming one): after `configure_sharded_model`, parameters,
-    /// optimizer state, step, seed and data position are restored, at this trainer's world
-    /// size whatever the checkpoint's. At the same world size the run continues
-    /// bit-identically to one that was never interrupted.
+    /// [`Trainer::fit`] resumed from the checkpoint `checkpoint` (a checkpoint directory, a
+    /// checkpoint root, or a root's `last` file, as [`Checkpoint::open`] takes them): after
+    /// `configure_sharded_model`, parameters, optimizer state, step, seed and data position
+    /// are restored, at this trainer's world size whatever the checkpoint's. At the same
+    /// world size the run continues bit-identically to one that was never interrupted, and
+    /// its metrics file continues the run's (see [`TrainerBuilder::run_name`]).
     pub fn fit_from<M, D>(
         &mut self,
         module: &mut M,
@@ -423,8 +471,10 @@ impl Trainer {
         M: Replicate + 'static,
         D: Dataset<Batch = M::Batch>,
     {
-        let dir = crate::checkpoint::resolve_checkpoint(checkpoint)?;
-        self.fit_inner(module, train, val, Some(dir))
+        // Opened and checked whole once per process, before any rank starts: a bad path is
+        // this call's error, not a rank's.
+        let checkpoint = Checkpoint::open(checkpoint)?;
+        self.fit_inner(module, train, val, Some(&checkpoint))
     }
 
     fn fit_inner<M, D>(
@@ -432,31 +482,80 @@ impl Trainer {
         module: &mut M,
         train: &DataLoader<D>,
         val: Option<&DataLoader<D>>,
-        resume: Option<PathBuf>,
+        resume: Option<&Checkpoint>,
     ) -> Result<Metrics, TrainerError>
     where
         M: Replicate + 'static,
         D: Dataset<Batch = M::Batch>,
     {
+        train.check(self.world_size())?;
         let accumulate = self.config.accumulate_grad_batches;
+        if train.batches_per_epoch() == 0 {
+            return Err(TrainerError::config(
+                "batch size",
+                format!(
+                    "the training set has {} samples, fewer than one global batch of {}",
+                    train.dataset().len(),
+                    train.batch_size()
+                ),
+            ));
+        }
         if train.batches_per_epoch() < accumulate {
             return Err(TrainerError::config(
                 "accumulate_grad_batches",
                 format!(
-                    "{accumulate} exceeds the {} global batches of an epoch",
-                    train.batches_per_epoch()
+                    "{accumulate} global batches per optimizer step, but the training set of {} \
+                     samples makes only {} global batches of {} per epoch",
+                    train.dataset().len(),
+                    train.batches_per_epoch(),
+                    train.batch_size()
                 ),
             ));
         }
-        let loaders = Loaders {
+        let outputs = self.prepare_outputs(resume)?;
+        let input = StageInput {
             train: Some(train),
             eval: val,
-            resume: resume.as_deref(),
+            resume,
+            checkpoint: outputs.checkpoint.as_ref(),
+            run: outputs.run.as_deref(),
         };
         Ok(self
-            .run_stage(module, Stage::Fit, &loaders)?
+            .run_stage(module, Stage::Fit, &input, outputs.csv)?
             .swap_remove(0)
             .metrics)
+    }
+
+    /// Chooses this fit's log directory and checkpoint root ([`crate::run_dirs`]), and on
+    /// rank 0's process opens the metrics file and makes the root, so that an output path
+    /// that cannot be written fails before any training.
+    fn prepare_outputs(&mut self, resume: Option<&Checkpoint>) -> Result<FitOutputs, TrainerError> {
+        let mut out = FitOutputs::default();
+        self.last_fit = FitDirs::default();
+        let zero = self.is_global_zero();
+        if let Some(log_root) = &self.config.log_dir {
+            let recorded = resume.and_then(|c| c.manifest().run.as_deref().map(Path::new));
+            let (dir, continues) =
+                crate::run_dirs::log_dir(log_root, &self.config.run_name, recorded);
+            if zero {
+                let csv = match (continues, resume) {
+                    (true, Some(c)) => MetricsCsv::resume(&dir, c.manifest().step)?,
+                    _ => MetricsCsv::create(&dir)?,
+                };
+                self.last_fit.metrics = Some(csv.path().to_path_buf());
+                out.csv = Some(csv);
+            }
+            out.run = Some(dir.display().to_string());
+        }
+        if let Some(mc) = &self.config.checkpoint {
+            let root = crate::run_dirs::checkpoint_root(mc.root(), resume.map(Checkpoint::dir));
+            if zero {
+                crate::checkpoint::check_writable(&root)?;
+            }
+            self.last_fit.checkpoints = Some(root.clone());
+            out.checkpoint = Some(mc.under(root));
+        }
+        Ok(out)
     }
 
     /// One validation pass; returns `val_loss` (if the module reports one).
@@ -469,13 +568,9 @@ impl Trainer {
         M: Replicate + 'static,
         D: Dataset<Batch = M::Batch>,
     {
-        let loaders = Loaders {
-            train: None,
-            eval: Some(data),
-            resume: None,
-        };
+        let loaders = StageInput::eval(data);
         Ok(self
-            .run_stage(module, Stage::Validate, &loaders)?
+            .run_stage(module, Stage::Validate, &loaders, None)?
             .swap_remove(0)
             .metrics)
     }
@@ -490,13 +585,9 @@ impl Trainer {
         M: Replicate + 'static,
         D: Dataset<Batch = M::Batch>,
     {
-        let loaders = Loaders {
-            train: None,
-            eval: Some(data),
-            resume: None,
-        };
+        let loaders = StageInput::eval(data);
         Ok(self
-            .run_stage(module, Stage::Test, &loaders)?
+            .run_stage(module, Stage::Test, &loaders, None)?
             .swap_remove(0)
             .metrics)
     }
@@ -513,22 +604,20 @@ impl Trainer {
         M: Replicate + 'static,
         D: Dataset<Batch = M::Batch>,
     {
-        let loaders = Loaders {
-            train: None,
-            eval: Some(data),
-            resume: None,
-        };
+        let loaders = StageInput::eval(data);
         Ok(self
-            .run_stage(module, Stage::Predict, &loaders)?
+            .run_stage(module, Stage::Predict, &loaders, None)?
             .swap_remove(0)
             .predictions)
     }
 
+    /// Runs `stage` on this process's ranks; `csv`, the fit's metrics file, goes to rank 0.
     fn run_stage<M, D>(
         &mut self,
         module: &mut M,
         stage: Stage,
-        loaders: &Loaders<'_, D>,
+        loaders: &StageInput<'_, D>,
+        csv: Option<MetricsCsv>,
     ) -> Result<Vec<RankOutput>, TrainerError>
     where
         M: Replicate + 'static,
@@ -575,6 +664,7 @@ impl Trainer {
             })
             .collect();
         let config = &self.config;
+        let csv = Mutex::new(csv);
         let outcomes = self.accelerator.launch(|env| {
             let (module, strategy, callbacks) = slots[env.rank - local.start]
                 .lock()
@@ -583,9 +673,14 @@ impl Trainer {
                 .expect("each rank takes its slot once");
             let state = RunState::new(env.rank, env.world_size);
             let progress = Progress::new_if_terminal(env.rank == 0 && config.progress);
+            let csv = match env.rank {
+                0 => csv.lock().unwrap_or_else(|p| p.into_inner()).take(),
+                _ => None,
+            };
             RankRun {
                 env,
                 progress,
+                csv,
                 module,
                 strategy: strategy.as_mut(),
                 callbacks,
@@ -595,9 +690,29 @@ impl Trainer {
             .run(stage, loaders)
         });
         drop(slots);
+        let idled = idle(&self.accelerator, &mut session.strategies);
         self.session = Some(session);
-        collect_ranks(local.start, outcomes)
+        let outputs = collect_ranks(local.start, outcomes)?;
+        idled?;
+        Ok(outputs)
     }
+}
+
+/// Connects each rank's strategy to the world it keeps between stages
+/// ([`Accelerator::idle_world`]): with ranks as threads the launch's world has ended, so a
+/// sharded module used outside the trainer says what to call instead of waiting on ranks
+/// that left, and whatever the stage gathered is freed.
+fn idle(
+    accelerator: &Accelerator,
+    strategies: &mut [Box<dyn Strategy>],
+) -> Result<(), TrainerError> {
+    let first = accelerator.local_ranks().start;
+    for (rank, strategy) in (first..).zip(strategies.iter_mut()) {
+        if let Some((world, device)) = accelerator.idle_world(rank) {
+            strategy.connect(world, device)?;
+        }
+    }
+    Ok(())
 }
 
 fn no_replica() -> TrainerError {
@@ -608,35 +723,50 @@ fn no_replica() -> TrainerError {
     )
 }
 
-/// The outputs of this process's ranks (the first being `first`), or one error naming the
-/// rank that failed first.
+/// The outputs of this process's ranks (the first being `first`), or one error: the error
+/// itself when every rank failed with the same one (bad input that no rank caused: a
+/// missing file, a wrong option), otherwise [`TrainerError::RankFailed`] naming the rank
+/// that failed first.
 fn collect_ranks<T>(
     first: usize,
     outcomes: Vec<Result<T, RankError<TrainerError>>>,
 ) -> Result<Vec<T>, TrainerError> {
-    let mut values = Vec::with_capacity(outcomes.len());
-    let mut root = None;
-    let mut ranks = Vec::new();
+    let count = outcomes.len();
+    let mut values = Vec::with_capacity(count);
+    let mut errors = Vec::new();
     for (rank, outcome) in (first..).zip(outcomes) {
         match outcome {
             Ok(v) => values.push(v),
-            Err(e) => {
-                let caused_by_peer = matches!(&e, RankError::Failed(t) if t.is_consequence());
-                let message = e.to_string();
-                if !caused_by_peer && root.is_none() {
-                    root = Some((rank, message.clone()));
-                }
-                ranks.push((rank, format!("rank {rank}: {message}")));
-            }
+            Err(e) => errors.push((rank, e.to_string(), e)),
         }
     }
-    if ranks.is_empty() {
+    if errors.is_empty() {
         return Ok(values);
     }
-    let (rank, message) = root.unwrap_or_else(|| (ranks[0].0, ranks[0].1.clone()));
+    let shared = errors.len() == count
+        && errors
+            .iter()
+            .all(|(_, m, e)| *m == errors[0].1 && matches!(e, RankError::Failed(_)));
+    if shared {
+        if let Some((_, _, RankError::Failed(e))) = errors.into_iter().next() {
+            return Err(e);
+        }
+        unreachable!("every error was checked to be a rank's own");
+    }
+    let caused_by_peer =
+        |e: &RankError<TrainerError>| matches!(e, RankError::Failed(t) if t.is_consequence());
+    let (rank, message) = errors
+        .iter()
+        .find(|(_, _, e)| !caused_by_peer(e))
+        .or(errors.first())
+        .map(|(r, m, _)| (*r, m.clone()))
+        .expect("some rank failed");
     Err(TrainerError::RankFailed {
         rank,
         message,
-        ranks,
+        ranks: errors
+            .into_iter()
+            .map(|(r, m, _)| (r, format!("rank {r}: {m}")))
+            .collect(),
     })
 }

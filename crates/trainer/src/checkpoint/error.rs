@@ -35,20 +35,28 @@ pub enum CheckpointError {
         /// What differs.
         message: String,
     },
+    /// The checkpoint a `last` file named cannot be used.
+    #[error("{error} ({} points there)", last.display())]
+    NamedBy {
+        /// The `last` file.
+        last: PathBuf,
+        /// What is wrong with the checkpoint it names.
+        error: Box<CheckpointError>,
+    },
     /// Reading or writing failed.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {cause}", path.display())]
     Io {
         /// The file or directory.
         path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
+        /// The cause (in the message, not a separate source: it prints once).
+        cause: std::io::Error,
     },
 }
 
 impl CheckpointError {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
-        move |source| CheckpointError::Io { path, source }
+        move |cause| CheckpointError::Io { path, cause }
     }
 
     pub(crate) fn manifest(

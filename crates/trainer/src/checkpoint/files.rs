@@ -55,7 +55,7 @@ pub(crate) fn write_atomic(
     let written = write(&mut out).and_then(|()| {
         let file = out.into_inner().map_err(|e| CheckpointError::Io {
             path: tmp.clone(),
-            source: e.into_error(),
+            cause: e.into_error(),
         })?;
         file.sync_all().map_err(CheckpointError::io(&tmp))
     });
@@ -117,6 +117,15 @@ pub(crate) fn write_safetensors(
         }
         Ok(())
     })
+}
+
+/// Makes the checkpoint root `root` and checks that a file can be created in it, so that a
+/// root that cannot be written fails before training rather than at the first save.
+pub(crate) fn check_writable(root: &Path) -> Result<(), CheckpointError> {
+    std::fs::create_dir_all(root).map_err(CheckpointError::io(root))?;
+    let probe = root.join(".wick-write-check");
+    File::create(&probe).map_err(CheckpointError::io(root))?;
+    std::fs::remove_file(&probe).map_err(CheckpointError::io(&probe))
 }
 
 #[cfg(test)]

@@ -37,6 +37,11 @@ pub struct Manifest {
     pub data: DataPosition,
     /// Metrics at the time of saving (averaged over ranks).
     pub metrics: BTreeMap<String, f64>,
+    /// The log directory of the run that saved it, as that run named it (such as
+    /// `runs/char-gpt-v1`): a run resumed from it with the same log dir and run name
+    /// continues that directory's metrics. Absent when the run logged nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
     /// The flat groups and the ranks' pieces of them.
     pub groups: Vec<GroupRecord>,
     /// The rank files, by rank.
@@ -214,15 +219,21 @@ impl Manifest {
     pub fn read(dir: &Path) -> Result<Manifest, CheckpointError> {
         let path = dir.join(MANIFEST_FILE);
         if !dir.is_dir() {
+            let message = match dir.exists() {
+                true => "a file, not a checkpoint directory",
+                false => "no such directory",
+            };
             return Err(CheckpointError::NotACheckpoint {
                 path: dir.to_path_buf(),
-                message: "no such directory".into(),
+                message: message.into(),
             });
         }
         if !path.is_file() {
             return Err(CheckpointError::NotACheckpoint {
                 path: dir.to_path_buf(),
-                message: format!("it has no {MANIFEST_FILE}"),
+                message: format!(
+                    "it has no {MANIFEST_FILE} (a checkpoint) and no `last` file (a checkpoint root)"
+                ),
             });
         }
         let text = std::fs::read_to_string(&path).map_err(CheckpointError::io(&path))?;

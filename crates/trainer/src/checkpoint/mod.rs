@@ -10,16 +10,19 @@ mod error;
 mod files;
 mod manifest;
 mod model_checkpoint;
+mod path;
 mod reader;
 mod save;
 
 pub use consolidate::consolidate;
 pub use error::CheckpointError;
+pub(crate) use files::check_writable;
 pub use manifest::{
     DataPosition, FileRecord, GroupRecord, LossScaleRecord, LrScheduleRecord, Manifest,
     OptimizerRecord, ParamRecord, PieceRecord, RngRecord, FORMAT, FORMAT_VERSION, MANIFEST_FILE,
 };
-pub use model_checkpoint::{resolve_checkpoint, Mode, ModelCheckpoint, LAST_FILE};
+pub use model_checkpoint::{Mode, ModelCheckpoint, LAST_FILE};
+pub use path::resolve_checkpoint;
 pub use reader::Checkpoint;
 pub(crate) use save::{save, SaveInfo};
 pub use save::{SaveFault, SavePoint};

@@ -15,6 +15,13 @@ pub const LAST_FILE: &str = "last";
 /// every N optimizer steps and at the end of fit, each as `step-<step>/`; keeps the last K
 /// and the best K by a logged metric (the union of both; all when neither is set); and
 /// points the file `last` at the newest, updated only after that checkpoint is complete.
+///
+/// A root belongs to one run. A fit that does not resume, given a root that already holds
+/// checkpoints (a `last` file or `step-*` entries), saves under the first free version of
+/// it instead, `<root>-v1`, `<root>-v2`, ..., and never touches the other run's
+/// ([`Trainer::checkpoint_dir`](crate::Trainer::checkpoint_dir) tells which). A resumed fit
+/// keeps saving under the root of the checkpoint it resumed from, when that is this root or
+/// a version of it.
 #[derive(Clone)]
 pub struct ModelCheckpoint {
     root: PathBuf,
@@ -81,6 +88,15 @@ impl ModelCheckpoint {
     /// The root directory.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The same rules saving under `root` (the root a fit resolved: a version of this one
+    /// when this one holds another run's checkpoints).
+    pub(crate) fn under(&self, root: PathBuf) -> Self {
+        ModelCheckpoint {
+            root,
+            ..self.clone()
+        }
     }
 
     pub(crate) fn fault(&self) -> Option<&SaveFault> {
@@ -173,24 +189,4 @@ fn version(name: &str) -> usize {
     name.rsplit_once("-v")
         .and_then(|(_, v)| v.parse().ok())
         .unwrap_or(0)
-}
-
-/// The checkpoint `path` names: a checkpoint directory, or a root whose `last` file names
-/// one (`--resume last` passes `<root>/last`, which is resolved the same way).
-pub fn resolve_checkpoint(path: impl AsRef<Path>) -> Result<PathBuf, CheckpointError> {
-    let path = path.as_ref();
-    let pointer = match path.file_name().and_then(|n| n.to_str()) {
-        Some(LAST_FILE) if path.is_file() => path.to_path_buf(),
-        _ if path.join(LAST_FILE).is_file() => path.join(LAST_FILE),
-        _ => return Ok(path.to_path_buf()),
-    };
-    let name = std::fs::read_to_string(&pointer).map_err(CheckpointError::io(&pointer))?;
-    let name = name.trim();
-    if name.is_empty() || name.contains('/') || name.contains('\\') || name.starts_with('.') {
-        return Err(CheckpointError::NotACheckpoint {
-            path: pointer,
-            message: format!("'{name}' is not a checkpoint name"),
-        });
-    }
-    Ok(pointer.with_file_name(name))
 }

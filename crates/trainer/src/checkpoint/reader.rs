@@ -23,9 +23,16 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Opens the checkpoint directory `dir`.
-    pub fn open(dir: impl AsRef<Path>) -> Result<Self, CheckpointError> {
-        let dir = dir.as_ref().to_path_buf();
+    /// Opens the checkpoint `path` names: a checkpoint directory, a checkpoint root (its
+    /// `last` file names the checkpoint), or that `last` file
+    /// ([`resolve_checkpoint`](super::resolve_checkpoint)). An error about a checkpoint
+    /// reached through `last` says so.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, CheckpointError> {
+        let resolved = super::path::resolve(path.as_ref())?;
+        Self::open_dir(resolved.dir.clone()).map_err(|e| resolved.explain(e))
+    }
+
+    fn open_dir(dir: PathBuf) -> Result<Self, CheckpointError> {
         let manifest = Manifest::read(&dir)?;
         let files = manifest
             .files

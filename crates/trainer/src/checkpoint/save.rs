@@ -42,6 +42,8 @@ pub(crate) struct SaveInfo<'a> {
     pub(crate) optimizer: &'a OptimizerConfig,
     pub(crate) data: DataPosition,
     pub(crate) metrics: BTreeMap<String, f64>,
+    /// The run's log directory, if it logs.
+    pub(crate) run: Option<String>,
 }
 
 /// The file rank `rank` writes.
@@ -55,7 +57,7 @@ fn fault_at(fault: Option<&SaveFault>, point: SavePoint) -> Result<(), Checkpoin
     match fault.map(|f| f(point)) {
         Some(Err(message)) => Err(CheckpointError::Io {
             path: format!("{point:?}").into(),
-            source: std::io::Error::other(format!("injected fault: {message}")),
+            cause: std::io::Error::other(format!("injected fault: {message}")),
         }),
         _ => Ok(()),
     }
@@ -232,6 +234,7 @@ fn manifest(
         rng: RngRecord { seed: info.seed },
         data: info.data.clone(),
         metrics: info.metrics.clone(),
+        run: info.run.clone(),
         groups,
         files,
     })

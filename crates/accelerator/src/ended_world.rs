@@ -1,0 +1,107 @@
+//! `EndedWorld`: what a rank's strategy is connected to once a stage of ranks as threads is
+//! over. Its threads have finished, so no collective can complete: every call fails at once
+//! with [`CollectiveError::Ended`], which says what to call instead, rather than waiting on
+//! ranks that left.
+
+use wick_core::{Collective, CollectiveError, ReduceOp};
+
+/// The world of a finished stage, seen from one of its ranks.
+#[derive(Debug, Clone, Copy)]
+pub struct EndedWorld {
+    rank: usize,
+    world_size: usize,
+}
+
+impl EndedWorld {
+    /// Rank `rank` of a finished world of `world_size` ranks.
+    pub fn new(rank: usize, world_size: usize) -> Self {
+        EndedWorld { rank, world_size }
+    }
+
+    fn ended(&self, op: &'static str) -> CollectiveError {
+        CollectiveError::Ended {
+            rank: self.rank,
+            world_size: self.world_size,
+            op,
+        }
+    }
+}
+
+impl Collective for EndedWorld {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    fn all_gather_into(
+        &self,
+        _: &candle_core::Tensor,
+        _: &candle_core::Tensor,
+    ) -> Result<(), CollectiveError> {
+        Err(self.ended("all_gather"))
+    }
+
+    fn all_gather_host(
+        &self,
+        _: &candle_core::Tensor,
+        _: &mut [u8],
+    ) -> Result<(), CollectiveError> {
+        Err(self.ended("all_gather"))
+    }
+
+    fn reduce_scatter_into(
+        &self,
+        _: &candle_core::Tensor,
+        _: &candle_core::Tensor,
+        _: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        Err(self.ended("reduce_scatter"))
+    }
+
+    fn all_reduce_in_place(
+        &self,
+        _: &candle_core::Tensor,
+        _: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        Err(self.ended("all_reduce"))
+    }
+
+    fn broadcast_in_place(&self, _: &candle_core::Tensor, _: usize) -> Result<(), CollectiveError> {
+        Err(self.ended("broadcast"))
+    }
+
+    fn barrier(&self) -> Result<(), CollectiveError> {
+        Err(self.ended("barrier"))
+    }
+
+    /// Splitting needs no peers: each part of an ended world is ended too (a strategy that
+    /// shards within groups splits when it is connected).
+    fn split(&self, _: usize) -> Result<std::sync::Arc<dyn Collective>, CollectiveError> {
+        Ok(std::sync::Arc::new(*self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device, Tensor};
+
+    #[test]
+    fn every_call_fails_at_once_saying_what_to_use() {
+        let world = EndedWorld::new(1, 3);
+        let t = Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap();
+        let e = world.all_gather_into(&t, &t).unwrap_err().to_string();
+        assert!(
+            e.contains("rank 1: all_gather")
+                && e.contains("sharded over 3 ranks")
+                && e.contains("Trainer::predict")
+                && e.contains("Trainer::full_parameters"),
+            "{e}"
+        );
+        assert!(world.barrier().is_err());
+        assert_eq!(world.split(0).unwrap().world_size(), 3);
+    }
+}

@@ -1,0 +1,146 @@
+//! The trained module after `fit`, under every strategy at W = 1, 2 and 3: validate,
+//! predict and full_parameters run any number of times in any order and agree with each
+//! other and with one device; a bare forward outside the trainer either works (replicated
+//! parameters, or a world of one) or says why not and what to call instead.
+
+use crate::common::{adamw, full_parameters, loader, max_diff, quiet_builder, Mlp};
+use candle_core::Tensor;
+use wick::core::Strategy;
+use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
+use wick::trainer::{DataLoader, Dataset, Trainer};
+
+/// Every strategy with the world sizes it runs at here.
+fn strategies() -> Vec<(String, usize, Box<dyn Strategy>)> {
+    let mut all: Vec<(String, usize, Box<dyn Strategy>)> =
+        vec![("single".into(), 1, strategy_by_name("single").unwrap())];
+    for world in 1..=3 {
+        for name in ["ddp", "zero1", "zero2", "zero3"] {
+            all.push((name.into(), world, strategy_by_name(name).unwrap()));
+        }
+        for sharding in [
+            FsdpSharding::FullShard,
+            FsdpSharding::ShardGradOp,
+            FsdpSharding::NoShard,
+        ] {
+            all.push((
+                format!("fsdp {sharding:?}"),
+                world,
+                Fsdp::new(sharding).build(),
+            ));
+        }
+    }
+    all
+}
+
+/// 12 held-out samples (one global batch at every W here).
+fn eval_data() -> DataLoader<crate::common::Regression> {
+    DataLoader::new(crate::common::Regression::new(12), 12).without_shuffle()
+}
+
+fn flat(predictions: &[Tensor]) -> Vec<f32> {
+    predictions
+        .iter()
+        .flat_map(|t| t.to_vec1::<f32>().unwrap())
+        .collect()
+}
+
+/// What the trained module gives, in an order that mixes the calls and repeats each.
+struct Seen {
+    val: f64,
+    predictions: Vec<f32>,
+    params: Vec<Vec<f32>>,
+}
+
+fn use_after_fit(trainer: &mut Trainer, model: &mut Mlp, what: &str) -> Seen {
+    let val = trainer.validate(model, &eval_data()).unwrap()["val_loss"];
+    let predictions = flat(&trainer.predict(model, &eval_data()).unwrap());
+    let params = full_parameters(trainer);
+    // Again, in another order: nothing changed the parameters.
+    assert_eq!(
+        full_parameters(trainer),
+        params,
+        "{what}: full_parameters twice"
+    );
+    let again = trainer.validate(model, &eval_data()).unwrap()["val_loss"];
+    assert_eq!(again, val, "{what}: validate after full_parameters");
+    assert_eq!(
+        flat(&trainer.predict(model, &eval_data()).unwrap()),
+        predictions,
+        "{what}: predict after validate"
+    );
+    let test = trainer.test(model, &eval_data()).unwrap()["test_loss"];
+    assert_eq!(test, val, "{what}: test sees the validated parameters");
+    Seen {
+        val,
+        predictions,
+        params,
+    }
+}
+
+#[test]
+fn the_trained_module_is_usable_after_fit_under_every_strategy() {
+    let mut reference: Option<Seen> = None;
+    for (name, world, strategy) in strategies() {
+        let what = format!("{name} at W={world}");
+        let mut model = Mlp::new(adamw());
+        let mut trainer = quiet_builder(world, strategy, 4).build().unwrap();
+        trainer.fit(&mut model, &loader(), None).unwrap();
+        let seen = use_after_fit(&mut trainer, &mut model, &what);
+        match &reference {
+            None => reference = Some(seen),
+            Some(r) => {
+                assert!(
+                    max_diff(&r.params, &seen.params) < 1e-5,
+                    "{what}: parameters"
+                );
+                assert!(
+                    (r.val - seen.val).abs() < 1e-5,
+                    "{what}: {} vs {}",
+                    seen.val,
+                    r.val
+                );
+                let p = max_diff(
+                    std::slice::from_ref(&r.predictions),
+                    std::slice::from_ref(&seen.predictions),
+                );
+                assert!(p < 1e-5, "{what}: predictions differ by {p}");
+            }
+        }
+        // A bare forward on the caller's module, outside the trainer.
+        let (x, _) = eval_data()
+            .dataset()
+            .batch(&(0..12).collect::<Vec<_>>(), &candle_core::Device::Cpu)
+            .unwrap();
+        let sharded = trainer.sharding().params;
+        match model.forward(&x) {
+            Ok(out) => {
+                assert!(!sharded || world == 1, "{what}: a sharded module ran alone");
+                let out = out.squeeze(1).unwrap().to_vec1::<f32>().unwrap();
+                let want = &reference.as_ref().unwrap().predictions;
+                assert!(
+                    max_diff(&[out], std::slice::from_ref(want)) < 1e-5,
+                    "{what}: bare forward"
+                );
+            }
+            Err(e) => {
+                let e = e.to_string();
+                assert!(sharded && world > 1, "{what}: {e}");
+                assert!(!e.contains("left the world"), "{what}: {e}");
+                assert!(
+                    e.contains("sharded over 3 ranks") || e.contains("sharded over 2 ranks"),
+                    "{what}: {e}"
+                );
+                assert!(
+                    e.contains("Trainer::predict") && e.contains("Trainer::full_parameters"),
+                    "{what}: {e}"
+                );
+            }
+        }
+        // The trainer still works after the failed bare forward.
+        let val = trainer.validate(&mut model, &eval_data()).unwrap()["val_loss"];
+        assert!(
+            (val - reference.as_ref().unwrap().val).abs() < 1e-5,
+            "{what}"
+        );
+    }
+}
