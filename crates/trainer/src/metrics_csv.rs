@@ -2,7 +2,9 @@
 //!
 //! The first five columns are deterministic (the same command gives the same values); the
 //! last two are wall-clock measurements. A resumed run continues its run's file: the rows
-//! up to the checkpoint's step stay, later ones (from a run that went further) go.
+//! up to the checkpoint's step stay, later ones (from a run that went further) go. The file
+//! is written under a temporary name and takes its real one with the first new row, so a
+//! run that fails before its first step leaves the old file as it was.
 
 use crate::TrainerError;
 use std::io::{BufWriter, Write};
@@ -28,6 +30,9 @@ pub(crate) struct Row {
 /// An open metrics file.
 pub(crate) struct MetricsCsv {
     path: PathBuf,
+    /// Where the file is written until its first new row: then it is renamed to `path`
+    /// (the open file keeps its handle) and this is `None`.
+    pending: Option<PathBuf>,
     out: BufWriter<std::fs::File>,
 }
 
@@ -38,8 +43,7 @@ impl MetricsCsv {
     }
 
     /// Continues `dir/metrics.csv` after optimizer step `step`: its rows up to that step
-    /// stay, later ones are dropped (the file is rewritten whole, then renamed into place).
-    /// A missing file is created.
+    /// stay, later ones are dropped (with the first new row). A missing file is created.
     pub(crate) fn resume(dir: &Path, step: usize) -> Result<Self, TrainerError> {
         Self::open(dir, |path| {
             let text = match std::fs::read_to_string(path) {
@@ -63,7 +67,8 @@ impl MetricsCsv {
     }
 
     /// Writes the header and the rows `kept` returns (from the file's old contents) under a
-    /// temporary name, renames it into place and keeps it open for appending.
+    /// temporary name, now, so that a path that cannot be written fails before training;
+    /// keeps it open for appending.
     fn open(
         dir: &Path,
         kept: impl FnOnce(&Path) -> std::io::Result<String>,
@@ -77,13 +82,13 @@ impl MetricsCsv {
         let rows = kept(&path).map_err(io)?;
         let tmp = dir.join("metrics.csv.tmp");
         std::fs::write(&tmp, format!("{HEADER}\n{rows}")).map_err(io)?;
-        std::fs::rename(&tmp, &path).map_err(io)?;
         let file = std::fs::OpenOptions::new()
             .append(true)
-            .open(&path)
+            .open(&tmp)
             .map_err(io)?;
         Ok(MetricsCsv {
             path,
+            pending: Some(tmp),
             out: BufWriter::new(file),
         })
     }
@@ -93,18 +98,24 @@ impl MetricsCsv {
         &self.path
     }
 
-    /// Appends one row.
+    /// Appends one row (the first puts the file in place of the old one).
     pub(crate) fn row(&mut self, r: &Row) -> Result<(), TrainerError> {
+        let io = |cause| TrainerError::Io {
+            path: self.path.clone(),
+            cause,
+        };
         let val = r.val_loss.map(|v| v.to_string()).unwrap_or_default();
         writeln!(
             self.out,
             "{},{},{},{val},{},{:.1},{:.3}",
             r.step, r.epoch, r.train_loss, r.lr, r.tokens_per_s, r.epoch_time_s
         )
-        .map_err(|cause| TrainerError::Io {
-            path: self.path.clone(),
-            cause,
-        })
+        .map_err(io)?;
+        if let Some(tmp) = self.pending.take() {
+            self.out.flush().map_err(io)?;
+            std::fs::rename(&tmp, &self.path).map_err(io)?;
+        }
+        Ok(())
     }
 
     /// Flushes buffered rows to the file.
@@ -113,6 +124,15 @@ impl MetricsCsv {
             path: self.path.clone(),
             cause,
         })
+    }
+}
+
+impl Drop for MetricsCsv {
+    /// A file that never got a new row was never this run's: its temporary copy goes.
+    fn drop(&mut self) {
+        if let Some(tmp) = self.pending.take() {
+            let _ = std::fs::remove_file(tmp);
+        }
     }
 }
 
@@ -148,9 +168,14 @@ mod tests {
         (1..=6).for_each(|s| csv.row(&row(s)).unwrap());
         csv.flush().unwrap();
         drop(csv);
+        // A resumed run that fails before its first step changes nothing.
+        drop(MetricsCsv::resume(dir.path(), 4).unwrap());
+        assert_eq!(steps(dir.path()), ["1", "2", "3", "4", "5", "6"]);
+        assert!(!dir.path().join("metrics.csv.tmp").exists());
         let mut csv = MetricsCsv::resume(dir.path(), 4).unwrap();
-        assert_eq!(steps(dir.path()), ["1", "2", "3", "4"]);
-        (5..=8).for_each(|s| csv.row(&row(s)).unwrap());
+        csv.row(&row(5)).unwrap();
+        assert_eq!(steps(dir.path()), ["1", "2", "3", "4", "5"]);
+        (6..=8).for_each(|s| csv.row(&row(s)).unwrap());
         csv.flush().unwrap();
         assert_eq!(steps(dir.path()), ["1", "2", "3", "4", "5", "6", "7", "8"]);
         // Another file is never continued.

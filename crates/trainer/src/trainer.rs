@@ -135,8 +135,9 @@ impl TrainerBuilder {
     /// fit that does not resume never writes into a run directory that holds anything: it
     /// takes the first free `<run name>-v1`, `-v2`, ... instead, as Lightning's `version_N`
     /// ([`Trainer::metrics_path`] tells which). A resumed fit continues the metrics of the
-    /// run it resumes (recorded in the checkpoint) when that run is this name or a version
-    /// of it: the rows up to the checkpoint's step stay, later rows are replaced.
+    /// run it resumes (recorded in the checkpoint) when that run logged under the same log
+    /// dir, with this name or a version of it: the rows up to the checkpoint's step stay,
+    /// later rows are replaced.
     pub fn run_name(mut self, name: &str) -> Self {
         self.run_name = name.to_string();
         self
