@@ -16,6 +16,16 @@
 //!
 //! `--table` adds `table strategy=fsdp_full_shard d_model=<d> world=<W> step_ms=<t>` for
 //! d_model 128, 256 and 512 at W = 1, 2 and 4.
+//!
+//! `--llama` adds a Llama of 20.2M parameters (wick-models' `CausalLm`: hidden 512, 4
+//! layers, 8 query and 4 key/value heads, SiLU MLP of 1408, vocabulary 8192, untied), at
+//! sequence 256 and global batch 8, under `single` and fsdp full_shard at W=2:
+//! `llama strategy=<name> world=<W> tokens_per_s=<n> mfu=<f>`. The model FLOPs per token are
+//! 6 x parameters plus attention's 12 x layers x heads x head_dim x sequence (PaLM's
+//! accounting, which counts the masked half of causal attention too); the utilisation is
+//! those FLOPs per second over the peak measured in the same run: the best f32 matmul
+//! rate of Candle's GEMM on all cores, square 1024 and 2048, best of 8 each, before the
+//! rows (`peak_gflops=<g>`).
 
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear, Optimizer, VarBuilder, VarMap};
@@ -25,6 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use wick::accelerator::{Accelerator, ThreadBudget};
 use wick::core::{Callback, RunState, Strategy};
+use wick::models::CausalLm;
 use wick::nn::{causal_attention_composite, cross_entropy_composite, layer_norm_composite};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
 use wick::trainer::{DataLoader, Trainer};
@@ -90,16 +101,14 @@ impl Callback for StepClock {
     }
 }
 
-/// wick's seconds per step for `strategy` at `world` ranks as threads with `budget`.
-fn wick_step(
-    c: GptConfig,
+/// A quiet trainer of `WARMUP + MEASURED` steps that records each step's time.
+fn timed_trainer(
+    accelerator: Accelerator,
     strategy: Box<dyn Strategy>,
-    world: usize,
-    budget: ThreadBudget,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(Trainer, StepClock)> {
     let clock = StepClock::default();
-    let mut trainer = Trainer::builder()
-        .accelerator(Accelerator::cpu(world)?.with_thread_budget(budget))
+    let trainer = Trainer::builder()
+        .accelerator(accelerator)
         .strategy_instance(strategy)
         .max_steps(WARMUP + MEASURED)
         .seed(1)
@@ -108,6 +117,20 @@ fn wick_step(
         .model_summary(false)
         .callback(clock.clone())
         .build()?;
+    Ok((trainer, clock))
+}
+
+/// wick's seconds per step for `strategy` at `world` ranks as threads with `budget`.
+fn wick_step(
+    c: GptConfig,
+    strategy: Box<dyn Strategy>,
+    world: usize,
+    budget: ThreadBudget,
+) -> anyhow::Result<f64> {
+    let (mut trainer, clock) = timed_trainer(
+        Accelerator::cpu(world)?.with_thread_budget(budget),
+        strategy,
+    )?;
     let mut model = CharGpt::new(c, LR);
     trainer.fit(&mut model, &DataLoader::new(data(&c), BATCH), None)?;
     let times = clock.0.lock().unwrap().clone();
@@ -206,7 +229,94 @@ fn candle_step(c: GptConfig) -> anyhow::Result<f64> {
     Ok(median_step(&times[1..]))
 }
 
+/// The Llama of `--llama`, as a Hugging Face config.
+const LLAMA: &str = r#"{"model_type": "llama", "vocab_size": 8192, "hidden_size": 512,
+    "intermediate_size": 1408, "num_hidden_layers": 4, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "tie_word_embeddings": false}"#;
+const LLAMA_SEQ: usize = 256;
+const LLAMA_BATCH: usize = 8;
+
+/// The best f32 matmul rate of Candle's GEMM on all cores, in GFLOP/s: square matrices
+/// of 1024 and 2048, the best of 8 runs each. Measured before any accelerator: the first
+/// one sets `CANDLE_NUM_THREADS=1` for the rest of the process (each rank gets its own
+/// budgeted pool).
+fn peak_gflops() -> anyhow::Result<f64> {
+    let mut best = 0f64;
+    for n in [1024, 2048] {
+        let a = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
+        let b = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
+        for _ in 0..8 {
+            let start = Instant::now();
+            let c = a.matmul(&b)?;
+            c.sum_all()?.to_scalar::<f32>()?;
+            best = best.max(2.0 * (n * n * n) as f64 / start.elapsed().as_secs_f64() / 1e9);
+        }
+    }
+    Ok(best)
+}
+
+/// The Llama's seconds per step under `strategy` at `world` ranks.
+fn llama_step(strategy: Box<dyn Strategy>, world: usize) -> anyhow::Result<(f64, usize)> {
+    let (mut trainer, clock) = timed_trainer(Accelerator::cpu(world)?, strategy)?;
+    let mut model = CausalLm::from_config_json(LLAMA.into(), std::path::Path::new("llama.json"))?;
+    let c = GptConfig {
+        vocab: 8192,
+        block: LLAMA_SEQ,
+        ..config(128)
+    };
+    let windows = {
+        let mut s = 7u64;
+        let ids = (0..(WARMUP + MEASURED + 2) * LLAMA_BATCH * (c.block + 1))
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 33) % c.vocab as u64) as u32
+            })
+            .collect();
+        CharWindows::new(ids, c.block, c.block + 1)
+    };
+    trainer.fit(&mut model, &DataLoader::new(windows, LLAMA_BATCH), None)?;
+    let params = trainer.num_parameters().unwrap_or(0);
+    let times = clock.0.lock().unwrap().clone();
+    Ok((median_step(&times), params))
+}
+
+/// The `--llama` rows.
+fn llama_rows() -> anyhow::Result<()> {
+    let peak = peak_gflops()?;
+    let (layers, heads, head_dim) = (4.0, 8.0, 64.0);
+    let mut rows = Vec::new();
+    for (name, world, strategy) in [
+        ("single", 1, strategy_by_name("single")?),
+        (
+            "fsdp_full_shard",
+            2,
+            Fsdp::new(FsdpSharding::FullShard).build(),
+        ),
+    ] {
+        let (step, params) = llama_step(strategy, world)?;
+        rows.push((name, world, step, params));
+    }
+    println!("peak_gflops={peak:.1}");
+    for (name, world, step, params) in rows {
+        let tps = (LLAMA_BATCH * LLAMA_SEQ) as f64 / step;
+        let per_token = 6.0 * params as f64 + 12.0 * layers * heads * head_dim * LLAMA_SEQ as f64;
+        let gflops = tps * per_token / 1e9;
+        println!(
+            "llama strategy={name} world={world} parameters={params} tokens_per_s={tps:.0} \
+             gflops={gflops:.1} mfu={:.3}",
+            gflops / peak
+        );
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
+    if std::env::args().any(|a| a == "--llama") {
+        return llama_rows();
+    }
     let c = config(128);
     if std::env::args().any(|a| a == "--candle-baseline") {
         println!("{}", candle_step(c)?);

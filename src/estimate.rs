@@ -55,9 +55,19 @@ fn mib(bytes: usize) -> String {
 
 /// The report `wick estimate` prints.
 pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
-    let (params, largest) = match args.params {
-        Some(n) => (n, None),
-        None => {
+    let (params, largest) = match (&args.model, args.params) {
+        (Some(model), _) => {
+            let config = match model.is_dir() {
+                true => model.join("config.json"),
+                false => model.clone(),
+            };
+            let units = wick_models::ModelConfig::from_file(config)?.unit_sizes();
+            // The first of the largest (max_by_key keeps the last).
+            let largest = units.iter().rev().max_by_key(|(_, n)| *n).cloned();
+            (units.iter().map(|(_, n)| n).sum(), largest)
+        }
+        (None, Some(n)) => (n, None),
+        (None, None) => {
             let units = model_units(GptConfig {
                 vocab: args.vocab,
                 block: args.block,
@@ -128,6 +138,38 @@ mod tests {
         n_layer: 2,
         n_head: 2,
     };
+
+    #[test]
+    fn a_hugging_face_model_is_estimated_from_its_config() {
+        let fixture =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama");
+        let args = EstimateArgs {
+            params: None,
+            model: Some(fixture),
+            world: 4,
+            precision: PrecisionName::Full,
+            d_model: 64,
+            n_layer: 2,
+            n_head: 4,
+            vocab: 85,
+            block: 64,
+        };
+        let text = report(&args).unwrap();
+        // 384 x 64 embedding and head, two layers of 4 x 64 x 64 - 2 x 64 x 32 attention,
+        // 3 x 64 x 88 MLP and two norms, and the final norm.
+        let layer = 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 88 + 2 * 64;
+        let total = 2 * 384 * 64 + 2 * layer + 64;
+        assert!(
+            text.starts_with(&format!("{total} parameters at 4 rank(s)")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "largest unit under full_shard: model.layers.0, {layer} elements"
+            )),
+            "{text}"
+        );
+    }
 
     #[test]
     fn the_formulas() {

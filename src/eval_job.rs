@@ -4,8 +4,8 @@
 
 use crate::char_gpt::CharGpt;
 use crate::cli::{name_of, EvalArgs};
-use crate::fit_job::{main_job_config, split, Split};
-use wick_trainer::{Checkpoint, Trainer};
+use crate::fit_job::{main_job_config, split};
+use wick_trainer::{Checkpoint, DataLoader, Split, Trainer};
 
 /// Which pass to run.
 #[derive(Debug, Clone, Copy)]
@@ -26,13 +26,12 @@ impl Pass {
     }
 }
 
-/// The loss of the pass, averaged over the held-out batches and the ranks, and whether
-/// this process is rank 0 (the one that reports).
+/// The loss of the pass, averaged over the held-out samples and the ranks, and whether
+/// this process is rank 0 (the one that reports). A checkpoint of a `fit --model` run is
+/// evaluated on the validation tokens of `--data`; one of the main job on the held-out
+/// tenth of its text.
 pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
-    let Split { vocab, val, .. } = split(args.data.as_deref(), args.batch_size)?;
     let checkpoint = Checkpoint::open(&args.checkpoint)?;
-    let mut model =
-        CharGpt::new(main_job_config(vocab.len()), 1e-3).with_weights(checkpoint.into_weights());
     let mut builder = Trainer::builder()
         .strategy(&name_of(args.strategy))
         .progress(false)
@@ -42,9 +41,23 @@ pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
         builder = builder.devices(d);
     }
     let mut trainer = builder.build()?;
-    let metrics = match pass {
-        Pass::Validate => trainer.validate(&mut model, &val)?,
-        Pass::Test => trainer.test(&mut model, &val)?,
+    let metrics = match checkpoint.attachment(crate::lm_job::CONFIG_FILE) {
+        Some(_) => {
+            let mut lm = crate::lm_job::from_checkpoint(checkpoint)?.expect("it has a config");
+            let data = args.data.as_deref().ok_or_else(|| {
+                anyhow::anyhow!("a checkpoint of a `fit --model` run needs --data TOKENS")
+            })?;
+            let val = crate::lm_job::tokens(&lm, data, Split::Val, args.seq)?;
+            let val = DataLoader::new(val, args.batch_size).without_shuffle();
+            evaluate(pass, &mut trainer, &mut lm, &val)?
+        }
+        None => {
+            let crate::fit_job::CharData { vocab, val, .. } =
+                split(args.data.as_deref(), args.batch_size)?;
+            let mut model = CharGpt::new(main_job_config(vocab.len()), 1e-3)
+                .with_weights(checkpoint.into_weights());
+            evaluate(pass, &mut trainer, &mut model, &val)?
+        }
     };
     let key = pass.metric();
     let loss = metrics
@@ -52,6 +65,23 @@ pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
         .copied()
         .ok_or_else(|| anyhow::anyhow!("the pass reported no {key}"))?;
     Ok((loss, trainer.is_global_zero()))
+}
+
+/// Runs `pass` of `model` over `data`.
+fn evaluate<M, D>(
+    pass: Pass,
+    trainer: &mut Trainer,
+    model: &mut M,
+    data: &DataLoader<D>,
+) -> anyhow::Result<wick_trainer::Metrics>
+where
+    M: wick_trainer::Replicate + 'static,
+    D: wick_trainer::Dataset<Batch = M::Batch>,
+{
+    Ok(match pass {
+        Pass::Validate => trainer.validate(model, data)?,
+        Pass::Test => trainer.test(model, data)?,
+    })
 }
 
 #[cfg(test)]
@@ -69,6 +99,7 @@ mod tests {
             strategy,
             batch_size: 8,
             data: None,
+            seq: 128,
         };
         let (one, _) = run(Pass::Validate, &args(1, StrategyName::Single)).unwrap();
         let (three, _) = run(Pass::Validate, &args(2, StrategyName::Zero3)).unwrap();

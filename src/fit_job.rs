@@ -62,7 +62,9 @@ pub fn main_job_config(vocab: usize) -> GptConfig {
 
 /// Creates `model`'s parameters on one CPU rank (the `single` strategy over a world of one),
 /// for the commands that use the model outside a trainer; the strategy holds them.
-pub fn configure_on_one_cpu(model: &mut CharGpt) -> anyhow::Result<Box<dyn wick_core::Strategy>> {
+pub fn configure_on_one_cpu<M: wick_core::TrainModule>(
+    model: &mut M,
+) -> anyhow::Result<Box<dyn wick_core::Strategy>> {
     let mut strategy = wick_strategies::strategy_by_name("single")?;
     strategy.connect(Arc::new(wick_core::SoloWorld), candle_core::Device::Cpu)?;
     wick_accelerator::Accelerator::setup(strategy.as_mut(), model, 0)?;
@@ -81,14 +83,14 @@ pub fn corpus(data: Option<&std::path::Path>) -> anyhow::Result<String> {
 /// The main job's data: the vocabulary, the first nine tenths of the text as training
 /// windows (a window at every character) and the last tenth held out for validation and
 /// test, in non-overlapping windows.
-pub struct Split {
+pub struct CharData {
     pub vocab: Vocab,
     pub train: DataLoader<CharWindows>,
     pub val: DataLoader<CharWindows>,
 }
 
-/// [`Split`] of `data`'s text (or the bundled corpus) in global batches of `batch_size`.
-pub fn split(data: Option<&std::path::Path>, batch_size: usize) -> anyhow::Result<Split> {
+/// [`CharData`] of `data`'s text (or the bundled corpus) in global batches of `batch_size`.
+pub fn split(data: Option<&std::path::Path>, batch_size: usize) -> anyhow::Result<CharData> {
     let text = corpus(data)?;
     let vocab = Vocab::of(&text);
     let ids = vocab
@@ -101,7 +103,7 @@ pub fn split(data: Option<&std::path::Path>, batch_size: usize) -> anyhow::Resul
         20 * BLOCK
     );
     let at = ids.len() * 9 / 10;
-    Ok(Split {
+    Ok(CharData {
         train: DataLoader::new(CharWindows::new(ids[..at].to_vec(), BLOCK, 1), batch_size),
         val: DataLoader::new(
             CharWindows::new(ids[at..].to_vec(), BLOCK, BLOCK),
@@ -112,94 +114,131 @@ pub fn split(data: Option<&std::path::Path>, batch_size: usize) -> anyhow::Resul
     })
 }
 
-/// Trains the model described by `args` and reports its losses.
+/// Trains the model described by `args` (the character model, or with `--model` a Hugging
+/// Face model) and reports its losses.
 pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
-    let Split { vocab, train, val } = split(args.data.as_deref(), args.batch_size)?;
-
+    if let Some(model) = &args.model {
+        return crate::lm_job::run(args, model);
+    }
+    let CharData { vocab, train, val } = split(args.data.as_deref(), args.batch_size)?;
     let config = main_job_config(vocab.len());
     let mut model = CharGpt::new(config, args.lr).with_schedule(args.lr_schedule());
-    let history = LossHistory::default();
-    // The main job's default is 2 ranks as threads (CUDA: one per GPU); under a launcher,
-    // its process count.
-    let kind = DeviceKind::parse(&name_of(args.accelerator))?;
-    let devices = match (args.devices, LaunchEnv::detect()?, kind) {
-        (None, None, DeviceKind::Cpu) => Some(2),
-        (None, None, DeviceKind::Cuda) => Some(cuda_device_count()?),
-        (devices, ..) => devices,
-    };
-    let mut builder = Trainer::builder()
-        .device_kind(kind)
-        .accumulate_grad_batches(args.accumulate)
-        .max_steps(args.max_steps)
-        .seed(args.seed)
-        .run_name(&args.run_name)
-        .log_dir(&args.log_dir)
-        .val_check_interval(args.val_every)
-        .progress(!args.no_progress)
-        .callback(LearningRateMonitor::new())
-        .callback(history.clone());
-    builder = match args.strategy {
-        StrategyName::Fsdp => {
-            let sharding = FsdpSharding::from_name(&name_of(args.sharding), args.group_size)?;
-            let precision = MixedPrecision::from_name(&name_of(args.precision))?;
-            let mut fsdp = Fsdp::new(sharding)
-                .with_precision(precision)?
-                .with_prefetch(args.prefetch);
-            if let Some(prefixes) = &args.auto_wrap {
-                fsdp = fsdp.with_auto_wrap(prefixes.clone());
+    let run = Run::new(args, ModelCheckpoint::new(&args.checkpoint_dir))?;
+    run.fit(args, &mut model, &train, &val)
+}
+
+/// A trainer built from the options of `wick fit`, and the callback that records the losses
+/// the program reports: what the character job and the Hugging Face job share.
+pub struct Run {
+    trainer: Trainer,
+    history: LossHistory,
+}
+
+impl Run {
+    /// The trainer of `args` (strategy, devices, steps, logging), saving with `checkpoints`'
+    /// extra settings (attachments) under the options' rules, unless `--no-checkpoints`.
+    pub fn new(args: &FitArgs, checkpoints: ModelCheckpoint) -> anyhow::Result<Run> {
+        let history = LossHistory::default();
+        // The main job's default is 2 ranks as threads (CUDA: one per GPU); under a
+        // launcher, its process count.
+        let kind = DeviceKind::parse(&name_of(args.accelerator))?;
+        let devices = match (args.devices, LaunchEnv::detect()?, kind) {
+            (None, None, DeviceKind::Cpu) => Some(2),
+            (None, None, DeviceKind::Cuda) => Some(cuda_device_count()?),
+            (devices, ..) => devices,
+        };
+        let mut builder = Trainer::builder()
+            .device_kind(kind)
+            .accumulate_grad_batches(args.accumulate)
+            .max_steps(args.max_steps)
+            .seed(args.seed)
+            .run_name(&args.run_name)
+            .log_dir(&args.log_dir)
+            .val_check_interval(args.val_every)
+            .progress(!args.no_progress)
+            .callback(LearningRateMonitor::new())
+            .callback(history.clone());
+        builder = match args.strategy {
+            StrategyName::Fsdp => {
+                let sharding = FsdpSharding::from_name(&name_of(args.sharding), args.group_size)?;
+                let precision = MixedPrecision::from_name(&name_of(args.precision))?;
+                let mut fsdp = Fsdp::new(sharding)
+                    .with_precision(precision)?
+                    .with_prefetch(args.prefetch);
+                if let Some(prefixes) = &args.auto_wrap {
+                    fsdp = fsdp.with_auto_wrap(prefixes.clone());
+                }
+                builder.strategy_instance(fsdp.build())
             }
-            builder.strategy_instance(fsdp.build())
+            _ if args.auto_wrap.is_some() || args.prefetch => {
+                anyhow::bail!("--auto-wrap and --prefetch need --strategy fsdp")
+            }
+            _ if args.precision != PrecisionName::Full => {
+                anyhow::bail!(
+                    "--precision {} needs --strategy fsdp (its sharded modes)",
+                    name_of(args.precision)
+                )
+            }
+            name => builder.strategy(&name_of(name)),
+        };
+        if let Some(d) = devices {
+            builder = builder.devices(d);
         }
-        _ if args.auto_wrap.is_some() || args.prefetch => {
-            anyhow::bail!("--auto-wrap and --prefetch need --strategy fsdp")
+        if let Some(n) = args.threads_per_rank {
+            builder = builder.threads_per_rank(n);
         }
-        _ if args.precision != PrecisionName::Full => {
-            anyhow::bail!(
-                "--precision {} needs --strategy fsdp (its sharded modes)",
-                name_of(args.precision)
-            )
+        if let Some(clip) = args.clip {
+            builder = builder.gradient_clip_val(clip);
         }
-        name => builder.strategy(&name_of(name)),
-    };
-    if let Some(d) = devices {
-        builder = builder.devices(d);
+        if !args.no_checkpoints {
+            builder = builder.checkpoint(
+                checkpoints
+                    .every_n_steps(args.save_every)
+                    .keep_last(args.keep_last),
+            );
+        }
+        Ok(Run {
+            trainer: builder.build()?,
+            history,
+        })
     }
-    if let Some(n) = args.threads_per_rank {
-        builder = builder.threads_per_rank(n);
+
+    /// Fits `model` on `train`, validating on `val` (resuming when `args` says so).
+    pub fn fit<M, D>(
+        mut self,
+        args: &FitArgs,
+        model: &mut M,
+        train: &DataLoader<D>,
+        val: &DataLoader<D>,
+    ) -> anyhow::Result<FitReport>
+    where
+        M: wick_trainer::Replicate + 'static,
+        D: wick_trainer::Dataset<Batch = M::Batch>,
+    {
+        let trainer = &mut self.trainer;
+        let metrics = match &args.resume {
+            Some(from) => trainer.fit_from(model, train, Some(val), from)?,
+            None => trainer.fit(model, train, Some(val))?,
+        };
+        let (first, last) = self
+            .history
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .context(
+                "no training step ran (a resumed run must raise --max-steps above the checkpoint's step)",
+            )?;
+        Ok(FitReport {
+            first_train_loss: first,
+            last_train_loss: last,
+            val_loss: metrics.get("val_loss").copied(),
+            parameters: trainer.num_parameters().unwrap_or(0),
+            metrics_csv: trainer.metrics_path(),
+            checkpoint_dir: trainer.checkpoint_dir().map(std::path::Path::to_path_buf),
+            devices: trainer.world_size(),
+            is_global_zero: trainer.is_global_zero(),
+        })
     }
-    if let Some(clip) = args.clip {
-        builder = builder.gradient_clip_val(clip);
-    }
-    if !args.no_checkpoints {
-        let n = args.save_every;
-        builder = builder.checkpoint(
-            ModelCheckpoint::new(&args.checkpoint_dir)
-                .every_n_steps(n)
-                .keep_last(args.keep_last),
-        );
-    }
-    let mut trainer = builder.build()?;
-    let metrics = match &args.resume {
-        Some(from) => trainer.fit_from(&mut model, &train, Some(&val), from)?,
-        None => trainer.fit(&mut model, &train, Some(&val))?,
-    };
-    let (first, last) = history
-        .0
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .context(
-        "no training step ran (a resumed run must raise --max-steps above the checkpoint's step)",
-    )?;
-    Ok(FitReport {
-        first_train_loss: first,
-        last_train_loss: last,
-        val_loss: metrics.get("val_loss").copied(),
-        parameters: trainer.num_parameters().unwrap_or(0),
-        metrics_csv: trainer.metrics_path(),
-        checkpoint_dir: trainer.checkpoint_dir().map(std::path::Path::to_path_buf),
-        devices: trainer.world_size(),
-        is_global_zero: trainer.is_global_zero(),
-    })
 }
 
 /// A checkpoint of the main job after `steps` steps of `strategy` on 2 ranks (global batch

@@ -10,6 +10,7 @@
 
 pub use wick_accelerator as accelerator;
 pub use wick_core as core;
+pub use wick_models as models;
 pub use wick_nn as nn;
 pub use wick_strategies as strategies;
 pub use wick_trainer as trainer;

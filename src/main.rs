@@ -1,15 +1,20 @@
-//! The `wick` program: `wick fit` trains the bundled character GPT, `wick consolidate` turns
-//! a checkpoint into one safetensors file, `wick inspect` shows a checkpoint, `wick sample`
-//! generates text from one, `wick estimate` says what each strategy holds per rank. `wick --help` lists them.
+//! The `wick` program: `wick fit` trains the bundled character GPT (or, with `--model`, a
+//! Hugging Face model on a token file that `wick prepare` wrote), `wick consolidate` turns a
+//! checkpoint into one safetensors file and `wick export` into a Hugging Face directory,
+//! `wick inspect` shows a checkpoint, `wick sample` generates text from one, `wick estimate`
+//! says what each strategy holds per rank. `wick --help` lists them.
 
 mod char_corpus;
 mod char_gpt;
 mod cli;
 mod estimate;
 mod eval_job;
+mod export;
 mod fit_job;
 mod inspect;
+mod lm_job;
 mod loss_plot;
+mod prepare;
 mod sample;
 
 use clap::Parser;
@@ -43,7 +48,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             let r = fit_job::run(&args)?;
             if r.is_global_zero {
                 println!(
-                    "trained {} steps with {} on {} device(s): {} parameters, train_loss {:.4} -> {:.4} (ratio {:.3}){}",
+                    "trained to step {} with {} on {} device(s): {} parameters, train_loss {:.4} -> {:.4} (ratio {:.3}){}",
                     args.max_steps,
                     name_of(args.strategy),
                     r.devices,
@@ -68,9 +73,12 @@ fn run(command: Command) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Consolidate { .. } if launched_many() => {
+        Command::Consolidate { .. } | Command::Export { .. } | Command::Prepare(_)
+            if launched_many() =>
+        {
             anyhow::bail!(
-                "wick consolidate writes one file from one process; run it without mpirun or srun"
+                "wick consolidate, export and prepare write from one process; run them without \
+                 mpirun or srun"
             )
         }
         Command::Consolidate {
@@ -100,6 +108,16 @@ fn run(command: Command) -> anyhow::Result<()> {
             print!("{}", estimate::report(&args)?);
             Ok(())
         }
+        Command::Prepare(args) => {
+            println!("{}", prepare::run(&args)?);
+            Ok(())
+        }
+        Command::Export { checkpoint, out } => {
+            for f in export::run(&checkpoint, &out)? {
+                println!("wrote {}", f.display());
+            }
+            Ok(())
+        }
     }
 }
 
@@ -107,7 +125,7 @@ fn run(command: Command) -> anyhow::Result<()> {
 fn report_eval(pass: eval_job::Pass, args: &cli::EvalArgs) -> anyhow::Result<()> {
     let (loss, is_global_zero) = eval_job::run(pass, args)?;
     if is_global_zero {
-        println!("{} {loss:.4}", pass.metric());
+        println!("{} {loss:.6}", pass.metric());
     }
     Ok(())
 }

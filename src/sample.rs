@@ -1,6 +1,7 @@
-//! `wick sample CHECKPOINT --prompt TEXT --tokens N`: text from the main job's model, its
-//! parameters read from a checkpoint of any world size and strategy, on one CPU rank.
-//! The same seed gives the same text.
+//! `wick sample CHECKPOINT --prompt TEXT --tokens N`: text from a checkpoint's model (the
+//! main job's, or a `fit --model` run's with its tokenizer), its parameters read from a
+//! checkpoint of any world size and strategy, on one CPU rank. The same seed gives the same
+//! text.
 
 use crate::char_corpus::Vocab;
 use crate::char_gpt::CharGpt;
@@ -24,26 +25,51 @@ impl XorShift {
     }
 }
 
-/// The prompt followed by `args.tokens` generated characters.
+/// The prompt followed by `args.tokens` generated tokens: characters of the main job's
+/// model, or, from a checkpoint of a `fit --model` run, tokens of its tokenizer.
 pub fn sample(args: &SampleArgs) -> anyhow::Result<String> {
+    let checkpoint = Checkpoint::open(&args.checkpoint)?;
+    if checkpoint.attachment(crate::lm_job::CONFIG_FILE).is_some() {
+        let mut lm = crate::lm_job::from_checkpoint(checkpoint)?.expect("it has a config");
+        let tokenizer = lm
+            .tokenizer()
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("the checkpoint holds no tokenizer.json"))?;
+        let prompt = tokenizer.encode(&args.prompt)?;
+        let _strategy = configure_on_one_cpu(&mut lm)?;
+        let context = lm.config().max_positions();
+        let ids = generate(args, prompt, context, |input| lm.logits(input))?;
+        return Ok(format!("{}{}", args.prompt, tokenizer.decode(&ids)?));
+    }
     let text = corpus(args.data.as_deref())?;
     let vocab = Vocab::of(&text);
-    let mut ids = vocab.encode(&args.prompt).map_err(|c| {
+    let prompt = vocab.encode(&args.prompt).map_err(|c| {
         anyhow::anyhow!("the prompt's character {c:?} is not in the corpus's vocabulary")
     })?;
-    anyhow::ensure!(!ids.is_empty(), "--prompt must not be empty");
     let config = main_job_config(vocab.len());
-    let checkpoint = Checkpoint::open(&args.checkpoint)?;
     let mut model = CharGpt::new(config, 1e-3).with_weights(checkpoint.into_weights());
     // The strategy holds the parameters the model's views read.
     let _strategy = configure_on_one_cpu(&mut model)?;
+    let ids = generate(args, prompt, config.block, |input| model.forward(input))?;
+    Ok(format!("{}{}", args.prompt, vocab.decode(&ids)))
+}
+
+/// `args.tokens` ids after `prompt`, each drawn from the logits `logits` gives for the last
+/// `context` ids (`[1, time]` in, `[1, time, vocab]` out); returns the new ids only.
+fn generate(
+    args: &SampleArgs,
+    mut ids: Vec<u32>,
+    context: usize,
+    logits: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
+) -> anyhow::Result<Vec<u32>> {
+    anyhow::ensure!(!ids.is_empty(), "--prompt must not be empty");
     let mut rng = XorShift(args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let prompt_len = ids.len();
     for _ in 0..args.tokens {
-        let context = &ids[ids.len().saturating_sub(config.block)..];
-        let input = Tensor::new(context, &Device::Cpu)?.unsqueeze(0)?;
-        let logits = model.forward(&input)?.squeeze(0)?;
-        let last = logits.get(context.len() - 1)?.to_dtype(DType::F64)?;
+        let window = &ids[ids.len().saturating_sub(context)..];
+        let input = Tensor::new(window, &Device::Cpu)?.unsqueeze(0)?;
+        let out = logits(&input)?.squeeze(0)?;
+        let last = out.get(window.len() - 1)?.to_dtype(DType::F64)?;
         let next = match args.temperature {
             t if t <= 0.0 => last.argmax(D::Minus1)?.to_scalar::<u32>()?,
             t => {
@@ -59,11 +85,7 @@ pub fn sample(args: &SampleArgs) -> anyhow::Result<String> {
         };
         ids.push(next);
     }
-    Ok(format!(
-        "{}{}",
-        args.prompt,
-        vocab.decode(&ids[prompt_len..])
-    ))
+    Ok(ids.split_off(prompt_len))
 }
 
 #[cfg(test)]

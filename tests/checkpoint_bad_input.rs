@@ -375,3 +375,41 @@ fn every_form_of_a_checkpoint_path_resolves_alike_everywhere() {
         "{e}"
     );
 }
+
+#[test]
+fn attachments_are_saved_in_every_checkpoint_and_checked_whole() {
+    let root = TempDir::new().unwrap();
+    let mc = ModelCheckpoint::new(root.path().join("ck"))
+        .every_n_steps(1)
+        .with_attachment("notes.txt", b"config of the run".to_vec());
+    let mut t = Trainer::builder()
+        .devices(2)
+        .strategy("zero3")
+        .max_steps(2)
+        .no_logger()
+        .progress(false)
+        .model_summary(false)
+        .checkpoint(mc)
+        .build()
+        .unwrap();
+    t.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
+    for step in ["step-00000001", "step-00000002"] {
+        let c = Checkpoint::open(root.path().join("ck").join(step)).unwrap();
+        let path = c.attachment("notes.txt").unwrap();
+        assert_eq!(std::fs::read(path).unwrap(), b"config of the run");
+        assert!(c.attachment("other.txt").is_none());
+    }
+    let dir = root.path().join("ck/step-00000002");
+    std::fs::write(dir.join("notes.txt"), b"config of the RUN").unwrap();
+    let e = Checkpoint::open(&dir).err().unwrap().to_string();
+    assert!(e.contains("notes.txt") && e.contains("corrupted"), "{e}");
+    for bad in ["manifest.json", "rank-0.safetensors", "../x", ""] {
+        let e = Trainer::builder()
+            .checkpoint(ModelCheckpoint::new("ck").with_attachment(bad, vec![]))
+            .build()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("plain file name"), "{bad}: {e}");
+    }
+}

@@ -131,3 +131,272 @@ fn a_second_run_keeps_the_first_and_a_resumed_run_continues_its_metrics() {
             > 5_000
     );
 }
+
+/// `wick` with `args` in `dir`; its exit status, standard output and standard error.
+fn wick(dir: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_wick"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("wick runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn hf_fixture(family: &str) -> String {
+    format!("{}/tests/fixtures/hf/{family}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Names, shapes and dtypes of a safetensors file's tensors.
+fn tensors(path: &Path) -> Vec<(String, Vec<usize>, String)> {
+    let bytes = std::fs::read(path).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let mut out: Vec<_> = meta
+        .tensors()
+        .into_iter()
+        .map(|(n, i)| (n, i.shape.clone(), format!("{:?}", i.dtype)))
+        .collect();
+    out.sort();
+    out
+}
+
+/// The guide's fine-tuning sequence on the tiny fixture models: prepare, fit (resumed
+/// bit-identically), validate at another world size, sample, export with the source's
+/// tensors, estimate.
+#[test]
+fn a_hugging_face_model_is_prepared_for_fine_tuned_validated_sampled_and_exported() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for family in ["llama", "gpt2"] {
+        let model = hf_fixture(family);
+        let tokenizer = format!("{model}/tokenizer.json");
+        let corpus = format!("{}/data/licenses.txt", env!("CARGO_MANIFEST_DIR"));
+        let (ok, out, err) = wick(
+            d,
+            &[
+                "prepare",
+                "--tokenizer",
+                &tokenizer,
+                "--output",
+                "tokens.safetensors",
+                &corpus,
+            ],
+        );
+        assert!(ok && out.contains("validation tokens"), "{out}{err}");
+        let fit = |steps: &str, extra: &[&str]| {
+            let mut args = vec![
+                "fit",
+                "--model",
+                &model,
+                "--data",
+                "tokens.safetensors",
+                "--seq",
+                "32",
+                "--batch-size",
+                "4",
+                "--max-steps",
+                steps,
+                "--val-every",
+                "2",
+                "--save-every",
+                "2",
+                "--no-progress",
+                "--run-name",
+                family,
+                "--checkpoint-dir",
+                family,
+            ];
+            args.extend_from_slice(extra);
+            let (ok, out, err) = wick(d, &args);
+            assert!(ok, "{out}{err}");
+            out
+        };
+        fit("4", &[]);
+        let csv = d.join(format!("runs/{family}/metrics.csv"));
+        let first: Vec<String> = std::fs::read_to_string(&csv)
+            .unwrap()
+            .lines()
+            .map(|l| l.split(',').take(3).collect::<Vec<_>>().join(","))
+            .collect();
+        // The run again from step 2, under another strategy at the same world size: steps 3
+        // and 4 give the same losses.
+        fit(
+            "4",
+            &[
+                "--resume",
+                &format!("{family}/step-00000002"),
+                "--strategy",
+                "zero3",
+            ],
+        );
+        let again: Vec<String> = std::fs::read_to_string(&csv)
+            .unwrap()
+            .lines()
+            .map(|l| l.split(',').take(3).collect::<Vec<_>>().join(","))
+            .collect();
+        assert_eq!(first, again, "{family}: a resumed run differs");
+
+        let ck = format!("{family}/last");
+        let val = |devices: &str, strategy: &str| {
+            let (ok, out, err) = wick(
+                d,
+                &[
+                    "validate",
+                    &ck,
+                    "--data",
+                    "tokens.safetensors",
+                    "--seq",
+                    "32",
+                    "--devices",
+                    devices,
+                    "--strategy",
+                    strategy,
+                ],
+            );
+            assert!(ok, "{out}{err}");
+            out.trim()
+                .strip_prefix("val_loss ")
+                .unwrap()
+                .parse::<f64>()
+                .unwrap()
+        };
+        let (one, three) = (val("1", "single"), val("2", "fsdp"));
+        assert!((one - three).abs() < 1e-5, "{family}: {one} vs {three}");
+        let (ok, out, err) = wick(
+            d,
+            &[
+                "sample", &ck, "--prompt", "The ", "--tokens", "8", "--seed", "3",
+            ],
+        );
+        assert!(ok && out.starts_with("The "), "{out}{err}");
+
+        let exported = format!("{family}-hf");
+        let (ok, out, err) = wick(d, &["export", &ck, &exported]);
+        assert!(ok, "{out}{err}");
+        assert_eq!(
+            tensors(&d.join(&exported).join("model.safetensors")),
+            tensors(&Path::new(&model).join("model.safetensors")),
+            "{family}: the exported tensors are not the source model's"
+        );
+        for f in ["config.json", "tokenizer.json"] {
+            assert_eq!(
+                std::fs::read(d.join(&exported).join(f)).unwrap(),
+                std::fs::read(Path::new(&model).join(f)).unwrap(),
+                "{family}: {f}"
+            );
+        }
+        let (ok, _, err) = wick(d, &["export", &ck, &exported]);
+        assert!(!ok && err.contains("not empty"), "{err}");
+        std::fs::remove_file(d.join("tokens.safetensors")).unwrap();
+    }
+}
+
+/// Token files that do not fit the model are refused before training, naming the file,
+/// and nothing is written.
+#[test]
+fn token_files_that_do_not_fit_the_model_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let llama = hf_fixture("llama");
+    let corpus = format!("{}/data/licenses.txt", env!("CARGO_MANIFEST_DIR"));
+    // Another tokenizer: the same BPE with one merge fewer.
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{llama}/tokenizer.json")).unwrap())
+            .unwrap();
+    json["model"]["merges"].as_array_mut().unwrap().pop();
+    std::fs::write(d.join("other.json"), json.to_string()).unwrap();
+    let (ok, out, err) = wick(
+        d,
+        &[
+            "prepare",
+            "--tokenizer",
+            "other.json",
+            "--output",
+            "other.safetensors",
+            &corpus,
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    let fit = |data: &str, seq: &str| {
+        let (ok, out, err) = wick(
+            d,
+            &[
+                "fit",
+                "--model",
+                &llama,
+                "--data",
+                data,
+                "--seq",
+                seq,
+                "--max-steps",
+                "2",
+                "--no-progress",
+            ],
+        );
+        assert!(!ok, "{out}");
+        assert!(
+            !d.join("runs").exists() && !d.join("checkpoints").exists(),
+            "{err}"
+        );
+        err
+    };
+    let e = fit("other.safetensors", "32");
+    assert!(
+        e.contains("other.safetensors") && e.contains("another tokenizer"),
+        "{e}"
+    );
+    // Too few tokens for one window.
+    std::fs::write(d.join("short.txt"), "The end.").unwrap();
+    let tokenizer = format!("{llama}/tokenizer.json");
+    let (ok, out, err) = wick(
+        d,
+        &[
+            "prepare",
+            "--tokenizer",
+            &tokenizer,
+            "--output",
+            "short.safetensors",
+            "--val-fraction",
+            "0",
+            "short.txt",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    let e = fit("short.safetensors", "32");
+    assert!(
+        e.contains("short.safetensors") && e.contains("too few for one window"),
+        "{e}"
+    );
+    // A vocabulary larger than the model's: the same tokenizer's ids, recorded as larger.
+    let ids: Vec<u32> = (0..200).map(|i| i % 300).collect();
+    let hash = wick::models::TextTokenizer::from_file(&tokenizer)
+        .unwrap()
+        .hash();
+    wick::trainer::write_token_file(&d.join("wide.safetensors"), &ids, &ids, &hash, 70_000)
+        .unwrap();
+    let e = fit("wide.safetensors", "32");
+    assert!(
+        e.contains("wide.safetensors")
+            && e.contains("70000 ids, more than the model's vocabulary of 384"),
+        "{e}"
+    );
+    // A text file that cannot be read writes no token file.
+    let (ok, _, err) = wick(
+        d,
+        &[
+            "prepare",
+            "--tokenizer",
+            &tokenizer,
+            "--output",
+            "none.safetensors",
+            "missing.txt",
+        ],
+    );
+    assert!(
+        !ok && err.contains("missing.txt") && !d.join("none.safetensors").exists(),
+        "{err}"
+    );
+}

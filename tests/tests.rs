@@ -31,3 +31,5 @@ mod early_stopping;
 mod after_fit;
 // Runs never overwrite each other; outputs and data checked before training.
 mod runs;
+// Llama and GPT-2 against Hugging Face transformers (tests/fixtures/hf).
+mod models;

@@ -67,9 +67,15 @@ impl SafetensorsFile {
         Ok(self.info(name)?.shape.clone())
     }
 
-    /// Elements `range` of tensor `name` (row-major), converted to f32 from f32, f16 or
-    /// bf16. Errors name the file and tensor: missing, another dtype, range out of bounds.
-    pub fn read_f32(&self, name: &str, range: Range<usize>) -> Result<Vec<f32>, FileError> {
+    /// The bytes of elements `range` of tensor `name`, whose dtype must be one of `dtypes`
+    /// (named `expected` in the error); returns them with the dtype.
+    fn bytes(
+        &self,
+        name: &str,
+        range: Range<usize>,
+        dtypes: &[Dtype],
+        expected: &str,
+    ) -> Result<(&[u8], Dtype), FileError> {
         let info = self.info(name)?;
         let numel: usize = info.shape.iter().product();
         if range.start > range.end || range.end > numel {
@@ -79,32 +85,58 @@ impl SafetensorsFile {
                 format!("elements {range:?} asked of a tensor of {numel}"),
             ));
         }
-        let size = match info.dtype {
-            Dtype::F32 => 4,
-            Dtype::F16 | Dtype::BF16 => 2,
-            other => {
-                return Err(FileError::new(
-                    &self.path,
-                    Some(name),
-                    format!("dtype {other:?}, expected F32, F16 or BF16"),
-                ))
-            }
-        };
+        if !dtypes.contains(&info.dtype) {
+            return Err(FileError::new(
+                &self.path,
+                Some(name),
+                format!("dtype {:?}, expected {expected}", info.dtype),
+            ));
+        }
+        let size = info.dtype.bitsize() / 8;
         // Offsets were validated against the file length at open.
         let start = self.data_start + info.data_offsets.0 + range.start * size;
-        let bytes = &self.mmap[start..start + range.len() * size];
-        let chunks = bytes.chunks_exact(size);
-        Ok(match info.dtype {
-            Dtype::F32 => chunks
+        Ok((&self.mmap[start..start + range.len() * size], info.dtype))
+    }
+
+    /// Elements `range` of tensor `name` (row-major), converted to f32 from f32, f16 or
+    /// bf16. Errors name the file and tensor: missing, another dtype, range out of bounds.
+    pub fn read_f32(&self, name: &str, range: Range<usize>) -> Result<Vec<f32>, FileError> {
+        let floats = [Dtype::F32, Dtype::F16, Dtype::BF16];
+        let (bytes, dtype) = self.bytes(name, range, &floats, "F32, F16 or BF16")?;
+        Ok(match dtype {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect(),
-            Dtype::F16 => chunks
+            Dtype::F16 => bytes
+                .chunks_exact(2)
                 .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
-            _ => chunks
+            _ => bytes
+                .chunks_exact(2)
                 .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
         })
+    }
+
+    /// Elements `range` of the integer tensor `name` (token ids), from u16 or u32.
+    pub fn read_u32(&self, name: &str, range: Range<usize>) -> Result<Vec<u32>, FileError> {
+        let (bytes, dtype) = self.bytes(name, range, &[Dtype::U16, Dtype::U32], "U16 or U32")?;
+        Ok(match dtype {
+            Dtype::U16 => bytes
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]) as u32)
+                .collect(),
+            _ => bytes
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        })
+    }
+
+    /// The dtype of tensor `name`, as safetensors names it (`F32`, `U16`, ...).
+    pub fn dtype(&self, name: &str) -> Result<String, FileError> {
+        Ok(format!("{:?}", self.info(name)?.dtype))
     }
 }
 

@@ -10,16 +10,22 @@ use candle_core::{
 use candle_nn::VarBuilder;
 use rayon::prelude::*;
 
-/// softmax(q kᵀ / sqrt(d) + causal mask) v for `q`, `k`, `v` of shape
-/// `[batch, heads, time, head_dim]`: position i attends to positions 0..=i.
+/// softmax(q kᵀ / sqrt(d) + causal mask) v for `q` of shape `[batch, heads, time,
+/// head_dim]` and `k`, `v` of shape `[batch, kv_heads, time, head_dim]`: position i attends
+/// to positions 0..=i. With fewer key/value heads than query heads (grouped-query
+/// attention), `kv_heads` divides `heads` and key/value head j serves query heads
+/// `j*g .. (j+1)*g` for `g = heads / kv_heads`, as Hugging Face's `repeat_kv` maps them.
 ///
 /// Fused on the CPU in f32; [`causal_attention_composite`] elsewhere. 16-bit inputs are
 /// computed in f32 and the output rounded back.
 pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-    let dims = q.dims4()?;
-    if k.dims4()? != dims || v.dims4()? != dims {
+    let (b, h, t, d) = q.dims4()?;
+    let kv_dims = k.dims4()?;
+    let (_, hkv, _, _) = kv_dims;
+    if v.dims4()? != kv_dims || kv_dims != (b, hkv, t, d) || hkv == 0 || h % hkv != 0 {
         candle_core::bail!(
-            "causal_attention: q {:?}, k {:?} and v {:?} must have one shape",
+            "causal_attention: q {:?} needs k and v of [batch, kv_heads, time, head_dim] with \
+             kv_heads dividing its heads; got k {:?} and v {:?}",
             q.dims(),
             k.dims(),
             v.dims()
@@ -38,9 +44,23 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// Each key/value head repeated for the query heads it serves: `[b, hkv, t, d]` to
+/// `[b, hkv * groups, t, d]` (Hugging Face's `repeat_kv`).
+pub fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
+    if groups == 1 {
+        return Ok(x.clone());
+    }
+    let (b, hkv, t, d) = x.dims4()?;
+    x.unsqueeze(2)?
+        .broadcast_as((b, hkv, groups, t, d))?
+        .reshape((b, hkv * groups, t, d))
+}
+
 /// The same attention from Candle's basic ops (the fallback, and the reference in tests).
 pub fn causal_attention_composite(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-    let (_, _, t, d) = q.dims4()?;
+    let (_, h, t, d) = q.dims4()?;
+    let groups = h / k.dim(1)?;
+    let (k, v) = (repeat_kv(k, groups)?, repeat_kv(v, groups)?);
     let mask: Vec<f32> = (0..t * t)
         .map(|i| {
             if i % t > i / t {
@@ -52,7 +72,7 @@ pub fn causal_attention_composite(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<
         .collect();
     let mask = Tensor::from_vec(mask, (t, t), q.device())?.to_dtype(q.dtype())?;
     let scores = (q.matmul(&k.t()?)? / (d as f64).sqrt())?.broadcast_add(&mask)?;
-    candle_nn::ops::softmax(&scores, D::Minus1)?.matmul(v)
+    candle_nn::ops::softmax(&scores, D::Minus1)?.matmul(&v)
 }
 
 /// Multi-head causal self-attention: one [`Linear`] `qkv` projection, [`causal_attention`], and
@@ -95,10 +115,38 @@ impl Module for CausalSelfAttention {
     }
 }
 
-/// One (batch, head) block's sizes.
-fn block_dims(l: &Layout) -> Result<(usize, usize)> {
-    let (_, _, t, d) = l.shape().dims4()?;
-    Ok((t, d))
+/// One (batch, head) block's sizes, and the query heads per key/value head.
+fn block_dims(q: &Layout, k: &Layout) -> Result<(usize, usize, usize)> {
+    let (_, h, t, d) = q.shape().dims4()?;
+    let (_, hkv, _, _) = k.shape().dims4()?;
+    Ok((t, d, h / hkv))
+}
+
+/// `a . b` with eight running sums, added in a fixed order at the end: a plain
+/// `zip().sum()` is one sequential chain of float adds, which the compiler may not
+/// reorder, so it cannot use SIMD lanes; this form vectorises and stays deterministic.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 8;
+    let mut acc = [0f32; LANES];
+    let (a8, b8) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = a8
+        .remainder()
+        .iter()
+        .zip(b8.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in a8.zip(b8) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let pairs = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
+    (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]) + tail
 }
 
 /// Row i's probabilities over positions 0..=i into `p` (length i + 1).
@@ -106,7 +154,7 @@ fn probabilities(q_i: &[f32], k: &[f32], d: usize, scale: f32, p: &mut [f32]) {
     let mut max = f32::NEG_INFINITY;
     for (j, pj) in p.iter_mut().enumerate() {
         let k_j = &k[j * d..(j + 1) * d];
-        *pj = scale * q_i.iter().zip(k_j).map(|(a, b)| a * b).sum::<f32>();
+        *pj = scale * dot(q_i, k_j);
         max = max.max(*pj);
     }
     let mut sum = 0f32;
@@ -135,7 +183,7 @@ impl CustomOp3 for Forward {
         vs: &CpuStorage,
         vl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (t, d) = block_dims(ql)?;
+        let (t, d, groups) = block_dims(ql, kl)?;
         let (q, k, v) = (
             f32s(self.name(), qs, ql)?,
             f32s(self.name(), ks, kl)?,
@@ -144,9 +192,12 @@ impl CustomOp3 for Forward {
         let scale = 1.0 / (d as f32).sqrt();
         let mut out = vec![0f32; q.len()];
         let block = t * d;
-        // One task per (batch, head) block.
+        // One task per (batch, query head) block; query head n reads key/value head
+        // n / groups (the query heads of a batch element are consecutive, so are its
+        // key/value heads).
         out.par_chunks_mut(block).enumerate().for_each(|(n, o)| {
-            let (q, k, v) = (&q[n * block..], &k[n * block..], &v[n * block..]);
+            let kv = n / groups;
+            let (q, k, v) = (&q[n * block..], &k[kv * block..], &v[kv * block..]);
             let mut p = vec![0f32; t];
             for i in 0..t {
                 let p = &mut p[..=i];
@@ -170,7 +221,7 @@ impl CustomOp3 for Forward {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let n = q.elem_count();
+        let (nq, nkv) = (q.elem_count(), k.elem_count());
         let all = q.apply_op3_no_bwd(
             k,
             v,
@@ -178,8 +229,11 @@ impl CustomOp3 for Forward {
                 grad: grad.contiguous()?,
             },
         )?;
-        let part = |i: usize| all.narrow(0, i * n, n)?.reshape(q.shape());
-        Ok((Some(part(0)?), Some(part(1)?), Some(part(2)?)))
+        Ok((
+            Some(all.narrow(0, 0, nq)?.reshape(q.shape())?),
+            Some(all.narrow(0, nq, nkv)?.reshape(k.shape())?),
+            Some(all.narrow(0, nq + nkv, nkv)?.reshape(k.shape())?),
+        ))
     }
 }
 
@@ -202,7 +256,7 @@ impl CustomOp3 for Backward {
         vs: &CpuStorage,
         vl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (t, d) = block_dims(ql)?;
+        let (t, d, groups) = block_dims(ql, kl)?;
         let (q, k, v) = (
             f32s(self.name(), qs, ql)?,
             f32s(self.name(), ks, kl)?,
@@ -214,51 +268,55 @@ impl CustomOp3 for Backward {
         };
         let dout = f32s(self.name(), gs, gl)?;
         let scale = 1.0 / (d as f32).sqrt();
-        let len = q.len();
-        let mut all = vec![0f32; 3 * len];
-        let (dq, rest) = all.split_at_mut(len);
-        let (dk, dv) = rest.split_at_mut(len);
+        let (len_q, len_kv) = (q.len(), k.len());
+        let mut all = vec![0f32; len_q + 2 * len_kv];
+        let (dq, rest) = all.split_at_mut(len_q);
+        let (dk, dv) = rest.split_at_mut(len_kv);
         let block = t * d;
-        let blocks = dq
-            .par_chunks_mut(block)
+        // One task per (batch, key/value head): its query heads (consecutive blocks of q)
+        // one after another, so that their dK and dV add up in one task, in head order.
+        let tasks = dq
+            .par_chunks_mut(groups * block)
             .zip(dk.par_chunks_mut(block))
             .zip(dv.par_chunks_mut(block))
             .enumerate();
-        // One task per (batch, head) block.
-        blocks.for_each(|(n, ((dq, dk), dv))| {
-            let at = n * block..(n + 1) * block;
-            let (q, k, v) = (&q[at.clone()], &k[at.clone()], &v[at.clone()]);
-            let dout = &dout[at];
+        tasks.for_each(|(m, ((dq, dk), dv))| {
+            let kv = m * block..(m + 1) * block;
+            let (k, v) = (&k[kv.clone()], &v[kv]);
             let (mut p, mut dp) = (vec![0f32; t], vec![0f32; t]);
-            for i in 0..t {
-                let (p, dp) = (&mut p[..=i], &mut dp[..=i]);
-                let q_i = &q[i * d..(i + 1) * d];
-                probabilities(q_i, k, d, scale, p);
-                let do_i = &dout[i * d..(i + 1) * d];
-                // dP_ij = dO_i . v_j; dV_j += p_ij dO_i.
-                let mut weighted = 0f32;
-                for j in 0..=i {
-                    let v_j = &v[j * d..(j + 1) * d];
-                    dp[j] = do_i.iter().zip(v_j).map(|(a, b)| a * b).sum();
-                    weighted += p[j] * dp[j];
-                    for (dv, g) in dv[j * d..(j + 1) * d].iter_mut().zip(do_i) {
-                        *dv += p[j] * g;
+            for (r, dq) in dq.chunks_exact_mut(block).enumerate() {
+                let at = (m * groups + r) * block..(m * groups + r + 1) * block;
+                let (q, dout) = (&q[at.clone()], &dout[at]);
+                for i in 0..t {
+                    let (p, dp) = (&mut p[..=i], &mut dp[..=i]);
+                    let q_i = &q[i * d..(i + 1) * d];
+                    probabilities(q_i, k, d, scale, p);
+                    let do_i = &dout[i * d..(i + 1) * d];
+                    // dP_ij = dO_i . v_j; dV_j += p_ij dO_i.
+                    let mut weighted = 0f32;
+                    for j in 0..=i {
+                        let v_j = &v[j * d..(j + 1) * d];
+                        dp[j] = dot(do_i, v_j);
+                        weighted += p[j] * dp[j];
+                        for (dv, g) in dv[j * d..(j + 1) * d].iter_mut().zip(do_i) {
+                            *dv += p[j] * g;
+                        }
                     }
-                }
-                // dS_ij = p_ij (dP_ij - sum_k p_ik dP_ik); dQ_i, dK_j from it.
-                let dq_i = &mut dq[i * d..(i + 1) * d];
-                for j in 0..=i {
-                    let ds = p[j] * (dp[j] - weighted) * scale;
-                    let k_j = &k[j * d..(j + 1) * d];
-                    for (dq, kv) in dq_i.iter_mut().zip(k_j) {
-                        *dq += ds * kv;
-                    }
-                    for (dk, qv) in dk[j * d..(j + 1) * d].iter_mut().zip(q_i) {
-                        *dk += ds * qv;
+                    // dS_ij = p_ij (dP_ij - sum_k p_ik dP_ik); dQ_i, dK_j from it.
+                    let dq_i = &mut dq[i * d..(i + 1) * d];
+                    for j in 0..=i {
+                        let ds = p[j] * (dp[j] - weighted) * scale;
+                        let k_j = &k[j * d..(j + 1) * d];
+                        for (dq, kv) in dq_i.iter_mut().zip(k_j) {
+                            *dq += ds * kv;
+                        }
+                        for (dk, qv) in dk[j * d..(j + 1) * d].iter_mut().zip(q_i) {
+                            *dk += ds * qv;
+                        }
                     }
                 }
             }
         });
-        Ok((CpuStorage::F32(all), Shape::from(3 * len)))
+        Ok((CpuStorage::F32(all), Shape::from(len_q + 2 * len_kv)))
     }
 }

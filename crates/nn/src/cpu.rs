@@ -1,6 +1,7 @@
 //! The f32 slices behind CPU storages, for the fused ops.
 
 use candle_core::{CpuStorage, Layout, Result};
+use rayon::prelude::*;
 
 /// The contiguous f32 elements a layout reads from a CPU storage.
 pub(crate) fn f32s<'a>(op: &str, storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [f32]> {
@@ -45,4 +46,48 @@ pub(crate) fn sum_in_order(partials: Vec<Vec<f32>>, len: usize) -> Vec<f32> {
         }
     }
     total
+}
+
+/// The row length of a norm's input, checked against its weight's element count.
+pub(crate) fn norm_width(op: &str, x: &Layout, w: &Layout) -> Result<usize> {
+    let c = x.shape().dims().last().copied().unwrap_or(1);
+    if w.shape().elem_count() != c {
+        candle_core::bail!(
+            "{op}: weight has {} elements for rows of {c}",
+            w.shape().elem_count()
+        )
+    }
+    Ok(c)
+}
+
+/// A norm's backward over rows of `c`: `row(x, dy, dx, partial)` fills each row's `dx` and
+/// adds its share of the weight gradients into `partial` (`partial_len` long). Rows run in
+/// parallel tasks; each task's partial sums are added in task order, so the result has the
+/// same bits on any number of threads. Returns `dx` followed by the summed partials.
+pub(crate) fn norm_backward(
+    x: &[f32],
+    dy: &[f32],
+    c: usize,
+    partial_len: usize,
+    row: impl Fn(&[f32], &[f32], &mut [f32], &mut [f32]) + Sync,
+) -> Vec<f32> {
+    let mut dx = vec![0f32; x.len()];
+    let task = rows_per_task(c) * c;
+    let partials: Vec<Vec<f32>> = dx
+        .par_chunks_mut(task)
+        .zip(x.par_chunks(task).zip(dy.par_chunks(task)))
+        .map(|(dx, (x, dy))| {
+            let mut partial = vec![0f32; partial_len];
+            for ((x, dy), dx) in x
+                .chunks_exact(c)
+                .zip(dy.chunks_exact(c))
+                .zip(dx.chunks_exact_mut(c))
+            {
+                row(x, dy, dx, &mut partial);
+            }
+            partial
+        })
+        .collect();
+    dx.extend(sum_in_order(partials, partial_len));
+    dx
 }

@@ -1,7 +1,7 @@
 //! `LayerNorm`: y = (x - mean) / sqrt(var + eps) * weight + bias over the last dimension,
 //! forward and backward each one pass over the rows.
 
-use crate::cpu::{as_f32, f32s, fused, rows_per_task, sum_in_order};
+use crate::cpu::{as_f32, f32s, fused, norm_backward, norm_width, rows_per_task};
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, Tensor, D};
 use candle_nn::VarBuilder;
 use rayon::prelude::*;
@@ -78,17 +78,6 @@ fn moments(row: &[f32], eps: f32) -> (f32, f32) {
     (mean, 1.0 / (var + eps).sqrt())
 }
 
-fn width(op: &str, x: &Layout, w: &Layout) -> Result<usize> {
-    let c = x.shape().dims().last().copied().unwrap_or(1);
-    if w.shape().elem_count() != c {
-        candle_core::bail!(
-            "{op}: weight has {} elements for rows of {c}",
-            w.shape().elem_count()
-        )
-    }
-    Ok(c)
-}
-
 struct Forward {
     eps: f32,
 }
@@ -107,7 +96,7 @@ impl CustomOp3 for Forward {
         bs: &CpuStorage,
         bl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let c = width(self.name(), xl, wl)?;
+        let c = norm_width(self.name(), xl, wl)?;
         let (x, w, b) = (
             f32s(self.name(), xs, xl)?,
             f32s(self.name(), ws, wl)?,
@@ -166,50 +155,34 @@ impl CustomOp3 for Backward {
         gs: &CpuStorage,
         gl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let c = width(self.name(), xl, wl)?;
+        let c = norm_width(self.name(), xl, wl)?;
         let (x, w, dy) = (
             f32s(self.name(), xs, xl)?,
             f32s(self.name(), ws, wl)?,
             f32s(self.name(), gs, gl)?,
         );
         let n = x.len();
-        let mut dx = vec![0f32; n];
-        // Each task's rows give dx and partial sums for dweight and dbias, summed in task
-        // order afterwards: the same bits on any number of threads.
-        let task = rows_per_task(c) * c;
-        let partials: Vec<Vec<f32>> = dx
-            .par_chunks_mut(task)
-            .zip(x.par_chunks(task).zip(dy.par_chunks(task)))
-            .map(|(dx, (x, dy))| {
-                let mut dwb = vec![0f32; 2 * c];
-                let (dw, db) = dwb.split_at_mut(c);
-                let mut xhat = vec![0f32; c];
-                for ((row, g), d) in x
-                    .chunks_exact(c)
-                    .zip(dy.chunks_exact(c))
-                    .zip(dx.chunks_exact_mut(c))
-                {
-                    let (mean, rstd) = moments(row, self.eps);
-                    let (mut mean_dxhat, mut mean_dxhat_xhat) = (0f32, 0f32);
-                    for i in 0..c {
-                        xhat[i] = (row[i] - mean) * rstd;
-                        let dxhat = g[i] * w[i];
-                        mean_dxhat += dxhat;
-                        mean_dxhat_xhat += dxhat * xhat[i];
-                        dw[i] += g[i] * xhat[i];
-                        db[i] += g[i];
-                    }
-                    mean_dxhat /= c as f32;
-                    mean_dxhat_xhat /= c as f32;
-                    for i in 0..c {
-                        d[i] = rstd * (g[i] * w[i] - mean_dxhat - xhat[i] * mean_dxhat_xhat);
-                    }
-                }
-                dwb
-            })
-            .collect();
-        let mut out = dx;
-        out.extend(sum_in_order(partials, 2 * c));
+        let eps = self.eps;
+        // The partial sums hold dweight, then dbias.
+        let out = norm_backward(x, dy, c, 2 * c, |row, g, d, dwb| {
+            let (dw, db) = dwb.split_at_mut(c);
+            let (mean, rstd) = moments(row, eps);
+            let (mut mean_dxhat, mut mean_dxhat_xhat) = (0f32, 0f32);
+            for i in 0..c {
+                let xhat = (row[i] - mean) * rstd;
+                let dxhat = g[i] * w[i];
+                mean_dxhat += dxhat;
+                mean_dxhat_xhat += dxhat * xhat;
+                dw[i] += g[i] * xhat;
+                db[i] += g[i];
+            }
+            mean_dxhat /= c as f32;
+            mean_dxhat_xhat /= c as f32;
+            for i in 0..c {
+                let xhat = (row[i] - mean) * rstd;
+                d[i] = rstd * (g[i] * w[i] - mean_dxhat - xhat * mean_dxhat_xhat);
+            }
+        });
         Ok((CpuStorage::F32(out), Shape::from(n + 2 * c)))
     }
 }

@@ -7,8 +7,10 @@
 //! - [`LayerNorm`] ([`layer_norm`]): normalise, scale and shift;
 //! - [`Gelu`] ([`gelu`]): the tanh approximation Candle's `Tensor::gelu` computes;
 //! - [`causal_attention`] (inside [`CausalSelfAttention`]): scores, causal mask, softmax
-//!   and the weighted sum, whose backward recomputes the probabilities instead of keeping
-//!   them;
+//!   and the weighted sum, with grouped-query heads (fewer key/value heads than query
+//!   heads), whose backward recomputes the probabilities instead of keeping them;
+//! - [`RmsNorm`] ([`rms_norm`]): Llama's root-mean-square norm with a learned scale;
+//! - [`RotaryEmbedding`]: rotary position embedding in Hugging Face's rotate_half layout;
 //! - [`cross_entropy`]: mean negative log-likelihood from logits;
 //! - [`Linear`] ([`linear`]): candle-nn's linear layer, its bias added by one op whose
 //!   backward sums the bias gradient row by row.
@@ -25,9 +27,13 @@ mod cross_entropy;
 mod gelu;
 mod layer_norm;
 mod linear;
+mod rms_norm;
+mod rotary;
 
-pub use attention::{causal_attention, causal_attention_composite, CausalSelfAttention};
+pub use attention::{causal_attention, causal_attention_composite, repeat_kv, CausalSelfAttention};
 pub use cross_entropy::{cross_entropy, cross_entropy_composite};
 pub use gelu::{gelu, Gelu};
 pub use layer_norm::{layer_norm, layer_norm_composite, LayerNorm};
 pub use linear::{linear, Linear};
+pub use rms_norm::{rms_norm, rms_norm_composite, RmsNorm};
+pub use rotary::{rotary_composite, RotaryEmbedding};

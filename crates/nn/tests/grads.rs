@@ -4,7 +4,8 @@
 use candle_core::{DType, Device, Module, Result, Tensor, Var};
 use wick_nn::{
     causal_attention, causal_attention_composite, cross_entropy, cross_entropy_composite, gelu,
-    layer_norm_composite, LayerNorm,
+    layer_norm_composite, rms_norm_composite, rotary_composite, LayerNorm, RmsNorm,
+    RotaryEmbedding,
 };
 
 const TOLERANCE: f32 = 1e-5;
@@ -124,6 +125,85 @@ fn causal_attention_matches_the_composite() {
 }
 
 #[test]
+fn grouped_query_attention_matches_the_composite() {
+    // (batch, query heads, key/value heads, time, head_dim): 2 and 3 query heads per key/
+    // value head, one key/value head for all, and a batch of one.
+    for (b, h, hkv, t, d, seed) in [
+        (2, 4, 2, 13, 8, 21),
+        (1, 6, 2, 9, 4, 22),
+        (3, 3, 1, 5, 6, 23),
+        (1, 2, 1, 1, 2, 24),
+    ] {
+        let inputs = [
+            var(&[b, h, t, d], seed, 1.0),
+            var(&[b, hkv, t, d], seed + 1, 1.0),
+            var(&[b, hkv, t, d], seed + 2, 1.0),
+        ];
+        check(
+            &format!("attention b={b} h={h} kv={hkv} t={t} d={d}"),
+            &inputs,
+            |t| causal_attention(&t[0], &t[1], &t[2]),
+            |t| causal_attention_composite(&t[0], &t[1], &t[2]),
+        );
+    }
+}
+
+#[test]
+fn rms_norm_matches_the_composite() {
+    for (shape, seed) in [
+        (vec![4, 7, 33], 31),
+        (vec![1, 1, 5], 32),
+        (vec![3, 128], 33),
+    ] {
+        let c = *shape.last().unwrap();
+        let inputs = [var(&shape, seed, 2.0), var(&[c], seed + 10, 1.0)];
+        check(
+            &format!("rms_norm {shape:?}"),
+            &inputs,
+            |t| RmsNorm::new(t[1].clone(), 1e-6).forward(&t[0]),
+            |t| rms_norm_composite(&t[0], &t[1], 1e-6),
+        );
+    }
+}
+
+#[test]
+fn rotary_embedding_matches_the_composite() {
+    for (shape, seed) in [
+        (vec![2, 3, 17, 8], 41),
+        (vec![1, 1, 1, 2], 42),
+        (vec![1, 4, 64, 6], 43),
+    ] {
+        let (t, d) = (shape[2], shape[3]);
+        let rope = RotaryEmbedding::new(d, 80, 10_000.0, &Device::Cpu).unwrap();
+        let (cos, sin) = tables(d, t, 10_000.0);
+        check(
+            &format!("rotary {shape:?}"),
+            &[var(&shape, seed, 2.0)],
+            |x| rope.apply(&x[0]),
+            |x| rotary_composite(&x[0], &cos, &sin),
+        );
+    }
+}
+
+/// cos and sin of `[t, d]` for base `theta`, computed here independently of the op.
+fn tables(d: usize, t: usize, theta: f32) -> (Tensor, Tensor) {
+    let mut cos = Vec::new();
+    let mut sin = Vec::new();
+    for p in 0..t {
+        for i in 0..d {
+            let f = 1.0 / theta.powf((2 * (i % (d / 2))) as f32 / d as f32);
+            cos.push((p as f32 * f).cos());
+            sin.push((p as f32 * f).sin());
+        }
+    }
+    let shape = (t, d);
+    (
+        Tensor::from_vec(cos, shape, &Device::Cpu).unwrap(),
+        Tensor::from_vec(sin, shape, &Device::Cpu).unwrap(),
+    )
+}
+
+#[test]
 fn cross_entropy_matches_the_composite() {
     for (rows, classes, seed) in [(37, 11, 10), (1, 3, 11), (256, 96, 12)] {
         let targets: Vec<u32> = (0..rows)
@@ -177,11 +257,27 @@ fn bad_inputs_are_errors() {
     assert!(causal_attention(&q, &k, &k)
         .unwrap_err()
         .to_string()
-        .contains("one shape"));
+        .contains("kv_heads dividing its heads"));
+    // 3 query heads cannot share 2 key/value heads.
+    let q = Tensor::zeros((1, 3, 4, 2), DType::F32, &Device::Cpu).unwrap();
+    let k = Tensor::zeros((1, 2, 4, 2), DType::F32, &Device::Cpu).unwrap();
+    assert!(causal_attention(&q, &k, &k).is_err());
+    let odd = RotaryEmbedding::new(3, 8, 10_000.0, &Device::Cpu).unwrap_err();
+    assert!(odd.to_string().contains("even"), "{odd}");
+    let rope = RotaryEmbedding::new(2, 3, 10_000.0, &Device::Cpu).unwrap();
+    assert!(rope
+        .apply(&q)
+        .unwrap_err()
+        .to_string()
+        .contains("at most 3 positions"));
 }
 
-/// Layer norm and attention take 16-bit inputs as torch's autocast does: computed in f32,
-/// the output rounded to the input's dtype once, the gradient flowing back in that dtype.
+/// How the 16-bit check reads a variable: rounded to 16 bits, or that rounded back to f32.
+type Cast<'a> = &'a dyn Fn(&Var) -> Tensor;
+
+/// Layer norm, RMS norm, rotary embedding and attention take 16-bit inputs as torch's
+/// autocast does: computed in f32, the output rounded to the input's dtype once, the
+/// gradient flowing back in that dtype.
 #[test]
 fn sixteen_bit_inputs_compute_in_f32() {
     let x = var(&[3, 5, 24], 21, 2.0);
@@ -191,32 +287,28 @@ fn sixteen_bit_inputs_compute_in_f32() {
     for dtype in [DType::F16, DType::BF16] {
         let half = |t: &Var| t.as_tensor().to_dtype(dtype).unwrap();
         let f32_of_half = |t: &Var| half(t).to_dtype(DType::F32).unwrap();
-        // Layer norm: the f32 result over the rounded inputs, rounded once.
-        let ln_half = LayerNorm::new(half(&w), half(&b), 1e-5);
-        let ln_f32 = LayerNorm::new(f32_of_half(&w), f32_of_half(&b), 1e-5);
-        let got = ln_half.forward(&half(&x)).unwrap();
-        let want = ln_f32
-            .forward(&f32_of_half(&x))
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap();
-        assert_eq!(got.dtype(), dtype);
-        let diff = max_diff(
-            &got.to_dtype(DType::F32).unwrap(),
-            &want.to_dtype(DType::F32).unwrap(),
-        );
-        assert_eq!(diff, 0.0, "{dtype:?} layer norm");
-        // Attention likewise.
-        let got = causal_attention(&half(&q), &half(&k), &half(&v)).unwrap();
-        let want = causal_attention(&f32_of_half(&q), &f32_of_half(&k), &f32_of_half(&v))
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap();
-        let diff = max_diff(
-            &got.to_dtype(DType::F32).unwrap(),
-            &want.to_dtype(DType::F32).unwrap(),
-        );
-        assert_eq!(diff, 0.0, "{dtype:?} attention");
+        // Each op over 16-bit inputs: the f32 result over the rounded inputs, rounded once.
+        let check = |name: &str, op: &dyn Fn(Cast) -> Tensor| {
+            let got = op(&half);
+            let want = op(&f32_of_half).to_dtype(dtype).unwrap();
+            assert_eq!(got.dtype(), dtype, "{name}");
+            let diff = max_diff(
+                &got.to_dtype(DType::F32).unwrap(),
+                &want.to_dtype(DType::F32).unwrap(),
+            );
+            assert_eq!(diff, 0.0, "{dtype:?} {name}");
+        };
+        check("layer norm", &|p| {
+            LayerNorm::new(p(&w), p(&b), 1e-5).forward(&p(&x)).unwrap()
+        });
+        check("attention", &|p| {
+            causal_attention(&p(&q), &p(&k), &p(&v)).unwrap()
+        });
+        check("rms norm", &|p| {
+            RmsNorm::new(p(&w), 1e-6).forward(&p(&x)).unwrap()
+        });
+        let rope = RotaryEmbedding::new(8, 7, 10_000.0, &Device::Cpu).unwrap();
+        check("rotary", &|p| rope.apply(&p(&q)).unwrap());
     }
     // The gradient too: through f16 layer norm it is within f16 rounding of the f32
     // gradient, closer than the composite ops computed in f16 get (3.5x here).

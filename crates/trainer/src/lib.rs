@@ -2,7 +2,8 @@
 //!
 //! It owns the stage order of fit, validate, test and predict (DESIGN.md), the training and
 //! evaluation loops, callbacks (and the stock ones: [`EarlyStopping`], [`LearningRateMonitor`]),
-//! how each global batch is split over the ranks ([`DataLoader`]),
+//! how each global batch is split over the ranks ([`DataLoader`]), token files of text
+//! tokenized once ([`TokenDataset`]),
 //! the metrics CSV, the progress bar, and checkpoints ([`checkpoint`]: sharded save, resume
 //! at any world size, consolidation, [`ModelCheckpoint`]). Devices, worlds and the sharded setup belong to
 //! wick-accelerator; parameter layout and optimizer state to the strategy.
@@ -17,6 +18,7 @@ mod rank_run;
 mod replicate;
 mod run_dirs;
 mod summary;
+mod token_dataset;
 mod trainer;
 
 pub use callbacks::{EarlyStopping, LearningRateMonitor};
@@ -24,6 +26,7 @@ pub use checkpoint::{consolidate, Checkpoint, CheckpointError, Mode, ModelCheckp
 pub use data::{DataLoader, Dataset};
 pub use error::TrainerError;
 pub use replicate::Replicate;
+pub use token_dataset::{write_token_file, Split, TokenDataset, TOKENIZER_KEY, VOCAB_KEY};
 pub use trainer::{Metrics, Trainer, TrainerBuilder};
 
 // What a crate that uses wick-trainer alone needs to write a module and configure a run;

@@ -393,6 +393,7 @@ impl<M: TrainModule> RankRun<'_, M> {
             data,
             metrics: self.state.metrics.clone(),
             run: run.map(str::to_string),
+            attachments: mc.attachments(),
         };
         crate::checkpoint::save(
             self.env.world.as_ref(),

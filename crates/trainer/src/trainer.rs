@@ -255,6 +255,23 @@ impl TrainerBuilder {
                 "must be at least 1, got 0",
             ));
         }
+        if let Some(mc) = &self.checkpoint {
+            let reserved = |n: &str| {
+                n == crate::checkpoint::MANIFEST_FILE
+                    || n == crate::checkpoint::LAST_FILE
+                    || n.starts_with("rank-")
+            };
+            if let Some((name, _)) = mc.attachments().iter().find(|(n, _)| {
+                n.is_empty() || n.contains(['/', '\\']) || n.starts_with('.') || reserved(n)
+            }) {
+                return Err(TrainerError::config(
+                    "checkpoint attachment",
+                    format!(
+                        "'{name}' must be a plain file name other than the checkpoint's own files"
+                    ),
+                ));
+            }
+        }
         if self.run_name.is_empty() || self.run_name.contains(['/', '\\']) {
             return Err(TrainerError::config(
                 "run name",

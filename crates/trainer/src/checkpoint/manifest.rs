@@ -46,10 +46,14 @@ pub struct Manifest {
     pub groups: Vec<GroupRecord>,
     /// The rank files, by rank.
     pub files: Vec<FileRecord>,
+    /// Files saved beside the state ([`ModelCheckpoint::with_attachment`](super::ModelCheckpoint::with_attachment)),
+    /// such as a model's `config.json` and `tokenizer.json`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<FileRecord>,
 }
 
-/// A rank file: its name in the checkpoint directory, length and checksum, so that a
-/// truncated or corrupted file is refused before it is read.
+/// A file of the checkpoint: its name in the checkpoint directory, length and checksum, so
+/// that a truncated or corrupted file is refused before it is read.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct FileRecord {
     /// File name.

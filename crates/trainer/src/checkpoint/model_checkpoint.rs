@@ -7,6 +7,7 @@ use super::save::SaveFault;
 use super::CheckpointError;
 use std::cmp::Ordering;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The file in a checkpoint root that names the newest checkpoint.
 pub const LAST_FILE: &str = "last";
@@ -30,6 +31,7 @@ pub struct ModelCheckpoint {
     keep_last: Option<usize>,
     keep_best: Option<(usize, String, Mode)>,
     fault: Option<SaveFault>,
+    attachments: Vec<(String, Arc<Vec<u8>>)>,
 }
 
 /// Whether smaller or larger values of a monitored metric are better.
@@ -51,6 +53,7 @@ impl ModelCheckpoint {
             keep_last: None,
             keep_best: None,
             fault: None,
+            attachments: Vec::new(),
         }
     }
 
@@ -76,6 +79,21 @@ impl ModelCheckpoint {
     pub fn keep_best(mut self, k: usize, metric: &str, mode: Mode) -> Self {
         self.keep_best = Some((k, metric.to_string(), mode));
         self
+    }
+
+    /// Saves `bytes` as the file `name` in every checkpoint, beside the state, such as a
+    /// model's `config.json` and `tokenizer.json` ([`Checkpoint::attachment`](super::Checkpoint::attachment)
+    /// reads it back; the manifest records its length and checksum). `name` is a plain file
+    /// name other than the checkpoint's own (`manifest.json`, `rank-<r>.safetensors`).
+    pub fn with_attachment(mut self, name: &str, bytes: Vec<u8>) -> Self {
+        self.attachments.retain(|(n, _)| n != name);
+        self.attachments.push((name.to_string(), Arc::new(bytes)));
+        self
+    }
+
+    /// The files saved beside the state.
+    pub(crate) fn attachments(&self) -> &[(String, Arc<Vec<u8>>)] {
+        &self.attachments
     }
 
     /// Calls `fault` at each [`SavePoint`](super::SavePoint) of every save; an `Err` aborts

@@ -39,6 +39,16 @@ impl Checkpoint {
             .iter()
             .map(|f| open_checked(&dir.join(&f.name), f))
             .collect::<Result<Vec<_>, _>>()?;
+        for a in &manifest.attachments {
+            if a.name.contains(['/', '\\']) || a.name.starts_with('.') {
+                return Err(CheckpointError::manifest(
+                    dir.join(super::manifest::MANIFEST_FILE),
+                    "attachments",
+                    format!("'{}' is not a file name", a.name),
+                ));
+            }
+            check_recorded(&dir.join(&a.name), a)?;
+        }
         let kinds: Vec<&str> = std::iter::once(PARAM_KIND)
             .chain(manifest.optimizer.state_kinds.iter().map(String::as_str))
             .collect();
@@ -81,6 +91,17 @@ impl Checkpoint {
     /// The directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The file saved beside the state as `name`
+    /// ([`ModelCheckpoint::with_attachment`](super::ModelCheckpoint::with_attachment)), checked
+    /// whole when the checkpoint was opened; `None` if the checkpoint has none by that name.
+    pub fn attachment(&self, name: &str) -> Option<PathBuf> {
+        self.manifest
+            .attachments
+            .iter()
+            .any(|a| a.name == name)
+            .then(|| self.dir.join(name))
     }
 
     /// Every parameter's name and shape, in the saved order.
@@ -148,7 +169,14 @@ impl Checkpoint {
 }
 
 /// Opens a rank file after checking its length and checksum against the manifest.
+/// The file `record` names, checked whole (length and checksum) and opened.
 fn open_checked(path: &Path, record: &FileRecord) -> Result<SafetensorsFile, CheckpointError> {
+    check_recorded(path, record)?;
+    Ok(SafetensorsFile::open(path)?)
+}
+
+/// Checks that the file at `path` has the length and checksum `record` gives.
+fn check_recorded(path: &Path, record: &FileRecord) -> Result<(), CheckpointError> {
     let len = std::fs::metadata(path)
         .map_err(|e| FileError::new(path, None, format!("cannot read: {e}")))?
         .len();
@@ -175,7 +203,7 @@ fn open_checked(path: &Path, record: &FileRecord) -> Result<SafetensorsFile, Che
         )
         .into());
     }
-    Ok(SafetensorsFile::open(path)?)
+    Ok(())
 }
 
 /// Each piece's file holds `<group>.<kind>` for every kind, f32, of the piece's length, and

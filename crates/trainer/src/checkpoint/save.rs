@@ -44,6 +44,8 @@ pub(crate) struct SaveInfo<'a> {
     pub(crate) metrics: BTreeMap<String, f64>,
     /// The run's log directory, if it logs.
     pub(crate) run: Option<String>,
+    /// Files saved beside the state, by name.
+    pub(crate) attachments: &'a [(String, Arc<Vec<u8>>)],
 }
 
 /// The file rank `rank` writes.
@@ -95,7 +97,19 @@ pub(crate) fn save(
     world.barrier()?;
 
     if rank == 0 {
-        let manifest = manifest(strategy, world.world_size(), &state, &tmp, info)?;
+        let mut manifest = manifest(strategy, world.world_size(), &state, &tmp, info)?;
+        for (name, bytes) in info.attachments {
+            let path = tmp.join(name);
+            write_atomic(&path, |out| {
+                std::io::Write::write_all(out, bytes).map_err(CheckpointError::io(&path))
+            })?;
+            let (bytes, crc32) = checksum(&path)?;
+            manifest.attachments.push(FileRecord {
+                name: name.clone(),
+                bytes,
+                crc32,
+            });
+        }
         fault_at(fault, SavePoint::Manifest)?;
         let text = serde_json::to_string_pretty(&manifest).expect("a manifest serializes");
         write_atomic(&tmp.join(MANIFEST_FILE), |out| {
@@ -237,6 +251,7 @@ fn manifest(
         run: info.run.clone(),
         groups,
         files,
+        attachments: Vec::new(),
     })
 }
 

@@ -1,122 +1,15 @@
-//! The `wick` program's command line (clap): `fit`, `consolidate`, `inspect`, `estimate`.
-//!
-//! `wick fit --config run.toml` reads every option of `fit` from a TOML file whose keys are
-//! the long options without their dashes (`max-steps = 400`); options given on the command
-//! line override the file, and `--print-config` prints the effective options as TOML and
-//! exits, as LightningCLI's `--config` and `--print_config` do.
+//! `wick fit`'s options: the effective [`FitArgs`] (defaults, then `--config`'s TOML file,
+//! then the command line's [`FitFlags`]), their checks, and the learning-rate schedule they
+//! describe.
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use super::{
+    is_false, name_of, positive, positive_number, AcceleratorName, DecayName, PrecisionName,
+    ShardingName, StrategyName,
+};
+use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use wick_core::{Decay, LrSchedule};
-
-/// wick: Lightning-style training with sharded data parallelism for Candle.
-#[derive(Debug, Parser)]
-#[command(name = "wick", version)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-/// What the command line asks for.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Train a small GPT-style character model on the corpus bundled with wick (or --data),
-    /// with ranks as threads (or processes under mpirun/srun, or GPUs).
-    Fit(Box<FitFlags>),
-    /// Write a checkpoint's parameters as one plain safetensors file under the model's names
-    /// (and, with --with-optimizer, the optimizer state to OUT.optimizer.safetensors).
-    Consolidate {
-        /// A checkpoint directory, or a checkpoint root such as checkpoints/last.
-        checkpoint: PathBuf,
-        /// The safetensors file to write.
-        out: PathBuf,
-        /// Also write the optimizer state.
-        #[arg(long)]
-        with_optimizer: bool,
-    },
-    /// Print a checkpoint's step, strategy, world size, optimizer, metrics and file sizes,
-    /// after checking it whole (a damaged checkpoint gets the errors loading it would).
-    Inspect {
-        /// A checkpoint directory, or a checkpoint root such as checkpoints/last.
-        checkpoint: PathBuf,
-        /// Also list every parameter's name, shape and dtype.
-        #[arg(long)]
-        tensors: bool,
-    },
-    /// The main job's model from a checkpoint (of any world size), evaluated on the held-out
-    /// tenth of the text at these --devices and --strategy: prints val_loss.
-    Validate(EvalArgs),
-    /// The same pass through `test_step`: prints test_loss.
-    Test(EvalArgs),
-    /// Generate text with the main job's model from a checkpoint (of any world size).
-    Sample(SampleArgs),
-    /// Model-state bytes per rank for each strategy (parameters, gradients, AdamW state) and
-    /// the largest unit held under full_shard: will it fit at W ranks?
-    Estimate(EstimateArgs),
-}
-
-/// A registry strategy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StrategyName {
-    Single,
-    Ddp,
-    Zero1,
-    Zero2,
-    Zero3,
-    Fsdp,
-}
-
-/// An FSDP sharding strategy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
-pub enum ShardingName {
-    FullShard,
-    ShardGradOp,
-    NoShard,
-    HybridShard,
-}
-
-/// A precision of FSDP's sharded modes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-pub enum PrecisionName {
-    #[value(name = "32")]
-    #[serde(rename = "32")]
-    Full,
-    #[value(name = "bf16-mixed")]
-    #[serde(rename = "bf16-mixed")]
-    Bf16Mixed,
-    #[value(name = "16-mixed")]
-    #[serde(rename = "16-mixed")]
-    F16Mixed,
-}
-
-/// How the learning rate falls after warmup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DecayName {
-    Cosine,
-    Linear,
-    Constant,
-}
-
-/// Where each rank computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AcceleratorName {
-    Cpu,
-    Cuda,
-}
-
-/// The name clap and the TOML file use for a value of one of the enums above.
-pub fn name_of<T: ValueEnum>(value: T) -> String {
-    value
-        .to_possible_value()
-        .map(|v| v.get_name().to_string())
-        .unwrap_or_default()
-}
 
 /// The effective options of `wick fit`: the defaults, overridden by `--config`, overridden
 /// by the command line. Keys in TOML are the long options without dashes.
@@ -156,6 +49,14 @@ pub struct FitArgs {
     pub log_dir: PathBuf,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<PathBuf>,
+    /// A Hugging Face model directory to fine-tune, or a config.json to pre-train.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<PathBuf>,
+    /// The model's tokenizer.json, when `model` is a config.json.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<PathBuf>,
+    /// Tokens per window of a `model` run.
+    pub seq: usize,
     pub no_progress: bool,
     pub checkpoint_dir: PathBuf,
     /// Save a checkpoint every this many steps and at the end (unless `no_checkpoints`).
@@ -192,6 +93,9 @@ impl Default for FitArgs {
             run_name: "char-gpt".into(),
             log_dir: "runs".into(),
             data: None,
+            model: None,
+            tokenizer: None,
+            seq: 128,
             no_progress: false,
             checkpoint_dir: "checkpoints".into(),
             save_every: 100,
@@ -310,10 +214,25 @@ pub struct FitFlags {
     #[arg(long, value_name = "DIR")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_dir: Option<PathBuf>,
-    /// Train on this UTF-8 text instead of the bundled corpus.
+    /// Train on this UTF-8 text instead of the bundled corpus; with --model, the token file
+    /// `wick prepare` wrote.
     #[arg(long, value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<PathBuf>,
+    /// Fine-tune this Hugging Face model directory (config.json, model.safetensors,
+    /// tokenizer.json), or pre-train a new model of this config.json, on --data's tokens
+    /// [default: the bundled character model].
+    #[arg(long, value_name = "DIR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<PathBuf>,
+    /// The tokenizer.json of a --model config.json (a model directory has its own).
+    #[arg(long, value_name = "FILE", requires = "model")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<PathBuf>,
+    /// Tokens per window with --model [default: 128].
+    #[arg(long, value_parser = positive, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seq: Option<usize>,
     /// No progress bar.
     #[arg(long)]
     #[serde(skip_serializing_if = "is_false")]
@@ -343,94 +262,6 @@ pub struct FitFlags {
     pub resume: Option<PathBuf>,
 }
 
-/// `wick validate` and `wick test`'s options.
-#[derive(Debug, Args)]
-pub struct EvalArgs {
-    /// A checkpoint of the main job (directory, or a root such as checkpoints/last).
-    pub checkpoint: PathBuf,
-    /// Ranks: threads [default: 1], or the processes mpirun/srun started.
-    #[arg(long, value_parser = positive, value_name = "N")]
-    pub devices: Option<usize>,
-    /// Strategy to evaluate under.
-    #[arg(long, value_enum, default_value = "single")]
-    pub strategy: StrategyName,
-    /// Global batch size, a multiple of --devices.
-    #[arg(long, value_parser = positive, default_value_t = 32)]
-    pub batch_size: usize,
-    /// The text the model was trained on, if not the bundled corpus.
-    #[arg(long, value_name = "FILE")]
-    pub data: Option<PathBuf>,
-}
-
-/// `wick sample`'s options.
-#[derive(Debug, Args)]
-pub struct SampleArgs {
-    /// A checkpoint of the main job (directory, or a root such as checkpoints/last).
-    pub checkpoint: PathBuf,
-    /// The text to continue (characters of the corpus).
-    #[arg(long)]
-    pub prompt: String,
-    /// Characters to generate.
-    #[arg(long, default_value_t = 200)]
-    pub tokens: usize,
-    /// Softmax temperature; 0 picks the most likely character every time.
-    #[arg(long, default_value_t = 0.8)]
-    pub temperature: f64,
-    /// Seed of the draws: the same seed gives the same text.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// The text the model was trained on, if not the bundled corpus (its vocabulary).
-    #[arg(long, value_name = "FILE")]
-    pub data: Option<PathBuf>,
-}
-
-/// `wick estimate`'s options.
-#[derive(Debug, Args)]
-pub struct EstimateArgs {
-    /// Parameters of the model; without it, the main job's model of the sizes below.
-    #[arg(long, value_parser = positive, value_name = "N")]
-    pub params: Option<usize>,
-    /// Ranks.
-    #[arg(long, value_parser = positive, value_name = "W", default_value_t = 2)]
-    pub world: usize,
-    /// Precision of full_shard's gathered units.
-    #[arg(long, value_enum, default_value = "32")]
-    pub precision: PrecisionName,
-    /// Main job model: width.
-    #[arg(long, value_parser = positive, default_value_t = 64)]
-    pub d_model: usize,
-    /// Main job model: transformer blocks.
-    #[arg(long, value_parser = positive, default_value_t = 2)]
-    pub n_layer: usize,
-    /// Main job model: attention heads.
-    #[arg(long, value_parser = positive, default_value_t = 4)]
-    pub n_head: usize,
-    /// Main job model: vocabulary (85 for the bundled corpus).
-    #[arg(long, value_parser = positive, default_value_t = 85)]
-    pub vocab: usize,
-    /// Main job model: context length.
-    #[arg(long, value_parser = positive, default_value_t = 64)]
-    pub block: usize,
-}
-
-fn is_false(b: &bool) -> bool {
-    !b
-}
-
-fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err("expected a positive integer".into()),
-    }
-}
-
-fn positive_number(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(x) if x > 0.0 && x.is_finite() => Ok(x),
-        _ => Err("expected a positive number".into()),
-    }
-}
-
 impl FitFlags {
     /// The effective options: defaults, then `--config`'s file, then the command line.
     pub fn resolve(&self) -> Result<FitArgs, String> {
@@ -445,6 +276,23 @@ impl FitFlags {
         };
         let overlay = toml::Table::try_from(self).map_err(|e| e.to_string())?;
         table.extend(overlay);
+        // A model run is named after its model unless named.
+        if let (Some(model), false) = (
+            table.get("model").and_then(|m| m.as_str()),
+            table.contains_key("run-name"),
+        ) {
+            // `dir` or `dir/config.json` names the run `dir`; `tiny.json` names it `tiny`.
+            let path = std::path::Path::new(model);
+            let named = match path.file_name().and_then(|n| n.to_str()) {
+                Some("config.json") => path.parent().and_then(|p| p.file_name()),
+                _ if path.extension().is_some_and(|e| e == "json") => path.file_stem(),
+                _ => path.file_name(),
+            };
+            let name = named.map(|n| n.to_string_lossy().to_string());
+            if let Some(name) = name.filter(|n| !n.is_empty()) {
+                table.insert("run-name".into(), name.into());
+            }
+        }
         let where_from = match &self.config {
             Some(path) => format!("--config {}", path.display()),
             None => "the options".into(),
@@ -472,6 +320,7 @@ impl FitArgs {
             ("max-steps", self.max_steps),
             ("batch-size", self.batch_size),
             ("val-every", self.val_every),
+            ("seq", self.seq),
             ("keep-last", self.keep_last),
         ];
         if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
@@ -520,6 +369,8 @@ impl FitArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
 
     fn parse(s: &str) -> Result<Command, String> {
         Cli::try_parse_from(std::iter::once("wick").chain(s.split_whitespace()))
@@ -594,6 +445,8 @@ mod tests {
             warmup_steps: Some(1),
             decay_steps: Some(9),
             data: Some("text.txt".into()),
+            model: Some("model".into()),
+            tokenizer: Some("tokenizer.json".into()),
             resume: Some("ck".into()),
             ..FitArgs::default()
         };

@@ -1,0 +1,226 @@
+//! `CausalLm`: a model of one of the families, as a `TrainModule` over batches of token ids,
+//! from a Hugging Face directory (config, weights, tokenizer) or from a config alone.
+
+use crate::config::ModelConfig;
+use crate::gpt2::Gpt2;
+use crate::llama::Llama;
+use crate::{ModelError, TextTokenizer};
+use candle_core::{DType, Result, Tensor, D};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use wick_core::{OptimizerConfig, PretrainedWeights, ShardedContext, TrainModule, WeightSource};
+
+/// The built model of one family.
+#[derive(Clone)]
+enum Net {
+    Llama(Llama),
+    Gpt2(Gpt2),
+}
+
+/// A causal language model: logits for every position, the mean next-token cross-entropy
+/// over every position as its loss. `Batch` is (input ids, target ids), both `[batch, seq]`
+/// u32, the targets being the inputs shifted by one.
+///
+/// Its parameters keep Hugging Face's names (`model.layers.0.self_attn.q_proj.weight`,
+/// `transformer.h.0.attn.c_attn.weight`), so a consolidated checkpoint of it is a Hugging
+/// Face state dict. Each decoder block is one `ctx.wrap` unit.
+#[derive(Clone)]
+pub struct CausalLm {
+    config: ModelConfig,
+    config_json: Arc<String>,
+    tokenizer: Option<TextTokenizer>,
+    weights: Option<Arc<dyn WeightSource>>,
+    optimizer: OptimizerConfig,
+    net: Option<Net>,
+}
+
+/// The weight files of a Hugging Face directory: `model.safetensors`, or the shards that
+/// `model.safetensors.index.json` lists.
+fn weight_files(dir: &Path) -> std::result::Result<Vec<PathBuf>, ModelError> {
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let index = dir.join("model.safetensors.index.json");
+    let missing = |message: String| ModelError::Missing {
+        path: index.clone(),
+        message,
+    };
+    let text = std::fs::read_to_string(&index).map_err(|_| ModelError::Missing {
+        path: dir.to_path_buf(),
+        message: "has neither model.safetensors nor model.safetensors.index.json (wick reads \
+                  safetensors weights only)"
+            .into(),
+    })?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| missing(format!("not JSON: {e}")))?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| missing("has no 'weight_map' object".into()))?;
+    let mut files: Vec<PathBuf> = Vec::new();
+    for file in map.values() {
+        let name = file
+            .as_str()
+            .filter(|n| !n.contains(['/', '\\']) && !n.starts_with('.'))
+            .ok_or_else(|| missing(format!("weight_map names {file}, not a file beside it")))?;
+        let path = dir.join(name);
+        if !files.contains(&path) {
+            files.push(path);
+        }
+    }
+    Ok(files)
+}
+
+impl CausalLm {
+    /// A model of the shape `config.json` at `path` describes, whose parameters wick creates
+    /// (born sharded, from the counter-based init, with Hugging Face's standard deviations).
+    pub fn from_config(path: impl AsRef<Path>) -> std::result::Result<Self, ModelError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Missing {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        Self::from_config_json(text, path)
+    }
+
+    /// [`CausalLm::from_config`] from the JSON text (`path` names it in errors).
+    pub fn from_config_json(text: String, path: &Path) -> std::result::Result<Self, ModelError> {
+        let config = ModelConfig::from_json(&text, path)?;
+        Ok(CausalLm {
+            config,
+            config_json: Arc::new(text),
+            tokenizer: None,
+            weights: None,
+            optimizer: OptimizerConfig::adamw(1e-3),
+            net: None,
+        })
+    }
+
+    /// The model of a Hugging Face directory: `config.json`, the weights (`model.safetensors`
+    /// or the shards of `model.safetensors.index.json`; f32, bf16 or f16, read as f32) and
+    /// `tokenizer.json` if there is one. The weights are read when the parameters are made:
+    /// under zero3 and fsdp each rank reads only its slices.
+    pub fn from_pretrained(dir: impl AsRef<Path>) -> std::result::Result<Self, ModelError> {
+        let dir = dir.as_ref();
+        if !dir.is_dir() {
+            return Err(ModelError::Missing {
+                path: dir.to_path_buf(),
+                message: "not a directory (a Hugging Face model directory holds config.json \
+                          and model.safetensors)"
+                    .into(),
+            });
+        }
+        let model = Self::from_config(dir.join("config.json"))?;
+        let weights = PretrainedWeights::open(&weight_files(dir)?)?;
+        let tokenizer = dir.join("tokenizer.json");
+        let tokenizer = match tokenizer.is_file() {
+            true => Some(TextTokenizer::from_file(tokenizer)?),
+            false => None,
+        };
+        Ok(model
+            .with_weights(Arc::new(weights))
+            .with_tokenizer(tokenizer))
+    }
+
+    /// Parameters take their values from `weights` (a Hugging Face state dict, or a wick
+    /// checkpoint's `into_weights`) instead of the init.
+    pub fn with_weights(mut self, weights: Arc<dyn WeightSource>) -> Self {
+        self.weights = Some(weights);
+        self
+    }
+
+    /// The tokenizer that goes with the model (recorded in checkpoints, used to sample).
+    pub fn with_tokenizer(mut self, tokenizer: Option<TextTokenizer>) -> Self {
+        self.tokenizer = tokenizer;
+        self
+    }
+
+    /// What `configure_optimizers` returns (default AdamW at 1e-3).
+    pub fn with_optimizer(mut self, optimizer: OptimizerConfig) -> Self {
+        self.optimizer = optimizer;
+        self
+    }
+
+    /// The model's config.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The `config.json` text it was made from (written back unchanged on export).
+    pub fn config_json(&self) -> &str {
+        &self.config_json
+    }
+
+    /// The tokenizer, if the model has one.
+    pub fn tokenizer(&self) -> Option<&TextTokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`,
+    /// f32. Needs the parameters (`configure_sharded_model`).
+    pub fn logits(&self, ids: &Tensor) -> Result<Tensor> {
+        let (_, t) = ids.dims2()?;
+        if t > self.config.max_positions() {
+            candle_core::bail!(
+                "a sequence of {t} tokens is longer than the model's {} positions",
+                self.config.max_positions()
+            )
+        }
+        let logits = match &self.net {
+            Some(Net::Llama(m)) => m.logits(ids)?,
+            Some(Net::Gpt2(m)) => m.logits(ids)?,
+            None => candle_core::bail!(
+                "the model's parameters do not exist yet: run it through the trainer"
+            ),
+        };
+        logits.to_dtype(DType::F32)
+    }
+
+    /// The mean cross-entropy of `targets` (`[batch, time]`, u32) under the logits of `ids`.
+    pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let logits = self.logits(ids)?;
+        let (b, t, v) = logits.dims3()?;
+        wick_nn::cross_entropy(&logits.reshape((b * t, v))?, &targets.reshape(b * t)?)
+    }
+}
+
+impl TrainModule for CausalLm {
+    type Batch = (Tensor, Tensor);
+
+    fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> Result<()> {
+        if let Some(weights) = &self.weights {
+            ctx.load_weights(weights.clone());
+        }
+        self.net = Some(match &self.config {
+            ModelConfig::Llama(c) => Net::Llama(Llama::new(ctx, c)?),
+            ModelConfig::Gpt2(c) => Net::Gpt2(Gpt2::new(ctx, c)?),
+        });
+        Ok(())
+    }
+
+    fn configure_optimizers(&self) -> OptimizerConfig {
+        self.optimizer.clone()
+    }
+
+    fn training_step(&mut self, (ids, targets): &Self::Batch, _: usize) -> Result<Tensor> {
+        self.loss(ids, targets)
+    }
+
+    fn validation_step(
+        &mut self,
+        (ids, targets): &Self::Batch,
+        _: usize,
+    ) -> Result<Option<Tensor>> {
+        self.loss(ids, targets).map(Some)
+    }
+
+    fn test_step(&mut self, (ids, targets): &Self::Batch, _: usize) -> Result<Option<Tensor>> {
+        self.loss(ids, targets).map(Some)
+    }
+
+    /// The most likely next token at every position: `[batch, time]`, u32.
+    fn predict_step(&mut self, (ids, _): &Self::Batch, _: usize) -> Result<Tensor> {
+        self.logits(ids)?.argmax(D::Minus1)
+    }
+}

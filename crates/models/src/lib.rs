@@ -1,0 +1,30 @@
+//! wick-models: causal language models of the Llama and GPT-2 families, built from wick-nn's
+//! training-grade layers, read from and written as Hugging Face checkpoints.
+//!
+//! It owns the families' code ([`CausalLm`]: one `ctx.wrap` unit per block, logits for
+//! every position, no KV cache), `config.json` ([`ModelConfig`]: every field read, checked
+//! or refused by name), and `tokenizer.json` ([`TextTokenizer`], on the `tokenizers`
+//! crate). Parameters keep Hugging Face's names, so that a consolidated checkpoint is a
+//! Hugging Face state dict. It knows wick-core (the module traits) and wick-nn only: the
+//! strategy that shards it and the trainer that runs it are chosen by the caller.
+
+mod causal_lm;
+mod config;
+mod error;
+mod gpt2;
+mod layers;
+mod llama;
+mod tokenizer;
+
+pub use causal_lm::CausalLm;
+pub use config::{ConfigError, Gpt2Config, LlamaConfig, ModelConfig};
+pub use error::ModelError;
+pub use tokenizer::TextTokenizer;
+
+// What a crate that uses wick-models alone needs from wick-core to make a model's
+// parameters and run it; the rest is reachable as `wick_models::wick_core`.
+pub use wick_core;
+pub use wick_core::{
+    OptimizerConfig, ParamInit, ParamSource, PretrainedWeights, ShardedContext, SoloWorld,
+    TrainModule, WeightSource,
+};

@@ -1,0 +1,168 @@
+//! `RmsNorm`: y = x / sqrt(mean(x²) + eps) * weight over the last dimension, as Hugging
+//! Face's Llama computes it (in f32), forward and backward each one pass over the rows.
+
+use crate::cpu::{as_f32, f32s, fused, norm_backward, norm_width, rows_per_task};
+use candle_core::{CpuStorage, CustomOp2, DType, Layout, Module, Result, Shape, Tensor, D};
+use candle_nn::VarBuilder;
+use rayon::prelude::*;
+
+/// Root-mean-square normalisation over the last dimension, with a learned scale (Llama's
+/// `LlamaRMSNorm`).
+///
+/// Unlike candle-nn's `RmsNorm`, whose fused op has no backward, this one trains. Fused on
+/// the CPU in f32; the composite ops elsewhere. 16-bit inputs are normalised in f32 and the
+/// result rounded once, as Hugging Face does.
+#[derive(Clone, Debug)]
+pub struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+/// An [`RmsNorm`] of width `size`: `weight` (ones) from `vb`.
+pub fn rms_norm(size: usize, eps: f64, vb: VarBuilder) -> Result<RmsNorm> {
+    Ok(RmsNorm {
+        weight: vb.get_with_hints(size, "weight", candle_nn::Init::Const(1.0))?,
+        eps,
+    })
+}
+
+impl RmsNorm {
+    /// An RMS norm over a given weight.
+    pub fn new(weight: Tensor, eps: f64) -> Self {
+        RmsNorm { weight, eps }
+    }
+
+    /// The scale.
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+}
+
+impl Module for RmsNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dtype = x.dtype();
+        if dtype != DType::F32 {
+            let w = as_f32(&self.weight)?;
+            return RmsNorm::new(w, self.eps)
+                .forward(&as_f32(x)?)?
+                .to_dtype(dtype);
+        }
+        if !fused(&[x, &self.weight]) {
+            return rms_norm_composite(x, &self.weight, self.eps);
+        }
+        x.contiguous()?.apply_op2(
+            &self.weight.contiguous()?,
+            Forward {
+                eps: self.eps as f32,
+            },
+        )
+    }
+}
+
+/// The same norm from Candle's basic ops (the fallback, and the reference in tests).
+pub fn rms_norm_composite(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(weight)
+}
+
+/// A row's reciprocal root mean square.
+fn rrms(row: &[f32], eps: f32) -> f32 {
+    let ms = row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32;
+    1.0 / (ms + eps).sqrt()
+}
+
+struct Forward {
+    eps: f32,
+}
+
+impl CustomOp2 for Forward {
+    fn name(&self) -> &'static str {
+        "wick-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let c = norm_width(self.name(), xl, wl)?;
+        let (x, w) = (f32s(self.name(), xs, xl)?, f32s(self.name(), ws, wl)?);
+        let mut y = vec![0f32; x.len()];
+        let task = rows_per_task(c) * c;
+        y.par_chunks_mut(task)
+            .zip(x.par_chunks(task))
+            .for_each(|(y, x)| {
+                for (row, out) in x.chunks_exact(c).zip(y.chunks_exact_mut(c)) {
+                    let r = rrms(row, self.eps);
+                    for i in 0..c {
+                        // Normalised first, then scaled: Hugging Face's order of roundings.
+                        out[i] = w[i] * (row[i] * r);
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(y), xl.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let c = w.elem_count();
+        let all = x.apply_op3_no_bwd(w, &grad.contiguous()?, &Backward { eps: self.eps })?;
+        let n = x.elem_count();
+        Ok((
+            Some(all.narrow(0, 0, n)?.reshape(x.shape())?),
+            Some(all.narrow(0, n, c)?.reshape(w.shape())?),
+        ))
+    }
+}
+
+/// (x, weight, dy) -> [dx, dweight] end to end.
+struct Backward {
+    eps: f32,
+}
+
+impl candle_core::CustomOp3 for Backward {
+    fn name(&self) -> &'static str {
+        "wick-rms-norm-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let c = norm_width(self.name(), xl, wl)?;
+        let (x, w, dy) = (
+            f32s(self.name(), xs, xl)?,
+            f32s(self.name(), ws, wl)?,
+            f32s(self.name(), gs, gl)?,
+        );
+        let n = x.len();
+        let eps = self.eps;
+        let out = norm_backward(x, dy, c, c, |row, g, d, dw| {
+            let r = rrms(row, eps);
+            // y = w x r, dr/dx_j = -r³ x_j / c:
+            // dx_j = r (g_j w_j - x_j r² mean(g w x)).
+            let mut mean_gwx = 0f32;
+            for i in 0..c {
+                mean_gwx += g[i] * w[i] * row[i];
+                dw[i] += g[i] * row[i] * r;
+            }
+            mean_gwx /= c as f32;
+            for i in 0..c {
+                d[i] = r * (g[i] * w[i] - row[i] * r * r * mean_gwx);
+            }
+        });
+        Ok((CpuStorage::F32(out), Shape::from(n + c)))
+    }
+}

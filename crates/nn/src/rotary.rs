@@ -1,0 +1,139 @@
+//! Rotary position embedding in Hugging Face's "rotate_half" layout: the first and second
+//! halves of each head's vector are the two coordinates of its rotated pairs. Forward and
+//! backward are each one pass; the backward is the rotation by the opposite angle.
+
+use crate::cpu::{f32s, fused};
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor, D};
+use rayon::prelude::*;
+
+/// The cos and sin tables of a rotary embedding, one row per position, `head_dim` wide
+/// (each frequency twice, as Hugging Face's `cat((freqs, freqs))`).
+#[derive(Clone, Debug)]
+pub struct RotaryEmbedding {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl RotaryEmbedding {
+    /// Tables for `max_positions` positions of heads `head_dim` wide (even), with base
+    /// `theta` (`rope_theta`): frequency i is `theta^(-2i / head_dim)`. Computed in f32, as
+    /// `transformers` computes them, so the angles round alike.
+    pub fn new(head_dim: usize, max_positions: usize, theta: f64, device: &Device) -> Result<Self> {
+        if head_dim == 0 || head_dim % 2 != 0 {
+            candle_core::bail!("rotary embedding: head_dim {head_dim} must be even and positive")
+        }
+        let half = head_dim / 2;
+        let theta = theta as f32;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+            .collect();
+        let mut cos = Vec::with_capacity(max_positions * head_dim);
+        let mut sin = Vec::with_capacity(max_positions * head_dim);
+        for p in 0..max_positions {
+            let angles: Vec<f32> = inv_freq.iter().map(|f| p as f32 * f).collect();
+            for _ in 0..2 {
+                cos.extend(angles.iter().map(|a| a.cos()));
+                sin.extend(angles.iter().map(|a| a.sin()));
+            }
+        }
+        let shape = (max_positions, head_dim);
+        Ok(RotaryEmbedding {
+            cos: Tensor::from_vec(cos, shape, device)?,
+            sin: Tensor::from_vec(sin, shape, device)?,
+        })
+    }
+
+    /// The number of positions the tables cover.
+    pub fn max_positions(&self) -> usize {
+        self.cos.dims()[0]
+    }
+
+    /// `x` (`[batch, heads, time, head_dim]`, positions 0..time) rotated:
+    /// `x * cos + rotate_half(x) * sin`. Fused on the CPU in f32; composite elsewhere.
+    /// 16-bit inputs are rotated in f32 and rounded once.
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        let (_, _, t, d) = x.dims4()?;
+        if t > self.max_positions() || d != self.cos.dims()[1] {
+            candle_core::bail!(
+                "rotary embedding: input {:?} needs at most {} positions of width {}",
+                x.dims(),
+                self.max_positions(),
+                self.cos.dims()[1]
+            )
+        }
+        let (cos, sin) = (self.cos.narrow(0, 0, t)?, self.sin.narrow(0, 0, t)?);
+        let dtype = x.dtype();
+        if dtype != DType::F32 {
+            return self.apply(&x.to_dtype(DType::F32)?)?.to_dtype(dtype);
+        }
+        if !fused(&[x, &cos]) {
+            return rotary_composite(x, &cos, &sin);
+        }
+        x.contiguous()?.apply_op1(Rotate {
+            cos: cos.flatten_all()?.to_vec1()?,
+            sin: sin.flatten_all()?.to_vec1()?,
+            sign: 1.0,
+        })
+    }
+}
+
+/// `x * cos + rotate_half(x) * sin` from Candle's basic ops, for `cos` and `sin` of
+/// `[time, head_dim]` (the fallback, and the reference in tests).
+pub fn rotary_composite(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let half = x.dim(D::Minus1)? / 2;
+    let rotated = Tensor::cat(
+        &[
+            &x.narrow(D::Minus1, half, half)?.neg()?,
+            &x.narrow(D::Minus1, 0, half)?,
+        ],
+        D::Minus1,
+    )?;
+    x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?
+}
+
+/// The rotation of every position's pairs by its angles (`sign` -1: the opposite angles,
+/// which is the rotation's backward).
+struct Rotate {
+    /// `[time, head_dim]`, row-major.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    sign: f32,
+}
+
+impl CustomOp1 for Rotate {
+    fn name(&self) -> &'static str {
+        "wick-rotary"
+    }
+
+    fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = f32s(self.name(), xs, xl)?;
+        let (_, _, t, d) = xl.shape().dims4()?;
+        let half = d / 2;
+        let block = t * d;
+        let mut y = vec![0f32; x.len()];
+        y.par_chunks_mut(block)
+            .zip(x.par_chunks(block))
+            .for_each(|(y, x)| {
+                for p in 0..t {
+                    let (cos, sin) = (&self.cos[p * d..], &self.sin[p * d..]);
+                    let (x, y) = (&x[p * d..(p + 1) * d], &mut y[p * d..(p + 1) * d]);
+                    for i in 0..half {
+                        let s = self.sign * sin[i];
+                        let (a, b) = (x[i], x[i + half]);
+                        y[i] = a * cos[i] - b * s;
+                        y[i + half] = b * cos[i + half] + a * self.sign * sin[i + half];
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(y), xl.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let back = Rotate {
+            cos: self.cos.clone(),
+            sin: self.sin.clone(),
+            sign: -self.sign,
+        };
+        Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&back)?))
+    }
+}

@@ -1,0 +1,247 @@
+//! The `wick` program's command line (clap): `fit`, `consolidate`, `inspect`, `estimate`.
+//!
+//! `wick fit --config run.toml` reads every option of `fit` from a TOML file whose keys are
+//! the long options without their dashes (`max-steps = 400`); options given on the command
+//! line override the file, and `--print-config` prints the effective options as TOML and
+//! exits, as LightningCLI's `--config` and `--print_config` do.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+mod fit;
+pub use fit::{FitArgs, FitFlags};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// wick: Lightning-style training with sharded data parallelism for Candle.
+#[derive(Debug, Parser)]
+#[command(name = "wick", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// What the command line asks for.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train a small GPT-style character model on the corpus bundled with wick (or --data),
+    /// with ranks as threads (or processes under mpirun/srun, or GPUs).
+    Fit(Box<FitFlags>),
+    /// Write a checkpoint's parameters as one plain safetensors file under the model's names
+    /// (and, with --with-optimizer, the optimizer state to OUT.optimizer.safetensors).
+    Consolidate {
+        /// A checkpoint directory, or a checkpoint root such as checkpoints/last.
+        checkpoint: PathBuf,
+        /// The safetensors file to write.
+        out: PathBuf,
+        /// Also write the optimizer state.
+        #[arg(long)]
+        with_optimizer: bool,
+    },
+    /// Print a checkpoint's step, strategy, world size, optimizer, metrics and file sizes,
+    /// after checking it whole (a damaged checkpoint gets the errors loading it would).
+    Inspect {
+        /// A checkpoint directory, or a checkpoint root such as checkpoints/last.
+        checkpoint: PathBuf,
+        /// Also list every parameter's name, shape and dtype.
+        #[arg(long)]
+        tensors: bool,
+    },
+    /// The main job's model from a checkpoint (of any world size), evaluated on the held-out
+    /// tenth of the text at these --devices and --strategy: prints val_loss.
+    Validate(EvalArgs),
+    /// The same pass through `test_step`: prints test_loss.
+    Test(EvalArgs),
+    /// Generate text with the main job's model from a checkpoint (of any world size).
+    Sample(SampleArgs),
+    /// Model-state bytes per rank for each strategy (parameters, gradients, AdamW state) and
+    /// the largest unit held under full_shard: will it fit at W ranks?
+    Estimate(EstimateArgs),
+    /// Tokenize text files (one document each) into a token file for `wick fit --model`,
+    /// holding out a fraction for validation.
+    Prepare(PrepareArgs),
+    /// Write a checkpoint of a `fit --model` run as a Hugging Face model directory
+    /// (config.json, model.safetensors, tokenizer.json) that transformers loads.
+    Export {
+        /// A checkpoint directory, or a checkpoint root such as checkpoints/last.
+        checkpoint: PathBuf,
+        /// The directory to write (it must not hold a model already).
+        out: PathBuf,
+    },
+}
+
+/// `wick prepare`'s options.
+#[derive(Debug, Args)]
+pub struct PrepareArgs {
+    /// The tokenizer.json to tokenize with (the model's).
+    #[arg(long, value_name = "TOKENIZER_JSON")]
+    pub tokenizer: PathBuf,
+    /// The token file to write (safetensors).
+    #[arg(long, value_name = "TOKENS")]
+    pub output: PathBuf,
+    /// The fraction of the tokens held out for validation (the end of the last documents).
+    #[arg(long, default_value_t = 0.1, value_name = "F")]
+    pub val_fraction: f64,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+    /// UTF-8 text files, one document each, joined by the tokenizer's end-of-text token.
+    #[arg(required = true, value_name = "TEXT")]
+    pub texts: Vec<PathBuf>,
+}
+
+/// A registry strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StrategyName {
+    Single,
+    Ddp,
+    Zero1,
+    Zero2,
+    Zero3,
+    Fsdp,
+}
+
+/// An FSDP sharding strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum ShardingName {
+    FullShard,
+    ShardGradOp,
+    NoShard,
+    HybridShard,
+}
+
+/// A precision of FSDP's sharded modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum PrecisionName {
+    #[value(name = "32")]
+    #[serde(rename = "32")]
+    Full,
+    #[value(name = "bf16-mixed")]
+    #[serde(rename = "bf16-mixed")]
+    Bf16Mixed,
+    #[value(name = "16-mixed")]
+    #[serde(rename = "16-mixed")]
+    F16Mixed,
+}
+
+/// How the learning rate falls after warmup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecayName {
+    Cosine,
+    Linear,
+    Constant,
+}
+
+/// Where each rank computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AcceleratorName {
+    Cpu,
+    Cuda,
+}
+
+/// The name clap and the TOML file use for a value of one of the enums above.
+pub fn name_of<T: ValueEnum>(value: T) -> String {
+    value
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default()
+}
+
+/// `wick validate` and `wick test`'s options.
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// A checkpoint of the main job (directory, or a root such as checkpoints/last).
+    pub checkpoint: PathBuf,
+    /// Ranks: threads [default: 1], or the processes mpirun/srun started.
+    #[arg(long, value_parser = positive, value_name = "N")]
+    pub devices: Option<usize>,
+    /// Strategy to evaluate under.
+    #[arg(long, value_enum, default_value = "single")]
+    pub strategy: StrategyName,
+    /// Global batch size, a multiple of --devices.
+    #[arg(long, value_parser = positive, default_value_t = 32)]
+    pub batch_size: usize,
+    /// The text the model was trained on, if not the bundled corpus; for a checkpoint of a
+    /// `fit --model` run, the token file (its validation tokens are evaluated).
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+    /// Tokens per window, for a `fit --model` run's checkpoint.
+    #[arg(long, value_parser = positive, default_value_t = 128, value_name = "N")]
+    pub seq: usize,
+}
+
+/// `wick sample`'s options.
+#[derive(Debug, Args)]
+pub struct SampleArgs {
+    /// A checkpoint of the main job (directory, or a root such as checkpoints/last).
+    pub checkpoint: PathBuf,
+    /// The text to continue (characters of the corpus).
+    #[arg(long)]
+    pub prompt: String,
+    /// Characters to generate.
+    #[arg(long, default_value_t = 200)]
+    pub tokens: usize,
+    /// Softmax temperature; 0 picks the most likely character every time.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f64,
+    /// Seed of the draws: the same seed gives the same text.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// The text the model was trained on, if not the bundled corpus (its vocabulary).
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
+}
+
+/// `wick estimate`'s options.
+#[derive(Debug, Args)]
+pub struct EstimateArgs {
+    /// Parameters of the model; without it, the main job's model of the sizes below.
+    #[arg(long, value_parser = positive, value_name = "N", conflicts_with = "model")]
+    pub params: Option<usize>,
+    /// A Hugging Face model directory, or its config.json: that model's parameters and units.
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    /// Ranks.
+    #[arg(long, value_parser = positive, value_name = "W", default_value_t = 2)]
+    pub world: usize,
+    /// Precision of full_shard's gathered units.
+    #[arg(long, value_enum, default_value = "32")]
+    pub precision: PrecisionName,
+    /// Main job model: width.
+    #[arg(long, value_parser = positive, default_value_t = 64)]
+    pub d_model: usize,
+    /// Main job model: transformer blocks.
+    #[arg(long, value_parser = positive, default_value_t = 2)]
+    pub n_layer: usize,
+    /// Main job model: attention heads.
+    #[arg(long, value_parser = positive, default_value_t = 4)]
+    pub n_head: usize,
+    /// Main job model: vocabulary (85 for the bundled corpus).
+    #[arg(long, value_parser = positive, default_value_t = 85)]
+    pub vocab: usize,
+    /// Main job model: context length.
+    #[arg(long, value_parser = positive, default_value_t = 64)]
+    pub block: usize,
+}
+
+pub(crate) fn is_false(b: &bool) -> bool {
+    !b
+}
+
+pub(crate) fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("expected a positive integer".into()),
+    }
+}
+
+pub(crate) fn positive_number(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x.is_finite() => Ok(x),
+        _ => Err("expected a positive number".into()),
+    }
+}

@@ -1,0 +1,93 @@
+//! `wick fit --model`: fine-tune a Hugging Face model directory, or pre-train a new model of
+//! a `config.json`, on the token file `wick prepare` wrote, with every option of the main
+//! job. Its checkpoints carry the model's `config.json` and `tokenizer.json`, so that
+//! `validate`, `sample` and `export` need nothing else.
+
+use crate::cli::FitArgs;
+use crate::fit_job::{FitReport, Run};
+use anyhow::Context;
+use std::path::Path;
+use wick_core::OptimizerConfig;
+use wick_models::{CausalLm, TextTokenizer};
+use wick_trainer::{Checkpoint, DataLoader, ModelCheckpoint, Split, TokenDataset};
+
+/// The attachment of a checkpoint that holds its model's config.
+pub const CONFIG_FILE: &str = "config.json";
+/// The attachment of a checkpoint that holds its model's tokenizer.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
+/// The model `--model` names: a Hugging Face directory (its own tokenizer, unless
+/// `tokenizer` replaces it), or a `config.json` for a new model (`tokenizer` required).
+pub fn load_model(model: &Path, tokenizer: Option<&Path>) -> anyhow::Result<CausalLm> {
+    let lm = match model.is_dir() {
+        true => CausalLm::from_pretrained(model)?,
+        false => CausalLm::from_config(model)?,
+    };
+    let lm = match tokenizer {
+        Some(path) => lm.with_tokenizer(Some(TextTokenizer::from_file(path)?)),
+        None => lm,
+    };
+    anyhow::ensure!(
+        lm.tokenizer().is_some(),
+        "{}: no tokenizer.json; pass --tokenizer, the one `wick prepare` tokenized the data with",
+        model.display()
+    );
+    Ok(lm)
+}
+
+/// The model a checkpoint of a `fit --model` run holds (its config and tokenizer from the
+/// checkpoint, its parameters read from the checkpoint's files), or `None` for a checkpoint
+/// of the character model.
+pub fn from_checkpoint(checkpoint: Checkpoint) -> anyhow::Result<Option<CausalLm>> {
+    let Some(config) = checkpoint.attachment(CONFIG_FILE) else {
+        return Ok(None);
+    };
+    let tokenizer = checkpoint
+        .attachment(TOKENIZER_FILE)
+        .map(TextTokenizer::from_file)
+        .transpose()?;
+    let lm = CausalLm::from_config(&config)?
+        .with_tokenizer(tokenizer)
+        .with_weights(checkpoint.into_weights());
+    Ok(Some(lm))
+}
+
+/// Split `split` of the token file `data` in windows of `seq`, checked against `lm`'s
+/// tokenizer and vocabulary.
+pub fn tokens(
+    lm: &CausalLm,
+    data: &Path,
+    split: Split,
+    seq: usize,
+) -> anyhow::Result<TokenDataset> {
+    let max = lm.config().max_positions();
+    anyhow::ensure!(
+        seq <= max,
+        "--seq {seq} is longer than the model's {max} positions"
+    );
+    let set = TokenDataset::open(data, split, seq)?;
+    let tokenizer = lm.tokenizer().context("the model has no tokenizer")?;
+    set.check(&tokenizer.hash(), lm.config().vocab_size())?;
+    Ok(set)
+}
+
+/// Trains the model `model` names as `args` says.
+pub fn run(args: &FitArgs, model: &Path) -> anyhow::Result<FitReport> {
+    let data = args
+        .data
+        .as_deref()
+        .context("--model needs --data TOKENS, a token file that `wick prepare` wrote")?;
+    let optimizer = OptimizerConfig::adamw(args.lr).with_schedule(args.lr_schedule());
+    let mut lm = load_model(model, args.tokenizer.as_deref())?.with_optimizer(optimizer);
+    let train = tokens(&lm, data, Split::Train, args.seq)?;
+    let val = tokens(&lm, data, Split::Val, args.seq)?;
+    let tokenizer = lm.tokenizer().context("the model has no tokenizer")?;
+    let checkpoints = ModelCheckpoint::new(&args.checkpoint_dir)
+        .with_attachment(CONFIG_FILE, lm.config_json().as_bytes().to_vec())
+        .with_attachment(TOKENIZER_FILE, tokenizer.json().as_bytes().to_vec());
+    let (train, val) = (
+        DataLoader::new(train, args.batch_size),
+        DataLoader::new(val, args.batch_size).without_shuffle(),
+    );
+    Run::new(args, checkpoints)?.fit(args, &mut lm, &train, &val)
+}
