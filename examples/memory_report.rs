@@ -5,7 +5,7 @@
 //! `cargo run --release --example memory_report -- --world 4`
 //!
 //! `state_bytes_per_rank` is counted from the tensors rank 0's strategy holds after the
-//! steps; `formula_bytes_per_rank` is DESIGN.md's table; `peak_heap_bytes` is the highest
+//! steps; `formula_bytes_per_rank` is docs/design.md's table; `peak_heap_bytes` is the highest
 //! heap of the whole process (all ranks) during the run, minus the heap before it, measured
 //! by the counting allocator below.
 //!

@@ -4,22 +4,30 @@
 //! full_shard gathers: "will it fit?" before trying, as DeepSpeed's estimators answer.
 
 use crate::char_gpt::{CharGpt, GptConfig};
-use crate::cli::{name_of, EstimateArgs, PrecisionName};
+use crate::cli::EstimateArgs;
 use crate::fit_job::configure_on_one_cpu;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use wick_core::{StateBytes, Strategy};
-use wick_strategies::{strategy_by_name, Fsdp, FsdpSharding};
+use wick_strategies::{ShardingKind, StrategyKind, StrategySpec};
 
-/// The strategies estimated, by the names `wick fit` takes.
+/// The strategies estimated, by the names `wick fit` takes: every one of several ranks,
+/// fsdp with each sharding but hybrid_shard (whose bytes depend on its groups).
 fn strategies() -> Vec<(String, Box<dyn Strategy>)> {
-    let mut all: Vec<(String, Box<dyn Strategy>)> = ["ddp", "zero1", "zero2", "zero3"]
-        .iter()
-        .map(|n| (n.to_string(), strategy_by_name(n).expect("a registry name")))
+    let build = |spec: StrategySpec| spec.build().expect("default options are valid");
+    let mut all: Vec<(String, Box<dyn Strategy>)> = StrategyKind::ALL
+        .into_iter()
+        .filter(|k| !matches!(k, StrategyKind::Single | StrategyKind::Fsdp))
+        .map(|k| (k.to_string(), build(k.into())))
         .collect();
-    for name in ["full_shard", "shard_grad_op", "no_shard"] {
-        let sharding = FsdpSharding::from_name(name, 1).expect("an FSDP sharding name");
-        all.push((format!("fsdp {name}"), Fsdp::new(sharding).build()));
+    for sharding in ShardingKind::ALL {
+        if sharding != ShardingKind::HybridShard {
+            let spec = StrategySpec {
+                sharding,
+                ..StrategySpec::new(StrategyKind::Fsdp)
+            };
+            all.push((format!("fsdp {sharding}"), build(spec)));
+        }
     }
     all
 }
@@ -104,10 +112,7 @@ pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
             mib(r.total())
         );
     }
-    let elem = match args.precision {
-        PrecisionName::Full => 4,
-        _ => 2,
-    };
+    let elem = args.precision.compute_bytes();
     match largest {
         Some((unit, n)) => {
             let _ = writeln!(
@@ -115,7 +120,7 @@ pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
                 "largest unit under full_shard: {unit}, {n} elements, {} gathered in {} (a rank \
                  holds up to three such units beside its shards)",
                 mib(n * elem),
-                name_of(args.precision)
+                args.precision
             );
         }
         None => {
@@ -147,7 +152,7 @@ mod tests {
             params: None,
             model: Some(fixture),
             world: 4,
-            precision: PrecisionName::Full,
+            precision: wick_strategies::Precision::Full,
             d_model: 64,
             n_layer: 2,
             n_head: 4,

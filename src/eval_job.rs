@@ -3,7 +3,7 @@
 //! this run's `--devices` and `--strategy`.
 
 use crate::char_gpt::CharGpt;
-use crate::cli::{name_of, EvalArgs};
+use crate::cli::EvalArgs;
 use crate::fit_job::{main_job_config, split};
 use wick_trainer::{Checkpoint, DataLoader, Split, Trainer};
 
@@ -33,7 +33,7 @@ impl Pass {
 pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
     let checkpoint = Checkpoint::open(&args.checkpoint)?;
     let mut builder = Trainer::builder()
-        .strategy(&name_of(args.strategy))
+        .strategy_spec(args.strategy)
         .progress(false)
         .model_summary(false)
         .no_logger();
@@ -87,11 +87,11 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::StrategyName;
+    use wick_strategies::StrategyKind;
 
     #[test]
     fn a_checkpoint_evaluates_the_same_at_any_world_size() {
-        let dir = crate::fit_job::trained_checkpoint(StrategyName::Fsdp, 2);
+        let dir = crate::fit_job::trained_checkpoint(StrategyKind::Fsdp, 2);
         let root = dir.path();
         let args = |devices, strategy| EvalArgs {
             checkpoint: root.join("ck/last"),
@@ -101,16 +101,16 @@ mod tests {
             data: None,
             seq: 128,
         };
-        let (one, _) = run(Pass::Validate, &args(1, StrategyName::Single)).unwrap();
-        let (three, _) = run(Pass::Validate, &args(2, StrategyName::Zero3)).unwrap();
-        let (test, _) = run(Pass::Test, &args(2, StrategyName::Fsdp)).unwrap();
+        let (one, _) = run(Pass::Validate, &args(1, StrategyKind::Single)).unwrap();
+        let (three, _) = run(Pass::Validate, &args(2, StrategyKind::Zero3)).unwrap();
+        let (test, _) = run(Pass::Test, &args(2, StrategyKind::Fsdp)).unwrap();
         assert!(
             (one - three).abs() < 1e-5 && (one - test).abs() < 1e-5,
             "{one} {three} {test}"
         );
         // Two steps from a random init: the loss is near ln(vocabulary), not zero.
         assert!(one > 3.0, "{one}");
-        let e = run(Pass::Validate, &args(3, StrategyName::Ddp)).unwrap_err();
+        let e = run(Pass::Validate, &args(3, StrategyKind::Ddp)).unwrap_err();
         assert!(e.to_string().contains("batch"), "{e}");
     }
 }

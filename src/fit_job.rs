@@ -2,12 +2,12 @@
 
 use crate::char_corpus::{CharWindows, Vocab, BUNDLED_TEXT};
 use crate::char_gpt::{CharGpt, GptConfig};
-use crate::cli::{name_of, FitArgs, PrecisionName, StrategyName};
+use crate::cli::{name_of, FitArgs};
 use anyhow::Context;
 use std::sync::{Arc, Mutex};
 use wick_accelerator::{cuda_device_count, DeviceKind, LaunchEnv};
-use wick_core::{Callback, RunState};
-use wick_strategies::{Fsdp, FsdpSharding, MixedPrecision};
+use wick_core::{lock, Callback, RunState};
+use wick_strategies::StrategyKind;
 use wick_trainer::{DataLoader, LearningRateMonitor, ModelCheckpoint, Trainer};
 
 /// Context length of the main job's model.
@@ -20,7 +20,7 @@ struct LossHistory(Arc<Mutex<Option<(f64, f64)>>>);
 impl Callback for LossHistory {
     fn on_train_batch_end(&mut self, state: &RunState) -> candle_core::Result<()> {
         if let Some(&loss) = state.metrics.get("train_loss") {
-            let mut h = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            let mut h = lock(&self.0);
             *h = Some((h.map_or(loss, |(first, _)| first), loss));
         }
         Ok(())
@@ -65,7 +65,7 @@ pub fn main_job_config(vocab: usize) -> GptConfig {
 pub fn configure_on_one_cpu<M: wick_core::TrainModule>(
     model: &mut M,
 ) -> anyhow::Result<Box<dyn wick_core::Strategy>> {
-    let mut strategy = wick_strategies::strategy_by_name("single")?;
+    let mut strategy = wick_strategies::StrategySpec::new(StrategyKind::Single).build()?;
     strategy.connect(Arc::new(wick_core::SoloWorld), candle_core::Device::Cpu)?;
     wick_accelerator::Accelerator::setup(strategy.as_mut(), model, 0)?;
     Ok(strategy)
@@ -158,29 +158,7 @@ impl Run {
             .progress(!args.no_progress)
             .callback(LearningRateMonitor::new())
             .callback(history.clone());
-        builder = match args.strategy {
-            StrategyName::Fsdp => {
-                let sharding = FsdpSharding::from_name(&name_of(args.sharding), args.group_size)?;
-                let precision = MixedPrecision::from_name(&name_of(args.precision))?;
-                let mut fsdp = Fsdp::new(sharding)
-                    .with_precision(precision)?
-                    .with_prefetch(args.prefetch);
-                if let Some(prefixes) = &args.auto_wrap {
-                    fsdp = fsdp.with_auto_wrap(prefixes.clone());
-                }
-                builder.strategy_instance(fsdp.build())
-            }
-            _ if args.auto_wrap.is_some() || args.prefetch => {
-                anyhow::bail!("--auto-wrap and --prefetch need --strategy fsdp")
-            }
-            _ if args.precision != PrecisionName::Full => {
-                anyhow::bail!(
-                    "--precision {} needs --strategy fsdp (its sharded modes)",
-                    name_of(args.precision)
-                )
-            }
-            name => builder.strategy(&name_of(name)),
-        };
+        builder = builder.strategy_spec(args.strategy_spec());
         if let Some(d) = devices {
             builder = builder.devices(d);
         }
@@ -220,11 +198,7 @@ impl Run {
             Some(from) => trainer.fit_from(model, train, Some(val), from)?,
             None => trainer.fit(model, train, Some(val))?,
         };
-        let (first, last) = self
-            .history
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let (first, last) = lock(&self.history.0)
             .context(
                 "no training step ran (a resumed run must raise --max-steps above the checkpoint's step)",
             )?;
@@ -244,7 +218,7 @@ impl Run {
 /// A checkpoint of the main job after `steps` steps of `strategy` on 2 ranks (global batch
 /// 8), saved in a fresh folder: `<folder>/ck/last`. For the commands' tests.
 #[cfg(test)]
-pub fn trained_checkpoint(strategy: StrategyName, steps: usize) -> tempfile::TempDir {
+pub fn trained_checkpoint(strategy: StrategyKind, steps: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("a temporary folder");
     let fit = FitArgs {
         devices: Some(2),

@@ -94,7 +94,7 @@ mod tests {
 
     #[test]
     fn the_same_seed_gives_the_same_text_from_a_two_rank_checkpoint() {
-        let dir = crate::fit_job::trained_checkpoint(crate::cli::StrategyName::Zero3, 3);
+        let dir = crate::fit_job::trained_checkpoint(wick_strategies::StrategyKind::Zero3, 3);
         let root = dir.path();
         let args = |seed| SampleArgs {
             checkpoint: root.join("ck/last"),

@@ -3,7 +3,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::Linear;
 use std::sync::Arc;
 use wick::accelerator::ThreadWorld;
-use wick::core::{OptimizerConfig, ShardedContext, TrainModule, Wrapped};
+use wick::core::{GradSync, OptimizerConfig, ShardedContext, TrainModule, Wrapped};
 use wick::strategies::{Fsdp, FsdpSharding};
 use wick::trainer::{DataLoader, Trainer};
 
@@ -86,8 +86,8 @@ fn gathers_per_step_of(make: impl Fn() -> Fsdp + Sync) -> (usize, usize) {
         for u in &units {
             h = u.apply(&h, |l, x| l.forward(x))?;
         }
-        s.backward(&h.sqr()?.mean_all()?)?;
-        s.optimizer_step()?;
+        s.backward(&h.sqr()?.mean_all()?, GradSync::Reduce)?;
+        s.optimizer_step(adamw().lr())?;
         let log = world.log.lock().unwrap().clone();
         Ok::<_, wick::core::Error>(log)
     });
@@ -221,13 +221,13 @@ fn wrapping_the_same_name_twice_is_refused() {
 #[test]
 fn mixed_precision_trains_close_to_single_f32() {
     use crate::common::RankedMlp;
-    use wick::strategies::MixedPrecision;
+    use wick::strategies::Precision;
     let model = || RankedMlp::scaled(adamw(), 1.0 / 64.0);
     let mut single = crate::common::quiet_trainer(1, "single", STEPS);
     single.fit(&mut model(), &loader(), None).unwrap();
     let reference = full_parameters(&mut single);
     for (name, tolerance) in [("bf16-mixed", 1e-2), ("16-mixed", 2e-3)] {
-        let precision = MixedPrecision::from_name(name).unwrap();
+        let precision = name.parse::<Precision>().unwrap().mixed();
         for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
             let fsdp = Fsdp::new(sharding).with_precision(precision).unwrap();
             let mut trainer = crate::common::quiet_trainer_with(2, fsdp.build(), STEPS);
@@ -246,7 +246,7 @@ fn mixed_precision_trains_close_to_single_f32() {
             assert_eq!(scale, want, "{name} {sharding:?}");
         }
     }
-    let bf16 = MixedPrecision::from_name("bf16-mixed").unwrap();
+    let bf16 = Precision::Bf16Mixed.mixed();
     assert!(Fsdp::new(FsdpSharding::NoShard)
         .with_precision(bf16)
         .is_err());
@@ -254,11 +254,11 @@ fn mixed_precision_trains_close_to_single_f32() {
 
 #[test]
 fn mixed_precision_units_take_integer_inputs_and_return_f32() {
-    use wick::strategies::MixedPrecision;
+    use wick::strategies::Precision;
     let embed = |precision: &str| {
         let outcomes = ThreadWorld::new(1).run(|comm| {
             let mut s = Fsdp::new(FsdpSharding::FullShard)
-                .with_precision(MixedPrecision::from_name(precision)?)?
+                .with_precision(precision.parse::<Precision>()?.mixed())?
                 .build();
             s.connect(Arc::new(comm), Device::Cpu)?;
             let ctx = s.sharded_context(9)?;

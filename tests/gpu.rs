@@ -10,7 +10,7 @@ mod common;
 use common::{adamw, full_parameters, loader, max_diff, quiet_builder, Mlp};
 use wick::accelerator::{cuda_device_count, Accelerator};
 use wick::core::Strategy;
-use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding, MixedPrecision};
+use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding, Precision};
 
 const STEPS: usize = 6;
 /// f32 on the GPU against f32 on the CPU: different kernels and summation orders.
@@ -35,7 +35,7 @@ fn strategies(world: usize) -> Vec<(String, Box<dyn Strategy>)> {
         FsdpSharding::NoShard,
     ];
     if world == 4 {
-        shardings.push(FsdpSharding::from_name("hybrid_shard", 2).unwrap());
+        shardings.push(FsdpSharding::HybridShard { group_size: 2 });
     }
     for sharding in shardings {
         all.push((format!("fsdp {sharding:?}"), Fsdp::new(sharding).build()));
@@ -94,7 +94,7 @@ fn bf16_mixed_on_the_gpu_matches_the_cpu() {
     for world in [1, 2] {
         for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
             let fsdp = || {
-                let bf16 = MixedPrecision::from_name("bf16-mixed").unwrap();
+                let bf16 = Precision::Bf16Mixed.mixed();
                 Fsdp::new(sharding).with_precision(bf16).unwrap().build()
             };
             let reference = train_on(Accelerator::cpu(world).unwrap(), fsdp());

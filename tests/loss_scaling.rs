@@ -2,7 +2,7 @@
 //! on every rank, the scale backs off, training goes on, and checkpoints keep the scale.
 
 use crate::common::{adamw, full_parameters, loader, quiet_builder, RankedMlp};
-use wick::strategies::{Fsdp, FsdpSharding, MixedPrecision};
+use wick::strategies::{Fsdp, FsdpSharding, Precision};
 use wick::trainer::{Checkpoint, ModelCheckpoint, Trainer};
 
 /// Batch 3 (the fourth step) is multiplied by this on rank 0 only: its gradients overflow
@@ -10,7 +10,7 @@ use wick::trainer::{Checkpoint, ModelCheckpoint, Trainer};
 const HUGE: f64 = 1e12;
 
 fn sixteen_mixed(sharding: FsdpSharding) -> Box<dyn wick::core::Strategy> {
-    let half = MixedPrecision::from_name("16-mixed").unwrap();
+    let half = Precision::F16Mixed.mixed();
     Fsdp::new(sharding).with_precision(half).unwrap().build()
 }
 

@@ -7,7 +7,7 @@
 //! - Under FSDP full_shard a unit's full parameters are not alive between its forward and
 //!   its backward; under shard_grad_op they are.
 //! - Under full_shard a training step holds, beyond the parameter shards, no more than the
-//!   gradient shards plus three units per rank (DESIGN.md: the recomputed unit, its
+//!   gradient shards plus three units per rank (docs/design.md: the recomputed unit, its
 //!   gradient and the prefetched neighbour).
 
 mod counting_allocator;
@@ -15,7 +15,7 @@ mod counting_allocator;
 use counting_allocator as heap;
 use std::sync::Arc;
 use wick::accelerator::ThreadWorld;
-use wick::core::{Collective, OptimizerConfig, Strategy, Wrapped};
+use wick::core::{Collective, GradSync, OptimizerConfig, Strategy, Wrapped};
 use wick::strategies::{Fsdp, FsdpSharding};
 
 /// One 1024 x 4096 weight: 16 MiB in full, 4 MiB per rank at W = 4.
@@ -68,8 +68,8 @@ fn held_between_forward_and_backward(sharding: FsdpSharding) -> usize {
         world.barrier()?;
         let held = heap::current().saturating_sub(before);
         world.barrier()?;
-        s.backward(&y.sqr()?.mean_all()?)?;
-        s.optimizer_step()?;
+        s.backward(&y.sqr()?.mean_all()?, GradSync::Reduce)?;
+        s.optimizer_step(0.1)?;
         Ok::<_, wick::core::Error>(held)
     });
     outcomes.into_iter().map(|o| o.unwrap()).max().unwrap()
@@ -106,8 +106,12 @@ fn deep_model(
     Ok(units)
 }
 
-/// One training step of the deep model on a batch of two rows of ones.
-fn deep_step(s: &mut dyn Strategy, units: &[Wrapped<candle_nn::Linear>]) -> wick::core::Result<()> {
+/// One training step at rate `lr` of the deep model on a batch of two rows of ones.
+fn deep_step(
+    s: &mut dyn Strategy,
+    units: &[Wrapped<candle_nn::Linear>],
+    lr: f64,
+) -> wick::core::Result<()> {
     let mut h = candle_core::Tensor::ones(
         (2, DEEP_WIDTH),
         candle_core::DType::F32,
@@ -118,8 +122,8 @@ fn deep_step(s: &mut dyn Strategy, units: &[Wrapped<candle_nn::Linear>]) -> wick
             candle_core::Module::forward(layer, x)?.tanh()
         })?;
     }
-    s.backward(&h.sqr()?.mean_all()?)?;
-    s.optimizer_step()
+    s.backward(&h.sqr()?.mean_all()?, GradSync::Reduce)?;
+    s.optimizer_step(lr)
 }
 
 /// Peak heap growth of the whole process over one full_shard training step of a deep model
@@ -131,7 +135,7 @@ fn full_shard_step_growth(prefetch: bool) -> usize {
             .with_prefetch(prefetch)
             .build();
         let units = deep_model(s.as_mut(), &world, false, OptimizerConfig::sgd(0.1))?;
-        let mut step = || deep_step(s.as_mut(), &units);
+        let mut step = || deep_step(s.as_mut(), &units, 0.1);
         step()?;
         world.barrier()?;
         if world.rank() == 0 {
@@ -157,7 +161,7 @@ fn heap_after_each_step(strategy: &str) -> Vec<(usize, usize)> {
         let mut s = make(strategy);
         let units = deep_model(s.as_mut(), &world, true, OptimizerConfig::adamw(1e-3))?;
         for _ in 0..8 {
-            deep_step(s.as_mut(), &units)?;
+            deep_step(s.as_mut(), &units, 1e-3)?;
             world.barrier()?;
             if world.rank() == 0 {
                 let now = (heap::current(), heap::allocated());

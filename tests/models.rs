@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use wick::core::{Algorithm, Callback, OptimizerConfig, RunState, SoloWorld, Strategy};
 use wick::models::{CausalLm, TextTokenizer};
-use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding, MixedPrecision};
+use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding, Precision};
 use wick::trainer::{DataLoader, Dataset, Trainer};
 
 /// The fixtures' folder.
@@ -262,7 +262,7 @@ fn ten_adamw_steps_match_transformers_under_every_strategy() {
 fn bf16_mixed_trains_close_to_transformers_f32() {
     for family in FAMILIES {
         let r = reference(family);
-        let bf16 = MixedPrecision::from_name("bf16-mixed").unwrap();
+        let bf16 = Precision::Bf16Mixed.mixed();
         let fsdp = Fsdp::new(FsdpSharding::FullShard)
             .with_precision(bf16)
             .unwrap();

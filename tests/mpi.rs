@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Tensor};
 use common::{adamw, full_parameters, loader, max_diff, Mlp, SoloMlp};
 use wick::accelerator::{Accelerator, LaunchEnv, MpiWorld, ThreadWorld};
 use wick::core::{Collective, ReduceOp, Strategy};
-use wick::strategies::{Fsdp, FsdpSharding, MixedPrecision};
+use wick::strategies::{Fsdp, Precision, ShardingKind};
 use wick::trainer::{Metrics, Trainer};
 
 const STEPS: usize = 10;
@@ -263,11 +263,16 @@ type MakeStrategy = Box<dyn Fn() -> Box<dyn Strategy>>;
 fn fsdp(sharding: &str, group: usize, precision: &str, prefetch: bool) -> MakeStrategy {
     let (sharding, precision) = (sharding.to_string(), precision.to_string());
     Box::new(move || {
-        Fsdp::new(FsdpSharding::from_name(&sharding, group).unwrap())
-            .with_precision(MixedPrecision::from_name(&precision).unwrap())
-            .unwrap()
-            .with_prefetch(prefetch)
-            .build()
+        Fsdp::new(
+            sharding
+                .parse::<ShardingKind>()
+                .unwrap()
+                .with_group_size(group),
+        )
+        .with_precision(precision.parse::<Precision>().unwrap().mixed())
+        .unwrap()
+        .with_prefetch(prefetch)
+        .build()
     })
 }
 

@@ -1,6 +1,7 @@
 use crate::common::{adamw, full_parameters, max_diff, Mlp, Recording, Regression};
 use candle_core::{DType, Device, Module, Tensor};
 use wick::accelerator::ThreadWorld;
+use wick::core::GradSync;
 use wick::trainer::{DataLoader, Trainer};
 
 /// Trains the MLP with the given options and returns its full parameters.
@@ -80,15 +81,14 @@ fn no_gradient_collective_runs_before_the_last_micro_batch() {
             let x = Tensor::ones((2, 3), DType::F32, &Device::Cpu)?;
             let mut marks = Vec::new();
             for micro in 0..4 {
-                s.set_grad_sync(micro == 3);
                 let mut h = x.clone();
                 for l in &layers {
                     h = l.get()?.forward(&h)?;
                 }
-                s.backward(&h.sqr()?.mean_all()?)?;
+                s.backward(&h.sqr()?.mean_all()?, GradSync::for_micro_batch(micro, 4))?;
                 marks.push(world.log.lock().unwrap().len());
             }
-            s.optimizer_step()?;
+            s.optimizer_step(adamw().lr())?;
             let log = world.log.lock().unwrap().clone();
             Ok::<_, wick::core::Error>((log, marks))
         });

@@ -3,7 +3,7 @@ use crate::common::{full_parameters, loader, Mlp};
 use crate::common::Recording;
 use candle_core::{DType, Device, Module, Tensor};
 use wick::accelerator::ThreadWorld;
-use wick::core::{OptimizerConfig, Strategy};
+use wick::core::{GradSync, OptimizerConfig, Strategy};
 use wick::strategies::Zero3;
 use wick::trainer::Trainer;
 
@@ -58,8 +58,8 @@ fn backward_issues_the_same_collectives_in_the_same_order_on_every_rank() {
                 for l in &layers {
                     h = l.get()?.forward(&h)?;
                 }
-                zero3.backward(&h.sqr()?.mean_all()?)?;
-                zero3.optimizer_step()?;
+                zero3.backward(&h.sqr()?.mean_all()?, GradSync::Reduce)?;
+                zero3.optimizer_step(0.01)?;
             }
             let log = world.log.lock().unwrap().clone();
             Ok::<_, wick::core::Error>(log)

@@ -2,24 +2,22 @@
 //! then the command line's [`FitFlags`]), their checks, and the learning-rate schedule they
 //! describe.
 
-use super::{
-    is_false, name_of, positive, positive_number, AcceleratorName, DecayName, PrecisionName,
-    ShardingName, StrategyName,
-};
+use super::{is_false, name_of, positive, positive_number, AcceleratorName, DecayName};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use wick_core::{Decay, LrSchedule};
+use wick_strategies::{Precision, ShardingKind, StrategyKind, StrategySpec};
 
 /// The effective options of `wick fit`: the defaults, overridden by `--config`, overridden
 /// by the command line. Keys in TOML are the long options without dashes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FitArgs {
-    pub strategy: StrategyName,
-    pub sharding: ShardingName,
+    pub strategy: StrategyKind,
+    pub sharding: ShardingKind,
     pub group_size: usize,
-    pub precision: PrecisionName,
+    pub precision: Precision,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub auto_wrap: Option<Vec<String>>,
     pub prefetch: bool,
@@ -70,10 +68,10 @@ pub struct FitArgs {
 impl Default for FitArgs {
     fn default() -> Self {
         FitArgs {
-            strategy: StrategyName::Fsdp,
-            sharding: ShardingName::FullShard,
+            strategy: StrategyKind::Fsdp,
+            sharding: ShardingKind::FullShard,
             group_size: 2,
-            precision: PrecisionName::Full,
+            precision: Precision::Full,
             auto_wrap: None,
             prefetch: false,
             accumulate: 1,
@@ -123,11 +121,11 @@ pub struct FitFlags {
     /// Distribution strategy [default: fsdp].
     #[arg(long, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub strategy: Option<StrategyName>,
+    pub strategy: Option<StrategyKind>,
     /// FSDP sharding [default: full_shard].
     #[arg(long, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub sharding: Option<ShardingName>,
+    pub sharding: Option<ShardingKind>,
     /// Ranks per group for hybrid_shard [default: 2].
     #[arg(long, value_parser = positive, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -135,7 +133,7 @@ pub struct FitFlags {
     /// fsdp: units computed and gradients reduced in 16 bits [default: 32].
     #[arg(long, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub precision: Option<PrecisionName>,
+    pub precision: Option<Precision>,
     /// fsdp: only blocks whose names start with one of these prefixes are units of their
     /// own (e.g. blocks.); the others share one root unit [default: every block].
     #[arg(long, value_delimiter = ',', value_name = "P,Q")]
@@ -315,7 +313,6 @@ impl FitArgs {
     /// What clap checks on the command line, checked again for values from a file.
     fn check(&self) -> Result<(), String> {
         let positive = [
-            ("group-size", self.group_size),
             ("accumulate", self.accumulate),
             ("max-steps", self.max_steps),
             ("batch-size", self.batch_size),
@@ -326,6 +323,7 @@ impl FitArgs {
         if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{key} must be a positive integer, got 0"));
         }
+        self.strategy_spec().check().map_err(|e| e.to_string())?;
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(format!("lr must be a positive number, got {}", self.lr));
         }
@@ -342,6 +340,18 @@ impl FitArgs {
                 self.lr_schedule().total_steps
             )
         })
+    }
+
+    /// The strategy these options describe.
+    pub fn strategy_spec(&self) -> StrategySpec {
+        StrategySpec {
+            strategy: self.strategy,
+            sharding: self.sharding,
+            group_size: self.group_size,
+            precision: self.precision,
+            prefetch: self.prefetch,
+            auto_wrap: self.auto_wrap.clone(),
+        }
     }
 
     /// The schedule of the options: warmup, then the decay until `decay-steps`.
@@ -406,7 +416,7 @@ mod tests {
                 a.seed,
                 a.threads_per_rank
             ),
-            (StrategyName::Single, Some(1), 5, 9, Some(3))
+            (StrategyKind::Single, Some(1), 5, 9, Some(3))
         );
         let a =
             fit("fit --no-progress --no-checkpoints --auto-wrap blocks.,head --prefetch").unwrap();
@@ -467,13 +477,17 @@ mod tests {
         .unwrap();
         assert_eq!(
             (a.strategy, a.max_steps, a.lr, a.no_progress),
-            (StrategyName::Zero3, 7, 0.01, true)
+            (StrategyKind::Zero3, 7, 0.01, true)
         );
     }
 
     #[test]
     fn print_config_round_trips() {
-        let a = fit("fit --strategy zero2 --clip 0.5 --precision bf16-mixed --devices 4").unwrap();
+        let a = fit(
+            "fit --strategy fsdp --sharding shard_grad_op --clip 0.5 --precision bf16-mixed \
+             --devices 4",
+        )
+        .unwrap();
         let file = temp_file(&a.to_toml());
         let b = fit(&format!("fit --config {}", file.path().display())).unwrap();
         assert_eq!(a, b);
@@ -482,6 +496,38 @@ mod tests {
             "{}",
             a.to_toml()
         );
+    }
+
+    #[test]
+    fn options_that_do_not_go_together_get_the_librarys_refusal() {
+        for (line, spec) in [
+            (
+                "fit --strategy zero2 --precision bf16-mixed",
+                StrategySpec {
+                    precision: Precision::Bf16Mixed,
+                    ..StrategySpec::new(StrategyKind::Zero2)
+                },
+            ),
+            (
+                "fit --strategy ddp --prefetch",
+                StrategySpec {
+                    prefetch: true,
+                    ..StrategySpec::new(StrategyKind::Ddp)
+                },
+            ),
+            (
+                "fit --sharding no_shard --precision 16-mixed",
+                StrategySpec {
+                    sharding: ShardingKind::NoShard,
+                    precision: Precision::F16Mixed,
+                    ..StrategySpec::new(StrategyKind::Fsdp)
+                },
+            ),
+        ] {
+            let library = spec.check().unwrap_err().to_string();
+            let program = fit(line).unwrap_err();
+            assert!(program.contains(&library), "{line}: {program} / {library}");
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod fit;
 pub use fit::{FitArgs, FitFlags};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+use wick_strategies::{Precision, StrategyKind};
 
 /// wick: Lightning-style training with sharded data parallelism for Candle.
 #[derive(Debug, Parser)]
@@ -89,43 +90,6 @@ pub struct PrepareArgs {
     pub texts: Vec<PathBuf>,
 }
 
-/// A registry strategy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StrategyName {
-    Single,
-    Ddp,
-    Zero1,
-    Zero2,
-    Zero3,
-    Fsdp,
-}
-
-/// An FSDP sharding strategy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
-pub enum ShardingName {
-    FullShard,
-    ShardGradOp,
-    NoShard,
-    HybridShard,
-}
-
-/// A precision of FSDP's sharded modes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-pub enum PrecisionName {
-    #[value(name = "32")]
-    #[serde(rename = "32")]
-    Full,
-    #[value(name = "bf16-mixed")]
-    #[serde(rename = "bf16-mixed")]
-    Bf16Mixed,
-    #[value(name = "16-mixed")]
-    #[serde(rename = "16-mixed")]
-    F16Mixed,
-}
-
 /// How the learning rate falls after warmup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -161,7 +125,7 @@ pub struct EvalArgs {
     pub devices: Option<usize>,
     /// Strategy to evaluate under.
     #[arg(long, value_enum, default_value = "single")]
-    pub strategy: StrategyName,
+    pub strategy: StrategyKind,
     /// Global batch size, a multiple of --devices.
     #[arg(long, value_parser = positive, default_value_t = 32)]
     pub batch_size: usize,
@@ -210,7 +174,7 @@ pub struct EstimateArgs {
     pub world: usize,
     /// Precision of full_shard's gathered units.
     #[arg(long, value_enum, default_value = "32")]
-    pub precision: PrecisionName,
+    pub precision: Precision,
     /// Main job model: width.
     #[arg(long, value_parser = positive, default_value_t = 64)]
     pub d_model: usize,

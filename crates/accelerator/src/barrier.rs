@@ -3,7 +3,7 @@
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use wick_core::CollectiveError;
+use wick_core::{lock, CollectiveError};
 
 #[derive(Default)]
 struct State {
@@ -37,7 +37,7 @@ impl RankBarrier {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding this lock cannot leave the counters half-updated (every
         // update is a single assignment), so a poisoned lock is still consistent.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     /// Blocks until all ranks arrived, or fails when a rank failed, left or time ran out.

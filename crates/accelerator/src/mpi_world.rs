@@ -20,14 +20,14 @@ use mpi::datatype::{Partition, PartitionMut};
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use wick_core::{Collective, CollectiveError, ReduceOp, Work};
+use wick_core::{lock, Collective, CollectiveError, ReduceOp, Work};
 
 /// One lock for every MPI call of this process.
 static MPI_LOCK: Mutex<()> = Mutex::new(());
 
 fn mpi_lock() -> MutexGuard<'static, ()> {
     // Nothing guarded can be left half-updated by a panic: the lock orders calls only.
-    MPI_LOCK.lock().unwrap_or_else(|p| p.into_inner())
+    lock(&MPI_LOCK)
 }
 
 /// A communicator handle that may move between threads.
@@ -276,7 +276,7 @@ impl MpiWorld {
         op: ReduceOp,
     ) -> MutexGuard<'_, Vec<u8>> {
         let n = self.size;
-        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let mut scratch = lock(&self.scratch);
         // Never empty, so that its address is a real one (see `real`).
         if scratch.len() < (n + 1) * mine + 1 {
             scratch.resize((n + 1) * mine + 1, 0);

@@ -21,7 +21,7 @@ use candle_core::cuda_backend::{CudaDType, CudaStorage};
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, InplaceOp2, Layout, Tensor};
 use half::{bf16, f16};
 use std::sync::{Arc, Mutex};
-use wick_core::{Collective, CollectiveError, ReduceOp, Work};
+use wick_core::{lock, Collective, CollectiveError, ReduceOp, Work};
 
 /// An NCCL communicator, used by one call at a time.
 struct SharedComm(Comm);
@@ -292,7 +292,7 @@ impl NcclWorld {
     /// The caller makes the compute stream wait (at once, or in a `Work`).
     fn issue(&self, call: Call, dst: &Tensor, src: Option<&Tensor>) -> Result<(), CollectiveError> {
         self.check_device(call, dst)?;
-        let comm = self.comm.lock().unwrap_or_else(|e| e.into_inner());
+        let comm = lock(&self.comm);
         self.comm_stream
             .join(&self.compute)
             .map_err(|e| self.error(call, format!("stream wait failed: {e:?}")))?;

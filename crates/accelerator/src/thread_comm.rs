@@ -12,7 +12,7 @@ use crate::thread_world::{Published, Shared, ThreadWorld};
 use candle_core::{DType, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use wick_core::{Collective, CollectiveError, ReduceOp};
+use wick_core::{lock, Collective, CollectiveError, ReduceOp};
 
 /// One rank's handle on a [`ThreadWorld`]; implements [`Collective`] for f32, bf16 and f16
 /// CPU tensors.
@@ -372,11 +372,7 @@ impl Collective for ThreadComm {
             .position(|&r| r == self.rank)
             .expect("this rank has its own color");
         let world = {
-            let mut children = self
-                .shared
-                .children
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut children = lock(&self.shared.children);
             let (_, world) = children.entry((call, color)).or_insert_with(|| {
                 (
                     members.clone(),

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use wick_core::lock;
 
 /// How long a rank waits for its peers before a collective fails with a timeout.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
@@ -123,11 +124,7 @@ impl ThreadWorld {
     }
 
     fn children(&self) -> Vec<Child> {
-        let children = self
-            .shared
-            .children
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let children = lock(&self.shared.children);
         children.values().cloned().collect()
     }
 

@@ -5,7 +5,7 @@
 //! `configure_sharded_model` and leaves it after; a request made outside is an error, so a
 //! parameter can never be created by a path the strategy does not see.
 
-use crate::{Collective, ParamInit, WeightSource};
+use crate::{lock, Collective, ParamInit, WeightSource};
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
@@ -20,6 +20,40 @@ thread_local! {
 /// Whether this thread is inside a strategy's sharding context right now.
 pub fn sharding_context_active() -> bool {
     ACTIVE.with(Cell::get)
+}
+
+/// What a wrapped unit is under a strategy, which decides how [`Wrapped`] yields and
+/// applies its block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnitPlan {
+    /// Whole parameters that stay put: the block built at wrap time serves every step.
+    Replicated,
+    /// Parameters gathered once per step and kept until that step's backward (zero3, fsdp
+    /// `shard_grad_op`): the block is rebuilt over them each step.
+    GatheredPerStep {
+        /// The dtype the unit computes in, when it is not its inputs' (mixed precision).
+        compute_dtype: Option<DType>,
+    },
+    /// Gathered for each use and freed right after it (fsdp `full_shard`, PyTorch's
+    /// `reshard_after_forward`): [`Wrapped::apply`] runs the block inside the strategy as
+    /// one autograd unit, gathered again in backward.
+    PerUse {
+        /// The dtype the unit computes in, when it is not its inputs' (mixed precision).
+        compute_dtype: Option<DType>,
+    },
+}
+
+impl UnitPlan {
+    /// The dtype the unit computes in, when it is not that of its inputs: [`Wrapped::apply`]
+    /// casts float inputs to it and the output back to f32.
+    pub fn compute_dtype(self) -> Option<DType> {
+        match self {
+            UnitPlan::Replicated => None,
+            UnitPlan::GatheredPerStep { compute_dtype } | UnitPlan::PerUse { compute_dtype } => {
+                compute_dtype
+            }
+        }
+    }
 }
 
 /// What a strategy does with a parameter request made inside its context.
@@ -52,29 +86,14 @@ pub trait ParamSource: Send + Sync {
         Ok(())
     }
 
-    /// Whether the unit's blocks must be rebuilt over parameters gathered per step (a
-    /// sharded unit); `false`: the block built at wrap time stays valid.
-    fn is_gathered(&self, unit: usize) -> bool {
+    /// How the strategy runs the unit: [`UnitPlan::Replicated`] unless it shards it.
+    fn unit_plan(&self, unit: usize) -> UnitPlan {
         let _ = unit;
-        false
-    }
-
-    /// The dtype a unit computes in, when it is not that of its inputs (mixed precision):
-    /// [`Wrapped::apply`] casts float inputs to it and the output back.
-    fn compute_dtype(&self, unit: usize) -> Option<DType> {
-        let _ = unit;
-        None
-    }
-
-    /// Whether [`Wrapped::apply`] on this unit runs inside the strategy (full sharding: gather,
-    /// run without a graph, free; in backward gather again and recompute).
-    fn runs_units(&self, unit: usize) -> bool {
-        let _ = unit;
-        false
+        UnitPlan::Replicated
     }
 
     /// Runs `run` (build the block over a `VarBuilder`, apply it to the input) as one unit of
-    /// the autograd graph; only called when [`ParamSource::runs_units`] is true.
+    /// the autograd graph; only called for a [`UnitPlan::PerUse`] unit.
     fn run_unit(&self, unit: usize, input: &Tensor, run: UnitFn) -> candle_core::Result<Tensor> {
         let _ = (unit, input, run);
         candle_core::bail!("this strategy does not run units")
@@ -135,7 +154,7 @@ impl ShardedContext {
     /// of their initializer; each rank reads only the elements it keeps. A parameter the
     /// weights lack, or hold with another shape, is an error naming it.
     pub fn load_weights(&self, weights: Arc<dyn WeightSource>) {
-        *self.weights.lock().unwrap_or_else(|p| p.into_inner()) = Some(weights);
+        *lock(&self.weights) = Some(weights);
     }
 
     /// This rank's index.
@@ -186,7 +205,7 @@ impl ShardedContext {
         let built = build(self.var_builder().pp(name));
         self.source.end_unit(unit)?;
         let built = built?;
-        let registered = (!self.source.is_gathered(unit)).then_some(built);
+        let registered = (self.source.unit_plan(unit) == UnitPlan::Replicated).then_some(built);
         Ok(Wrapped {
             name: name.to_string(),
             unit,
@@ -241,7 +260,7 @@ impl SimpleBackend for GuardedSource {
                 self.strategy
             )
         }
-        let init = match &*self.weights.lock().unwrap_or_else(|p| p.into_inner()) {
+        let init = match &*lock(&self.weights) {
             Some(weights) => ParamInit::Weights(weights.clone()),
             None => ParamInit::Init(init),
         };
@@ -298,14 +317,15 @@ impl<T: Clone> Wrapped<T> {
     {
         // Mixed precision: the unit computes in its parameters' dtype; what leaves it is f32
         // again, the dtype of the master parameters and of the rest of the model.
-        let compute = self.source.compute_dtype(self.unit);
+        let plan = self.source.unit_plan(self.unit);
+        let compute = plan.compute_dtype();
         let x = match compute {
             Some(dtype) if input.dtype().is_float() && input.dtype() != dtype => {
                 input.to_dtype(dtype)?
             }
             _ => input.clone(),
         };
-        let out = if self.source.runs_units(self.unit) {
+        let out = if let UnitPlan::PerUse { .. } = plan {
             let build = self.build.clone();
             let name = self.name.clone();
             let run: UnitFn = Arc::new(move |vb, x| f(&build(vb.pp(&name))?, x));

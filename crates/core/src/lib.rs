@@ -11,6 +11,7 @@ mod callback;
 mod collective;
 mod context;
 mod error;
+mod lock;
 mod lr_schedule;
 mod module;
 mod optimizer;
@@ -24,9 +25,10 @@ mod weights;
 pub use callback::{Callback, CallbackClone, RunState};
 pub use collective::{Collective, ReduceOp, Work};
 pub use context::{
-    sharding_context_active, ContextGuard, ParamSource, ShardedContext, UnitFn, Wrapped,
+    sharding_context_active, ContextGuard, ParamSource, ShardedContext, UnitFn, UnitPlan, Wrapped,
 };
 pub use error::{CollectiveError, Error, FileError, Result};
+pub use lock::lock;
 pub use lr_schedule::{Decay, LrSchedule};
 pub use module::TrainModule;
 pub use optimizer::{Algorithm, OptimizerConfig};
@@ -34,5 +36,5 @@ pub use safetensors_file::SafetensorsFile;
 pub use solo_world::SoloWorld;
 pub use stage::Stage;
 pub use state::{FlatGroup, GroupRange, LossScale, RankState, StateReader, PARAM_KIND};
-pub use strategy::{Sharding, StateBytes, Strategy};
+pub use strategy::{GradSync, Sharding, StateBytes, Strategy};
 pub use weights::{ParamInit, PretrainedWeights, WeightSource};

@@ -7,6 +7,27 @@ use crate::{
 use candle_core::{Device, Shape, Tensor};
 use std::sync::Arc;
 
+/// Where a micro-batch's backward stands in its optimizer step (what Lightning's
+/// `no_backward_sync` context says).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GradSync {
+    /// The last micro-batch before the step: gradients are reduced across ranks.
+    Reduce,
+    /// An earlier one: gradients stay local, unreduced, and add up with the next ones.
+    Accumulate,
+}
+
+impl GradSync {
+    /// [`GradSync::Reduce`] for the last of `count` micro-batches (`micro` from 0).
+    pub fn for_micro_batch(micro: usize, count: usize) -> Self {
+        if micro + 1 >= count {
+            GradSync::Reduce
+        } else {
+            GradSync::Accumulate
+        }
+    }
+}
+
 /// One rank's instance of a distribution strategy.
 ///
 /// The trainer gives each rank its own instance ([`Strategy::for_new_rank`]) and calls, in
@@ -49,16 +70,11 @@ pub trait Strategy: Send {
     /// torch's `clip_grad_norm_`), or not at all.
     fn set_clip_grad_norm(&mut self, max_norm: Option<f64>);
 
-    /// Whether the next [`backward`](Strategy::backward) is the last micro-batch before an
-    /// optimizer step. Strategies that reduce gradients inside backward (sharded ones) keep
-    /// them local, unreduced, until then; the others reduce only in `optimizer_step` anyway.
-    fn set_grad_sync(&mut self, sync: bool) {
-        let _ = sync;
-    }
-
-    /// Back-propagates `loss` and accumulates the gradients (reduced inside backward only by
-    /// sharded strategies, and only when grad sync is on).
-    fn backward(&mut self, loss: &Tensor) -> Result<()>;
+    /// Back-propagates `loss` and accumulates the gradients. `sync` says where this
+    /// micro-batch stands in its optimizer step: strategies that reduce gradients inside
+    /// backward (the sharded ones) reduce them under [`GradSync::Reduce`] and keep them
+    /// local under [`GradSync::Accumulate`]; the others reduce in `optimizer_step` anyway.
+    fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<()>;
 
     /// Frees whatever a forward that no backward follows (an evaluation or prediction
     /// step) gathered: a strategy that keeps a unit's gathered parameters until backward
@@ -75,14 +91,11 @@ pub trait Strategy: Send {
     /// name (the same on every rank: every rank runs the same graph).
     fn unused_parameters(&self) -> Vec<String>;
 
-    /// Sets the learning rate of the next optimizer steps (the trainer sets the schedule's
-    /// rate before each step).
-    fn set_lr(&mut self, lr: f64) -> Result<()>;
-
-    /// Synchronizes the accumulated gradients, steps the optimizer, clears the gradients.
+    /// Synchronizes the accumulated gradients, steps the optimizer at learning rate `lr`
+    /// (the trainer passes its schedule's rate for this step), clears the gradients.
     /// Under dynamic loss scaling, a step whose gradients hold inf or NaN on any rank is
     /// skipped on every rank (see [`loss_scale`](Strategy::loss_scale)).
-    fn optimizer_step(&mut self) -> Result<()>;
+    fn optimizer_step(&mut self, lr: f64) -> Result<()>;
 
     /// Where the dynamic loss scaler stands, for strategies that scale the loss (`16-mixed`).
     fn loss_scale(&self) -> Option<LossScale> {

@@ -5,7 +5,7 @@
 
 use candle_core::{Device, Module, Tensor};
 use std::sync::Arc;
-use wick_strategies::{Ddp, Error, OptimizerConfig, SoloWorld, Strategy};
+use wick_strategies::{Ddp, Error, GradSync, OptimizerConfig, SoloWorld, Strategy};
 
 fn main() -> Result<(), Error> {
     let mut ddp = Ddp::new();
@@ -22,8 +22,8 @@ fn main() -> Result<(), Error> {
     let y = Tensor::new(&[[-1f32], [1.], [3.], [5.]], &Device::Cpu)?;
     for step in 0..200 {
         let loss = (layer.forward(&x)? - &y)?.sqr()?.mean_all()?;
-        ddp.backward(&loss)?;
-        ddp.optimizer_step()?;
+        ddp.backward(&loss, GradSync::Reduce)?;
+        ddp.optimizer_step(0.1)?;
         if step % 50 == 0 {
             println!("step {step}: loss {:.5}", loss.to_scalar::<f32>()?);
         }

@@ -25,31 +25,6 @@ pub enum FsdpSharding {
     },
 }
 
-impl FsdpSharding {
-    /// The names [`FsdpSharding::from_name`] accepts.
-    pub const NAMES: &'static [&'static str] =
-        &["full_shard", "shard_grad_op", "no_shard", "hybrid_shard"];
-
-    /// The sharding called `name`; `group_size` is used by `hybrid_shard`.
-    pub fn from_name(name: &str, group_size: usize) -> Result<Self> {
-        Ok(match name {
-            "full_shard" => FsdpSharding::FullShard,
-            "shard_grad_op" => FsdpSharding::ShardGradOp,
-            "no_shard" => FsdpSharding::NoShard,
-            "hybrid_shard" => FsdpSharding::HybridShard { group_size },
-            other => {
-                return Err(Error::config(
-                    "sharding",
-                    format!(
-                        "unknown sharding '{other}'; valid: {}",
-                        Self::NAMES.join(", ")
-                    ),
-                ))
-            }
-        })
-    }
-}
-
 /// Fully sharded data parallel: a builder that picks the strategy of its sharding and
 /// builds it ([`Fsdp::build`]). The sharded modes are [`Zero3`] with FSDP's options, and
 /// `no_shard` is [`Ddp`](crate::Ddp); all register as `fsdp`.
@@ -73,7 +48,7 @@ impl Fsdp {
             sharding,
             options: ShardedOptions {
                 name: Self::NAME,
-                per_use: sharding != FsdpSharding::ShardGradOp,
+                reshard_after_forward: sharding != FsdpSharding::ShardGradOp,
                 group_size,
                 ..ShardedOptions::default()
             },

@@ -5,7 +5,7 @@
 //! the shard's f32 gradient. Backward runs these in the order backward visits the graph,
 //! which is the same on every rank for the same graph.
 
-use crate::grad_sync::GradSync;
+use crate::kept_grads::KeptGrads;
 #[cfg(feature = "cuda")]
 use crate::prefetch::gather;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor};
@@ -19,7 +19,7 @@ pub(crate) struct GatherOp {
     pub(crate) padded: usize,
     /// The unit gathered (the key of its kept gradient under accumulation).
     pub(crate) unit: usize,
-    pub(crate) sync: Arc<GradSync>,
+    pub(crate) sync: Arc<KeptGrads>,
     pub(crate) param_dtype: DType,
     pub(crate) reduce_dtype: DType,
 }
@@ -104,7 +104,7 @@ impl CustomOp1 for GatherOp {
 /// ranks) in `reduce_dtype`, or `None` while gradients are kept local for accumulation.
 pub(crate) fn reduce_to_shard(
     world: &dyn Collective,
-    sync: &GradSync,
+    sync: &KeptGrads,
     unit: usize,
     grad: &Tensor,
     reduce_dtype: DType,

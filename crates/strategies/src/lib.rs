@@ -20,9 +20,9 @@ pub mod flat_layout;
 mod fsdp;
 mod gather_op;
 mod grad_scaler;
-mod grad_sync;
 mod grads;
 pub mod init;
+mod kept_grads;
 pub mod optim;
 mod param_request;
 mod param_use;
@@ -34,6 +34,7 @@ mod replicated_strategy;
 mod saved_state;
 mod sharded_params;
 mod single;
+mod spec;
 mod unit_op;
 mod zero;
 mod zero3;
@@ -41,9 +42,10 @@ mod zero3;
 pub use ddp::{BucketedAllReduce, Ddp};
 pub use fsdp::{Fsdp, FsdpSharding};
 pub use precision::MixedPrecision;
-pub use registry::{strategy_by_name, STRATEGY_NAMES};
+pub use registry::strategy_by_name;
 pub use replicated_strategy::Replicated;
 pub use single::{NoReduce, SingleDevice};
+pub use spec::{Precision, ShardingKind, StrategyKind, StrategySpec};
 pub use zero::{Zero, ZeroReduce};
 pub use zero3::Zero3;
 
@@ -51,6 +53,6 @@ pub use zero3::Zero3;
 // the rest of it is reachable as `wick_strategies::wick_core`.
 pub use wick_core;
 pub use wick_core::{
-    Algorithm, Collective, Error, LrSchedule, OptimizerConfig, ReduceOp, ShardedContext, SoloWorld,
-    Strategy, TrainModule, Wrapped,
+    Algorithm, Collective, Error, GradSync, LrSchedule, OptimizerConfig, ReduceOp, ShardedContext,
+    SoloWorld, Strategy, TrainModule, Wrapped,
 };

@@ -10,6 +10,7 @@ use candle_core::{Tensor, TensorId};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use wick_core::lock;
 
 /// The parameters' tensors handed out while looking, and those a unit found unreached.
 #[derive(Default)]
@@ -21,10 +22,6 @@ pub(crate) struct ParamUse {
     missed: Mutex<Vec<String>>,
     /// Tensors a unit's backward could not pass a gradient to (its input, cut inside it).
     cut: Mutex<Vec<TensorId>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl ParamUse {

@@ -10,7 +10,7 @@
 use candle_core::{DType, Result, Tensor};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use wick_core::{Collective, Work};
+use wick_core::{lock, Collective, Work};
 
 /// A gather in flight: the buffer it fills and the call to wait on, or why it failed.
 type Pending = std::result::Result<(Tensor, Work), String>;
@@ -40,7 +40,7 @@ impl Prefetcher {
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Pending>> {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.pending)
     }
 
     /// Starts gathering `unit`, unless it is out of range or already asked for.

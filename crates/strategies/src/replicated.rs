@@ -14,8 +14,8 @@ use crate::saved_state::{
 use candle_core::{DType, Device, Shape, Tensor, Var};
 use std::sync::{Arc, Mutex};
 use wick_core::{
-    Collective, Error, GroupRange, OptimizerConfig, ParamSource, RankState, Result, ShardedContext,
-    StateBytes, StateReader, PARAM_KIND,
+    lock, Collective, Error, GroupRange, OptimizerConfig, ParamSource, RankState, Result,
+    ShardedContext, StateBytes, StateReader, PARAM_KIND,
 };
 
 /// Full parameters created on request, identical on every rank (the init is counter-based,
@@ -27,7 +27,7 @@ pub(crate) struct ReplicatedParams {
 
 impl ReplicatedParams {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(String, Var)>> {
-        self.params.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.params)
     }
 }
 

@@ -9,7 +9,7 @@ use crate::replicated::ReplicatedState;
 use candle_core::{Device, Shape, Tensor};
 use std::sync::Arc;
 use wick_core::{
-    Collective, OptimizerConfig, RankState, Result, ShardedContext, Sharding, StateBytes,
+    Collective, GradSync, OptimizerConfig, RankState, Result, ShardedContext, Sharding, StateBytes,
     StateReader, Strategy,
 };
 
@@ -105,7 +105,7 @@ impl<R: GradReduce> Strategy for Replicated<R> {
         self.state.clip = max_norm;
     }
 
-    fn backward(&mut self, loss: &Tensor) -> Result<()> {
+    fn backward(&mut self, loss: &Tensor, _sync: GradSync) -> Result<()> {
         self.state.backward(loss)
     }
 
@@ -117,12 +117,8 @@ impl<R: GradReduce> Strategy for Replicated<R> {
         self.state.unused.clone()
     }
 
-    fn set_lr(&mut self, lr: f64) -> Result<()> {
+    fn optimizer_step(&mut self, lr: f64) -> Result<()> {
         self.state.optimizer(self.name)?.set_lr(lr);
-        Ok(())
-    }
-
-    fn optimizer_step(&mut self) -> Result<()> {
         self.reduce.step(self.name, &mut self.state)
     }
 

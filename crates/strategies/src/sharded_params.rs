@@ -8,8 +8,8 @@
 
 use crate::flat_layout::FlatLayout;
 use crate::gather_op::GatherOp;
-use crate::grad_sync::GradSync;
 use crate::init::param_values;
+use crate::kept_grads::KeptGrads;
 use crate::param_request::{check_dtype, check_same_shape};
 use crate::param_use::ParamUse;
 use crate::precision::{dtypes, MixedPrecision};
@@ -20,7 +20,7 @@ use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 use std::sync::{Arc, Mutex, MutexGuard};
-use wick_core::{Collective, ParamInit, UnitFn};
+use wick_core::{lock, Collective, ParamInit, UnitFn, UnitPlan};
 
 /// One wrapped unit: its layout, this rank's shard, and this step's gathered buffer.
 pub(crate) struct ShardedUnit {
@@ -62,7 +62,7 @@ const ROOT_UNIT: &str = "root";
 /// The units of one rank under ZeRO-3.
 pub(crate) struct ShardedParams {
     seed: u64,
-    per_use: bool,
+    reshard_after_forward: bool,
     /// Auto-wrap: a wrapped block becomes a unit of its own only when its name starts with
     /// one of these prefixes; the others share the root unit. `None`: every block is a unit.
     auto_wrap: Option<Vec<String>>,
@@ -73,14 +73,14 @@ pub(crate) struct ShardedParams {
     world: Mutex<Arc<dyn Collective>>,
     device: Device,
     state: Mutex<State>,
-    pub(crate) sync: Arc<GradSync>,
+    pub(crate) sync: Arc<KeptGrads>,
     /// The first step's record of which parameters backward reached.
     pub(crate) param_use: Arc<ParamUse>,
 }
 
 impl ShardedParams {
-    /// `per_use`: units run through the unit op (full sharding) instead of being gathered
-    /// once per step and kept until backward.
+    /// `reshard_after_forward`: units run through the unit op (full sharding) instead of
+    /// being gathered once per step and kept until backward.
     pub(crate) fn new(
         seed: u64,
         world: Arc<dyn Collective>,
@@ -89,9 +89,9 @@ impl ShardedParams {
     ) -> Self {
         ShardedParams {
             seed,
-            per_use: options.per_use,
+            reshard_after_forward: options.reshard_after_forward,
             auto_wrap: options.auto_wrap.clone(),
-            prefetch: options.prefetch && options.per_use,
+            prefetch: options.prefetch && options.reshard_after_forward,
             prefetcher: Mutex::default(),
             precision: options.precision,
             world: Mutex::new(world),
@@ -107,16 +107,16 @@ impl ShardedParams {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     fn world(&self) -> Arc<dyn Collective> {
-        self.world.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        lock(&self.world).clone()
     }
 
     /// Gathers through `world` from now on (each stage brings its own world).
     pub(crate) fn reconnect(&self, world: Arc<dyn Collective>) -> candle_core::Result<()> {
-        *self.world.lock().unwrap_or_else(|p| p.into_inner()) = world;
+        *lock(&self.world) = world;
         self.release_gathered();
         self.start_prefetch()
     }
@@ -144,7 +144,7 @@ impl ShardedParams {
         }
         let (param_dtype, _) = dtypes(self.precision);
         let prefetcher = Arc::new(Prefetcher::new(self.world(), units, param_dtype));
-        *self.prefetcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(prefetcher);
+        *lock(&self.prefetcher) = Some(prefetcher);
         Ok(())
     }
 
@@ -182,12 +182,7 @@ impl ShardedParams {
         for unit in self.lock().units.iter_mut() {
             unit.gathered = None;
         }
-        if let Some(p) = self
-            .prefetcher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
+        if let Some(p) = lock(&self.prefetcher).as_ref() {
             p.drain();
         }
     }
@@ -296,16 +291,13 @@ impl wick_core::ParamSource for ShardedParams {
         self.shard_unit(unit)
     }
 
-    fn is_gathered(&self, _unit: usize) -> bool {
-        true
-    }
-
-    fn compute_dtype(&self, _unit: usize) -> Option<DType> {
-        self.precision.map(|p| p.param_dtype)
-    }
-
-    fn runs_units(&self, _unit: usize) -> bool {
-        self.per_use
+    fn unit_plan(&self, _unit: usize) -> UnitPlan {
+        let compute_dtype = self.precision.map(|p| p.param_dtype);
+        if self.reshard_after_forward {
+            UnitPlan::PerUse { compute_dtype }
+        } else {
+            UnitPlan::GatheredPerStep { compute_dtype }
+        }
     }
 
     fn run_unit(&self, unit: usize, input: &Tensor, run: UnitFn) -> candle_core::Result<Tensor> {
@@ -332,11 +324,7 @@ impl wick_core::ParamSource for ShardedParams {
             device: self.device.clone(),
             param_dtype,
             reduce_dtype,
-            prefetch: self
-                .prefetcher
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
+            prefetch: lock(&self.prefetcher).clone(),
         };
         let out = input.apply_op2(shard.as_tensor(), op)?;
         // The unit's output stands for all its parameters: if it misses the loss, so do they.

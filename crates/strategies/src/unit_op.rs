@@ -10,7 +10,7 @@
 use crate::flat_grad::flatten_consuming;
 use crate::flat_layout::FlatLayout;
 use crate::gather_op::reduce_to_shard;
-use crate::grad_sync::GradSync;
+use crate::kept_grads::KeptGrads;
 use crate::param_use::ParamUse;
 use crate::prefetch::{gather, Prefetcher};
 use crate::sharded_params::unit_var_builder;
@@ -25,7 +25,7 @@ pub(crate) struct UnitOp {
     pub(crate) unit: usize,
     pub(crate) layout: FlatLayout,
     pub(crate) run: UnitFn,
-    pub(crate) sync: Arc<GradSync>,
+    pub(crate) sync: Arc<KeptGrads>,
     /// Where a parameter this unit's backward gives no gradient is reported.
     pub(crate) uses: Arc<ParamUse>,
     pub(crate) device: Device,

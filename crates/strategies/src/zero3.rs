@@ -17,8 +17,8 @@ use crate::sharded_params::ShardedParams;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
 use wick_core::{
-    Collective, Error, GroupRange, LossScale, OptimizerConfig, RankState, ReduceOp, Result,
-    ShardedContext, Sharding, StateBytes, StateReader, Strategy, PARAM_KIND,
+    Collective, Error, GradSync, GroupRange, LossScale, OptimizerConfig, RankState, ReduceOp,
+    Result, ShardedContext, Sharding, StateBytes, StateReader, Strategy, PARAM_KIND,
 };
 
 /// The options of a sharded strategy: everything that is not built from the model. A new
@@ -27,8 +27,9 @@ use wick_core::{
 pub(crate) struct ShardedOptions {
     /// The registry name: `zero3`, or `fsdp` for FSDP's sharded modes.
     pub(crate) name: &'static str,
-    /// Units run through the unit op (full sharding) rather than gathered once per step.
-    pub(crate) per_use: bool,
+    /// Units run through the unit op (full sharding), their gathered parameters freed after
+    /// each use, rather than gathered once per step (PyTorch FSDP's name for it).
+    pub(crate) reshard_after_forward: bool,
     /// Hybrid sharding: ranks per sharding group.
     pub(crate) group_size: Option<usize>,
     /// Mixed precision of the gathered units and the gradient reduction.
@@ -43,7 +44,7 @@ impl Default for ShardedOptions {
     fn default() -> Self {
         ShardedOptions {
             name: Zero3::NAME,
-            per_use: false,
+            reshard_after_forward: false,
             group_size: None,
             precision: None,
             auto_wrap: None,
@@ -217,13 +218,10 @@ impl Strategy for Zero3 {
         self.clip = max_norm;
     }
 
-    fn set_grad_sync(&mut self, sync: bool) {
+    fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<()> {
         if let Some(source) = &self.source {
             source.sync.set(sync);
         }
-    }
-
-    fn backward(&mut self, loss: &Tensor) -> Result<()> {
         let store = match &self.scaler {
             Some(scaler) => scaler.scale(loss)?.backward(),
             None => loss.backward(),
@@ -257,11 +255,11 @@ impl Strategy for Zero3 {
         self.unused.clone()
     }
 
-    fn optimizer_step(&mut self) -> Result<()> {
+    fn optimizer_step(&mut self, lr: f64) -> Result<()> {
         // Gradients arrive already reduce-scattered by the gather op's backward.
         let kept = self.source.as_ref().map_or(0, |s| s.sync.kept_bytes());
         if kept > 0 {
-            return Err(self.not_ready(&format!("optimizer_step with {kept} bytes of unreduced gradients: the last backward before a step must run with grad sync on")));
+            return Err(self.not_ready(&format!("optimizer_step with {kept} bytes of unreduced gradients: the last backward before a step must run with GradSync::Reduce")));
         }
         let mut grads = self.grads.take(&self.shards)?;
         if let Some(replicas) = &self.replicas {
@@ -291,6 +289,7 @@ impl Strategy for Zero3 {
                 "optimizer_step before configure_optimizer",
             )
         })?;
+        optimizer.set_lr(lr);
         optimizer.step(&self.shards, &grads)?;
         self.release_gathered();
         Ok(())
@@ -389,14 +388,6 @@ impl Strategy for Zero3 {
         if let (Some(scaler), Some(saved)) = (&mut self.scaler, reader.loss_scale()) {
             scaler.restore(saved);
         }
-        Ok(())
-    }
-
-    fn set_lr(&mut self, lr: f64) -> Result<()> {
-        self.optimizer
-            .as_mut()
-            .ok_or_else(|| not_ready(self.options.name, "set_lr before configure_optimizer"))?
-            .set_lr(lr);
         Ok(())
     }
 

@@ -1,6 +1,6 @@
 //! wick-trainer: the `Trainer`, which sequences a run and nothing more.
 //!
-//! It owns the stage order of fit, validate, test and predict (DESIGN.md), the training and
+//! It owns the stage order of fit, validate, test and predict (docs/design.md), the training and
 //! evaluation loops, callbacks (and the stock ones: [`EarlyStopping`], [`LearningRateMonitor`]),
 //! how each global batch is split over the ranks ([`DataLoader`]), token files of text
 //! tokenized once ([`TokenDataset`]),

@@ -1,4 +1,4 @@
-//! One rank's part of a stage: the hook sequence of DESIGN.md and the loops.
+//! One rank's part of a stage: the hook sequence of docs/design.md and the loops.
 
 use crate::checkpoint::{DataPosition, SaveInfo};
 use crate::metrics_csv::{MetricsCsv, Row};
@@ -9,7 +9,8 @@ use candle_core::{DType, Tensor};
 use std::time::Instant;
 use wick_accelerator::{Accelerator, RankEnv};
 use wick_core::{
-    Callback, LrSchedule, OptimizerConfig, ReduceOp, RunState, Stage, Strategy, TrainModule,
+    Callback, GradSync, LrSchedule, OptimizerConfig, ReduceOp, RunState, Stage, Strategy,
+    TrainModule,
 };
 
 /// What a stage runs over: its data, and for fit the checkpoint it resumes from, where it
@@ -75,7 +76,7 @@ impl<M: TrainModule> RankRun<'_, M> {
         Ok(())
     }
 
-    /// Runs `stage` on this rank, in DESIGN.md's order.
+    /// Runs `stage` on this rank, in docs/design.md's order.
     pub(crate) fn run<D: Dataset<Batch = M::Batch>>(
         mut self,
         stage: Stage,
@@ -187,22 +188,21 @@ impl<M: TrainModule> RankRun<'_, M> {
                     }
                     let loss = self.module.training_step(&batch, index)?;
                     local += scalar(&loss, "training_step")? / accumulate as f32;
-                    self.strategy.set_grad_sync(micro + 1 == accumulate);
                     let loss = if accumulate > 1 {
                         loss.affine(1.0 / accumulate as f64, 0.0)?
                     } else {
                         loss
                     };
-                    self.strategy.backward(&loss)?;
+                    let sync = GradSync::for_micro_batch(micro, accumulate);
+                    self.strategy.backward(&loss, sync)?;
                     if looking {
                         checked_unused = true;
                         self.report_unused_parameters()?;
                     }
                 }
                 let lr = optimizer.lr_at(self.state.global_step);
-                self.strategy.set_lr(lr)?;
                 self.state.lr = lr;
-                self.strategy.optimizer_step()?;
+                self.strategy.optimizer_step(lr)?;
                 let train_loss = self.env.world.all_reduce_scalar(local, ReduceOp::Mean)? as f64;
                 self.state.global_step += 1;
                 if self.state.global_step == 1 && rank == 0 && self.config.model_summary {

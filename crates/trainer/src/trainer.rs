@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 use wick_accelerator::{Accelerator, DeviceKind, RankError, ThreadBudget};
-use wick_core::{Callback, RunState, Stage, Strategy};
+use wick_core::{lock, Callback, RunState, Stage, Strategy};
+use wick_strategies::{StrategyKind, StrategySpec};
 
 /// Metric name to value, averaged over ranks (`train_loss`, `val_loss`, `test_loss`).
 pub type Metrics = BTreeMap<String, f64>;
@@ -35,7 +36,11 @@ pub(crate) struct Config {
 }
 
 enum StrategyChoice {
+    /// `single` on one device, `ddp` on more.
+    Default,
+    /// A name a user typed, parsed when the trainer is built.
     Name(String),
+    Spec(StrategySpec),
     Instance(Box<dyn Strategy>),
 }
 
@@ -94,10 +99,19 @@ impl TrainerBuilder {
         self
     }
 
-    /// The strategy, by registry name (`single`, `ddp`). Default `single` on one device,
-    /// `ddp` on more.
+    /// The strategy, by the name a user typed (`single`, `ddp`, `zero1`, `zero2`, `zero3`,
+    /// `fsdp`), with its default options; an unknown name is an error of
+    /// [`TrainerBuilder::build`]. Default `single` on one device, `ddp` on more.
     pub fn strategy(mut self, name: &str) -> Self {
         self.strategy = StrategyChoice::Name(name.to_string());
+        self
+    }
+
+    /// The strategy and its options as one checked value (what `wick fit`'s `--strategy`,
+    /// `--sharding`, `--precision`, `--group-size`, `--prefetch` and `--auto-wrap` say); a
+    /// [`StrategyKind`](wick_strategies::StrategyKind) alone takes the default options.
+    pub fn strategy_spec(mut self, spec: impl Into<StrategySpec>) -> Self {
+        self.strategy = StrategyChoice::Spec(spec.into());
         self
     }
 
@@ -222,10 +236,15 @@ impl TrainerBuilder {
         }
         let strategy = match self.strategy {
             StrategyChoice::Instance(s) => s,
-            StrategyChoice::Name(name) if name.is_empty() => {
-                wick_strategies::strategy_by_name(if world_size == 1 { "single" } else { "ddp" })?
+            StrategyChoice::Default => {
+                let kind = match world_size {
+                    1 => StrategyKind::Single,
+                    _ => StrategyKind::Ddp,
+                };
+                StrategySpec::new(kind).build()?
             }
-            StrategyChoice::Name(name) => wick_strategies::strategy_by_name(&name)?,
+            StrategyChoice::Name(name) => StrategySpec::new(name.parse()?).build()?,
+            StrategyChoice::Spec(spec) => spec.build()?,
         };
         strategy.check_world_size(world_size)?;
         if self.accumulate_grad_batches == 0 {
@@ -314,7 +333,7 @@ struct Session {
     replicas: Box<dyn Any + Send>,
 }
 
-/// Runs fit, validate, test and predict over a world of ranks, in DESIGN.md's stage order.
+/// Runs fit, validate, test and predict over a world of ranks, in docs/design.md's stage order.
 ///
 /// With ranks as threads, rank 0 uses the module passed in, and ranks 1.. use replicas made
 /// before its parameters existed ([`Replicate`]), which the trainer keeps for later stages on
@@ -365,7 +384,7 @@ impl Trainer {
             device_kind: DeviceKind::Cpu,
             threads_per_rank: None,
             accelerator: None,
-            strategy: StrategyChoice::Name(String::new()),
+            strategy: StrategyChoice::Default,
             max_steps: None,
             max_epochs: None,
             seed: 0,
@@ -692,7 +711,7 @@ impl Trainer {
             let state = RunState::new(env.rank, env.world_size);
             let progress = Progress::new_if_terminal(env.rank == 0 && config.progress);
             let csv = match env.rank {
-                0 => csv.lock().unwrap_or_else(|p| p.into_inner()).take(),
+                0 => lock(&csv).take(),
                 _ => None,
             };
             RankRun {

@@ -1,5 +1,5 @@
 //! Checkpoints: a directory with one safetensors file per rank (its ranges of the parameters
-//! and optimizer state) and a JSON manifest written last (DESIGN.md, "Checkpoints").
+//! and optimizer state) and a JSON manifest written last (docs/design.md, "Checkpoints").
 //!
 //! Saving is crash-safe (temporary names, renamed into place); loading checks the whole
 //! checkpoint before it changes anything and reads by parameter name, so it loads at any

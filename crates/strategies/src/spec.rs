@@ -1,0 +1,392 @@
+//! The typed strategy spec: which strategy, with which sharding, precision and FSDP options,
+//! and which of them go together. The program's flags, its TOML config, `estimate`, the
+//! registry and the trainer all read this one type, so a name is parsed once, where a user
+//! typed it, and a bad combination gets the same refusal from every door.
+
+use crate::{Ddp, Fsdp, FsdpSharding, MixedPrecision, SingleDevice, Zero, Zero3};
+use candle_core::DType;
+use std::fmt;
+use std::str::FromStr;
+use wick_core::{Error, Result, Strategy};
+
+/// A strategy of the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "lowercase")
+)]
+pub enum StrategyKind {
+    /// One rank, nothing shared ([`SingleDevice`]).
+    Single,
+    /// Replicated state, gradients all-reduced in buckets ([`Ddp`]).
+    Ddp,
+    /// ZeRO stage 1: optimizer state sharded ([`Zero::stage1`]).
+    Zero1,
+    /// ZeRO stage 2: gradients and optimizer state sharded ([`Zero::stage2`]).
+    Zero2,
+    /// ZeRO stage 3: parameters too, gathered once per step ([`Zero3`]).
+    Zero3,
+    /// Fully sharded data parallel with a [`ShardingKind`] ([`Fsdp`]).
+    Fsdp,
+}
+
+impl StrategyKind {
+    /// Every strategy, in the registry's order.
+    pub const ALL: [StrategyKind; 6] = [
+        StrategyKind::Single,
+        StrategyKind::Ddp,
+        StrategyKind::Zero1,
+        StrategyKind::Zero2,
+        StrategyKind::Zero3,
+        StrategyKind::Fsdp,
+    ];
+
+    /// The name users type: `single`, `ddp`, `zero1`, `zero2`, `zero3`, `fsdp`.
+    pub fn name(self) -> &'static str {
+        match self {
+            StrategyKind::Single => SingleDevice::NAME,
+            StrategyKind::Ddp => Ddp::NAME,
+            StrategyKind::Zero1 => "zero1",
+            StrategyKind::Zero2 => "zero2",
+            StrategyKind::Zero3 => Zero3::NAME,
+            StrategyKind::Fsdp => Fsdp::NAME,
+        }
+    }
+}
+
+/// How [`StrategyKind::Fsdp`] shards (PyTorch FSDP's `ShardingStrategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(
+    feature = "clap",
+    derive(clap::ValueEnum),
+    value(rename_all = "snake_case")
+)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
+pub enum ShardingKind {
+    /// Everything sharded; a unit's parameters gathered for each use and freed after it.
+    #[default]
+    FullShard,
+    /// Everything sharded; a unit's gathered parameters kept from forward to backward.
+    ShardGradOp,
+    /// Nothing sharded (DDP).
+    NoShard,
+    /// `full_shard` inside groups of [`StrategySpec::group_size`] ranks, replicated across.
+    HybridShard,
+}
+
+impl ShardingKind {
+    /// Every sharding, in the order the help lists them.
+    pub const ALL: [ShardingKind; 4] = [
+        ShardingKind::FullShard,
+        ShardingKind::ShardGradOp,
+        ShardingKind::NoShard,
+        ShardingKind::HybridShard,
+    ];
+
+    /// The name users type: `full_shard`, `shard_grad_op`, `no_shard`, `hybrid_shard`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ShardingKind::FullShard => "full_shard",
+            ShardingKind::ShardGradOp => "shard_grad_op",
+            ShardingKind::NoShard => "no_shard",
+            ShardingKind::HybridShard => "hybrid_shard",
+        }
+    }
+
+    /// The sharding, with `group_size` for `hybrid_shard`.
+    pub fn with_group_size(self, group_size: usize) -> FsdpSharding {
+        match self {
+            ShardingKind::FullShard => FsdpSharding::FullShard,
+            ShardingKind::ShardGradOp => FsdpSharding::ShardGradOp,
+            ShardingKind::NoShard => FsdpSharding::NoShard,
+            ShardingKind::HybridShard => FsdpSharding::HybridShard { group_size },
+        }
+    }
+}
+
+/// Lightning's precision names: what the sharded FSDP modes compute and reduce in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum Precision {
+    /// f32 throughout.
+    #[default]
+    #[cfg_attr(feature = "clap", value(name = "32"))]
+    #[cfg_attr(feature = "serde", serde(rename = "32"))]
+    Full,
+    /// bf16 compute copies and reductions over f32 master shards.
+    #[cfg_attr(feature = "clap", value(name = "bf16-mixed"))]
+    #[cfg_attr(feature = "serde", serde(rename = "bf16-mixed"))]
+    Bf16Mixed,
+    /// f16 compute copies and reductions, with dynamic loss scaling.
+    #[cfg_attr(feature = "clap", value(name = "16-mixed"))]
+    #[cfg_attr(feature = "serde", serde(rename = "16-mixed"))]
+    F16Mixed,
+}
+
+impl Precision {
+    /// Every precision.
+    pub const ALL: [Precision; 3] = [Precision::Full, Precision::Bf16Mixed, Precision::F16Mixed];
+
+    /// The name users type: `32`, `bf16-mixed`, `16-mixed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Full => "32",
+            Precision::Bf16Mixed => "bf16-mixed",
+            Precision::F16Mixed => "16-mixed",
+        }
+    }
+
+    /// The mixed precision it stands for; `None` for f32.
+    pub fn mixed(self) -> Option<MixedPrecision> {
+        let half = |dtype| MixedPrecision {
+            param_dtype: dtype,
+            reduce_dtype: dtype,
+        };
+        match self {
+            Precision::Full => None,
+            Precision::Bf16Mixed => Some(half(DType::BF16)),
+            Precision::F16Mixed => Some(half(DType::F16)),
+        }
+    }
+
+    /// Bytes of one gathered element.
+    pub fn compute_bytes(self) -> usize {
+        match self {
+            Precision::Full => 4,
+            Precision::Bf16Mixed | Precision::F16Mixed => 2,
+        }
+    }
+}
+
+/// Names of `T` for an error: `a, b, c`.
+fn listed<T: Copy>(all: &[T], name: impl Fn(T) -> &'static str) -> String {
+    all.iter().map(|&v| name(v)).collect::<Vec<_>>().join(", ")
+}
+
+macro_rules! named {
+    ($ty:ty, $option:literal, $what:literal) => {
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = Error;
+
+            fn from_str(s: &str) -> Result<Self> {
+                <$ty>::ALL
+                    .into_iter()
+                    .find(|v| v.name() == s)
+                    .ok_or_else(|| {
+                        Error::config(
+                            $option,
+                            format!(
+                                concat!("unknown ", $what, " '{}'; valid: {}"),
+                                s,
+                                listed(&<$ty>::ALL, <$ty>::name)
+                            ),
+                        )
+                    })
+            }
+        }
+    };
+}
+
+named!(StrategyKind, "strategy", "strategy");
+named!(ShardingKind, "sharding", "sharding");
+named!(Precision, "precision", "precision");
+
+/// A strategy and its options, checked together: what `wick fit --strategy ... --sharding
+/// ... --precision ...` and its TOML config say, as one value.
+///
+/// ```
+/// use wick_strategies::{Precision, ShardingKind, StrategyKind, StrategySpec};
+///
+/// let spec = StrategySpec {
+///     sharding: ShardingKind::ShardGradOp,
+///     precision: Precision::Bf16Mixed,
+///     ..StrategySpec::new(StrategyKind::Fsdp)
+/// };
+/// assert_eq!(spec.build().unwrap().name(), "fsdp");
+/// // Mixed precision is a mode of fsdp's sharded modes only.
+/// let bad = StrategySpec { precision: Precision::Bf16Mixed, ..StrategySpec::new(StrategyKind::Ddp) };
+/// assert!(bad.check().is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StrategySpec {
+    /// The strategy.
+    pub strategy: StrategyKind,
+    /// fsdp: how it shards.
+    pub sharding: ShardingKind,
+    /// fsdp `hybrid_shard`: ranks per sharding group.
+    pub group_size: usize,
+    /// fsdp: the precision of its sharded modes.
+    pub precision: Precision,
+    /// fsdp `full_shard` and `hybrid_shard`: gather the next unit in the background.
+    pub prefetch: bool,
+    /// fsdp: only blocks whose names start with one of these prefixes are units of their
+    /// own; the others share one root unit. `None`: every wrapped block is a unit.
+    pub auto_wrap: Option<Vec<String>>,
+}
+
+impl StrategySpec {
+    /// `strategy` with the default options: `full_shard`, groups of 2, f32, no prefetch,
+    /// every block a unit.
+    pub fn new(strategy: StrategyKind) -> Self {
+        StrategySpec {
+            strategy,
+            sharding: ShardingKind::default(),
+            group_size: 2,
+            precision: Precision::default(),
+            prefetch: false,
+            auto_wrap: None,
+        }
+    }
+
+    /// Refuses options that do not go with the strategy: precision, prefetch and auto-wrap
+    /// are fsdp's, mixed precision needs a sharded sharding, a group has at least one rank.
+    pub fn check(&self) -> Result<()> {
+        if self.group_size == 0 {
+            return Err(Error::config(
+                "group-size",
+                "must be a positive integer, got 0",
+            ));
+        }
+        if self.strategy != StrategyKind::Fsdp {
+            if self.auto_wrap.is_some() || self.prefetch {
+                return Err(Error::config(
+                    "strategy",
+                    format!(
+                        "auto-wrap and prefetch are fsdp's options, not {}'s",
+                        self.strategy
+                    ),
+                ));
+            }
+            if self.precision != Precision::Full {
+                return Err(Error::config(
+                    "precision",
+                    format!(
+                        "precision {} needs strategy fsdp (its sharded modes), not {}",
+                        self.precision, self.strategy
+                    ),
+                ));
+            }
+        }
+        if self.precision != Precision::Full && self.sharding == ShardingKind::NoShard {
+            return Err(Error::config(
+                "precision",
+                "mixed precision needs a sharded fsdp sharding, not no_shard",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The strategy, checked first.
+    pub fn build(&self) -> Result<Box<dyn Strategy>> {
+        self.check()?;
+        Ok(match self.strategy {
+            StrategyKind::Single => Box::new(SingleDevice::new()),
+            StrategyKind::Ddp => Box::new(Ddp::new()),
+            StrategyKind::Zero1 => Box::new(Zero::stage1()),
+            StrategyKind::Zero2 => Box::new(Zero::stage2()),
+            StrategyKind::Zero3 => Box::new(Zero3::new()),
+            StrategyKind::Fsdp => {
+                let mut fsdp = Fsdp::new(self.sharding.with_group_size(self.group_size))
+                    .with_precision(self.precision.mixed())?
+                    .with_prefetch(self.prefetch);
+                if let Some(prefixes) = &self.auto_wrap {
+                    fsdp = fsdp.with_auto_wrap(prefixes.clone());
+                }
+                fsdp.build()
+            }
+        })
+    }
+}
+
+impl From<StrategyKind> for StrategySpec {
+    fn from(strategy: StrategyKind) -> Self {
+        StrategySpec::new(strategy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_parses_back_and_an_unknown_one_lists_them() {
+        for kind in StrategyKind::ALL {
+            assert_eq!(kind.name().parse::<StrategyKind>().unwrap(), kind);
+            assert_eq!(StrategySpec::new(kind).build().unwrap().name(), kind.name());
+        }
+        for sharding in ShardingKind::ALL {
+            assert_eq!(sharding.name().parse::<ShardingKind>().unwrap(), sharding);
+        }
+        for precision in Precision::ALL {
+            assert_eq!(precision.name().parse::<Precision>().unwrap(), precision);
+        }
+        let e = "zero9".parse::<StrategyKind>().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "invalid strategy: unknown strategy 'zero9'; valid: single, ddp, zero1, zero2, \
+             zero3, fsdp"
+        );
+        let e = "half".parse::<ShardingKind>().unwrap_err().to_string();
+        assert!(
+            e.contains("full_shard, shard_grad_op, no_shard, hybrid_shard"),
+            "{e}"
+        );
+        let e = "8".parse::<Precision>().unwrap_err().to_string();
+        assert!(e.contains("32, bf16-mixed, 16-mixed"), "{e}");
+    }
+
+    #[test]
+    fn options_that_do_not_go_together_are_refused() {
+        let fsdp = || StrategySpec::new(StrategyKind::Fsdp);
+        let refused = [
+            StrategySpec {
+                precision: Precision::Bf16Mixed,
+                ..StrategySpec::new(StrategyKind::Zero3)
+            },
+            StrategySpec {
+                auto_wrap: Some(vec!["blocks.".into()]),
+                ..StrategySpec::new(StrategyKind::Ddp)
+            },
+            StrategySpec {
+                prefetch: true,
+                ..StrategySpec::new(StrategyKind::Single)
+            },
+            StrategySpec {
+                sharding: ShardingKind::NoShard,
+                precision: Precision::F16Mixed,
+                ..fsdp()
+            },
+            StrategySpec {
+                group_size: 0,
+                sharding: ShardingKind::HybridShard,
+                ..fsdp()
+            },
+        ];
+        for spec in refused {
+            assert!(spec.check().is_err(), "{spec:?}");
+            assert!(spec.build().is_err(), "{spec:?}");
+        }
+        let accepted = StrategySpec {
+            sharding: ShardingKind::HybridShard,
+            group_size: 2,
+            precision: Precision::Bf16Mixed,
+            prefetch: true,
+            auto_wrap: Some(vec!["blocks.".into()]),
+            ..fsdp()
+        };
+        assert_eq!(accepted.build().unwrap().name(), "fsdp");
+    }
+}
