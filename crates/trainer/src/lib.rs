@@ -8,26 +8,34 @@
 //! at any world size, consolidation, [`ModelCheckpoint`]). Devices, worlds and the sharded setup belong to
 //! wick-accelerator; parameter layout and optimizer state to the strategy.
 
+mod builder;
 mod callbacks;
 pub mod checkpoint;
 mod data;
 mod error;
+mod eval_loop;
+mod fit_loop;
 mod metrics_csv;
 mod progress;
 mod rank_run;
+mod ranks;
 mod replicate;
+mod resume;
 mod run_dirs;
+mod sinks;
 mod summary;
 mod token_dataset;
+mod train_step;
 mod trainer;
 
+pub use builder::TrainerBuilder;
 pub use callbacks::{EarlyStopping, LearningRateMonitor};
 pub use checkpoint::{consolidate, Checkpoint, CheckpointError, Mode, ModelCheckpoint};
 pub use data::{DataLoader, Dataset};
 pub use error::TrainerError;
 pub use replicate::Replicate;
 pub use token_dataset::{write_token_file, Split, TokenDataset, TOKENIZER_KEY, VOCAB_KEY};
-pub use trainer::{Metrics, Trainer, TrainerBuilder};
+pub use trainer::{Metrics, Trainer};
 
 // What a crate that uses wick-trainer alone needs to write a module and configure a run;
 // the crates below are reachable whole under their own names.

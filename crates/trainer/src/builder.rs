@@ -1,0 +1,342 @@
+//! `TrainerBuilder`: the trainer's options, checked together when it is built.
+
+use crate::trainer::{FitDirs, Trainer};
+use crate::{ModelCheckpoint, TrainerError};
+use std::path::PathBuf;
+use std::time::Duration;
+use wick_accelerator::{Accelerator, DeviceKind, ThreadBudget};
+use wick_core::{Callback, Strategy};
+use wick_strategies::{StrategyKind, StrategySpec};
+
+/// Settings every rank reads.
+pub(crate) struct Config {
+    pub(crate) max_steps: Option<usize>,
+    pub(crate) max_epochs: Option<usize>,
+    pub(crate) seed: u64,
+    /// Where runs are logged (`None`: no metrics file) and this run's name under it.
+    pub(crate) log_dir: Option<PathBuf>,
+    pub(crate) run_name: String,
+    pub(crate) val_check_interval: Option<usize>,
+    pub(crate) progress: bool,
+    pub(crate) model_summary: bool,
+    pub(crate) gradient_clip_val: Option<f64>,
+    pub(crate) accumulate_grad_batches: usize,
+    pub(crate) checkpoint: Option<ModelCheckpoint>,
+    pub(crate) error_on_unused_parameters: bool,
+}
+
+pub(crate) enum StrategyChoice {
+    /// `single` on one device, `ddp` on more.
+    Default,
+    /// A name a user typed, parsed when the trainer is built.
+    Name(String),
+    Spec(StrategySpec),
+    Instance(Box<dyn Strategy>),
+}
+
+/// Options of a [`Trainer`]; see [`Trainer::builder`].
+pub struct TrainerBuilder {
+    devices: Option<usize>,
+    device_kind: DeviceKind,
+    threads_per_rank: Option<usize>,
+    accelerator: Option<Accelerator>,
+    strategy: StrategyChoice,
+    max_steps: Option<usize>,
+    max_epochs: Option<usize>,
+    seed: u64,
+    callbacks: Vec<Box<dyn Callback>>,
+    run_name: String,
+    log_dir: Option<PathBuf>,
+    val_check_interval: Option<usize>,
+    progress: bool,
+    model_summary: bool,
+    gradient_clip_val: Option<f64>,
+    accumulate_grad_batches: usize,
+    collective_timeout: Option<Duration>,
+    checkpoint: Option<ModelCheckpoint>,
+    error_on_unused_parameters: bool,
+}
+
+impl TrainerBuilder {
+    /// The number of ranks. Default: as many as the launcher started when one started this
+    /// process (`mpirun`, `srun`; a different number is an error), otherwise 1. Without a
+    /// launcher the ranks are threads of this process.
+    pub fn devices(mut self, devices: usize) -> Self {
+        self.devices = Some(devices);
+        self
+    }
+
+    /// The kind of device every rank computes on (default [`DeviceKind::Cpu`]). With
+    /// [`DeviceKind::Cuda`], rank r uses GPU r (or GPU `local_rank` under a launcher); too
+    /// few GPUs is an error when the trainer is built.
+    pub fn device_kind(mut self, kind: DeviceKind) -> Self {
+        self.device_kind = kind;
+        self
+    }
+
+    /// The compute threads of each CPU rank when ranks are threads. Default: the cores
+    /// shared out between the ranks (`max(1, cores / devices)`), so that W ranks never ask
+    /// for more threads than there are cores; one rank uses them all.
+    pub fn threads_per_rank(mut self, threads: usize) -> Self {
+        self.threads_per_rank = Some(threads);
+        self
+    }
+
+    /// Runs the ranks as `accelerator` says instead of as the environment says (for example
+    /// [`Accelerator::cpu`]: ranks as threads even in a process that a launcher started).
+    pub fn accelerator(mut self, accelerator: Accelerator) -> Self {
+        self.accelerator = Some(accelerator);
+        self
+    }
+
+    /// The strategy, by the name a user typed (`single`, `ddp`, `zero1`, `zero2`, `zero3`,
+    /// `fsdp`), with its default options; an unknown name is an error of
+    /// [`TrainerBuilder::build`]. Default `single` on one device, `ddp` on more.
+    pub fn strategy(mut self, name: &str) -> Self {
+        self.strategy = StrategyChoice::Name(name.to_string());
+        self
+    }
+
+    /// The strategy and its options as one checked value (what `wick fit`'s `--strategy`,
+    /// `--sharding`, `--precision`, `--group-size`, `--prefetch` and `--auto-wrap` say); a
+    /// [`StrategyKind`](wick_strategies::StrategyKind) alone takes the default options.
+    pub fn strategy_spec(mut self, spec: impl Into<StrategySpec>) -> Self {
+        self.strategy = StrategyChoice::Spec(spec.into());
+        self
+    }
+
+    /// A strategy instance with non-default options (e.g. `Ddp::new().with_bucket_cap_bytes(..)`).
+    pub fn strategy_instance(mut self, strategy: Box<dyn Strategy>) -> Self {
+        self.strategy = StrategyChoice::Instance(strategy);
+        self
+    }
+
+    /// Stop after this many optimizer steps.
+    pub fn max_steps(mut self, steps: usize) -> Self {
+        self.max_steps = Some(steps);
+        self
+    }
+
+    /// Stop after this many epochs (default 1 when `max_steps` is not set either).
+    pub fn max_epochs(mut self, epochs: usize) -> Self {
+        self.max_epochs = Some(epochs);
+        self
+    }
+
+    /// The seed of parameter init and data order. Default 0.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Adds a callback; each rank runs its own clone.
+    pub fn callback(mut self, callback: impl Callback + 'static) -> Self {
+        self.callbacks.push(Box::new(callback));
+        self
+    }
+
+    /// The run's name: metrics go to `<log dir>/<run name>/metrics.csv`. Default `run`. A
+    /// fit that does not resume never writes into a run directory that holds anything: it
+    /// takes the first free `<run name>-v1`, `-v2`, ... instead, as Lightning's `version_N`
+    /// ([`Trainer::metrics_path`] tells which). A resumed fit continues the metrics of the
+    /// run it resumes (recorded in the checkpoint) when that run logged under the same log
+    /// dir, with this name or a version of it: the rows up to the checkpoint's step stay,
+    /// later rows are replaced.
+    pub fn run_name(mut self, name: &str) -> Self {
+        self.run_name = name.to_string();
+        self
+    }
+
+    /// Where runs are logged. Default `runs`.
+    pub fn log_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.log_dir = Some(dir.into());
+        self
+    }
+
+    /// Writes no metrics file.
+    pub fn no_logger(mut self) -> Self {
+        self.log_dir = None;
+        self
+    }
+
+    /// Validate every `steps` optimizer steps instead of at the end of each epoch.
+    pub fn val_check_interval(mut self, steps: usize) -> Self {
+        self.val_check_interval = Some(steps);
+        self
+    }
+
+    /// Draw the progress bar when standard output is a terminal. Default on.
+    pub fn progress(mut self, on: bool) -> Self {
+        self.progress = on;
+        self
+    }
+
+    /// Print the model summary (parameters, state bytes per rank) after the first step.
+    /// Default on.
+    pub fn model_summary(mut self, on: bool) -> Self {
+        self.model_summary = on;
+        self
+    }
+
+    /// Clip gradients to this global L2 norm before each optimizer step (over all shards).
+    pub fn gradient_clip_val(mut self, max_norm: f64) -> Self {
+        self.gradient_clip_val = Some(max_norm);
+        self
+    }
+
+    /// Accumulate gradients over this many global batches per optimizer step (default 1).
+    /// No gradient collective runs before the last of them.
+    pub fn accumulate_grad_batches(mut self, batches: usize) -> Self {
+        self.accumulate_grad_batches = batches;
+        self
+    }
+
+    /// Save checkpoints during fit as `checkpoint` says (every N steps, at the end, which to
+    /// keep, the `last` pointer).
+    pub fn checkpoint(mut self, checkpoint: ModelCheckpoint) -> Self {
+        self.checkpoint = Some(checkpoint);
+        self
+    }
+
+    /// Fails `fit` when a parameter receives no gradient at the first step, instead of the
+    /// default warning on rank 0 (DDP's `find_unused_parameters`, made strict).
+    pub fn error_on_unused_parameters(mut self, on: bool) -> Self {
+        self.error_on_unused_parameters = on;
+        self
+    }
+
+    /// Fail a collective that waits longer than this for the other ranks.
+    pub fn collective_timeout(mut self, timeout: Duration) -> Self {
+        self.collective_timeout = Some(timeout);
+        self
+    }
+
+    /// Checks the options and builds the trainer.
+    pub fn build(self) -> Result<Trainer, TrainerError> {
+        let mut accelerator = match self.accelerator {
+            Some(a) => a,
+            None => Accelerator::from_env(self.devices)?.on(self.device_kind)?,
+        };
+        let world_size = accelerator.world_size();
+        if let Some(n) = self.threads_per_rank {
+            accelerator = accelerator.with_thread_budget(ThreadBudget::per_rank(n)?);
+        }
+        if let Some(t) = self.collective_timeout {
+            accelerator = accelerator.with_collective_timeout(t);
+        }
+        let strategy = match self.strategy {
+            StrategyChoice::Instance(s) => s,
+            StrategyChoice::Default => {
+                let kind = match world_size {
+                    1 => StrategyKind::Single,
+                    _ => StrategyKind::Ddp,
+                };
+                StrategySpec::new(kind).build()?
+            }
+            StrategyChoice::Name(name) => StrategySpec::new(name.parse()?).build()?,
+            StrategyChoice::Spec(spec) => spec.build()?,
+        };
+        strategy.check_world_size(world_size)?;
+        if self.accumulate_grad_batches == 0 {
+            return Err(TrainerError::config(
+                "accumulate_grad_batches",
+                "must be at least 1, got 0",
+            ));
+        }
+        if let Some(c) = self
+            .gradient_clip_val
+            .filter(|c| !(c.is_finite() && *c > 0.0))
+        {
+            return Err(TrainerError::config(
+                "gradient_clip_val",
+                format!("must be a positive number, got {c}"),
+            ));
+        }
+        if self.val_check_interval == Some(0) {
+            return Err(TrainerError::config(
+                "val_check_interval",
+                "must be at least 1 step, got 0",
+            ));
+        }
+        if self.max_steps == Some(0) || self.max_epochs == Some(0) {
+            return Err(TrainerError::config(
+                "max_steps/max_epochs",
+                "must be at least 1, got 0",
+            ));
+        }
+        if let Some(mc) = &self.checkpoint {
+            let reserved = |n: &str| {
+                n == crate::checkpoint::MANIFEST_FILE
+                    || n == crate::checkpoint::LAST_FILE
+                    || n.starts_with("rank-")
+            };
+            if let Some((name, _)) = mc.attachments().iter().find(|(n, _)| {
+                n.is_empty() || n.contains(['/', '\\']) || n.starts_with('.') || reserved(n)
+            }) {
+                return Err(TrainerError::config(
+                    "checkpoint attachment",
+                    format!(
+                        "'{name}' must be a plain file name other than the checkpoint's own files"
+                    ),
+                ));
+            }
+        }
+        if self.run_name.is_empty() || self.run_name.contains(['/', '\\']) {
+            return Err(TrainerError::config(
+                "run name",
+                format!(
+                    "'{}' must be a non-empty name without path separators",
+                    self.run_name
+                ),
+            ));
+        }
+        Ok(Trainer {
+            config: Config {
+                max_steps: self.max_steps,
+                max_epochs: self.max_epochs,
+                seed: self.seed,
+                log_dir: self.log_dir,
+                run_name: self.run_name,
+                val_check_interval: self.val_check_interval,
+                progress: self.progress,
+                model_summary: self.model_summary,
+                gradient_clip_val: self.gradient_clip_val,
+                accumulate_grad_batches: self.accumulate_grad_batches,
+                checkpoint: self.checkpoint,
+                error_on_unused_parameters: self.error_on_unused_parameters,
+            },
+            accelerator,
+            strategy,
+            callbacks: self.callbacks,
+            session: None,
+            last_fit: FitDirs::default(),
+        })
+    }
+}
+
+impl Trainer {
+    /// Options with their defaults: one device, strategy `single`, one epoch, seed 0.
+    pub fn builder() -> TrainerBuilder {
+        TrainerBuilder {
+            devices: None,
+            device_kind: DeviceKind::Cpu,
+            threads_per_rank: None,
+            accelerator: None,
+            strategy: StrategyChoice::Default,
+            max_steps: None,
+            max_epochs: None,
+            seed: 0,
+            callbacks: Vec::new(),
+            run_name: "run".into(),
+            log_dir: Some(PathBuf::from("runs")),
+            val_check_interval: None,
+            progress: true,
+            model_summary: true,
+            gradient_clip_val: None,
+            accumulate_grad_batches: 1,
+            collective_timeout: None,
+            checkpoint: None,
+            error_on_unused_parameters: false,
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! One optimizer step of one rank: its micro-batches' forward and backward, the step at the
+//! schedule's rate, and the loss averaged over the ranks.
+
+use crate::rank_run::{scalar, RankRun};
+use crate::{DataLoader, Dataset, TrainerError};
+use wick_core::{GradSync, OptimizerConfig, ReduceOp, TrainModule};
+
+impl<M: TrainModule> RankRun<'_, M> {
+    /// Runs step `b` of the epoch whose sample order is `order`; returns the training loss
+    /// averaged over its micro-batches and the ranks. The first backward of a fit
+    /// (`checked_unused` still false) also looks for parameters without gradient.
+    pub(crate) fn train_step<D: Dataset<Batch = M::Batch>>(
+        &mut self,
+        train: &DataLoader<D>,
+        order: &[usize],
+        b: usize,
+        optimizer: &OptimizerConfig,
+        checked_unused: &mut bool,
+    ) -> Result<f64, TrainerError> {
+        let (rank, world_size) = (self.env.rank, self.env.world_size);
+        let accumulate = self.config.accumulate_grad_batches;
+        // `accumulate` micro-batches, each a whole global batch, make one step; each
+        // loss is scaled so the step sees the mean over them.
+        let mut local = 0f32;
+        for micro in 0..accumulate {
+            let index = b * accumulate + micro;
+            let batch = train.dataset().batch(
+                train.rank_slice(order, index, rank, world_size),
+                &self.env.device,
+            )?;
+            let looking = !*checked_unused;
+            if looking {
+                self.strategy.find_unused_parameters();
+            }
+            let loss = self.module.training_step(&batch, index)?;
+            local += scalar(&loss, "training_step")? / accumulate as f32;
+            let loss = if accumulate > 1 {
+                loss.affine(1.0 / accumulate as f64, 0.0)?
+            } else {
+                loss
+            };
+            let sync = GradSync::for_micro_batch(micro, accumulate);
+            self.strategy.backward(&loss, sync)?;
+            if looking {
+                *checked_unused = true;
+                self.report_unused_parameters()?;
+            }
+        }
+        let lr = optimizer.lr_at(self.state.global_step);
+        self.state.lr = lr;
+        self.strategy.optimizer_step(lr)?;
+        let train_loss = self.env.world.all_reduce_scalar(local, ReduceOp::Mean)? as f64;
+        Ok(train_loss)
+    }
+
+    /// Reports the parameters the first backward gave no gradient: once, on rank 0, as a
+    /// warning; or, with `error_on_unused_parameters`, as an error on every rank (all ranks
+    /// find the same ones, so they stop together).
+    fn report_unused_parameters(&self) -> Result<(), TrainerError> {
+        let names = self.strategy.unused_parameters();
+        if names.is_empty() {
+            return Ok(());
+        }
+        if self.config.error_on_unused_parameters {
+            return Err(TrainerError::UnusedParameters { names });
+        }
+        if self.env.rank == 0 {
+            eprintln!(
+                "warning: {} parameter(s) received no gradient at the first step and will not \
+                 train (a layer without backward, such as candle-nn's fused LayerNorm, or one \
+                 the loss does not use): {}",
+                names.len(),
+                names.join(", ")
+            );
+        }
+        Ok(())
+    }
+}
