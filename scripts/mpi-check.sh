@@ -158,7 +158,7 @@ set +e
 timeout 120 "${mpirun[@]}" -np 2 "$mpi_wick" consolidate ck-u2/last two.safetensors > bad3.out 2>&1
 rc=$?
 set -e
-grep -q "consolidate writes one file from one process" bad3.out || { cat bad3.out; fail "consolidate ran under mpirun -np 2"; }
+grep -q "wick consolidate, export and prepare write from one process" bad3.out || { cat bad3.out; fail "consolidate ran under mpirun -np 2"; }
 [ "$rc" -ne 0 ] && [ ! -e two.safetensors ] || fail "consolidate under mpirun -np 2 exited $rc or wrote a file"
 echo "consolidate under mpirun -np 2: exit $rc, $(grep -m1 '^error' bad3.out)"
 echo "mpi-check: all passed"

@@ -2,10 +2,9 @@
 //! process, or processes a launcher started), and the sharded setup of a module.
 
 use crate::device::{check_gpus, rank_device, DeviceKind};
-use crate::ended_world::EndedWorld;
 use crate::launcher::LaunchEnv;
 use crate::thread_budget::{quiet_candle_elementwise_pool, run_within, ThreadBudget};
-use crate::thread_world::{RankError, ThreadWorld};
+use crate::worlds::{panic_message, EndedWorld, MpiWorld, NcclWorld, RankError, ThreadWorld};
 use candle_core::Device;
 use std::sync::Arc;
 use wick_core::{Collective, Error, Result, SoloWorld, Strategy, TrainModule};
@@ -29,7 +28,6 @@ enum Ranks {
     /// Every rank is a thread of this process.
     Threads(usize),
     /// A launcher started one process per rank; this process is rank `rank`.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     Process {
         launch: LaunchEnv,
         rank: usize,
@@ -134,9 +132,24 @@ impl Accelerator {
         }
     }
 
-    #[cfg(feature = "mpi")]
     fn process(launch: LaunchEnv, devices: Option<usize>) -> Result<Self> {
-        let world = crate::MpiWorld::process_world()?;
+        if !MpiWorld::ENABLED {
+            let launcher = launch.launcher.name();
+            let of = launch
+                .world_size
+                .map(|w| format!(" of {w}"))
+                .unwrap_or_default();
+            return Err(Error::config(
+                "launcher",
+                format!(
+                    "{launcher} started this process as rank {}{of}, but this wick was built \
+                     without the `mpi` feature and cannot join the other processes; rebuild with \
+                     `--features mpi`, or start it without {launcher} to run ranks as threads",
+                    launch.rank
+                ),
+            ));
+        }
+        let world = MpiWorld::process_world()?;
         let (rank, world_size) = (world.rank(), world.world_size());
         let launcher = launch.launcher.name();
         if let Some(env_size) = launch.world_size.filter(|&s| s != world_size) {
@@ -163,24 +176,6 @@ impl Accelerator {
             world_size,
         };
         Ok(Self::on_cpu(ranks, 1))
-    }
-
-    #[cfg(not(feature = "mpi"))]
-    fn process(launch: LaunchEnv, _devices: Option<usize>) -> Result<Self> {
-        let launcher = launch.launcher.name();
-        let of = launch
-            .world_size
-            .map(|w| format!(" of {w}"))
-            .unwrap_or_default();
-        Err(Error::config(
-            "launcher",
-            format!(
-                "{launcher} started this process as rank {}{of}, but this wick was built \
-                 without the `mpi` feature and cannot join the other processes; rebuild with \
-                 `--features mpi`, or start it without {launcher} to run ranks as threads",
-                launch.rank
-            ),
-        ))
     }
 
     /// Fails a collective that waits longer than `timeout` for the other ranks (ranks as
@@ -270,20 +265,19 @@ impl Accelerator {
         }
     }
 
-    #[cfg(feature = "mpi")]
     fn launch_process<T, E, F>(&self, f: F) -> T
     where
         E: std::fmt::Display + From<Error>,
         F: Fn(RankEnv) -> std::result::Result<T, E>,
     {
-        let world = crate::MpiWorld::process_world()
+        let world = MpiWorld::process_world()
             .expect("the accelerator joined the process world when it was made");
         let run = || f(self.rank_env(world.clone(), self.devices[0].clone())?);
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
         let failure = match outcome {
             Ok(Ok(value)) => return value,
             Ok(Err(e)) => e.to_string(),
-            Err(payload) => format!("panicked: {}", crate::thread_world::panic_message(&payload)),
+            Err(payload) => format!("panicked: {}", panic_message(&payload)),
         };
         eprintln!(
             "error: rank {} of {} failed: {failure}",
@@ -291,14 +285,6 @@ impl Accelerator {
             world.world_size()
         );
         world.abort(1)
-    }
-
-    #[cfg(not(feature = "mpi"))]
-    fn launch_process<T, E, F>(&self, _f: F) -> T
-    where
-        F: Fn(RankEnv) -> std::result::Result<T, E>,
-    {
-        unreachable!("without the mpi feature no accelerator runs ranks as processes")
     }
 
     /// Runs the module's `configure_sharded_model` inside the strategy's sharding context,
@@ -336,22 +322,17 @@ impl Accelerator {
     }
 
     /// NCCL for ranks on distinct GPUs (the `nccl` feature); the host world otherwise.
-    #[cfg(feature = "nccl")]
     fn device_world(
         &self,
         host: Arc<dyn Collective>,
         device: &Device,
     ) -> Result<Arc<dyn Collective>> {
-        let distinct_gpus = device.is_cuda()
+        let distinct_gpus = NcclWorld::ENABLED
+            && device.is_cuda()
             && (self.devices.len() < 2 || !self.devices[0].same_device(&self.devices[1]));
         match distinct_gpus {
-            true => Ok(Arc::new(crate::NcclWorld::new(host, device)?)),
+            true => Ok(Arc::new(NcclWorld::new(host, device)?)),
             false => Ok(host),
         }
-    }
-
-    #[cfg(not(feature = "nccl"))]
-    fn device_world(&self, host: Arc<dyn Collective>, _: &Device) -> Result<Arc<dyn Collective>> {
-        Ok(host)
     }
 }

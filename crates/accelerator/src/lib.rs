@@ -3,45 +3,29 @@
 //! It owns where a rank runs (its `candle_core::Device`), how ranks are launched and find
 //! each other ([`ThreadWorld`]: ranks as threads of one process, the embedded default;
 //! [`LaunchEnv`]: a launcher such as `mpirun` or `srun` started one process per rank, and
-//! with the `mpi` feature they form an `MpiWorld`; with `nccl`, CUDA ranks form an
-//! `NcclWorld`), and
+//! with the `mpi` feature they form an [`MpiWorld`]; with `nccl`, CUDA ranks form an
+//! [`NcclWorld`]; without those features both are stand-ins that say so), and
 //! [`Accelerator::setup`], which opens a strategy's sharding context and calls the module's
 //! `configure_sharded_model` inside it. It knows wick-core only; strategies meet it through
 //! core's `Strategy` and `Collective` traits.
 
 mod accelerator;
-mod barrier;
-mod call;
 mod device;
-mod ended_world;
-mod host;
 mod launcher;
-#[cfg(feature = "mpi")]
-mod mpi_world;
-#[cfg(feature = "nccl")]
-mod nccl_world;
-mod reduce;
 mod thread_budget;
-mod thread_comm;
-mod thread_world;
+mod worlds;
 
 pub use accelerator::{Accelerator, RankEnv};
 pub use device::{cuda_device_count, DeviceKind};
 #[cfg(feature = "cuda")]
 pub use device::{cuda_memory_peak, reset_cuda_memory_peak};
-pub use ended_world::EndedWorld;
 pub use launcher::{LaunchEnv, Launcher};
 /// rsmpi, the MPI bindings `MpiWorld` uses, for code that calls MPI itself on the same
 /// world (the bandwidth example measures Open MPI's own speed with it).
 #[cfg(feature = "mpi")]
 pub use mpi;
-#[cfg(feature = "mpi")]
-pub use mpi_world::MpiWorld;
-#[cfg(feature = "nccl")]
-pub use nccl_world::NcclWorld;
 pub use thread_budget::ThreadBudget;
-pub use thread_comm::ThreadComm;
-pub use thread_world::{RankError, ThreadWorld};
+pub use worlds::{EndedWorld, MpiWorld, NcclWorld, RankError, ThreadComm, ThreadWorld};
 
 // What a crate that uses wick-accelerator alone needs from wick-core to use its worlds and
 // `Accelerator::setup`; the rest of wick-core is reachable as `wick_accelerator::wick_core`.

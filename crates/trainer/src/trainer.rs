@@ -3,7 +3,7 @@
 
 use crate::builder::Config;
 use crate::metrics_csv::MetricsCsv;
-use crate::rank_run::StageInput;
+use crate::rank_run::{RankOutput, StageInput};
 use crate::ranks::{collect_ranks, idle, Session};
 use crate::{Checkpoint, DataLoader, Dataset, ModelCheckpoint, Replicate, TrainerError};
 use candle_core::Tensor;
@@ -121,7 +121,7 @@ impl Trainer {
 
     /// The metrics file the last fit wrote (`None` before a fit, or without a logger):
     /// `<log dir>/<run name>/metrics.csv`, or a version of that directory when it held
-    /// another run ([`TrainerBuilder::run_name`]).
+    /// another run ([`TrainerBuilder::run_name`](crate::TrainerBuilder::run_name)).
     pub fn metrics_path(&self) -> Option<PathBuf> {
         self.last_fit.metrics.clone()
     }
@@ -152,7 +152,7 @@ impl Trainer {
     /// `configure_sharded_model`, parameters, optimizer state, step, seed and data position
     /// are restored, at this trainer's world size whatever the checkpoint's. At the same
     /// world size the run continues bit-identically to one that was never interrupted, and
-    /// its metrics file continues the run's (see [`TrainerBuilder::run_name`]).
+    /// its metrics file continues the run's (see [`TrainerBuilder::run_name`](crate::TrainerBuilder::run_name)).
     pub fn fit_from<M, D>(
         &mut self,
         module: &mut M,
@@ -261,11 +261,7 @@ impl Trainer {
         M: Replicate + 'static,
         D: Dataset<Batch = M::Batch>,
     {
-        let loaders = StageInput::eval(data);
-        Ok(self
-            .run_stage(module, Stage::Validate, &loaders, None)?
-            .swap_remove(0)
-            .metrics)
+        Ok(self.eval_stage(module, Stage::Validate, data)?.metrics)
     }
 
     /// One test pass; returns `test_loss` (if the module reports one).
@@ -278,11 +274,7 @@ impl Trainer {
         M: Replicate + 'static,
         D: Dataset<Batch = M::Batch>,
     {
-        let loaders = StageInput::eval(data);
-        Ok(self
-            .run_stage(module, Stage::Test, &loaders, None)?
-            .swap_remove(0)
-            .metrics)
+        Ok(self.eval_stage(module, Stage::Test, data)?.metrics)
     }
 
     /// Predictions for every global batch of `data`, in dataset order: the ranks' slices,
@@ -297,10 +289,23 @@ impl Trainer {
         M: Replicate + 'static,
         D: Dataset<Batch = M::Batch>,
     {
+        Ok(self.eval_stage(module, Stage::Predict, data)?.predictions)
+    }
+
+    /// A validate, test or predict stage over `data`: this process's first rank's output.
+    fn eval_stage<M, D>(
+        &mut self,
+        module: &mut M,
+        stage: Stage,
+        data: &DataLoader<D>,
+    ) -> Result<RankOutput, TrainerError>
+    where
+        M: Replicate + 'static,
+        D: Dataset<Batch = M::Batch>,
+    {
         let loaders = StageInput::eval(data);
         Ok(self
-            .run_stage(module, Stage::Predict, &loaders, None)?
-            .swap_remove(0)
-            .predictions)
+            .run_stage(module, stage, &loaders, None)?
+            .swap_remove(0))
     }
 }

@@ -8,35 +8,21 @@
 //! in rank order with the same code as `ThreadWorld` (16-bit types accumulate in f32 and
 //! round once), so both worlds give the same bits.
 //!
-//! MPI calls are serialized by one process-wide lock: MPI is initialized with at least
-//! `MPI_THREAD_SERIALIZED`, and a rank is one process, so the lock is never contended in
-//! training; it only makes the handles safe to share.
+//! This file is the protocol and the transport; `setup.rs` holds MPI's initialization,
+//! its end, and the lock that serializes every call.
 
-use crate::call::{dtype_code, Op};
-use crate::host::{with_bytes, with_bytes_mut, with_bytes_mut_from, HostAccessError};
-use crate::reduce::reduce_ranks;
+use crate::worlds::call::{CallHeader, Headers, Op};
+use crate::worlds::host::{with_bytes, with_bytes_mut, with_bytes_mut_from, HostAccessError};
+use crate::worlds::reduce::reduce_ranks;
 use candle_core::{DType, Tensor};
 use mpi::datatype::{Partition, PartitionMut};
-use mpi::topology::{Color, SimpleCommunicator};
+use mpi::topology::Color;
 use mpi::traits::*;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+mod setup;
+
+use setup::{mpi_lock, Comm};
+use std::sync::{Arc, Mutex, MutexGuard};
 use wick_core::{lock, Collective, CollectiveError, ReduceOp, Work};
-
-/// One lock for every MPI call of this process.
-static MPI_LOCK: Mutex<()> = Mutex::new(());
-
-fn mpi_lock() -> MutexGuard<'static, ()> {
-    // Nothing guarded can be left half-updated by a panic: the lock orders calls only.
-    lock(&MPI_LOCK)
-}
-
-/// A communicator handle that may move between threads.
-struct Comm(SimpleCommunicator);
-
-// SAFETY: MPI is initialized with at least MPI_THREAD_SERIALIZED (checked in
-// `MpiWorld::process_world`) and every use of the handle holds `MPI_LOCK`.
-unsafe impl Send for Comm {}
-unsafe impl Sync for Comm {}
 
 /// One rank's collectives over an MPI communicator; implements [`Collective`] for f32,
 /// bf16 and f16 CPU tensors.
@@ -48,74 +34,7 @@ pub struct MpiWorld {
     scratch: Mutex<Vec<u8>>,
 }
 
-/// The world of every process, made once per process.
-static PROCESS_WORLD: OnceLock<Result<Arc<MpiWorld>, String>> = OnceLock::new();
-
-extern "C" fn finalize_mpi() {
-    // SAFETY: runs once at process exit, after every rank's work returned.
-    unsafe {
-        let mut finalized = 0;
-        mpi::ffi::MPI_Finalized(&mut finalized);
-        if finalized == 0 {
-            mpi::ffi::MPI_Finalize();
-        }
-    }
-}
-
-extern "C" {
-    fn atexit(f: extern "C" fn()) -> std::os::raw::c_int;
-}
-
-/// Header words: op, dtype, argument, and two lengths in elements.
-type Header = [u64; 5];
-
 impl MpiWorld {
-    /// The world of every process the launcher started (`MPI_COMM_WORLD`). The first call
-    /// initializes MPI and arranges `MPI_Finalize` at process exit.
-    pub fn process_world() -> Result<Arc<MpiWorld>, CollectiveError> {
-        PROCESS_WORLD
-            .get_or_init(|| {
-                let _guard = mpi_lock();
-                if !mpi::is_initialized() {
-                    let (universe, provided) =
-                        mpi::initialize_with_threading(mpi::Threading::Multiple)
-                            .ok_or("MPI could not be initialized")?;
-                    if provided < mpi::Threading::Serialized {
-                        return Err(format!(
-                            "MPI provides thread level {provided:?}; wick needs Serialized or better"
-                        ));
-                    }
-                    // MPI_Finalize runs at exit instead of when `universe` drops: the world
-                    // lives as long as the process, and MPI cannot be initialized twice.
-                    std::mem::forget(universe);
-                    // SAFETY: registers a plain function with the C runtime.
-                    unsafe { atexit(finalize_mpi) };
-                }
-                Ok(Arc::new(Self::over(SimpleCommunicator::world())))
-            })
-            .clone()
-            .map_err(|message| CollectiveError::Unsupported {
-                rank: 0,
-                op: "init",
-                message,
-            })
-    }
-
-    fn over(comm: SimpleCommunicator) -> Self {
-        MpiWorld {
-            rank: comm.rank() as usize,
-            size: comm.size() as usize,
-            comm: Comm(comm),
-            scratch: Mutex::default(),
-        }
-    }
-
-    /// Ends every process of the job with `code`, as `MPI_Abort` does: for a rank that
-    /// failed, so that no other rank waits for it.
-    pub fn abort(&self, code: i32) -> ! {
-        self.comm.0.abort(code)
-    }
-
     fn mismatch(&self, op: Op, message: String) -> CollectiveError {
         CollectiveError::Mismatch {
             rank: self.rank,
@@ -149,10 +68,11 @@ impl MpiWorld {
         bytes.map(|b| self.count(op, b)).collect()
     }
 
-    /// Exchanges every rank's header for this call and checks that they called the same
-    /// collective with the same dtype and argument. Returns the headers in rank order; every
-    /// rank sees the same ones, so every rank takes the same branch afterwards. Also a
-    /// synchronization point: no rank leaves before every rank entered.
+    /// Exchanges every rank's header for this call (`a` and `b` are its two lengths, in
+    /// elements) and checks that they called the same collective with the same dtype and
+    /// argument. Returns the headers in rank order; every rank sees the same ones, so every
+    /// rank takes the same branch afterwards. Also a synchronization point: no rank leaves
+    /// before every rank entered.
     fn agree(
         &self,
         op: Op,
@@ -160,56 +80,33 @@ impl MpiWorld {
         arg: usize,
         a: usize,
         b: usize,
-    ) -> Result<Vec<Header>, CollectiveError> {
-        let mine: Header = [
-            op as u64,
-            dtype_code(dtype) as u64,
-            arg as u64,
-            a as u64,
-            b as u64,
-        ];
-        let mut all = vec![0u64; 5 * self.size];
+    ) -> Result<Vec<CallHeader>, CollectiveError> {
+        let mine = CallHeader::new(op, dtype, arg, a, b).to_words();
+        let mut all = vec![0u64; mine.len() * self.size];
         {
             let _guard = mpi_lock();
             self.comm.0.all_gather_into(&mine[..], &mut all[..]);
         }
-        let headers: Vec<Header> = all
-            .chunks_exact(5)
-            .map(|c| [c[0], c[1], c[2], c[3], c[4]])
+        let headers: Vec<CallHeader> = all
+            .chunks_exact(mine.len())
+            .map(CallHeader::from_words)
             .collect();
-        let first = headers[0];
-        for (s, h) in headers.iter().enumerate() {
-            if h[0] != first[0] {
-                return Err(self.mismatch(
-                    op,
-                    format!("rank {s} called a different collective at the same point"),
-                ));
-            }
-            if h[2] != first[2] {
-                return Err(self.mismatch(
-                    op,
-                    format!("rank {s} passed {} where rank 0 passed {}", h[2], first[2]),
-                ));
-            }
-            if h[1] != first[1] {
-                return Err(self.mismatch(op, format!("rank {s} passed another dtype than rank 0")));
-            }
-        }
+        self.headers(op, &headers).agree()?;
         Ok(headers)
     }
 
-    /// Field `field` of the headers (a length), when every rank passed the same.
-    fn same_length(
+    /// The checks every rank runs on the headers it received.
+    fn headers<'a>(
         &self,
         op: Op,
-        headers: &[Header],
-        field: usize,
-    ) -> Result<u64, CollectiveError> {
-        let first = headers[0][field];
-        if headers.iter().any(|h| h[field] != first) {
-            return Err(self.mismatch(op, "ranks passed buffers of different lengths".into()));
+        headers: &'a [CallHeader],
+    ) -> Headers<impl Fn(usize) -> CallHeader + 'a> {
+        Headers {
+            rank: self.rank,
+            size: self.size,
+            op,
+            of: move |s| headers[s],
         }
-        Ok(first)
     }
 
     /// Agrees on a call that splits a full buffer into the ranks' shards (all-gather,
@@ -224,18 +121,12 @@ impl MpiWorld {
         full_bytes: usize,
     ) -> Result<(Vec<i32>, Vec<i32>), CollectiveError> {
         let elem = dtype.size_in_bytes();
+        // The header's lengths: this rank's shard, then the full buffer.
         let headers = self.agree(op, dtype, arg, shard_bytes / elem, full_bytes / elem)?;
-        let total = self.same_length(op, &headers, 4)?;
-        let sum: u64 = headers.iter().map(|h| h[3]).sum();
-        if sum != total {
-            return Err(self.mismatch(
-                op,
-                format!(
-                    "the ranks' shards add up to {sum} elements but the full buffer holds {total}"
-                ),
-            ));
-        }
-        let counts = self.counts(op, headers.iter().map(|h| h[3] as usize * elem))?;
+        let checks = self.headers(op, &headers);
+        let total = checks.same_length(|h| h.dst_len)?;
+        checks.shards_add_up(|h| h.src_len, total)?;
+        let counts = self.counts(op, headers.iter().map(|h| h.src_len * elem))?;
         let offsets = displacements(&counts);
         Ok((counts, offsets))
     }
@@ -499,7 +390,7 @@ impl Collective for MpiWorld {
         with_bytes_mut(tensor, |buf| {
             let len = buf.len() / elem;
             let headers = self.agree(op, dtype, reduce_code(reduce), len, 0)?;
-            self.same_length(op, &headers, 3)?;
+            self.headers(op, &headers).same_length(|h| h.src_len)?;
             // Rank s reduces elements [len*s/n, len*(s+1)/n), then every rank gathers them.
             let counts =
                 self.counts(op, (0..n).map(|s| (len * (s + 1) / n - len * s / n) * elem))?;
@@ -528,8 +419,8 @@ impl Collective for MpiWorld {
         let elem = dtype.size_in_bytes();
         with_bytes_mut(tensor, |buf| {
             let headers = self.agree(op, dtype, root, buf.len() / elem, 0)?;
-            let root_len = headers[root][3];
-            if headers[self.rank][3] != root_len {
+            let root_len = headers[root].src_len;
+            if headers[self.rank].src_len != root_len {
                 return Err(self.mismatch(
                     op,
                     format!(
@@ -538,7 +429,7 @@ impl Collective for MpiWorld {
                     ),
                 ));
             }
-            self.same_length(op, &headers, 3)?;
+            self.headers(op, &headers).same_length(|h| h.src_len)?;
             self.count(op, buf.len())?;
             let _guard = mpi_lock();
             let mut spare = [0u8];

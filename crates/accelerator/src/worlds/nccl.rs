@@ -218,6 +218,9 @@ fn id_from_words(words: &[f32]) -> Id {
 }
 
 impl NcclWorld {
+    /// Whether this build has NCCL: `true` here (the `nccl` feature).
+    pub const ENABLED: bool = true;
+
     /// Joins the NCCL world of the ranks of `control`, this rank computing on `device` (a
     /// CUDA device, a different GPU for every rank: NCCL refuses two ranks on one GPU).
     /// A collective over `control`: every rank calls it at the same point.

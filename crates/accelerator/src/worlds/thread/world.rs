@@ -1,79 +1,14 @@
-//! `ThreadWorld`: W ranks as threads of one process. This file holds the world (its shared
-//! call slots and barrier, launching ranks, failure and departure, split sub-worlds);
-//! `thread_comm.rs` holds one rank's collectives over it.
+//! `ThreadWorld`: W ranks as threads of one process. This file launches the ranks and
+//! reports their failure and departure; `shared.rs` holds what they share, `comm.rs` one
+//! rank's collectives.
 
-use crate::barrier::RankBarrier;
-use crate::thread_comm::ThreadComm;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use super::comm::ThreadComm;
+use super::shared::Shared;
+use std::sync::Arc;
 use std::time::Duration;
-use wick_core::lock;
 
 /// How long a rank waits for its peers before a collective fails with a timeout.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// What one rank published for the call in progress. Written by its owner before the first
-/// barrier and read by peers after it; the barrier's lock orders the accesses.
-#[derive(Default)]
-pub(crate) struct Slot {
-    op: AtomicUsize,
-    arg: AtomicUsize,
-    dtype: AtomicUsize,
-    src: AtomicUsize,
-    src_len: AtomicUsize,
-    dst: AtomicUsize,
-    dst_len: AtomicUsize,
-}
-
-#[derive(Clone, Copy)]
-pub(crate) struct Published {
-    pub(crate) op: usize,
-    pub(crate) arg: usize,
-    /// The element type (`thread_comm::dtype_code`); lengths count elements.
-    pub(crate) dtype: usize,
-    pub(crate) src: *const u8,
-    pub(crate) src_len: usize,
-    pub(crate) dst: *mut u8,
-    pub(crate) dst_len: usize,
-}
-
-impl Slot {
-    pub(crate) fn publish(&self, p: Published) {
-        self.op.store(p.op, Ordering::Relaxed);
-        self.arg.store(p.arg, Ordering::Relaxed);
-        self.dtype.store(p.dtype, Ordering::Relaxed);
-        self.src.store(p.src as usize, Ordering::Relaxed);
-        self.src_len.store(p.src_len, Ordering::Relaxed);
-        self.dst.store(p.dst as usize, Ordering::Relaxed);
-        self.dst_len.store(p.dst_len, Ordering::Relaxed);
-    }
-
-    pub(crate) fn read(&self) -> Published {
-        Published {
-            op: self.op.load(Ordering::Relaxed),
-            arg: self.arg.load(Ordering::Relaxed),
-            dtype: self.dtype.load(Ordering::Relaxed),
-            src: self.src.load(Ordering::Relaxed) as *const u8,
-            src_len: self.src_len.load(Ordering::Relaxed),
-            dst: self.dst.load(Ordering::Relaxed) as *mut u8,
-            dst_len: self.dst_len.load(Ordering::Relaxed),
-        }
-    }
-}
-
-pub(crate) struct Shared {
-    pub(crate) size: usize,
-    pub(crate) slots: Vec<Slot>,
-    pub(crate) barrier: RankBarrier,
-    pub(crate) timeout: Duration,
-    /// Worlds split from this one, keyed by (split call, color), with their members' ranks
-    /// here: a failure or departure here is passed on to them.
-    pub(crate) children: Mutex<HashMap<(u64, usize), Child>>,
-}
-
-/// A world split from another: its members' ranks in the parent, and the world.
-pub(crate) type Child = (Vec<usize>, ThreadWorld);
 
 /// A world of ranks that are threads of this process.
 #[derive(Clone)]
@@ -102,13 +37,7 @@ impl ThreadWorld {
     pub fn with_timeout(size: usize, timeout: Duration) -> Self {
         assert!(size > 0, "a world needs at least one rank");
         ThreadWorld {
-            shared: Arc::new(Shared {
-                size,
-                slots: (0..size).map(|_| Slot::default()).collect(),
-                barrier: RankBarrier::new(size, timeout),
-                timeout,
-                children: Mutex::default(),
-            }),
+            shared: Shared::new(size, timeout),
         }
     }
 
@@ -123,29 +52,15 @@ impl ThreadWorld {
         ThreadComm::new(rank, self.shared.clone())
     }
 
-    fn children(&self) -> Vec<Child> {
-        let children = lock(&self.shared.children);
-        children.values().cloned().collect()
-    }
-
     /// Records that `rank` finished; worlds split from this one see it leave too.
     fn leave(&self, rank: usize) {
-        self.shared.barrier.leave(rank);
-        for (members, child) in self.children() {
-            if let Some(sub) = members.iter().position(|&m| m == rank) {
-                child.leave(sub);
-            }
-        }
+        self.shared.leave(rank);
     }
 
     /// Records that `rank` failed: every pending and later collective of the other ranks
     /// returns an error naming it.
     pub fn fail(&self, rank: usize, reason: impl Into<String>) {
-        let reason = reason.into();
-        self.shared.barrier.fail(rank, reason.clone());
-        for (_, child) in self.children() {
-            child.fail(rank, reason.clone());
-        }
+        self.shared.fail(rank, reason.into());
     }
 
     /// Runs `f` on every rank, each on its own thread, and returns each rank's outcome in

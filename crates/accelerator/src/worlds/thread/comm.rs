@@ -5,44 +5,22 @@
 //! byte moved, nothing allocated per call. A second barrier keeps every buffer alive until
 //! all peers are done reading it.
 
-use crate::call::{dtype_code, Op};
-use crate::host::{with_bytes, with_bytes_mut, with_bytes_mut_from, HostAccessError};
-use crate::reduce::reduce_ranks;
-use crate::thread_world::{Published, Shared, ThreadWorld};
+use super::shared::{Published, Shared};
+use crate::worlds::call::{CallHeader, Headers, Op};
+use crate::worlds::host::{with_bytes, with_bytes_mut, with_bytes_mut_from, HostAccessError};
+use crate::worlds::reduce::reduce_ranks;
 use candle_core::{DType, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use wick_core::{lock, Collective, CollectiveError, ReduceOp};
 
-/// One rank's handle on a [`ThreadWorld`]; implements [`Collective`] for f32, bf16 and f16
+/// One rank's handle on a [`ThreadWorld`](super::ThreadWorld); implements [`Collective`] for f32, bf16 and f16
 /// CPU tensors.
 pub struct ThreadComm {
     rank: usize,
     shared: Arc<Shared>,
     /// Split calls made so far (the same count on every rank at the same point).
     splits: AtomicU64,
-}
-
-/// What a rank publishes for one call: buffers given as bytes, lengths kept in elements.
-fn publication(
-    op: Op,
-    arg: usize,
-    dtype: DType,
-    src: *const u8,
-    src_bytes: usize,
-    dst: *mut u8,
-    dst_bytes: usize,
-) -> Published {
-    let elem = dtype.size_in_bytes();
-    Published {
-        op: op as usize,
-        arg,
-        dtype: dtype_code(dtype),
-        src,
-        src_len: src_bytes / elem,
-        dst,
-        dst_len: dst_bytes / elem,
-    }
 }
 
 impl ThreadComm {
@@ -94,60 +72,35 @@ impl ThreadComm {
         outcome
     }
 
-    fn check_agreement(&self, op: Op) -> Result<(), CollectiveError> {
-        let first = self.peer(0);
-        for s in 0..self.shared.size {
-            let p = self.peer(s);
-            if p.op != op as usize {
-                return Err(self.mismatch(
-                    op,
-                    format!("rank {s} called a different collective at the same point"),
-                ));
-            }
-            if p.arg != first.arg {
-                return Err(self.mismatch(
-                    op,
-                    format!(
-                        "rank {s} passed {} where rank 0 passed {}",
-                        p.arg, first.arg
-                    ),
-                ));
-            }
-            if p.dtype != first.dtype {
-                return Err(self.mismatch(op, format!("rank {s} passed another dtype than rank 0")));
-            }
+    /// Every rank's header of the call in progress, for the checks all ranks run.
+    fn headers(&self, op: Op) -> Headers<impl Fn(usize) -> CallHeader + '_> {
+        Headers {
+            rank: self.rank,
+            size: self.shared.size,
+            op,
+            of: move |s| self.peer(s).header(),
         }
-        Ok(())
+    }
+
+    fn check_agreement(&self, op: Op) -> Result<(), CollectiveError> {
+        self.headers(op).agree()
     }
 
     fn same_lengths(
         &self,
         op: Op,
-        len: impl Fn(Published) -> usize,
+        len: impl Fn(CallHeader) -> usize,
     ) -> Result<usize, CollectiveError> {
-        let first = len(self.peer(0));
-        if (0..self.shared.size).any(|s| len(self.peer(s)) != first) {
-            return Err(self.mismatch(op, "ranks passed buffers of different lengths".into()));
-        }
-        Ok(first)
+        self.headers(op).same_length(len)
     }
 
     fn offsets_check(
         &self,
         op: Op,
-        lens: impl Fn(Published) -> usize,
+        lens: impl Fn(CallHeader) -> usize,
         total: usize,
     ) -> Result<(), CollectiveError> {
-        let sum: usize = (0..self.shared.size).map(|s| lens(self.peer(s))).sum();
-        if sum != total {
-            return Err(self.mismatch(
-                op,
-                format!(
-                    "the ranks' shards add up to {sum} elements but the full buffer holds {total}"
-                ),
-            ));
-        }
-        Ok(())
+        self.headers(op).shards_add_up(lens, total)
     }
 
     /// All-gather on host bytes of `dtype`: every rank's `src`, in rank order, into `dst`.
@@ -159,7 +112,7 @@ impl ThreadComm {
     ) -> Result<(), CollectiveError> {
         let op = Op::AllGather;
         let elem = dtype.size_in_bytes();
-        let mine = publication(
+        let mine = Published::new(
             op,
             0,
             dtype,
@@ -222,7 +175,7 @@ impl Collective for ThreadComm {
         let dtype = full.dtype();
         let elem = dtype.size_in_bytes();
         with_bytes_mut_from(shard, full, |dst, src| {
-            let mine = publication(
+            let mine = Published::new(
                 op,
                 reduce as usize,
                 dtype,
@@ -263,7 +216,7 @@ impl Collective for ThreadComm {
         let elem = dtype.size_in_bytes();
         with_bytes_mut(tensor, |buf| {
             let len = buf.len() / elem;
-            let mine = publication(
+            let mine = Published::new(
                 op,
                 reduce as usize,
                 dtype,
@@ -325,7 +278,7 @@ impl Collective for ThreadComm {
         }
         let dtype = tensor.dtype();
         with_bytes_mut(tensor, |buf| {
-            let mine = publication(
+            let mine = Published::new(
                 op,
                 root,
                 dtype,
@@ -376,17 +329,17 @@ impl Collective for ThreadComm {
             let (_, world) = children.entry((call, color)).or_insert_with(|| {
                 (
                     members.clone(),
-                    ThreadWorld::with_timeout(members.len(), self.shared.timeout),
+                    Shared::new(members.len(), self.shared.timeout),
                 )
             });
             world.clone()
         };
-        Ok(Arc::new(world.comm(sub_rank)))
+        Ok(Arc::new(ThreadComm::new(sub_rank, world)))
     }
 
     fn barrier(&self) -> Result<(), CollectiveError> {
         // Published like any call, so a barrier facing another collective is a mismatch.
-        let mine = publication(
+        let mine = Published::new(
             Op::Barrier,
             0,
             DType::F32,

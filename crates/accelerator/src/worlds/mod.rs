@@ -1,0 +1,87 @@
+//! The collective engines. Each holds its transport only; what every engine checks of a
+//! call (which collective, dtype, lengths) is `call.rs`, and the rank-order reduction and
+//! host-byte access they share are `reduce.rs` and `host.rs`. An engine whose cargo feature
+//! is off is a stand-in with the same names that returns a clear error, so the code that
+//! picks an engine has one path.
+
+/// `Collective` for an engine's stand-in, a type with no values (a field `never:
+/// Infallible`): no method can ever be called.
+#[cfg(any(not(feature = "mpi"), not(feature = "nccl")))]
+macro_rules! stand_in_collective {
+    ($ty:ty) => {
+        impl wick_core::Collective for $ty {
+            fn rank(&self) -> usize {
+                match self.never {}
+            }
+
+            fn world_size(&self) -> usize {
+                match self.never {}
+            }
+
+            fn all_gather_into(
+                &self,
+                _: &candle_core::Tensor,
+                _: &candle_core::Tensor,
+            ) -> Result<(), wick_core::CollectiveError> {
+                match self.never {}
+            }
+
+            fn reduce_scatter_into(
+                &self,
+                _: &candle_core::Tensor,
+                _: &candle_core::Tensor,
+                _: wick_core::ReduceOp,
+            ) -> Result<(), wick_core::CollectiveError> {
+                match self.never {}
+            }
+
+            fn all_reduce_in_place(
+                &self,
+                _: &candle_core::Tensor,
+                _: wick_core::ReduceOp,
+            ) -> Result<(), wick_core::CollectiveError> {
+                match self.never {}
+            }
+
+            fn broadcast_in_place(
+                &self,
+                _: &candle_core::Tensor,
+                _: usize,
+            ) -> Result<(), wick_core::CollectiveError> {
+                match self.never {}
+            }
+
+            fn barrier(&self) -> Result<(), wick_core::CollectiveError> {
+                match self.never {}
+            }
+        }
+    };
+}
+#[cfg(any(not(feature = "mpi"), not(feature = "nccl")))]
+pub(crate) use stand_in_collective;
+
+pub(crate) mod call;
+mod ended;
+pub(crate) mod host;
+#[cfg(feature = "mpi")]
+mod mpi;
+#[cfg(not(feature = "mpi"))]
+mod mpi_stand_in;
+#[cfg(feature = "nccl")]
+mod nccl;
+#[cfg(not(feature = "nccl"))]
+mod nccl_stand_in;
+pub(crate) mod reduce;
+mod thread;
+
+pub use ended::EndedWorld;
+#[cfg(feature = "mpi")]
+pub use mpi::MpiWorld;
+#[cfg(not(feature = "mpi"))]
+pub use mpi_stand_in::MpiWorld;
+#[cfg(feature = "nccl")]
+pub use nccl::NcclWorld;
+#[cfg(not(feature = "nccl"))]
+pub use nccl_stand_in::NcclWorld;
+pub(crate) use thread::panic_message;
+pub use thread::{RankError, ThreadComm, ThreadWorld};
