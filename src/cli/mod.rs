@@ -8,7 +8,9 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod fit;
-pub use fit::{FitArgs, FitFlags};
+mod fit_flags;
+pub use fit::FitArgs;
+pub use fit_flags::FitFlags;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use wick_strategies::{Precision, StrategyKind};
