@@ -400,3 +400,79 @@ fn token_files_that_do_not_fit_the_model_are_refused() {
         "{err}"
     );
 }
+
+/// `fit --model CONFIG.json` pre-trains a new model of that shape, born sharded with wick's
+/// counter-based init: the same losses at one rank and as fsdp at two, and an export with
+/// the Hugging Face model's tensor names, shapes and dtypes.
+#[test]
+fn a_config_json_pre_trains_a_new_model_of_its_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = hf_fixture("llama");
+    let tokenizer = format!("{model}/tokenizer.json");
+    let corpus = format!("{}/data/licenses.txt", env!("CARGO_MANIFEST_DIR"));
+    let (ok, out, err) = wick(
+        d,
+        &[
+            "prepare",
+            "--tokenizer",
+            &tokenizer,
+            "--output",
+            "tokens.safetensors",
+            &corpus,
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    let config = format!("{model}/config.json");
+    let losses = |devices: &str, strategy: &str, name: &str| {
+        let (ok, out, err) = wick(
+            d,
+            &[
+                "fit",
+                "--model",
+                &config,
+                "--tokenizer",
+                &tokenizer,
+                "--data",
+                "tokens.safetensors",
+                "--seq",
+                "16",
+                "--batch-size",
+                "4",
+                "--max-steps",
+                "3",
+                "--val-every",
+                "3",
+                "--save-every",
+                "3",
+                "--no-progress",
+                "--devices",
+                devices,
+                "--strategy",
+                strategy,
+                "--run-name",
+                name,
+                "--checkpoint-dir",
+                name,
+            ],
+        );
+        assert!(ok, "{out}{err}");
+        std::fs::read_to_string(d.join(format!("runs/{name}/metrics.csv")))
+            .unwrap()
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').nth(2).unwrap().parse::<f64>().unwrap())
+            .collect::<Vec<_>>()
+    };
+    let (one, two) = (losses("1", "single", "one"), losses("2", "fsdp", "two"));
+    assert_eq!(one.len(), 3);
+    for (a, b) in one.iter().zip(&two) {
+        assert!((a - b).abs() < 1e-5, "single {one:?} against fsdp {two:?}");
+    }
+    let (ok, out, err) = wick(d, &["export", "two/last", "two-hf"]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(
+        tensors(&d.join("two-hf/model.safetensors")),
+        tensors(&Path::new(&model).join("model.safetensors")),
+    );
+}
