@@ -19,7 +19,7 @@ use candle_nn::Linear;
 use wick::accelerator::{cuda_device_count, Accelerator, DeviceKind};
 use wick::core::{OptimizerConfig, ShardedContext, Strategy, TrainModule, Wrapped};
 use wick::strategies::{Fsdp, FsdpSharding};
-use wick::trainer::{DataLoader, Dataset, Trainer};
+use wick::trainer::{Attached, DataLoader, Dataset, Trainer};
 
 #[path = "../tests/counting_allocator.rs"]
 mod counting_allocator;
@@ -170,7 +170,7 @@ fn main() -> anyhow::Result<()> {
             .progress(false)
             .model_summary(false)
             .build()?;
-        let mut model = DeepMlp::default();
+        let mut model = Attached::new(DeepMlp::default());
         let before = start_measuring(&gpus)?;
         trainer.fit(&mut model, &data, None)?;
         let peak = peak_since(before, &gpus)?;

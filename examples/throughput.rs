@@ -38,7 +38,7 @@ use wick::core::{Callback, RunState, Strategy};
 use wick::models::CausalLm;
 use wick::nn::{causal_attention_composite, cross_entropy_composite, layer_norm_composite};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
-use wick::trainer::{DataLoader, Trainer};
+use wick::trainer::{Attached, DataLoader, Trainer};
 
 // The main job's model and windows, from the `wick` program's own modules.
 #[path = "../src/char_corpus.rs"]
@@ -131,7 +131,7 @@ fn wick_step(
         Accelerator::cpu(world)?.with_thread_budget(budget),
         strategy,
     )?;
-    let mut model = CharGpt::new(c, LR);
+    let mut model = Attached::new(CharGpt::new(c, LR));
     trainer.fit(&mut model, &DataLoader::new(data(&c), BATCH), None)?;
     let times = clock.0.lock().unwrap().clone();
     Ok(median_step(&times))
@@ -259,7 +259,10 @@ fn peak_gflops() -> anyhow::Result<f64> {
 /// The Llama's seconds per step under `strategy` at `world` ranks.
 fn llama_step(strategy: Box<dyn Strategy>, world: usize) -> anyhow::Result<(f64, usize)> {
     let (mut trainer, clock) = timed_trainer(Accelerator::cpu(world)?, strategy)?;
-    let mut model = CausalLm::from_config_json(LLAMA.into(), std::path::Path::new("llama.json"))?;
+    let mut model = Attached::new(CausalLm::from_config_json(
+        LLAMA.into(),
+        std::path::Path::new("llama.json"),
+    )?);
     let c = GptConfig {
         vocab: 8192,
         block: LLAMA_SEQ,

@@ -134,7 +134,7 @@ pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
 mod tests {
     use super::*;
     use crate::char_corpus::CharWindows;
-    use wick_trainer::{DataLoader, Trainer};
+    use wick_trainer::{Attached, DataLoader, Trainer};
 
     const CONFIG: GptConfig = GptConfig {
         vocab: 11,
@@ -213,7 +213,7 @@ mod tests {
                 .build()
                 .unwrap();
             trainer
-                .fit(&mut CharGpt::new(CONFIG, 1e-3), &data, None)
+                .fit(&mut Attached::new(CharGpt::new(CONFIG, 1e-3)), &data, None)
                 .unwrap();
             assert_eq!(trainer.num_parameters(), Some(params), "{name}");
             let held = trainer.state_bytes().unwrap();

@@ -5,7 +5,7 @@
 use crate::char_gpt::CharGpt;
 use crate::cli::EvalArgs;
 use crate::fit_job::{main_job_config, split};
-use wick_trainer::{Checkpoint, DataLoader, Split, Trainer};
+use wick_trainer::{Attached, Checkpoint, DataLoader, Split, Trainer};
 
 /// Which pass to run.
 #[derive(Debug, Clone, Copy)]
@@ -43,20 +43,20 @@ pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
     let mut trainer = builder.build()?;
     let metrics = match checkpoint.attachment(crate::lm_job::CONFIG_FILE) {
         Some(_) => {
-            let mut lm = crate::lm_job::from_checkpoint(checkpoint)?.expect("it has a config");
+            let lm = crate::lm_job::from_checkpoint(checkpoint)?.expect("it has a config");
             let data = args.data.as_deref().ok_or_else(|| {
                 anyhow::anyhow!("a checkpoint of a `fit --model` run needs --data TOKENS")
             })?;
             let val = crate::lm_job::tokens(&lm, data, Split::Val, args.seq)?;
             let val = DataLoader::new(val, args.batch_size).without_shuffle();
-            evaluate(pass, &mut trainer, &mut lm, &val)?
+            evaluate(pass, &mut trainer, lm, &val)?
         }
         None => {
             let crate::fit_job::CharData { vocab, val, .. } =
                 split(args.data.as_deref(), args.batch_size)?;
-            let mut model = CharGpt::new(main_job_config(vocab.len()), 1e-3)
+            let model = CharGpt::new(main_job_config(vocab.len()), 1e-3)
                 .with_weights(checkpoint.into_weights());
-            evaluate(pass, &mut trainer, &mut model, &val)?
+            evaluate(pass, &mut trainer, model, &val)?
         }
     };
     let key = pass.metric();
@@ -71,13 +71,14 @@ pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
 fn evaluate<M, D>(
     pass: Pass,
     trainer: &mut Trainer,
-    model: &mut M,
+    model: M,
     data: &DataLoader<D>,
 ) -> anyhow::Result<wick_trainer::Metrics>
 where
     M: wick_trainer::Replicate + 'static,
     D: wick_trainer::Dataset<Batch = M::Batch>,
 {
+    let model = &mut Attached::new(model);
     Ok(match pass {
         Pass::Validate => trainer.validate(model, data)?,
         Pass::Test => trainer.test(model, data)?,

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use wick_accelerator::{cuda_device_count, DeviceKind, LaunchEnv};
 use wick_core::{lock, Callback, RunState};
 use wick_strategies::StrategyKind;
-use wick_trainer::{DataLoader, LearningRateMonitor, ModelCheckpoint, Trainer};
+use wick_trainer::{Attached, DataLoader, LearningRateMonitor, ModelCheckpoint, Trainer};
 
 /// Context length of the main job's model.
 const BLOCK: usize = 64;
@@ -122,9 +122,9 @@ pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
     }
     let CharData { vocab, train, val } = split(args.data.as_deref(), args.batch_size)?;
     let config = main_job_config(vocab.len());
-    let mut model = CharGpt::new(config, args.lr).with_schedule(args.lr_schedule());
+    let model = CharGpt::new(config, args.lr).with_schedule(args.lr_schedule());
     let run = Run::new(args, ModelCheckpoint::new(&args.checkpoint_dir))?;
-    run.fit(args, &mut model, &train, &val)
+    run.fit(args, model, &train, &val)
 }
 
 /// A trainer built from the options of `wick fit`, and the callback that records the losses
@@ -185,7 +185,7 @@ impl Run {
     pub fn fit<M, D>(
         mut self,
         args: &FitArgs,
-        model: &mut M,
+        model: M,
         train: &DataLoader<D>,
         val: &DataLoader<D>,
     ) -> anyhow::Result<FitReport>
@@ -194,6 +194,7 @@ impl Run {
         D: wick_trainer::Dataset<Batch = M::Batch>,
     {
         let trainer = &mut self.trainer;
+        let model = &mut Attached::new(model);
         let metrics = match &args.resume {
             Some(from) => trainer.fit_from(model, train, Some(val), from)?,
             None => trainer.fit(model, train, Some(val))?,

@@ -97,7 +97,7 @@ mod tests {
     use super::*;
     use crate::char_corpus::CharWindows;
     use crate::char_gpt::{CharGpt, GptConfig};
-    use wick_trainer::{DataLoader, ModelCheckpoint, Trainer};
+    use wick_trainer::{Attached, DataLoader, ModelCheckpoint, Trainer};
 
     /// A checkpoint of two steps of a tiny model under zero3 at 2 ranks, in a fresh folder.
     fn checkpoint() -> tempfile::TempDir {
@@ -123,8 +123,10 @@ mod tests {
         let data = DataLoader::new(CharWindows::new(ids, 8, 1), 4);
         trainer
             .fit(
-                &mut CharGpt::new(config, 1e-3)
-                    .with_schedule(wick_core::LrSchedule::warmup_cosine(1, 4, 0.1)),
+                &mut Attached::new(
+                    CharGpt::new(config, 1e-3)
+                        .with_schedule(wick_core::LrSchedule::warmup_cosine(1, 4, 0.1)),
+                ),
                 &data,
                 None,
             )

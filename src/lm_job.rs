@@ -78,7 +78,7 @@ pub fn run(args: &FitArgs, model: &Path) -> anyhow::Result<FitReport> {
         .as_deref()
         .context("--model needs --data TOKENS, a token file that `wick prepare` wrote")?;
     let optimizer = OptimizerConfig::adamw(args.lr).with_schedule(args.lr_schedule());
-    let mut lm = load_model(model, args.tokenizer.as_deref())?.with_optimizer(optimizer);
+    let lm = load_model(model, args.tokenizer.as_deref())?.with_optimizer(optimizer);
     let train = tokens(&lm, data, Split::Train, args.seq)?;
     let val = tokens(&lm, data, Split::Val, args.seq)?;
     let tokenizer = lm.tokenizer().context("the model has no tokenizer")?;
@@ -89,5 +89,5 @@ pub fn run(args: &FitArgs, model: &Path) -> anyhow::Result<FitReport> {
         DataLoader::new(train, args.batch_size),
         DataLoader::new(val, args.batch_size).without_shuffle(),
     );
-    Run::new(args, checkpoints)?.fit(args, &mut lm, &train, &val)
+    Run::new(args, checkpoints)?.fit(args, lm, &train, &val)
 }

@@ -7,7 +7,7 @@ use crate::common::{adamw, full_parameters, loader, max_diff, quiet_builder, Mlp
 use candle_core::Tensor;
 use wick::core::Strategy;
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
-use wick::trainer::{DataLoader, Dataset, Trainer};
+use wick::trainer::{Attached, DataLoader, Dataset, Trainer};
 
 /// Every strategy with the world sizes it runs at here.
 fn strategies() -> Vec<(String, usize, Box<dyn Strategy>)> {
@@ -54,7 +54,7 @@ struct Seen {
     params: Vec<Vec<f32>>,
 }
 
-fn use_after_fit(trainer: &mut Trainer, model: &mut Mlp, what: &str) -> Seen {
+fn use_after_fit(trainer: &mut Trainer, model: &mut Attached<Mlp>, what: &str) -> Seen {
     let val = trainer.validate(model, &eval_data()).unwrap()["val_loss"];
     let predictions = flat(&trainer.predict(model, &eval_data()).unwrap());
     let params = full_parameters(trainer);
@@ -85,7 +85,7 @@ fn the_trained_module_is_usable_after_fit_under_every_strategy() {
     let mut reference: Option<Seen> = None;
     for (name, world, strategy) in strategies() {
         let what = format!("{name} at W={world}");
-        let mut model = Mlp::new(adamw());
+        let mut model = Attached::new(Mlp::new(adamw()));
         let mut trainer = quiet_builder(world, strategy, 4).build().unwrap();
         trainer.fit(&mut model, &loader(), None).unwrap();
         let seen = use_after_fit(&mut trainer, &mut model, &what);
@@ -144,6 +144,41 @@ fn the_trained_module_is_usable_after_fit_under_every_strategy() {
         assert!(
             (val - reference.as_ref().unwrap().val).abs() < 1e-5,
             "{what}"
+        );
+    }
+}
+
+/// A trainer's state belongs to the `Attached` it configured. A module made after the
+/// trained one was dropped (in the same stack slot, so at the same address wherever the
+/// compiler reuses it) is new: configured afresh, it validates as an untrained module does,
+/// not with the dropped module's trained shards.
+#[test]
+fn a_module_made_where_a_dropped_one_lay_is_configured_afresh() {
+    let quiet = || {
+        quiet_builder(2, strategy_by_name("zero3").unwrap(), 6)
+            .build()
+            .unwrap()
+    };
+    let untrained = quiet()
+        .validate(&mut Attached::new(Mlp::new(adamw())), &eval_data())
+        .unwrap()["val_loss"];
+    let mut trainer = quiet();
+    let mut addresses = Vec::new();
+    for round in 0..2 {
+        let mut model = Attached::new(Mlp::new(adamw()));
+        addresses.push(&*model as *const Mlp as usize);
+        let val = match round {
+            0 => {
+                trainer.fit(&mut model, &loader(), None).unwrap();
+                trainer.validate(&mut model, &eval_data()).unwrap()["val_loss"]
+            }
+            _ => trainer.validate(&mut model, &eval_data()).unwrap()["val_loss"],
+        };
+        let trained = round == 0;
+        assert_eq!(
+            val == untrained,
+            !trained,
+            "round {round}: val_loss {val}, untrained {untrained} (addresses {addresses:x?})"
         );
     }
 }

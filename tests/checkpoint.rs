@@ -14,7 +14,7 @@ use tempfile::TempDir;
 use wick::core::{OptimizerConfig, PretrainedWeights, Strategy, WeightSource};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
 use wick::trainer::checkpoint::{Mode, SavePoint};
-use wick::trainer::{consolidate, Checkpoint, DataLoader, ModelCheckpoint, Trainer};
+use wick::trainer::{consolidate, Attached, Checkpoint, DataLoader, ModelCheckpoint, Trainer};
 
 fn trainer(
     devices: usize,
@@ -49,7 +49,7 @@ fn fit(
     from: Option<&Path>,
     checkpoint: Option<ModelCheckpoint>,
 ) -> Vec<Vec<f32>> {
-    let mut model = Mlp::new(optimizer);
+    let mut model = Attached::new(Mlp::new(optimizer));
     let mut t = trainer(devices, strategy, steps, checkpoint);
     match from {
         Some(from) => t.fit_from(&mut model, data, None, from),
@@ -199,7 +199,7 @@ fn a_checkpoint_saved_at_2_ranks_continues_at_8() {
 #[test]
 fn consolidated_weights_load_into_the_same_model_in_plain_candle() {
     let root = TempDir::new().unwrap();
-    let mut model = Mlp::new(adamw());
+    let mut model = Attached::new(Mlp::new(adamw()));
     let mut t = trainer(
         3,
         named("zero3"),
@@ -299,6 +299,7 @@ fn pretrained_weights_initialise_every_strategy_and_sharded_ranks_read_only_thei
         });
         let mut model = Mlp::new(adamw());
         model.weights = Some(weights.clone());
+        let mut model = Attached::new(model);
         let mut t = trainer(w, named(name), 1, None);
         t.validate(&mut model, &loader()).unwrap();
         assert_eq!(full_parameters(&mut t), expected, "{name} at W={w}");
@@ -339,6 +340,7 @@ fn a_wrong_pretrained_file_is_refused_naming_the_tensor() {
     let refused = |strategy: &str, devices: usize| {
         let mut model = Mlp::new(adamw());
         model.weights = Some(Arc::new(PretrainedWeights::open(&[&file]).unwrap()));
+        let mut model = Attached::new(model);
         trainer(devices, named(strategy), 1, None)
             .validate(&mut model, &loader())
             .unwrap_err()
@@ -391,7 +393,8 @@ fn model_checkpoint_keeps_the_last_k_and_the_best_k_and_points_last_at_the_newes
         .callback(Losses(losses.clone()))
         .build()
         .unwrap();
-    t.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
+    t.fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
+        .unwrap();
     let losses = losses.lock().unwrap();
     let worst = 1
         + (0..losses.len())
@@ -443,7 +446,7 @@ fn a_save_interrupted_anywhere_leaves_the_previous_checkpoint_loadable_and_last(
             .every_n_steps(2)
             .with_fault_injection(fault);
         let err = trainer(2, named("zero3"), 4, Some(mc))
-            .fit(&mut Mlp::new(adamw()), &loader(), None)
+            .fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
             .unwrap_err()
             .to_string();
         assert!(err.contains("killed at"), "{point:?}: {err}");
@@ -476,7 +479,7 @@ fn a_new_run_never_saves_into_another_runs_root() {
     let run = |steps, from: Option<PathBuf>| {
         let mc = ModelCheckpoint::new(&root).every_n_steps(2).keep_last(2);
         let mut t = trainer(2, named("ddp"), steps, Some(mc));
-        let mut model = Mlp::new(adamw());
+        let mut model = Attached::new(Mlp::new(adamw()));
         match from {
             Some(from) => t.fit_from(&mut model, &loader(), None, from),
             None => t.fit(&mut model, &loader(), None),

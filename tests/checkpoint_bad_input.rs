@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use tempfile::TempDir;
 use wick::core::StateReader;
 use wick::trainer::checkpoint::{resolve_checkpoint, MANIFEST_FILE};
-use wick::trainer::{consolidate, Checkpoint, ModelCheckpoint, Trainer};
+use wick::trainer::{consolidate, Attached, Checkpoint, ModelCheckpoint, Trainer};
 
 /// A good zero3 checkpoint of 2 ranks after 2 steps.
 fn good_checkpoint(root: &TempDir) -> PathBuf {
@@ -21,7 +21,8 @@ fn good_checkpoint(root: &TempDir) -> PathBuf {
         .checkpoint(ModelCheckpoint::new(root.path().join("ck")))
         .build()
         .unwrap();
-    t.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
+    t.fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
+        .unwrap();
     resolve_checkpoint(root.path().join("ck/last")).unwrap()
 }
 
@@ -240,7 +241,12 @@ fn each_bad_checkpoint_is_refused_with_the_file_and_the_tensor_or_field() {
         .model_summary(false)
         .build()
         .unwrap()
-        .fit_from(&mut Mlp::new(adamw()), &loader(), None, &other_model)
+        .fit_from(
+            &mut Attached::new(Mlp::new(adamw())),
+            &loader(),
+            None,
+            &other_model,
+        )
         .unwrap_err()
         .to_string();
     assert!(
@@ -346,8 +352,13 @@ fn every_form_of_a_checkpoint_path_resolves_alike_everywhere() {
             .model_summary(false)
             .build()
             .unwrap();
-        t.fit_from(&mut Mlp::new(adamw()), &loader(), None, &path)
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        t.fit_from(
+            &mut Attached::new(Mlp::new(adamw())),
+            &loader(),
+            None,
+            &path,
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
     }
     // A file where a checkpoint directory is expected is named as one.
     for file in [dir.join("rank-0.safetensors"), dir.join(MANIFEST_FILE)] {
@@ -392,7 +403,8 @@ fn attachments_are_saved_in_every_checkpoint_and_checked_whole() {
         .checkpoint(mc)
         .build()
         .unwrap();
-    t.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
+    t.fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
+        .unwrap();
     for step in ["step-00000001", "step-00000002"] {
         let c = Checkpoint::open(root.path().join("ck").join(step)).unwrap();
         let path = c.attachment("notes.txt").unwrap();

@@ -5,7 +5,7 @@ use crate::common::{adamw, loader, quiet_builder, Mlp, RankedMlp};
 use std::sync::{Arc, Mutex};
 use wick::core::{Callback, RunState};
 use wick::strategies::strategy_by_name;
-use wick::trainer::{EarlyStopping, Mode};
+use wick::trainer::{Attached, EarlyStopping, Mode};
 
 /// The global steps each rank finished, in order.
 #[derive(Clone, Default)]
@@ -49,7 +49,7 @@ fn last_steps(
         .build()
         .unwrap();
     // Rank r's validation loss is script(pass, r); the trainer logs the mean over ranks.
-    let mut model = RankedMlp::scaled(adamw(), 1.0).with_val_script(script);
+    let mut model = Attached::new(RankedMlp::scaled(adamw(), 1.0).with_val_script(script));
     t.fit(&mut model, &loader(), Some(&loader())).unwrap();
     steps.last_per_rank(devices)
 }
@@ -100,7 +100,11 @@ fn a_missing_metric_is_an_error_naming_it() {
         .build()
         .unwrap();
     let e = t
-        .fit(&mut Mlp::new(adamw()), &loader(), Some(&loader()))
+        .fit(
+            &mut Attached::new(Mlp::new(adamw())),
+            &loader(),
+            Some(&loader()),
+        )
         .unwrap_err()
         .to_string();
     assert!(e.contains("val_acc") && e.contains("val_loss"), "{e}");
@@ -127,6 +131,7 @@ fn a_stop_asked_on_one_rank_stops_every_rank() {
         .callback(steps.clone())
         .build()
         .unwrap();
-    t.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
+    t.fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
+        .unwrap();
     assert_eq!(steps.last_per_rank(3), [5, 5, 5]);
 }

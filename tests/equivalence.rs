@@ -1,5 +1,6 @@
 use crate::common::{adamw, max_diff, sgd_momentum, train, Mlp};
 use wick::core::OptimizerConfig;
+use wick::trainer::Attached;
 
 const STEPS: usize = 10;
 
@@ -93,12 +94,12 @@ impl wick::core::TrainModule for Watched {
 #[test]
 fn ddp_replicas_stay_identical_every_step_with_many_buckets() {
     let seen = std::sync::Arc::default();
-    let mut module = Watched {
+    let mut module = Attached::new(Watched {
         inner: Mlp::new(adamw()),
         rank: 0,
         seen: std::sync::Arc::clone(&seen),
         step: 0,
-    };
+    });
     // 64-byte buckets: each parameter lands in a bucket of its own (6 all-reduces per step).
     let ddp = wick::strategies::Ddp::new().with_bucket_cap_bytes(64);
     let mut trainer = crate::common::quiet_trainer_with(3, Box::new(ddp), STEPS);
@@ -127,7 +128,7 @@ fn zero2_reduces_and_gathers_in_small_rounds_to_the_same_result() {
     let reference = train(1, "single", adamw(), STEPS);
     // 5 elements per rank and round: rounds split parameters and cross rank boundaries.
     let zero2 = wick::strategies::Zero::stage2().with_chunk(5);
-    let mut model = Mlp::new(adamw());
+    let mut model = Attached::new(Mlp::new(adamw()));
     let mut trainer = crate::common::quiet_trainer_with(3, Box::new(zero2), STEPS);
     trainer
         .fit(&mut model, &crate::common::loader(), None)

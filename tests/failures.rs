@@ -2,7 +2,7 @@ use crate::common::{loader, quiet_trainer, Mlp};
 use candle_core::Tensor;
 use std::time::{Duration, Instant};
 use wick::core::{OptimizerConfig, ShardedContext, TrainModule};
-use wick::trainer::{DataLoader, Trainer, TrainerError};
+use wick::trainer::{Attached, DataLoader, Trainer, TrainerError};
 
 /// The MLP, but rank `bad_rank` fails at step `at_step`, by error or by panic.
 #[derive(Clone)]
@@ -35,14 +35,14 @@ impl TrainModule for Failing {
 
 fn fit_with_failure(panic: bool) {
     let world = 3;
-    let mut module = Failing {
+    let mut module = Attached::new(Failing {
         inner: Mlp::new(OptimizerConfig::sgd(0.1)),
         rank: 0,
         bad_rank: 1,
         at_step: 3,
         steps: 0,
         panic,
-    };
+    });
     let start = Instant::now();
     let err = quiet_trainer(world, "ddp", 8)
         .fit(&mut module, &loader(), None)
@@ -129,7 +129,7 @@ fn cuda_that_is_not_there_is_an_error_not_a_cpu_run() {
 
 #[test]
 fn a_batch_that_does_not_divide_by_the_ranks_is_an_error() {
-    let mut m = Mlp::new(OptimizerConfig::sgd(0.1));
+    let mut m = Attached::new(Mlp::new(OptimizerConfig::sgd(0.1)));
     let data = DataLoader::new(crate::common::Regression::new(96), 10);
     let e = quiet_trainer(4, "ddp", 1)
         .fit(&mut m, &data, None)
@@ -184,7 +184,7 @@ impl TrainModule for Empty {
 #[test]
 fn a_module_without_parameters_is_refused_at_fit() {
     let e = quiet_trainer(2, "ddp", 1)
-        .fit(&mut Empty, &loader(), None)
+        .fit(&mut Attached::new(Empty), &loader(), None)
         .unwrap_err()
         .to_string();
     assert!(
@@ -208,7 +208,7 @@ fn a_non_scalar_loss_names_the_hook() {
     }
     let e = quiet_trainer(1, "single", 1)
         .fit(
-            &mut Vector(Mlp::new(OptimizerConfig::sgd(0.1))),
+            &mut Attached::new(Vector(Mlp::new(OptimizerConfig::sgd(0.1)))),
             &loader(),
             None,
         )
@@ -224,10 +224,10 @@ fn a_module_without_replicas_trains_alone_and_is_refused_as_threads() {
     use crate::common::{adamw, SoloMlp};
     let mut one = quiet_trainer(1, "single", 3);
     let metrics = one
-        .fit(&mut SoloMlp::new(adamw()), &loader(), None)
+        .fit(&mut Attached::new(SoloMlp::new(adamw())), &loader(), None)
         .unwrap();
     assert!(metrics["train_loss"].is_finite());
-    let mut model = SoloMlp::new(adamw());
+    let mut model = Attached::new(SoloMlp::new(adamw()));
     let e = quiet_trainer(2, "ddp", 3)
         .fit(&mut model, &loader(), None)
         .unwrap_err()

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use wick::accelerator::ThreadWorld;
 use wick::core::{GradSync, OptimizerConfig, ShardedContext, TrainModule, Wrapped};
 use wick::strategies::{Fsdp, FsdpSharding};
-use wick::trainer::{DataLoader, Trainer};
+use wick::trainer::{Attached, DataLoader, Trainer};
 
 const STEPS: usize = 10;
 
@@ -16,10 +16,12 @@ fn fsdp_trainer(devices: usize, sharding: FsdpSharding) -> Trainer {
 fn train_fsdp<M: TrainModule<Batch = (Tensor, Tensor)> + Clone + 'static>(
     devices: usize,
     sharding: FsdpSharding,
-    model: &mut M,
+    model: M,
 ) -> Vec<Vec<f32>> {
     let mut trainer = fsdp_trainer(devices, sharding);
-    trainer.fit(model, &loader(), None).unwrap();
+    trainer
+        .fit(&mut Attached::new(model), &loader(), None)
+        .unwrap();
     full_parameters(&mut trainer)
 }
 
@@ -32,7 +34,7 @@ fn every_sharding_strategy_matches_single_device() {
         FsdpSharding::NoShard,
     ] {
         for w in [1, 2, 4] {
-            let got = train_fsdp(w, sharding, &mut Mlp::new(adamw()));
+            let got = train_fsdp(w, sharding, Mlp::new(adamw()));
             let diff = max_diff(&reference, &got);
             assert!(diff <= 1e-5, "{sharding:?} w={w}: max |diff| {diff}");
         }
@@ -41,7 +43,7 @@ fn every_sharding_strategy_matches_single_device() {
     let got = train_fsdp(
         4,
         FsdpSharding::HybridShard { group_size: 2 },
-        &mut Mlp::new(adamw()),
+        Mlp::new(adamw()),
     );
     let diff = max_diff(&reference, &got);
     assert!(diff <= 1e-5, "hybrid 2x2: max |diff| {diff}");
@@ -112,7 +114,8 @@ fn prefetch_starts_gathers_ahead_and_changes_nothing() {
     ] {
         let fsdp = Fsdp::new(sharding).with_prefetch(true);
         let mut t = crate::common::quiet_trainer_with(w, fsdp.build(), STEPS);
-        t.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
+        t.fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
+            .unwrap();
         let diff = max_diff(&reference, &full_parameters(&mut t));
         assert!(
             diff <= 1e-5,
@@ -172,7 +175,7 @@ fn a_unit_used_twice_in_one_forward_trains_like_single() {
             .model_summary(false)
             .build()
             .unwrap();
-        let mut m = tied();
+        let mut m = Attached::new(tied());
         t.fit(&mut m, &DataLoader::new(Regression::new(96), 12), None)
             .unwrap();
         t.full_parameters()
@@ -204,7 +207,7 @@ fn wrapping_the_same_name_twice_is_refused() {
         }
     }
     let e = crate::common::quiet_trainer(2, "fsdp", 1)
-        .fit(&mut Twice, &loader(), None)
+        .fit(&mut Attached::new(Twice), &loader(), None)
         .unwrap_err()
         .to_string();
     assert!(
@@ -224,14 +227,18 @@ fn mixed_precision_trains_close_to_single_f32() {
     use wick::strategies::Precision;
     let model = || RankedMlp::scaled(adamw(), 1.0 / 64.0);
     let mut single = crate::common::quiet_trainer(1, "single", STEPS);
-    single.fit(&mut model(), &loader(), None).unwrap();
+    single
+        .fit(&mut Attached::new(model()), &loader(), None)
+        .unwrap();
     let reference = full_parameters(&mut single);
     for (name, tolerance) in [("bf16-mixed", 1e-2), ("16-mixed", 2e-3)] {
         let precision = name.parse::<Precision>().unwrap().mixed();
         for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
             let fsdp = Fsdp::new(sharding).with_precision(precision).unwrap();
             let mut trainer = crate::common::quiet_trainer_with(2, fsdp.build(), STEPS);
-            let metrics = trainer.fit(&mut model(), &loader(), None).unwrap();
+            let metrics = trainer
+                .fit(&mut Attached::new(model()), &loader(), None)
+                .unwrap();
             let diff = max_diff(&reference, &full_parameters(&mut trainer));
             println!("{name} {sharding:?}: max |diff| vs single f32 = {diff}");
             assert!(
@@ -295,13 +302,16 @@ fn an_auto_wrap_policy_picks_the_units_without_model_changes() {
             .collect::<Vec<_>>()
     };
     let mut single = crate::common::quiet_trainer(1, "single", STEPS);
-    single.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
+    single
+        .fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
+        .unwrap();
     let reference = by_name(single.full_parameters().unwrap());
     for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
         for w in [2, 4] {
             let fsdp = Fsdp::new(sharding).with_auto_wrap(vec!["l1".into()]);
             let mut t = crate::common::quiet_trainer_with(w, fsdp.build(), STEPS);
-            t.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
+            t.fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
+                .unwrap();
             let diff = max_diff(&reference, &by_name(t.full_parameters().unwrap()));
             assert!(diff <= 1e-5, "{sharding:?} w={w}: max |diff| {diff}");
         }

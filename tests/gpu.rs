@@ -11,6 +11,7 @@ use common::{adamw, full_parameters, loader, max_diff, quiet_builder, Mlp};
 use wick::accelerator::{cuda_device_count, Accelerator};
 use wick::core::Strategy;
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding, Precision};
+use wick::trainer::Attached;
 
 const STEPS: usize = 6;
 /// f32 on the GPU against f32 on the CPU: different kernels and summation orders.
@@ -55,7 +56,7 @@ fn train_on(accelerator: Accelerator, strategy: Box<dyn Strategy>) -> Vec<Vec<f3
         .build()
         .unwrap();
     trainer
-        .fit(&mut Mlp::new(adamw()), &loader(), None)
+        .fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
         .unwrap();
     full_parameters(&mut trainer)
 }

@@ -5,7 +5,7 @@ use wick::core::{
     sharding_context_active, Callback, OptimizerConfig, ReduceOp, RunState, ShardedContext, Stage,
     TrainModule,
 };
-use wick::trainer::{DataLoader, Trainer};
+use wick::trainer::{Attached, DataLoader, Trainer};
 
 type Log = Arc<Mutex<Vec<(usize, String)>>>;
 
@@ -207,7 +207,7 @@ fn strings(v: &[&str]) -> Vec<String> {
 #[test]
 fn fit_runs_the_hooks_in_order_and_the_hook_sees_the_world() {
     let log: Log = Arc::default();
-    let mut module = Recorded::new(log.clone());
+    let mut module = Attached::new(Recorded::new(log.clone()));
     let val = small_eval();
     // One rank: the setup line before the hook belongs to rank 0 unambiguously.
     trainer(&log, 1)
@@ -241,7 +241,7 @@ fn fit_runs_the_hooks_in_order_and_the_hook_sees_the_world() {
 #[test]
 fn inside_the_hook_every_rank_sees_the_world_up_and_the_context_open() {
     let log: Log = Arc::default();
-    let mut module = Recorded::new(log.clone());
+    let mut module = Attached::new(Recorded::new(log.clone()));
     trainer(&log, 3).fit(&mut module, &loader(), None).unwrap();
     for rank in 0..3 {
         let e = events(&log, rank);
@@ -267,7 +267,7 @@ fn inside_the_hook_every_rank_sees_the_world_up_and_the_context_open() {
 #[test]
 fn validate_test_and_predict_each_run_their_own_order() {
     let log: Log = Arc::default();
-    let mut module = Recorded::new(log.clone());
+    let mut module = Attached::new(Recorded::new(log.clone()));
     let data = small_eval();
     let mut t = trainer(&log, 1);
 
@@ -324,12 +324,12 @@ fn fit_then_validate_then_test_reuses_the_trained_parameters() {
     let log: Log = Arc::default();
     let data = small_eval();
     let untrained = {
-        let mut fresh = Recorded::new(log.clone());
+        let mut fresh = Attached::new(Recorded::new(log.clone()));
         trainer(&log, 2).test(&mut fresh, &data).unwrap()["test_loss"]
     };
     log.lock().unwrap().clear();
 
-    let mut module = Recorded::new(log.clone());
+    let mut module = Attached::new(Recorded::new(log.clone()));
     let mut t = Trainer::builder()
         .devices(2)
         .strategy("ddp")
@@ -367,7 +367,7 @@ fn fit_then_validate_then_test_reuses_the_trained_parameters() {
 fn predictions_join_the_ranks_slices_in_batch_order() {
     let data = small_eval();
     let predict = |devices| {
-        let mut m = Mlp::new(OptimizerConfig::sgd(0.1));
+        let mut m = Attached::new(Mlp::new(OptimizerConfig::sgd(0.1)));
         crate::common::quiet_trainer(devices, "ddp", 1)
             .predict(&mut m, &data)
             .unwrap()

@@ -3,7 +3,7 @@
 
 use crate::common::{adamw, full_parameters, loader, quiet_builder, RankedMlp};
 use wick::strategies::{Fsdp, FsdpSharding, Precision};
-use wick::trainer::{Checkpoint, ModelCheckpoint, Trainer};
+use wick::trainer::{Attached, Checkpoint, ModelCheckpoint, Trainer};
 
 /// Batch 3 (the fourth step) is multiplied by this on rank 0 only: its gradients overflow
 /// f16 at any scale.
@@ -31,12 +31,16 @@ fn an_overflow_on_one_rank_skips_the_step_on_every_rank_and_training_goes_on() {
     for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
         // Three good steps.
         let mut three = trainer(sharding, 3);
-        three.fit(&mut overflowing(), &loader(), None).unwrap();
+        three
+            .fit(&mut Attached::new(overflowing()), &loader(), None)
+            .unwrap();
         let after_three = full_parameters(&mut three);
 
         // The fourth step overflows on rank 0: no rank steps, so every shard is as it was.
         let mut four = trainer(sharding, 4);
-        let metrics = four.fit(&mut overflowing(), &loader(), None).unwrap();
+        let metrics = four
+            .fit(&mut Attached::new(overflowing()), &loader(), None)
+            .unwrap();
         assert_eq!(
             full_parameters(&mut four),
             after_three,
@@ -50,7 +54,9 @@ fn an_overflow_on_one_rank_skips_the_step_on_every_rank_and_training_goes_on() {
 
         // Training goes on from there, at the lower scale, with finite parameters.
         let mut eight = trainer(sharding, 8);
-        let metrics = eight.fit(&mut overflowing(), &loader(), None).unwrap();
+        let metrics = eight
+            .fit(&mut Attached::new(overflowing()), &loader(), None)
+            .unwrap();
         let params = full_parameters(&mut eight);
         assert!(params.iter().flatten().all(|p| p.is_finite()));
         assert_ne!(params, after_three, "{sharding:?}: no step after the skip");
@@ -67,7 +73,9 @@ fn the_scale_is_saved_and_resumed() {
         .checkpoint(checkpoints())
         .build()
         .unwrap();
-    first.fit(&mut overflowing(), &loader(), None).unwrap();
+    first
+        .fit(&mut Attached::new(overflowing()), &loader(), None)
+        .unwrap();
     let saved = Checkpoint::open(root.path().join("step-00000004")).unwrap();
     let scale = saved.manifest().optimizer.loss_scale.expect("a loss scale");
     assert_eq!((scale.scale, scale.skipped_steps), (32768.0, 1));
@@ -76,7 +84,7 @@ fn the_scale_is_saved_and_resumed() {
     let mut resumed = quiet_builder(4, sixteen_mixed(FsdpSharding::FullShard), 6)
         .build()
         .unwrap();
-    let mut model = RankedMlp::scaled(adamw(), 1.0 / 64.0);
+    let mut model = Attached::new(RankedMlp::scaled(adamw(), 1.0 / 64.0));
     let metrics = resumed
         .fit_from(&mut model, &loader(), None, root.path().join("last"))
         .unwrap();

@@ -5,7 +5,7 @@
 use crate::common::{adamw, full_parameters, loader, max_diff, quiet_builder, Mlp};
 use wick::core::{LrSchedule, OptimizerConfig, Strategy};
 use wick::strategies::strategy_by_name;
-use wick::trainer::{LearningRateMonitor, ModelCheckpoint, Trainer};
+use wick::trainer::{Attached, LearningRateMonitor, ModelCheckpoint, Trainer};
 
 /// Warmup over 3 steps, then a cosine down to a tenth at step 10.
 fn scheduled() -> OptimizerConfig {
@@ -21,7 +21,8 @@ fn trained(devices: usize, strategy: &str, optimizer: OptimizerConfig, steps: us
     let mut t = quiet_builder(devices, named(strategy), steps)
         .build()
         .unwrap();
-    t.fit(&mut Mlp::new(optimizer), &loader(), None).unwrap();
+    t.fit(&mut Attached::new(Mlp::new(optimizer)), &loader(), None)
+        .unwrap();
     t
 }
 
@@ -34,7 +35,9 @@ fn the_rate_of_each_step_follows_the_schedule() {
         .callback(LearningRateMonitor::new())
         .build()
         .unwrap();
-    let metrics = t.fit(&mut Mlp::new(scheduled()), &loader(), None).unwrap();
+    let metrics = t
+        .fit(&mut Attached::new(Mlp::new(scheduled())), &loader(), None)
+        .unwrap();
     let csv = std::fs::read_to_string(dir.path().join("lr/metrics.csv")).unwrap();
     let lrs: Vec<f64> = csv
         .lines()
@@ -53,7 +56,9 @@ fn the_rate_of_each_step_follows_the_schedule() {
 
     // Without the monitor, `lr` is in the CSV only.
     let mut t = quiet_builder(2, named("ddp"), 2).build().unwrap();
-    let metrics = t.fit(&mut Mlp::new(scheduled()), &loader(), None).unwrap();
+    let metrics = t
+        .fit(&mut Attached::new(Mlp::new(scheduled())), &loader(), None)
+        .unwrap();
     assert!(!metrics.contains_key("lr"), "{metrics:?}");
 }
 
@@ -87,14 +92,14 @@ fn a_resumed_run_continues_the_saved_curve() {
         .build()
         .unwrap();
     first
-        .fit(&mut Mlp::new(scheduled()), &loader(), None)
+        .fit(&mut Attached::new(Mlp::new(scheduled())), &loader(), None)
         .unwrap();
     // The resumed module configures a constant rate: the checkpoint's schedule wins, so the
     // curve goes on where it stopped (as Lightning restores a scheduler's state).
     let mut second = quiet_builder(3, named("zero3"), 10).build().unwrap();
     second
         .fit_from(
-            &mut Mlp::new(adamw()),
+            &mut Attached::new(Mlp::new(adamw())),
             &loader(),
             None,
             root.path().join("last"),
@@ -109,7 +114,7 @@ fn a_bad_schedule_is_an_error_naming_it() {
     let bad = adamw().with_schedule(LrSchedule::warmup_cosine(10, 5, 0.1));
     let mut t = quiet_builder(1, named("single"), 2).build().unwrap();
     let e = t
-        .fit(&mut Mlp::new(bad), &loader(), None)
+        .fit(&mut Attached::new(Mlp::new(bad)), &loader(), None)
         .unwrap_err()
         .to_string();
     assert!(

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use wick::core::{Algorithm, Callback, OptimizerConfig, RunState, SoloWorld, Strategy};
 use wick::models::{CausalLm, TextTokenizer};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding, Precision};
-use wick::trainer::{DataLoader, Dataset, Trainer};
+use wick::trainer::{Attached, DataLoader, Dataset, Trainer};
 
 /// The fixtures' folder.
 fn fixtures() -> PathBuf {
@@ -150,8 +150,12 @@ fn every_gradient_matches_transformers_under_single_and_zero3() {
         .unwrap();
         for (devices, name) in [(1, "single"), (2, "zero3")] {
             let mut t = trainer(devices, strategy_by_name(name).unwrap(), 1);
-            t.fit(&mut pretrained(family, plain_sgd()), &loader(&r), None)
-                .unwrap();
+            t.fit(
+                &mut Attached::new(pretrained(family, plain_sgd())),
+                &loader(&r),
+                None,
+            )
+            .unwrap();
             let mut worst = 0f32;
             for (param, after) in t.full_parameters().unwrap() {
                 let grad = (&before[&param] - &after).unwrap();
@@ -216,7 +220,7 @@ fn ten_steps(
         .build()
         .unwrap();
     t.fit(
-        &mut pretrained(family, OptimizerConfig::adamw(1e-3)),
+        &mut Attached::new(pretrained(family, OptimizerConfig::adamw(1e-3))),
         &loader(&r),
         None,
     )

@@ -14,7 +14,7 @@ use common::{adamw, full_parameters, loader, max_diff, Mlp, SoloMlp};
 use wick::accelerator::{Accelerator, LaunchEnv, MpiWorld, ThreadWorld};
 use wick::core::{Collective, ReduceOp, Strategy};
 use wick::strategies::{Fsdp, Precision, ShardingKind};
-use wick::trainer::{Metrics, Trainer};
+use wick::trainer::{Attached, Metrics, Trainer};
 
 const STEPS: usize = 10;
 
@@ -101,7 +101,7 @@ fn fail_rank_1() {
         .callback(FailOnRank1)
         .build()
         .unwrap();
-    let outcome = trainer.fit(&mut Mlp::new(adamw()), &loader(), None);
+    let outcome = trainer.fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None);
     // Not reached under a launcher: the failing rank aborts the job.
     eprintln!("rank returned from a failed fit: {:?}", outcome.map(|_| ()));
     std::process::exit(0);
@@ -331,11 +331,11 @@ fn a_module_that_cannot_be_cloned_runs_as_processes(world: &MpiWorld) {
     };
     let mut procs = quiet(Trainer::builder());
     procs
-        .fit(&mut SoloMlp::new(adamw()), &loader(), None)
+        .fit(&mut Attached::new(SoloMlp::new(adamw())), &loader(), None)
         .unwrap();
     let mut threads = quiet(Trainer::builder().accelerator(Accelerator::cpu(w).unwrap()));
     threads
-        .fit(&mut Mlp::new(adamw()), &loader(), None)
+        .fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
         .unwrap();
     let diff = max_diff(&full_parameters(&mut procs), &full_parameters(&mut threads));
     check(world, diff <= 1e-6, || {
@@ -362,7 +362,7 @@ fn run(accelerator: Option<Accelerator>, strategy: &MakeStrategy) -> Outcome {
         builder = builder.accelerator(a);
     }
     let mut trainer = builder.build().unwrap();
-    let mut model = Mlp::new(adamw());
+    let mut model = Attached::new(Mlp::new(adamw()));
     let data = loader();
     let fit = trainer.fit(&mut model, &data, Some(&data)).unwrap();
     let val = trainer.validate(&mut model, &data).unwrap();

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tempfile::TempDir;
 use wick::strategies::strategy_by_name;
-use wick::trainer::{DataLoader, ModelCheckpoint, Trainer, TrainerError};
+use wick::trainer::{Attached, DataLoader, ModelCheckpoint, Trainer, TrainerError};
 
 /// (step, train_loss) of each row of a metrics file.
 fn rows(csv: &Path) -> Vec<(usize, String)> {
@@ -36,7 +36,9 @@ fn logged(tmp: &TempDir, steps: usize) -> Trainer {
 fn a_new_run_gets_a_new_version_and_a_resumed_one_continues_its_metrics() {
     let tmp = TempDir::new().unwrap();
     let mut first = logged(&tmp, 6);
-    first.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
+    first
+        .fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
+        .unwrap();
     let first_csv = first.metrics_path().unwrap();
     assert_eq!(first_csv, tmp.path().join("runs/r/metrics.csv"));
     let uninterrupted = rows(&first_csv);
@@ -44,7 +46,9 @@ fn a_new_run_gets_a_new_version_and_a_resumed_one_continues_its_metrics() {
 
     // The same command again: its own directory, the first run's file untouched.
     let mut second = logged(&tmp, 3);
-    second.fit(&mut Mlp::new(adamw()), &loader(), None).unwrap();
+    second
+        .fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
+        .unwrap();
     assert_eq!(
         second.metrics_path().unwrap(),
         tmp.path().join("runs/r-v1/metrics.csv")
@@ -57,7 +61,7 @@ fn a_new_run_gets_a_new_version_and_a_resumed_one_continues_its_metrics() {
     let mut resumed = logged(&tmp, 8);
     resumed
         .fit_from(
-            &mut Mlp::new(adamw()),
+            &mut Attached::new(Mlp::new(adamw())),
             &loader(),
             None,
             tmp.path().join("ck/step-00000004"),
@@ -75,7 +79,7 @@ fn a_new_run_gets_a_new_version_and_a_resumed_one_continues_its_metrics() {
     let mut resumed = logged(&tmp, 4);
     resumed
         .fit_from(
-            &mut Mlp::new(adamw()),
+            &mut Attached::new(Mlp::new(adamw())),
             &loader(),
             None,
             tmp.path().join("ck-v1/last"),
@@ -121,7 +125,7 @@ fn outputs_that_cannot_be_written_fail_before_training_without_naming_a_rank() {
             .callback(steps.clone())
             .build()
             .unwrap()
-            .fit(&mut Mlp::new(adamw()), &loader(), None)
+            .fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
             .unwrap_err();
         let message = e.to_string();
         assert_eq!(steps.0.load(Ordering::SeqCst), 0, "{what}: trained first");
@@ -140,7 +144,7 @@ fn bad_input_is_named_plainly() {
         quiet_builder(2, strategy_by_name("ddp").unwrap(), 4)
             .build()
             .unwrap()
-            .fit(&mut Mlp::new(adamw()), &data, None)
+            .fit(&mut Attached::new(Mlp::new(adamw())), &data, None)
             .unwrap_err()
             .to_string()
     };
@@ -154,7 +158,7 @@ fn bad_input_is_named_plainly() {
         .build()
         .unwrap()
         .fit(
-            &mut Mlp::new(adamw()),
+            &mut Attached::new(Mlp::new(adamw())),
             &DataLoader::new(Regression::new(24), 12),
             None,
         )
@@ -169,7 +173,7 @@ fn bad_input_is_named_plainly() {
         .build()
         .unwrap()
         .fit_from(
-            &mut Mlp::new(adamw()),
+            &mut Attached::new(Mlp::new(adamw())),
             &loader(),
             None,
             tmp.path().join("nothing"),
@@ -189,7 +193,7 @@ fn validate_and_test_need_no_training_options() {
         .build()
         .unwrap();
     let data = DataLoader::new(Regression::new(9), 4).without_shuffle();
-    let mut model = Mlp::new(adamw());
+    let mut model = Attached::new(Mlp::new(adamw()));
     let val = trainer.validate(&mut model, &data).unwrap()["val_loss"];
     let test = trainer.test(&mut model, &data).unwrap()["test_loss"];
     assert_eq!(val, test);
@@ -200,7 +204,9 @@ fn validate_and_test_need_no_training_options() {
         .build()
         .unwrap();
     let whole = DataLoader::new(Regression::new(9), 9).without_shuffle();
-    let reference = one.validate(&mut Mlp::new(adamw()), &whole).unwrap()["val_loss"];
+    let reference = one
+        .validate(&mut Attached::new(Mlp::new(adamw())), &whole)
+        .unwrap()["val_loss"];
     assert!((val - reference).abs() < 1e-6, "{val} vs {reference}");
     let predictions = trainer.predict(&mut model, &data).unwrap();
     let rows: Vec<usize> = predictions.iter().map(|p| p.dims()[0]).collect();

@@ -2,7 +2,7 @@ use crate::common::{adamw, full_parameters, max_diff, Mlp, Recording, Regression
 use candle_core::{DType, Device, Module, Tensor};
 use wick::accelerator::ThreadWorld;
 use wick::core::GradSync;
-use wick::trainer::{DataLoader, Trainer};
+use wick::trainer::{Attached, DataLoader, Trainer};
 
 /// Trains the MLP with the given options and returns its full parameters.
 fn run(
@@ -26,7 +26,7 @@ fn run(
         builder = builder.gradient_clip_val(c);
     }
     let mut trainer = builder.build().unwrap();
-    let mut model = Mlp::new(adamw());
+    let mut model = Attached::new(Mlp::new(adamw()));
     trainer
         .fit(
             &mut model,
@@ -114,7 +114,9 @@ fn the_metrics_csv_logs_lr_throughput_and_epoch_time() {
             .run_name("run")
             .build()
             .unwrap();
-    let mut model = crate::common::Mlp::new(wick::core::OptimizerConfig::adamw(0.02));
+    let mut model = Attached::new(crate::common::Mlp::new(wick::core::OptimizerConfig::adamw(
+        0.02,
+    )));
     trainer
         .fit(&mut model, &crate::common::loader(), None)
         .unwrap();

@@ -7,7 +7,7 @@ use candle_core::{Module, Tensor};
 use candle_nn::{LayerNorm, Linear};
 use wick::core::{OptimizerConfig, ShardedContext, Strategy, TrainModule, Wrapped};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
-use wick::trainer::TrainerError;
+use wick::trainer::{Attached, TrainerError};
 
 /// linear -> candle-nn LayerNorm -> linear, each a unit of its own.
 #[derive(Clone, Default)]
@@ -61,7 +61,7 @@ const CUT: [&str; 4] = ["first.weight", "first.bias", "norm.weight", "norm.bias"
 #[test]
 fn every_strategy_names_the_parameters_without_gradient() {
     for (name, world, strategy) in strategies() {
-        let mut model = CutByLayerNorm::default();
+        let mut model = Attached::new(CutByLayerNorm::default());
         let mut probe = quiet_builder(world, strategy.for_new_rank(), 2)
             .build()
             .unwrap();
@@ -71,7 +71,11 @@ fn every_strategy_names_the_parameters_without_gradient() {
             .error_on_unused_parameters(true)
             .build()
             .unwrap()
-            .fit(&mut CutByLayerNorm::default(), &loader(), None)
+            .fit(
+                &mut Attached::new(CutByLayerNorm::default()),
+                &loader(),
+                None,
+            )
             .expect_err(&format!("{name} at {world} did not refuse"));
         let names = match &e {
             TrainerError::UnusedParameters { names } => names.clone(),
@@ -104,7 +108,7 @@ fn a_model_whose_parameters_all_train_passes_the_strict_check() {
             .build()
             .unwrap();
         let outcome = trainer.fit(
-            &mut crate::common::Mlp::new(OptimizerConfig::sgd(0.1)),
+            &mut Attached::new(crate::common::Mlp::new(OptimizerConfig::sgd(0.1))),
             &loader(),
             None,
         );
@@ -152,13 +156,13 @@ fn a_unit_that_is_never_applied_is_reported_by_every_strategy() {
         quiet_builder(world, strategy.for_new_rank(), 2)
             .build()
             .unwrap()
-            .fit(&mut idle(), &loader(), None)
+            .fit(&mut Attached::new(idle()), &loader(), None)
             .unwrap_or_else(|e| panic!("{name} at {world}: {e}"));
         let e = quiet_builder(world, strategy, 2)
             .error_on_unused_parameters(true)
             .build()
             .unwrap()
-            .fit(&mut idle(), &loader(), None)
+            .fit(&mut Attached::new(idle()), &loader(), None)
             .expect_err(&format!("{name} at {world} did not refuse"));
         let message = e.to_string();
         assert!(

@@ -5,11 +5,11 @@ use candle_core::{DType, Device, Module, Tensor};
 use wick::accelerator::ThreadWorld;
 use wick::core::{GradSync, OptimizerConfig, Strategy};
 use wick::strategies::Zero3;
-use wick::trainer::Trainer;
+use wick::trainer::{Attached, Trainer};
 
 /// Configures the MLP (no training) and returns its assembled parameters.
 fn initial_parameters(devices: usize, strategy: &str) -> Vec<Vec<f32>> {
-    let mut model = Mlp::new(OptimizerConfig::sgd(0.1));
+    let mut model = Attached::new(Mlp::new(OptimizerConfig::sgd(0.1)));
     let mut trainer = Trainer::builder()
         .devices(devices)
         .strategy(strategy)
@@ -108,7 +108,7 @@ fn a_parameter_outside_a_unit_is_refused_under_zero3() {
         }
     }
     let e = crate::common::quiet_trainer(2, "zero3", 1)
-        .fit(&mut Bare, &loader(), None)
+        .fit(&mut Attached::new(Bare), &loader(), None)
         .unwrap_err()
         .to_string();
     assert!(

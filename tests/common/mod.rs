@@ -8,7 +8,7 @@ use wick::core::{
     Algorithm, Collective, CollectiveError, OptimizerConfig, ReduceOp, ShardedContext, TrainModule,
     Work,
 };
-use wick::trainer::{DataLoader, Dataset, Trainer};
+use wick::trainer::{Attached, DataLoader, Dataset, Trainer};
 
 /// 96 samples of 5 features and one target, deterministic.
 pub struct Regression {
@@ -332,7 +332,7 @@ pub fn train(
     optimizer: OptimizerConfig,
     steps: usize,
 ) -> Vec<Vec<f32>> {
-    let mut model = Mlp::new(optimizer);
+    let mut model = Attached::new(Mlp::new(optimizer));
     let mut trainer = quiet_trainer(devices, strategy, steps);
     trainer.fit(&mut model, &loader(), None).unwrap();
     full_parameters(&mut trainer)

@@ -7,8 +7,8 @@
 use candle_core::{Device, Module, Tensor};
 use candle_nn::Linear;
 use wick_trainer::{
-    Algorithm, DataLoader, Dataset, LrSchedule, ModelCheckpoint, OptimizerConfig, ShardedContext,
-    TrainModule, Trainer,
+    Algorithm, Attached, DataLoader, Dataset, LrSchedule, ModelCheckpoint, OptimizerConfig,
+    ShardedContext, TrainModule, Trainer,
 };
 
 /// y = 3x + 0.5 on a grid of 64 points in [-1, 1) (centred, so that w and b are learned
@@ -73,7 +73,7 @@ fn main() -> Result<(), wick_trainer::TrainerError> {
         .no_logger()
         .checkpoint(ModelCheckpoint::new(&root))
         .build()?;
-    trainer.fit(&mut Regressor::default(), &data, None)?;
+    trainer.fit(&mut Attached::new(Regressor::default()), &data, None)?;
 
     // Forty more epochs from that checkpoint, on 4 ranks under zero2 this time.
     let mut trainer = Trainer::builder()
@@ -82,10 +82,10 @@ fn main() -> Result<(), wick_trainer::TrainerError> {
         .max_epochs(80)
         .no_logger()
         .build()?;
-    let mut model = Regressor::default();
+    let mut model = Attached::new(Regressor::default());
     let metrics = trainer.fit_from(&mut model, &data, None, root.join("last"))?;
     let _ = std::fs::remove_dir_all(&root);
-    let layer = model.layer.expect("configured");
+    let layer = model.into_inner().layer.expect("configured");
     let w = layer.weight().flatten_all()?.to_vec1::<f32>()?[0];
     let b = layer.bias().expect("bias").to_vec1::<f32>()?[0];
     println!(

@@ -8,6 +8,7 @@
 //! at any world size, consolidation, [`ModelCheckpoint`]). Devices, worlds and the sharded setup belong to
 //! wick-accelerator; parameter layout and optimizer state to the strategy.
 
+mod attached;
 mod builder;
 mod callbacks;
 pub mod checkpoint;
@@ -28,6 +29,7 @@ mod token_dataset;
 mod train_step;
 mod trainer;
 
+pub use attached::Attached;
 pub use builder::TrainerBuilder;
 pub use callbacks::{EarlyStopping, LearningRateMonitor};
 pub use checkpoint::{consolidate, Checkpoint, CheckpointError, Mode, ModelCheckpoint};

@@ -5,8 +5,8 @@ use crate::metrics_csv::MetricsCsv;
 use crate::progress::Progress;
 use crate::rank_run::{RankOutput, RankRun, StageInput};
 use crate::trainer::Trainer;
-use crate::{Dataset, Replicate, TrainerError};
-use std::any::{Any, TypeId};
+use crate::{Attached, Dataset, Replicate, TrainerError};
+use std::any::Any;
 use std::sync::Mutex;
 use wick_accelerator::{Accelerator, RankError};
 use wick_core::{lock, Callback, RunState, Stage, Strategy};
@@ -14,7 +14,8 @@ use wick_core::{lock, Callback, RunState, Stage, Strategy};
 /// The rank replicas and strategies of the module a trainer configured, kept so that later
 /// stages on the same module reuse its parameters.
 pub(crate) struct Session {
-    module: (usize, TypeId),
+    /// The [`Attached::id`] of the module.
+    module: u64,
     pub(crate) strategies: Vec<Box<dyn Strategy>>,
     /// `Vec<M>`: the modules of ranks 1.., rank 0's being the caller's.
     replicas: Box<dyn Any + Send>,
@@ -26,7 +27,7 @@ impl Trainer {
     /// Runs `stage` on this process's ranks; `csv`, the fit's metrics file, goes to rank 0.
     pub(crate) fn run_stage<M, D>(
         &mut self,
-        module: &mut M,
+        module: &mut Attached<M>,
         stage: Stage,
         loaders: &StageInput<'_, D>,
         csv: Option<MetricsCsv>,
@@ -42,7 +43,7 @@ impl Trainer {
         // Ranks as threads each need a module; a process under a launcher runs its own rank
         // only, on the caller's module, and clones nothing.
         let local = self.accelerator.local_ranks();
-        let key = (module as *const M as usize, TypeId::of::<M>());
+        let key = module.id();
         let mut session = match self.session.take() {
             Some(s) if s.module == key => s,
             _ => Session {
@@ -63,8 +64,8 @@ impl Trainer {
         let replicas = session
             .replicas
             .downcast_mut::<Vec<M>>()
-            .expect("a session's replicas have its module's type");
-        let slots: Vec<Slot<'_, M>> = std::iter::once(module)
+            .expect("an Attached id belongs to one module, of one type");
+        let slots: Vec<Slot<'_, M>> = std::iter::once(module.module_mut())
             .chain(replicas.iter_mut())
             .zip(session.strategies.iter_mut())
             .map(|(m, s)| {

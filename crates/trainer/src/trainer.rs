@@ -5,7 +5,7 @@ use crate::builder::Config;
 use crate::metrics_csv::MetricsCsv;
 use crate::rank_run::{RankOutput, StageInput};
 use crate::ranks::{collect_ranks, idle, Session};
-use crate::{Checkpoint, DataLoader, Dataset, ModelCheckpoint, Replicate, TrainerError};
+use crate::{Attached, Checkpoint, DataLoader, Dataset, ModelCheckpoint, Replicate, TrainerError};
 use candle_core::Tensor;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,7 +20,7 @@ pub type Metrics = BTreeMap<String, f64>;
 ///
 /// With ranks as threads, rank 0 uses the module passed in, and ranks 1.. use replicas made
 /// before its parameters existed ([`Replicate`]), which the trainer keeps for later stages on
-/// the same module (recognised by its address: keep the module in place between calls).
+/// the same module, the same [`Attached`]; another `Attached` is configured afresh.
 /// Under a launcher (`mpirun`, `srun`) each process runs its own rank on the module passed
 /// in, and every call is a collective: all processes make it.
 ///
@@ -136,7 +136,7 @@ impl Trainer {
     /// Trains `module` on `train`, validating on `val` as configured; returns the last metrics.
     pub fn fit<M, D>(
         &mut self,
-        module: &mut M,
+        module: &mut Attached<M>,
         train: &DataLoader<D>,
         val: Option<&DataLoader<D>>,
     ) -> Result<Metrics, TrainerError>
@@ -155,7 +155,7 @@ impl Trainer {
     /// its metrics file continues the run's (see [`TrainerBuilder::run_name`](crate::TrainerBuilder::run_name)).
     pub fn fit_from<M, D>(
         &mut self,
-        module: &mut M,
+        module: &mut Attached<M>,
         train: &DataLoader<D>,
         val: Option<&DataLoader<D>>,
         checkpoint: impl AsRef<Path>,
@@ -172,7 +172,7 @@ impl Trainer {
 
     fn fit_inner<M, D>(
         &mut self,
-        module: &mut M,
+        module: &mut Attached<M>,
         train: &DataLoader<D>,
         val: Option<&DataLoader<D>>,
         resume: Option<&Checkpoint>,
@@ -254,7 +254,7 @@ impl Trainer {
     /// One validation pass; returns `val_loss` (if the module reports one).
     pub fn validate<M, D>(
         &mut self,
-        module: &mut M,
+        module: &mut Attached<M>,
         data: &DataLoader<D>,
     ) -> Result<Metrics, TrainerError>
     where
@@ -267,7 +267,7 @@ impl Trainer {
     /// One test pass; returns `test_loss` (if the module reports one).
     pub fn test<M, D>(
         &mut self,
-        module: &mut M,
+        module: &mut Attached<M>,
         data: &DataLoader<D>,
     ) -> Result<Metrics, TrainerError>
     where
@@ -282,7 +282,7 @@ impl Trainer {
     /// and the others get an empty list.
     pub fn predict<M, D>(
         &mut self,
-        module: &mut M,
+        module: &mut Attached<M>,
         data: &DataLoader<D>,
     ) -> Result<Vec<Tensor>, TrainerError>
     where
@@ -295,7 +295,7 @@ impl Trainer {
     /// A validate, test or predict stage over `data`: this process's first rank's output.
     fn eval_stage<M, D>(
         &mut self,
-        module: &mut M,
+        module: &mut Attached<M>,
         stage: Stage,
         data: &DataLoader<D>,
     ) -> Result<RankOutput, TrainerError>

@@ -8,7 +8,7 @@
 use candle_core::{Device, Tensor, D};
 use candle_nn::{Linear, Module, VarBuilder};
 use wick::core::{OptimizerConfig, ShardedContext, TrainModule, Wrapped};
-use wick::trainer::{DataLoader, Dataset, Trainer, TrainerError};
+use wick::trainer::{Attached, DataLoader, Dataset, Trainer, TrainerError};
 
 /// Two interleaved spirals of 200 points each; class 0 and class 1.
 struct Spirals;
@@ -113,7 +113,7 @@ fn train(
         .progress(false)
         .model_summary(false)
         .build()?;
-    let mut model = Mlp::default();
+    let mut model = Attached::new(Mlp::default());
     let eval = DataLoader::new(Spirals, 60).without_shuffle();
     trainer.fit(&mut model, &DataLoader::new(Spirals, 24), None)?;
     let val_loss = trainer.validate(&mut model, &eval)?["val_loss"];
