@@ -12,7 +12,10 @@
 //! composite ops, run in a child process with Candle's default settings, and `impl=wick` runs the main job's model (wick-nn's fused layers) under
 //! the `Trainer`. Each row is the median step time of the measured steps after the warm-up
 //! ones. Lines starting with `#` give ratios of rows of this run, and ddp at W=2 without
-//! the thread budget (both ranks on Candle's one global pool).
+//! the thread budget (both ranks on Candle's one global pool). `fsdp_full_shard` keeps each
+//! unit's activations from forward to backward; `fsdp_full_shard_recompute` is the same
+//! with activation checkpointing on every unit (each unit's forward runs again in backward).
+//! These two and `fsdp_shard_grad_op` run interleaved, three rounds, each row the median.
 //!
 //! `--table` adds `table strategy=fsdp_full_shard d_model=<d> world=<W> step_ms=<t>` for
 //! d_model 128, 256 and 512 at W = 1, 2 and 4.
@@ -34,7 +37,7 @@ use char_gpt::{CharGpt, GptConfig};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use wick::accelerator::{Accelerator, ThreadBudget};
-use wick::core::{Callback, RunState, Strategy};
+use wick::core::{ActivationCheckpointing, Callback, RunState, Strategy};
 use wick::models::CausalLm;
 use wick::nn::{causal_attention_composite, cross_entropy_composite, layer_norm_composite};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
@@ -52,6 +55,27 @@ const BATCH: usize = 16;
 const WARMUP: usize = 3;
 const MEASURED: usize = 10;
 const LR: f64 = 1e-3;
+/// Rounds of the full_shard rows (see [`FSDP_ROWS`]).
+const ROUNDS: usize = 3;
+
+/// Builds a fresh strategy for one run of a row.
+type MakeStrategy = fn() -> wick::core::Result<Box<dyn Strategy>>;
+
+/// The full_shard rows: activations kept (the default), every unit recomputed, and
+/// shard_grad_op (parameters kept from forward to backward).
+const FSDP_ROWS: [(&str, MakeStrategy); 3] = [
+    ("fsdp_full_shard", || {
+        Ok(Fsdp::new(FsdpSharding::FullShard).build())
+    }),
+    ("fsdp_full_shard_recompute", || {
+        Ok(Fsdp::new(FsdpSharding::FullShard)
+            .with_activation_checkpointing(ActivationCheckpointing::Full)?
+            .build())
+    }),
+    ("fsdp_shard_grad_op", || {
+        Ok(Fsdp::new(FsdpSharding::ShardGradOp).build())
+    }),
+];
 
 fn config(d_model: usize) -> GptConfig {
     GptConfig {
@@ -353,11 +377,22 @@ fn main() -> anyhow::Result<()> {
         for name in ["ddp", "zero1", "zero2", "zero3"] {
             runs.push((name, strategy_by_name(name)?));
         }
-        runs.push(("fsdp_full_shard", fsdp(FsdpSharding::FullShard)));
-        runs.push(("fsdp_shard_grad_op", fsdp(FsdpSharding::ShardGradOp)));
         for (name, strategy) in runs {
             let step = wick_step(c, strategy, world, ThreadBudget::Auto)?;
             let tps = row("wick", name, world, step);
+            wick.insert((name, world), tps);
+        }
+        // The rows compared for keeping activations, interleaved over ROUNDS so that the
+        // machine's drift falls on all three alike; each is the median of its rounds.
+        let mut steps = vec![Vec::new(); FSDP_ROWS.len()];
+        for _ in 0..ROUNDS {
+            for (times, (_, strategy)) in steps.iter_mut().zip(FSDP_ROWS) {
+                times.push(wick_step(c, strategy()?, world, ThreadBudget::Auto)?);
+            }
+        }
+        for (mut times, (name, _)) in steps.into_iter().zip(FSDP_ROWS) {
+            times.sort_by(f64::total_cmp);
+            let tps = row("wick", name, world, times[ROUNDS / 2]);
             wick.insert((name, world), tps);
         }
     }
@@ -367,6 +402,14 @@ fn main() -> anyhow::Result<()> {
         println!(
             "# wick {name} W=2 / wick single: {:.2}",
             wick[&(name, 2)] / single
+        );
+    }
+    for world in [1, 2] {
+        let kept = wick[&("fsdp_full_shard", world)];
+        println!(
+            "# wick fsdp_full_shard W={world} (activations kept) / recompute: {:.2}, / shard_grad_op: {:.2}",
+            kept / wick[&("fsdp_full_shard_recompute", world)],
+            kept / wick[&("fsdp_shard_grad_op", world)],
         );
     }
     // The same ddp at W=2 with both ranks on Candle's one global rayon pool (no budget).

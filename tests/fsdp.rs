@@ -49,6 +49,49 @@ fn every_sharding_strategy_matches_single_device() {
     assert!(diff <= 1e-5, "hybrid 2x2: max |diff| {diff}");
 }
 
+/// Under full_shard each unit keeps its activations: its forward runs once per step, and
+/// the result is single-device training's. Activation checkpointing recomputes the units
+/// it picks in backward (twice per step), with the same result.
+#[test]
+fn full_shard_runs_each_forward_once_unless_checkpointing_recomputes_it() {
+    use std::sync::atomic::Ordering;
+    use wick::core::ActivationCheckpointing as Ac;
+    let reference = train(1, "single", adamw(), STEPS);
+    // Runs of the three units' forwards per step and rank: once each, plus once more for
+    // every unit recomputed (`every:2` picks the second).
+    for (ac, runs_per_step) in [(Ac::None, 3), (Ac::Full, 6), (Ac::Every(2), 4)] {
+        for (sharding, w) in [
+            (FsdpSharding::FullShard, 1),
+            (FsdpSharding::FullShard, 2),
+            (FsdpSharding::FullShard, 3),
+            (FsdpSharding::HybridShard { group_size: 2 }, 4),
+        ] {
+            let fsdp = Fsdp::new(sharding)
+                .with_activation_checkpointing(ac)
+                .unwrap();
+            let mut trainer = crate::common::quiet_trainer_with(w, fsdp.build(), STEPS);
+            let model = Mlp::new(adamw());
+            let runs = model.runs.clone();
+            trainer
+                .fit(&mut Attached::new(model), &loader(), None)
+                .unwrap();
+            let what = format!("{sharding:?} at W={w}, activation checkpointing {ac}");
+            assert_eq!(
+                runs.load(Ordering::Relaxed),
+                STEPS * w * runs_per_step,
+                "{what}: unit forwards"
+            );
+            let diff = max_diff(&reference, &full_parameters(&mut trainer));
+            assert!(diff <= 1e-5, "{what}: max |diff| {diff}");
+        }
+    }
+    let e = Fsdp::new(FsdpSharding::ShardGradOp)
+        .with_activation_checkpointing(Ac::Full)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("activation checkpointing"), "{e}");
+}
+
 #[test]
 fn hybrid_groups_must_divide_the_world() {
     let e = Trainer::builder()

@@ -7,15 +7,18 @@
 //! - Under FSDP full_shard a unit's full parameters are not alive between its forward and
 //!   its backward; under shard_grad_op they are.
 //! - Under full_shard a training step holds, beyond the parameter shards, no more than the
-//!   gradient shards plus three units per rank (docs/design.md: the recomputed unit, its
-//!   gradient and the prefetched neighbour).
+//!   gradient shards, the kept activations and three units per rank (docs/design.md: the
+//!   unit in backward, its gradient and the prefetched neighbour); recomputing every unit
+//!   (activation checkpointing) holds less, by at least one activation per unit.
 
 mod counting_allocator;
 
 use counting_allocator as heap;
 use std::sync::Arc;
 use wick::accelerator::ThreadWorld;
-use wick::core::{Collective, GradSync, OptimizerConfig, Strategy, Wrapped};
+use wick::core::{
+    ActivationCheckpointing, Collective, GradSync, OptimizerConfig, Strategy, Wrapped,
+};
 use wick::strategies::{Fsdp, FsdpSharding};
 
 /// One 1024 x 4096 weight: 16 MiB in full, 4 MiB per rank at W = 4.
@@ -106,14 +109,13 @@ fn deep_model(
     Ok(units)
 }
 
-/// One training step at rate `lr` of the deep model on a batch of two rows of ones.
-fn deep_step(
-    s: &mut dyn Strategy,
+/// The deep model's loss on a batch of `rows` rows of ones.
+fn deep_loss(
     units: &[Wrapped<candle_nn::Linear>],
-    lr: f64,
-) -> wick::core::Result<()> {
+    rows: usize,
+) -> wick::core::Result<candle_core::Tensor> {
     let mut h = candle_core::Tensor::ones(
-        (2, DEEP_WIDTH),
+        (rows, DEEP_WIDTH),
         candle_core::DType::F32,
         &candle_core::Device::Cpu,
     )?;
@@ -122,32 +124,54 @@ fn deep_step(
             candle_core::Module::forward(layer, x)?.tanh()
         })?;
     }
-    s.backward(&h.sqr()?.mean_all()?, GradSync::Reduce)?;
+    Ok(h.sqr()?.mean_all()?)
+}
+
+/// One training step at rate `lr` of the deep model on a batch of `rows` rows of ones.
+fn deep_step(
+    s: &mut dyn Strategy,
+    units: &[Wrapped<candle_nn::Linear>],
+    lr: f64,
+    rows: usize,
+) -> wick::core::Result<()> {
+    s.backward(&deep_loss(units, rows)?, GradSync::Reduce)?;
     s.optimizer_step(lr)
 }
 
-/// Peak heap growth of the whole process over one full_shard training step of a deep model
-/// at W = 2 (after a first step, so buffers made once already exist).
-fn full_shard_step_growth(prefetch: bool) -> usize {
+/// Rows of the batch whose full_shard step is measured: one activation (a unit's input or
+/// output) is `STEP_ROWS * DEEP_WIDTH` floats, half a unit.
+const STEP_ROWS: usize = 256;
+
+/// One full_shard training step of the deep model at W = 2 (after a first step, so buffers
+/// made once already exist), measured over the whole process: what the heap holds after
+/// every rank's forward, and its peak growth over the step.
+fn full_shard_step_growth(prefetch: bool, ac: ActivationCheckpointing) -> (usize, usize) {
     let outcomes = ThreadWorld::new(2).run(|comm| {
         let world: Arc<dyn Collective> = Arc::new(comm);
         let mut s = Fsdp::new(FsdpSharding::FullShard)
             .with_prefetch(prefetch)
+            .with_activation_checkpointing(ac)?
             .build();
         let units = deep_model(s.as_mut(), &world, false, OptimizerConfig::sgd(0.1))?;
-        let mut step = || deep_step(s.as_mut(), &units, 0.1);
-        step()?;
+        deep_step(s.as_mut(), &units, 0.1, STEP_ROWS)?;
         world.barrier()?;
         if world.rank() == 0 {
             heap::reset_peak();
         }
         world.barrier()?;
         let before = heap::current();
-        step()?;
+        let loss = deep_loss(&units, STEP_ROWS)?;
         world.barrier()?;
-        Ok::<_, wick::core::Error>(heap::peak() - before)
+        let held = heap::current().saturating_sub(before);
+        world.barrier()?;
+        s.backward(&loss, GradSync::Reduce)?;
+        s.optimizer_step(0.1)?;
+        world.barrier()?;
+        Ok::<_, wick::core::Error>((held, heap::peak() - before))
     });
-    outcomes.into_iter().map(|o| o.unwrap()).max().unwrap()
+    let all: Vec<(usize, usize)> = outcomes.into_iter().map(|o| o.unwrap()).collect();
+    let max = |f: fn(&(usize, usize)) -> usize| all.iter().map(f).max().unwrap();
+    (max(|o| o.0), max(|o| o.1))
 }
 
 /// The heap of the whole process, and the bytes allocated so far, after each of 8 training
@@ -161,7 +185,7 @@ fn heap_after_each_step(strategy: &str) -> Vec<(usize, usize)> {
         let mut s = make(strategy);
         let units = deep_model(s.as_mut(), &world, true, OptimizerConfig::adamw(1e-3))?;
         for _ in 0..8 {
-            deep_step(s.as_mut(), &units, 1e-3)?;
+            deep_step(s.as_mut(), &units, 1e-3, 2)?;
             world.barrier()?;
             if world.rank() == 0 {
                 let now = (heap::current(), heap::allocated());
@@ -198,20 +222,46 @@ fn memory_bounds() {
         "full_shard held {freed} bytes between forward and backward; the unit is {FULL_BYTES}"
     );
 
-    // Per rank: the gradient shards (the whole model over W), three full units, and 256 KiB
-    // for activations (each 2 x 512 floats, a few per unit) and bookkeeping.
+    // Per rank: the gradient shards (the whole model over W), three full units, the
+    // activations kept from forward, sixteen more (the batch and the loss's square; for
+    // one unit's backward its incoming and outgoing gradients, tanh's and the matmul's, a
+    // recomputed unit's own), and 256 KiB for bookkeeping. A unit keeps four activations: its input (the graph's own
+    // variable), the matmul's output, tanh's, and the copy that leaves the unit op; a
+    // recomputed unit keeps only that copy.
     let unit = DEEP_WIDTH * DEEP_WIDTH * 4;
-    let per_rank = DEEP_UNITS * unit / 2 + 3 * unit + (256 << 10);
+    let activation = STEP_ROWS * DEEP_WIDTH * 4;
+    let per_rank = |kept: usize| {
+        DEEP_UNITS * unit / 2 + 3 * unit + (DEEP_UNITS * kept + 16) * activation + (256 << 10)
+    };
     for prefetch in [false, true] {
-        let growth = full_shard_step_growth(prefetch);
-        assert!(
-            growth <= 2 * per_rank,
-            "full_shard step (prefetch {prefetch}) grew the heap by {growth} bytes; the bound is {} (units of {unit})",
-            2 * per_rank
-        );
+        let (kept_held, kept) = full_shard_step_growth(prefetch, ActivationCheckpointing::None);
+        let (recomputed_held, recomputed) =
+            full_shard_step_growth(prefetch, ActivationCheckpointing::Full);
         println!(
-            "full_shard step (prefetch {prefetch}): {growth} bytes over the shards, bound {}",
-            2 * per_rank
+            "full_shard forward (prefetch {prefetch}) held {kept_held} bytes with activations kept, {recomputed_held} recomputing"
+        );
+        for (growth, what, bound) in [
+            (kept, "kept activations", 2 * per_rank(4)),
+            (recomputed, "recomputed", 2 * per_rank(1)),
+        ] {
+            assert!(
+                growth <= bound,
+                "full_shard step ({what}, prefetch {prefetch}) grew the heap by {growth} bytes; the bound is {bound} (units of {unit}, activations of {activation})"
+            );
+            println!(
+                "full_shard step ({what}, prefetch {prefetch}): {growth} bytes over the shards, bound {bound}"
+            );
+        }
+        // Between forward and backward: kept, every unit's activations and no parameters;
+        // recomputed, only what leaves each unit.
+        assert!(
+            kept_held >= recomputed_held + 2 * 2 * DEEP_UNITS * activation
+                && kept_held < 2 * (DEEP_UNITS * 4 + 2) * activation + unit,
+            "forward held {kept_held} bytes with activations kept, {recomputed_held} recomputing (activations of {activation}, units of {unit})"
+        );
+        assert!(
+            recomputed + 2 * DEEP_UNITS * activation <= kept,
+            "recomputing every unit grew the step by {recomputed} bytes, keeping activations by {kept}: less than one activation per unit and rank ({activation}) apart"
         );
     }
 

@@ -57,6 +57,8 @@ pub struct Mlp {
     pub optimizer: OptimizerConfig,
     /// Pretrained weights to initialise from instead of the initializers.
     pub weights: Option<std::sync::Arc<dyn wick::core::WeightSource>>,
+    /// Counts every run of a layer's forward, on every rank (replicas share it).
+    pub runs: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     layers: Vec<Wrapped<Linear>>,
 }
 
@@ -68,6 +70,7 @@ impl Mlp {
         Mlp {
             optimizer,
             weights: None,
+            runs: std::sync::Arc::default(),
             layers: Vec::new(),
         }
     }
@@ -75,7 +78,11 @@ impl Mlp {
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let mut h = x.clone();
         for (i, l) in self.layers.iter().enumerate() {
-            h = l.apply(&h, |layer, x| layer.forward(x))?;
+            let runs = self.runs.clone();
+            h = l.apply(&h, move |layer, x| {
+                runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                layer.forward(x)
+            })?;
             if i + 1 < self.layers.len() {
                 h = h.tanh()?;
             }

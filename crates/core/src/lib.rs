@@ -7,10 +7,12 @@
 //! [`StateReader`]), and the error types. It knows no other wick crate
 //! and no device or collective engine.
 
+mod activation_checkpointing;
 mod callback;
 mod collective;
 mod context;
 mod error;
+mod grad_mode;
 mod lock;
 mod lr_schedule;
 mod module;
@@ -22,12 +24,14 @@ mod state;
 mod strategy;
 mod weights;
 
+pub use activation_checkpointing::ActivationCheckpointing;
 pub use callback::{Callback, CallbackClone, RunState};
 pub use collective::{Collective, ReduceOp, Work};
 pub use context::{
     sharding_context_active, ContextGuard, ParamSource, ShardedContext, UnitFn, UnitPlan, Wrapped,
 };
 pub use error::{CollectiveError, Error, FileError, Result};
+pub use grad_mode::{grad_enabled, no_grad};
 pub use lock::lock;
 pub use lr_schedule::{Decay, LrSchedule};
 pub use module::TrainModule;

@@ -1,13 +1,14 @@
 //! `Fsdp`: fully sharded data parallel, with its sharding strategies.
 //!
-//! `full_shard` runs each wrapped unit through the unit op (gather, run, free; gather again
-//! and recompute in backward); `shard_grad_op` gathers each unit once per step and keeps it
+//! `full_shard` runs each wrapped unit through the unit op (gather, run keeping the
+//! activations, free the parameters; gather again in backward, or recompute the unit where
+//! activation checkpointing asks); `shard_grad_op` gathers each unit once per step and keeps it
 //! until backward (the same as ZeRO-3); `no_shard` is DDP; `hybrid_shard` is `full_shard`
 //! inside groups of G ranks, replicated across the groups.
 
 use crate::zero3::ShardedOptions;
 use crate::{Ddp, MixedPrecision, Zero3};
-use wick_core::{Error, Result, Strategy};
+use wick_core::{ActivationCheckpointing, Error, Result, Strategy};
 
 /// How FSDP shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +82,24 @@ impl Fsdp {
     pub fn with_prefetch(mut self, prefetch: bool) -> Self {
         self.options.prefetch = prefetch;
         self
+    }
+
+    /// Which units recompute their forward in backward (activation checkpointing) instead
+    /// of keeping their activations, which `full_shard` and `hybrid_shard` do by default:
+    /// they release only a unit's gathered parameters after its forward and gather them
+    /// again for its backward. Not yet offered under `shard_grad_op` and `no_shard`.
+    pub fn with_activation_checkpointing(mut self, ac: ActivationCheckpointing) -> Result<Self> {
+        if ac != ActivationCheckpointing::None && !self.options.reshard_after_forward {
+            return Err(Error::config(
+                "activation checkpointing",
+                format!(
+                    "fsdp recomputes units under full_shard and hybrid_shard only, not under {:?} yet",
+                    self.sharding
+                ),
+            ));
+        }
+        self.options.activation_checkpointing = ac;
+        Ok(self)
     }
 
     /// The sharding strategy.

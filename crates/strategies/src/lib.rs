@@ -35,6 +35,7 @@ mod saved_state;
 mod sharded_params;
 mod single;
 mod spec;
+mod storage_swap;
 mod unit_op;
 mod zero;
 mod zero3;

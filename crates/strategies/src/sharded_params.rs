@@ -14,13 +14,14 @@ use crate::param_request::{check_dtype, check_same_shape};
 use crate::param_use::ParamUse;
 use crate::precision::{dtypes, MixedPrecision};
 use crate::prefetch::Prefetcher;
+use crate::storage_swap;
 use crate::unit_op::UnitOp;
 use crate::zero3::ShardedOptions;
 use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 use std::sync::{Arc, Mutex, MutexGuard};
-use wick_core::{lock, Collective, ParamInit, UnitFn, UnitPlan};
+use wick_core::{lock, ActivationCheckpointing, Collective, ParamInit, UnitFn, UnitPlan};
 
 /// One wrapped unit: its layout, this rank's shard, and this step's gathered buffer.
 pub(crate) struct ShardedUnit {
@@ -69,6 +70,8 @@ pub(crate) struct ShardedParams {
     /// Gather the next unit in the background under full sharding.
     prefetch: bool,
     prefetcher: Mutex<Option<Arc<Prefetcher>>>,
+    /// Which units recompute their forward in backward rather than keep activations.
+    activation_checkpointing: ActivationCheckpointing,
     precision: Option<MixedPrecision>,
     world: Mutex<Arc<dyn Collective>>,
     device: Device,
@@ -93,6 +96,7 @@ impl ShardedParams {
             auto_wrap: options.auto_wrap.clone(),
             prefetch: options.prefetch && options.reshard_after_forward,
             prefetcher: Mutex::default(),
+            activation_checkpointing: options.activation_checkpointing,
             precision: options.precision,
             world: Mutex::new(world),
             device,
@@ -325,6 +329,9 @@ impl wick_core::ParamSource for ShardedParams {
             param_dtype,
             reduce_dtype,
             prefetch: lock(&self.prefetcher).clone(),
+            keep_activations: !self.activation_checkpointing.recomputes(unit)
+                && storage_swap::can_keep_activations(),
+            kept: Mutex::default(),
         };
         let out = input.apply_op2(shard.as_tensor(), op)?;
         // The unit's output stands for all its parameters: if it misses the loss, so do they.

@@ -1,11 +1,18 @@
 //! The unit op of full sharding: (input, flat shard) -> output for one wrapped unit.
 //!
-//! Forward gathers the unit, runs it eagerly without a graph and frees the gathered
-//! parameters before returning. Backward gathers again, recomputes the unit with a graph
-//! (activation recompute per unit), back-propagates the incoming gradient through it and
-//! reduce-scatters the parameter gradient into the shard. Beyond the shards, a rank holds
-//! at most three units at once: in backward, the recomputed unit's parameters, its
-//! gradients and the previous unit's prefetched gather.
+//! Forward gathers the unit, runs it, and gives its gathered parameters back before
+//! returning. Backward reduce-scatters the parameter gradient into the shard. Between the
+//! two, a unit either keeps its activations or recomputes them:
+//! - kept (PyTorch FSDP's way, the default): forward runs with a graph over one variable
+//!   per parameter, then releases those variables' memory while the graph stays
+//!   ([`crate::storage_swap`]); backward gathers again into the same variables and
+//!   back-propagates through the kept graph. The unit's forward runs once per step.
+//! - recomputed (activation checkpointing, and the fallback on stock candle-core):
+//!   forward runs without a graph; backward gathers again and reruns the unit with one.
+//!
+//! Beyond the shards and the kept activations, a rank holds at most three units at once:
+//! in backward, the unit's parameters, its gradients and the previous unit's prefetched
+//! gather.
 
 use crate::flat_grad::flatten_consuming;
 use crate::flat_layout::FlatLayout;
@@ -14,10 +21,11 @@ use crate::kept_grads::KeptGrads;
 use crate::param_use::ParamUse;
 use crate::prefetch::{gather, Prefetcher};
 use crate::sharded_params::unit_var_builder;
+use crate::storage_swap;
 use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor, Var};
 use candle_nn::VarBuilder;
-use std::sync::Arc;
-use wick_core::{Collective, UnitFn};
+use std::sync::{Arc, Mutex};
+use wick_core::{lock, Collective, UnitFn};
 
 pub(crate) struct UnitOp {
     pub(crate) world: Arc<dyn Collective>,
@@ -32,6 +40,33 @@ pub(crate) struct UnitOp {
     pub(crate) param_dtype: DType,
     pub(crate) reduce_dtype: DType,
     pub(crate) prefetch: Option<Arc<Prefetcher>>,
+    /// Keep the forward's activations for backward (when a backward may follow) rather
+    /// than recompute them.
+    pub(crate) keep_activations: bool,
+    /// The forward's graph, kept for backward with its parameters' memory released.
+    pub(crate) kept: Mutex<Option<KeptGraph>>,
+}
+
+/// A unit's forward graph kept for its backward.
+pub(crate) struct KeptGraph {
+    /// The input as the graph's variable (`None`: an integer input, which takes no gradient).
+    input: Option<Var>,
+    /// One variable per parameter, empty until backward refills them.
+    params: Vec<(String, Var)>,
+    out: Tensor,
+}
+
+/// The input as a variable of the unit's own graph, when it can take a gradient, and the
+/// tensor the unit runs on (cut from any graph outside the unit).
+fn input_var(input: &Tensor) -> Result<(Option<Var>, Tensor)> {
+    Ok(match input.dtype() {
+        DType::F32 | DType::F16 | DType::BF16 | DType::F64 => {
+            let v = Var::from_tensor(&input.detach())?;
+            let t = v.as_tensor().clone();
+            (Some(v), t)
+        }
+        _ => (None, input.detach()),
+    })
 }
 
 /// A tensor holding a copy of a CPU storage's contiguous elements.
@@ -69,9 +104,60 @@ impl UnitOp {
         }
     }
 
-    /// The unit's output for `input`, computed without a graph from its gathered
-    /// parameters, which are dropped before this returns (before the next unit runs).
+    /// One variable per parameter, copied out of the gathered buffer (which is dropped at
+    /// once): back-propagating into views of one flat variable would make candle build a
+    /// full-size padded gradient per parameter.
+    fn param_vars(&self, full: &Tensor) -> Result<Vec<(String, Var)>> {
+        self.layout
+            .entries()
+            .iter()
+            .map(|e| {
+                let view = full
+                    .narrow(0, e.offset, e.numel())?
+                    .reshape(e.shape.clone())?;
+                Ok((e.name.clone(), Var::from_tensor(&view)?))
+            })
+            .collect()
+    }
+
+    /// Gathers the unit again into `params`, the variables its kept graph holds.
+    fn refill(&self, params: &[(String, Var)], shard: &Tensor) -> Result<()> {
+        let fresh = self.param_vars(&self.gather(shard)?)?;
+        for ((_, param), (_, values)) in params.iter().zip(&fresh) {
+            storage_swap::refill(param, values)?;
+        }
+        Ok(())
+    }
+
+    /// Runs the unit with a graph over `params` and `input`.
+    fn run_graph(&self, params: &[(String, Var)], input: &Tensor) -> Result<Tensor> {
+        let tensors = params
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+            .collect();
+        let vb = VarBuilder::from_tensors(tensors, self.param_dtype, &self.device);
+        (self.run)(vb, input)
+    }
+
+    /// The unit's output for `input`. Its gathered parameters are given back before this
+    /// returns (before the next unit runs); its graph is kept for backward when it keeps
+    /// activations and a backward may follow.
     fn forward(&self, input: &Tensor, shard: &Tensor) -> Result<Tensor> {
+        if self.keep_activations && wick_core::grad_enabled() {
+            let params = self.param_vars(&self.gather(shard)?)?;
+            self.prefetch(Some(self.unit + 1));
+            let (x, x_tensor) = input_var(input)?;
+            let out = self.run_graph(&params, &x_tensor)?;
+            for (_, param) in &params {
+                storage_swap::release(param)?;
+            }
+            *lock(&self.kept) = Some(KeptGraph {
+                input: x,
+                params,
+                out: out.clone(),
+            });
+            return Ok(out);
+        }
         let full = self.gather(shard)?;
         self.prefetch(Some(self.unit + 1));
         // Neither the input nor the gathered buffer is a variable: no graph is recorded.
@@ -132,45 +218,35 @@ impl CustomOp2 for UnitOp {
         _res: &Tensor,
         grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        // One variable per parameter, copied out of the gathered buffer (which is dropped at
-        // once): back-propagating into views of one flat variable would make candle build a
-        // full-size padded gradient per parameter. The previous unit starts gathering only
-        // then, so at most two units' parameters are alive at any time.
-        let params = {
-            let full = self.gather(shard)?;
-            self.layout
-                .entries()
-                .iter()
-                .map(|e| {
-                    Ok((
-                        e.name.clone(),
-                        Var::from_tensor(
-                            &full
-                                .narrow(0, e.offset, e.numel())?
-                                .reshape(e.shape.clone())?,
-                        )?,
-                    ))
-                })
-                .collect::<Result<Vec<_>>>()?
-        };
-        self.prefetch(self.unit.checked_sub(1));
-        let x = match input.dtype() {
-            DType::F32 | DType::F16 | DType::BF16 | DType::F64 => {
-                Some(Var::from_tensor(&input.detach())?)
+        // The kept graph, its parameters gathered again; or the unit rerun with a graph.
+        // The previous unit starts gathering only then, so at most two units' parameters
+        // are alive at any time.
+        let kept = lock(&self.kept).take();
+        let KeptGraph {
+            input: x,
+            params,
+            out,
+        } = match kept {
+            Some(kept) => {
+                self.refill(&kept.params, shard)?;
+                self.prefetch(self.unit.checked_sub(1));
+                kept
             }
-            _ => None,
+            None => {
+                let params = self.param_vars(&self.gather(shard)?)?;
+                self.prefetch(self.unit.checked_sub(1));
+                let (x, x_tensor) = input_var(input)?;
+                let out = self.run_graph(&params, &x_tensor)?;
+                KeptGraph {
+                    input: x,
+                    params,
+                    out,
+                }
+            }
         };
-        let x_tensor = x
-            .as_ref()
-            .map_or_else(|| input.detach(), |v| v.as_tensor().clone());
-        let tensors = params
-            .iter()
-            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
-            .collect();
-        let vb = VarBuilder::from_tensors(tensors, self.param_dtype, &self.device);
-        let out = (self.run)(vb, &x_tensor)?;
         // d(sum(out * g))/d(param) is the vector-Jacobian product backward needs.
-        let mut grads = (out * grad_out.detach())?.sum_all()?.backward()?;
+        let mut grads = (&out * grad_out.detach())?.sum_all()?.backward()?;
+        drop(out);
         let input_grad = match x {
             // The unit cut the graph inside (a layer without backward): the input gets zeros,
             // which candle needs for a node on its path, and is reported as cut.

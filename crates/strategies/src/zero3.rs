@@ -17,8 +17,9 @@ use crate::sharded_params::ShardedParams;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
 use wick_core::{
-    Collective, Error, GradSync, GroupRange, LossScale, OptimizerConfig, RankState, ReduceOp,
-    Result, ShardedContext, Sharding, StateBytes, StateReader, Strategy, PARAM_KIND,
+    ActivationCheckpointing, Collective, Error, GradSync, GroupRange, LossScale, OptimizerConfig,
+    RankState, ReduceOp, Result, ShardedContext, Sharding, StateBytes, StateReader, Strategy,
+    PARAM_KIND,
 };
 
 /// The options of a sharded strategy: everything that is not built from the model. A new
@@ -38,6 +39,8 @@ pub(crate) struct ShardedOptions {
     pub(crate) auto_wrap: Option<Vec<String>>,
     /// Prefetch the next unit's gather (full sharding only).
     pub(crate) prefetch: bool,
+    /// Which units recompute their forward in backward.
+    pub(crate) activation_checkpointing: ActivationCheckpointing,
 }
 
 impl Default for ShardedOptions {
@@ -49,6 +52,7 @@ impl Default for ShardedOptions {
             precision: None,
             auto_wrap: None,
             prefetch: false,
+            activation_checkpointing: ActivationCheckpointing::None,
         }
     }
 }

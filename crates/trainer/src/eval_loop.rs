@@ -169,7 +169,8 @@ impl<M: TrainModule> RankRun<'_, M> {
             .map(|b| {
                 let (idx, count) = data.eval_slice(&order, b, self.env.rank, self.env.world_size);
                 let batch = data.dataset().batch(idx, &self.env.device)?;
-                let out = step(self.module, &batch, b);
+                // No backward follows: the strategy keeps nothing for one (PyTorch's no_grad).
+                let out = wick_core::no_grad(|| step(self.module, &batch, b));
                 self.strategy.free_gathered();
                 Ok((out?, count))
             })

@@ -2794,6 +2794,42 @@ impl Tensor {
         self.storage_key() == rhs.storage_key()
     }
 
+    /// Exchanges the storage of `self` with that of `other`, for every tensor that shares
+    /// either (views, and the tensors an op graph holds). Layouts are left as they are.
+    ///
+    /// This lets a caller give a tensor's memory back while a graph still refers to the
+    /// tensor, and put it back before the graph is used again: swap with an empty tensor
+    /// of the same dtype and device to release it, then with a tensor holding the same
+    /// values to refill it. Reading a tensor whose layout reaches past the end of its
+    /// current storage is a bug: CPU ops then panic on an out-of-range index.
+    ///
+    /// The two tensors must have the same dtype and device, and must not share a storage.
+    pub fn swap_storage(&self, other: &Self) -> Result<()> {
+        if self.dtype() != other.dtype() {
+            Err(Error::DTypeMismatchBinaryOp {
+                lhs: self.dtype(),
+                rhs: other.dtype(),
+                op: "swap_storage",
+            }
+            .bt())?
+        }
+        if !self.device().same_device(other.device()) {
+            Err(Error::DeviceMismatchBinaryOp {
+                lhs: self.device().location(),
+                rhs: other.device().location(),
+                op: "swap_storage",
+            }
+            .bt())?
+        }
+        if self.same_storage(other) {
+            crate::bail!("swap_storage: the two tensors share one storage")
+        }
+        let mut mine = self.storage.write();
+        let mut theirs = other.storage.write();
+        std::mem::swap(&mut *mine, &mut *theirs);
+        Ok(())
+    }
+
     /// Normalize a 'relative' axis value: positive values are kept, negative
     /// values means counting the dimensions from the back.
     pub fn normalize_axis(&self, axis: i64) -> Result<usize> {

@@ -1,0 +1,11 @@
+//! Whether the candle-core this crate builds against has `Tensor::swap_storage` (wick's
+//! vendored copy says so through its `links` metadata; stock candle-core says nothing).
+//! With it, fsdp's full_shard keeps each unit's activations and releases only its gathered
+//! parameters' memory; without it, full_shard recomputes each unit's forward in backward.
+fn main() {
+    println!("cargo::rustc-check-cfg=cfg(candle_swap_storage)");
+    println!("cargo::rerun-if-env-changed=DEP_WICK_CANDLE_CORE_SWAP_STORAGE");
+    if std::env::var_os("DEP_WICK_CANDLE_CORE_SWAP_STORAGE").is_some() {
+        println!("cargo::rustc-cfg=candle_swap_storage");
+    }
+}
