@@ -163,7 +163,7 @@ fn main() -> anyhow::Result<()> {
         (
             "fsdp_full_shard_recompute",
             Fsdp::new(FsdpSharding::FullShard)
-                .with_activation_checkpointing(ActivationCheckpointing::Full)?
+                .with_activation_checkpointing(ActivationCheckpointing::Full)
                 .build(),
         ),
     ];

@@ -69,7 +69,7 @@ const FSDP_ROWS: [(&str, MakeStrategy); 3] = [
     }),
     ("fsdp_full_shard_recompute", || {
         Ok(Fsdp::new(FsdpSharding::FullShard)
-            .with_activation_checkpointing(ActivationCheckpointing::Full)?
+            .with_activation_checkpointing(ActivationCheckpointing::Full)
             .build())
     }),
     ("fsdp_shard_grad_op", || {

@@ -150,6 +150,7 @@ impl Run {
         let mut builder = Trainer::builder()
             .device_kind(kind)
             .accumulate_grad_batches(args.accumulate)
+            .activation_checkpointing(args.activation_checkpointing)
             .max_steps(args.max_steps)
             .seed(args.seed)
             .run_name(&args.run_name)

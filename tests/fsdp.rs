@@ -49,12 +49,33 @@ fn every_sharding_strategy_matches_single_device() {
     assert!(diff <= 1e-5, "hybrid 2x2: max |diff| {diff}");
 }
 
+/// Fits a fresh MLP with `trainer`; checks that its units' forwards ran `runs_per_step`
+/// times a step over all ranks, and that training ends at single-device `reference`.
+fn fit_counting_forwards(
+    mut trainer: Trainer,
+    runs_per_step: usize,
+    reference: &[Vec<f32>],
+    what: &str,
+) {
+    let model = Mlp::new(adamw());
+    let runs = model.runs.clone();
+    trainer
+        .fit(&mut Attached::new(model), &loader(), None)
+        .unwrap();
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::Relaxed),
+        STEPS * runs_per_step,
+        "{what}: unit forwards"
+    );
+    let diff = max_diff(reference, &full_parameters(&mut trainer));
+    assert!(diff <= 1e-5, "{what}: max |diff| {diff}");
+}
+
 /// Under full_shard each unit keeps its activations: its forward runs once per step, and
 /// the result is single-device training's. Activation checkpointing recomputes the units
 /// it picks in backward (twice per step), with the same result.
 #[test]
 fn full_shard_runs_each_forward_once_unless_checkpointing_recomputes_it() {
-    use std::sync::atomic::Ordering;
     use wick::core::ActivationCheckpointing as Ac;
     let reference = train(1, "single", adamw(), STEPS);
     // Runs of the three units' forwards per step and rank: once each, plus once more for
@@ -66,30 +87,57 @@ fn full_shard_runs_each_forward_once_unless_checkpointing_recomputes_it() {
             (FsdpSharding::FullShard, 3),
             (FsdpSharding::HybridShard { group_size: 2 }, 4),
         ] {
-            let fsdp = Fsdp::new(sharding)
-                .with_activation_checkpointing(ac)
-                .unwrap();
-            let mut trainer = crate::common::quiet_trainer_with(w, fsdp.build(), STEPS);
-            let model = Mlp::new(adamw());
-            let runs = model.runs.clone();
-            trainer
-                .fit(&mut Attached::new(model), &loader(), None)
-                .unwrap();
-            let what = format!("{sharding:?} at W={w}, activation checkpointing {ac}");
-            assert_eq!(
-                runs.load(Ordering::Relaxed),
-                STEPS * w * runs_per_step,
-                "{what}: unit forwards"
+            let fsdp = Fsdp::new(sharding).with_activation_checkpointing(ac);
+            fit_counting_forwards(
+                crate::common::quiet_trainer_with(w, fsdp.build(), STEPS),
+                w * runs_per_step,
+                &reference,
+                &format!("{sharding:?} at W={w}, activation checkpointing {ac}"),
             );
-            let diff = max_diff(&reference, &full_parameters(&mut trainer));
-            assert!(diff <= 1e-5, "{what}: max |diff| {diff}");
         }
     }
-    let e = Fsdp::new(FsdpSharding::ShardGradOp)
-        .with_activation_checkpointing(Ac::Full)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("activation checkpointing"), "{e}");
+}
+
+/// Activation checkpointing under every strategy: the units it picks run their forward
+/// again in backward, and training ends where single-device training without it does, at
+/// world sizes the layer sizes do not divide.
+#[test]
+fn activation_checkpointing_under_every_strategy_matches_single_device() {
+    use wick::core::ActivationCheckpointing as Ac;
+    let reference = train(1, "single", adamw(), STEPS);
+    let make = |name: &str| -> Box<dyn wick::core::Strategy> {
+        match name {
+            "fsdp shard_grad_op" => Fsdp::new(FsdpSharding::ShardGradOp).build(),
+            "fsdp no_shard" => Fsdp::new(FsdpSharding::NoShard).build(),
+            "fsdp full_shard" => Fsdp::new(FsdpSharding::FullShard).build(),
+            name => wick::strategies::strategy_by_name(name).unwrap(),
+        }
+    };
+    let strategies = [
+        ("single", 1),
+        ("ddp", 3),
+        ("zero1", 2),
+        ("zero2", 3),
+        ("zero3", 3),
+        ("fsdp shard_grad_op", 2),
+        ("fsdp no_shard", 2),
+        ("fsdp full_shard", 3),
+    ];
+    for (name, w) in strategies {
+        for (ac, runs_per_step) in [(Ac::Full, 6), (Ac::Every(3), 4)] {
+            let trainer = crate::common::quiet_builder(w, make(name), STEPS)
+                .activation_checkpointing(ac)
+                .error_on_unused_parameters(true)
+                .build()
+                .unwrap();
+            fit_counting_forwards(
+                trainer,
+                w * runs_per_step,
+                &reference,
+                &format!("{name} at W={w}, activation checkpointing {ac}"),
+            );
+        }
+    }
 }
 
 #[test]

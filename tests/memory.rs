@@ -150,7 +150,7 @@ fn full_shard_step_growth(prefetch: bool, ac: ActivationCheckpointing) -> (usize
         let world: Arc<dyn Collective> = Arc::new(comm);
         let mut s = Fsdp::new(FsdpSharding::FullShard)
             .with_prefetch(prefetch)
-            .with_activation_checkpointing(ac)?
+            .with_activation_checkpointing(ac)
             .build();
         let units = deep_model(s.as_mut(), &world, false, OptimizerConfig::sgd(0.1))?;
         deep_step(s.as_mut(), &units, 0.1, STEP_ROWS)?;
@@ -172,6 +172,29 @@ fn full_shard_step_growth(prefetch: bool, ac: ActivationCheckpointing) -> (usize
     let all: Vec<(usize, usize)> = outcomes.into_iter().map(|o| o.unwrap()).collect();
     let max = |f: fn(&(usize, usize)) -> usize| all.iter().map(f).max().unwrap();
     (max(|o| o.0), max(|o| o.1))
+}
+
+/// Peak heap growth of the whole process over one training step of the deep model (after
+/// a first one) under `strategy` at W = 2 (1 for `single`), on `rows` rows.
+fn step_growth(strategy: &str, ac: ActivationCheckpointing, rows: usize) -> usize {
+    let world_size = if strategy == "single" { 1 } else { 2 };
+    let outcomes = ThreadWorld::new(world_size).run(|comm| {
+        let world: Arc<dyn Collective> = Arc::new(comm);
+        let mut s = make(strategy);
+        s.set_activation_checkpointing(ac);
+        let units = deep_model(s.as_mut(), &world, true, OptimizerConfig::sgd(0.1))?;
+        deep_step(s.as_mut(), &units, 0.1, rows)?;
+        world.barrier()?;
+        if world.rank() == 0 {
+            heap::reset_peak();
+        }
+        world.barrier()?;
+        let before = heap::current();
+        deep_step(s.as_mut(), &units, 0.1, rows)?;
+        world.barrier()?;
+        Ok::<_, wick::core::Error>(heap::peak() - before)
+    });
+    outcomes.into_iter().map(|o| o.unwrap()).max().unwrap()
 }
 
 /// The heap of the whole process, and the bytes allocated so far, after each of 8 training
@@ -262,6 +285,23 @@ fn memory_bounds() {
         assert!(
             recomputed + 2 * DEEP_UNITS * activation <= kept,
             "recomputing every unit grew the step by {recomputed} bytes, keeping activations by {kept}: less than one activation per unit and rank ({activation}) apart"
+        );
+    }
+
+    // Activation checkpointing lowers every strategy's peak: each unit's matmul, bias and
+    // tanh outputs go, and only one unit's come back at a time, in backward, with that
+    // backward's own temporaries. At 1024 rows an activation is two units, so activations,
+    // not parameters, set the peak.
+    let rows = 4 * STEP_ROWS;
+    let activation = rows * DEEP_WIDTH * 4;
+    for strategy in STRATEGIES {
+        let kept = step_growth(strategy, ActivationCheckpointing::None, rows);
+        let recomputed = step_growth(strategy, ActivationCheckpointing::Full, rows);
+        println!("{strategy}: step peak {kept} bytes keeping activations, {recomputed} recomputing every unit");
+        let ranks = if strategy == "single" { 1 } else { 2 };
+        assert!(
+            recomputed + ranks * DEEP_UNITS * activation / 2 <= kept,
+            "{strategy}: recomputing grew the step by {recomputed} bytes, keeping activations by {kept}: less than half an activation per unit and rank ({activation}) apart"
         );
     }
 

@@ -5,7 +5,7 @@
 use super::{name_of, AcceleratorName, DecayName};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use wick_core::{Decay, LrSchedule};
+use wick_core::{ActivationCheckpointing, Decay, LrSchedule};
 use wick_strategies::{Precision, ShardingKind, StrategyKind, StrategySpec};
 
 /// The effective options of `wick fit`: the defaults, overridden by `--config`, overridden
@@ -23,6 +23,9 @@ pub struct FitArgs {
     pub accumulate: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clip: Option<f64>,
+    /// Which wrapped units recompute their forward in backward: none, full, every:K.
+    #[serde(with = "as_text")]
+    pub activation_checkpointing: ActivationCheckpointing,
     /// Ranks: threads (default 2), or a launcher's processes (default: as many as it started).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub devices: Option<usize>,
@@ -64,6 +67,26 @@ pub struct FitArgs {
     pub resume: Option<PathBuf>,
 }
 
+/// A value kept in TOML as the text users type (its `Display` and `FromStr`).
+mod as_text {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    pub fn serialize<T: Display, S: Serializer>(value: &T, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(value)
+    }
+
+    pub fn deserialize<'de, T, D>(d: D) -> Result<T, D::Error>
+    where
+        T: FromStr,
+        T::Err: Display,
+        D: Deserializer<'de>,
+    {
+        String::deserialize(d)?.parse().map_err(D::Error::custom)
+    }
+}
+
 impl Default for FitArgs {
     fn default() -> Self {
         FitArgs {
@@ -75,6 +98,7 @@ impl Default for FitArgs {
             prefetch: false,
             accumulate: 1,
             clip: None,
+            activation_checkpointing: ActivationCheckpointing::None,
             devices: None,
             accelerator: AcceleratorName::Cpu,
             threads_per_rank: None,
@@ -219,6 +243,15 @@ mod tests {
             (true, true, true)
         );
         assert_eq!(a.auto_wrap, Some(vec!["blocks.".into(), "head".into()]));
+        for (flag, ac) in [
+            ("full", ActivationCheckpointing::Full),
+            ("every:3", ActivationCheckpointing::Every(3)),
+        ] {
+            let a = fit(&format!("fit --activation-checkpointing {flag}")).unwrap();
+            assert_eq!(a.activation_checkpointing, ac);
+        }
+        let e = fit("fit --activation-checkpointing every:0").unwrap_err();
+        assert!(e.contains("every:K") && e.contains("'every:0'"), "{e}");
         let a = fit("fit --checkpoint-dir ck --resume last").unwrap();
         assert_eq!(a.resume, Some(PathBuf::from("ck/last")));
         let Command::Consolidate { with_optimizer, .. } =

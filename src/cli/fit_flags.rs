@@ -54,6 +54,11 @@ pub struct FitFlags {
     #[arg(long, value_parser = positive_number, value_name = "X", allow_hyphen_values = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clip: Option<f64>,
+    /// Recompute the forward of these wrapped units in backward instead of keeping their
+    /// activations: none, full, or every:K (every K-th unit) [default: none].
+    #[arg(long, value_parser = activation_checkpointing, value_name = "none|full|every:K")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub activation_checkpointing: Option<String>,
     /// Ranks: threads [default: 2], or under mpirun/srun (a build with --features mpi) one
     /// per process, as many as the launcher started.
     #[arg(long, value_parser = positive, value_name = "N")]
@@ -161,6 +166,13 @@ pub struct FitFlags {
     #[arg(long, value_name = "C")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resume: Option<PathBuf>,
+}
+
+/// `--activation-checkpointing`'s value, checked where it was typed.
+fn activation_checkpointing(text: &str) -> Result<String, String> {
+    text.parse::<wick_core::ActivationCheckpointing>()
+        .map(|ac| ac.to_string())
+        .map_err(|e| e.to_string())
 }
 
 impl FitFlags {

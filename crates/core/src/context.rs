@@ -27,12 +27,19 @@ pub fn sharding_context_active() -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnitPlan {
     /// Whole parameters that stay put: the block built at wrap time serves every step.
-    Replicated,
+    Replicated {
+        /// Recompute the unit's forward in backward instead of keeping its activations
+        /// (activation checkpointing): [`Wrapped::apply`] hands the run to
+        /// [`ParamSource::recompute_unit`].
+        recompute: bool,
+    },
     /// Parameters gathered once per step and kept until that step's backward (zero3, fsdp
     /// `shard_grad_op`): the block is rebuilt over them each step.
     GatheredPerStep {
         /// The dtype the unit computes in, when it is not its inputs' (mixed precision).
         compute_dtype: Option<DType>,
+        /// As for [`UnitPlan::Replicated`].
+        recompute: bool,
     },
     /// Gathered for each use and freed right after it (fsdp `full_shard`, PyTorch's
     /// `reshard_after_forward`): [`Wrapped::apply`] runs the block inside the strategy as
@@ -48,10 +55,20 @@ impl UnitPlan {
     /// casts float inputs to it and the output back to f32.
     pub fn compute_dtype(self) -> Option<DType> {
         match self {
-            UnitPlan::Replicated => None,
-            UnitPlan::GatheredPerStep { compute_dtype } | UnitPlan::PerUse { compute_dtype } => {
-                compute_dtype
+            UnitPlan::Replicated { .. } => None,
+            UnitPlan::GatheredPerStep { compute_dtype, .. }
+            | UnitPlan::PerUse { compute_dtype } => compute_dtype,
+        }
+    }
+
+    /// Whether [`Wrapped::apply`] hands the unit to [`ParamSource::recompute_unit`].
+    pub fn recomputes(self) -> bool {
+        match self {
+            UnitPlan::Replicated { recompute } | UnitPlan::GatheredPerStep { recompute, .. } => {
+                recompute
             }
+            // A per-use unit recomputes or not inside `run_unit`.
+            UnitPlan::PerUse { .. } => false,
         }
     }
 }
@@ -89,7 +106,7 @@ pub trait ParamSource: Send + Sync {
     /// How the strategy runs the unit: [`UnitPlan::Replicated`] unless it shards it.
     fn unit_plan(&self, unit: usize) -> UnitPlan {
         let _ = unit;
-        UnitPlan::Replicated
+        UnitPlan::Replicated { recompute: false }
     }
 
     /// Runs `run` (build the block over a `VarBuilder`, apply it to the input) as one unit of
@@ -97,6 +114,19 @@ pub trait ParamSource: Send + Sync {
     fn run_unit(&self, unit: usize, input: &Tensor, run: UnitFn) -> candle_core::Result<Tensor> {
         let _ = (unit, input, run);
         candle_core::bail!("this strategy does not run units")
+    }
+
+    /// Runs `run` (the block applied to the input) as one unit of the autograd graph that
+    /// keeps no activations: its forward runs without keeping a graph, and its backward
+    /// runs it again with one. Only called for a unit whose plan [`UnitPlan::recomputes`].
+    fn recompute_unit(
+        &self,
+        unit: usize,
+        input: &Tensor,
+        run: RecomputeFn,
+    ) -> candle_core::Result<Tensor> {
+        let _ = (unit, input, run);
+        candle_core::bail!("this strategy does not recompute units")
     }
 
     /// A `VarBuilder` (at the root of the model's names) over the unit's parameters for the
@@ -205,7 +235,8 @@ impl ShardedContext {
         let built = build(self.var_builder().pp(name));
         self.source.end_unit(unit)?;
         let built = built?;
-        let registered = (self.source.unit_plan(unit) == UnitPlan::Replicated).then_some(built);
+        let registered =
+            matches!(self.source.unit_plan(unit), UnitPlan::Replicated { .. }).then_some(built);
         Ok(Wrapped {
             name: name.to_string(),
             unit,
@@ -280,6 +311,10 @@ impl SimpleBackend for GuardedSource {
 pub type UnitFn =
     Arc<dyn Fn(VarBuilder<'static>, &Tensor) -> candle_core::Result<Tensor> + Send + Sync>;
 
+/// A wrapped block applied to an input, run again in backward by
+/// [`ParamSource::recompute_unit`].
+pub type RecomputeFn = Arc<dyn Fn(&Tensor) -> candle_core::Result<Tensor> + Send + Sync>;
+
 type Build<T> = Arc<dyn Fn(VarBuilder<'static>) -> candle_core::Result<T> + Send + Sync>;
 
 /// A wrapped block (see [`ShardedContext::wrap`]); [`Wrapped::get`] yields it for this step.
@@ -308,11 +343,12 @@ impl<T: Clone> Wrapped<T> {
 
     /// Applies the block to `input` with `f`, the way the strategy wants a unit run: under
     /// full sharding as one autograd unit whose gathered parameters are freed right after
-    /// forward and gathered again in backward; elsewhere simply `f(&self.get()?, input)`.
+    /// forward and gathered again in backward; under activation checkpointing as one whose
+    /// forward runs again in backward; elsewhere simply `f(&self.get()?, input)`.
     /// `f` may run more than once per step (again in backward), so it must be pure.
     pub fn apply<F>(&self, input: &Tensor, f: F) -> candle_core::Result<Tensor>
     where
-        T: 'static,
+        T: Send + Sync + 'static,
         F: Fn(&T, &Tensor) -> candle_core::Result<Tensor> + Send + Sync + 'static,
     {
         // Mixed precision: the unit computes in its parameters' dtype; what leaves it is f32
@@ -330,6 +366,10 @@ impl<T: Clone> Wrapped<T> {
             let name = self.name.clone();
             let run: UnitFn = Arc::new(move |vb, x| f(&build(vb.pp(&name))?, x));
             self.source.run_unit(self.unit, &x, run)?
+        } else if plan.recomputes() {
+            let unit = self.clone();
+            let run: RecomputeFn = Arc::new(move |x| f(&unit.get()?, x));
+            self.source.recompute_unit(self.unit, &x, run)?
         } else {
             f(&self.get()?, &x)?
         };

@@ -28,7 +28,8 @@ pub use activation_checkpointing::ActivationCheckpointing;
 pub use callback::{Callback, CallbackClone, RunState};
 pub use collective::{Collective, ReduceOp, Work};
 pub use context::{
-    sharding_context_active, ContextGuard, ParamSource, ShardedContext, UnitFn, UnitPlan, Wrapped,
+    sharding_context_active, ContextGuard, ParamSource, RecomputeFn, ShardedContext, UnitFn,
+    UnitPlan, Wrapped,
 };
 pub use error::{CollectiveError, Error, FileError, Result};
 pub use grad_mode::{grad_enabled, no_grad};

@@ -70,6 +70,11 @@ pub trait Strategy: Send {
     /// torch's `clip_grad_norm_`), or not at all.
     fn set_clip_grad_norm(&mut self, max_norm: Option<f64>);
 
+    /// Which wrapped units recompute their forward in backward instead of keeping their
+    /// activations (activation checkpointing); set before `sharded_context`, kept for
+    /// [`Strategy::for_new_rank`].
+    fn set_activation_checkpointing(&mut self, ac: crate::ActivationCheckpointing);
+
     /// Back-propagates `loss` and accumulates the gradients. `sync` says where this
     /// micro-batch stands in its optimizer step: strategies that reduce gradients inside
     /// backward (the sharded ones) reduce them under [`GradSync::Reduce`] and keep them

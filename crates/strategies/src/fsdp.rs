@@ -85,21 +85,12 @@ impl Fsdp {
     }
 
     /// Which units recompute their forward in backward (activation checkpointing) instead
-    /// of keeping their activations, which `full_shard` and `hybrid_shard` do by default:
-    /// they release only a unit's gathered parameters after its forward and gather them
-    /// again for its backward. Not yet offered under `shard_grad_op` and `no_shard`.
-    pub fn with_activation_checkpointing(mut self, ac: ActivationCheckpointing) -> Result<Self> {
-        if ac != ActivationCheckpointing::None && !self.options.reshard_after_forward {
-            return Err(Error::config(
-                "activation checkpointing",
-                format!(
-                    "fsdp recomputes units under full_shard and hybrid_shard only, not under {:?} yet",
-                    self.sharding
-                ),
-            ));
-        }
+    /// of keeping their activations. Without it every sharding keeps them; `full_shard` and
+    /// `hybrid_shard` release only a unit's gathered parameters after its forward and
+    /// gather them again for its backward.
+    pub fn with_activation_checkpointing(mut self, ac: ActivationCheckpointing) -> Self {
         self.options.activation_checkpointing = ac;
-        Ok(self)
+        self
     }
 
     /// The sharding strategy.
@@ -110,7 +101,11 @@ impl Fsdp {
     /// The strategy: `no_shard` is ddp, every other sharding is [`Zero3`] with these options.
     pub fn build(self) -> Box<dyn Strategy> {
         match self.sharding {
-            FsdpSharding::NoShard => Box::new(Ddp::new().named(Self::NAME)),
+            FsdpSharding::NoShard => Box::new(
+                Ddp::new()
+                    .named(Self::NAME)
+                    .with_activation_checkpointing(self.options.activation_checkpointing),
+            ),
             _ => Box::new(Zero3::with_options(self.options)),
         }
     }

@@ -22,6 +22,8 @@ pub(crate) struct ParamUse {
     missed: Mutex<Vec<String>>,
     /// Tensors a unit's backward could not pass a gradient to (its input, cut inside it).
     cut: Mutex<Vec<TensorId>>,
+    /// Tensors in the graph of a recomputed unit's backward (not the loss's graph).
+    reached: Mutex<HashSet<TensorId>>,
 }
 
 impl ParamUse {
@@ -30,7 +32,24 @@ impl ParamUse {
         lock(&self.handed).clear();
         lock(&self.missed).clear();
         lock(&self.cut).clear();
+        lock(&self.reached).clear();
         self.looking.store(true, Ordering::SeqCst);
+    }
+
+    /// Runs `f` without recording what it hands out (a recomputed unit's forward, whose
+    /// graph is dropped: the one its backward builds is the one that counts).
+    pub(crate) fn paused<T>(&self, f: impl FnOnce() -> T) -> T {
+        let was = self.looking.swap(false, Ordering::SeqCst);
+        let out = f();
+        self.looking.store(was, Ordering::SeqCst);
+        out
+    }
+
+    /// Records every tensor of `graph` (a recomputed unit's, built in backward) as reached.
+    pub(crate) fn reached_by(&self, graph: &Tensor) {
+        if self.is_looking() {
+            lock(&self.reached).extend(graph.sorted_nodes().iter().map(|t| t.id()));
+        }
     }
 
     pub(crate) fn is_looking(&self) -> bool {
@@ -70,13 +89,22 @@ impl ParamUse {
         self.looking.store(false, Ordering::SeqCst);
         let handed = std::mem::take(&mut *lock(&self.handed));
         let cut = std::mem::take(&mut *lock(&self.cut));
+        let reached = std::mem::take(&mut *lock(&self.reached));
         // A cut tensor is in the graph, but its gradient was zeros made up by the unit.
         let handed = handed.iter().map(|(id, n)| match cut.contains(id) {
             true => (None, n.as_slice()),
             false => (Some(*id), n.as_slice()),
         });
         let handed: Vec<_> = handed.collect();
-        let mut names = unreached(loss, handed.iter().copied());
+        // A tensor a recomputed unit's backward reached is in that unit's graph, not the
+        // loss's.
+        let mut names = unreached(
+            loss,
+            handed
+                .iter()
+                .filter(|(id, _)| !id.is_some_and(|id| reached.contains(&id)))
+                .copied(),
+        );
         names.append(&mut lock(&self.missed));
         let seen: HashSet<&str> = handed
             .iter()

@@ -8,14 +8,16 @@ use crate::init::param_values;
 use crate::optim::Optimizer;
 use crate::param_request::{check_dtype, check_same_shape};
 use crate::param_use::unreached;
+use crate::recompute_op::RecomputedGrads;
 use crate::saved_state::{
     concat_range, flat_group, kinds_to_restore, read_shard, read_whole, shard_prefix,
 };
 use candle_core::{DType, Device, Shape, Tensor, Var};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use wick_core::{
-    lock, Collective, Error, GroupRange, OptimizerConfig, ParamSource, RankState, Result,
-    ShardedContext, StateBytes, StateReader, PARAM_KIND,
+    lock, ActivationCheckpointing, Collective, Error, GroupRange, OptimizerConfig, ParamSource,
+    RankState, RecomputeFn, Result, ShardedContext, StateBytes, StateReader, UnitPlan, PARAM_KIND,
 };
 
 /// Full parameters created on request, identical on every rank (the init is counter-based,
@@ -23,6 +25,10 @@ use wick_core::{
 pub(crate) struct ReplicatedParams {
     seed: u64,
     params: Mutex<Vec<(String, Var)>>,
+    /// Units wrapped so far (their indices, in wrap order, pick what recomputes).
+    units: AtomicUsize,
+    activation_checkpointing: ActivationCheckpointing,
+    recomputed: Arc<RecomputedGrads>,
 }
 
 impl ReplicatedParams {
@@ -55,6 +61,25 @@ impl ParamSource for ReplicatedParams {
     fn contains(&self, name: &str) -> bool {
         self.lock().iter().any(|(n, _)| n == name)
     }
+
+    fn begin_unit(&self, _name: &str) -> candle_core::Result<usize> {
+        Ok(self.units.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn unit_plan(&self, unit: usize) -> UnitPlan {
+        UnitPlan::Replicated {
+            recompute: self.activation_checkpointing.recomputes(unit),
+        }
+    }
+
+    fn recompute_unit(
+        &self,
+        _unit: usize,
+        input: &Tensor,
+        run: RecomputeFn,
+    ) -> candle_core::Result<Tensor> {
+        self.recomputed.apply(input, run, None)
+    }
 }
 
 /// One rank's replicated model state: parameters, accumulated gradients, optimizer.
@@ -75,6 +100,8 @@ pub(crate) struct ReplicatedState {
     pub(crate) clip: Option<f64>,
     /// Look for parameters without gradient in the next backward.
     pub(crate) find_unused: bool,
+    /// The parameter gradients of recomputed units' backward, added after the loss's.
+    recomputed: Arc<RecomputedGrads>,
     /// What the last looking backward found.
     pub(crate) unused: Vec<String>,
 }
@@ -104,12 +131,20 @@ impl ReplicatedState {
             .ok_or_else(|| Self::not_ready(strategy, "no world connected"))
     }
 
-    pub(crate) fn sharded_context(&mut self, strategy: &str, seed: u64) -> Result<ShardedContext> {
+    pub(crate) fn sharded_context(
+        &mut self,
+        strategy: &str,
+        seed: u64,
+        activation_checkpointing: ActivationCheckpointing,
+    ) -> Result<ShardedContext> {
         let world = self.world(strategy)?.clone();
         let device = self.device(strategy)?;
         let source = Arc::new(ReplicatedParams {
             seed,
             params: Mutex::new(Vec::new()),
+            units: AtomicUsize::new(0),
+            activation_checkpointing,
+            recomputed: self.recomputed.clone(),
         });
         self.source = Some(source.clone());
         Ok(ShardedContext::new(source, world, device, strategy))
@@ -158,6 +193,17 @@ impl ReplicatedState {
         }
         let store = loss.backward()?;
         self.grads.add(&self.params, store)?;
+        for store in self.recomputed.take() {
+            // A recomputed unit's parameters are in its own graph, not the loss's.
+            self.unused.retain(|name| {
+                !self
+                    .names
+                    .iter()
+                    .zip(&self.params)
+                    .any(|(n, p)| n == name && store.get(p).is_some())
+            });
+            self.grads.add(&self.params, store)?;
+        }
         Ok(())
     }
 

@@ -9,8 +9,8 @@ use crate::replicated::ReplicatedState;
 use candle_core::{Device, Shape, Tensor};
 use std::sync::Arc;
 use wick_core::{
-    Collective, GradSync, OptimizerConfig, RankState, Result, ShardedContext, Sharding, StateBytes,
-    StateReader, Strategy,
+    ActivationCheckpointing, Collective, GradSync, OptimizerConfig, RankState, Result,
+    ShardedContext, Sharding, StateBytes, StateReader, Strategy,
 };
 
 /// How a replicated strategy reduces gradients and steps. It holds options only, so a clone
@@ -35,6 +35,7 @@ pub(crate) trait GradReduce: Clone + Send + 'static {
 pub struct Replicated<R> {
     name: &'static str,
     reduce: R,
+    activation_checkpointing: ActivationCheckpointing,
     state: ReplicatedState,
 }
 
@@ -44,8 +45,16 @@ impl<R> Replicated<R> {
         Replicated {
             name,
             reduce,
+            activation_checkpointing: ActivationCheckpointing::None,
             state: ReplicatedState::default(),
         }
+    }
+
+    /// Recompute the wrapped units `ac` picks in backward instead of keeping their
+    /// activations (activation checkpointing).
+    pub fn with_activation_checkpointing(mut self, ac: ActivationCheckpointing) -> Self {
+        self.activation_checkpointing = ac;
+        self
     }
 
     /// The same strategy under another registry name (FSDP's `no_shard` is ddp).
@@ -73,7 +82,10 @@ impl<R: GradReduce> Strategy for Replicated<R> {
     }
 
     fn for_new_rank(&self) -> Box<dyn Strategy> {
-        Box::new(Replicated::with_reduce(self.name, self.reduce.clone()))
+        Box::new(
+            Replicated::with_reduce(self.name, self.reduce.clone())
+                .with_activation_checkpointing(self.activation_checkpointing),
+        )
     }
 
     fn check_world_size(&self, world_size: usize) -> Result<()> {
@@ -86,7 +98,8 @@ impl<R: GradReduce> Strategy for Replicated<R> {
     }
 
     fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext> {
-        self.state.sharded_context(self.name, seed)
+        self.state
+            .sharded_context(self.name, seed, self.activation_checkpointing)
     }
 
     fn finish_sharding(&mut self) -> Result<()> {
@@ -103,6 +116,10 @@ impl<R: GradReduce> Strategy for Replicated<R> {
 
     fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) {
         self.state.clip = max_norm;
+    }
+
+    fn set_activation_checkpointing(&mut self, ac: ActivationCheckpointing) {
+        self.activation_checkpointing = ac;
     }
 
     fn backward(&mut self, loss: &Tensor, _sync: GradSync) -> Result<()> {

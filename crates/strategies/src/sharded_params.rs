@@ -14,6 +14,7 @@ use crate::param_request::{check_dtype, check_same_shape};
 use crate::param_use::ParamUse;
 use crate::precision::{dtypes, MixedPrecision};
 use crate::prefetch::Prefetcher;
+use crate::recompute_op::RecomputedGrads;
 use crate::storage_swap;
 use crate::unit_op::UnitOp;
 use crate::zero3::ShardedOptions;
@@ -21,7 +22,9 @@ use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 use std::sync::{Arc, Mutex, MutexGuard};
-use wick_core::{lock, ActivationCheckpointing, Collective, ParamInit, UnitFn, UnitPlan};
+use wick_core::{
+    lock, ActivationCheckpointing, Collective, ParamInit, RecomputeFn, UnitFn, UnitPlan,
+};
 
 /// One wrapped unit: its layout, this rank's shard, and this step's gathered buffer.
 pub(crate) struct ShardedUnit {
@@ -79,6 +82,8 @@ pub(crate) struct ShardedParams {
     pub(crate) sync: Arc<KeptGrads>,
     /// The first step's record of which parameters backward reached.
     pub(crate) param_use: Arc<ParamUse>,
+    /// The shard gradients of recomputed units' backward, added after the loss's.
+    pub(crate) recomputed: Arc<RecomputedGrads>,
 }
 
 impl ShardedParams {
@@ -102,6 +107,7 @@ impl ShardedParams {
             device,
             sync: Arc::default(),
             param_use: Arc::default(),
+            recomputed: Arc::default(),
             state: Mutex::new(State {
                 units: Vec::new(),
                 open_unit: None,
@@ -295,12 +301,15 @@ impl wick_core::ParamSource for ShardedParams {
         self.shard_unit(unit)
     }
 
-    fn unit_plan(&self, _unit: usize) -> UnitPlan {
+    fn unit_plan(&self, unit: usize) -> UnitPlan {
         let compute_dtype = self.precision.map(|p| p.param_dtype);
         if self.reshard_after_forward {
             UnitPlan::PerUse { compute_dtype }
         } else {
-            UnitPlan::GatheredPerStep { compute_dtype }
+            UnitPlan::GatheredPerStep {
+                compute_dtype,
+                recompute: self.activation_checkpointing.recomputes(unit),
+            }
         }
     }
 
@@ -339,6 +348,16 @@ impl wick_core::ParamSource for ShardedParams {
             self.param_use.hand_out(&out, || names);
         }
         Ok(out)
+    }
+
+    fn recompute_unit(
+        &self,
+        _unit: usize,
+        input: &Tensor,
+        run: RecomputeFn,
+    ) -> candle_core::Result<Tensor> {
+        self.recomputed
+            .apply(input, run, Some(self.param_use.clone()))
     }
 
     fn unit_params(&self, unit: usize) -> candle_core::Result<VarBuilder<'static>> {

@@ -18,6 +18,7 @@ use crate::flat_grad::flatten_consuming;
 use crate::flat_layout::FlatLayout;
 use crate::gather_op::reduce_to_shard;
 use crate::kept_grads::KeptGrads;
+use crate::op_tensors::{host_storage, host_tensor, input_var};
 use crate::param_use::ParamUse;
 use crate::prefetch::{gather, Prefetcher};
 use crate::sharded_params::unit_var_builder;
@@ -54,39 +55,6 @@ pub(crate) struct KeptGraph {
     /// One variable per parameter, empty until backward refills them.
     params: Vec<(String, Var)>,
     out: Tensor,
-}
-
-/// The input as a variable of the unit's own graph, when it can take a gradient, and the
-/// tensor the unit runs on (cut from any graph outside the unit).
-fn input_var(input: &Tensor) -> Result<(Option<Var>, Tensor)> {
-    Ok(match input.dtype() {
-        DType::F32 | DType::F16 | DType::BF16 | DType::F64 => {
-            let v = Var::from_tensor(&input.detach())?;
-            let t = v.as_tensor().clone();
-            (Some(v), t)
-        }
-        _ => (None, input.detach()),
-    })
-}
-
-/// A tensor holding a copy of a CPU storage's contiguous elements.
-fn host_tensor(storage: &CpuStorage, layout: &Layout) -> Result<Tensor> {
-    let (start, end) = layout
-        .contiguous_offsets()
-        .ok_or_else(|| candle_core::Error::Msg("wick unit: inputs must be contiguous".into()))?;
-    let shape = layout.shape().clone();
-    match storage {
-        CpuStorage::F32(v) => Tensor::from_slice(&v[start..end], shape, &Device::Cpu),
-        CpuStorage::U32(v) => Tensor::from_slice(&v[start..end], shape, &Device::Cpu),
-        CpuStorage::I64(v) => Tensor::from_slice(&v[start..end], shape, &Device::Cpu),
-        CpuStorage::U8(v) => Tensor::from_slice(&v[start..end], shape, &Device::Cpu),
-        CpuStorage::BF16(v) => Tensor::from_slice(&v[start..end], shape, &Device::Cpu),
-        CpuStorage::F16(v) => Tensor::from_slice(&v[start..end], shape, &Device::Cpu),
-        other => candle_core::bail!(
-            "wick unit: unsupported input dtype {:?}",
-            candle_core::backend::BackendStorage::dtype(other)
-        ),
-    }
 }
 
 impl UnitOp {
@@ -187,15 +155,7 @@ impl CustomOp2 for UnitOp {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let out = self.forward(&host_tensor(s1, l1)?, &host_tensor(s2, l2)?)?;
-        let shape = out.shape().clone();
-        let out = out.flatten_all()?;
-        let storage = match out.dtype() {
-            DType::BF16 => CpuStorage::BF16(out.to_vec1()?),
-            DType::F16 => CpuStorage::F16(out.to_vec1()?),
-            _ => CpuStorage::F32(out.to_dtype(DType::F32)?.to_vec1()?),
-        };
-        Ok((storage, shape))
+        host_storage(&self.forward(&host_tensor(s1, l1)?, &host_tensor(s2, l2)?)?)
     }
 
     #[cfg(feature = "cuda")]

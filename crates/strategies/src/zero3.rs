@@ -95,6 +95,13 @@ impl Zero3 {
         }
     }
 
+    /// Recompute the wrapped units `ac` picks in backward instead of keeping their
+    /// activations (activation checkpointing).
+    pub fn with_activation_checkpointing(mut self, ac: ActivationCheckpointing) -> Self {
+        self.options.activation_checkpointing = ac;
+        self
+    }
+
     /// Auto-wrap policy: a wrapped block whose name starts with one of `prefixes` is a unit
     /// of its own (gathered and freed on its own); every other block joins one root unit.
     /// Changing the policy changes the sharding granularity without touching model code.
@@ -222,6 +229,10 @@ impl Strategy for Zero3 {
         self.clip = max_norm;
     }
 
+    fn set_activation_checkpointing(&mut self, ac: ActivationCheckpointing) {
+        self.options.activation_checkpointing = ac;
+    }
+
     fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<()> {
         if let Some(source) = &self.source {
             source.sync.set(sync);
@@ -242,6 +253,11 @@ impl Strategy for Zero3 {
         // Free the gathered parameters whether or not backward succeeded.
         self.release_gathered();
         self.grads.add(&self.shards, store?)?;
+        if let Some(source) = &self.source {
+            for store in source.recomputed.take() {
+                self.grads.add(&self.shards, store)?;
+            }
+        }
         Ok(())
     }
 

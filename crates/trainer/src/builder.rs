@@ -5,7 +5,7 @@ use crate::{ModelCheckpoint, TrainerError};
 use std::path::PathBuf;
 use std::time::Duration;
 use wick_accelerator::{Accelerator, DeviceKind, ThreadBudget};
-use wick_core::{Callback, Strategy};
+use wick_core::{ActivationCheckpointing, Callback, Strategy};
 use wick_strategies::{StrategyKind, StrategySpec};
 
 /// Settings every rank reads.
@@ -51,6 +51,7 @@ pub struct TrainerBuilder {
     progress: bool,
     model_summary: bool,
     gradient_clip_val: Option<f64>,
+    activation_checkpointing: Option<ActivationCheckpointing>,
     accumulate_grad_batches: usize,
     collective_timeout: Option<Duration>,
     checkpoint: Option<ModelCheckpoint>,
@@ -184,6 +185,15 @@ impl TrainerBuilder {
         self
     }
 
+    /// Which wrapped units recompute their forward in backward instead of keeping their
+    /// activations (torchtitan's `activation_checkpoint.mode`), under any strategy. Default:
+    /// the strategy's own setting, which is [`ActivationCheckpointing::None`] unless it was
+    /// built with another.
+    pub fn activation_checkpointing(mut self, ac: ActivationCheckpointing) -> Self {
+        self.activation_checkpointing = Some(ac);
+        self
+    }
+
     /// Accumulate gradients over this many global batches per optimizer step (default 1).
     /// No gradient collective runs before the last of them.
     pub fn accumulate_grad_batches(mut self, batches: usize) -> Self {
@@ -224,7 +234,7 @@ impl TrainerBuilder {
         if let Some(t) = self.collective_timeout {
             accelerator = accelerator.with_collective_timeout(t);
         }
-        let strategy = match self.strategy {
+        let mut strategy = match self.strategy {
             StrategyChoice::Instance(s) => s,
             StrategyChoice::Default => {
                 let kind = match world_size {
@@ -237,6 +247,9 @@ impl TrainerBuilder {
             StrategyChoice::Spec(spec) => spec.build()?,
         };
         strategy.check_world_size(world_size)?;
+        if let Some(ac) = self.activation_checkpointing {
+            strategy.set_activation_checkpointing(ac);
+        }
         if self.accumulate_grad_batches == 0 {
             return Err(TrainerError::config(
                 "accumulate_grad_batches",
@@ -333,6 +346,7 @@ impl Trainer {
             progress: true,
             model_summary: true,
             gradient_clip_val: None,
+            activation_checkpointing: None,
             accumulate_grad_batches: 1,
             collective_timeout: None,
             checkpoint: None,
