@@ -9,7 +9,9 @@
 //! - Under full_shard a training step holds, beyond the parameter shards, no more than the
 //!   gradient shards, the kept activations and three units per rank (docs/design.md: the
 //!   unit in backward, its gradient and the prefetched neighbour); recomputing every unit
-//!   (activation checkpointing) holds less, by at least one activation per unit.
+//!   (activation checkpointing) holds less, by at least one activation per unit, and an
+//!   evaluation's forward (`no_grad`) keeps no more than a recomputing one.
+//! - Activation checkpointing lowers the step's peak under every strategy.
 
 mod counting_allocator;
 
@@ -174,6 +176,26 @@ fn full_shard_step_growth(prefetch: bool, ac: ActivationCheckpointing) -> (usize
     (max(|o| o.0), max(|o| o.1))
 }
 
+/// What the heap holds after a forward of the deep model under full_shard at W = 2 that no
+/// backward follows (`no_grad`, as the trainer evaluates), on `STEP_ROWS` rows.
+fn held_after_evaluation_forward() -> usize {
+    let outcomes = ThreadWorld::new(2).run(|comm| {
+        let world: Arc<dyn Collective> = Arc::new(comm);
+        let mut s = Fsdp::new(FsdpSharding::FullShard).build();
+        let units = deep_model(s.as_mut(), &world, false, OptimizerConfig::sgd(0.1))?;
+        world.barrier()?;
+        let before = heap::current();
+        let loss = wick::core::no_grad(|| deep_loss(&units, STEP_ROWS))?;
+        world.barrier()?;
+        let held = heap::current().saturating_sub(before);
+        world.barrier()?;
+        drop(loss);
+        s.free_gathered();
+        Ok::<_, wick::core::Error>(held)
+    });
+    outcomes.into_iter().map(|o| o.unwrap()).max().unwrap()
+}
+
 /// Peak heap growth of the whole process over one training step of the deep model (after
 /// a first one) under `strategy` at W = 2 (1 for `single`), on `rows` rows.
 fn step_growth(strategy: &str, ac: ActivationCheckpointing, rows: usize) -> usize {
@@ -282,6 +304,11 @@ fn memory_bounds() {
                 && kept_held < 2 * (DEEP_UNITS * 4 + 2) * activation + unit,
             "forward held {kept_held} bytes with activations kept, {recomputed_held} recomputing (activations of {activation}, units of {unit})"
         );
+        let evaluating = held_after_evaluation_forward();
+        assert!(
+            evaluating <= recomputed_held,
+            "an evaluation's forward held {evaluating} bytes, a recomputing training forward {recomputed_held}: no_grad must keep no unit's activations"
+        );
         assert!(
             recomputed + 2 * DEEP_UNITS * activation <= kept,
             "recomputing every unit grew the step by {recomputed} bytes, keeping activations by {kept}: less than one activation per unit and rank ({activation}) apart"
@@ -290,9 +317,9 @@ fn memory_bounds() {
 
     // Activation checkpointing lowers every strategy's peak: each unit's matmul, bias and
     // tanh outputs go, and only one unit's come back at a time, in backward, with that
-    // backward's own temporaries. At 1024 rows an activation is two units, so activations,
+    // backward's own temporaries. At 512 rows an activation is a unit, so activations,
     // not parameters, set the peak.
-    let rows = 4 * STEP_ROWS;
+    let rows = 2 * STEP_ROWS;
     let activation = rows * DEEP_WIDTH * 4;
     for strategy in STRATEGIES {
         let kept = step_growth(strategy, ActivationCheckpointing::None, rows);
