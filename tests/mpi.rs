@@ -185,6 +185,19 @@ fn collectives(world: &MpiWorld) {
             let all = f(values(r, 11));
             c.all_reduce_in_place(&all, op).unwrap();
             out.extend([back(&shard), back(&all)]);
+            // The same, started ahead: both in flight at once (their inputs dropped by the
+            // caller), a blocking call between, and an empty shard on rank 0.
+            let started = Tensor::zeros(shard_len(r), dtype, &Device::Cpu).unwrap();
+            let scatter = c.reduce_scatter_start(&f(values(r, total)), &started, op);
+            let all_started = f(values(r, 11));
+            let reduce = c.all_reduce_start(&all_started, op);
+            let started0 = Tensor::zeros(empty_first(r), dtype, &Device::Cpu).unwrap();
+            let scatter0 = c.reduce_scatter_start(&f(values(r, total0)), &started0, op);
+            c.barrier().unwrap();
+            for work in [scatter, reduce, scatter0] {
+                work.unwrap().wait().unwrap();
+            }
+            out.extend([back(&started), back(&all_started), back(&started0)]);
         }
         let b = f(values(r, 6));
         c.broadcast_in_place(&b, w - 1).unwrap();

@@ -15,6 +15,8 @@ mod zero3;
 mod step_options;
 // FSDP: sharding strategies, re-gather in backward, weight tying.
 mod fsdp;
+// Gradient collectives issued during backward, waited for in order before the step.
+mod overlap;
 // Checkpoints: resume, reshard, consolidate, pretrained init, keeping rules, crash safety.
 mod checkpoint;
 // Bad checkpoint files: clear errors, never a panic, never a touched good checkpoint.

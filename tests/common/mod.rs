@@ -378,10 +378,11 @@ pub fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// A world that records every call (name and length) before passing it on.
+/// A world that records every call (name and length) before passing it on, and the wait
+/// of every call started ahead (`wait:` and the call's entry).
 pub struct Recording {
     pub inner: std::sync::Arc<dyn wick::core::Collective>,
-    pub log: std::sync::Mutex<Vec<String>>,
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Recording {
@@ -389,7 +390,7 @@ impl Recording {
     pub fn over(world: impl Collective + 'static) -> std::sync::Arc<Self> {
         std::sync::Arc::new(Recording {
             inner: std::sync::Arc::new(world),
-            log: std::sync::Mutex::default(),
+            log: Default::default(),
         })
     }
 
@@ -398,6 +399,23 @@ impl Recording {
             .lock()
             .unwrap()
             .push(format!("{op}({})", t.elem_count()));
+    }
+
+    /// Records a call started ahead, and its wait when it comes.
+    fn started(
+        &self,
+        op: &str,
+        t: &Tensor,
+        work: Result<Work, CollectiveError>,
+    ) -> Result<Work, CollectiveError> {
+        self.note(op, t);
+        let (log, entry) = (self.log.clone(), format!("wait:{op}({})", t.elem_count()));
+        let work = work?;
+        Ok(Work::pending(move || {
+            let done = work.wait();
+            log.lock().unwrap().push(entry);
+            done
+        }))
     }
 }
 
@@ -445,7 +463,22 @@ impl Collective for Recording {
         self.inner.split(color)
     }
     fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
-        self.note("all_gather_start", full);
-        self.inner.all_gather_start(shard, full)
+        self.started(
+            "all_gather_start",
+            full,
+            self.inner.all_gather_start(shard, full),
+        )
+    }
+    fn reduce_scatter_start(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Work, CollectiveError> {
+        let work = self.inner.reduce_scatter_start(full, shard, op);
+        self.started("reduce_scatter_start", full, work)
+    }
+    fn all_reduce_start(&self, t: &Tensor, op: ReduceOp) -> Result<Work, CollectiveError> {
+        self.started("all_reduce_start", t, self.inner.all_reduce_start(t, op))
     }
 }

@@ -105,6 +105,28 @@ pub trait Collective: Send + Sync {
         Ok(Work::done())
     }
 
+    /// Issues a reduce-scatter to be waited on later (a gradient's reduction overlapped
+    /// with the rest of backward): `shard` holds the result once [`Work::wait`] returns,
+    /// and `full` must not change before then. The default completes it at once; worlds
+    /// with a progress engine override it.
+    fn reduce_scatter_start(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Work, CollectiveError> {
+        self.reduce_scatter_into(full, shard, op)?;
+        Ok(Work::done())
+    }
+
+    /// Issues an in-place all-reduce to be waited on later (a bucket of gradients reduced
+    /// while backward goes on): `tensor` holds the result once [`Work::wait`] returns and
+    /// must not be read or written before then. The default completes it at once.
+    fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, CollectiveError> {
+        self.all_reduce_in_place(tensor, op)?;
+        Ok(Work::done())
+    }
+
     /// [`Collective::all_gather_into`] with the output in host memory: the bytes of
     /// `full`, of `shard`'s dtype, for code that must produce an owned host buffer (an
     /// autograd op's CPU forward). The default gathers into a tensor and copies it out;
@@ -186,7 +208,21 @@ impl<C: Collective + ?Sized> Collective for std::sync::Arc<C> {
     fn all_gather_host(&self, shard: &Tensor, full: &mut [u8]) -> Result<(), CollectiveError> {
         (**self).all_gather_host(shard, full)
     }
+    fn reduce_scatter_start(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Work, CollectiveError> {
+        (**self).reduce_scatter_start(full, shard, op)
+    }
+    fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, CollectiveError> {
+        (**self).all_reduce_start(tensor, op)
+    }
     fn split(&self, color: usize) -> Result<std::sync::Arc<dyn Collective>, CollectiveError> {
         (**self).split(color)
+    }
+    fn all_reduce_scalar(&self, value: f32, op: ReduceOp) -> Result<f32, CollectiveError> {
+        (**self).all_reduce_scalar(value, op)
     }
 }

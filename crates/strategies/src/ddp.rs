@@ -2,16 +2,15 @@
 //!
 //! Gradients are copied into flat buckets of about `bucket_cap_bytes`, filled in reverse
 //! registration order (the order backward produces them, as in PyTorch's DDP), and each
-//! bucket is one all-reduce. Every rank then applies the same update to the same
+//! bucket is one all-reduce, issued during backward as soon as the bucket is full
+//! ([`crate::bucket_reduce`]). Every rank then applies the same update to the same
 //! parameters, so replicas stay identical without a broadcast.
 
+use crate::bucket_reduce::{buckets, DEFAULT_BUCKET_CAP_BYTES};
 use crate::replicated::ReplicatedState;
 use crate::replicated_strategy::{GradReduce, Replicated};
-use candle_core::{Tensor, Var};
-use wick_core::{ReduceOp, Result, Sharding};
-
-/// PyTorch DDP's default bucket size.
-const DEFAULT_BUCKET_CAP_BYTES: usize = 25 << 20;
+use candle_core::Var;
+use wick_core::{Result, Sharding};
 
 /// Distributed data parallel.
 pub type Ddp = Replicated<BucketedAllReduce>;
@@ -58,50 +57,18 @@ impl Default for Ddp {
 impl BucketedAllReduce {
     /// Buckets of `params` in reverse order, each up to the cap (or one larger parameter).
     fn buckets(&self, params: &[Var]) -> Vec<Vec<usize>> {
-        let mut buckets = Vec::new();
-        let mut current = Vec::new();
-        let mut bytes = 0;
-        for (i, p) in params.iter().enumerate().rev() {
-            let size = p.elem_count() * p.dtype().size_in_bytes();
-            if !current.is_empty() && bytes + size > self.bucket_cap_bytes {
-                buckets.push(std::mem::take(&mut current));
-                bytes = 0;
-            }
-            current.push(i);
-            bytes += size;
-        }
-        if !current.is_empty() {
-            buckets.push(current);
-        }
-        buckets
+        buckets(params, self.bucket_cap_bytes)
     }
 }
 
 impl GradReduce for BucketedAllReduce {
     fn step(&self, name: &str, state: &mut ReplicatedState) -> Result<()> {
-        let mut grads = state.take_grads()?;
-        let world = state.world(name)?;
-        for bucket in self.buckets(&state.params) {
-            let parts = bucket
-                .iter()
-                .map(|&i| grads[i].flatten_all())
-                .collect::<candle_core::Result<Vec<_>>>()?;
-            // A fresh buffer even for one gradient (where `cat` would hand back the same
-            // storage): candle gives both operands of an add one shared gradient, and the
-            // all-reduce below works in place.
-            let flat = match parts.as_slice() {
-                [one] => one.copy()?,
-                _ => Tensor::cat(&parts, 0)?,
-            };
-            world.all_reduce_in_place(&flat, ReduceOp::Mean)?;
-            let mut offset = 0;
-            for &i in &bucket {
-                let n = grads[i].elem_count();
-                grads[i] = flat.narrow(0, offset, n)?.reshape(grads[i].shape())?;
-                offset += n;
-            }
-        }
+        let grads = state.averaged_grads(name, self.buckets(&state.params))?;
         state.apply(name, grads)
+    }
+
+    fn overlapped_buckets(&self, params: &[Var]) -> Option<Vec<Vec<usize>>> {
+        Some(self.buckets(params))
     }
 
     fn sharding(&self) -> Sharding {

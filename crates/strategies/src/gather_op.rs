@@ -2,8 +2,8 @@
 //!
 //! Forward: one all-gather of every rank's shard (in the compute dtype). Backward: one
 //! reduce-scatter (mean over ranks, in the reduce dtype) of the full buffer's gradient into
-//! the shard's f32 gradient. Backward runs these in the order backward visits the graph,
-//! which is the same on every rank for the same graph.
+//! the shard's gradient, issued and left in flight ([`KeptGrads`]). Backward issues these
+//! in the order it visits the graph, which is the same on every rank for the same graph.
 
 use crate::kept_grads::KeptGrads;
 #[cfg(feature = "cuda")]
@@ -11,7 +11,7 @@ use crate::prefetch::gather;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor};
 use half::{bf16, f16};
 use std::sync::Arc;
-use wick_core::{Collective, ReduceOp};
+use wick_core::Collective;
 
 /// Gathers a shard of `padded / world_size` elements into `padded` elements.
 pub(crate) struct GatherOp {
@@ -88,6 +88,8 @@ impl CustomOp1 for GatherOp {
         Ok((storage_of(&full)?, Shape::from(self.padded)))
     }
 
+    /// The shard's gradient is reduce-scattered while backward goes on, and reaches the
+    /// strategy through `sync`, not this op's return value.
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         reduce_to_shard(
             self.world.as_ref(),
@@ -95,27 +97,25 @@ impl CustomOp1 for GatherOp {
             self.unit,
             grad,
             self.reduce_dtype,
-            arg.elem_count(),
-        )
+            arg,
+        )?;
+        Ok(None)
     }
 }
 
-/// The shard's f32 gradient from a unit's full flat gradient: one reduce-scatter (mean over
-/// ranks) in `reduce_dtype`, or `None` while gradients are kept local for accumulation.
+/// Issues the reduce-scatter (mean over ranks, in `reduce_dtype`) of a unit's full flat
+/// gradient into `shard`'s gradient, left in flight in `sync` (the strategy collects it after
+/// backward); or keeps the gradient local while accumulating micro-batches.
 pub(crate) fn reduce_to_shard(
     world: &dyn Collective,
     sync: &KeptGrads,
     unit: usize,
     grad: &Tensor,
     reduce_dtype: DType,
-    shard_len: usize,
-) -> Result<Option<Tensor>> {
-    let Some(grad) = sync.settle(unit, grad.to_dtype(reduce_dtype)?.contiguous()?)? else {
-        return Ok(None);
-    };
-    let shard_grad = Tensor::zeros(shard_len, reduce_dtype, grad.device())?;
-    world
-        .reduce_scatter_into(&grad, &shard_grad, ReduceOp::Mean)
-        .map_err(candle_core::Error::wrap)?;
-    Ok(Some(shard_grad.to_dtype(DType::F32)?))
+    shard: &Tensor,
+) -> Result<()> {
+    match sync.settle(unit, grad.to_dtype(reduce_dtype)?.contiguous()?)? {
+        Some(grad) => sync.reduce_scatter(world, shard, &grad),
+        None => Ok(()),
+    }
 }

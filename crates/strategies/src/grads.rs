@@ -27,6 +27,16 @@ impl GradAccumulator {
         Ok(())
     }
 
+    /// Whether no gradient was added since the last take.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.grads.iter().all(Option::is_none)
+    }
+
+    /// The accumulated gradients, `None` for a parameter that received none; clears them.
+    pub(crate) fn take_partial(&mut self) -> Vec<Option<Tensor>> {
+        std::mem::take(&mut self.grads)
+    }
+
     /// The accumulated gradients, zeros for a parameter that received none; clears them.
     pub(crate) fn take(&mut self, params: &[Var]) -> Result<Vec<Tensor>> {
         let grads = std::mem::take(&mut self.grads);

@@ -11,6 +11,7 @@
 //! world (threads, MPI, NCCL) without knowing which, and on any device: the autograd ops that
 //! move data have a CUDA forward with the `cuda` feature.
 
+mod bucket_reduce;
 mod clip;
 mod ddp;
 #[cfg(feature = "cuda")]

@@ -1,6 +1,7 @@
 //! Replicated parameters: every rank holds every parameter in full. The state of the
 //! [`Replicated`](crate::Replicated) strategies (single, ddp, zero1, zero2).
 
+use crate::bucket_reduce::{all_reduce_buckets, backward_handing_over, BucketReduction};
 use crate::clip::clip_grad_norm;
 use crate::flat_layout::FlatLayout;
 use crate::grads::GradAccumulator;
@@ -104,6 +105,10 @@ pub(crate) struct ReplicatedState {
     recomputed: Arc<RecomputedGrads>,
     /// What the last looking backward found.
     pub(crate) unused: Vec<String>,
+    /// The bucket all-reduces the last backward issued (ddp, zero1), until the step waits.
+    in_flight: Option<BucketReduction>,
+    /// Gradients already averaged by a reducing backward no step followed.
+    reduced: Option<Vec<Tensor>>,
 }
 
 impl ReplicatedState {
@@ -180,10 +185,19 @@ impl ReplicatedState {
         }
         self.optimizer = Some(Optimizer::new(config));
         self.grads = GradAccumulator::default();
+        self.in_flight = None;
+        self.reduced = None;
         Ok(())
     }
 
-    pub(crate) fn backward(&mut self, loss: &Tensor) -> Result<()> {
+    /// Back-propagates `loss`, adding the gradients to those of earlier micro-batches. With
+    /// `buckets` (the last backward before a step, under ddp and zero1) each bucket's
+    /// all-reduce is issued while backward runs; [`Self::averaged_grads`] waits for them.
+    pub(crate) fn backward(
+        &mut self,
+        loss: &Tensor,
+        buckets: Option<Vec<Vec<usize>>>,
+    ) -> Result<()> {
         if std::mem::take(&mut self.find_unused) {
             let handed = self.params.iter().zip(&self.names);
             self.unused = unreached(
@@ -191,10 +205,44 @@ impl ReplicatedState {
                 handed.map(|(p, n)| (Some(p.id()), std::slice::from_ref(n))),
             );
         }
-        let store = loss.backward()?;
-        self.grads.add(&self.params, store)?;
-        for store in self.recomputed.take() {
-            // A recomputed unit's parameters are in its own graph, not the loss's.
+        self.settle_reduced()?;
+        let Some(buckets) = buckets else {
+            let store = loss.backward()?;
+            self.grads.add(&self.params, store)?;
+            let recomputed = self.recomputed.take();
+            self.keep_reached(&recomputed);
+            for store in recomputed {
+                self.grads.add(&self.params, store)?;
+            }
+            return Ok(());
+        };
+        let world = self.world("replicated")?.clone();
+        let mut reduction = BucketReduction::new(&self.params, buckets, self.grads.take_partial());
+        let store = backward_handing_over(loss, &mut |var, grad| {
+            reduction.ready(world.as_ref(), var, grad)
+        });
+        let recomputed = self.recomputed.take();
+        self.keep_reached(&recomputed);
+        let issued = match store {
+            Ok(store) => {
+                let stores = [store].into_iter().chain(recomputed);
+                reduction.issue_rest(world.as_ref(), stores)
+            }
+            Err(e) => Err(reduction.failure(e)),
+        };
+        if let Err(e) = issued {
+            // Nothing is left writing into a buffer once this returns.
+            let _ = reduction.wait();
+            return Err(e);
+        }
+        self.in_flight = Some(reduction);
+        Ok(())
+    }
+
+    /// A recomputed unit's parameters are in its own graph, not the loss's: those its
+    /// backward reached are not unused.
+    fn keep_reached(&mut self, recomputed: &[candle_core::backprop::GradStore]) {
+        for store in recomputed {
             self.unused.retain(|name| {
                 !self
                     .names
@@ -202,9 +250,40 @@ impl ReplicatedState {
                     .zip(&self.params)
                     .any(|(n, p)| n == name && store.get(p).is_some())
             });
-            self.grads.add(&self.params, store)?;
+        }
+    }
+
+    /// Waits for the bucket all-reduces in flight, keeping their averaged gradients.
+    fn settle_reduced(&mut self) -> Result<()> {
+        if let Some(reduction) = self.in_flight.take() {
+            let grads = reduction.wait()?;
+            self.reduced = Some(match self.reduced.take() {
+                Some(earlier) => add_all(earlier, grads)?,
+                None => grads,
+            });
         }
         Ok(())
+    }
+
+    /// Every parameter's gradient averaged over the ranks: what backward reduced as it ran,
+    /// plus the all-reduce in `buckets` of what is still local.
+    pub(crate) fn averaged_grads(
+        &mut self,
+        strategy: &str,
+        buckets: Vec<Vec<usize>>,
+    ) -> Result<Vec<Tensor>> {
+        self.settle_reduced()?;
+        let reduced = self.reduced.take();
+        if let (Some(reduced), true) = (&reduced, self.grads.is_empty()) {
+            return Ok(reduced.clone());
+        }
+        let local = self.take_grads()?;
+        let world = self.world(strategy)?;
+        let averaged = all_reduce_buckets(world.as_ref(), &self.params, buckets, local)?;
+        Ok(match reduced {
+            Some(reduced) => add_all(reduced, averaged)?,
+            None => averaged,
+        })
     }
 
     /// The accumulated gradients, cleared for the next step.
@@ -333,6 +412,11 @@ impl ReplicatedState {
 }
 
 /// Bytes behind a tensor's elements.
+/// `a[i] + b[i]` for every i.
+fn add_all(a: Vec<Tensor>, b: Vec<Tensor>) -> candle_core::Result<Vec<Tensor>> {
+    a.into_iter().zip(b).map(|(a, b)| a + b).collect()
+}
+
 pub(crate) fn tensor_bytes(t: &Tensor) -> usize {
     t.elem_count() * t.dtype().size_in_bytes()
 }

@@ -6,7 +6,7 @@
 //! what it shards and the step itself.
 
 use crate::replicated::ReplicatedState;
-use candle_core::{Device, Shape, Tensor};
+use candle_core::{Device, Shape, Tensor, Var};
 use std::sync::Arc;
 use wick_core::{
     ActivationCheckpointing, Collective, GradSync, OptimizerConfig, RankState, Result,
@@ -27,6 +27,12 @@ pub(crate) trait GradReduce: Clone + Send + 'static {
 
     /// What the strategy shards.
     fn sharding(&self) -> Sharding;
+
+    /// The buckets of `params` whose all-reduce the last backward before a step issues
+    /// while it runs; `None` where the step reduces otherwise.
+    fn overlapped_buckets(&self, _params: &[Var]) -> Option<Vec<Vec<usize>>> {
+        None
+    }
 }
 
 /// A strategy whose ranks all hold every parameter, reducing gradients with `R`. Used
@@ -122,8 +128,12 @@ impl<R: GradReduce> Strategy for Replicated<R> {
         self.activation_checkpointing = ac;
     }
 
-    fn backward(&mut self, loss: &Tensor, _sync: GradSync) -> Result<()> {
-        self.state.backward(loss)
+    fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<()> {
+        let buckets = match sync {
+            GradSync::Reduce => self.reduce.overlapped_buckets(&self.state.params),
+            _ => None,
+        };
+        self.state.backward(loss, buckets)
     }
 
     fn find_unused_parameters(&mut self) {

@@ -1,7 +1,8 @@
 //! The unit op of full sharding: (input, flat shard) -> output for one wrapped unit.
 //!
 //! Forward gathers the unit, runs it, and gives its gathered parameters back before
-//! returning. Backward reduce-scatters the parameter gradient into the shard. Between the
+//! returning. Backward issues the reduce-scatter of the parameter gradient into the shard
+//! and goes on while it is in flight. Between the
 //! two, a unit either keeps its activations or recomputes them:
 //! - kept (PyTorch FSDP's way, the default): forward runs with a graph over one variable
 //!   per parameter, then releases those variables' memory while the graph stays
@@ -234,14 +235,16 @@ impl CustomOp2 for UnitOp {
         drop(grads);
         drop(params);
         let flat_grad = flatten_consuming(parts, &self.layout, self.param_dtype, &self.device)?;
-        let shard_grad = reduce_to_shard(
+        // In flight while backward goes on to the units before this one; the shard's
+        // gradient reaches the strategy through `sync`, not this op's return value.
+        reduce_to_shard(
             self.world.as_ref(),
             &self.sync,
             self.unit,
             &flat_grad,
             self.reduce_dtype,
-            shard.elem_count(),
+            shard,
         )?;
-        Ok((input_grad, shard_grad))
+        Ok((input_grad, None))
     }
 }

@@ -1,12 +1,13 @@
 //! ZeRO stages 1 and 2: replicated parameters, optimizer state (and, at stage 2, gradients)
 //! sharded over the ranks.
 //!
-//! All parameters form one flat layout padded to a multiple of W. At each step stage 1
-//! flattens the gradients, all-reduces them and keeps its range; stage 2 reduce-scatters
+//! All parameters form one flat layout padded to a multiple of W. Stage 1 all-reduces the
+//! gradients in buckets, as ddp does (issued during backward), and keeps its range; stage 2 reduce-scatters
 //! them so only the range survives, in rounds that never build the full flat gradient. Each
 //! rank steps its range of the parameters with its shard of optimizer state, then all-gathers
 //! hand every rank the updated parameters.
 
+use crate::bucket_reduce::{buckets, DEFAULT_BUCKET_CAP_BYTES};
 use crate::clip::clip_grad_norm;
 use crate::flat_grad::flatten_consuming;
 use crate::flat_layout::FlatLayout;
@@ -33,6 +34,8 @@ pub type Zero = Replicated<ZeroReduce>;
 pub struct ZeroReduce {
     stage: Stage,
     chunk: usize,
+    /// Stage 1's all-reduce buckets (as ddp's).
+    bucket_cap_bytes: usize,
 }
 
 impl Zero {
@@ -52,6 +55,7 @@ impl Zero {
             ZeroReduce {
                 stage,
                 chunk: DEFAULT_CHUNK,
+                bucket_cap_bytes: DEFAULT_BUCKET_CAP_BYTES,
             },
         )
     }
@@ -61,6 +65,13 @@ impl Zero {
     /// rounds use less memory and more calls.
     pub fn with_chunk(mut self, elements: usize) -> Self {
         self.reduce_mut().chunk = elements.max(1);
+        self
+    }
+
+    /// Stage 1's all-reduce bucket size in bytes (default 25 MiB, as ddp's); stage 2 does
+    /// not use it.
+    pub fn with_bucket_cap_bytes(mut self, bytes: usize) -> Self {
+        self.reduce_mut().bucket_cap_bytes = bytes.max(1);
         self
     }
 }
@@ -175,7 +186,6 @@ impl GradReduce for ZeroReduce {
         let rank = world.rank();
         let range = layout.shard(rank);
 
-        let grads = state.take_grads()?;
         // This rank's range of the parameters, the buffer its optimizer steps in place.
         let param_shard = |params: &[Var]| -> Result<Var> {
             let params: Vec<Tensor> = params.iter().map(|v| v.as_tensor().clone()).collect();
@@ -186,10 +196,10 @@ impl GradReduce for ZeroReduce {
             Stage::One => {
                 // The full averaged gradient is kept through the step (stage 1 shards
                 // only the optimizer state); its buffer then receives the gathered update.
-                let grads = grads.into_iter().map(Some);
+                let buckets = buckets(&state.params, self.bucket_cap_bytes);
+                let grads = state.averaged_grads(name, buckets)?.into_iter().map(Some);
                 let flat_grad = flatten_consuming(grads, &layout, DType::F32, &device)?;
                 let shard = param_shard(&state.params)?;
-                world.all_reduce_in_place(&flat_grad, ReduceOp::Mean)?;
                 let flat_grad = match state.clip {
                     // Every rank holds the whole averaged gradient: the norm needs no collective.
                     Some(max_norm) => {
@@ -216,6 +226,7 @@ impl GradReduce for ZeroReduce {
             }
             Stage::Two => {
                 // The full gradients are gone before the parameter shard is copied out.
+                let grads = state.take_grads()?;
                 let shard_grad =
                     reduce_scatter_grads(world.as_ref(), self.chunk, &layout, grads, &device)?;
                 let shard = param_shard(&state.params)?;
@@ -238,6 +249,11 @@ impl GradReduce for ZeroReduce {
             }
         }
         Ok(())
+    }
+
+    /// Stage 1 averages the whole gradient, as ddp does: by buckets issued during backward.
+    fn overlapped_buckets(&self, params: &[Var]) -> Option<Vec<Vec<usize>>> {
+        (self.stage == Stage::One).then(|| buckets(params, self.bucket_cap_bytes))
     }
 
     fn sharding(&self) -> Sharding {

@@ -252,11 +252,16 @@ impl Strategy for Zero3 {
         }
         // Free the gathered parameters whether or not backward succeeded.
         self.release_gathered();
+        // Every reduce-scatter backward issued is waited for, in issue order, whether or
+        // not backward succeeded.
+        let source = self.source.as_ref();
+        let reduced = source.map(|s| s.sync.finish());
         self.grads.add(&self.shards, store?)?;
-        if let Some(source) = &self.source {
-            for store in source.recomputed.take() {
-                self.grads.add(&self.shards, store)?;
-            }
+        for store in source.into_iter().flat_map(|s| s.recomputed.take()) {
+            self.grads.add(&self.shards, store)?;
+        }
+        if let Some(reduced) = reduced {
+            self.grads.add(&self.shards, reduced?)?;
         }
         Ok(())
     }

@@ -173,10 +173,37 @@ impl Tensor {
     }
 
     pub fn backward(&self) -> Result<GradStore> {
+        self.backward_calling(None)
+    }
+
+    /// [`Tensor::backward`], handing each variable's gradient to `ready` as soon as it is
+    /// complete: once backward has run every node that takes the variable as an operand
+    /// (wick patch). The gradients handed over are not in the returned store. A
+    /// data-parallel trainer starts reducing a layer's gradients there while backward goes
+    /// on to the layers before it.
+    pub fn backward_with_ready(
+        &self,
+        ready: &mut dyn FnMut(&Tensor, Tensor) -> Result<()>,
+    ) -> Result<GradStore> {
+        self.backward_calling(Some(ready))
+    }
+
+    fn backward_calling(
+        &self,
+        mut ready: Option<&mut dyn FnMut(&Tensor, Tensor) -> Result<()>>,
+    ) -> Result<GradStore> {
         let sorted_nodes = self.sorted_nodes();
+        let complete_after = match ready {
+            Some(_) => variables_by_last_use(&sorted_nodes),
+            None => Vec::new(),
+        };
         let mut grads = GradStore::new();
         grads.insert(self, self.ones_like()?.contiguous()?);
-        for node in sorted_nodes.iter() {
+        for (i, node) in sorted_nodes.iter().enumerate() {
+            // The node before this one ran: the variables it was the last user of are done.
+            if let (Some(ready), Some(before)) = (ready.as_deref_mut(), i.checked_sub(1)) {
+                hand_over(&complete_after[before], &mut grads, ready)?;
+            }
             if node.is_variable() {
                 continue;
             }
@@ -699,8 +726,94 @@ impl Tensor {
                 };
             }
         }
+        if let (Some(ready), Some(last)) = (ready, complete_after.last()) {
+            hand_over(last, &mut grads, ready)?;
+        }
         Ok(grads)
     }
+}
+
+/// The operands of `op`, the tensors it was computed from (wick patch).
+fn operands(op: &Op) -> Vec<&Tensor> {
+    match op {
+        Op::IndexAdd(t1, t2, t3, _)
+        | Op::Scatter(t1, t2, t3, _)
+        | Op::ScatterAdd(t1, t2, t3, _)
+        | Op::CustomOp3(t1, t2, t3, _)
+        | Op::WhereCond(t1, t2, t3) => vec![t1, t2, t3],
+        Op::Conv1D { arg, kernel, .. }
+        | Op::ConvTranspose1D { arg, kernel, .. }
+        | Op::Conv2D { arg, kernel, .. }
+        | Op::ConvTranspose2D { arg, kernel, .. } => vec![arg, kernel],
+        Op::CustomOp2(lhs, rhs, _)
+        | Op::Binary(lhs, rhs, _)
+        | Op::Gather(lhs, rhs, _)
+        | Op::IndexSelect(lhs, rhs, _)
+        | Op::Matmul(lhs, rhs)
+        | Op::SliceScatter0(lhs, rhs, _) => vec![lhs, rhs],
+        Op::Cat(args, _) => args.iter().collect(),
+        Op::Affine { arg, .. }
+        | Op::UpsampleNearest1D { arg, .. }
+        | Op::UpsampleNearest2D { arg, .. }
+        | Op::UpsampleBilinear2D { arg, .. }
+        | Op::AvgPool2D { arg, .. }
+        | Op::MaxPool2D { arg, .. } => vec![arg],
+        Op::Unary(t, _)
+        | Op::Cmp(t, _)
+        | Op::Reduce(t, _, _)
+        | Op::ToDType(t)
+        | Op::Copy(t)
+        | Op::Broadcast(t)
+        | Op::Narrow(t, _, _, _)
+        | Op::Reshape(t)
+        | Op::ToDevice(t)
+        | Op::Transpose(t, _, _)
+        | Op::Permute(t, _)
+        | Op::Elu(t, _)
+        | Op::Powf(t, _)
+        | Op::CustomOp1(t, _) => vec![t],
+    }
+}
+
+/// For each position of `nodes` (in backward's order), the variables whose last user it is:
+/// after that node's backward rule runs, their gradients are complete (wick patch).
+fn variables_by_last_use<'a>(nodes: &[&'a Tensor]) -> Vec<Vec<&'a Tensor>> {
+    let uses = |i: usize| {
+        let vars = nodes[i].op().as_ref().map(operands).unwrap_or_default();
+        vars.into_iter().filter(|t| t.is_variable())
+    };
+    let mut last_use: HashMap<TensorId, usize> = HashMap::new();
+    for i in 0..nodes.len() {
+        for var in uses(i) {
+            last_use.insert(var.id(), i);
+        }
+    }
+    // In the order the node names its operands, each variable once: the same on every run.
+    (0..nodes.len())
+        .map(|i| {
+            let mut vars: Vec<&Tensor> = Vec::new();
+            for var in uses(i) {
+                if last_use[&var.id()] == i && !vars.iter().any(|v| v.id() == var.id()) {
+                    vars.push(var);
+                }
+            }
+            vars
+        })
+        .collect()
+}
+
+/// Takes the gradients of `vars` out of `grads` and hands them to `ready` (wick patch).
+fn hand_over(
+    vars: &[&Tensor],
+    grads: &mut GradStore,
+    ready: &mut dyn FnMut(&Tensor, Tensor) -> Result<()>,
+) -> Result<()> {
+    for var in vars {
+        if let Some(grad) = grads.remove(var) {
+            ready(var, grad)?;
+        }
+    }
+    Ok(())
 }
 
 /// A store for gradients, associating a tensor id to the corresponding gradient tensor, used for back propagation.

@@ -8,8 +8,9 @@
 //!
 //! Calls run on a communication stream of their own. Before a call it waits for the work
 //! issued so far on the rank's compute stream; a blocking call makes the compute stream
-//! wait for it in turn, and an all-gather started for prefetch does so only in
-//! [`Work::wait`], so the gather overlaps whatever the rank computes meanwhile.
+//! wait for it in turn, and a call started ahead (a prefetched all-gather, a gradient's
+//! reduce-scatter or a bucket's all-reduce issued during backward) does so only in
+//! [`Work::wait`], so it overlaps whatever the rank computes meanwhile.
 //!
 //! NCCL moves equal chunks: an all-gather's or reduce-scatter's full buffer must be
 //! `world_size` times the shard (the strategies' flat layouts pad to that).
@@ -340,6 +341,21 @@ impl NcclWorld {
         Ok(())
     }
 
+    /// A call issued on the communication stream that the compute stream waits for only
+    /// in [`Work::wait`], so that it overlaps whatever the rank computes meanwhile. The
+    /// call's tensors live until then: freed earlier, their memory could be handed to the
+    /// compute stream while NCCL still reads or writes it.
+    fn joined_on_wait<const N: usize>(&self, call: Call, tensors: [&Tensor; N]) -> Work {
+        let (compute, comm_stream, rank) =
+            (self.compute.clone(), self.comm_stream.clone(), self.rank);
+        let kept: Vec<Tensor> = tensors.into_iter().cloned().collect();
+        Work::pending(move || {
+            let joined = compute_waits(&compute, &comm_stream, rank, call);
+            drop(kept);
+            joined
+        })
+    }
+
     /// Bytes of device memory in use on this rank's GPU (total minus free, as the driver
     /// reports; it counts every process on the GPU).
     pub fn device_memory_used(&self) -> Result<usize, CollectiveError> {
@@ -370,11 +386,25 @@ impl Collective for NcclWorld {
     fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
         self.equal_chunks(Call::AllGather, shard, full)?;
         self.issue(Call::AllGather, full, Some(shard))?;
-        let (compute, comm_stream, rank) =
-            (self.compute.clone(), self.comm_stream.clone(), self.rank);
-        Ok(Work::pending(move || {
-            compute_waits(&compute, &comm_stream, rank, Call::AllGather)
-        }))
+        Ok(self.joined_on_wait(Call::AllGather, [shard, full]))
+    }
+
+    fn reduce_scatter_start(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Work, CollectiveError> {
+        let call = Call::ReduceScatter(op);
+        self.equal_chunks(call, shard, full)?;
+        self.issue(call, shard, Some(full))?;
+        Ok(self.joined_on_wait(call, [full, shard]))
+    }
+
+    fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, CollectiveError> {
+        let call = Call::AllReduce(op);
+        self.issue(call, tensor, None)?;
+        Ok(self.joined_on_wait(call, [tensor]))
     }
 
     fn reduce_scatter_into(

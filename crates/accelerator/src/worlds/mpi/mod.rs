@@ -27,7 +27,8 @@ use wick_core::{lock, Collective, CollectiveError, ReduceOp, Work};
 /// One rank's collectives over an MPI communicator; implements [`Collective`] for f32,
 /// bf16 and f16 CPU tensors.
 pub struct MpiWorld {
-    comm: Comm,
+    /// Shared with the reductions in flight, which finish on it when waited for.
+    comm: Arc<Comm>,
     rank: usize,
     size: usize,
     /// The receive buffer of reductions, kept so a step allocates nothing after warm-up.
@@ -49,6 +50,34 @@ impl MpiWorld {
             op: op.name(),
             message: e.0,
         }
+    }
+
+    /// [`Self::unsupported`] as a value a pending call can own.
+    fn host_error(&self, op: Op) -> impl Fn(HostAccessError) -> CollectiveError + Send + 'static {
+        let rank = self.rank;
+        move |e| CollectiveError::Unsupported {
+            rank,
+            op: op.name(),
+            message: e.0,
+        }
+    }
+
+    /// Agrees on an all-reduce of `tensor` and splits it: rank s reduces elements
+    /// [len*s/n, len*(s+1)/n), then every rank gathers them. Returns the parts' byte counts
+    /// and offsets.
+    fn all_reduce_parts(
+        &self,
+        tensor: &Tensor,
+        reduce: ReduceOp,
+    ) -> Result<(Vec<i32>, Vec<i32>), CollectiveError> {
+        let op = Op::AllReduce;
+        let (dtype, len, n) = (tensor.dtype(), tensor.elem_count(), self.size);
+        let headers = self.agree(op, dtype, reduce_code(reduce), len, 0)?;
+        self.headers(op, &headers).same_length(|h| h.src_len)?;
+        let elem = dtype.size_in_bytes();
+        let counts = self.counts(op, (0..n).map(|s| (len * (s + 1) / n - len * s / n) * elem))?;
+        let offsets = displacements(&counts);
+        Ok((counts, offsets))
     }
 
     /// An MPI count of `bytes`, or an error for buffers past MPI's `int` counts.
@@ -195,6 +224,50 @@ impl MpiWorld {
         }
         scratch
     }
+
+    /// [`Self::reduce_chunks`]'s all-to-all, nonblocking (`MPI_Ialltoallv`), into a buffer of
+    /// its own; `keep` holds `src`'s storage until the call completes.
+    fn start_exchange(
+        &self,
+        op: Op,
+        src: &[u8],
+        send: (Vec<i32>, Vec<i32>),
+        mine: usize,
+        keep: Tensor,
+    ) -> Result<Exchange, CollectiveError> {
+        let n = self.size;
+        // Never empty, so that its address is a real one (see `real`).
+        let mut received = vec![0u8; n * mine + 1];
+        let recv_counts = vec![self.count(op, mine)?; n];
+        let recv_displs = displacements(&recv_counts);
+        let (send_displs, send_counts) = send;
+        let byte = u8::equivalent_datatype().as_raw();
+        let _guard = mpi_lock();
+        // SAFETY: MPI is given a null request to fill, and buffers and count arrays that the
+        // returned `InFlight` and `Exchange` keep alive (heap memory, never moved) until
+        // MPI_Wait returns.
+        let mut request = unsafe { std::mem::zeroed::<mpi::ffi::MPI_Request>() };
+        let code = unsafe {
+            mpi::ffi::MPI_Ialltoallv(
+                address(src),
+                send_counts.as_ptr(),
+                send_displs.as_ptr(),
+                byte,
+                received.as_mut_ptr().cast(),
+                recv_counts.as_ptr(),
+                recv_displs.as_ptr(),
+                byte,
+                self.comm.0.as_raw(),
+                &mut request,
+            )
+        };
+        let keep = (keep, send_counts, send_displs, recv_counts, recv_displs);
+        Ok(Exchange {
+            call: InFlight::new(code, request, keep, self.rank, op)?,
+            received,
+            mine,
+        })
+    }
 }
 
 /// `bytes`, or, when it is empty, an empty slice of `spare`. An empty Vec's pointer is
@@ -229,6 +302,13 @@ fn address(bytes: &[u8]) -> *const std::ffi::c_void {
     }
 }
 
+/// Whether every tensor lives in host memory. The nonblocking calls hand MPI the tensors'
+/// own bytes; a device tensor would be staged through a host copy that must outlive the
+/// call, so those complete at once instead.
+fn on_host(tensors: &[&Tensor]) -> bool {
+    tensors.iter().all(|t| t.device().is_cpu())
+}
+
 /// Whether every rank's count is the same.
 fn equal(counts: &[i32]) -> bool {
     counts.iter().all(|&c| c == counts[0])
@@ -253,30 +333,94 @@ fn reduce_code(op: ReduceOp) -> usize {
     }
 }
 
-/// An `MPI_Iallgather(v)` in flight, with everything MPI reads or writes until it completes.
+/// A nonblocking MPI call in flight, with everything MPI reads or writes until it completes.
 struct InFlight {
     request: mpi::ffi::MPI_Request,
-    _counts: Vec<i32>,
-    _displs: Vec<i32>,
-    /// Keep both buffers' storage alive until the call completes.
-    _buffers: (Tensor, Tensor),
+    /// Count arrays and buffers (tensors, byte vectors) MPI reads or writes until then.
+    _keep: Box<dyn std::any::Any + Send>,
     rank: usize,
+    op: Op,
 }
 
 // SAFETY: the request and the buffers are touched only by `wait`, under `MPI_LOCK`.
 unsafe impl Send for InFlight {}
 
 impl InFlight {
+    /// Checks the code a nonblocking call returned and keeps `keep` alive until its wait.
+    fn new(
+        code: i32,
+        request: mpi::ffi::MPI_Request,
+        keep: impl std::any::Any + Send,
+        rank: usize,
+        op: Op,
+    ) -> Result<Self, CollectiveError> {
+        if code != 0 {
+            return Err(CollectiveError::Mismatch {
+                rank,
+                op: op.name(),
+                message: format!("the nonblocking MPI call returned error code {code}"),
+            });
+        }
+        Ok(InFlight {
+            request,
+            _keep: Box::new(keep),
+            rank,
+            op,
+        })
+    }
+
     fn wait(mut self) -> Result<(), CollectiveError> {
         let _guard = mpi_lock();
-        // SAFETY: `request` came from MPI_Iallgather(v) and is waited on once.
+        // SAFETY: `request` came from a nonblocking collective and is waited on once.
         let code = unsafe { mpi::ffi::MPI_Wait(&mut self.request, mpi::ffi::RSMPI_STATUS_IGNORE) };
         if code != 0 {
             return Err(CollectiveError::Unsupported {
                 rank: self.rank,
-                op: "all_gather",
+                op: self.op.name(),
                 message: format!("MPI_Wait returned error code {code}"),
             });
+        }
+        Ok(())
+    }
+}
+
+/// The all-to-all of a reduction in flight: each rank's chunk for this rank lands in
+/// `received` (`mine` bytes apiece, in rank order), to be summed once it is complete.
+struct Exchange {
+    call: InFlight,
+    received: Vec<u8>,
+    mine: usize,
+}
+
+impl Exchange {
+    /// Waits for every chunk and sums them in rank order into `out` (`mine` bytes), with
+    /// the same code as the blocking calls, so both give the same bits.
+    fn reduce_into(
+        self,
+        dtype: DType,
+        n: usize,
+        out: &mut [u8],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let Exchange {
+            call,
+            received,
+            mine,
+        } = self;
+        call.wait()?;
+        let base = received.as_ptr();
+        let elem = dtype.size_in_bytes();
+        // SAFETY: `received` holds n chunks of `mine` bytes; `out` is `mine` bytes of another
+        // buffer.
+        unsafe {
+            reduce_ranks(
+                dtype,
+                out.as_mut_ptr(),
+                mine / elem,
+                n,
+                |s| base.add(s * mine),
+                op,
+            );
         }
         Ok(())
     }
@@ -307,6 +451,10 @@ impl Collective for MpiWorld {
     /// exchange happens now, the data moves until [`Work::wait`]. `full` must not be read
     /// before then.
     fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
+        if !on_host(&[shard, full]) {
+            self.all_gather_into(shard, full)?;
+            return Ok(Work::done());
+        }
         let dtype = shard.dtype();
         let started = with_bytes_mut_from(full, shard, |dst, src| {
             let (counts, displs) =
@@ -343,19 +491,8 @@ impl Collective for MpiWorld {
                     )
                 }
             };
-            if code != 0 {
-                return Err(self.mismatch(
-                    Op::AllGather,
-                    format!("MPI_Iallgather returned error code {code}"),
-                ));
-            }
-            Ok(InFlight {
-                request,
-                _counts: counts,
-                _displs: displs,
-                _buffers: (shard.clone(), full.clone()),
-                rank: self.rank,
-            })
+            let keep = (counts, displs, shard.clone(), full.clone());
+            InFlight::new(code, request, keep, self.rank, Op::AllGather)
         })
         .map_err(self.unsupported(Op::AllGather))??;
         Ok(Work::pending(move || started.wait()))
@@ -385,16 +522,9 @@ impl Collective for MpiWorld {
     ) -> Result<(), CollectiveError> {
         let op = Op::AllReduce;
         let dtype = tensor.dtype();
-        let elem = dtype.size_in_bytes();
         let n = self.size;
+        let (counts, offsets) = self.all_reduce_parts(tensor, reduce)?;
         with_bytes_mut(tensor, |buf| {
-            let len = buf.len() / elem;
-            let headers = self.agree(op, dtype, reduce_code(reduce), len, 0)?;
-            self.headers(op, &headers).same_length(|h| h.src_len)?;
-            // Rank s reduces elements [len*s/n, len*(s+1)/n), then every rank gathers them.
-            let counts =
-                self.counts(op, (0..n).map(|s| (len * (s + 1) / n - len * s / n) * elem))?;
-            let offsets = displacements(&counts);
             let mine = counts[self.rank] as usize;
             let scratch = self.reduce_chunks(dtype, buf, (&offsets, &counts), mine, None, reduce);
             let reduced = &scratch[n * mine..(n + 1) * mine];
@@ -402,9 +532,72 @@ impl Collective for MpiWorld {
             let _guard = mpi_lock();
             let mut out = PartitionMut::new(real_mut(buf, &mut spare), counts, offsets);
             self.comm.0.all_gather_varcount_into(reduced, &mut out);
-            Ok(())
         })
-        .map_err(self.unsupported(op))?
+        .map_err(self.unsupported(op))
+    }
+
+    /// The all-to-all of [`Self::reduce_scatter_into`] as `MPI_Ialltoallv`; the local sum
+    /// in rank order runs in [`Work::wait`].
+    fn reduce_scatter_start(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        reduce: ReduceOp,
+    ) -> Result<Work, CollectiveError> {
+        if !on_host(&[full, shard]) {
+            self.reduce_scatter_into(full, shard, reduce)?;
+            return Ok(Work::done());
+        }
+        let op = Op::ReduceScatter;
+        let dtype = full.dtype();
+        let mine = shard.elem_count() * dtype.size_in_bytes();
+        let exchange = with_bytes(full, |src| {
+            let (send, offsets) =
+                self.shard_layout(op, dtype, reduce_code(reduce), mine, src.len())?;
+            self.start_exchange(op, src, (offsets, send), mine, full.clone())
+        })
+        .map_err(self.unsupported(op))??;
+        let (shard, n, unsupported) = (shard.clone(), self.size, self.host_error(op));
+        Ok(Work::pending(move || {
+            with_bytes_mut(&shard, |dst| exchange.reduce_into(dtype, n, dst, reduce))
+                .map_err(unsupported)?
+        }))
+    }
+
+    /// The all-to-all of [`Self::all_reduce_in_place`] as `MPI_Ialltoallv`; the sum of this
+    /// rank's part and the all-gather of every rank's part run in [`Work::wait`].
+    fn all_reduce_start(&self, tensor: &Tensor, reduce: ReduceOp) -> Result<Work, CollectiveError> {
+        if !on_host(&[tensor]) {
+            self.all_reduce_in_place(tensor, reduce)?;
+            return Ok(Work::done());
+        }
+        let op = Op::AllReduce;
+        let dtype = tensor.dtype();
+        let n = self.size;
+        let (counts, offsets) = self.all_reduce_parts(tensor, reduce)?;
+        let mine = counts[self.rank] as usize;
+        let exchange = with_bytes(tensor, |src| {
+            self.start_exchange(
+                op,
+                src,
+                (offsets.clone(), counts.clone()),
+                mine,
+                tensor.clone(),
+            )
+        })
+        .map_err(self.unsupported(op))??;
+        let (tensor, comm, unsupported) = (tensor.clone(), self.comm.clone(), self.host_error(op));
+        Ok(Work::pending(move || {
+            let mut reduced = vec![0u8; mine + 1];
+            exchange.reduce_into(dtype, n, &mut reduced[..mine], reduce)?;
+            with_bytes_mut(&tensor, |buf| {
+                let mut spare = [0u8];
+                let _guard = mpi_lock();
+                let mut out = PartitionMut::new(real_mut(buf, &mut spare), counts, offsets);
+                comm.0.all_gather_varcount_into(&reduced[..mine], &mut out);
+            })
+            .map_err(unsupported)
+        }))
     }
 
     fn broadcast_in_place(&self, tensor: &Tensor, root: usize) -> Result<(), CollectiveError> {

@@ -84,7 +84,7 @@ impl MpiWorld {
         MpiWorld {
             rank: comm.rank() as usize,
             size: comm.size() as usize,
-            comm: Comm(comm),
+            comm: Arc::new(Comm(comm)),
             scratch: Mutex::default(),
         }
     }

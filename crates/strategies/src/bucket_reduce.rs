@@ -1,0 +1,279 @@
+//! Gradients averaged over the ranks by one all-reduce per bucket (ddp, zero1), issued while
+//! backward runs.
+//!
+//! Buckets hold parameters in reverse registration order, about `cap` bytes each, as in
+//! PyTorch's DDP: the order backward completes them. During the last backward before a
+//! step, each parameter's gradient is handed over as soon as backward has run every node
+//! that uses it (the vendored candle-core's `backward_with_ready`); when a bucket is full it
+//! is flattened and its all-reduce issued, and backward goes on while it is in flight.
+//! Buckets are issued strictly in order (a full bucket waits for the ones before it), so
+//! every rank issues the same calls in the same order whatever its graph's timing. The step
+//! waits for them in that order. With stock candle-core there is no such hook: every bucket
+//! is issued once backward returns, as before.
+//!
+//! Every element is reduced by the same rank-order sum however the buckets fall, so the
+//! result is the same bits as one all-reduce of everything.
+
+use candle_core::backprop::GradStore;
+use candle_core::{Tensor, TensorId, Var};
+use std::collections::HashMap;
+use wick_core::{Collective, ReduceOp, Result, Work};
+
+/// PyTorch DDP's default bucket size.
+pub(crate) const DEFAULT_BUCKET_CAP_BYTES: usize = 25 << 20;
+
+/// The parameter indices of each bucket of `params`, in all-reduce order: reverse
+/// registration order, each bucket up to `cap` bytes (or one larger parameter).
+pub(crate) fn buckets(params: &[Var], cap: usize) -> Vec<Vec<usize>> {
+    let mut buckets = Vec::new();
+    let mut current = Vec::new();
+    let mut bytes = 0;
+    for (i, p) in params.iter().enumerate().rev() {
+        let size = p.elem_count() * p.dtype().size_in_bytes();
+        if !current.is_empty() && bytes + size > cap {
+            buckets.push(std::mem::take(&mut current));
+            bytes = 0;
+        }
+        current.push(i);
+        bytes += size;
+    }
+    if !current.is_empty() {
+        buckets.push(current);
+    }
+    buckets
+}
+
+/// One backward's bucket all-reduces: the gradients handed over so far, and the buckets
+/// issued.
+pub(crate) struct BucketReduction {
+    buckets: Vec<Vec<usize>>,
+    index: HashMap<TensorId, usize>,
+    /// Each parameter's gradient (with what earlier micro-batches accumulated), once handed.
+    grads: Vec<Option<Tensor>>,
+    /// The parameters whose gradients are the earlier micro-batches' only, so far.
+    pending: Vec<bool>,
+    /// Zeros for a parameter no backward reached (as the blocking step uses).
+    params: Vec<Var>,
+    /// The issued buckets' flat buffers and calls, in issue order.
+    issued: Vec<(Tensor, Work)>,
+    /// What failed inside backward's hook, kept with its type (a peer's failure stays one)
+    /// where candle's error would carry its message only.
+    failed: Option<wick_core::Error>,
+}
+
+impl BucketReduction {
+    /// A reduction of `params`' gradients in `buckets`, on top of `accumulated` (the
+    /// earlier micro-batches' local sums, `None` where there are none).
+    pub(crate) fn new(
+        params: &[Var],
+        buckets: Vec<Vec<usize>>,
+        accumulated: Vec<Option<Tensor>>,
+    ) -> Self {
+        let mut grads = accumulated;
+        grads.resize(params.len(), None);
+        BucketReduction {
+            buckets,
+            index: params
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p.id(), i))
+                .collect(),
+            grads,
+            pending: vec![true; params.len()],
+            params: params.to_vec(),
+            issued: Vec::new(),
+            failed: None,
+        }
+    }
+
+    /// Takes `var`'s complete gradient of this backward, and issues every bucket now full:
+    /// backward's hook. A failure is kept for [`Self::failure`].
+    pub(crate) fn ready(
+        &mut self,
+        world: &dyn Collective,
+        var: &Tensor,
+        grad: Tensor,
+    ) -> candle_core::Result<()> {
+        self.issue_full(world, var, grad).map_err(|e| {
+            let message = e.to_string();
+            self.failed = Some(e);
+            candle_core::Error::Msg(message)
+        })
+    }
+
+    /// The error of a backward whose hook failed: the hook's own, typed, if it failed there.
+    pub(crate) fn failure(&mut self, backward: candle_core::Error) -> wick_core::Error {
+        self.failed.take().unwrap_or(backward.into())
+    }
+
+    fn issue_full(&mut self, world: &dyn Collective, var: &Tensor, grad: Tensor) -> Result<()> {
+        self.add(var, grad)?;
+        while let Some(bucket) = self.buckets.get(self.issued.len()) {
+            if bucket.iter().any(|&i| self.pending[i]) {
+                break;
+            }
+            self.issue_next(world)?;
+        }
+        Ok(())
+    }
+
+    /// Adds a gradient that reached `var` outside the hook (after backward: a recomputed
+    /// unit's, or all of them without the hook).
+    fn add(&mut self, var: &Tensor, grad: Tensor) -> Result<()> {
+        let Some(&i) = self.index.get(&var.id()) else {
+            return Ok(());
+        };
+        self.pending[i] = false;
+        self.grads[i] = Some(match self.grads[i].take() {
+            Some(acc) => (acc + grad.contiguous()?)?,
+            None => grad,
+        });
+        Ok(())
+    }
+
+    /// Issues the next bucket's all-reduce (mean): its gradients flattened into one fresh
+    /// buffer, which the reduction then owns.
+    fn issue_next(&mut self, world: &dyn Collective) -> Result<()> {
+        let bucket = &self.buckets[self.issued.len()];
+        let parts = bucket
+            .iter()
+            .map(|&i| match self.grads[i].take() {
+                Some(g) => g.flatten_all(),
+                None => self.params[i].zeros_like()?.flatten_all(),
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        // A fresh buffer even for one gradient (where `cat` would hand back the same
+        // storage): candle gives both operands of an add one shared gradient, and the
+        // all-reduce works in place.
+        let flat = match parts.as_slice() {
+            [one] => one.copy()?,
+            _ => Tensor::cat(&parts, 0)?,
+        };
+        let work = world.all_reduce_start(&flat, ReduceOp::Mean)?;
+        self.issued.push((flat, work));
+        Ok(())
+    }
+
+    /// Adds what backward left in `store` and in the recomputed units' stores, then issues
+    /// every bucket not yet issued.
+    pub(crate) fn issue_rest(
+        &mut self,
+        world: &dyn Collective,
+        stores: impl IntoIterator<Item = GradStore>,
+    ) -> Result<()> {
+        for mut store in stores {
+            for p in self.params.clone() {
+                if let Some(g) = store.remove(p.as_tensor()) {
+                    self.add(p.as_tensor(), g)?;
+                }
+            }
+        }
+        while self.issued.len() < self.buckets.len() {
+            self.issue_next(world)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every bucket, in issue order, and returns each parameter's averaged
+    /// gradient. Waits for all of them even after one failed.
+    pub(crate) fn wait(self) -> Result<Vec<Tensor>> {
+        let mut grads: Vec<Option<Tensor>> = vec![None; self.params.len()];
+        let mut first_error = None;
+        for (bucket, (flat, work)) in self.buckets.iter().zip(self.issued) {
+            if let Err(e) = work.wait() {
+                first_error.get_or_insert(e);
+                continue;
+            }
+            let mut offset = 0;
+            for &i in bucket {
+                let p = &self.params[i];
+                let n = p.elem_count();
+                grads[i] = Some(flat.narrow(0, offset, n)?.reshape(p.shape())?);
+                offset += n;
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e.into());
+        }
+        let grads = grads.into_iter().zip(&self.params).map(|(g, p)| match g {
+            Some(g) => Ok(g),
+            None => p.zeros_like(),
+        });
+        Ok(grads.collect::<candle_core::Result<_>>()?)
+    }
+}
+
+/// `loss.backward()`, handing each variable's gradient to `ready` as soon as it is complete
+/// where the candle-core this builds against can (see the module's doc); otherwise every
+/// gradient stays in the returned store.
+pub(crate) fn backward_handing_over(
+    loss: &Tensor,
+    ready: &mut dyn FnMut(&Tensor, Tensor) -> candle_core::Result<()>,
+) -> candle_core::Result<GradStore> {
+    #[cfg(candle_backward_with_ready)]
+    return loss.backward_with_ready(ready);
+    #[cfg(not(candle_backward_with_ready))]
+    {
+        let _ = ready;
+        loss.backward()
+    }
+}
+
+/// The all-reduce of every bucket at once, blocking: for gradients no backward reduced.
+pub(crate) fn all_reduce_buckets(
+    world: &dyn Collective,
+    params: &[Var],
+    buckets: Vec<Vec<usize>>,
+    grads: Vec<Tensor>,
+) -> Result<Vec<Tensor>> {
+    let mut reduction =
+        BucketReduction::new(params, buckets, grads.into_iter().map(Some).collect());
+    reduction.issue_rest(world, [])?;
+    reduction.wait()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// y = relu(x·w1)·w2 + b, loss = sum(y²): each variable's gradient is handed over once,
+    /// equal to plain backward's, the last layer's before the first's.
+    #[test]
+    fn gradients_are_handed_over_complete_and_last_layer_first() -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        let var = |seed: f32, shape: (usize, usize)| {
+            let n = shape.0 * shape.1;
+            let v: Vec<f32> = (0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect();
+            Var::from_tensor(&Tensor::from_vec(v, shape, &dev)?)
+        };
+        let (w1, w2, b) = (var(1.0, (3, 4))?, var(2.0, (4, 2))?, var(3.0, (1, 2))?);
+        let x = Tensor::from_vec((0..6).map(|i| i as f32 - 2.5).collect(), (2, 3), &dev)?;
+        let loss = || -> candle_core::Result<Tensor> {
+            let h = x.matmul(w1.as_tensor())?.relu()?;
+            // b is used twice: its gradient is complete only after both uses.
+            let y = h.matmul(w2.as_tensor())?.broadcast_add(b.as_tensor())?;
+            y.sqr()?.sum_all()? + b.as_tensor().sum_all()?
+        };
+        let plain = loss()?.backward()?;
+        let mut handed = Vec::new();
+        let rest = backward_handing_over(&loss()?, &mut |var, grad| {
+            handed.push((var.id(), grad));
+            Ok(())
+        })?;
+        let ids = |vars: &[&Var]| vars.iter().map(|v| v.id()).collect::<Vec<_>>();
+        let order: Vec<TensorId> = handed.iter().map(|(id, _)| *id).collect();
+        if cfg!(candle_backward_with_ready) {
+            assert_eq!(order, ids(&[&b, &w2, &w1]));
+            for (v, (_, g)) in [&b, &w2, &w1].iter().zip(&handed) {
+                let diff = (plain.get(v).unwrap() - g)?.abs()?.max_all()?;
+                assert_eq!(diff.to_scalar::<f32>()?, 0.0);
+                assert!(rest.get(v).is_none(), "handed over, not kept");
+            }
+        } else {
+            assert!(order.is_empty());
+            assert!(rest.get(&w1).is_some());
+        }
+        Ok(())
+    }
+}
