@@ -5,7 +5,13 @@
 # Open MPI's daemon on the other host with `ip netns exec`. The run's metrics must equal
 # those of the same run with 2 ranks as threads. Everything is torn down at exit.
 #
-# usage: scripts/two-hosts.sh MPI_WICK     (a release `wick` built with --features mpi; run as root)
+# With `--overlap-report` it then runs scripts/overlap-report.sh over the two hosts: the
+# exposed communication per step with and without overlap, where the wire is TCP. WICK_MCA
+# adds options to that mpirun (`--mca btl_tcp_progress_thread 1`: Open MPI's TCP progress
+# thread, which moves a started call's bytes while the rank computes).
+#
+# usage: scripts/two-hosts.sh MPI_WICK [--overlap-report]
+#   (a release `wick` built with --features mpi; run as root, from the repository's root)
 set -euo pipefail
 
 ns_a=wick-host-a ns_b=wick-host-b
@@ -62,7 +68,17 @@ ip netns exec "$ns_a" mpirun --allow-run-as-root -np 2 --host "$addr_a:1,$addr_b
   "$wick" "${common[@]}" --log-dir hosts --checkpoint-dir hosts-ck | grep -v '^ *[0-9]* |\|^-*$\|^ *# |'
 "$wick" "${common[@]}" --devices 2 --log-dir threads --checkpoint-dir threads-ck > /dev/null
 echo "checkpoint written by the two hosts: $(ls hosts-ck/step-00000020 | tr '\n' ' ')"
-# The deterministic columns (step, epoch, losses, lr); the last two are wall-clock times.
+# The deterministic columns (step, epoch, losses, lr); the last three are wall-clock times.
 cmp <(cut -d, -f1-5 hosts/char-gpt/metrics.csv) <(cut -d, -f1-5 threads/char-gpt/metrics.csv)
 echo "metrics.csv of the two-host run equals that of 2 ranks as threads (deterministic columns, $(($(wc -l < hosts/char-gpt/metrics.csv) - 1)) steps)"
 echo "two-hosts: passed"
+
+if [ "${2:-}" = --overlap-report ]; then
+  # Open MPI takes the launch agent as one word.
+  printf '#!/bin/sh\nexec "%s" agent "$@"\n' "$me" > "$tmp/agent"
+  chmod +x "$tmp/agent"
+  cd - > /dev/null
+  LAUNCH="ip netns exec $ns_a mpirun --allow-run-as-root -np 2 --host $addr_a:1,$addr_b:1 \
+--mca plm_rsh_agent $tmp/agent --mca btl tcp,self --mca btl_tcp_if_include $subnet \
+--mca oob_tcp_if_include $subnet ${WICK_MCA:-}" scripts/overlap-report.sh "$wick"
+fi

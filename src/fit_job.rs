@@ -157,6 +157,7 @@ impl Run {
             .log_dir(&args.log_dir)
             .val_check_interval(args.val_every)
             .progress(!args.no_progress)
+            .overlap_comm(!args.no_overlap_comm)
             .callback(LearningRateMonitor::new())
             .callback(history.clone());
         builder = builder.strategy_spec(args.strategy_spec());

@@ -1,5 +1,6 @@
 use crate::common::{
-    adamw, full_parameters, loader, max_diff, quiet_trainer_with, train, Mlp, Recording,
+    adamw, full_parameters, loader, max_diff, quiet_builder, quiet_trainer_with, train, Mlp,
+    Recording,
 };
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 use std::sync::{Arc, Mutex};
@@ -175,6 +176,20 @@ fn reduction_during_backward_trains_to_the_same_bits_whatever_the_buckets() {
         full_parameters(&mut trainer)
     };
     for w in [2, 3] {
+        // Every call completing where it is issued (`--no-overlap-comm`): the same bits.
+        let mut model = Attached::new(Mlp::new(adamw()));
+        let fsdp = wick::strategies::strategy_by_name("fsdp").unwrap();
+        let mut blocking = quiet_builder(w, fsdp, 4)
+            .overlap_comm(false)
+            .build()
+            .unwrap();
+        blocking.fit(&mut model, &loader(), None).unwrap();
+        let blocking = full_parameters(&mut blocking);
+        assert_eq!(
+            max_diff(&train(w, "fsdp", adamw(), 4), &blocking),
+            0.0,
+            "fsdp W={w}"
+        );
         let one = fit(w, Box::new(Ddp::new().with_bucket_cap_bytes(1)));
         assert_eq!(
             max_diff(&train(w, "ddp", adamw(), 4), &one),

@@ -52,12 +52,12 @@ fn fit_into_a_pipe_writes_metrics_and_plot_without_bars() {
     let mut lines = csv.lines();
     assert_eq!(
         lines.next(),
-        Some("step,epoch,train_loss,val_loss,lr,tokens_per_s,epoch_time_s")
+        Some("step,epoch,train_loss,val_loss,lr,tokens_per_s,epoch_time_s,comm_wait_s")
     );
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     assert_eq!(rows.len(), 4);
     for (i, row) in rows.iter().enumerate() {
-        assert_eq!(row.len(), 7, "{row:?}");
+        assert_eq!(row.len(), 8, "{row:?}");
         assert_eq!(row[0], (i + 1).to_string());
         // Validation every 2 steps.
         assert_eq!(row[3].is_empty(), i % 2 == 0, "{row:?}");

@@ -124,7 +124,7 @@ fn the_metrics_csv_logs_lr_throughput_and_epoch_time() {
     let mut lines = text.lines();
     assert_eq!(
         lines.next(),
-        Some("step,epoch,train_loss,val_loss,lr,tokens_per_s,epoch_time_s")
+        Some("step,epoch,train_loss,val_loss,lr,tokens_per_s,epoch_time_s,comm_wait_s")
     );
     let rows: Vec<Vec<String>> = lines
         .map(|l| l.split(',').map(String::from).collect())
@@ -134,6 +134,8 @@ fn the_metrics_csv_logs_lr_throughput_and_epoch_time() {
     for r in &rows {
         assert_eq!(r[4].parse::<f64>().unwrap(), 0.02, "lr in {r:?}");
         assert!(r[5].parse::<f64>().unwrap() > 0.0, "tokens_per_s in {r:?}");
+        let wait = r[7].parse::<f64>().unwrap();
+        assert!(wait.is_finite() && wait >= 0.0, "comm_wait_s in {r:?}");
         // Within an epoch the epoch time only grows; it restarts with the next epoch.
         let (epoch, t) = (r[1].parse::<usize>().unwrap(), r[6].parse::<f64>().unwrap());
         if epoch == last_epoch_time.0 {

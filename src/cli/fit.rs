@@ -58,6 +58,8 @@ pub struct FitArgs {
     /// Tokens per window of a `model` run.
     pub seq: usize,
     pub no_progress: bool,
+    /// Collectives complete where they are issued (no overlap with compute).
+    pub no_overlap_comm: bool,
     pub checkpoint_dir: PathBuf,
     /// Save a checkpoint every this many steps and at the end (unless `no_checkpoints`).
     pub save_every: usize,
@@ -118,6 +120,7 @@ impl Default for FitArgs {
             tokenizer: None,
             seq: 128,
             no_progress: false,
+            no_overlap_comm: false,
             checkpoint_dir: "checkpoints".into(),
             save_every: 100,
             no_checkpoints: false,

@@ -143,6 +143,12 @@ pub struct FitFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "is_false")]
     pub no_progress: bool,
+    /// Complete every collective where it is issued instead of overlapping gradient
+    /// reductions and prefetched gathers with compute (same numbers; for measuring what
+    /// overlap hides, comm_wait_s in metrics.csv).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "is_false")]
+    pub no_overlap_comm: bool,
     /// Where checkpoints go: D/step-N/ and D/last; a new run never saves into a D that
     /// holds another run's, taking D-v1, -v2, ... instead [default: checkpoints].
     #[arg(long, value_name = "D")]

@@ -8,6 +8,7 @@
 //! and no device or collective engine.
 
 mod activation_checkpointing;
+mod blocking_world;
 mod callback;
 mod collective;
 mod context;
@@ -22,9 +23,11 @@ mod solo_world;
 mod stage;
 mod state;
 mod strategy;
+mod wait_clock;
 mod weights;
 
 pub use activation_checkpointing::ActivationCheckpointing;
+pub use blocking_world::BlockingWorld;
 pub use callback::{Callback, CallbackClone, RunState};
 pub use collective::{Collective, ReduceOp, Work};
 pub use context::{
@@ -42,4 +45,5 @@ pub use solo_world::SoloWorld;
 pub use stage::Stage;
 pub use state::{FlatGroup, GroupRange, LossScale, RankState, StateReader, PARAM_KIND};
 pub use strategy::{GradSync, Sharding, StateBytes, Strategy};
+pub use wait_clock::WaitClock;
 pub use weights::{ParamInit, PretrainedWeights, WeightSource};

@@ -70,7 +70,7 @@ impl<M: TrainModule> RankRun<'_, M> {
                 if self.state.global_step >= total_steps {
                     break 'epochs;
                 }
-                let step_start = Instant::now();
+                let (step_start, waited_before) = (Instant::now(), self.clock.waited());
                 let train_loss =
                     self.train_step(train, &order, b, &optimizer, &mut checked_unused)?;
                 self.state.global_step += 1;
@@ -78,6 +78,7 @@ impl<M: TrainModule> RankRun<'_, M> {
                     self.print_model_summary();
                 }
                 let tokens_per_s = tokens_per_step / step_start.elapsed().as_secs_f64().max(1e-9);
+                let comm_wait_s = (self.clock.waited() - waited_before).as_secs_f64();
                 self.state.metrics.insert("train_loss".into(), train_loss);
                 // Metrics stay deterministic; wall-clock figures go to the CSV only.
                 if let Some(scale) = self.strategy.loss_scale() {
@@ -102,6 +103,7 @@ impl<M: TrainModule> RankRun<'_, M> {
                     lr: self.state.lr,
                     tokens_per_s,
                     epoch_time_s: epoch_start.elapsed().as_secs_f64(),
+                    comm_wait_s,
                 })?;
                 if let Some(mc) = input.checkpoint {
                     if mc.due(self.state.global_step) {

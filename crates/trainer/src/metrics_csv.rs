@@ -1,7 +1,7 @@
 //! `<log dir>/<run name>/metrics.csv`, written by rank 0: one row per optimizer step.
 //!
 //! The first five columns are deterministic (the same command gives the same values); the
-//! last two are wall-clock measurements. A resumed run continues its run's file: the rows
+//! last three are wall-clock measurements. A resumed run continues its run's file: the rows
 //! up to the checkpoint's step stay, later ones (from a run that went further) go. The file
 //! is written under a temporary name and takes its real one with the first new row, so a
 //! run that fails before its first step leaves the old file as it was.
@@ -11,7 +11,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 /// The columns, in order.
-const HEADER: &str = "step,epoch,train_loss,val_loss,lr,tokens_per_s,epoch_time_s";
+const HEADER: &str = "step,epoch,train_loss,val_loss,lr,tokens_per_s,epoch_time_s,comm_wait_s";
 
 /// One row of the file.
 pub(crate) struct Row {
@@ -25,6 +25,9 @@ pub(crate) struct Row {
     pub(crate) tokens_per_s: f64,
     /// Seconds since the epoch's first step began.
     pub(crate) epoch_time_s: f64,
+    /// Seconds of the step rank 0 spent in collectives: blocking calls, and waits for calls
+    /// started ahead (the communication that overlap did not hide).
+    pub(crate) comm_wait_s: f64,
 }
 
 /// An open metrics file.
@@ -107,8 +110,8 @@ impl MetricsCsv {
         let val = r.val_loss.map(|v| v.to_string()).unwrap_or_default();
         writeln!(
             self.out,
-            "{},{},{},{val},{},{:.1},{:.3}",
-            r.step, r.epoch, r.train_loss, r.lr, r.tokens_per_s, r.epoch_time_s
+            "{},{},{},{val},{},{:.1},{:.3},{:.6}",
+            r.step, r.epoch, r.train_loss, r.lr, r.tokens_per_s, r.epoch_time_s, r.comm_wait_s
         )
         .map_err(io)?;
         if let Some(tmp) = self.pending.take() {
@@ -149,6 +152,7 @@ mod tests {
             lr: 0.1,
             tokens_per_s: 1.0,
             epoch_time_s: 1.0,
+            comm_wait_s: 0.0,
         }
     }
 

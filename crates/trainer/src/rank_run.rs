@@ -7,8 +7,9 @@ use crate::progress::Progress;
 use crate::trainer::Metrics;
 use crate::{Checkpoint, DataLoader, Dataset, ModelCheckpoint, TrainerError};
 use candle_core::{DType, Tensor};
+use std::sync::Arc;
 use wick_accelerator::{Accelerator, RankEnv};
-use wick_core::{Callback, RunState, Stage, Strategy, TrainModule};
+use wick_core::{Callback, RunState, Stage, Strategy, TrainModule, WaitClock};
 
 /// What a stage runs over: its data, and for fit the checkpoint it resumes from, where it
 /// saves, and the name of its log directory (recorded in its checkpoints).
@@ -41,6 +42,8 @@ pub(crate) struct RankOutput {
 
 pub(crate) struct RankRun<'a, M> {
     pub(crate) env: RankEnv,
+    /// The time this rank spent in collectives (its world is `env.world`).
+    pub(crate) clock: Arc<WaitClock>,
     /// Rank 0's bars on a terminal.
     pub(crate) progress: Option<Progress>,
     /// Rank 0's metrics file, during fit.

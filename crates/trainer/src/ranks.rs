@@ -9,7 +9,7 @@ use crate::{Attached, Dataset, Replicate, TrainerError};
 use std::any::Any;
 use std::sync::Mutex;
 use wick_accelerator::{Accelerator, RankError};
-use wick_core::{lock, Callback, RunState, Stage, Strategy};
+use wick_core::{lock, BlockingWorld, Callback, RunState, Stage, Strategy, WaitClock};
 
 /// The rank replicas and strategies of the module a trainer configured, kept so that later
 /// stages on the same module reuse its parameters.
@@ -78,13 +78,19 @@ impl Trainer {
             .collect();
         let config = &self.config;
         let csv = Mutex::new(csv);
-        let outcomes = self.accelerator.launch(|env| {
+        let outcomes = self.accelerator.launch(|mut env| {
             let (module, strategy, callbacks) = slots[env.rank - local.start]
                 .lock()
                 .map_err(|_| TrainerError::config("rank", "slot lock poisoned"))?
                 .take()
                 .expect("each rank takes its slot once");
             let state = RunState::new(env.rank, env.world_size);
+            if !config.overlap_comm {
+                env.world = BlockingWorld::over(env.world.clone());
+            }
+            // Every collective of the stage, the strategy's and the trainer's, is timed.
+            let clock = WaitClock::over(env.world.clone());
+            env.world = clock.clone();
             let progress = Progress::new_if_terminal(env.rank == 0 && config.progress);
             let csv = match env.rank {
                 0 => lock(&csv).take(),
@@ -92,6 +98,7 @@ impl Trainer {
             };
             RankRun {
                 env,
+                clock,
                 progress,
                 csv,
                 module,

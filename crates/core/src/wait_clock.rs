@@ -1,0 +1,172 @@
+//! `WaitClock`: a world that adds up the time its rank spends in collectives: inside every
+//! blocking call, and inside the wait of every call started ahead. That is a step's exposed
+//! communication: what a started call moved while the rank computed does not count, so
+//! overlap shows as a smaller figure. It also counts waiting for a slower rank.
+
+use crate::{Collective, CollectiveError, ReduceOp, Work};
+use candle_core::Tensor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `inner`, with the time spent in its calls added up (a split world adds to the same
+/// clock).
+pub struct WaitClock {
+    inner: Arc<dyn Collective>,
+    nanos: Arc<AtomicU64>,
+}
+
+impl WaitClock {
+    /// `inner`, timed from zero.
+    pub fn over(inner: Arc<dyn Collective>) -> Arc<Self> {
+        Arc::new(WaitClock {
+            inner,
+            nanos: Arc::default(),
+        })
+    }
+
+    /// The time spent in collectives so far.
+    pub fn waited(&self) -> Duration {
+        Duration::from_nanos(self.nanos.load(Ordering::Relaxed))
+    }
+
+    fn timed<T>(&self, call: impl FnOnce() -> T) -> T {
+        add_time(&self.nanos, call)
+    }
+
+    /// A started call, its start timed now and its wait when it comes.
+    fn started(
+        &self,
+        start: impl FnOnce() -> Result<Work, CollectiveError>,
+    ) -> Result<Work, CollectiveError> {
+        let work = self.timed(start)?;
+        let nanos = self.nanos.clone();
+        Ok(Work::pending(move || add_time(&nanos, || work.wait())))
+    }
+}
+
+fn add_time<T>(nanos: &AtomicU64, call: impl FnOnce() -> T) -> T {
+    let start = Instant::now();
+    let out = call();
+    let spent = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    nanos.fetch_add(spent, Ordering::Relaxed);
+    out
+}
+
+impl Collective for WaitClock {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
+        self.timed(|| self.inner.all_gather_into(shard, full))
+    }
+    fn reduce_scatter_into(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        self.timed(|| self.inner.reduce_scatter_into(full, shard, op))
+    }
+    fn all_reduce_in_place(&self, tensor: &Tensor, op: ReduceOp) -> Result<(), CollectiveError> {
+        self.timed(|| self.inner.all_reduce_in_place(tensor, op))
+    }
+    fn broadcast_in_place(&self, tensor: &Tensor, root: usize) -> Result<(), CollectiveError> {
+        self.timed(|| self.inner.broadcast_in_place(tensor, root))
+    }
+    fn barrier(&self) -> Result<(), CollectiveError> {
+        self.timed(|| self.inner.barrier())
+    }
+    fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
+        self.started(|| self.inner.all_gather_start(shard, full))
+    }
+    fn reduce_scatter_start(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Work, CollectiveError> {
+        self.started(|| self.inner.reduce_scatter_start(full, shard, op))
+    }
+    fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, CollectiveError> {
+        self.started(|| self.inner.all_reduce_start(tensor, op))
+    }
+    fn all_gather_host(&self, shard: &Tensor, full: &mut [u8]) -> Result<(), CollectiveError> {
+        self.timed(|| self.inner.all_gather_host(shard, full))
+    }
+    fn split(&self, color: usize) -> Result<Arc<dyn Collective>, CollectiveError> {
+        let inner = self.timed(|| self.inner.split(color))?;
+        Ok(Arc::new(WaitClock {
+            inner,
+            nanos: self.nanos.clone(),
+        }))
+    }
+    fn all_reduce_scalar(&self, value: f32, op: ReduceOp) -> Result<f32, CollectiveError> {
+        self.timed(|| self.inner.all_reduce_scalar(value, op))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A world whose every call takes 5 ms, started calls in their wait.
+    struct Slow;
+
+    impl Slow {
+        fn nap() -> Result<(), CollectiveError> {
+            std::thread::sleep(Duration::from_millis(5));
+            Ok(())
+        }
+    }
+
+    impl Collective for Slow {
+        fn rank(&self) -> usize {
+            0
+        }
+        fn world_size(&self) -> usize {
+            1
+        }
+        fn all_gather_into(&self, _: &Tensor, _: &Tensor) -> Result<(), CollectiveError> {
+            Self::nap()
+        }
+        fn reduce_scatter_into(
+            &self,
+            _: &Tensor,
+            _: &Tensor,
+            _: ReduceOp,
+        ) -> Result<(), CollectiveError> {
+            Self::nap()
+        }
+        fn all_reduce_in_place(&self, _: &Tensor, _: ReduceOp) -> Result<(), CollectiveError> {
+            Self::nap()
+        }
+        fn broadcast_in_place(&self, _: &Tensor, _: usize) -> Result<(), CollectiveError> {
+            Self::nap()
+        }
+        fn barrier(&self) -> Result<(), CollectiveError> {
+            Self::nap()
+        }
+        fn all_reduce_start(&self, _: &Tensor, _: ReduceOp) -> Result<Work, CollectiveError> {
+            Ok(Work::pending(Self::nap))
+        }
+    }
+
+    #[test]
+    fn counts_blocking_calls_and_waits_not_the_time_between() {
+        let clock = WaitClock::over(Arc::new(Slow));
+        let t = Tensor::zeros(4, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+        clock.all_reduce_in_place(&t, ReduceOp::Sum).unwrap();
+        let work = clock.all_reduce_start(&t, ReduceOp::Sum).unwrap();
+        // Time between the start and the wait is the rank's own (compute), not waiting.
+        std::thread::sleep(Duration::from_millis(300));
+        work.wait().unwrap();
+        let waited = clock.waited();
+        // Two naps, and never the 300 ms between start and wait.
+        assert!(waited >= Duration::from_millis(10), "{waited:?}");
+        assert!(waited < Duration::from_millis(300), "{waited:?}");
+    }
+}

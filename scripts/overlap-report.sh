@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Exposed communication per step with and without overlap, ranks as processes: each job
+# runs under `LAUNCH` (default: mpirun -np 2 on this machine) with collectives overlapped
+# (the default) and with `--no-overlap-comm` (each completes where it is issued), the two
+# alternating for ROUNDS rounds. Prints one line per job and mode: the median tokens/s and
+# the median `comm_wait_s` (rank 0's seconds in collectives that overlap did not hide) of
+# the steps after the first five, pooled over the rounds (medians: on a shared 2-core
+# machine single steps stall now and then), and the ratios of the two modes.
+#
+# usage: scripts/overlap-report.sh MPI_WICK [ROUNDS]     (from the repository's root)
+#   MPI_WICK  a release `wick` built with --features mpi
+#   LAUNCH    the launcher and its options (scripts/two-hosts.sh sets it for two hosts)
+#   JOBS      which of main-fsdp, main-ddp, llama-fsdp to run [default: all three]
+set -euo pipefail
+wick=$(realpath "$1")
+rounds=${2:-2}
+read -r -a launch <<< "${LAUNCH:-mpirun --allow-run-as-root --oversubscribe -np 2}"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+here=$(pwd)
+cd "$tmp"
+
+# A 20.2M-parameter Llama (the throughput example's `--llama`), pre-trained from its shape
+# on the licenses text, tokenized by the fixture's tokenizer.
+cat > llama.json <<'EOF'
+{"model_type": "llama", "vocab_size": 8192, "hidden_size": 512,
+ "intermediate_size": 1408, "num_hidden_layers": 4, "num_attention_heads": 8,
+ "num_key_value_heads": 4, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+ "rope_theta": 10000.0, "tie_word_embeddings": false}
+EOF
+"$wick" prepare --no-progress --tokenizer "$here/tests/fixtures/hf/llama/tokenizer.json" \
+  --output tokens.safetensors "$here/data/licenses.txt" > /dev/null
+
+common=(fit --no-progress --no-checkpoints --val-every 1000000)
+declare -A jobs=(
+  [main-fsdp]="--max-steps 30 --data $here/data/licenses.txt"
+  [main-ddp]="--max-steps 30 --strategy ddp --data $here/data/licenses.txt"
+  [llama-fsdp]="--max-steps 12 --model llama.json --tokenizer $here/tests/fixtures/hf/llama/tokenizer.json --data tokens.safetensors --seq 256 --batch-size 8"
+)
+
+# tokens/s and comm_wait_s of each step of a metrics.csv from step 6 on, one per line.
+steps() {
+  awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    $1 > 5 { print $col["tokens_per_s"], $col["comm_wait_s"] }' "$1"
+}
+
+# The median of column $1 of standard input.
+median() {
+  sort -g -k"$1,$1" | awk -v c="$1" '{ v[NR] = $c } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+for job in ${JOBS:-main-fsdp main-ddp llama-fsdp}; do
+  read -r -a args <<< "${jobs[$job]}"
+  for mode in overlap blocking; do : > "$job-$mode.txt"; done
+  for round in $(seq "$rounds"); do
+    for mode in overlap blocking; do
+      flag=()
+      [ "$mode" = blocking ] && flag=(--no-overlap-comm)
+      dir="$job-$mode-$round"
+      "${launch[@]}" "$wick" "${common[@]}" "${args[@]}" "${flag[@]}" --log-dir "$dir" \
+        --run-name run > /dev/null
+      steps "$dir/run/metrics.csv" >> "$job-$mode.txt"
+    done
+  done
+  declare -A tps wait
+  for mode in overlap blocking; do
+    tps[$mode]=$(median 1 < "$job-$mode.txt")
+    wait[$mode]=$(median 2 < "$job-$mode.txt")
+    echo "$job $mode: median $(printf %.0f "${tps[$mode]}") tokens/s, comm_wait" \
+      "$(awk -v w="${wait[$mode]}" 'BEGIN { printf "%.1f", 1000 * w }') ms per step" \
+      "($(wc -l < "$job-$mode.txt") steps, $rounds runs)"
+  done
+  awk -v to="${tps[overlap]}" -v tb="${tps[blocking]}" -v wo="${wait[overlap]}" \
+    -v wb="${wait[blocking]}" -v job="$job" 'BEGIN {
+      printf "%s: overlap against blocking: tokens/s x%.3f, comm_wait x%.3f\n", job, to / tb, wo / wb }'
+done
