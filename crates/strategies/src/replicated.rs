@@ -273,10 +273,10 @@ impl ReplicatedState {
         buckets: Vec<Vec<usize>>,
     ) -> Result<Vec<Tensor>> {
         self.settle_reduced()?;
-        let reduced = self.reduced.take();
-        if let (Some(reduced), true) = (&reduced, self.grads.is_empty()) {
-            return Ok(reduced.clone());
-        }
+        let reduced = match (self.reduced.take(), self.grads.is_empty()) {
+            (Some(reduced), true) => return Ok(reduced),
+            (reduced, _) => reduced,
+        };
         let local = self.take_grads()?;
         let world = self.world(strategy)?;
         let averaged = all_reduce_buckets(world.as_ref(), &self.params, buckets, local)?;
@@ -411,12 +411,12 @@ impl ReplicatedState {
     }
 }
 
-/// Bytes behind a tensor's elements.
 /// `a[i] + b[i]` for every i.
 fn add_all(a: Vec<Tensor>, b: Vec<Tensor>) -> candle_core::Result<Vec<Tensor>> {
     a.into_iter().zip(b).map(|(a, b)| a + b).collect()
 }
 
+/// Bytes behind a tensor's elements.
 pub(crate) fn tensor_bytes(t: &Tensor) -> usize {
     t.elem_count() * t.dtype().size_in_bytes()
 }
