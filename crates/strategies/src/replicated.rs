@@ -195,6 +195,7 @@ impl ReplicatedState {
     /// all-reduce is issued while backward runs; [`Self::averaged_grads`] waits for them.
     pub(crate) fn backward(
         &mut self,
+        strategy: &str,
         loss: &Tensor,
         buckets: Option<Vec<Vec<usize>>>,
     ) -> Result<()> {
@@ -216,7 +217,7 @@ impl ReplicatedState {
             }
             return Ok(());
         };
-        let world = self.world("replicated")?.clone();
+        let world = self.world(strategy)?.clone();
         let mut reduction = BucketReduction::new(&self.params, buckets, self.grads.take_partial());
         let store = backward_handing_over(loss, &mut |var, grad| {
             reduction.ready(world.as_ref(), var, grad)

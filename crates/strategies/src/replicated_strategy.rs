@@ -133,7 +133,7 @@ impl<R: GradReduce> Strategy for Replicated<R> {
             GradSync::Reduce => self.reduce.overlapped_buckets(&self.state.params),
             _ => None,
         };
-        self.state.backward(loss, buckets)
+        self.state.backward(self.name, loss, buckets)
     }
 
     fn find_unused_parameters(&mut self) {
