@@ -10,7 +10,7 @@
 # usage: scripts/overlap-report.sh MPI_WICK [ROUNDS]     (from the repository's root)
 #   MPI_WICK  a release `wick` built with --features mpi
 #   LAUNCH    the launcher and its options (scripts/two-hosts.sh sets it for two hosts)
-#   JOBS      which of main-fsdp, main-ddp, llama-fsdp to run [default: all three]
+#   JOBS      which of main-fsdp, main-ddp, llama-fsdp, llama-zero2 to run [default: all]
 set -euo pipefail
 wick=$(realpath "$1")
 rounds=${2:-2}
@@ -36,6 +36,7 @@ declare -A jobs=(
   [main-fsdp]="--max-steps 30 --data $here/data/licenses.txt"
   [main-ddp]="--max-steps 30 --strategy ddp --data $here/data/licenses.txt"
   [llama-fsdp]="--max-steps 12 --model llama.json --tokenizer $here/tests/fixtures/hf/llama/tokenizer.json --data tokens.safetensors --seq 256 --batch-size 8"
+  [llama-zero2]="--max-steps 12 --strategy zero2 --model llama.json --tokenizer $here/tests/fixtures/hf/llama/tokenizer.json --data tokens.safetensors --seq 256 --batch-size 8"
 )
 
 # tokens/s and comm_wait_s of each step of a metrics.csv from step 6 on, one per line.
@@ -49,7 +50,7 @@ median() {
   sort -g -k"$1,$1" | awk -v c="$1" '{ v[NR] = $c } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
-for job in ${JOBS:-main-fsdp main-ddp llama-fsdp}; do
+for job in ${JOBS:-main-fsdp main-ddp llama-fsdp llama-zero2}; do
   read -r -a args <<< "${jobs[$job]}"
   for mode in overlap blocking; do : > "$job-$mode.txt"; done
   for round in $(seq "$rounds"); do

@@ -124,10 +124,13 @@ fn ddp_replicas_stay_identical_every_step_with_many_buckets() {
 }
 
 #[test]
-fn zero2_reduces_and_gathers_in_small_rounds_to_the_same_result() {
+fn zero2_reduces_in_small_buckets_and_gathers_in_small_rounds_to_the_same_result() {
     let reference = train(1, "single", adamw(), STEPS);
-    // 5 elements per rank and round: rounds split parameters and cross rank boundaries.
-    let zero2 = wick::strategies::Zero::stage2().with_chunk(5);
+    // 5 elements per rank and round: rounds split parameters and cross rank boundaries;
+    // buckets of one parameter, each reduce-scattered to the one or two ranks it falls in.
+    let zero2 = wick::strategies::Zero::stage2()
+        .with_chunk(5)
+        .with_bucket_cap_bytes(1);
     let mut model = Attached::new(Mlp::new(adamw()));
     let mut trainer = crate::common::quiet_trainer_with(3, Box::new(zero2), STEPS);
     trainer

@@ -304,6 +304,11 @@ fn strategies(w: usize) -> Vec<(String, MakeStrategy)> {
         named("ddp"),
         named("zero1"),
         named("zero2"),
+        (
+            // Buckets of one parameter: uneven reduce-scatters in flight during backward.
+            "zero2 small buckets".into(),
+            Box::new(|| Box::new(wick::strategies::Zero::stage2().with_bucket_cap_bytes(1))),
+        ),
         named("zero3"),
         ("fsdp full_shard".into(), fsdp("full_shard", 1, "32", false)),
         (

@@ -72,8 +72,8 @@ fn logs(w: usize, make: &(dyn Fn() -> Box<dyn Strategy> + Sync)) -> Vec<Vec<Stri
 type MakeStrategy = Box<dyn Fn() -> Box<dyn Strategy> + Sync>;
 
 /// The strategies whose gradient collectives are issued during backward, each with its
-/// gradient collective: buckets of one parameter under ddp and zero1, so every layer's
-/// bucket is its own.
+/// gradient collective: buckets of one parameter under ddp, zero1 and zero2, so every
+/// layer's bucket is its own.
 fn overlapped() -> Vec<(&'static str, &'static str, MakeStrategy)> {
     vec![
         (
@@ -85,6 +85,11 @@ fn overlapped() -> Vec<(&'static str, &'static str, MakeStrategy)> {
             "zero1",
             "all_reduce_start",
             Box::new(|| Box::new(Zero::stage1().with_bucket_cap_bytes(1))),
+        ),
+        (
+            "zero2",
+            "reduce_scatter_parts_start",
+            Box::new(|| Box::new(Zero::stage2().with_bucket_cap_bytes(1))),
         ),
         (
             "zero3",
@@ -201,6 +206,13 @@ fn reduction_during_backward_trains_to_the_same_bits_whatever_the_buckets() {
             max_diff(&train(w, "zero1", adamw(), 4), &one),
             0.0,
             "zero1 W={w}"
+        );
+        // zero2's buckets of one parameter fall across the ranks' ranges unevenly.
+        let one = fit(w, Box::new(Zero::stage2().with_bucket_cap_bytes(1)));
+        assert_eq!(
+            max_diff(&train(w, "zero2", adamw(), 4), &one),
+            0.0,
+            "zero2 W={w}"
         );
     }
 }

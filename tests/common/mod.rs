@@ -478,6 +478,18 @@ impl Collective for Recording {
         let work = self.inner.reduce_scatter_start(full, shard, op);
         self.started("reduce_scatter_start", full, work)
     }
+    fn reduce_scatter_parts_start(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        parts: &[usize],
+        op: ReduceOp,
+    ) -> Result<Work, CollectiveError> {
+        let work = self
+            .inner
+            .reduce_scatter_parts_start(full, shard, parts, op);
+        self.started("reduce_scatter_parts_start", full, work)
+    }
     fn all_reduce_start(&self, t: &Tensor, op: ReduceOp) -> Result<Work, CollectiveError> {
         self.started("all_reduce_start", t, self.inner.all_reduce_start(t, op))
     }

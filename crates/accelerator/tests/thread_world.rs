@@ -75,6 +75,99 @@ fn reduce_scatter_sums_and_means_each_ranks_range() {
     }
 }
 
+/// A world that takes equal chunks only, as NCCL does: its uneven reduce-scatter is the
+/// trait's default, which pads every part to the longest.
+struct EqualChunksOnly(Box<dyn Collective>);
+
+impl Collective for EqualChunksOnly {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.0.world_size()
+    }
+    fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
+        self.0.all_gather_into(shard, full)
+    }
+    fn reduce_scatter_into(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        assert_eq!(full.elem_count(), shard.elem_count() * self.world_size());
+        self.0.reduce_scatter_into(full, shard, op)
+    }
+    fn all_reduce_in_place(&self, t: &Tensor, op: ReduceOp) -> Result<(), CollectiveError> {
+        self.0.all_reduce_in_place(t, op)
+    }
+    fn broadcast_in_place(&self, t: &Tensor, root: usize) -> Result<(), CollectiveError> {
+        self.0.broadcast_in_place(t, root)
+    }
+    fn barrier(&self) -> Result<(), CollectiveError> {
+        self.0.barrier()
+    }
+}
+
+#[test]
+fn uneven_parts_reduce_to_the_same_bits_padded_or_not() {
+    for w in 1..=4 {
+        // Rank 0 owns no element, rank 1 the most.
+        let parts: Vec<usize> = (0..w).map(|r| [0, 7, 2, 3][r]).collect();
+        let total: usize = parts.iter().sum();
+        for op in [ReduceOp::Sum, ReduceOp::Mean] {
+            let run = |padded: bool| {
+                ok(ThreadWorld::new(w).run(|c| {
+                    let c: Box<dyn Collective> = match padded {
+                        true => Box::new(EqualChunksOnly(Box::new(c))),
+                        false => Box::new(c),
+                    };
+                    let full = tensor(values(c.rank(), total));
+                    let mine = parts[c.rank()];
+                    let shard = Tensor::zeros(mine, candle_core::DType::F32, &Device::Cpu).unwrap();
+                    let work = c.reduce_scatter_parts_start(&full, &shard, &parts, op)?;
+                    drop(full);
+                    work.wait()?;
+                    Ok(shard.to_vec1::<f32>().unwrap())
+                }))
+            };
+            let (direct, padded) = (run(false), run(true));
+            assert_eq!(direct, padded, "w={w} {op:?}");
+            let mut offset = 0;
+            for (r, got) in direct.iter().enumerate() {
+                let expected: Vec<f32> = (offset..offset + parts[r])
+                    .map(|i| {
+                        let sum: f32 = (0..w).map(|s| values(s, total)[i]).sum();
+                        match op {
+                            ReduceOp::Sum => sum,
+                            ReduceOp::Mean => sum * (1.0 / w as f32),
+                        }
+                    })
+                    .collect();
+                assert_eq!(got, &expected, "w={w} rank {r} {op:?}");
+                offset += parts[r];
+            }
+        }
+    }
+}
+
+#[test]
+fn parts_that_do_not_fit_the_world_are_an_error() {
+    let got = ThreadWorld::new(2).run(|c| {
+        let c = EqualChunksOnly(Box::new(c));
+        let full = tensor(values(0, 5));
+        let shard = Tensor::zeros(2, candle_core::DType::F32, &Device::Cpu).unwrap();
+        let err = c
+            .reduce_scatter_parts_start(&full, &shard, &[2, 2], ReduceOp::Sum)
+            .err()
+            .expect("parts add up to 4, not 5");
+        Ok::<_, CollectiveError>(err.to_string())
+    });
+    for g in ok(got) {
+        assert!(g.contains("parts [2, 2]"), "{g}");
+    }
+}
+
 #[test]
 fn all_reduce_gives_every_rank_the_same_sum() {
     for w in 1..=5 {

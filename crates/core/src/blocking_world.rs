@@ -3,12 +3,13 @@
 //! overlap (DeepSpeed's `overlap_comm: false`): the same calls, in the same order, each
 //! waited for where it is issued. The numbers do not change.
 
-use crate::{Collective, CollectiveError, ReduceOp};
+use crate::{Collective, CollectiveError, ReduceOp, Work};
 use candle_core::Tensor;
 use std::sync::Arc;
 
 /// `inner`, with `all_gather_start`, `reduce_scatter_start` and `all_reduce_start` left at
-/// their defaults: the blocking call, then a finished `Work`.
+/// their defaults (the blocking call, then a finished `Work`), and `inner`'s
+/// `reduce_scatter_parts_start` waited for where it is issued.
 pub struct BlockingWorld {
     inner: Arc<dyn Collective>,
 }
@@ -50,6 +51,19 @@ impl Collective for BlockingWorld {
     fn all_gather_host(&self, shard: &Tensor, full: &mut [u8]) -> Result<(), CollectiveError> {
         self.inner.all_gather_host(shard, full)
     }
+    fn reduce_scatter_parts_start(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        parts: &[usize],
+        op: ReduceOp,
+    ) -> Result<Work, CollectiveError> {
+        // The inner world's own way with uneven parts (padded or not), completed here.
+        self.inner
+            .reduce_scatter_parts_start(full, shard, parts, op)?
+            .wait()?;
+        Ok(Work::done())
+    }
     fn split(&self, color: usize) -> Result<Arc<dyn Collective>, CollectiveError> {
         Ok(BlockingWorld::over(self.inner.split(color)?))
     }
@@ -61,7 +75,6 @@ impl Collective for BlockingWorld {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Work;
     use std::sync::Mutex;
 
     /// Records which of its methods ran; its started calls would stay pending.

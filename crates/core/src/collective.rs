@@ -20,6 +20,37 @@ fn write_ne<T, const N: usize>(
     Ok(())
 }
 
+/// Checks a [`Collective::reduce_scatter_parts_start`] call's parts against the world and
+/// the tensors; returns this rank's part length.
+fn check_parts(
+    rank: usize,
+    full: &Tensor,
+    shard: &Tensor,
+    parts: &[usize],
+    world_size: usize,
+) -> Result<usize, CollectiveError> {
+    let mismatch = |message: String| CollectiveError::Mismatch {
+        rank,
+        op: "reduce_scatter",
+        message,
+    };
+    if parts.len() != world_size {
+        return Err(mismatch(format!(
+            "{} parts for a world of {world_size} ranks",
+            parts.len()
+        )));
+    }
+    let total: usize = parts.iter().sum();
+    if total != full.elem_count() || parts[rank] != shard.elem_count() {
+        return Err(mismatch(format!(
+            "parts {parts:?} (sum {total}) against a full buffer of {} and a shard of {} elements",
+            full.elem_count(),
+            shard.elem_count()
+        )));
+    }
+    Ok(parts[rank])
+}
+
 /// How values from the ranks are combined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReduceOp {
@@ -69,7 +100,9 @@ impl Work {
 /// Equal chunks are the contract every world meets: the full buffer is `world_size` times
 /// the shard (the strategies' flat layouts pad to that). `NcclWorld` requires it; the host
 /// worlds (`ThreadWorld`, `MpiWorld`) also accept shards whose lengths differ between
-/// ranks, but wick's own calls always pass equal chunks, so they run on every world.
+/// ranks. wick's own calls pass equal chunks, but for
+/// [`Collective::reduce_scatter_parts_start`], which pads them where a world needs it, so
+/// they run on every world.
 pub trait Collective: Send + Sync {
     /// This rank's index, `0..world_size()`.
     fn rank(&self) -> usize;
@@ -117,6 +150,61 @@ pub trait Collective: Send + Sync {
     ) -> Result<Work, CollectiveError> {
         self.reduce_scatter_into(full, shard, op)?;
         Ok(Work::done())
+    }
+
+    /// Issues a reduce-scatter whose parts may differ in length between ranks, to be waited
+    /// on later: rank r's part is `parts[r]` elements, `full` holds the parts in rank order,
+    /// and `shard` receives this rank's (`parts[rank]` elements, possibly none). ZeRO-2
+    /// reduces its gradient buckets with it, each cut where the ranks' ranges of the flat
+    /// layout fall.
+    ///
+    /// The default pads every part to the longest and issues an equal
+    /// [`Collective::reduce_scatter_start`], which every world takes (NCCL needs equal
+    /// chunks); the padding costs bytes on the wire, not the slowest rank's time, since the
+    /// owner of the longest part receives as much either way. Worlds that take uneven parts
+    /// as they are (the host worlds) override it to move no padding.
+    fn reduce_scatter_parts_start(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        parts: &[usize],
+        op: ReduceOp,
+    ) -> Result<Work, CollectiveError> {
+        let rank = self.rank();
+        let len = check_parts(rank, full, shard, parts, self.world_size())?;
+        let longest = parts.iter().copied().max().unwrap_or(0);
+        if parts.iter().all(|&p| p == longest) {
+            return self.reduce_scatter_start(full, shard, op);
+        }
+        let fail = move |e: candle_core::Error| CollectiveError::Unsupported {
+            rank,
+            op: "reduce_scatter",
+            message: e.to_string(),
+        };
+        let pad = || -> candle_core::Result<(Tensor, Tensor)> {
+            let full = full.flatten_all()?;
+            let padded = Tensor::zeros(longest * parts.len(), full.dtype(), full.device())?;
+            let mut at = 0;
+            for (r, &part) in parts.iter().enumerate().filter(|(_, &part)| part > 0) {
+                padded.slice_set(&full.narrow(0, at, part)?, 0, r * longest)?;
+                at += part;
+            }
+            Ok((padded, Tensor::zeros(longest, full.dtype(), full.device())?))
+        };
+        let (padded, mine) = pad().map_err(fail)?;
+        let work = self.reduce_scatter_start(&padded, &mine, op)?;
+        let shard = shard.clone();
+        Ok(Work::pending(move || {
+            work.wait()?;
+            drop(padded);
+            match len {
+                0 => Ok(()),
+                _ => shard
+                    .flatten_all()
+                    .and_then(|s| s.slice_set(&mine.narrow(0, 0, len)?, 0, 0))
+                    .map_err(fail),
+            }
+        }))
     }
 
     /// Issues an in-place all-reduce to be waited on later (a bucket of gradients reduced
@@ -215,6 +303,15 @@ impl<C: Collective + ?Sized> Collective for std::sync::Arc<C> {
         op: ReduceOp,
     ) -> Result<Work, CollectiveError> {
         (**self).reduce_scatter_start(full, shard, op)
+    }
+    fn reduce_scatter_parts_start(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        parts: &[usize],
+        op: ReduceOp,
+    ) -> Result<Work, CollectiveError> {
+        (**self).reduce_scatter_parts_start(full, shard, parts, op)
     }
     fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, CollectiveError> {
         (**self).all_reduce_start(tensor, op)

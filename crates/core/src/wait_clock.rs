@@ -91,6 +91,18 @@ impl Collective for WaitClock {
     ) -> Result<Work, CollectiveError> {
         self.started(|| self.inner.reduce_scatter_start(full, shard, op))
     }
+    fn reduce_scatter_parts_start(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        parts: &[usize],
+        op: ReduceOp,
+    ) -> Result<Work, CollectiveError> {
+        self.started(|| {
+            self.inner
+                .reduce_scatter_parts_start(full, shard, parts, op)
+        })
+    }
     fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, CollectiveError> {
         self.started(|| self.inner.all_reduce_start(tensor, op))
     }

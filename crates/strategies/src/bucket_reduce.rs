@@ -1,5 +1,6 @@
-//! Gradients averaged over the ranks by one all-reduce per bucket (ddp, zero1), issued while
-//! backward runs.
+//! Gradients averaged over the ranks by one collective per bucket, issued while backward
+//! runs: an all-reduce under ddp and zero1, a reduce-scatter into the owners' ranges under
+//! zero2.
 //!
 //! Buckets hold parameters in reverse registration order, about `cap` bytes each, as in
 //! PyTorch's DDP: the order backward completes them. During the last backward before a
@@ -11,11 +12,18 @@
 //! waits for them in that order. With stock candle-core there is no such hook: every bucket
 //! is issued once backward returns, as before.
 //!
+//! A bucket is a run of consecutive parameters, so under zero2 it is one range of the flat
+//! layout: each rank receives the part of it that falls in its own range (none, for most
+//! ranks, when buckets are small), an uneven reduce-scatter
+//! ([`Collective::reduce_scatter_parts_start`]), as DeepSpeed's ZeRO-2 reduces each bucket
+//! to the ranks that own it. The layout, and so every checkpoint, stays as it was.
+//!
 //! Every element is reduced by the same rank-order sum however the buckets fall, so the
-//! result is the same bits as one all-reduce of everything.
+//! result is the same bits as one all-reduce (or reduce-scatter) of everything.
 
+use crate::flat_layout::FlatLayout;
 use candle_core::backprop::GradStore;
-use candle_core::{Tensor, TensorId, Var};
+use candle_core::{DType, Device, Tensor, TensorId, Var};
 use std::collections::HashMap;
 use wick_core::{Collective, ReduceOp, Result, Work};
 
@@ -43,10 +51,61 @@ pub(crate) fn buckets(params: &[Var], cap: usize) -> Vec<Vec<usize>> {
     buckets
 }
 
-/// One backward's bucket all-reduces: the gradients handed over so far, and the buckets
+/// How a step's gradients are reduced: the buckets, and what each rank keeps of them.
+#[derive(Clone)]
+pub(crate) struct BucketPlan {
+    /// Parameter indices, in issue order ([`buckets`]).
+    pub(crate) buckets: Vec<Vec<usize>>,
+    /// `None`: every rank keeps the whole averaged gradient (all-reduce). A layout and
+    /// this rank: each rank keeps its range of it (reduce-scatter).
+    pub(crate) shard_of: Option<(FlatLayout, usize)>,
+}
+
+impl BucketPlan {
+    /// Each bucket all-reduced: every rank keeps every averaged gradient.
+    pub(crate) fn whole(buckets: Vec<Vec<usize>>) -> Self {
+        BucketPlan {
+            buckets,
+            shard_of: None,
+        }
+    }
+
+    /// Each bucket reduce-scattered to the ranks that own its elements in `layout`; this
+    /// rank is `rank`.
+    pub(crate) fn sharded(buckets: Vec<Vec<usize>>, layout: FlatLayout, rank: usize) -> Self {
+        BucketPlan {
+            buckets,
+            shard_of: Some((layout, rank)),
+        }
+    }
+}
+
+/// The flat range of a bucket under `layout` (its parameters are consecutive) and, for
+/// each rank, how many of its elements that rank owns.
+fn bucket_parts(layout: &FlatLayout, bucket: &[usize]) -> (std::ops::Range<usize>, Vec<usize>) {
+    let (first, last) = (bucket.iter().min(), bucket.iter().max());
+    let entries = layout.entries();
+    let range = match (first, last) {
+        (Some(&f), Some(&l)) => entries[f].offset..entries[l].range().end,
+        _ => 0..0,
+    };
+    let parts = (0..layout.world_size())
+        .map(|r| {
+            let s = layout.shard(r);
+            range
+                .end
+                .min(s.end)
+                .saturating_sub(range.start.max(s.start))
+        })
+        .collect();
+    (range, parts)
+}
+
+/// One backward's bucket reductions: the gradients handed over so far, and the buckets
 /// issued.
 pub(crate) struct BucketReduction {
     buckets: Vec<Vec<usize>>,
+    shard_of: Option<(FlatLayout, usize)>,
     index: HashMap<TensorId, usize>,
     /// Each parameter's gradient (with what earlier micro-batches accumulated), once handed.
     grads: Vec<Option<Tensor>>,
@@ -54,7 +113,8 @@ pub(crate) struct BucketReduction {
     pending: Vec<bool>,
     /// Zeros for a parameter no backward reached (as the blocking step uses).
     params: Vec<Var>,
-    /// The issued buckets' flat buffers and calls, in issue order.
+    /// The issued buckets' results (the flat bucket, or this rank's part of it) and calls,
+    /// in issue order.
     issued: Vec<(Tensor, Work)>,
     /// What failed inside backward's hook, kept with its type (a peer's failure stays one)
     /// where candle's error would carry its message only.
@@ -62,17 +122,14 @@ pub(crate) struct BucketReduction {
 }
 
 impl BucketReduction {
-    /// A reduction of `params`' gradients in `buckets`, on top of `accumulated` (the
-    /// earlier micro-batches' local sums, `None` where there are none).
-    pub(crate) fn new(
-        params: &[Var],
-        buckets: Vec<Vec<usize>>,
-        accumulated: Vec<Option<Tensor>>,
-    ) -> Self {
+    /// A reduction of `params`' gradients by `plan`, on top of `accumulated` (the earlier
+    /// micro-batches' local sums, `None` where there are none).
+    pub(crate) fn new(params: &[Var], plan: BucketPlan, accumulated: Vec<Option<Tensor>>) -> Self {
         let mut grads = accumulated;
         grads.resize(params.len(), None);
         BucketReduction {
-            buckets,
+            buckets: plan.buckets,
+            shard_of: plan.shard_of,
             index: params
                 .iter()
                 .enumerate()
@@ -131,10 +188,14 @@ impl BucketReduction {
         Ok(())
     }
 
-    /// Issues the next bucket's all-reduce (mean): its gradients flattened into one fresh
-    /// buffer, which the reduction then owns.
+    /// Issues the next bucket's reduction (mean) over its gradients flattened into one
+    /// buffer: an all-reduce in place, or a reduce-scatter of its flat range.
     fn issue_next(&mut self, world: &dyn Collective) -> Result<()> {
-        let bucket = &self.buckets[self.issued.len()];
+        let mut bucket = self.buckets[self.issued.len()].clone();
+        if self.shard_of.is_some() {
+            // Registration order: the bucket's range of the flat layout.
+            bucket.sort_unstable();
+        }
         let parts = bucket
             .iter()
             .map(|&i| match self.grads[i].take() {
@@ -142,15 +203,29 @@ impl BucketReduction {
                 None => self.params[i].zeros_like()?.flatten_all(),
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
-        // A fresh buffer even for one gradient (where `cat` would hand back the same
-        // storage): candle gives both operands of an add one shared gradient, and the
-        // all-reduce works in place.
-        let flat = match parts.as_slice() {
-            [one] => one.copy()?,
-            _ => Tensor::cat(&parts, 0)?,
+        let issued = match &self.shard_of {
+            None => {
+                // A fresh buffer even for one gradient (where `cat` would hand back the
+                // same storage): candle gives both operands of an add one shared
+                // gradient, and the all-reduce works in place.
+                let flat = match parts.as_slice() {
+                    [one] => one.copy()?,
+                    _ => Tensor::cat(&parts, 0)?,
+                };
+                let work = world.all_reduce_start(&flat, ReduceOp::Mean)?;
+                (flat, work)
+            }
+            Some((layout, _)) => {
+                // Read, not written: the flat buffer may share a gradient's storage.
+                let flat = Tensor::cat(&parts, 0)?;
+                let (_, owned) = bucket_parts(layout, &bucket);
+                let mine = Tensor::zeros(owned[world.rank()], DType::F32, flat.device())?;
+                let work =
+                    world.reduce_scatter_parts_start(&flat, &mine, &owned, ReduceOp::Mean)?;
+                (mine, work)
+            }
         };
-        let work = world.all_reduce_start(&flat, ReduceOp::Mean)?;
-        self.issued.push((flat, work));
+        self.issued.push(issued);
         Ok(())
     }
 
@@ -174,16 +249,29 @@ impl BucketReduction {
         Ok(())
     }
 
-    /// Waits for every bucket, in issue order, and returns each parameter's averaged
-    /// gradient. Waits for all of them even after one failed.
+    /// Waits for every bucket, in issue order, and returns the averaged gradients: each
+    /// parameter's, or, when the plan shards them, this rank's range of the flat layout
+    /// alone (one tensor). Waits for all of them even after one failed.
     pub(crate) fn wait(self) -> Result<Vec<Tensor>> {
-        let mut grads: Vec<Option<Tensor>> = vec![None; self.params.len()];
         let mut first_error = None;
-        for (bucket, (flat, work)) in self.buckets.iter().zip(self.issued) {
-            if let Err(e) = work.wait() {
-                first_error.get_or_insert(e);
-                continue;
+        let mut results = Vec::with_capacity(self.issued.len());
+        for (result, work) in self.issued {
+            match work.wait() {
+                Ok(()) => results.push(result),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
             }
+        }
+        if let Some(e) = first_error {
+            return Err(e.into());
+        }
+        if let (Some((layout, rank)), Some(p)) = (&self.shard_of, self.params.first()) {
+            let shard = assemble_shard(layout, *rank, &self.buckets, results, p.device())?;
+            return Ok(vec![shard]);
+        }
+        let mut grads: Vec<Option<Tensor>> = vec![None; self.params.len()];
+        for (bucket, flat) in self.buckets.iter().zip(results) {
             let mut offset = 0;
             for &i in bucket {
                 let p = &self.params[i];
@@ -192,15 +280,32 @@ impl BucketReduction {
                 offset += n;
             }
         }
-        if let Some(e) = first_error {
-            return Err(e.into());
-        }
         let grads = grads.into_iter().zip(&self.params).map(|(g, p)| match g {
             Some(g) => Ok(g),
             None => p.zeros_like(),
         });
         Ok(grads.collect::<candle_core::Result<_>>()?)
     }
+}
+
+/// Rank `rank`'s range of the flat layout, from its part of each bucket (`parts`, in
+/// bucket order); zeros where no bucket reaches (the padding).
+fn assemble_shard(
+    layout: &FlatLayout,
+    rank: usize,
+    buckets: &[Vec<usize>],
+    parts: Vec<Tensor>,
+    device: &Device,
+) -> Result<Tensor> {
+    let own = layout.shard(rank);
+    let shard = Tensor::zeros(own.len(), DType::F32, device)?;
+    for (bucket, part) in buckets.iter().zip(parts) {
+        if part.elem_count() > 0 {
+            let (range, _) = bucket_parts(layout, bucket);
+            shard.slice_set(&part, 0, range.start.max(own.start) - own.start)?;
+        }
+    }
+    Ok(shard)
 }
 
 /// `loss.backward()`, handing each variable's gradient to `ready` as soon as it is complete
@@ -219,15 +324,14 @@ pub(crate) fn backward_handing_over(
     }
 }
 
-/// The all-reduce of every bucket at once, blocking: for gradients no backward reduced.
-pub(crate) fn all_reduce_buckets(
+/// Every bucket's reduction by `plan` at once, blocking: for gradients no backward reduced.
+pub(crate) fn reduce_buckets(
     world: &dyn Collective,
     params: &[Var],
-    buckets: Vec<Vec<usize>>,
+    plan: BucketPlan,
     grads: Vec<Tensor>,
 ) -> Result<Vec<Tensor>> {
-    let mut reduction =
-        BucketReduction::new(params, buckets, grads.into_iter().map(Some).collect());
+    let mut reduction = BucketReduction::new(params, plan, grads.into_iter().map(Some).collect());
     reduction.issue_rest(world, [])?;
     reduction.wait()
 }

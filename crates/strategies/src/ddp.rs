@@ -6,7 +6,7 @@
 //! ([`crate::bucket_reduce`]). Every rank then applies the same update to the same
 //! parameters, so replicas stay identical without a broadcast.
 
-use crate::bucket_reduce::{buckets, DEFAULT_BUCKET_CAP_BYTES};
+use crate::bucket_reduce::{buckets, BucketPlan, DEFAULT_BUCKET_CAP_BYTES};
 use crate::replicated::ReplicatedState;
 use crate::replicated_strategy::{GradReduce, Replicated};
 use candle_core::Var;
@@ -59,16 +59,21 @@ impl BucketedAllReduce {
     fn buckets(&self, params: &[Var]) -> Vec<Vec<usize>> {
         buckets(params, self.bucket_cap_bytes)
     }
+
+    /// Every bucket all-reduced.
+    fn plan(&self, state: &ReplicatedState) -> BucketPlan {
+        BucketPlan::whole(self.buckets(&state.params))
+    }
 }
 
 impl GradReduce for BucketedAllReduce {
     fn step(&self, name: &str, state: &mut ReplicatedState) -> Result<()> {
-        let grads = state.averaged_grads(name, self.buckets(&state.params))?;
+        let grads = state.averaged_grads(name, self.plan(state))?;
         state.apply(name, grads)
     }
 
-    fn overlapped_buckets(&self, params: &[Var]) -> Option<Vec<Vec<usize>>> {
-        Some(self.buckets(params))
+    fn overlapped(&self, _name: &str, state: &ReplicatedState) -> Result<Option<BucketPlan>> {
+        Ok(Some(self.plan(state)))
     }
 
     fn sharding(&self) -> Sharding {

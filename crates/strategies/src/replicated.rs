@@ -1,7 +1,7 @@
 //! Replicated parameters: every rank holds every parameter in full. The state of the
 //! [`Replicated`](crate::Replicated) strategies (single, ddp, zero1, zero2).
 
-use crate::bucket_reduce::{all_reduce_buckets, backward_handing_over, BucketReduction};
+use crate::bucket_reduce::{backward_handing_over, reduce_buckets, BucketPlan, BucketReduction};
 use crate::clip::clip_grad_norm;
 use crate::flat_layout::FlatLayout;
 use crate::grads::GradAccumulator;
@@ -105,7 +105,7 @@ pub(crate) struct ReplicatedState {
     recomputed: Arc<RecomputedGrads>,
     /// What the last looking backward found.
     pub(crate) unused: Vec<String>,
-    /// The bucket all-reduces the last backward issued (ddp, zero1), until the step waits.
+    /// The bucket reductions the last backward issued (ddp, zero1-2), until the step waits.
     in_flight: Option<BucketReduction>,
     /// Gradients already averaged by a reducing backward no step followed.
     reduced: Option<Vec<Tensor>>,
@@ -191,13 +191,13 @@ impl ReplicatedState {
     }
 
     /// Back-propagates `loss`, adding the gradients to those of earlier micro-batches. With
-    /// `buckets` (the last backward before a step, under ddp and zero1) each bucket's
-    /// all-reduce is issued while backward runs; [`Self::averaged_grads`] waits for them.
+    /// a `plan` (the last backward before a step, under ddp and zero1-2) each bucket's
+    /// reduction is issued while backward runs; [`Self::averaged_grads`] waits for them.
     pub(crate) fn backward(
         &mut self,
         strategy: &str,
         loss: &Tensor,
-        buckets: Option<Vec<Vec<usize>>>,
+        plan: Option<BucketPlan>,
     ) -> Result<()> {
         if std::mem::take(&mut self.find_unused) {
             let handed = self.params.iter().zip(&self.names);
@@ -207,7 +207,7 @@ impl ReplicatedState {
             );
         }
         self.settle_reduced()?;
-        let Some(buckets) = buckets else {
+        let Some(plan) = plan else {
             let store = loss.backward()?;
             self.grads.add(&self.params, store)?;
             let recomputed = self.recomputed.take();
@@ -218,7 +218,7 @@ impl ReplicatedState {
             return Ok(());
         };
         let world = self.world(strategy)?.clone();
-        let mut reduction = BucketReduction::new(&self.params, buckets, self.grads.take_partial());
+        let mut reduction = BucketReduction::new(&self.params, plan, self.grads.take_partial());
         let store = backward_handing_over(loss, &mut |var, grad| {
             reduction.ready(world.as_ref(), var, grad)
         });
@@ -254,7 +254,7 @@ impl ReplicatedState {
         }
     }
 
-    /// Waits for the bucket all-reduces in flight, keeping their averaged gradients.
+    /// Waits for the bucket reductions in flight, keeping their averaged gradients.
     fn settle_reduced(&mut self) -> Result<()> {
         if let Some(reduction) = self.in_flight.take() {
             let grads = reduction.wait()?;
@@ -266,12 +266,13 @@ impl ReplicatedState {
         Ok(())
     }
 
-    /// Every parameter's gradient averaged over the ranks: what backward reduced as it ran,
-    /// plus the all-reduce in `buckets` of what is still local.
+    /// The gradients averaged over the ranks, in `plan`'s form (each parameter's, or this
+    /// rank's shard of them): what backward reduced as it ran, plus the reduction by `plan`
+    /// of what is still local. `plan` must be the one backward reduced with, if any.
     pub(crate) fn averaged_grads(
         &mut self,
         strategy: &str,
-        buckets: Vec<Vec<usize>>,
+        plan: BucketPlan,
     ) -> Result<Vec<Tensor>> {
         self.settle_reduced()?;
         let reduced = match (self.reduced.take(), self.grads.is_empty()) {
@@ -280,7 +281,7 @@ impl ReplicatedState {
         };
         let local = self.take_grads()?;
         let world = self.world(strategy)?;
-        let averaged = all_reduce_buckets(world.as_ref(), &self.params, buckets, local)?;
+        let averaged = reduce_buckets(world.as_ref(), &self.params, plan, local)?;
         Ok(match reduced {
             Some(reduced) => add_all(reduced, averaged)?,
             None => averaged,

@@ -5,8 +5,9 @@
 //! written here once; a [`GradReduce`] says only what differs: the world sizes it accepts,
 //! what it shards and the step itself.
 
+use crate::bucket_reduce::BucketPlan;
 use crate::replicated::ReplicatedState;
-use candle_core::{Device, Shape, Tensor, Var};
+use candle_core::{Device, Shape, Tensor};
 use std::sync::Arc;
 use wick_core::{
     ActivationCheckpointing, Collective, GradSync, OptimizerConfig, RankState, Result,
@@ -28,10 +29,10 @@ pub(crate) trait GradReduce: Clone + Send + 'static {
     /// What the strategy shards.
     fn sharding(&self) -> Sharding;
 
-    /// The buckets of `params` whose all-reduce the last backward before a step issues
-    /// while it runs; `None` where the step reduces otherwise.
-    fn overlapped_buckets(&self, _params: &[Var]) -> Option<Vec<Vec<usize>>> {
-        None
+    /// How the last backward before a step reduces the gradients while it runs; `None`
+    /// where the step reduces otherwise.
+    fn overlapped(&self, _name: &str, _state: &ReplicatedState) -> Result<Option<BucketPlan>> {
+        Ok(None)
     }
 }
 
@@ -129,11 +130,11 @@ impl<R: GradReduce> Strategy for Replicated<R> {
     }
 
     fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<()> {
-        let buckets = match sync {
-            GradSync::Reduce => self.reduce.overlapped_buckets(&self.state.params),
+        let plan = match sync {
+            GradSync::Reduce => self.reduce.overlapped(self.name, &self.state)?,
             _ => None,
         };
-        self.state.backward(self.name, loss, buckets)
+        self.state.backward(self.name, loss, plan)
     }
 
     fn find_unused_parameters(&mut self) {

@@ -1,20 +1,22 @@
 //! ZeRO stages 1 and 2: replicated parameters, optimizer state (and, at stage 2, gradients)
 //! sharded over the ranks.
 //!
-//! All parameters form one flat layout padded to a multiple of W. Stage 1 all-reduces the
-//! gradients in buckets, as ddp does (issued during backward), and keeps its range; stage 2 reduce-scatters
-//! them so only the range survives, in rounds that never build the full flat gradient. Each
-//! rank steps its range of the parameters with its shard of optimizer state, then all-gathers
-//! hand every rank the updated parameters.
+//! All parameters form one flat layout padded to a multiple of W. Both stages reduce the
+//! gradients in buckets issued during backward, as ddp does: stage 1 all-reduces each bucket
+//! and keeps its range of the result; stage 2 reduce-scatters each bucket to the ranks that
+//! own its elements, so only the range survives and the full gradients are freed as
+//! backward goes. Each rank steps its range of the parameters with its shard of optimizer
+//! state, then all-gathers, in rounds that never build the full flat buffer, hand every
+//! rank the updated parameters.
 
-use crate::bucket_reduce::{buckets, DEFAULT_BUCKET_CAP_BYTES};
+use crate::bucket_reduce::{buckets, BucketPlan, DEFAULT_BUCKET_CAP_BYTES};
 use crate::clip::clip_grad_norm;
 use crate::flat_grad::flatten_consuming;
 use crate::flat_layout::FlatLayout;
 use crate::replicated::{tensor_bytes, ReplicatedState};
 use crate::replicated_strategy::{GradReduce, Replicated};
 use candle_core::{DType, Device, Tensor, Var};
-use wick_core::{Collective, ReduceOp, Result, Sharding};
+use wick_core::{Collective, Error, Result, Sharding};
 
 /// Which state ZeRO shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +36,7 @@ pub type Zero = Replicated<ZeroReduce>;
 pub struct ZeroReduce {
     stage: Stage,
     chunk: usize,
-    /// Stage 1's all-reduce buckets (as ddp's).
+    /// The gradient buckets (as ddp's).
     bucket_cap_bytes: usize,
 }
 
@@ -60,23 +62,22 @@ impl Zero {
         )
     }
 
-    /// Elements per rank in each round of stage 2's collectives: the reduce-scatter of
-    /// gradients and the all-gather of updated parameters (default 1Mi: 4 MiB); smaller
-    /// rounds use less memory and more calls.
+    /// Elements per rank in each round of stage 2's all-gather of the updated parameters
+    /// (default 1Mi: 4 MiB); smaller rounds use less memory and more calls.
     pub fn with_chunk(mut self, elements: usize) -> Self {
         self.reduce_mut().chunk = elements.max(1);
         self
     }
 
-    /// Stage 1's all-reduce bucket size in bytes (default 25 MiB, as ddp's); stage 2 does
-    /// not use it.
+    /// The gradient bucket size in bytes (default 25 MiB, as ddp's): stage 1 all-reduces
+    /// each bucket, stage 2 reduce-scatters it.
     pub fn with_bucket_cap_bytes(mut self, bytes: usize) -> Self {
         self.reduce_mut().bucket_cap_bytes = bytes.max(1);
         self
     }
 }
 
-/// Elements per rank in each round of stage 2's collectives (4 MiB).
+/// Elements per rank in each round of stage 2's all-gather (4 MiB).
 const DEFAULT_CHUNK: usize = 1 << 20;
 
 /// The rounds of a chunked collective over shards of `layout`: (start within the shard,
@@ -94,33 +95,6 @@ fn flat_views(tensors: impl Iterator<Item = Tensor>) -> Result<Vec<Tensor>> {
     Ok(tensors
         .map(|t| t.flatten_all())
         .collect::<candle_core::Result<Vec<_>>>()?)
-}
-
-/// Reduce-scatters (mean) the full gradients into this rank's shard of them, round by
-/// round, so no full flat gradient is ever allocated: only a W*chunk buffer at a time.
-fn reduce_scatter_grads(
-    world: &dyn Collective,
-    chunk: usize,
-    layout: &FlatLayout,
-    grads: Vec<Tensor>,
-    device: &Device,
-) -> Result<Tensor> {
-    let (s, w) = (layout.shard_len(), layout.world_size());
-    let flat_grads = flat_views(grads.into_iter())?;
-    let shard_grad = Tensor::zeros(s, DType::F32, device)?;
-    for (start, len) in rounds(layout, chunk) {
-        let packed = Tensor::zeros(len * w, DType::F32, device)?;
-        for r in 0..w {
-            for (i, _, within, at) in layout.pieces_in(r * s + start..r * s + start + len) {
-                let src = flat_grads[i].narrow(0, within.start, within.len())?;
-                packed.slice_set(&src, 0, r * len + at)?;
-            }
-        }
-        let piece = Tensor::zeros(len, DType::F32, device)?;
-        world.reduce_scatter_into(&packed, &piece, ReduceOp::Mean)?;
-        shard_grad.slice_set(&piece, 0, start)?;
-    }
-    Ok(shard_grad)
 }
 
 /// All-gathers the updated shards straight into the replicated parameters, round by round,
@@ -178,6 +152,21 @@ pub(crate) fn shard_of(
     Ok(Tensor::cat(&parts, 0)?)
 }
 
+impl ZeroReduce {
+    /// How a step's gradients are reduced: stage 1 all-reduces each bucket, stage 2
+    /// reduce-scatters it to the owners of its elements.
+    fn plan(&self, name: &str, state: &ReplicatedState) -> Result<BucketPlan> {
+        let buckets = buckets(&state.params, self.bucket_cap_bytes);
+        Ok(match self.stage {
+            Stage::One => BucketPlan::whole(buckets),
+            Stage::Two => {
+                let rank = state.world(name)?.rank();
+                BucketPlan::sharded(buckets, state.layout(name)?.clone(), rank)
+            }
+        })
+    }
+}
+
 impl GradReduce for ZeroReduce {
     fn step(&self, name: &str, state: &mut ReplicatedState) -> Result<()> {
         let layout = state.layout(name)?.clone();
@@ -196,8 +185,8 @@ impl GradReduce for ZeroReduce {
             Stage::One => {
                 // The full averaged gradient is kept through the step (stage 1 shards
                 // only the optimizer state); its buffer then receives the gathered update.
-                let buckets = buckets(&state.params, self.bucket_cap_bytes);
-                let grads = state.averaged_grads(name, buckets)?.into_iter().map(Some);
+                let plan = self.plan(name, state)?;
+                let grads = state.averaged_grads(name, plan)?.into_iter().map(Some);
                 let flat_grad = flatten_consuming(grads, &layout, DType::F32, &device)?;
                 let shard = param_shard(&state.params)?;
                 let flat_grad = match state.clip {
@@ -226,9 +215,15 @@ impl GradReduce for ZeroReduce {
             }
             Stage::Two => {
                 // The full gradients are gone before the parameter shard is copied out.
-                let grads = state.take_grads()?;
+                let plan = self.plan(name, state)?;
                 let shard_grad =
-                    reduce_scatter_grads(world.as_ref(), self.chunk, &layout, grads, &device)?;
+                    state
+                        .averaged_grads(name, plan)?
+                        .pop()
+                        .ok_or_else(|| Error::NotReady {
+                            strategy: name.to_string(),
+                            message: "no gradient shard was reduced".into(),
+                        })?;
                 let shard = param_shard(&state.params)?;
                 let mut shard_grads = [shard_grad];
                 if let Some(max_norm) = state.clip {
@@ -251,9 +246,8 @@ impl GradReduce for ZeroReduce {
         Ok(())
     }
 
-    /// Stage 1 averages the whole gradient, as ddp does: by buckets issued during backward.
-    fn overlapped_buckets(&self, params: &[Var]) -> Option<Vec<Vec<usize>>> {
-        (self.stage == Stage::One).then(|| buckets(params, self.bucket_cap_bytes))
+    fn overlapped(&self, name: &str, state: &ReplicatedState) -> Result<Option<BucketPlan>> {
+        Ok(Some(self.plan(name, state)?))
     }
 
     fn sharding(&self) -> Sharding {

@@ -564,6 +564,18 @@ impl Collective for MpiWorld {
         }))
     }
 
+    /// Uneven parts as they are, no padding: every rank's shard length travels in the
+    /// call's header, and the header check holds them against the full buffer.
+    fn reduce_scatter_parts_start(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        _parts: &[usize],
+        reduce: ReduceOp,
+    ) -> Result<Work, CollectiveError> {
+        self.reduce_scatter_start(full, shard, reduce)
+    }
+
     /// The all-to-all of [`Self::all_reduce_in_place`] as `MPI_Ialltoallv`; the sum of this
     /// rank's part and the all-gather of every rank's part run in [`Work::wait`].
     fn all_reduce_start(&self, tensor: &Tensor, reduce: ReduceOp) -> Result<Work, CollectiveError> {

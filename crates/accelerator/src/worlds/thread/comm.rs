@@ -12,7 +12,7 @@ use crate::worlds::reduce::reduce_ranks;
 use candle_core::{DType, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use wick_core::{lock, Collective, CollectiveError, ReduceOp};
+use wick_core::{lock, Collective, CollectiveError, ReduceOp, Work};
 
 /// One rank's handle on a [`ThreadWorld`](super::ThreadWorld); implements [`Collective`] for f32, bf16 and f16
 /// CPU tensors.
@@ -263,6 +263,18 @@ impl Collective for ThreadComm {
             })
         })
         .map_err(self.unsupported(op))?
+    }
+
+    /// Uneven parts as they are, no padding: every rank's shard length travels in the
+    /// call's header, and the header check holds them against the full buffer.
+    fn reduce_scatter_parts_start(
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        _parts: &[usize],
+        op: ReduceOp,
+    ) -> Result<Work, CollectiveError> {
+        self.reduce_scatter_start(full, shard, op)
     }
 
     fn broadcast_in_place(&self, tensor: &Tensor, root: usize) -> Result<(), CollectiveError> {
