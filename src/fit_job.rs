@@ -8,7 +8,13 @@ use std::sync::{Arc, Mutex};
 use wick_accelerator::{cuda_device_count, DeviceKind, LaunchEnv};
 use wick_core::{lock, Callback, RunState};
 use wick_strategies::StrategyKind;
-use wick_trainer::{Attached, DataLoader, LearningRateMonitor, ModelCheckpoint, Trainer};
+use wick_trainer::{
+    Attached, DataLoader, LearningRateMonitor, ModelCheckpoint, Preemption, Trainer,
+};
+
+/// `--resume auto`: the newest checkpoint under `--checkpoint-dir` when it has one, and a
+/// fresh start otherwise.
+pub const RESUME_AUTO: &str = "auto";
 
 /// Context length of the main job's model.
 const BLOCK: usize = 64;
@@ -151,6 +157,7 @@ impl Run {
             .device_kind(kind)
             .accumulate_grad_batches(args.accumulate)
             .activation_checkpointing(args.activation_checkpointing)
+            .on_nonfinite(args.on_nonfinite)
             .max_steps(args.max_steps)
             .seed(args.seed)
             .run_name(&args.run_name)
@@ -158,6 +165,8 @@ impl Run {
             .val_check_interval(args.val_every)
             .progress(!args.no_progress)
             .overlap_comm(!args.no_overlap_comm)
+            // SIGTERM, SIGINT, SIGUSR1: save this step and stop (exit status 75).
+            .preemption(Preemption::on_signals().context("catching SIGTERM, SIGINT and SIGUSR1")?)
             .callback(LearningRateMonitor::new())
             .callback(history.clone());
         builder = builder.strategy_spec(args.strategy_spec());
@@ -174,7 +183,8 @@ impl Run {
             builder = builder.checkpoint(
                 checkpoints
                     .every_n_steps(args.save_every)
-                    .keep_last(args.keep_last),
+                    .keep_last(args.keep_last)
+                    .async_save(args.async_save),
             );
         }
         Ok(Run {
@@ -198,6 +208,9 @@ impl Run {
         let trainer = &mut self.trainer;
         let model = &mut Attached::new(model);
         let metrics = match &args.resume {
+            Some(from) if from.as_os_str() == RESUME_AUTO => {
+                trainer.fit_or_resume(model, train, Some(val))?
+            }
             Some(from) => trainer.fit_from(model, train, Some(val), from)?,
             None => trainer.fit(model, train, Some(val))?,
         };

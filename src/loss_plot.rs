@@ -160,7 +160,7 @@ mod tests {
     fn metrics(dir: &Path) -> PathBuf {
         let path = dir.join("metrics.csv");
         let mut text = String::from(
-            "step,epoch,train_loss,val_loss,lr,tokens_per_s,epoch_time_s,comm_wait_s\n",
+            "step,epoch,train_loss,val_loss,lr,skipped_steps,tokens_per_s,epoch_time_s,comm_wait_s\n",
         );
         for step in 1..=60 {
             let loss = 1.5 + 4.0 / step as f64;
@@ -169,7 +169,7 @@ mod tests {
             } else {
                 String::new()
             };
-            text += &format!("{step},0,{loss},{val},0.001,1000.0,0.5,0.0\n");
+            text += &format!("{step},0,{loss},{val},0.001,0,1000.0,0.5,0.0\n");
         }
         std::fs::write(&path, text).unwrap();
         path

@@ -21,6 +21,10 @@ use clap::Parser;
 use cli::{name_of, Cli, Command};
 use std::process::ExitCode;
 
+/// The exit status of a fit stopped by SIGTERM, SIGINT or SIGUSR1 after saving its step:
+/// sysexits' EX_TEMPFAIL, "try again later", so a requeue script can tell it from a failure.
+const EXIT_INTERRUPTED: u8 = 75;
+
 fn main() -> ExitCode {
     // Rust ignores SIGPIPE, so a closed pipe turns the next print into a panic.
     // SAFETY: runs first, before any thread exists; SIG_DFL is a valid action for SIGPIPE.
@@ -30,10 +34,16 @@ fn main() -> ExitCode {
     }
     match run(Cli::parse().command) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
+        Err(e) => match e.downcast_ref::<wick_trainer::TrainerError>() {
+            Some(stop @ wick_trainer::TrainerError::Interrupted { .. }) => {
+                eprintln!("stopped: {stop}; the same command with --resume auto continues");
+                ExitCode::from(EXIT_INTERRUPTED)
+            }
+            _ => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 

@@ -425,11 +425,14 @@ fn a_save_interrupted_anywhere_leaves_the_previous_checkpoint_loadable_and_last(
         None,
         every(TempDir::new().unwrap().path(), 4),
     );
-    for point in [
+    // Blocking saves, and saves written in the background while steps 5 and 6 train: a
+    // crash of the background write comes out at a later step or at the end of fit.
+    let points = [
         SavePoint::RankFile { rank: 1 },
         SavePoint::Manifest,
         SavePoint::Commit,
-    ] {
+    ];
+    for (point, async_save) in points.into_iter().flat_map(|p| [(p, false), (p, true)]) {
         let root = TempDir::new().unwrap();
         let seen = Arc::new(AtomicUsize::new(0));
         let fault = {
@@ -444,12 +447,22 @@ fn a_save_interrupted_anywhere_leaves_the_previous_checkpoint_loadable_and_last(
         };
         let mc = ModelCheckpoint::new(root.path())
             .every_n_steps(2)
+            .async_save(async_save)
             .with_fault_injection(fault);
-        let err = trainer(2, named("zero3"), 4, Some(mc))
+        let err = trainer(2, named("zero3"), 6, Some(mc))
             .fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("killed at"), "{point:?}: {err}");
+        // The error names the file the save was writing.
+        let file = match point {
+            SavePoint::RankFile { rank } => format!("rank-{rank}.safetensors"),
+            SavePoint::Manifest => "manifest.json".into(),
+            SavePoint::Commit => "step-00000004".into(),
+        };
+        assert!(
+            err.contains("killed at") && err.contains(&file),
+            "{point:?} async {async_save}: {err}"
+        );
         assert_eq!(
             std::fs::read_to_string(root.path().join("last")).unwrap(),
             "step-00000002",
@@ -469,6 +482,36 @@ fn a_save_interrupted_anywhere_leaves_the_previous_checkpoint_loadable_and_last(
             None,
         );
         assert_eq!(resumed, reference, "{point:?}");
+    }
+}
+
+#[test]
+fn saves_written_in_the_background_hold_what_blocking_saves_hold() {
+    for (w, strategy) in [(2, "ddp"), (3, "zero2"), (2, "fsdp")] {
+        let tmp = TempDir::new().unwrap();
+        let run = |root: &Path, async_save: bool| {
+            let mc = ModelCheckpoint::new(root)
+                .every_n_steps(2)
+                .async_save(async_save);
+            fit(&loader(), (w, named(strategy)), adamw(), 7, None, Some(mc))
+        };
+        let (blocking, background) = (tmp.path().join("b"), tmp.path().join("a"));
+        let params = run(&blocking, false);
+        assert_eq!(params, run(&background, true), "{strategy} W={w}");
+        // Steps 2, 4 and 6, then the end of fit (7).
+        let names = names_in(&blocking);
+        assert_eq!(names_in(&background), names, "{strategy} W={w}");
+        assert_eq!(names.len(), 5, "{names:?}");
+        for name in names.iter().filter(|n| n.starts_with("step-")) {
+            assert_eq!(
+                saved_state(&background.join(name)),
+                saved_state(&blocking.join(name)),
+                "{strategy} W={w}: {name}"
+            );
+        }
+        let last = |root: &Path| std::fs::read_to_string(root.join("last")).unwrap();
+        assert_eq!(last(&background), "step-00000007");
+        assert_eq!(last(&blocking), last(&background));
     }
 }
 

@@ -52,16 +52,19 @@ fn fit_into_a_pipe_writes_metrics_and_plot_without_bars() {
     let mut lines = csv.lines();
     assert_eq!(
         lines.next(),
-        Some("step,epoch,train_loss,val_loss,lr,tokens_per_s,epoch_time_s,comm_wait_s")
+        Some(
+            "step,epoch,train_loss,val_loss,lr,skipped_steps,tokens_per_s,epoch_time_s,comm_wait_s"
+        )
     );
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     assert_eq!(rows.len(), 4);
     for (i, row) in rows.iter().enumerate() {
-        assert_eq!(row.len(), 8, "{row:?}");
+        assert_eq!(row.len(), 9, "{row:?}");
         assert_eq!(row[0], (i + 1).to_string());
         // Validation every 2 steps.
         assert_eq!(row[3].is_empty(), i % 2 == 0, "{row:?}");
-        let tokens_per_s: f64 = row[5].parse().unwrap();
+        assert_eq!(row[5], "0", "no step skipped: {row:?}");
+        let tokens_per_s: f64 = row[6].parse().unwrap();
         assert!(tokens_per_s > 0.0, "{row:?}");
     }
 
@@ -475,4 +478,92 @@ fn a_config_json_pre_trains_a_new_model_of_its_shape() {
         tensors(&d.join("two-hf/model.safetensors")),
         tensors(&Path::new(&model).join("model.safetensors")),
     );
+}
+
+/// The first `columns` columns of every line of a metrics file.
+fn columns(csv: &Path, columns: usize) -> Vec<String> {
+    std::fs::read_to_string(csv)
+        .unwrap()
+        .lines()
+        .map(|l| l.split(',').take(columns).collect::<Vec<_>>().join(","))
+        .collect()
+}
+
+/// SIGTERM mid-fit (ranks as threads): the run finishes its step, saves it and exits with
+/// status 75; the same command with `--resume auto` continues it, and the run ends with
+/// the metrics and the checkpoint, bit for bit, of a run never stopped.
+#[cfg(unix)]
+#[test]
+fn sigterm_saves_the_step_and_resume_auto_ends_as_an_uninterrupted_run() {
+    const STEPS: usize = 120;
+    let dir = tempfile::tempdir().unwrap();
+    let max_steps = STEPS.to_string();
+    let args = [
+        "--max-steps",
+        &max_steps,
+        "--save-every",
+        "1000",
+        "--resume",
+        "auto",
+    ];
+    let straight = dir.path().join("straight");
+    std::fs::create_dir_all(&straight).unwrap();
+    fit_saving(&straight, &args);
+
+    let stopped = dir.path().join("stopped");
+    std::fs::create_dir_all(&stopped).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_wick"))
+        .args(["fit", "--val-every", "2", "--log-dir"])
+        .arg(stopped.join("runs"))
+        .arg("--checkpoint-dir")
+        .arg(stopped.join("ck"))
+        .args(args)
+        .current_dir(&stopped)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("wick runs");
+    let csv = stopped.join("runs/char-gpt/metrics.csv");
+    let start = std::time::Instant::now();
+    while !csv.exists() || steps_written(&csv) < 5 {
+        assert!(start.elapsed().as_secs() < 120, "no progress");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // SAFETY: a plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{stderr}");
+    let last = std::fs::read_to_string(stopped.join("ck/last")).unwrap();
+    let at: usize = last.trim_start_matches("step-").parse().unwrap();
+    assert!((5..STEPS).contains(&at), "stopped at {at}");
+    assert!(
+        stderr.contains(&format!(
+            "stopped: interrupted by SIGTERM after step {at}; saved {}",
+            stopped.join("ck").join(&last).display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(steps(&csv).last(), Some(&at));
+
+    fit_saving(&stopped, &args);
+    let deterministic = 6;
+    assert_eq!(
+        columns(&csv, deterministic),
+        columns(&straight.join("runs/char-gpt/metrics.csv"), deterministic)
+    );
+    let final_dir = format!("ck/step-{STEPS:08}");
+    for file in ["rank-0.safetensors", "rank-1.safetensors"] {
+        assert_eq!(
+            std::fs::read(stopped.join(&final_dir).join(file)).unwrap(),
+            std::fs::read(straight.join(&final_dir).join(file)).unwrap(),
+            "{file}"
+        );
+    }
+}
+
+/// The rows of a metrics file written so far.
+#[cfg(unix)]
+fn steps_written(csv: &Path) -> usize {
+    std::fs::read_to_string(csv).map_or(0, |t| t.lines().count().saturating_sub(1))
 }

@@ -124,7 +124,9 @@ fn the_metrics_csv_logs_lr_throughput_and_epoch_time() {
     let mut lines = text.lines();
     assert_eq!(
         lines.next(),
-        Some("step,epoch,train_loss,val_loss,lr,tokens_per_s,epoch_time_s,comm_wait_s")
+        Some(
+            "step,epoch,train_loss,val_loss,lr,skipped_steps,tokens_per_s,epoch_time_s,comm_wait_s"
+        )
     );
     let rows: Vec<Vec<String>> = lines
         .map(|l| l.split(',').map(String::from).collect())
@@ -133,11 +135,12 @@ fn the_metrics_csv_logs_lr_throughput_and_epoch_time() {
     let mut last_epoch_time = (usize::MAX, 0.0);
     for r in &rows {
         assert_eq!(r[4].parse::<f64>().unwrap(), 0.02, "lr in {r:?}");
-        assert!(r[5].parse::<f64>().unwrap() > 0.0, "tokens_per_s in {r:?}");
-        let wait = r[7].parse::<f64>().unwrap();
+        assert_eq!(r[5], "0", "skipped_steps in {r:?}");
+        assert!(r[6].parse::<f64>().unwrap() > 0.0, "tokens_per_s in {r:?}");
+        let wait = r[8].parse::<f64>().unwrap();
         assert!(wait.is_finite() && wait >= 0.0, "comm_wait_s in {r:?}");
         // Within an epoch the epoch time only grows; it restarts with the next epoch.
-        let (epoch, t) = (r[1].parse::<usize>().unwrap(), r[6].parse::<f64>().unwrap());
+        let (epoch, t) = (r[1].parse::<usize>().unwrap(), r[7].parse::<f64>().unwrap());
         if epoch == last_epoch_time.0 {
             assert!(t >= last_epoch_time.1, "epoch_time_s went back in {r:?}");
         }

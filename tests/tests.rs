@@ -31,6 +31,10 @@ mod lr_schedule;
 mod early_stopping;
 // The trained module after fit: validate, predict, full_parameters in any order; bare forwards.
 mod after_fit;
+// Inf and NaN: an error naming step, rank and parameter, or a step skipped on every rank.
+mod nonfinite;
+// Preemption saves the agreed step; fit_or_resume continues bit-identically or starts fresh.
+mod preemption;
 // Runs never overwrite each other; outputs and data checked before training.
 mod runs;
 // Llama and GPT-2 against Hugging Face transformers (tests/fixtures/hf).

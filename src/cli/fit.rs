@@ -5,7 +5,7 @@
 use super::{name_of, AcceleratorName, DecayName};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use wick_core::{ActivationCheckpointing, Decay, LrSchedule};
+use wick_core::{ActivationCheckpointing, Decay, LrSchedule, OnNonFinite};
 use wick_strategies::{Precision, ShardingKind, StrategyKind, StrategySpec};
 
 /// The effective options of `wick fit`: the defaults, overridden by `--config`, overridden
@@ -26,6 +26,9 @@ pub struct FitArgs {
     /// Which wrapped units recompute their forward in backward: none, full, every:K.
     #[serde(with = "as_text")]
     pub activation_checkpointing: ActivationCheckpointing,
+    /// What a step with an inf or NaN loss or gradient does: error or skip.
+    #[serde(with = "as_text")]
+    pub on_nonfinite: OnNonFinite,
     /// Ranks: threads (default 2), or a launcher's processes (default: as many as it started).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub devices: Option<usize>,
@@ -63,6 +66,8 @@ pub struct FitArgs {
     pub checkpoint_dir: PathBuf,
     /// Save a checkpoint every this many steps and at the end (unless `no_checkpoints`).
     pub save_every: usize,
+    /// Checkpoints written in the background while training goes on.
+    pub async_save: bool,
     pub no_checkpoints: bool,
     pub keep_last: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -101,6 +106,7 @@ impl Default for FitArgs {
             accumulate: 1,
             clip: None,
             activation_checkpointing: ActivationCheckpointing::None,
+            on_nonfinite: OnNonFinite::Error,
             devices: None,
             accelerator: AcceleratorName::Cpu,
             threads_per_rank: None,
@@ -123,6 +129,7 @@ impl Default for FitArgs {
             no_overlap_comm: false,
             checkpoint_dir: "checkpoints".into(),
             save_every: 100,
+            async_save: false,
             no_checkpoints: false,
             keep_last: 3,
             resume: None,

@@ -59,6 +59,12 @@ pub struct FitFlags {
     #[arg(long, value_parser = activation_checkpointing, value_name = "none|full|every:K")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub activation_checkpointing: Option<String>,
+    /// A step whose loss or gradients hold inf or NaN: error (stop, naming the step, the
+    /// rank and the first such parameter) or skip (on every rank, counted in metrics.csv's
+    /// skipped_steps) [default: error].
+    #[arg(long, value_parser = on_nonfinite, value_name = "error|skip")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_nonfinite: Option<String>,
     /// Ranks: threads [default: 2], or under mpirun/srun (a build with --features mpi) one
     /// per process, as many as the launcher started.
     #[arg(long, value_parser = positive, value_name = "N")]
@@ -159,6 +165,11 @@ pub struct FitFlags {
     #[arg(long, value_parser = positive, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub save_every: Option<usize>,
+    /// Write checkpoints in the background while training goes on (each rank's state is
+    /// copied to host memory at the step, then written by a thread of its own).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "is_false")]
+    pub async_save: bool,
     /// Save no checkpoints.
     #[arg(long, conflicts_with = "save_every")]
     #[serde(skip_serializing_if = "is_false")]
@@ -167,8 +178,9 @@ pub struct FitFlags {
     #[arg(long, value_parser = positive, value_name = "K")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keep_last: Option<usize>,
-    /// Continue from checkpoint C, or 'last' for the newest in --checkpoint-dir (at any
-    /// --devices; raise --max-steps to train further).
+    /// Continue from checkpoint C, 'last' for the newest in --checkpoint-dir, or 'auto':
+    /// 'last' when --checkpoint-dir has one, a fresh start otherwise (the one command of a
+    /// requeued job). At any --devices; raise --max-steps to train further.
     #[arg(long, value_name = "C")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resume: Option<PathBuf>,
@@ -178,6 +190,13 @@ pub struct FitFlags {
 fn activation_checkpointing(text: &str) -> Result<String, String> {
     text.parse::<wick_core::ActivationCheckpointing>()
         .map(|ac| ac.to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// `--on-nonfinite`'s value, checked where it was typed.
+fn on_nonfinite(text: &str) -> Result<String, String> {
+    text.parse::<wick_core::OnNonFinite>()
+        .map(|p| p.to_string())
         .map_err(|e| e.to_string())
 }
 

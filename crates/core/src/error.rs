@@ -92,6 +92,16 @@ pub enum Error {
     /// `configure_sharded_model` created no parameter, so there is nothing to train.
     #[error("the module created no parameters in configure_sharded_model; create them there through ctx.var_builder()")]
     NoParameters,
+    /// A step's reduced gradients hold inf or NaN, and the strategy was asked to fail on
+    /// that ([`OnNonFinite::Error`](crate::OnNonFinite::Error)). Every rank reports the same:
+    /// the first rank whose part of the gradients is non-finite, and its first parameter.
+    #[error("non-finite gradient: rank {rank} holds inf or NaN in '{parameter}' (the first such parameter)")]
+    NonFinite {
+        /// The first rank that found one, in the world the gradients were reduced over.
+        rank: usize,
+        /// Its first parameter with an inf or NaN gradient, by name.
+        parameter: String,
+    },
     /// A step was asked of a strategy before the stage that prepares it.
     #[error("strategy {strategy}: {message}")]
     NotReady {

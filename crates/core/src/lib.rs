@@ -44,6 +44,6 @@ pub use safetensors_file::SafetensorsFile;
 pub use solo_world::SoloWorld;
 pub use stage::Stage;
 pub use state::{FlatGroup, GroupRange, LossScale, RankState, StateReader, PARAM_KIND};
-pub use strategy::{GradSync, Sharding, StateBytes, Strategy};
+pub use strategy::{GradSync, OnNonFinite, Sharding, StateBytes, Strategy};
 pub use wait_clock::WaitClock;
 pub use weights::{ParamInit, PretrainedWeights, WeightSource};

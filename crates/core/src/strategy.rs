@@ -28,6 +28,41 @@ impl GradSync {
     }
 }
 
+/// What an optimizer step does when its reduced gradients hold inf or NaN on some rank
+/// (Lightning's `error_if_nonfinite`, or skipping as a loss scaler does).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnNonFinite {
+    /// Fail with [`Error::NonFinite`](crate::Error::NonFinite), naming the first rank and
+    /// parameter.
+    #[default]
+    Error,
+    /// Skip the step on every rank: parameters and optimizer state stay as they were.
+    Skip,
+}
+
+impl std::fmt::Display for OnNonFinite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OnNonFinite::Error => "error",
+            OnNonFinite::Skip => "skip",
+        })
+    }
+}
+
+impl std::str::FromStr for OnNonFinite {
+    type Err = crate::Error;
+    fn from_str(text: &str) -> crate::Result<Self> {
+        match text {
+            "error" => Ok(OnNonFinite::Error),
+            "skip" => Ok(OnNonFinite::Skip),
+            other => Err(crate::Error::config(
+                "on-nonfinite",
+                format!("'{other}' is not one of error, skip"),
+            )),
+        }
+    }
+}
+
 /// One rank's instance of a distribution strategy.
 ///
 /// The trainer gives each rank its own instance ([`Strategy::for_new_rank`]) and calls, in
@@ -69,6 +104,15 @@ pub trait Strategy: Send {
     /// Clip the reduced gradients to this global L2 norm before each optimizer step (as
     /// torch's `clip_grad_norm_`), or not at all.
     fn set_clip_grad_norm(&mut self, max_norm: Option<f64>);
+
+    /// What [`optimizer_step`](Strategy::optimizer_step) does when the reduced gradients
+    /// hold inf or NaN on some rank (checked every step, on the gradients after reduction).
+    /// Under dynamic loss scaling such steps are the scaler's to skip, whatever this says.
+    fn set_on_nonfinite(&mut self, policy: OnNonFinite);
+
+    /// Whether the last [`optimizer_step`](Strategy::optimizer_step) was skipped on every
+    /// rank for inf or NaN gradients (by [`OnNonFinite::Skip`] or the loss scaler).
+    fn last_step_skipped(&self) -> bool;
 
     /// Which wrapped units recompute their forward in backward instead of keeping their
     /// activations (activation checkpointing); set before `sharded_context`, kept for

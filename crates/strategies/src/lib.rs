@@ -24,6 +24,7 @@ mod grad_scaler;
 mod grads;
 pub mod init;
 mod kept_grads;
+mod nonfinite;
 mod op_tensors;
 pub mod optim;
 mod param_request;

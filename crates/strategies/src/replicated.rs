@@ -6,6 +6,7 @@ use crate::clip::clip_grad_norm;
 use crate::flat_layout::FlatLayout;
 use crate::grads::GradAccumulator;
 use crate::init::param_values;
+use crate::nonfinite::{agree_finite, first_nonfinite};
 use crate::optim::Optimizer;
 use crate::param_request::{check_dtype, check_same_shape};
 use crate::param_use::unreached;
@@ -17,8 +18,9 @@ use candle_core::{DType, Device, Shape, Tensor, Var};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use wick_core::{
-    lock, ActivationCheckpointing, Collective, Error, GroupRange, OptimizerConfig, ParamSource,
-    RankState, RecomputeFn, Result, ShardedContext, StateBytes, StateReader, UnitPlan, PARAM_KIND,
+    lock, ActivationCheckpointing, Collective, Error, GroupRange, OnNonFinite, OptimizerConfig,
+    ParamSource, RankState, RecomputeFn, Result, ShardedContext, StateBytes, StateReader, UnitPlan,
+    PARAM_KIND,
 };
 
 /// Full parameters created on request, identical on every rank (the init is counter-based,
@@ -109,6 +111,10 @@ pub(crate) struct ReplicatedState {
     in_flight: Option<BucketReduction>,
     /// Gradients already averaged by a reducing backward no step followed.
     reduced: Option<Vec<Tensor>>,
+    /// What a step does with inf or NaN gradients.
+    pub(crate) on_nonfinite: OnNonFinite,
+    /// Whether the last step was skipped for them.
+    pub(crate) skipped: bool,
 }
 
 impl ReplicatedState {
@@ -300,8 +306,30 @@ impl ReplicatedState {
             .ok_or_else(|| Self::not_ready(strategy, "optimizer_step before configure_optimizer"))
     }
 
-    /// Clips (if asked) and steps every full parameter with its reduced gradient.
+    /// Whether to step (see [`agree_finite`]): `local` is this rank's first parameter
+    /// with an inf or NaN gradient, `shards_over` the world whose ranks hold the other parts
+    /// of the gradients (`None` when every rank holds them all). Records a skip.
+    pub(crate) fn finite(
+        &mut self,
+        strategy: &str,
+        local: Option<usize>,
+        shards_over: Option<&dyn Collective>,
+    ) -> Result<bool> {
+        let device = self.device(strategy)?;
+        let names = &self.names;
+        let step = agree_finite(local, shards_over, &device, self.on_nonfinite, |i| {
+            names[i].clone()
+        })?;
+        self.skipped = !step;
+        Ok(step)
+    }
+
+    /// Clips (if asked) and steps every full parameter with its reduced gradient, unless
+    /// one holds inf or NaN.
     pub(crate) fn apply(&mut self, strategy: &str, mut grads: Vec<Tensor>) -> Result<()> {
+        if !self.finite(strategy, first_nonfinite(&grads)?, None)? {
+            return Ok(());
+        }
         if let Some(max_norm) = self.clip {
             clip_grad_norm(&mut grads, max_norm, None)?;
         }

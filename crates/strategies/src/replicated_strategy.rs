@@ -10,7 +10,7 @@ use crate::replicated::ReplicatedState;
 use candle_core::{Device, Shape, Tensor};
 use std::sync::Arc;
 use wick_core::{
-    ActivationCheckpointing, Collective, GradSync, OptimizerConfig, RankState, Result,
+    ActivationCheckpointing, Collective, GradSync, OnNonFinite, OptimizerConfig, RankState, Result,
     ShardedContext, Sharding, StateBytes, StateReader, Strategy,
 };
 
@@ -89,10 +89,10 @@ impl<R: GradReduce> Strategy for Replicated<R> {
     }
 
     fn for_new_rank(&self) -> Box<dyn Strategy> {
-        Box::new(
-            Replicated::with_reduce(self.name, self.reduce.clone())
-                .with_activation_checkpointing(self.activation_checkpointing),
-        )
+        let mut fresh = Replicated::with_reduce(self.name, self.reduce.clone())
+            .with_activation_checkpointing(self.activation_checkpointing);
+        fresh.state.on_nonfinite = self.state.on_nonfinite;
+        Box::new(fresh)
     }
 
     fn check_world_size(&self, world_size: usize) -> Result<()> {
@@ -127,6 +127,14 @@ impl<R: GradReduce> Strategy for Replicated<R> {
 
     fn set_activation_checkpointing(&mut self, ac: ActivationCheckpointing) {
         self.activation_checkpointing = ac;
+    }
+
+    fn set_on_nonfinite(&mut self, policy: OnNonFinite) {
+        self.state.on_nonfinite = policy;
+    }
+
+    fn last_step_skipped(&self) -> bool {
+        self.state.skipped
     }
 
     fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<()> {

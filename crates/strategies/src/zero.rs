@@ -13,6 +13,7 @@ use crate::bucket_reduce::{buckets, BucketPlan, DEFAULT_BUCKET_CAP_BYTES};
 use crate::clip::clip_grad_norm;
 use crate::flat_grad::flatten_consuming;
 use crate::flat_layout::FlatLayout;
+use crate::nonfinite::first_nonfinite_in;
 use crate::replicated::{tensor_bytes, ReplicatedState};
 use crate::replicated_strategy::{GradReduce, Replicated};
 use candle_core::{DType, Device, Tensor, Var};
@@ -188,6 +189,11 @@ impl GradReduce for ZeroReduce {
                 let plan = self.plan(name, state)?;
                 let grads = state.averaged_grads(name, plan)?.into_iter().map(Some);
                 let flat_grad = flatten_consuming(grads, &layout, DType::F32, &device)?;
+                // Every rank holds the whole averaged gradient: each decides alone.
+                let whole = 0..flat_grad.elem_count();
+                if !state.finite(name, first_nonfinite_in(&layout, whole, &flat_grad)?, None)? {
+                    return Ok(());
+                }
                 let shard = param_shard(&state.params)?;
                 let flat_grad = match state.clip {
                     // Every rank holds the whole averaged gradient: the norm needs no collective.
@@ -224,6 +230,10 @@ impl GradReduce for ZeroReduce {
                             strategy: name.to_string(),
                             message: "no gradient shard was reduced".into(),
                         })?;
+                let local = first_nonfinite_in(&layout, range.start..range.end, &shard_grad)?;
+                if !state.finite(name, local, Some(world.as_ref()))? {
+                    return Ok(());
+                }
                 let shard = param_shard(&state.params)?;
                 let mut shard_grads = [shard_grad];
                 if let Some(max_norm) = state.clip {

@@ -9,6 +9,7 @@ use crate::clip::clip_grad_norm;
 use crate::flat_layout::FlatLayout;
 use crate::grad_scaler::GradScaler;
 use crate::grads::GradAccumulator;
+use crate::nonfinite::{agree_finite, first_nonfinite_in};
 use crate::optim::Optimizer;
 use crate::precision::MixedPrecision;
 use crate::replicated::tensor_bytes;
@@ -17,9 +18,9 @@ use crate::sharded_params::ShardedParams;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
 use wick_core::{
-    ActivationCheckpointing, Collective, Error, GradSync, GroupRange, LossScale, OptimizerConfig,
-    RankState, ReduceOp, Result, ShardedContext, Sharding, StateBytes, StateReader, Strategy,
-    PARAM_KIND,
+    ActivationCheckpointing, Collective, Error, GradSync, GroupRange, LossScale, OnNonFinite,
+    OptimizerConfig, RankState, ReduceOp, Result, ShardedContext, Sharding, StateBytes,
+    StateReader, Strategy, PARAM_KIND,
 };
 
 /// The options of a sharded strategy: everything that is not built from the model. A new
@@ -41,6 +42,8 @@ pub(crate) struct ShardedOptions {
     pub(crate) prefetch: bool,
     /// Which units recompute their forward in backward.
     pub(crate) activation_checkpointing: ActivationCheckpointing,
+    /// What a step does with inf or NaN gradients.
+    pub(crate) on_nonfinite: OnNonFinite,
 }
 
 impl Default for ShardedOptions {
@@ -53,6 +56,7 @@ impl Default for ShardedOptions {
             auto_wrap: None,
             prefetch: false,
             activation_checkpointing: ActivationCheckpointing::None,
+            on_nonfinite: OnNonFinite::Error,
         }
     }
 }
@@ -76,6 +80,8 @@ pub struct Zero3 {
     scaler: Option<GradScaler>,
     /// Hybrid sharding: the ranks of other groups holding the same shard.
     replicas: Option<Arc<dyn Collective>>,
+    /// Whether the last step was skipped for inf or NaN gradients.
+    skipped: bool,
 }
 
 impl Zero3 {
@@ -124,6 +130,31 @@ impl Zero3 {
         self.world
             .as_ref()
             .ok_or_else(|| self.not_ready("no world connected"))
+    }
+
+    /// Whether to step with the shards' reduced `grads` (see [`agree_finite`]): the ranks
+    /// of the sharding group hold disjoint parts and decide together.
+    fn grads_finite(&self, world: &dyn Collective, grads: &[Tensor]) -> Result<bool> {
+        let rank = world.rank();
+        let mut local = None;
+        let mut before = 0;
+        for (layout, g) in self.layouts.iter().zip(grads) {
+            let shard = layout.shard(rank);
+            if let Some(i) = first_nonfinite_in(layout, shard.start..shard.end, g)? {
+                local = Some(before + i);
+                break;
+            }
+            before += layout.entries().len();
+        }
+        let names = || self.layouts.iter().flat_map(|l| l.entries());
+        let name_of = |i: usize| names().nth(i).map(|e| e.name.clone()).unwrap_or_default();
+        agree_finite(
+            local,
+            Some(world),
+            &self.device()?,
+            self.options.on_nonfinite,
+            name_of,
+        )
     }
 
     fn release_gathered(&self) {
@@ -233,6 +264,14 @@ impl Strategy for Zero3 {
         self.options.activation_checkpointing = ac;
     }
 
+    fn set_on_nonfinite(&mut self, policy: OnNonFinite) {
+        self.options.on_nonfinite = policy;
+    }
+
+    fn last_step_skipped(&self) -> bool {
+        self.skipped
+    }
+
     fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<()> {
         if let Some(source) = &self.source {
             source.sync.set(sync);
@@ -295,14 +334,20 @@ impl Strategy for Zero3 {
             }
         }
         let world = self.world()?.clone();
-        if let Some(scaler) = &mut self.scaler {
-            let mut worlds: Vec<&dyn Collective> = vec![world.as_ref()];
-            worlds.extend(self.replicas.as_deref());
-            if !scaler.unscale(&mut grads, &worlds)? {
-                // Inf or NaN on some rank: every rank skips this step.
-                self.release_gathered();
-                return Ok(());
+        // Inf or NaN on some rank: the scaler's to skip under 16-mixed, otherwise as
+        // `on_nonfinite` says; every rank skips alike.
+        let step = match &mut self.scaler {
+            Some(scaler) => {
+                let mut worlds: Vec<&dyn Collective> = vec![world.as_ref()];
+                worlds.extend(self.replicas.as_deref());
+                scaler.unscale(&mut grads, &worlds)?
             }
+            None => self.grads_finite(world.as_ref(), &grads)?,
+        };
+        self.skipped = !step;
+        if !step {
+            self.release_gathered();
+            return Ok(());
         }
         if let Some(max_norm) = self.clip {
             clip_grad_norm(&mut grads, max_norm, Some(world.as_ref()))?;

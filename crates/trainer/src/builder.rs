@@ -1,11 +1,11 @@
 //! `TrainerBuilder`: the trainer's options, checked together when it is built.
 
 use crate::trainer::{FitDirs, Trainer};
-use crate::{ModelCheckpoint, TrainerError};
+use crate::{ModelCheckpoint, Preemption, TrainerError};
 use std::path::PathBuf;
 use std::time::Duration;
 use wick_accelerator::{Accelerator, DeviceKind, ThreadBudget};
-use wick_core::{ActivationCheckpointing, Callback, Strategy};
+use wick_core::{ActivationCheckpointing, Callback, OnNonFinite, Strategy};
 use wick_strategies::{StrategyKind, StrategySpec};
 
 /// Settings every rank reads.
@@ -24,6 +24,8 @@ pub(crate) struct Config {
     pub(crate) checkpoint: Option<ModelCheckpoint>,
     pub(crate) error_on_unused_parameters: bool,
     pub(crate) overlap_comm: bool,
+    pub(crate) preemption: Option<Preemption>,
+    pub(crate) on_nonfinite: OnNonFinite,
 }
 
 pub(crate) enum StrategyChoice {
@@ -58,6 +60,8 @@ pub struct TrainerBuilder {
     checkpoint: Option<ModelCheckpoint>,
     error_on_unused_parameters: bool,
     overlap_comm: bool,
+    preemption: Option<Preemption>,
+    on_nonfinite: OnNonFinite,
 }
 
 impl TrainerBuilder {
@@ -219,6 +223,27 @@ impl TrainerBuilder {
         self
     }
 
+    /// Stop fit cleanly when `preemption` is asked for ([`Preemption::on_signals`]: on
+    /// SIGTERM, SIGINT or SIGUSR1): after the current optimizer step, which every rank
+    /// agrees on, each rank saves a checkpoint of it (with [`TrainerBuilder::checkpoint`])
+    /// and fit returns [`TrainerError::Interrupted`]. Costs one scalar all-reduce per step.
+    pub fn preemption(mut self, preemption: Preemption) -> Self {
+        self.preemption = Some(preemption);
+        self
+    }
+
+    /// What a step does with an inf or NaN loss or gradient. Default
+    /// [`OnNonFinite::Error`]: fit fails with [`TrainerError::NonFinite`], naming the step,
+    /// the rank and the loss or the first parameter whose gradient holds one.
+    /// [`OnNonFinite::Skip`]: the step is skipped on every rank (parameters and optimizer
+    /// state unchanged) and counted in the metrics (`skipped_steps`), as `16-mixed`'s
+    /// loss scaler skips overflowing steps. The gradients are checked after their reduction,
+    /// every step (one pass over them and, where ranks hold parts, one scalar all-reduce).
+    pub fn on_nonfinite(mut self, policy: OnNonFinite) -> Self {
+        self.on_nonfinite = policy;
+        self
+    }
+
     /// Fails `fit` when a parameter receives no gradient at the first step, instead of the
     /// default warning on rank 0 (DDP's `find_unused_parameters`, made strict).
     pub fn error_on_unused_parameters(mut self, on: bool) -> Self {
@@ -261,6 +286,7 @@ impl TrainerBuilder {
         if let Some(ac) = self.activation_checkpointing {
             strategy.set_activation_checkpointing(ac);
         }
+        strategy.set_on_nonfinite(self.on_nonfinite);
         if self.accumulate_grad_batches == 0 {
             return Err(TrainerError::config(
                 "accumulate_grad_batches",
@@ -329,6 +355,8 @@ impl TrainerBuilder {
                 checkpoint: self.checkpoint,
                 error_on_unused_parameters: self.error_on_unused_parameters,
                 overlap_comm: self.overlap_comm,
+                preemption: self.preemption,
+                on_nonfinite: self.on_nonfinite,
             },
             accelerator,
             strategy,
@@ -364,6 +392,8 @@ impl Trainer {
             checkpoint: None,
             error_on_unused_parameters: false,
             overlap_comm: true,
+            preemption: None,
+            on_nonfinite: OnNonFinite::Error,
         }
     }
 }

@@ -31,9 +31,32 @@ pub enum TrainerError {
         /// The parameters, by name.
         names: Vec<String>,
     },
+    /// A step's loss or reduced gradients held inf or NaN, under
+    /// [`OnNonFinite::Error`](wick_core::OnNonFinite::Error) (the default).
+    #[error("non-finite {what} at step {step} on rank {rank}; --on-nonfinite skip (TrainerBuilder::on_nonfinite) skips such steps instead")]
+    NonFinite {
+        /// The optimizer step (from 1).
+        step: usize,
+        /// The rank that found it (for gradients: the first whose part holds one).
+        rank: usize,
+        /// What: the loss and its value, or the first parameter whose gradient holds one.
+        what: String,
+    },
     /// A checkpoint could not be saved or loaded.
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// Fit stopped early because a preemption was asked for ([`Preemption`](crate::Preemption)):
+    /// every rank finished the same optimizer step and, when checkpoints are configured,
+    /// saved it.
+    #[error("{}", interrupted(*signal, *step, checkpoint.as_deref()))]
+    Interrupted {
+        /// The signal this process received; `None` when it reached another rank only.
+        signal: Option<i32>,
+        /// The last optimizer step done.
+        step: usize,
+        /// The checkpoint of that step.
+        checkpoint: Option<PathBuf>,
+    },
     /// Writing logs failed.
     #[error("{}: {cause}", path.display())]
     Io {
@@ -42,6 +65,19 @@ pub enum TrainerError {
         /// The cause (in the message, not a separate source: it prints once).
         cause: std::io::Error,
     },
+}
+
+/// [`TrainerError::Interrupted`]'s message.
+fn interrupted(signal: Option<i32>, step: usize, checkpoint: Option<&std::path::Path>) -> String {
+    let by = match signal {
+        Some(s) => crate::preemption::signal_name(s),
+        None => "a signal to another rank".into(),
+    };
+    let saved = match checkpoint {
+        Some(dir) => format!("saved {}", dir.display()),
+        None => "no checkpoint saved (none configured)".into(),
+    };
+    format!("interrupted by {by} after step {step}; {saved}")
 }
 
 impl TrainerError {

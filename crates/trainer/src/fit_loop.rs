@@ -1,21 +1,27 @@
 //! The fit loop of one rank: epochs and steps from where a resume left off, validation and
-//! checkpoints when due, an early stop the ranks agree on. What a step reports goes to its
-//! sinks ([`StepSinks`]).
+//! checkpoints when due, an early stop or a preemption the ranks agree on. What a step
+//! reports goes to its sinks ([`StepSinks`]).
 
 use crate::metrics_csv::Row;
+use crate::preemption::Interruption;
 use crate::rank_run::{Eval, RankRun, StageInput};
+use crate::resume::FitSaves;
 use crate::sinks::StepSinks;
 use crate::{DataLoader, Dataset, TrainerError};
 use std::time::Instant;
+
+/// The metric that counts the steps skipped for inf or NaN gradients.
+pub(crate) const SKIPPED_STEPS: &str = "skipped_steps";
 use wick_core::{ReduceOp, TrainModule};
 
 impl<M: TrainModule> RankRun<'_, M> {
+    /// Fits on `train`; returns how a preemption stopped it, if one did.
     pub(crate) fn fit<D: Dataset<Batch = M::Batch>>(
         &mut self,
         train: &DataLoader<D>,
         val: Option<&DataLoader<D>>,
         input: &StageInput<'_, D>,
-    ) -> Result<(), TrainerError> {
+    ) -> Result<Option<Interruption>, TrainerError> {
         let resume = input.resume;
         let mut optimizer = self.module.configure_optimizers();
         optimizer
@@ -33,7 +39,7 @@ impl<M: TrainModule> RankRun<'_, M> {
             None => self.config.seed,
         };
         // The checkpoint resumed from already holds the state at its step.
-        let mut last_saved = resume.map(|_| self.state.global_step);
+        let mut saves = FitSaves::resumed_at(self.state.global_step, resume);
         let (start_epoch, start_batch) = (
             self.state.global_step / per_epoch,
             self.state.global_step % per_epoch,
@@ -80,6 +86,12 @@ impl<M: TrainModule> RankRun<'_, M> {
                 let tokens_per_s = tokens_per_step / step_start.elapsed().as_secs_f64().max(1e-9);
                 let comm_wait_s = (self.clock.waited() - waited_before).as_secs_f64();
                 self.state.metrics.insert("train_loss".into(), train_loss);
+                // Steps skipped for inf or NaN gradients, all ranks alike, over the run (a
+                // resume restores the count from its checkpoint's metrics).
+                let skipped = self.skipped_steps() + usize::from(self.strategy.last_step_skipped());
+                self.state
+                    .metrics
+                    .insert(SKIPPED_STEPS.into(), skipped as f64);
                 // Metrics stay deterministic; wall-clock figures go to the CSV only.
                 if let Some(scale) = self.strategy.loss_scale() {
                     self.state.metrics.insert("loss_scale".into(), scale.scale);
@@ -101,41 +113,103 @@ impl<M: TrainModule> RankRun<'_, M> {
                     train_loss,
                     val_loss,
                     lr: self.state.lr,
+                    skipped_steps: self.skipped_steps(),
                     tokens_per_s,
                     epoch_time_s: epoch_start.elapsed().as_secs_f64(),
                     comm_wait_s,
                 })?;
+                saves.poll()?;
                 if let Some(mc) = input.checkpoint {
                     if mc.due(self.state.global_step) {
-                        self.save_checkpoint(mc, input.run, train, &optimizer, seed)?;
-                        last_saved = Some(self.state.global_step);
+                        let (run, wait) = (input.run, false);
+                        self.save_checkpoint(mc, run, train, &optimizer, seed, &mut saves, wait)?;
                     }
                 }
-                if self.stop_requested()? {
-                    break 'epochs;
+                match self.stop_requested()? {
+                    Stop::Continue => {}
+                    Stop::Early => break 'epochs,
+                    Stop::Preempted => {
+                        // The save in flight first (it may be this very step's).
+                        self.finish_saves(&mut saves)?;
+                        let step = self.state.global_step;
+                        let checkpoint = match (input.checkpoint, saves.last.clone()) {
+                            (None, _) => None,
+                            (Some(_), Some((saved, dir))) if saved == step => Some(dir),
+                            (Some(mc), _) => {
+                                let (run, wait) = (input.run, true);
+                                let saves = &mut saves;
+                                Some(self.save_checkpoint(
+                                    mc, run, train, &optimizer, seed, saves, wait,
+                                )?)
+                            }
+                        };
+                        sinks.finish()?;
+                        let signal = self.config.preemption.as_ref().and_then(|p| p.requested());
+                        return Ok(Some(Interruption {
+                            signal,
+                            step,
+                            checkpoint,
+                        }));
+                    }
                 }
             }
         }
+        self.finish_saves(&mut saves)?;
         if let Some(mc) = input.checkpoint {
             let step = self.state.global_step;
-            if mc.saves_at_end() && last_saved != Some(step) {
-                self.save_checkpoint(mc, input.run, train, &optimizer, seed)?;
+            if mc.saves_at_end() && saves.last_step() != Some(step) {
+                let (run, wait) = (input.run, true);
+                self.save_checkpoint(mc, run, train, &optimizer, seed, &mut saves, wait)?;
             }
         }
         sinks.finish()?;
         self.callbacks(|cb, s| cb.on_fit_end(s))?;
         self.module.on_fit_end()?;
-        Ok(())
+        Ok(None)
     }
 
-    /// Whether a callback on any rank asked to stop (with `RunState::request_stop`): the
-    /// ranks decide together, so all stop after the same step. Without callbacks nothing
-    /// can ask, and no collective is spent.
-    fn stop_requested(&mut self) -> Result<bool, TrainerError> {
-        if self.callbacks.is_empty() {
-            return Ok(false);
-        }
-        let asked = f32::from(u8::from(self.state.take_stop_request()));
-        Ok(self.env.world.all_reduce_scalar(asked, ReduceOp::Sum)? > 0.0)
+    /// The steps skipped so far for inf or NaN gradients.
+    pub(crate) fn skipped_steps(&self) -> usize {
+        self.state
+            .metrics
+            .get(SKIPPED_STEPS)
+            .map_or(0, |&n| n as usize)
     }
+
+    /// Whether to stop after this step: a callback on some rank asked (with
+    /// `RunState::request_stop`), or a preemption reached some rank. The ranks decide
+    /// together in one scalar all-reduce, so all stop after the same step; with neither
+    /// callbacks nor a preemption nothing can ask, and no collective is spent.
+    fn stop_requested(&mut self) -> Result<Stop, TrainerError> {
+        let preemption = self.config.preemption.as_ref();
+        if self.callbacks.is_empty() && preemption.is_none() {
+            return Ok(Stop::Continue);
+        }
+        // Callbacks' requests count in units, signals in units of W + 1: the sum tells both.
+        let signal_unit = (self.env.world_size + 1) as f32;
+        let asked = f32::from(u8::from(self.state.take_stop_request()));
+        let signaled = f32::from(u8::from(
+            preemption.is_some_and(|p| p.requested().is_some()),
+        ));
+        let sum = self
+            .env
+            .world
+            .all_reduce_scalar(asked + signal_unit * signaled, ReduceOp::Sum)?;
+        Ok(if sum >= signal_unit {
+            Stop::Preempted
+        } else if sum > 0.0 {
+            Stop::Early
+        } else {
+            Stop::Continue
+        })
+    }
+}
+
+/// What the ranks agreed to do after a step.
+enum Stop {
+    Continue,
+    /// A callback asked (early stopping): fit ends as at its last step.
+    Early,
+    /// A preemption: save this step and return [`TrainerError::Interrupted`].
+    Preempted,
 }

@@ -17,6 +17,7 @@ mod error;
 mod eval_loop;
 mod fit_loop;
 mod metrics_csv;
+mod preemption;
 mod progress;
 mod rank_run;
 mod ranks;
@@ -35,6 +36,9 @@ pub use callbacks::{EarlyStopping, LearningRateMonitor};
 pub use checkpoint::{consolidate, Checkpoint, CheckpointError, Mode, ModelCheckpoint};
 pub use data::{DataLoader, Dataset};
 pub use error::TrainerError;
+pub use preemption::Preemption;
+#[cfg(unix)]
+pub use preemption::PREEMPTION_SIGNALS;
 pub use replicate::Replicate;
 pub use token_dataset::{write_token_file, Split, TokenDataset, TOKENIZER_KEY, VOCAB_KEY};
 pub use trainer::{Metrics, Trainer};

@@ -1,6 +1,6 @@
 //! `<log dir>/<run name>/metrics.csv`, written by rank 0: one row per optimizer step.
 //!
-//! The first five columns are deterministic (the same command gives the same values); the
+//! The first six columns are deterministic (the same command gives the same values); the
 //! last three are wall-clock measurements. A resumed run continues its run's file: the rows
 //! up to the checkpoint's step stay, later ones (from a run that went further) go. The file
 //! is written under a temporary name and takes its real one with the first new row, so a
@@ -11,7 +11,8 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 /// The columns, in order.
-const HEADER: &str = "step,epoch,train_loss,val_loss,lr,tokens_per_s,epoch_time_s,comm_wait_s";
+const HEADER: &str =
+    "step,epoch,train_loss,val_loss,lr,skipped_steps,tokens_per_s,epoch_time_s,comm_wait_s";
 
 /// One row of the file.
 pub(crate) struct Row {
@@ -21,6 +22,8 @@ pub(crate) struct Row {
     /// Empty on steps without validation.
     pub(crate) val_loss: Option<f64>,
     pub(crate) lr: f64,
+    /// Steps skipped so far for inf or NaN gradients.
+    pub(crate) skipped_steps: usize,
     /// Tokens (samples times `Dataset::tokens_per_sample`) of the step over its time.
     pub(crate) tokens_per_s: f64,
     /// Seconds since the epoch's first step began.
@@ -110,12 +113,21 @@ impl MetricsCsv {
         let val = r.val_loss.map(|v| v.to_string()).unwrap_or_default();
         writeln!(
             self.out,
-            "{},{},{},{val},{},{:.1},{:.3},{:.6}",
-            r.step, r.epoch, r.train_loss, r.lr, r.tokens_per_s, r.epoch_time_s, r.comm_wait_s
+            "{},{},{},{val},{},{},{:.1},{:.3},{:.6}",
+            r.step,
+            r.epoch,
+            r.train_loss,
+            r.lr,
+            r.skipped_steps,
+            r.tokens_per_s,
+            r.epoch_time_s,
+            r.comm_wait_s
         )
         .map_err(io)?;
+        // Every row reaches the file at once: a run that is watched (or killed) shows
+        // every step it finished.
+        self.out.flush().map_err(io)?;
         if let Some(tmp) = self.pending.take() {
-            self.out.flush().map_err(io)?;
             std::fs::rename(&tmp, &self.path).map_err(io)?;
         }
         Ok(())
@@ -150,6 +162,7 @@ mod tests {
             train_loss: step as f64,
             val_loss: None,
             lr: 0.1,
+            skipped_steps: 0,
             tokens_per_s: 1.0,
             epoch_time_s: 1.0,
             comm_wait_s: 0.0,

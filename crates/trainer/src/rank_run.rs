@@ -3,6 +3,7 @@
 
 use crate::builder::Config;
 use crate::metrics_csv::MetricsCsv;
+use crate::preemption::Interruption;
 use crate::progress::Progress;
 use crate::trainer::Metrics;
 use crate::{Checkpoint, DataLoader, Dataset, ModelCheckpoint, TrainerError};
@@ -38,6 +39,8 @@ impl<'a, D> StageInput<'a, D> {
 pub(crate) struct RankOutput {
     pub(crate) metrics: Metrics,
     pub(crate) predictions: Vec<Tensor>,
+    /// How a preemption stopped a fit (the stage's teardown hooks still ran).
+    pub(crate) interrupted: Option<Interruption>,
 }
 
 pub(crate) struct RankRun<'a, M> {
@@ -91,8 +94,9 @@ impl<M: TrainModule> RankRun<'_, M> {
             self.callbacks(|cb, s| cb.on_configure_sharded_model(s))?;
         }
         let mut predictions = Vec::new();
+        let mut interrupted = None;
         match (stage, loaders.train, loaders.eval) {
-            (Stage::Fit, Some(train), val) => self.fit(train, val, loaders)?,
+            (Stage::Fit, Some(train), val) => interrupted = self.fit(train, val, loaders)?,
             (Stage::Validate, _, Some(data)) => {
                 self.evaluate(data, Eval::Validation)?;
             }
@@ -109,6 +113,7 @@ impl<M: TrainModule> RankRun<'_, M> {
         Ok(RankOutput {
             metrics: self.state.metrics,
             predictions,
+            interrupted,
         })
     }
 }

@@ -1,9 +1,10 @@
 //! A fit's checkpoints on one rank: restoring the state it resumes from, and saving the
 //! state of a step.
 
-use crate::checkpoint::{DataPosition, SaveInfo};
+use crate::checkpoint::{DataPosition, PendingSave, SaveInfo};
 use crate::rank_run::RankRun;
 use crate::{Checkpoint, CheckpointError, DataLoader, Dataset, ModelCheckpoint, TrainerError};
+use std::path::PathBuf;
 use wick_core::{LrSchedule, OptimizerConfig, TrainModule};
 
 impl<M: TrainModule> RankRun<'_, M> {
@@ -76,6 +77,11 @@ impl<M: TrainModule> RankRun<'_, M> {
         optimizer.schedule = saved;
         self.strategy.load_state(checkpoint)?;
         self.state.global_step = m.step;
+        if let Some(&skipped) = m.metrics.get(crate::fit_loop::SKIPPED_STEPS) {
+            self.state
+                .metrics
+                .insert(crate::fit_loop::SKIPPED_STEPS.into(), skipped);
+        }
         Ok(m.rng.seed)
     }
 
@@ -96,8 +102,11 @@ impl<M: TrainModule> RankRun<'_, M> {
         }
     }
 
-    /// Saves a checkpoint of this step from every rank; rank 0 then points `last` at it and
-    /// prunes, before any rank goes on.
+    /// Saves a checkpoint of this step from every rank, after finishing the save still in
+    /// flight, if any. With `mc` saving asynchronously and `wait` false its files are
+    /// written in the background ([`PendingSave`]); otherwise before this returns, when
+    /// `last` names it. Returns its directory.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn save_checkpoint<D: Dataset<Batch = M::Batch>>(
         &mut self,
         mc: &ModelCheckpoint,
@@ -105,7 +114,10 @@ impl<M: TrainModule> RankRun<'_, M> {
         train: &DataLoader<D>,
         optimizer: &OptimizerConfig,
         seed: u64,
-    ) -> Result<(), TrainerError> {
+        saves: &mut FitSaves,
+        wait: bool,
+    ) -> Result<PathBuf, TrainerError> {
+        self.finish_saves(saves)?;
         let step = self.state.global_step;
         let dir = mc.dir_for(step);
         let data = self.data_position(train, step);
@@ -119,17 +131,56 @@ impl<M: TrainModule> RankRun<'_, M> {
             run: run.map(str::to_string),
             attachments: mc.attachments(),
         };
-        crate::checkpoint::save(
-            self.env.world.as_ref(),
-            &*self.strategy,
-            &dir,
-            &info,
-            mc.fault(),
-        )?;
-        if self.env.rank == 0 {
-            mc.committed(&dir)?;
+        let world = self.env.world.as_ref();
+        if mc.is_async() && !wait {
+            let (write, commit) =
+                crate::checkpoint::begin(world, &*self.strategy, &dir, &info, mc)?;
+            saves.pending = Some(PendingSave::start(write, commit, dir.clone()));
+        } else {
+            crate::checkpoint::save(world, &*self.strategy, &dir, &info, mc)?;
         }
-        self.env.world.barrier()?;
-        Ok(())
+        saves.last = Some((step, dir.clone()));
+        Ok(dir)
+    }
+
+    /// Waits for the save in flight, if any, until its checkpoint is whole (a collective).
+    pub(crate) fn finish_saves(&self, saves: &mut FitSaves) -> Result<(), TrainerError> {
+        match saves.pending.take() {
+            Some(pending) => pending.finish(self.env.world.as_ref()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A fit's checkpoints on one rank: the step saved last and where, and the save whose files
+/// are still being written.
+#[derive(Default)]
+pub(crate) struct FitSaves {
+    /// The last step saved (or resumed from), and its directory.
+    pub(crate) last: Option<(usize, PathBuf)>,
+    pending: Option<PendingSave>,
+}
+
+impl FitSaves {
+    /// Saves starting from the checkpoint resumed at `step` (or none).
+    pub(crate) fn resumed_at(step: usize, checkpoint: Option<&Checkpoint>) -> Self {
+        FitSaves {
+            last: checkpoint.map(|c| (step, c.dir().to_path_buf())),
+            pending: None,
+        }
+    }
+
+    /// At a step boundary (no collective): a background write that failed is this rank's
+    /// error now, and rank 0 commits a save whose files are all written.
+    pub(crate) fn poll(&mut self) -> Result<(), TrainerError> {
+        match &mut self.pending {
+            Some(pending) => pending.poll(),
+            None => Ok(()),
+        }
+    }
+
+    /// The step saved last.
+    pub(crate) fn last_step(&self) -> Option<usize> {
+        self.last.as_ref().map(|(step, _)| *step)
     }
 }

@@ -42,7 +42,9 @@ fn log_dir_taken(dir: &Path) -> bool {
 }
 
 /// A checkpoint root is another run's once it holds a `last` pointer or a `step-*` entry
-/// (other folders inside it, such as another root, leave it free).
+/// (other folders inside it, such as another root, leave it free, and so does a save that
+/// never completed, `step-*.tmp`: it was never a checkpoint, and the next save of that step
+/// removes it).
 fn checkpoint_root_taken(root: &Path) -> bool {
     if root.is_file() {
         return true;
@@ -53,7 +55,8 @@ fn checkpoint_root_taken(root: &Path) -> bool {
     entries.flatten().any(|e| {
         let name = e.file_name();
         let name = name.to_string_lossy();
-        name == crate::checkpoint::LAST_FILE || name.starts_with("step-")
+        name == crate::checkpoint::LAST_FILE
+            || (name.starts_with("step-") && !name.ends_with(".tmp"))
     })
 }
 
@@ -140,6 +143,12 @@ mod tests {
             checkpoint_root(&ck, None),
             ck,
             "a folder inside is not a checkpoint"
+        );
+        std::fs::create_dir_all(ck.join("step-00000004.tmp")).unwrap();
+        assert_eq!(
+            checkpoint_root(&ck, None),
+            ck,
+            "a save that never completed"
         );
         std::fs::create_dir_all(ck.join("step-00000004")).unwrap();
         assert_eq!(checkpoint_root(&ck, None), tmp.path().join("ck-v1"));

@@ -3,7 +3,7 @@
 
 use crate::rank_run::{scalar, RankRun};
 use crate::{DataLoader, Dataset, TrainerError};
-use wick_core::{GradSync, OptimizerConfig, ReduceOp, TrainModule};
+use wick_core::{GradSync, OnNonFinite, OptimizerConfig, ReduceOp, TrainModule};
 
 impl<M: TrainModule> RankRun<'_, M> {
     /// Runs step `b` of the epoch whose sample order is `order`; returns the training loss
@@ -33,7 +33,15 @@ impl<M: TrainModule> RankRun<'_, M> {
                 self.strategy.find_unused_parameters();
             }
             let loss = self.module.training_step(&batch, index)?;
-            local += scalar(&loss, "training_step")? / accumulate as f32;
+            let value = scalar(&loss, "training_step")?;
+            if !value.is_finite() && self.config.on_nonfinite == OnNonFinite::Error {
+                return Err(TrainerError::NonFinite {
+                    step: self.state.global_step + 1,
+                    rank,
+                    what: format!("loss ({value})"),
+                });
+            }
+            local += value / accumulate as f32;
             let loss = if accumulate > 1 {
                 loss.affine(1.0 / accumulate as f64, 0.0)?
             } else {
@@ -48,7 +56,14 @@ impl<M: TrainModule> RankRun<'_, M> {
         }
         let lr = optimizer.lr_at(self.state.global_step);
         self.state.lr = lr;
-        self.strategy.optimizer_step(lr)?;
+        self.strategy.optimizer_step(lr).map_err(|e| match e {
+            wick_core::Error::NonFinite { rank, parameter } => TrainerError::NonFinite {
+                step: self.state.global_step + 1,
+                rank,
+                what: format!("gradient in '{parameter}' (the first parameter with one)"),
+            },
+            e => e.into(),
+        })?;
         let train_loss = self.env.world.all_reduce_scalar(local, ReduceOp::Mean)? as f64;
         Ok(train_loss)
     }

@@ -170,6 +170,41 @@ impl Trainer {
         self.fit_inner(module, train, val, Some(&checkpoint))
     }
 
+    /// [`Trainer::fit`], resumed as [`Trainer::fit_from`] does from the newest checkpoint
+    /// under the configured checkpoint root (the one its `last` file names) when there is
+    /// one: the one call a requeued job makes on its first start and on every later one.
+    /// Without a `last` file it starts fresh and says so on rank 0; a `last` that names a
+    /// missing or damaged checkpoint is an error, never a fresh start.
+    pub fn fit_or_resume<M, D>(
+        &mut self,
+        module: &mut Attached<M>,
+        train: &DataLoader<D>,
+        val: Option<&DataLoader<D>>,
+    ) -> Result<Metrics, TrainerError>
+    where
+        M: Replicate + 'static,
+        D: Dataset<Batch = M::Batch>,
+    {
+        let root = match &self.config.checkpoint {
+            Some(mc) => mc.root().to_path_buf(),
+            None => {
+                return Err(TrainerError::config(
+                    "checkpoint",
+                    "resuming from the newest checkpoint needs a checkpoint root \
+                     (TrainerBuilder::checkpoint)",
+                ))
+            }
+        };
+        let checkpoint = Checkpoint::latest(&root)?;
+        if checkpoint.is_none() && self.is_global_zero() {
+            eprintln!(
+                "note: no checkpoint to resume in {} (it has no `last` file): starting fresh",
+                root.display()
+            );
+        }
+        self.fit_inner(module, train, val, checkpoint.as_ref())
+    }
+
     fn fit_inner<M, D>(
         &mut self,
         module: &mut Attached<M>,
@@ -213,10 +248,13 @@ impl Trainer {
             checkpoint: outputs.checkpoint.as_ref(),
             run: outputs.run.as_deref(),
         };
-        Ok(self
+        let output = self
             .run_stage(module, Stage::Fit, &input, outputs.csv)?
-            .swap_remove(0)
-            .metrics)
+            .swap_remove(0);
+        match output.interrupted {
+            Some(interruption) => Err(interruption.into()),
+            None => Ok(output.metrics),
+        }
     }
 
     /// Chooses this fit's log directory and checkpoint root ([`crate::run_dirs`]), and on

@@ -11,6 +11,7 @@ mod files;
 mod manifest;
 mod model_checkpoint;
 mod path;
+mod pending;
 mod reader;
 mod save;
 
@@ -23,6 +24,7 @@ pub use manifest::{
 };
 pub use model_checkpoint::{Mode, ModelCheckpoint, LAST_FILE};
 pub use path::resolve_checkpoint;
+pub(crate) use pending::PendingSave;
 pub use reader::Checkpoint;
-pub(crate) use save::{save, SaveInfo};
+pub(crate) use save::{begin, save, SaveInfo};
 pub use save::{SaveFault, SavePoint};

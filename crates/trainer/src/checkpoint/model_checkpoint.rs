@@ -30,6 +30,7 @@ pub struct ModelCheckpoint {
     save_at_end: bool,
     keep_last: Option<usize>,
     keep_best: Option<(usize, String, Mode)>,
+    async_save: bool,
     fault: Option<SaveFault>,
     attachments: Vec<(String, Arc<Vec<u8>>)>,
 }
@@ -52,6 +53,7 @@ impl ModelCheckpoint {
             save_at_end: true,
             keep_last: None,
             keep_best: None,
+            async_save: false,
             fault: None,
             attachments: Vec::new(),
         }
@@ -79,6 +81,25 @@ impl ModelCheckpoint {
     pub fn keep_best(mut self, k: usize, metric: &str, mode: Mode) -> Self {
         self.keep_best = Some((k, metric.to_string(), mode));
         self
+    }
+
+    /// Write the checkpoints saved during fit in the background (Lightning's
+    /// `AsyncCheckpointIO`): at the step boundary each rank copies its state to host
+    /// memory and training goes on while a thread of its own writes it. At most one save is
+    /// in flight: the next save, the end of fit and a preemption wait for it. A write that
+    /// fails is an error at a later step boundary (or at the end of fit), naming the file.
+    /// A checkpoint stays whole or absent as with blocking saves: `last` moves only once
+    /// every rank's file is written. The save at the end of fit is written before fit
+    /// returns either way. Costs a copy of the rank's state in host memory while it
+    /// writes.
+    pub fn async_save(mut self, on: bool) -> Self {
+        self.async_save = on;
+        self
+    }
+
+    /// Whether saves during fit are written in the background.
+    pub(crate) fn is_async(&self) -> bool {
+        self.async_save
     }
 
     /// Saves `bytes` as the file `name` in every checkpoint, beside the state, such as a

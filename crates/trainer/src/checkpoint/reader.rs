@@ -32,6 +32,17 @@ impl Checkpoint {
         Self::open_dir(resolved.dir.clone()).map_err(|e| resolved.explain(e))
     }
 
+    /// The checkpoint that `root`'s `last` file names, opened and checked whole; `None` when
+    /// `root` has no `last` file (nothing saved there yet, or no such directory). A `last`
+    /// that names a missing or damaged checkpoint is an error, never taken for "none".
+    pub fn latest(root: impl AsRef<Path>) -> Result<Option<Self>, CheckpointError> {
+        let last = root.as_ref().join(super::LAST_FILE);
+        match last.try_exists() {
+            Ok(false) => Ok(None),
+            _ => Self::open(&last).map(Some),
+        }
+    }
+
     fn open_dir(dir: PathBuf) -> Result<Self, CheckpointError> {
         let manifest = Manifest::read(&dir)?;
         let files = manifest

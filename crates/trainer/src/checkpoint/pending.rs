@@ -1,0 +1,115 @@
+//! `PendingSave`: a checkpoint whose files are written on a thread of their own while
+//! training goes on (`ModelCheckpoint::async_save`), as Lightning's `AsyncCheckpointIO` and
+//! PyTorch DCP's `async_save` do.
+//!
+//! The save began at a step boundary with this rank's state copied to host memory
+//! ([`super::save::begin`]). A writer thread writes the rank's file and its record; rank 0
+//! commits (manifest, rename, `last`) once every rank's record is there. At each later
+//! step boundary [`PendingSave::poll`] brings a failed write out as this rank's error,
+//! naming the file, and lets rank 0 commit when it can; no collective is spent. The next
+//! save, the end of fit and a preemption [`finish`](PendingSave::finish) it: every rank
+//! waits for its writer and the ranks agree that all files are whole before rank 0 commits.
+//! A fit that fails waits for the writer too (on drop), and rank 0 still commits a
+//! checkpoint whose every file is whole; what failed is printed, never lost.
+
+use super::save::{Commit, RankWrite};
+use super::CheckpointError;
+use crate::TrainerError;
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use wick_core::{Collective, ReduceOp};
+
+/// A save in flight on one rank.
+pub(crate) struct PendingSave {
+    dir: PathBuf,
+    /// This rank's writer, until its outcome is taken.
+    writer: Option<JoinHandle<Result<(), CheckpointError>>>,
+    /// Rank 0's commit, until it is done.
+    commit: Option<Commit>,
+}
+
+impl PendingSave {
+    /// Starts writing `write` on a thread of its own.
+    pub(crate) fn start(write: RankWrite, commit: Option<Commit>, dir: PathBuf) -> Self {
+        let writer = std::thread::Builder::new()
+            .name("wick-checkpoint-writer".into())
+            .spawn(move || write.write())
+            .expect("a thread can be started");
+        PendingSave {
+            dir,
+            writer: Some(writer),
+            commit,
+        }
+    }
+
+    /// At a step boundary (no collective): this rank's failed write is its error now; rank
+    /// 0 commits once every rank's file is whole.
+    pub(crate) fn poll(&mut self) -> Result<(), TrainerError> {
+        if self.writer.as_ref().is_some_and(JoinHandle::is_finished) {
+            self.join()?;
+        }
+        if self.writer.is_none() && self.commit.as_ref().is_some_and(Commit::ready) {
+            self.commit.take().expect("checked").commit()?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every rank's file (a collective: every rank that started this save calls
+    /// it) and commits: the checkpoint is whole and `last` names it when this returns.
+    pub(crate) fn finish(mut self, world: &dyn Collective) -> Result<(), TrainerError> {
+        let own = self.join();
+        let failed = f32::from(u8::from(own.is_err()));
+        let failed = world.all_reduce_scalar(failed, ReduceOp::Sum)?;
+        own?;
+        if failed > 0.0 {
+            return Err(CheckpointError::Mismatch {
+                path: self.dir.clone(),
+                message: format!(
+                    "{failed} rank(s) could not write their file of this checkpoint (their \
+                     errors name it)"
+                ),
+            }
+            .into());
+        }
+        if let Some(commit) = self.commit.take() {
+            commit.commit()?;
+        }
+        world.barrier()?;
+        Ok(())
+    }
+
+    /// Waits for this rank's writer, once; its outcome.
+    fn join(&mut self) -> Result<(), CheckpointError> {
+        match self.writer.take() {
+            Some(writer) => writer.join().unwrap_or_else(|_| {
+                Err(CheckpointError::Io {
+                    path: self.dir.clone(),
+                    cause: std::io::Error::other("the checkpoint writer panicked"),
+                })
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for PendingSave {
+    /// A fit that ends with an error still waits for the write in flight, and commits it
+    /// when every rank's file is whole; what fails here is printed, since the fit's own
+    /// error is the one returned.
+    fn drop(&mut self) {
+        if let Err(e) = self.join() {
+            eprintln!(
+                "warning: checkpoint {} was not saved: {e}",
+                self.dir.display()
+            );
+        }
+        if let Some(commit) = self.commit.take().filter(Commit::ready) {
+            if let Err(e) = commit.commit() {
+                eprintln!(
+                    "warning: checkpoint {} was not saved: {e}",
+                    self.dir.display()
+                );
+            }
+        }
+    }
+}
