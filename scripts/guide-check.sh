@@ -10,7 +10,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mapfile -t commands < <(awk '/^```sh$/ {on = 1; next} /^```/ {on = 0} on && !/^#/ && NF' docs/guide.md)
 [ "${#commands[@]}" -gt 0 ] || { echo "guide-check: no sh blocks in docs/guide.md" >&2; exit 1; }
 cleanup() {
-  rm -rf run.toml guide-model.safetensors checkpoints/guide checkpoints/guide-llama runs/guide-* \
+  rm -rf run.toml guide-model.safetensors checkpoints/guide checkpoints/guide-llama \
+    checkpoints/guide-auto runs/guide-* \
     guide-tokens.safetensors guide-llama-hf
 }
 trap cleanup EXIT

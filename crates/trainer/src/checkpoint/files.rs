@@ -70,15 +70,48 @@ pub(crate) fn write_atomic(
     Ok(())
 }
 
+/// A writer that counts and checksums the bytes it passes on, so that a file's length and
+/// CRC-32 come without reading it back.
+struct Checksummed<W> {
+    inner: W,
+    hasher: crc32fast::Hasher,
+    bytes: u64,
+}
+
+impl<W: Write> Write for Checksummed<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// `values` as little-endian bytes, written in blocks (no per-element allocation).
+fn write_f32(out: &mut impl Write, values: &[f32]) -> std::io::Result<()> {
+    let mut block = Vec::with_capacity(1 << 16);
+    for chunk in values.chunks(1 << 14) {
+        block.clear();
+        block.extend(chunk.iter().flat_map(|v| v.to_le_bytes()));
+        out.write_all(&block)?;
+    }
+    Ok(())
+}
+
 /// Writes a safetensors file of f32 tensors one at a time: `tensors` gives every name and
 /// shape up front (the header comes first), then `data(i)` yields tensor `i`'s elements,
 /// so at most one tensor is in memory. Any safetensors reader (candle, Python) reads it.
+/// Returns the file's length and CRC-32, computed as it was written.
 pub(crate) fn write_safetensors(
     path: &Path,
     tensors: &[(String, Vec<usize>)],
     metadata: &BTreeMap<String, String>,
     mut data: impl FnMut(usize) -> Result<Vec<f32>, CheckpointError>,
-) -> Result<(), CheckpointError> {
+) -> Result<(u64, u32), CheckpointError> {
     let mut header = Map::new();
     if !metadata.is_empty() {
         header.insert("__metadata__".into(), json!(metadata));
@@ -95,8 +128,14 @@ pub(crate) fn write_safetensors(
     let mut header = Value::Object(header).to_string().into_bytes();
     // The data starts 8-byte aligned; the format allows trailing spaces in the header.
     header.resize(header.len().div_ceil(8) * 8, b' ');
+    let mut record = (0, 0);
     write_atomic(path, |out| {
         let io = CheckpointError::io(path);
+        let out = &mut Checksummed {
+            inner: out,
+            hasher: crc32fast::Hasher::new(),
+            bytes: 0,
+        };
         out.write_all(&(header.len() as u64).to_le_bytes())
             .and_then(|()| out.write_all(&header))
             .map_err(io)?;
@@ -112,11 +151,12 @@ pub(crate) fn write_safetensors(
                     ),
                 });
             }
-            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            out.write_all(&bytes).map_err(CheckpointError::io(path))?;
+            write_f32(out, &values).map_err(CheckpointError::io(path))?;
         }
+        record = (out.bytes, out.hasher.clone().finalize());
         Ok(())
-    })
+    })?;
+    Ok(record)
 }
 
 /// Makes the checkpoint root `root` and checks that a file can be created in it, so that a

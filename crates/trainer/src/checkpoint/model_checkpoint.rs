@@ -1,7 +1,7 @@
 //! `ModelCheckpoint`: when to save during fit, which checkpoints to keep, and the `last`
 //! pointer, as Lightning's callback of the same name.
 
-use super::files::write_atomic;
+use super::files::{temporary, write_atomic};
 use super::manifest::Manifest;
 use super::save::SaveFault;
 use super::CheckpointError;
@@ -216,8 +216,15 @@ impl ModelCheckpoint {
             kept.extend(scored.iter().take(*k).map(|(n, _)| (*n).clone()));
         }
         for (name, _) in saved.iter().filter(|(n, _)| !kept.contains(n)) {
+            // Renamed first, so that a crash while its files go leaves no damaged
+            // checkpoint under a checkpoint's name, only a temporary directory.
             let path = self.root.join(name);
-            std::fs::remove_dir_all(&path).map_err(CheckpointError::io(&path))?;
+            let doomed = temporary(&path);
+            if doomed.exists() {
+                std::fs::remove_dir_all(&doomed).map_err(CheckpointError::io(&doomed))?;
+            }
+            std::fs::rename(&path, &doomed).map_err(CheckpointError::io(&path))?;
+            std::fs::remove_dir_all(&doomed).map_err(CheckpointError::io(&doomed))?;
         }
         Ok(())
     }

@@ -197,7 +197,7 @@ impl RankWrite {
             serde_json::to_string(&self.ranges).expect("ranges serialize"),
         )]);
         let mut data = self.data.into_iter();
-        write_safetensors(&path, &self.tensors, &metadata, |_| {
+        let (bytes, crc32) = write_safetensors(&path, &self.tensors, &metadata, |_| {
             Ok(data.next().expect("one vector per tensor"))
         })?;
         fault_at(
@@ -205,7 +205,6 @@ impl RankWrite {
             SavePoint::RankFile { rank: self.rank },
             &path,
         )?;
-        let (bytes, crc32) = checksum(&path)?;
         let record = RankRecord {
             file: FileRecord {
                 name: rank_file(self.rank),

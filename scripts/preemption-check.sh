@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Preemption with ranks as processes under mpirun (Open MPI): SIGTERM to rank 1's process
+# only, mid-fit, with checkpoints written in the background. Both ranks stop after the same
+# step, save it and exit 75, and `last` names it; the same command with `--resume auto`
+# continues, and the run ends with the metrics (deterministic columns) and the final
+# checkpoint's files, bit for bit, of a run never stopped.
+#
+# usage: scripts/preemption-check.sh MPI_WICK     (MPI_WICK: a release `wick` built with
+#                                                   --features mpi)
+set -euo pipefail
+wick=$(realpath "$1")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"
+mpirun=(mpirun --allow-run-as-root --oversubscribe -np 2)
+steps=300
+fail() { echo "FAILED: $*" >&2; exit 1; }
+opts=(--no-progress --val-every 50 --max-steps "$steps" --resume auto --save-every 40 --async-save)
+fit() { "${mpirun[@]}" "$wick" fit "${opts[@]}" "$@"; }
+
+fit --checkpoint-dir straight-ck --log-dir straight > straight.out 2>&1 \
+  || { cat straight.out; fail "the uninterrupted run"; }
+
+set +e
+"${mpirun[@]}" "$wick" fit "${opts[@]}" --checkpoint-dir ck --log-dir runs > stopped.out 2>&1 &
+launcher=$!
+csv=runs/char-gpt/metrics.csv
+for _ in $(seq 1200); do
+  [ -f "$csv" ] && [ "$(wc -l < "$csv")" -gt 60 ] && break
+  sleep 0.05
+done
+[ -f "$csv" ] || fail "no metrics after 60 s"
+victim=""
+for p in $(pgrep -P "$launcher"); do
+  tr '\0' '\n' < /proc/"$p"/environ | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$p
+done
+[ -n "$victim" ] || fail "rank 1's process not found among mpirun's children"
+kill -TERM "$victim"
+wait "$launcher"
+rc=$?
+set -e
+cat stopped.out
+[ -f ck/last ] || fail "no checkpoint saved"
+last=$(cat ck/last)
+at=$((10#${last##*-}))
+echo "mpirun exited $rc; SIGTERM to rank 1 (pid $victim): the ranks stopped after step $at, ck/last names $last"
+[ "$rc" = 75 ] || fail "mpirun exited $rc, not 75"
+[ "$at" -lt "$steps" ] || fail "the run was not stopped"
+grep -q "stopped: interrupted by SIGTERM after step $at" stopped.out \
+  || fail "rank 1 did not report the signal and the step"
+grep -q "stopped: interrupted by a signal to another rank after step $at" stopped.out \
+  || fail "rank 0 did not stop at the same step"
+[ "$(tail -1 "$csv" | cut -d, -f1)" = "$at" ] || fail "metrics go past the step saved"
+
+fit --checkpoint-dir ck --log-dir runs > resumed.out 2>&1 || { cat resumed.out; fail "resuming"; }
+cmp <(cut -d, -f1-6 "$csv") <(cut -d, -f1-6 straight/char-gpt/metrics.csv) \
+  || fail "the resumed run's metrics differ from the uninterrupted run's"
+final=$(printf 'step-%08d' "$steps")
+for f in rank-0.safetensors rank-1.safetensors; do
+  cmp "ck/$final/$f" "straight-ck/$final/$f" || fail "$final/$f differs"
+done
+echo "preemption-check: resumed from step $at to $steps; metrics and $final equal the uninterrupted run's, bit for bit"
