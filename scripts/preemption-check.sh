@@ -46,9 +46,9 @@ at=$((10#${last##*-}))
 echo "mpirun exited $rc; SIGTERM to rank 1 (pid $victim): the ranks stopped after step $at, ck/last names $last"
 [ "$rc" = 75 ] || fail "mpirun exited $rc, not 75"
 [ "$at" -lt "$steps" ] || fail "the run was not stopped"
-grep -q "stopped: interrupted by SIGTERM after step $at" stopped.out \
+grep -q "interrupted by SIGTERM after step $at;" stopped.out \
   || fail "rank 1 did not report the signal and the step"
-grep -q "stopped: interrupted by a signal to another rank after step $at" stopped.out \
+grep -q "interrupted by a signal to another rank after step $at;" stopped.out \
   || fail "rank 0 did not stop at the same step"
 [ "$(tail -1 "$csv" | cut -d, -f1)" = "$at" ] || fail "metrics go past the step saved"
 

@@ -55,7 +55,7 @@ done
 cat "$out"
 [ "$(state)" = COMPLETED ] || fail "the job did not complete within 180 s of the requeue: $(state)"
 grep -q "wick-fit: job $job, start 2" "$out" || fail "the job did not start again"
-stopped=$(sed -n 's/.*stopped: interrupted by SIGTERM after step \([0-9]*\);.*/\1/p' "$out" | head -1)
+stopped=$(sed -n 's/.*interrupted by SIGTERM after step \([0-9]*\);.*/\1/p' "$out" | head -1)
 [ -n "$stopped" ] || fail "the ranks did not report saving on SIGTERM"
 cmp <(cut -d, -f1-6 "$csv") <(cut -d, -f1-6 straight/char-gpt/metrics.csv) \
   || fail "the requeued job's metrics differ from the uninterrupted run's"

@@ -36,7 +36,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => match e.downcast_ref::<wick_trainer::TrainerError>() {
             Some(stop @ wick_trainer::TrainerError::Interrupted { .. }) => {
-                eprintln!("stopped: {stop}; the same command with --resume auto continues");
+                // One write, so that the ranks' lines under a launcher do not interleave.
+                let line =
+                    format!("stopped: {stop}; the same command with --resume auto continues\n");
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
                 ExitCode::from(EXIT_INTERRUPTED)
             }
             _ => {

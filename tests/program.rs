@@ -567,3 +567,53 @@ fn sigterm_saves_the_step_and_resume_auto_ends_as_an_uninterrupted_run() {
 fn steps_written(csv: &Path) -> usize {
     std::fs::read_to_string(csv).map_or(0, |t| t.lines().count().saturating_sub(1))
 }
+
+/// A second signal while the first is being handled ends the run at once, with status 128
+/// + the signal, and `last` still names a whole checkpoint. The steps are slow (a batch
+/// of 512), so both signals arrive inside one step.
+#[cfg(unix)]
+#[test]
+fn a_second_signal_ends_the_run_at_once_and_last_stays_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_wick"))
+        .args([
+            "fit",
+            "--no-progress",
+            "--max-steps",
+            "1000",
+            "--save-every",
+            "2",
+        ])
+        .args(["--batch-size", "512", "--val-every", "1000", "--async-save"])
+        .args(["--log-dir", "runs", "--checkpoint-dir", "ck"])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("wick runs");
+    let start = std::time::Instant::now();
+    while !dir.path().join("ck/last").exists() {
+        assert!(start.elapsed().as_secs() < 300, "no checkpoint");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let pid = child.id() as i32;
+    // SAFETY: plain kill(2)s of our own child; the pause lets the first be handled (two
+    // pending SIGTERMs would merge into one).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGTERM), "{stderr}");
+    assert!(!stderr.contains("stopped:"), "{stderr}");
+    let inspect = Command::new(env!("CARGO_BIN_EXE_wick"))
+        .args(["inspect", "ck/last"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+}

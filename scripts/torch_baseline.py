@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""The PyTorch side of `examples/throughput.rs`: the same GPT and Llama shapes trained with
+PyTorch (single process, DDP and FSDP2 over gloo at W=2), one row per run in the example's
+format, so that both can be read from one run on the same machine.
+
+    python scripts/torch_baseline.py [--d-model 128 512] [--llama] [--worlds 1 2]
+
+Rows: `impl=torch model=<gpt-d<D>|llama> strategy=<single|ddp|fsdp_full_shard> world=<W>
+tokens_per_s=<n>`, the median step of 10 after 3 warm-up steps, as the example measures.
+The GPT is the example's (4 layers, 4 heads, context 64, vocabulary 96, global batch 16,
+AdamW betas 0.9/0.95, weight decay 0.01): token and position embeddings, pre-norm blocks
+(layer norm, causal attention through `scaled_dot_product_attention`, GELU with the tanh
+approximation), a final norm and a linear head. The Llama is `transformers`'
+`LlamaForCausalLM` of the example's config (20.2M parameters), sequence 256, global batch 8.
+With W ranks each process runs `cores / W` threads, as wick's ranks as threads do.
+
+Needs torch (and, for --llama, transformers); CI does not run it.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+WARMUP, MEASURED = 3, 10
+GPT_BATCH, GPT_BLOCK, GPT_VOCAB, GPT_LAYERS, GPT_HEADS = 16, 64, 96, 4, 4
+LLAMA_BATCH, LLAMA_SEQ = 8, 256
+LLAMA = dict(
+    vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
+    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
+    rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+)
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.heads = heads
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).unbind(2)
+        a = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, c))
+        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class Gpt(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.tok = nn.Embedding(GPT_VOCAB, d)
+        self.pos = nn.Parameter(torch.randn(GPT_BLOCK, d) * 0.02)
+        self.blocks = nn.ModuleList(Block(d, GPT_HEADS) for _ in range(GPT_LAYERS))
+        self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, GPT_VOCAB)
+
+    def forward(self, ids, targets):
+        x = self.tok(ids) + self.pos[: ids.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+class Llama(nn.Module):
+    def __init__(self):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(**LLAMA, attn_implementation="sdpa")
+        self.lm = LlamaForCausalLM(config)
+        self.blocks = self.lm.model.layers
+
+    def forward(self, ids, targets):
+        logits = self.lm(input_ids=ids).logits
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def batches(vocab, batch, seq, steps, rank, world):
+    """The global batches' ids from a fixed generator, this rank's slice of each."""
+    g = torch.Generator().manual_seed(42)
+    ids = torch.randint(0, vocab, (steps, batch, seq + 1), generator=g)
+    per = batch // world
+    return [(s[rank * per:(rank + 1) * per, :-1], s[rank * per:(rank + 1) * per, 1:]) for s in ids]
+
+
+def run(rank, world, model_name, strategy, threads, port, out):
+    torch.manual_seed(0)
+    torch.set_num_threads(threads)
+    if world > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    if model_name == "llama":
+        model, vocab, batch, seq = Llama(), LLAMA["vocab_size"], LLAMA_BATCH, LLAMA_SEQ
+    else:
+        d = int(model_name.removeprefix("gpt-d"))
+        model, vocab, batch, seq = Gpt(d), GPT_VOCAB, GPT_BATCH, GPT_BLOCK
+    if strategy == "ddp":
+        model = nn.parallel.DistributedDataParallel(model)
+    elif strategy == "fsdp_full_shard":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.01)
+    times = []
+    for ids, targets in batches(vocab, batch, seq, WARMUP + MEASURED, rank, world):
+        start = time.perf_counter()
+        loss = model(ids, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    if rank == 0:
+        out.put((batch * seq) / statistics.median(times[WARMUP:]))
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--d-model", type=int, nargs="*", default=[128, 512])
+    p.add_argument("--llama", action="store_true")
+    p.add_argument("--worlds", type=int, nargs="*", default=[1, 2])
+    args = p.parse_args()
+    cores = os.cpu_count() or 1
+    models = [f"gpt-d{d}" for d in args.d_model] + (["llama"] if args.llama else [])
+    ctx = mp.get_context("spawn")
+    port = 29511
+    for model in models:
+        for world in args.worlds:
+            for strategy in ["single"] if world == 1 else ["ddp", "fsdp_full_shard"]:
+                out = ctx.Queue()
+                threads = max(1, cores // world)
+                port += 1
+                procs = [ctx.Process(target=run, args=(r, world, model, strategy, threads, port, out))
+                         for r in range(world)]
+                for proc in procs:
+                    proc.start()
+                tps = out.get()
+                for proc in procs:
+                    proc.join()
+                print(f"impl=torch model={model} strategy={strategy} world={world} "
+                      f"tokens_per_s={tps:.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
