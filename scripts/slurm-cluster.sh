@@ -46,8 +46,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" > /dev/null
 fi
 mkdir -p "$base"/{etc,state,spool,log,run} "$munge"
-# munged refuses a socket directory that others cannot enter.
-chmod 711 "$munge"
+# munged refuses a socket that others cannot reach: every directory on its path must let
+# them through (mktemp -d makes BASE 700).
+chmod 711 "$base" "$munge"
 [ -f "$munge/munge.key" ] || mungekey -c -k "$munge/munge.key"
 munged --key-file="$munge/munge.key" --socket="$munge/socket" --pid-file="$munge/munged.pid" \
   --log-file="$munge/munged.log" --seed-file="$munge/munged.seed"
