@@ -18,6 +18,7 @@
 #   PLAIN_WICK  a release `wick` built without it
 #   PYTHON      a python with numpy and safetensors (to compare consolidated parameters)
 set -euo pipefail
+source "$(dirname "$0")/checks-lib.sh"
 mpi_wick=$(realpath "$1")
 plain_wick=$(realpath "$2")
 python=$3
@@ -112,10 +113,7 @@ for _ in $(seq 600); do [ -f ck-k/last ] && break; sleep 0.1; done
 [ -f ck-k/last ] || fail "no checkpoint after 60 s"
 sleep 1
 ranks=$(pgrep -P "$launcher")
-victim=""
-for p in $ranks; do
-  tr '\0' '\n' < /proc/"$p"/environ | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$p
-done
+victim=$(rank_pid "$launcher" 1)
 [ -n "$victim" ] || fail "rank 1's process not found among mpirun's children ($ranks)"
 start=$(date +%s%N)
 kill -9 "$victim"

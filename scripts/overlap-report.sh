@@ -20,23 +20,14 @@ trap 'rm -rf "$tmp"' EXIT
 here=$(pwd)
 cd "$tmp"
 
-# A 20.2M-parameter Llama (the throughput example's `--llama`), pre-trained from its shape
-# on the licenses text, tokenized by the fixture's tokenizer.
-cat > llama.json <<'EOF'
-{"model_type": "llama", "vocab_size": 8192, "hidden_size": 512,
- "intermediate_size": 1408, "num_hidden_layers": 4, "num_attention_heads": 8,
- "num_key_value_heads": 4, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
- "rope_theta": 10000.0, "tie_word_embeddings": false}
-EOF
-"$wick" prepare --no-progress --tokenizer "$here/tests/fixtures/hf/llama/tokenizer.json" \
-  --output tokens.safetensors "$here/data/licenses.txt" > /dev/null
+source "$here/scripts/llama-job.sh"
 
 common=(fit --no-progress --no-checkpoints --val-every 1000000)
 declare -A jobs=(
   [main-fsdp]="--max-steps 30 --data $here/data/licenses.txt"
   [main-ddp]="--max-steps 30 --strategy ddp --data $here/data/licenses.txt"
-  [llama-fsdp]="--max-steps 12 --model llama.json --tokenizer $here/tests/fixtures/hf/llama/tokenizer.json --data tokens.safetensors --seq 256 --batch-size 8"
-  [llama-zero2]="--max-steps 12 --strategy zero2 --model llama.json --tokenizer $here/tests/fixtures/hf/llama/tokenizer.json --data tokens.safetensors --seq 256 --batch-size 8"
+  [llama-fsdp]="--max-steps 12 $llama_args"
+  [llama-zero2]="--max-steps 12 --strategy zero2 $llama_args"
 )
 
 # tokens/s and comm_wait_s of each step of a metrics.csv from step 6 on, one per line.

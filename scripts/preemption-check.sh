@@ -8,6 +8,7 @@
 # usage: scripts/preemption-check.sh MPI_WICK     (MPI_WICK: a release `wick` built with
 #                                                   --features mpi)
 set -euo pipefail
+source "$(dirname "$0")/checks-lib.sh"
 wick=$(realpath "$1")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -30,10 +31,7 @@ for _ in $(seq 1200); do
   sleep 0.05
 done
 [ -f "$csv" ] || fail "no metrics after 60 s"
-victim=""
-for p in $(pgrep -P "$launcher"); do
-  tr '\0' '\n' < /proc/"$p"/environ | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$p
-done
+victim=$(rank_pid "$launcher" 1)
 [ -n "$victim" ] || fail "rank 1's process not found among mpirun's children"
 kill -TERM "$victim"
 wait "$launcher"
@@ -53,10 +51,5 @@ grep -q "interrupted by a signal to another rank after step $at;" stopped.out \
 [ "$(tail -1 "$csv" | cut -d, -f1)" = "$at" ] || fail "metrics go past the step saved"
 
 fit --checkpoint-dir ck --log-dir runs > resumed.out 2>&1 || { cat resumed.out; fail "resuming"; }
-cmp <(cut -d, -f1-6 "$csv") <(cut -d, -f1-6 straight/char-gpt/metrics.csv) \
-  || fail "the resumed run's metrics differ from the uninterrupted run's"
-final=$(printf 'step-%08d' "$steps")
-for f in rank-0.safetensors rank-1.safetensors; do
-  cmp "ck/$final/$f" "straight-ck/$final/$f" || fail "$final/$f differs"
-done
-echo "preemption-check: resumed from step $at to $steps; metrics and $final equal the uninterrupted run's, bit for bit"
+same_run "$csv" straight/char-gpt/metrics.csv ck straight-ck "$steps"
+echo "preemption-check: resumed from step $at to $steps; the metrics and the final checkpoint equal the uninterrupted run's, bit for bit"

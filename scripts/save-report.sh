@@ -14,20 +14,12 @@ here=$(pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
-
-cat > llama.json <<'EOF'
-{"model_type": "llama", "vocab_size": 8192, "hidden_size": 512,
- "intermediate_size": 1408, "num_hidden_layers": 4, "num_attention_heads": 8,
- "num_key_value_heads": 4, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
- "rope_theta": 10000.0, "tie_word_embeddings": false}
-EOF
-"$wick" prepare --no-progress --tokenizer "$here/tests/fixtures/hf/llama/tokenizer.json" \
-  --output tokens.safetensors "$here/data/licenses.txt" > /dev/null
+source "$here/scripts/llama-job.sh"
 
 common=(fit --devices 2 --no-progress --val-every 1000000 --keep-last 2)
 declare -A jobs=(
   [main]="--max-steps 200 --save-every 10 --data $here/data/licenses.txt"
-  [llama]="--max-steps 25 --save-every 4 --model llama.json --tokenizer $here/tests/fixtures/hf/llama/tokenizer.json --data tokens.safetensors --seq 256 --batch-size 8"
+  [llama]="--max-steps 25 --save-every 4 $llama_args"
 )
 declare -A every=([main]=10 [llama]=4)
 

@@ -10,6 +10,7 @@
 #
 # usage: scripts/slurm-check.sh MPI_WICK      (from the repository's root, SLURM_CONF set)
 set -euo pipefail
+source "$(dirname "$0")/checks-lib.sh"
 wick=$(realpath "$1")
 : "${SLURM_CONF:?set SLURM_CONF (scripts/slurm-cluster.sh up BASE)}"
 here=$(pwd)
@@ -57,10 +58,5 @@ cat "$out"
 grep -q "wick-fit: job $job, start 2" "$out" || fail "the job did not start again"
 stopped=$(sed -n 's/.*interrupted by SIGTERM after step \([0-9]*\);.*/\1/p' "$out" | head -1)
 [ -n "$stopped" ] || fail "the ranks did not report saving on SIGTERM"
-cmp <(cut -d, -f1-6 "$csv") <(cut -d, -f1-6 straight/char-gpt/metrics.csv) \
-  || fail "the requeued job's metrics differ from the uninterrupted run's"
-final=$(printf 'step-%08d' "$steps")
-for f in rank-0.safetensors rank-1.safetensors; do
-  cmp "ck/$final/$f" "straight-ck/$final/$f" || fail "$final/$f differs"
-done
-echo "slurm-check: job $job requeued after step $stopped, started again (SLURM_RESTART_COUNT=1) and resumed to $steps; metrics and $final equal the uninterrupted run's, bit for bit"
+same_run "$csv" straight/char-gpt/metrics.csv ck straight-ck "$steps"
+echo "slurm-check: job $job requeued after step $stopped, started again (SLURM_RESTART_COUNT=1) and resumed to $steps; the metrics and the final checkpoint equal the uninterrupted run's, bit for bit"

@@ -11,6 +11,7 @@
 # usage: scripts/soak.sh MPI_WICK [INTERRUPTIONS] [SEED]
 #   MPI_WICK  a release `wick` built with --features mpi
 set -euo pipefail
+source "$(dirname "$0")/checks-lib.sh"
 wick=$(realpath "$1")
 interruptions=${2:-6}
 seed=${3:-$(date +%s)}
@@ -59,10 +60,7 @@ while :; do
   while kill -0 "$launcher" 2> /dev/null && [ "$(last_step)" -lt "$until" ]; do sleep 0.02; done
   victim_rank=$((RANDOM % 2))
   signal=$([ $((RANDOM % 2)) = 0 ] && echo KILL || echo TERM)
-  victim=""
-  for p in $(pgrep -P "$launcher" || true); do
-    tr '\0' '\n' < /proc/"$p"/environ 2> /dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$victim_rank" && victim=$p
-  done
+  victim=$(rank_pid "$launcher" "$victim_rank")
   [ -n "$victim" ] || { wait "$launcher" || true; cat "run-$run.out"; fail "run $run ended before its interruption"; }
   at=$(last_step)
   kill -"$signal" "$victim" 2> /dev/null || true
@@ -80,10 +78,5 @@ while :; do
 done
 verify
 
-cmp <(cut -d, -f1-6 "$csv") <(cut -d, -f1-6 straight/char-gpt/metrics.csv) \
-  || fail "the metrics differ from the uninterrupted run's"
-final=$(printf 'step-%08d' "$steps")
-for f in rank-0.safetensors rank-1.safetensors; do
-  cmp "ck/$final/$f" "straight-ck/$final/$f" || fail "$final/$f differs from the uninterrupted run's"
-done
+same_run "$csv" straight/char-gpt/metrics.csv ck straight-ck "$steps"
 echo "soak (seed $seed): $kills SIGKILLs, $terms SIGTERMs, $restarts restarts, $verified checkpoint directories verified whole; the final parameters and metrics equal the uninterrupted run's, bit for bit"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch side of `examples/throughput.rs`: the same GPT and Llama shapes trained with
+"""The PyTorch side of `examples/throughput`: the same GPT and Llama shapes trained with
 PyTorch (single process, DDP and FSDP2 over gloo at W=2), one row per run in the example's
 format, so that both can be read from one run on the same machine.
 
@@ -69,7 +69,7 @@ class Gpt(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 class Llama(nn.Module):
@@ -83,7 +83,7 @@ class Llama(nn.Module):
 
     def forward(self, ids, targets):
         logits = self.lm(input_ids=ids).logits
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def batches(vocab, batch, seq, steps, rank, world):
@@ -149,9 +149,11 @@ def main():
                          for r in range(world)]
                 for proc in procs:
                     proc.start()
-                tps = out.get()
                 for proc in procs:
                     proc.join()
+                    if proc.exitcode != 0:
+                        raise SystemExit(f"{model} {strategy} W={world}: a rank failed ({proc.exitcode})")
+                tps = out.get()
                 print(f"impl=torch model={model} strategy={strategy} world={world} "
                       f"tokens_per_s={tps:.0f}", flush=True)
 

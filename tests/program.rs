@@ -568,9 +568,9 @@ fn steps_written(csv: &Path) -> usize {
     std::fs::read_to_string(csv).map_or(0, |t| t.lines().count().saturating_sub(1))
 }
 
-/// A second signal while the first is being handled ends the run at once, with status 128
-/// + the signal, and `last` still names a whole checkpoint. The steps are slow (a batch
-/// of 512), so both signals arrive inside one step.
+/// A second signal while the first is being handled ends the run at once, with status
+/// 128 plus the signal, and `last` still names a whole checkpoint. The steps are slow (a
+/// batch of 512), so both signals arrive inside one step.
 #[cfg(unix)]
 #[test]
 fn a_second_signal_ends_the_run_at_once_and_last_stays_whole() {

@@ -5,8 +5,14 @@
 //!
 //! It also says whether that candle-core has `Tensor::backward_with_ready`, with which ddp
 //! and zero1 issue each bucket's all-reduce while backward runs; without it, once backward
-//! returns.
+//! returns; and whether it has the `op_profile` module, under which an optimizer step is
+//! profiled as one class.
 fn main() {
+    println!("cargo::rustc-check-cfg=cfg(candle_op_profile)");
+    println!("cargo::rerun-if-env-changed=DEP_WICK_CANDLE_CORE_OP_PROFILE");
+    if std::env::var_os("DEP_WICK_CANDLE_CORE_OP_PROFILE").is_some() {
+        println!("cargo::rustc-cfg=candle_op_profile");
+    }
     println!("cargo::rustc-check-cfg=cfg(candle_swap_storage)");
     println!("cargo::rustc-check-cfg=cfg(candle_backward_with_ready)");
     println!("cargo::rerun-if-env-changed=DEP_WICK_CANDLE_CORE_BACKWARD_WITH_READY");

@@ -10,7 +10,7 @@
 //! Candle also runs large element-wise ops on a pool of its own (`CANDLE_NUM_THREADS` - 1
 //! workers, all cores by default), whose workers spin between ops and whose callers spin
 //! until they finish; that pool knows nothing of rayon's. Beside the ranks and gemm's
-//! workers they only take cores away: `examples/throughput.rs` ran every strategy 1.1 to
+//! workers they only take cores away: `examples/throughput` ran every strategy 1.1 to
 //! 1.7 times faster without them on 2 cores. So the first accelerator wick makes sets
 //! `CANDLE_NUM_THREADS=1` (no such workers) unless the variable is set already.
 

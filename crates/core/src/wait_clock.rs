@@ -46,6 +46,10 @@ impl WaitClock {
 }
 
 fn add_time<T>(nanos: &AtomicU64, call: impl FnOnce() -> T) -> T {
+    // Under the vendored candle-core's profiler, collectives are a class of their own: the
+    // op that issued one (a gather op) does not count its time.
+    #[cfg(candle_op_profile)]
+    let _profiled = candle_core::op_profile::scope("collective");
     let start = Instant::now();
     let out = call();
     let spent = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);

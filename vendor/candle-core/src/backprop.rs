@@ -192,6 +192,8 @@ impl Tensor {
         &self,
         mut ready: Option<&mut dyn FnMut(&Tensor, Tensor) -> Result<()>>,
     ) -> Result<GradStore> {
+        // Ops from here on count as backward's (wick patch: `op_profile`).
+        let _backward = crate::op_profile::Backward::enter();
         let sorted_nodes = self.sorted_nodes();
         let complete_after = match ready {
             Some(_) => variables_by_last_use(&sorted_nodes),

@@ -72,6 +72,7 @@ pub mod metal_backend;
 #[cfg(feature = "mkl")]
 mod mkl;
 pub mod nditer;
+pub mod op_profile;
 pub mod npy;
 pub mod op;
 pub mod pickle;

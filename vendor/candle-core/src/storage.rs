@@ -80,6 +80,7 @@ impl Storage {
     }
 
     pub(crate) fn const_set(&mut self, v: Scalar, l: &Layout) -> Result<()> {
+        let _profiled = crate::op_profile::op("elementwise");
         match self {
             Storage::Cpu(storage) => storage.const_set(v, l),
             Storage::Cuda(storage) => storage.const_set(v, l),
@@ -88,6 +89,7 @@ impl Storage {
     }
 
     pub(crate) fn affine(&self, layout: &Layout, mul: f64, add: f64) -> Result<Self> {
+        let _profiled = crate::op_profile::op("elementwise");
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.affine(layout, mul, add)?;
@@ -105,6 +107,7 @@ impl Storage {
     }
 
     pub(crate) fn powf(&self, layout: &Layout, alpha: f64) -> Result<Self> {
+        let _profiled = crate::op_profile::op("elementwise");
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.powf(layout, alpha)?;
@@ -122,6 +125,7 @@ impl Storage {
     }
 
     pub(crate) fn elu(&self, layout: &Layout, alpha: f64) -> Result<Self> {
+        let _profiled = crate::op_profile::op("elementwise");
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.elu(layout, alpha)?;
@@ -145,6 +149,7 @@ impl Storage {
         lhs_layout: &Layout,
         rhs_layout: &Layout,
     ) -> Result<Self> {
+        let _profiled = crate::op_profile::op("elementwise");
         self.same_device(rhs, "cmp")?;
         self.same_dtype(rhs, "cmp")?;
         match (self, rhs) {
@@ -174,6 +179,7 @@ impl Storage {
     }
 
     pub(crate) fn reduce_op(&self, op: ReduceOp, layout: &Layout, s: &[usize]) -> Result<Self> {
+        let _profiled = crate::op_profile::op("reduce");
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.reduce_op(op, layout, s)?;
@@ -191,6 +197,7 @@ impl Storage {
     }
 
     pub(crate) fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Self> {
+        let _profiled = crate::op_profile::op("elementwise");
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.to_dtype(layout, dtype)?;
@@ -208,6 +215,7 @@ impl Storage {
     }
 
     pub(crate) fn apply_op1(&self, l: &Layout, c: &dyn CustomOp1) -> Result<(Self, Shape)> {
+        let _profiled = crate::op_profile::op(c.name());
         match self {
             Self::Cpu(storage) => {
                 let (storage, shape) = c.cpu_fwd(storage, l)?;
@@ -231,6 +239,7 @@ impl Storage {
         l2: &Layout,
         c: &dyn CustomOp2,
     ) -> Result<(Self, Shape)> {
+        let _profiled = crate::op_profile::op(c.name());
         self.same_device(t2, c.name())?;
         match (self, t2) {
             (Self::Cpu(s1), Self::Cpu(s2)) => {
@@ -258,6 +267,7 @@ impl Storage {
         l3: &Layout,
         c: &dyn CustomOp3,
     ) -> Result<(Self, Shape)> {
+        let _profiled = crate::op_profile::op(c.name());
         self.same_device(t2, c.name())?;
         self.same_device(t3, c.name())?;
         match (self, t2, t3) {
@@ -288,6 +298,7 @@ impl Storage {
         srcs: [(Src<'_, Storage>, &Layout); N],
         c: &C,
     ) -> Result<()> {
+        let _profiled = crate::op_profile::op("custom_inplace");
         // Aliased sources are `self`. Only distinct needs checking.
         for (s, _) in srcs.iter() {
             if let Src::Distinct(s) = s {
@@ -324,6 +335,7 @@ impl Storage {
     }
 
     pub(crate) fn unary_impl<B: op::UnaryOpT>(&self, layout: &Layout) -> Result<Self> {
+        let _profiled = crate::op_profile::op("elementwise");
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.unary_impl::<B>(layout)?;
@@ -346,6 +358,7 @@ impl Storage {
         lhs_layout: &Layout,
         rhs_layout: &Layout,
     ) -> Result<Self> {
+        let _profiled = crate::op_profile::op("elementwise");
         self.same_device(rhs, B::NAME)?;
         self.same_dtype(rhs, B::NAME)?;
         match (self, rhs) {
@@ -381,6 +394,7 @@ impl Storage {
         kernel_l: &Layout,
         params: &crate::conv::ParamsConv1D,
     ) -> Result<Self> {
+        let _profiled = crate::op_profile::op("conv");
         self.same_device(kernel, "conv1d")?;
         self.same_dtype(kernel, "conv1d")?;
         match (self, &kernel) {
@@ -412,6 +426,7 @@ impl Storage {
         kernel_l: &Layout,
         params: &crate::conv::ParamsConvTranspose1D,
     ) -> Result<Self> {
+        let _profiled = crate::op_profile::op("conv");
         self.same_device(kernel, "conv-transpose1d")?;
         self.same_dtype(kernel, "conv-transpose1d")?;
         match (self, &kernel) {
@@ -443,6 +458,7 @@ impl Storage {
         kernel_l: &Layout,
         params: &crate::conv::ParamsConv2D,
     ) -> Result<Self> {
+        let _profiled = crate::op_profile::op("conv");
         self.same_device(kernel, "conv2d")?;
         self.same_dtype(kernel, "conv2d")?;
         match (self, &kernel) {
@@ -474,6 +490,7 @@ impl Storage {
         kernel_l: &Layout,
         params: &crate::conv::ParamsConvTranspose2D,
     ) -> Result<Self> {
+        let _profiled = crate::op_profile::op("conv");
         self.same_device(kernel, "conv_transpose2d")?;
         self.same_dtype(kernel, "conv_transpose2d")?;
         match (self, &kernel) {
@@ -504,6 +521,7 @@ impl Storage {
         kernel_size: (usize, usize),
         stride: (usize, usize),
     ) -> Result<Self> {
+        let _profiled = crate::op_profile::op("conv");
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.avg_pool2d(layout, kernel_size, stride)?;
@@ -526,6 +544,7 @@ impl Storage {
         kernel_size: (usize, usize),
         stride: (usize, usize),
     ) -> Result<Self> {
+        let _profiled = crate::op_profile::op("conv");
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.max_pool2d(layout, kernel_size, stride)?;
@@ -543,6 +562,7 @@ impl Storage {
     }
 
     pub(crate) fn upsample_nearest1d(&self, layout: &Layout, sz: usize) -> Result<Self> {
+        let _profiled = crate::op_profile::op("conv");
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.upsample_nearest1d(layout, sz)?;
@@ -560,6 +580,7 @@ impl Storage {
     }
 
     pub(crate) fn upsample_nearest2d(&self, layout: &Layout, h: usize, w: usize) -> Result<Self> {
+        let _profiled = crate::op_profile::op("conv");
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.upsample_nearest2d(layout, h, w)?;
@@ -585,6 +606,7 @@ impl Storage {
         scale_h: Option<f64>,
         scale_w: Option<f64>,
     ) -> Result<Self> {
+        let _profiled = crate::op_profile::op("conv");
         match self {
             Storage::Cpu(storage) => {
                 let storage =
@@ -612,6 +634,7 @@ impl Storage {
         f: &Self,
         layout_f: &Layout,
     ) -> Result<Self> {
+        let _profiled = crate::op_profile::op("elementwise");
         self.same_device(t, "where")?;
         self.same_device(f, "where")?;
         t.same_dtype(f, "where")?;
@@ -644,6 +667,7 @@ impl Storage {
         indexes_l: &Layout,
         d: usize,
     ) -> Result<Self> {
+        let _profiled = crate::op_profile::op("index");
         self.same_device(indexes, "index-add")?;
         match (self, indexes) {
             (Self::Cpu(s), Self::Cpu(indexes)) => {
@@ -671,6 +695,7 @@ impl Storage {
         source_l: &Layout,
         d: usize,
     ) -> Result<()> {
+        let _profiled = crate::op_profile::op("index");
         self.same_device(indexes, "scatter-set")?;
         self.same_device(source, "scatter-set")?;
         match (self, indexes, source) {
@@ -697,6 +722,7 @@ impl Storage {
         source_l: &Layout,
         d: usize,
     ) -> Result<()> {
+        let _profiled = crate::op_profile::op("index");
         self.same_device(indexes, "scatter-add")?;
         self.same_device(source, "scatter-add")?;
         match (self, indexes, source) {
@@ -723,6 +749,7 @@ impl Storage {
         source_l: &Layout,
         d: usize,
     ) -> Result<Self> {
+        let _profiled = crate::op_profile::op("index");
         self.same_device(indexes, "index-add")?;
         self.same_device(source, "index-add")?;
         match (self, indexes, source) {
@@ -749,6 +776,7 @@ impl Storage {
         rhs_l: &Layout,
         d: usize,
     ) -> Result<Self> {
+        let _profiled = crate::op_profile::op("index");
         self.same_device(rhs, "index-select")?;
         match (self, rhs) {
             (Self::Cpu(lhs), Self::Cpu(rhs)) => {
@@ -779,6 +807,7 @@ impl Storage {
         lhs_layout: &Layout,
         rhs_layout: &Layout,
     ) -> Result<Self> {
+        let _profiled = crate::op_profile::op(crate::op_profile::matmul_class());
         self.same_device(rhs, "matmul")?;
         self.same_dtype(rhs, "matmul")?;
         match (self, rhs) {
@@ -810,6 +839,7 @@ impl Storage {
         dst_offset: usize,
         src_l: &Layout,
     ) -> Result<()> {
+        let _profiled = crate::op_profile::op("copy");
         match (self, dst) {
             (Self::Cpu(src), Self::Cpu(dst)) => src.copy_strided_src(dst, dst_offset, src_l),
             (Self::Cuda(src), Self::Cuda(dst)) => Ok(src.copy_strided_src(dst, dst_offset, src_l)?),
@@ -836,6 +866,7 @@ impl Storage {
         src_o: usize,
         dst_o: usize,
     ) -> Result<()> {
+        let _profiled = crate::op_profile::op("copy");
         match (self, dst) {
             (Self::Cpu(src), Self::Cpu(dst)) => src.copy2d(dst, d1, d2, src_s, dst_s, src_o, dst_o),
             (Self::Cuda(src), Self::Cuda(dst)) => {

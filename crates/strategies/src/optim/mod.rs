@@ -50,6 +50,9 @@ impl Optimizer {
                 grads.len()
             )
         }
+        // Profiled as one class, whatever ops it runs (the vendored candle-core's profiler).
+        #[cfg(candle_op_profile)]
+        let _profiled = candle_core::op_profile::scope("optimizer");
         match self {
             Optimizer::AdamW(o) => o.step(params, grads),
             Optimizer::Sgd(o) => o.step(params, grads),

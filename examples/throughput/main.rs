@@ -29,6 +29,12 @@
 //! those FLOPs per second over the peak measured in the same run: the best f32 matmul
 //! rate of Candle's GEMM on all cores, square 1024 and 2048, best of 8 each, before the
 //! rows (`peak_gflops=<g>`).
+//!
+//! `--profile` prints where a step's time goes (`profile.rs`): for the GPT at d_model 512
+//! (single, fsdp full_shard and ddp at W=2) and the Llama (single, full_shard at W=2),
+//! milliseconds per step and rank in matmul forward, matmul backward, copies, element-wise
+//! ops, norms and attention, the optimizer, collectives and the rest; and each of their
+//! linear layers' matmuls alone against the same peak.
 
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear, Optimizer, VarBuilder, VarMap};
@@ -43,11 +49,13 @@ use wick::nn::{causal_attention_composite, cross_entropy_composite, layer_norm_c
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
 use wick::trainer::{Attached, DataLoader, Trainer};
 
+mod profile;
+
 // The main job's model and windows, from the `wick` program's own modules.
-#[path = "../src/char_corpus.rs"]
+#[path = "../../src/char_corpus.rs"]
 #[allow(dead_code)]
 mod char_corpus;
-#[path = "../src/char_gpt.rs"]
+#[path = "../../src/char_gpt.rs"]
 #[allow(dead_code)]
 mod char_gpt;
 
@@ -125,13 +133,13 @@ impl Callback for StepClock {
     }
 }
 
-/// A quiet trainer of `WARMUP + MEASURED` steps that records each step's time.
-fn timed_trainer(
+/// A quiet trainer of `WARMUP + MEASURED` steps with `callback`.
+fn quiet_trainer(
     accelerator: Accelerator,
     strategy: Box<dyn Strategy>,
-) -> anyhow::Result<(Trainer, StepClock)> {
-    let clock = StepClock::default();
-    let trainer = Trainer::builder()
+    callback: impl Callback + 'static,
+) -> anyhow::Result<Trainer> {
+    Ok(Trainer::builder()
         .accelerator(accelerator)
         .strategy_instance(strategy)
         .max_steps(WARMUP + MEASURED)
@@ -139,9 +147,17 @@ fn timed_trainer(
         .no_logger()
         .progress(false)
         .model_summary(false)
-        .callback(clock.clone())
-        .build()?;
-    Ok((trainer, clock))
+        .callback(callback)
+        .build()?)
+}
+
+/// A quiet trainer that records each step's time.
+fn timed_trainer(
+    accelerator: Accelerator,
+    strategy: Box<dyn Strategy>,
+) -> anyhow::Result<(Trainer, StepClock)> {
+    let clock = StepClock::default();
+    Ok((quiet_trainer(accelerator, strategy, clock.clone())?, clock))
 }
 
 /// wick's seconds per step for `strategy` at `world` ranks as threads with `budget`.
@@ -280,31 +296,34 @@ fn peak_gflops() -> anyhow::Result<f64> {
     Ok(best)
 }
 
+/// The `--llama` model, fresh.
+fn llama_model() -> anyhow::Result<CausalLm> {
+    Ok(CausalLm::from_config_json(
+        LLAMA.into(),
+        std::path::Path::new("llama.json"),
+    )?)
+}
+
+/// The `--llama` data: windows of token ids from a fixed generator, in global batches.
+fn llama_data() -> DataLoader<CharWindows> {
+    let (vocab, block) = (8192u64, LLAMA_SEQ);
+    let mut s = 7u64;
+    let ids = (0..(WARMUP + MEASURED + 2) * LLAMA_BATCH * (block + 1))
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) % vocab) as u32
+        })
+        .collect();
+    DataLoader::new(CharWindows::new(ids, block, block + 1), LLAMA_BATCH)
+}
+
 /// The Llama's seconds per step under `strategy` at `world` ranks.
 fn llama_step(strategy: Box<dyn Strategy>, world: usize) -> anyhow::Result<(f64, usize)> {
     let (mut trainer, clock) = timed_trainer(Accelerator::cpu(world)?, strategy)?;
-    let mut model = Attached::new(CausalLm::from_config_json(
-        LLAMA.into(),
-        std::path::Path::new("llama.json"),
-    )?);
-    let c = GptConfig {
-        vocab: 8192,
-        block: LLAMA_SEQ,
-        ..config(128)
-    };
-    let windows = {
-        let mut s = 7u64;
-        let ids = (0..(WARMUP + MEASURED + 2) * LLAMA_BATCH * (c.block + 1))
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 33) % c.vocab as u64) as u32
-            })
-            .collect();
-        CharWindows::new(ids, c.block, c.block + 1)
-    };
-    trainer.fit(&mut model, &DataLoader::new(windows, LLAMA_BATCH), None)?;
+    let mut model = Attached::new(llama_model()?);
+    trainer.fit(&mut model, &llama_data(), None)?;
     let params = trainer.num_parameters().unwrap_or(0);
     let times = clock.0.lock().unwrap().clone();
     Ok((median_step(&times), params))
@@ -341,6 +360,9 @@ fn llama_rows() -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
+    if std::env::args().any(|a| a == "--profile") {
+        return profile::profile_rows(peak_gflops()?);
+    }
     if std::env::args().any(|a| a == "--llama") {
         return llama_rows();
     }
