@@ -5,11 +5,11 @@
 //! applied twice (in and out), so the tied weight is one parameter in one unit.
 
 use crate::config::Gpt2Config;
-use crate::layers::{conv1d, embed, heads, merge_heads, normal, project};
+use crate::layers::{conv1d, embed, normal, project};
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use wick_core::{ShardedContext, Wrapped};
-use wick_nn::{causal_attention, gelu, layer_norm, LayerNorm, Linear};
+use wick_nn::{causal_attention_packed, gelu, layer_norm, LayerNorm, Linear};
 
 /// One block, `transformer.h.{i}`.
 #[derive(Clone)]
@@ -41,11 +41,8 @@ impl Block {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let e = x.dim(2)?;
-        let head_dim = e / self.heads;
         let qkv = self.c_attn.forward(&self.ln_1.forward(x)?)?;
-        let part = |i: usize| heads(&qkv.narrow(2, i * e, e)?, self.heads, head_dim);
-        let attended = merge_heads(&causal_attention(&part(0)?, &part(1)?, &part(2)?)?)?;
+        let attended = causal_attention_packed(&qkv, self.heads)?;
         let x = (x + self.attn_proj.forward(&attended)?)?;
         let hidden = gelu(&self.c_fc.forward(&self.ln_2.forward(&x)?)?)?;
         x + self.mlp_proj.forward(&hidden)?

@@ -9,7 +9,7 @@ use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use std::sync::Arc;
 use wick_core::{ShardedContext, Wrapped};
-use wick_nn::{causal_attention, rms_norm, Linear, RmsNorm, RotaryEmbedding};
+use wick_nn::{causal_attention, rms_norm, swiglu, Linear, RmsNorm, RotaryEmbedding};
 
 /// One decoder layer, `model.layers.{i}`.
 #[derive(Clone)]
@@ -74,8 +74,8 @@ impl DecoderLayer {
         let attended = merge_heads(&causal_attention(&q, &k, &v)?)?;
         let x = (x + self.o_proj.forward(&attended)?)?;
         let h = self.post_attention_layernorm.forward(&x)?;
-        // The SiLU-gated MLP, composite: one matmul each, Candle's SiLU and product.
-        let gated = (self.gate_proj.forward(&h)?.silu()? * self.up_proj.forward(&h)?)?;
+        // The SiLU-gated MLP: one matmul each, the gate fused with the product.
+        let gated = swiglu(&self.gate_proj.forward(&h)?, &self.up_proj.forward(&h)?)?;
         x + self.down_proj.forward(&gated)?
     }
 }

@@ -2,10 +2,12 @@
 //! sum are one op, and its backward recomputes the probabilities (nothing T x T is kept
 //! between forward and backward).
 
+use crate::attention_kernel::{self as kernel, Dims, Heads};
 use crate::cpu::{as_f32, f32s, fused};
 use crate::linear::{linear, Linear};
 use candle_core::{
-    CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, Storage, Tensor, D,
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Module, Result, Shape, Storage,
+    Tensor, D,
 };
 use candle_nn::VarBuilder;
 use rayon::prelude::*;
@@ -36,12 +38,47 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         // 16-bit inputs: the softmax runs in f32, the output is rounded once.
         return causal_attention(&as_f32(q)?, &as_f32(k)?, &as_f32(v)?)?.to_dtype(dtype);
     }
-    match fused(&[q, k, v]) {
-        true => q
-            .contiguous()?
-            .apply_op3(&k.contiguous()?, &v.contiguous()?, Forward),
-        false => causal_attention_composite(q, k, v),
+    if !fused(&[q, k, v]) {
+        return causal_attention_composite(q, k, v);
     }
+    // Read where they lie, as long as the head dimension is unit-strided.
+    let unit = |x: &Tensor| match x.stride()[3] == 1 || d == 1 {
+        true => Ok(x.clone()),
+        false => x.contiguous(),
+    };
+    // Batch-major out of the op, handed back as [b, h, t, d].
+    unit(q)?
+        .apply_op3(&unit(k)?, &unit(v)?, Forward)?
+        .transpose(1, 2)
+}
+
+/// [`causal_attention`] over the heads of a packed projection: `qkv` of shape `[batch,
+/// time, 3 * heads * head_dim]` holds each row's queries, keys and values one after
+/// another, each `heads` blocks of `head_dim` (what one linear layer of width
+/// `3 * d_model` gives); the output is `[batch, time, heads * head_dim]`, what the output
+/// projection reads. On the CPU in f32 neither the split into heads nor their merge copies
+/// anything, and the gradient comes back packed in one buffer.
+pub fn causal_attention_packed(qkv: &Tensor, heads: usize) -> Result<Tensor> {
+    let (b, t, width) = qkv.dims3()?;
+    if heads == 0 || width % (3 * heads) != 0 {
+        candle_core::bail!(
+            "causal_attention_packed: rows of {width} do not split into q, k and v of {heads} heads"
+        )
+    }
+    let d = width / 3 / heads;
+    if qkv.dtype() != DType::F32 {
+        return causal_attention_packed(&as_f32(qkv)?, heads)?.to_dtype(qkv.dtype());
+    }
+    if !fused(&[qkv]) {
+        let part = |i: usize| {
+            qkv.narrow(2, i * heads * d, heads * d)?
+                .reshape((b, t, heads, d))?
+                .transpose(1, 2)
+        };
+        let out = causal_attention_composite(&part(0)?, &part(1)?, &part(2)?)?;
+        return out.transpose(1, 2)?.reshape((b, t, heads * d));
+    }
+    qkv.contiguous()?.apply_op1(PackedForward { heads })
 }
 
 /// Each key/value head repeated for the query heads it serves: `[b, hkv, t, d]` to
@@ -58,6 +95,9 @@ pub fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
 
 /// The same attention from Candle's basic ops (the fallback, and the reference in tests).
 pub fn causal_attention_composite(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    // Candle's batched matmul takes standard layouts only (a head of a packed projection
+    // is not one).
+    let (q, k, v) = (&q.contiguous()?, &k.contiguous()?, &v.contiguous()?);
     let (_, h, t, d) = q.dims4()?;
     let groups = h / k.dim(1)?;
     let (k, v) = (repeat_kv(k, groups)?, repeat_kv(v, groups)?);
@@ -101,72 +141,20 @@ impl CausalSelfAttention {
 
 impl Module for CausalSelfAttention {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (b, t, c) = x.dims3()?;
-        let hd = c / self.n_head;
-        let qkv = self.qkv.forward(x)?.reshape((b, t, 3, self.n_head, hd))?;
-        let head = |i| {
-            qkv.narrow(2, i, 1)?
-                .squeeze(2)?
-                .transpose(1, 2)?
-                .contiguous()
-        };
-        let out = causal_attention(&head(0)?, &head(1)?, &head(2)?)?;
-        self.proj.forward(&out.transpose(1, 2)?.reshape((b, t, c))?)
+        let qkv = self.qkv.forward(x)?;
+        self.proj
+            .forward(&causal_attention_packed(&qkv, self.n_head)?)
     }
 }
 
-/// One (batch, head) block's sizes, and the query heads per key/value head.
-fn block_dims(q: &Layout, k: &Layout) -> Result<(usize, usize, usize)> {
-    let (_, h, t, d) = q.shape().dims4()?;
+/// The sizes of an attention over `q` (`[b, h, t, d]`) and `k` (`[b, hkv, t, d]`).
+fn dims(q: &Layout, k: &Layout) -> Result<Dims> {
+    let (b, h, t, d) = q.shape().dims4()?;
     let (_, hkv, _, _) = k.shape().dims4()?;
-    Ok((t, d, h / hkv))
+    Ok(Dims { b, h, hkv, t, d })
 }
 
-/// `a . b` with eight running sums, added in a fixed order at the end: a plain
-/// `zip().sum()` is one sequential chain of float adds, which the compiler may not
-/// reorder, so it cannot use SIMD lanes; this form vectorises and stays deterministic.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    const LANES: usize = 8;
-    let mut acc = [0f32; LANES];
-    let (a8, b8) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = a8
-        .remainder()
-        .iter()
-        .zip(b8.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in a8.zip(b8) {
-        for l in 0..LANES {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let pairs = [
-        acc[0] + acc[4],
-        acc[1] + acc[5],
-        acc[2] + acc[6],
-        acc[3] + acc[7],
-    ];
-    (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]) + tail
-}
-
-/// Row i's probabilities over positions 0..=i into `p` (length i + 1).
-fn probabilities(q_i: &[f32], k: &[f32], d: usize, scale: f32, p: &mut [f32]) {
-    let mut max = f32::NEG_INFINITY;
-    for (j, pj) in p.iter_mut().enumerate() {
-        let k_j = &k[j * d..(j + 1) * d];
-        *pj = scale * dot(q_i, k_j);
-        max = max.max(*pj);
-    }
-    let mut sum = 0f32;
-    for pj in p.iter_mut() {
-        *pj = (*pj - max).exp();
-        sum += *pj;
-    }
-    for pj in p.iter_mut() {
-        *pj /= sum;
-    }
-}
-
+/// (q, k, v) -> the output, batch-major (`[b, t, h, d]`).
 struct Forward;
 
 impl CustomOp3 for Forward {
@@ -183,34 +171,15 @@ impl CustomOp3 for Forward {
         vs: &CpuStorage,
         vl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (t, d, groups) = block_dims(ql, kl)?;
-        let (q, k, v) = (
-            f32s(self.name(), qs, ql)?,
-            f32s(self.name(), ks, kl)?,
-            f32s(self.name(), vs, vl)?,
+        let n = dims(ql, kl)?;
+        let name = self.name();
+        let out = kernel::forward(
+            (qs.as_slice::<f32>()?, Heads::of(name, ql)?),
+            (ks.as_slice::<f32>()?, Heads::of(name, kl)?),
+            (vs.as_slice::<f32>()?, Heads::of(name, vl)?),
+            n,
         );
-        let scale = 1.0 / (d as f32).sqrt();
-        let mut out = vec![0f32; q.len()];
-        let block = t * d;
-        // One task per (batch, query head) block; query head n reads key/value head
-        // n / groups (the query heads of a batch element are consecutive, so are its
-        // key/value heads).
-        out.par_chunks_mut(block).enumerate().for_each(|(n, o)| {
-            let kv = n / groups;
-            let (q, k, v) = (&q[n * block..], &k[kv * block..], &v[kv * block..]);
-            let mut p = vec![0f32; t];
-            for i in 0..t {
-                let p = &mut p[..=i];
-                probabilities(&q[i * d..(i + 1) * d], k, d, scale, p);
-                let o_i = &mut o[i * d..(i + 1) * d];
-                for (j, &pj) in p.iter().enumerate() {
-                    for (o, v) in o_i.iter_mut().zip(&v[j * d..(j + 1) * d]) {
-                        *o += pj * v;
-                    }
-                }
-            }
-        });
-        Ok((CpuStorage::F32(out), ql.shape().clone()))
+        Ok((CpuStorage::F32(out), Shape::from((n.b, n.t, n.h, n.d))))
     }
 
     fn bwd(
@@ -221,6 +190,8 @@ impl CustomOp3 for Forward {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (b, h, t, d) = q.dims4()?;
+        let hkv = k.dim(1)?;
         let (nq, nkv) = (q.elem_count(), k.elem_count());
         let all = q.apply_op3_no_bwd(
             k,
@@ -229,15 +200,22 @@ impl CustomOp3 for Forward {
                 grad: grad.contiguous()?,
             },
         )?;
+        // Batch-major buffers, handed back as [b, heads, t, d] views.
+        let part = |start: usize, len: usize, heads: usize| {
+            all.narrow(0, start, len)?
+                .reshape((b, t, heads, d))?
+                .transpose(1, 2)
+        };
         Ok((
-            Some(all.narrow(0, 0, nq)?.reshape(q.shape())?),
-            Some(all.narrow(0, nq, nkv)?.reshape(k.shape())?),
-            Some(all.narrow(0, nq + nkv, nkv)?.reshape(k.shape())?),
+            Some(part(0, nq, h)?),
+            Some(part(nq, nkv, hkv)?),
+            Some(part(nq + nkv, nkv, hkv)?),
         ))
     }
 }
 
-/// (q, k, v) and the output's gradient -> [dq, dk, dv] end to end.
+/// (q, k, v) and the output's gradient (batch-major) -> [dq, dk, dv], each batch-major,
+/// end to end.
 struct Backward {
     grad: Tensor,
 }
@@ -256,67 +234,107 @@ impl CustomOp3 for Backward {
         vs: &CpuStorage,
         vl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (t, d, groups) = block_dims(ql, kl)?;
-        let (q, k, v) = (
-            f32s(self.name(), qs, ql)?,
-            f32s(self.name(), ks, kl)?,
-            f32s(self.name(), vs, vl)?,
-        );
+        let n = dims(ql, kl)?;
+        let name = self.name();
         let (gs, gl) = self.grad.storage_and_layout();
         let Storage::Cpu(gs) = &*gs else {
-            candle_core::bail!("{}: the gradient must be on the cpu", self.name())
+            candle_core::bail!("{name}: the gradient must be on the cpu")
         };
+        let dout = &f32s(name, gs, gl)?;
+        let all = kernel::backward(
+            (qs.as_slice::<f32>()?, Heads::of(name, ql)?),
+            (ks.as_slice::<f32>()?, Heads::of(name, kl)?),
+            (vs.as_slice::<f32>()?, Heads::of(name, vl)?),
+            (dout, Heads::batch_major(n.t, n.h, n.d)),
+            n,
+        );
+        let len = all.len();
+        Ok((CpuStorage::F32(all), Shape::from(len)))
+    }
+}
+
+/// The three parts of a packed `qkv` (`[b, t, 3 * heads * d]`, contiguous) as blocks:
+/// part i of head h starts at `i * heads * d + h * d` in each row.
+fn packed(l: &Layout, heads: usize) -> Result<(Dims, [Heads; 3])> {
+    let (b, t, width) = l.shape().dims3()?;
+    let d = width / 3 / heads;
+    let e = heads * d;
+    let part = |i: usize| Heads {
+        start: l.start_offset() + i * e,
+        batch: t * width,
+        head: d,
+        row: width,
+    };
+    let n = Dims {
+        b,
+        h: heads,
+        hkv: heads,
+        t,
+        d,
+    };
+    Ok((n, [part(0), part(1), part(2)]))
+}
+
+/// qkv -> the output, `[b, t, heads * d]`.
+struct PackedForward {
+    heads: usize,
+}
+
+impl CustomOp1 for PackedForward {
+    fn name(&self) -> &'static str {
+        "wick-causal-attention"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (n, [q, k, v]) = packed(l, self.heads)?;
+        let data = s.as_slice::<f32>()?;
+        let out = kernel::forward((data, q), (data, k), (data, v), n);
+        Ok((CpuStorage::F32(out), Shape::from((n.b, n.t, n.h * n.d))))
+    }
+
+    fn bwd(&self, qkv: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let op = PackedBackward { heads: self.heads };
+        Ok(Some(qkv.apply_op2_no_bwd(&grad.contiguous()?, &op)?))
+    }
+}
+
+/// (qkv, the output's gradient) -> d(qkv), packed as qkv is.
+struct PackedBackward {
+    heads: usize,
+}
+
+impl CustomOp2 for PackedBackward {
+    fn name(&self) -> &'static str {
+        "wick-causal-attention-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &CpuStorage,
+        l: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (n, [q, k, v]) = packed(l, self.heads)?;
+        let data = s.as_slice::<f32>()?;
         let dout = f32s(self.name(), gs, gl)?;
-        let scale = 1.0 / (d as f32).sqrt();
-        let (len_q, len_kv) = (q.len(), k.len());
-        let mut all = vec![0f32; len_q + 2 * len_kv];
-        let (dq, rest) = all.split_at_mut(len_q);
-        let (dk, dv) = rest.split_at_mut(len_kv);
-        let block = t * d;
-        // One task per (batch, key/value head): its query heads (consecutive blocks of q)
-        // one after another, so that their dK and dV add up in one task, in head order.
-        let tasks = dq
-            .par_chunks_mut(groups * block)
-            .zip(dk.par_chunks_mut(block))
-            .zip(dv.par_chunks_mut(block))
-            .enumerate();
-        tasks.for_each(|(m, ((dq, dk), dv))| {
-            let kv = m * block..(m + 1) * block;
-            let (k, v) = (&k[kv.clone()], &v[kv]);
-            let (mut p, mut dp) = (vec![0f32; t], vec![0f32; t]);
-            for (r, dq) in dq.chunks_exact_mut(block).enumerate() {
-                let at = (m * groups + r) * block..(m * groups + r + 1) * block;
-                let (q, dout) = (&q[at.clone()], &dout[at]);
-                for i in 0..t {
-                    let (p, dp) = (&mut p[..=i], &mut dp[..=i]);
-                    let q_i = &q[i * d..(i + 1) * d];
-                    probabilities(q_i, k, d, scale, p);
-                    let do_i = &dout[i * d..(i + 1) * d];
-                    // dP_ij = dO_i . v_j; dV_j += p_ij dO_i.
-                    let mut weighted = 0f32;
-                    for j in 0..=i {
-                        let v_j = &v[j * d..(j + 1) * d];
-                        dp[j] = dot(do_i, v_j);
-                        weighted += p[j] * dp[j];
-                        for (dv, g) in dv[j * d..(j + 1) * d].iter_mut().zip(do_i) {
-                            *dv += p[j] * g;
-                        }
-                    }
-                    // dS_ij = p_ij (dP_ij - sum_k p_ik dP_ik); dQ_i, dK_j from it.
-                    let dq_i = &mut dq[i * d..(i + 1) * d];
-                    for j in 0..=i {
-                        let ds = p[j] * (dp[j] - weighted) * scale;
-                        let k_j = &k[j * d..(j + 1) * d];
-                        for (dq, kv) in dq_i.iter_mut().zip(k_j) {
-                            *dq += ds * kv;
-                        }
-                        for (dk, qv) in dk[j * d..(j + 1) * d].iter_mut().zip(q_i) {
-                            *dk += ds * qv;
-                        }
-                    }
-                }
+        let all = kernel::backward(
+            (data, q),
+            (data, k),
+            (data, v),
+            (dout, Heads::batch_major(n.t, n.h, n.d)),
+            n,
+        );
+        // Interleave the three batch-major gradients into qkv's rows.
+        let e = n.h * n.d;
+        let rows = n.b * n.t;
+        let mut dqkv = vec![0f32; rows * 3 * e];
+        dqkv.par_chunks_mut(3 * e).enumerate().for_each(|(r, row)| {
+            for i in 0..3 {
+                row[i * e..(i + 1) * e]
+                    .copy_from_slice(&all[(i * rows + r) * e..(i * rows + r + 1) * e]);
             }
         });
-        Ok((CpuStorage::F32(all), Shape::from(len_q + 2 * len_kv)))
+        Ok((CpuStorage::F32(dqkv), l.shape().clone()))
     }
 }

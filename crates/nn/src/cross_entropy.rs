@@ -2,6 +2,7 @@
 //! forward one pass over the rows, backward softmax minus one-hot.
 
 use crate::cpu::{f32s, fused, rows_per_task, sum_in_order, u32s};
+use crate::vector_math;
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
@@ -31,8 +32,8 @@ pub fn cross_entropy_composite(logits: &Tensor, targets: &Tensor) -> Result<Tens
 
 /// Row `r`'s max and log of the sum of exp(x - max).
 fn log_sum_exp(row: &[f32]) -> (f32, f32) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    (max, row.iter().map(|v| (v - max).exp()).sum::<f32>().ln())
+    let max = vector_math::max(row);
+    (max, vector_math::sum_exp_shifted(row, max).ln())
 }
 
 fn rows<'a>(
@@ -135,8 +136,10 @@ impl CustomOp2 for Backward {
                 let rows = logits.chunks_exact(classes).zip(targets);
                 for ((row, &t), out) in rows.zip(d.chunks_exact_mut(classes)) {
                     let (max, lse) = log_sum_exp(row);
-                    for (o, v) in out.iter_mut().zip(row) {
-                        *o = (v - max - lse).exp() * per_row;
+                    out.copy_from_slice(row);
+                    vector_math::exp_shifted(out, max + lse);
+                    for o in out.iter_mut() {
+                        *o *= per_row;
                     }
                     out[t as usize] -= per_row;
                 }

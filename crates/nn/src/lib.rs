@@ -13,7 +13,12 @@
 //! - [`RotaryEmbedding`]: rotary position embedding in Hugging Face's rotate_half layout;
 //! - [`cross_entropy`]: mean negative log-likelihood from logits;
 //! - [`Linear`] ([`linear`]): candle-nn's linear layer, its bias added by one op whose
-//!   backward sums the bias gradient row by row.
+//!   backward sums the bias gradient row by row;
+//! - [`swiglu`]: Llama's gated activation `silu(gate) * up`.
+//!
+//! Their exponentials (softmax, cross-entropy, GELU's tanh, SiLU) are vectorised for the
+//! widest instruction set the CPU has (`vector_math.rs`), and the attention's matrix
+//! products run on the GEMM Candle's matmul uses, one (batch, head) block per task.
 //!
 //! The fused path runs for contiguous f32 tensors on the CPU. On other devices and dtypes
 //! each function falls back to the composite Candle ops of the same layer (the same
@@ -22,6 +27,7 @@
 //! `VarBuilder`, like candle-nn's own.
 
 mod attention;
+mod attention_kernel;
 mod cpu;
 mod cross_entropy;
 mod gelu;
@@ -29,11 +35,17 @@ mod layer_norm;
 mod linear;
 mod rms_norm;
 mod rotary;
+mod swiglu;
+mod vector_math;
 
-pub use attention::{causal_attention, causal_attention_composite, repeat_kv, CausalSelfAttention};
+pub use attention::{
+    causal_attention, causal_attention_composite, causal_attention_packed, repeat_kv,
+    CausalSelfAttention,
+};
 pub use cross_entropy::{cross_entropy, cross_entropy_composite};
 pub use gelu::{gelu, Gelu};
 pub use layer_norm::{layer_norm, layer_norm_composite, LayerNorm};
 pub use linear::{linear, Linear};
 pub use rms_norm::{rms_norm, rms_norm_composite, RmsNorm};
 pub use rotary::{rotary_composite, RotaryEmbedding};
+pub use swiglu::{swiglu, swiglu_composite};

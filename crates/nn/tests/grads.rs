@@ -3,9 +3,9 @@
 
 use candle_core::{DType, Device, Module, Result, Tensor, Var};
 use wick_nn::{
-    causal_attention, causal_attention_composite, cross_entropy, cross_entropy_composite, gelu,
-    layer_norm_composite, rms_norm_composite, rotary_composite, LayerNorm, RmsNorm,
-    RotaryEmbedding,
+    causal_attention, causal_attention_composite, causal_attention_packed, cross_entropy,
+    cross_entropy_composite, gelu, layer_norm_composite, rms_norm_composite, rotary_composite,
+    swiglu, swiglu_composite, LayerNorm, RmsNorm, RotaryEmbedding,
 };
 
 const TOLERANCE: f32 = 1e-5;
@@ -104,6 +104,19 @@ fn gelu_matches_the_composite() {
 }
 
 #[test]
+fn swiglu_matches_the_composite() {
+    // Sizes past one SIMD register and one parallel task, and a single element.
+    for (shape, seed) in [(vec![5, 13], 40), (vec![1], 41), (vec![3, 40_000], 42)] {
+        check(
+            &format!("swiglu {shape:?}"),
+            &[var(&shape, seed, 6.0), var(&shape, seed + 1, 3.0)],
+            |t| swiglu(&t[0], &t[1]),
+            |t| swiglu_composite(&t[0], &t[1]),
+        );
+    }
+}
+
+#[test]
 fn causal_attention_matches_the_composite() {
     for (shape, seed) in [
         (vec![2, 3, 17, 8], 7),
@@ -120,6 +133,45 @@ fn causal_attention_matches_the_composite() {
             &inputs,
             |t| causal_attention(&t[0], &t[1], &t[2]),
             |t| causal_attention_composite(&t[0], &t[1], &t[2]),
+        );
+    }
+}
+
+#[test]
+fn attention_reads_strided_heads_and_packed_projections() {
+    // (batch, heads, time, head_dim): q, k and v as the heads of one packed projection
+    // ([b, t, 3 * heads * d]), read in place by both entry points.
+    for (b, h, t, d, seed) in [(2, 3, 17, 8, 31), (1, 2, 64, 16, 32), (1, 1, 1, 4, 33)] {
+        let qkv = [var(&[b, t, 3 * h * d], seed, 1.0)];
+        let part = |qkv: &Tensor, i: usize| {
+            qkv.narrow(2, i * h * d, h * d)
+                .and_then(|p| p.reshape((b, t, h, d)))
+                .and_then(|p| p.transpose(1, 2))
+        };
+        let merged = |out: Tensor| out.transpose(1, 2)?.reshape((b, t, h * d));
+        check(
+            &format!("packed attention b={b} h={h} t={t} d={d}"),
+            &qkv,
+            |x| causal_attention_packed(&x[0], h),
+            |x| {
+                let (q, k, v) = (part(&x[0], 0)?, part(&x[0], 1)?, part(&x[0], 2)?);
+                merged(causal_attention_composite(&q, &k, &v)?)
+            },
+        );
+        check(
+            &format!("strided attention b={b} h={h} t={t} d={d}"),
+            &qkv,
+            |x| {
+                merged(causal_attention(
+                    &part(&x[0], 0)?,
+                    &part(&x[0], 1)?,
+                    &part(&x[0], 2)?,
+                )?)
+            },
+            |x| {
+                let (q, k, v) = (part(&x[0], 0)?, part(&x[0], 1)?, part(&x[0], 2)?);
+                merged(causal_attention_composite(&q, &k, &v)?)
+            },
         );
     }
 }

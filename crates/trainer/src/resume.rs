@@ -146,7 +146,7 @@ impl<M: TrainModule> RankRun<'_, M> {
     /// Waits for the save in flight, if any, until its checkpoint is whole (a collective).
     pub(crate) fn finish_saves(&self, saves: &mut FitSaves) -> Result<(), TrainerError> {
         match saves.pending.take() {
-            Some(pending) => pending.finish(self.env.world.as_ref()),
+            Some(pending) => pending.finish(self.env.world.as_ref(), &self.env.device),
             None => Ok(()),
         }
     }

@@ -15,9 +15,10 @@
 use super::save::{Commit, RankWrite};
 use super::CheckpointError;
 use crate::TrainerError;
+use candle_core::{Device, Tensor};
 use std::path::PathBuf;
 use std::thread::JoinHandle;
-use wick_core::{Collective, ReduceOp};
+use wick_core::{Collective, CollectiveError, ReduceOp};
 
 /// A save in flight on one rank.
 pub(crate) struct PendingSave {
@@ -55,18 +56,27 @@ impl PendingSave {
     }
 
     /// Waits for every rank's file (a collective: every rank that started this save calls
-    /// it) and commits: the checkpoint is whole and `last` names it when this returns.
-    pub(crate) fn finish(mut self, world: &dyn Collective) -> Result<(), TrainerError> {
+    /// it, `device` being its world's) and commits: the checkpoint is whole and `last`
+    /// names it when this returns.
+    pub(crate) fn finish(
+        mut self,
+        world: &dyn Collective,
+        device: &Device,
+    ) -> Result<(), TrainerError> {
         let own = self.join();
-        let failed = f32::from(u8::from(own.is_err()));
-        let failed = world.all_reduce_scalar(failed, ReduceOp::Sum)?;
+        // One slot per rank: which ranks could not write their file.
+        let mut slots = vec![0f32; world.world_size()];
+        slots[world.rank()] = f32::from(u8::from(own.is_err()));
+        let slots = Tensor::from_vec(slots, world.world_size(), device)?;
+        world.all_reduce_in_place(&slots, ReduceOp::Sum)?;
         own?;
-        if failed > 0.0 {
-            return Err(CheckpointError::Mismatch {
-                path: self.dir.clone(),
-                message: format!(
-                    "{failed} rank(s) could not write their file of this checkpoint (their \
-                     errors name it)"
+        if let Some(rank) = slots.to_vec1::<f32>()?.iter().position(|&f| f > 0.0) {
+            // That rank's own error names its file; this one only follows from it.
+            return Err(CollectiveError::PeerFailed {
+                rank,
+                reason: format!(
+                    "it could not write its file of checkpoint {}",
+                    self.dir.display()
                 ),
             }
             .into());

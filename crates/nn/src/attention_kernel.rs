@@ -1,0 +1,266 @@
+//! The fused causal attention's CPU kernels: for each (batch, head) block the scores
+//! `scale q kᵀ` are one matrix product, the causal softmax runs over each row's live part
+//! in vectorised exponentials, and the weighted sum is a second product; backward
+//! recomputes the probabilities and makes the four gradients' products the same way. The
+//! products run on the GEMM Candle's matmul uses, one sequential call per block, so a
+//! block's sums go in the same order on any number of threads; batch elements run in
+//! parallel on the calling thread's rayon pool.
+//!
+//! Inputs are read where they lie through their strides (only the head dimension must be
+//! unit-strided): the heads of a packed `qkv` projection need no copy. Outputs and
+//! gradients are written batch-major, `[batch, time, heads, head_dim]`, the order the
+//! output projection reads.
+
+use crate::vector_math;
+use candle_core::{Layout, Result};
+use rayon::prelude::*;
+
+/// Where a `[batch, heads, time, head_dim]` tensor keeps its blocks: block (b, h) starts at
+/// `start + b * batch + h * head`, its rows `row` apart, its head dimension unit-strided.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Heads {
+    pub(crate) start: usize,
+    pub(crate) batch: usize,
+    pub(crate) head: usize,
+    pub(crate) row: usize,
+}
+
+impl Heads {
+    /// The blocks of a tensor of shape `[b, h, t, d]` laid out as `l` says.
+    pub(crate) fn of(op: &str, l: &Layout) -> Result<Heads> {
+        let (_, _, _, d) = l.shape().dims4()?;
+        let s = l.stride();
+        if d > 1 && s[3] != 1 {
+            candle_core::bail!("{op}: the head dimension must be unit-strided, got strides {s:?}")
+        }
+        Ok(Heads {
+            start: l.start_offset(),
+            batch: s[0],
+            head: s[1],
+            row: s[2],
+        })
+    }
+
+    /// A fresh batch-major buffer's blocks: `[b, t, heads, d]`.
+    pub(crate) fn batch_major(t: usize, heads: usize, d: usize) -> Heads {
+        Heads {
+            start: 0,
+            batch: t * heads * d,
+            head: d,
+            row: heads * d,
+        }
+    }
+
+    /// Block (b, h)'s rows in `data`: the slice from its first element, and the row stride.
+    fn block<'a>(&self, data: &'a [f32], b: usize, h: usize) -> (&'a [f32], usize) {
+        (
+            &data[self.start + b * self.batch + h * self.head..],
+            self.row,
+        )
+    }
+}
+
+/// The sizes of an attention: batch, query heads, key/value heads, time, head dimension.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dims {
+    pub(crate) b: usize,
+    pub(crate) h: usize,
+    pub(crate) hkv: usize,
+    pub(crate) t: usize,
+    pub(crate) d: usize,
+}
+
+impl Dims {
+    fn groups(&self) -> usize {
+        self.h / self.hkv
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / (self.d as f32).sqrt()
+    }
+}
+
+/// The attention's output, batch-major (`[b, t, h, d]`).
+pub(crate) fn forward(
+    q: (&[f32], Heads),
+    k: (&[f32], Heads),
+    v: (&[f32], Heads),
+    n: Dims,
+) -> Vec<f32> {
+    let Dims { h, t, d, .. } = n;
+    let mut out = vec![0f32; n.b * t * h * d];
+    out.par_chunks_mut(t * h * d)
+        .enumerate()
+        .for_each(|(b, out)| {
+            let mut p = vec![0f32; t * t];
+            for head in 0..h {
+                let kv = head / n.groups();
+                probabilities(q.1.block(q.0, b, head), k.1.block(k.0, b, kv), n, &mut p);
+                let v = v.1.block(v.0, b, kv);
+                matmul(
+                    t,
+                    d,
+                    t,
+                    (&mut out[head * d..], h * d),
+                    false,
+                    (&p, t, 1),
+                    (v.0, v.1, 1),
+                    1.0,
+                );
+            }
+        });
+    out
+}
+
+/// The gradients of `q`, `k` and `v` given the output's (`dout`), each batch-major:
+/// `[b, t, h, d]`, `[b, t, hkv, d]`, `[b, t, hkv, d]`, end to end in one buffer.
+pub(crate) fn backward(
+    q: (&[f32], Heads),
+    k: (&[f32], Heads),
+    v: (&[f32], Heads),
+    dout: (&[f32], Heads),
+    n: Dims,
+) -> Vec<f32> {
+    let Dims { h, hkv, t, d, .. } = n;
+    let (len_q, len_kv) = (n.b * t * h * d, n.b * t * hkv * d);
+    let mut all = vec![0f32; len_q + 2 * len_kv];
+    let (dq, rest) = all.split_at_mut(len_q);
+    let (dk, dv) = rest.split_at_mut(len_kv);
+    let scale = n.scale();
+    let tasks = dq
+        .par_chunks_mut(t * h * d)
+        .zip(dk.par_chunks_mut(t * hkv * d))
+        .zip(dv.par_chunks_mut(t * hkv * d))
+        .enumerate();
+    tasks.for_each(|(b, ((dq, dk), dv))| {
+        let (mut p, mut ds) = (vec![0f32; t * t], vec![0f32; t * t]);
+        // Each key/value head's query heads one after another, so that their dK and dV
+        // add up in one task, in head order.
+        for kv in 0..hkv {
+            let (k_b, v_b) = (k.1.block(k.0, b, kv), v.1.block(v.0, b, kv));
+            for head in kv * n.groups()..(kv + 1) * n.groups() {
+                let q_b = q.1.block(q.0, b, head);
+                let dout_b = dout.1.block(dout.0, b, head);
+                probabilities(q_b, k_b, n, &mut p);
+                // dV += Pᵀ dO; dP = dO Vᵀ (into `ds`).
+                let dv_b = (&mut dv[kv * d..], hkv * d);
+                matmul(
+                    t,
+                    d,
+                    t,
+                    dv_b,
+                    true,
+                    (&p, 1, t),
+                    (dout_b.0, dout_b.1, 1),
+                    1.0,
+                );
+                let (ds_all, ds_rs) = (&mut ds[..], t);
+                matmul(
+                    t,
+                    t,
+                    d,
+                    (ds_all, ds_rs),
+                    false,
+                    (dout_b.0, dout_b.1, 1),
+                    (v_b.0, 1, v_b.1),
+                    1.0,
+                );
+                // dS_ij = scale p_ij (dP_ij - sum_k p_ik dP_ik): zero where p is.
+                for (p, ds) in p.chunks_exact(t).zip(ds.chunks_exact_mut(t)) {
+                    let weighted = vector_math::dot(p, ds);
+                    for (ds, &p) in ds.iter_mut().zip(p) {
+                        *ds = scale * p * (*ds - weighted);
+                    }
+                }
+                // dQ = dS K; dK += dSᵀ Q.
+                let dq_b = (&mut dq[head * d..], h * d);
+                matmul(t, d, t, dq_b, false, (&ds, t, 1), (k_b.0, k_b.1, 1), 1.0);
+                let dk_b = (&mut dk[kv * d..], hkv * d);
+                matmul(t, d, t, dk_b, true, (&ds, 1, t), (q_b.0, q_b.1, 1), 1.0);
+            }
+        }
+    });
+    all
+}
+
+/// The causal probabilities of one block into `p` (`t x t`, row-major): row i is
+/// `softmax(scale q_i . k_j)` over j <= i, and zero beyond.
+fn probabilities(q: (&[f32], usize), k: (&[f32], usize), n: Dims, p: &mut [f32]) {
+    let Dims { t, d, .. } = n;
+    // p = scale q kᵀ: k is read transposed through its strides.
+    matmul(
+        t,
+        t,
+        d,
+        (p, t),
+        false,
+        (q.0, q.1, 1),
+        (k.0, 1, k.1),
+        n.scale(),
+    );
+    for (i, row) in p.chunks_exact_mut(t).enumerate() {
+        let (live, masked) = row.split_at_mut(i + 1);
+        let max = vector_math::max(live);
+        let inv = 1.0 / vector_math::exp_shifted_sum(live, max);
+        for x in live.iter_mut() {
+            *x *= inv;
+        }
+        masked.fill(0.0);
+    }
+}
+
+/// `dst (m x n) = scale a b (+ dst when accumulate)`, every matrix read or written through
+/// its row and column strides (`(slice, row stride, column stride)`; `dst` is
+/// `(slice, row stride)` with unit columns): a transpose is a read with the strides
+/// swapped. One sequential call of the GEMM.
+#[allow(clippy::too_many_arguments)]
+fn matmul(
+    m: usize,
+    n: usize,
+    k: usize,
+    (dst, dst_rs): (&mut [f32], usize),
+    accumulate: bool,
+    (a, a_rs, a_cs): (&[f32], usize, usize),
+    (b, b_rs, b_cs): (&[f32], usize, usize),
+    scale: f32,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let last = |rs: usize, cs: usize, rows: usize, cols: usize| {
+        (rows.max(1) - 1) * rs + (cols.max(1) - 1) * cs
+    };
+    assert!(
+        last(dst_rs, 1, m, n) < dst.len(),
+        "matmul: destination too short"
+    );
+    assert!(
+        k == 0 || (last(a_rs, a_cs, m, k) < a.len() && last(b_rs, b_cs, k, n) < b.len()),
+        "matmul: an operand too short for its strides"
+    );
+    // SAFETY: every index the product reads or writes was checked against its slice above;
+    // `dst` is exclusively borrowed and overlaps neither operand.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            accumulate,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            1.0,
+            scale,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
