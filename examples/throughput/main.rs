@@ -20,15 +20,17 @@
 //! `--table` adds `table strategy=fsdp_full_shard d_model=<d> world=<W> step_ms=<t>` for
 //! d_model 128, 256 and 512 at W = 1, 2 and 4.
 //!
-//! `--llama` adds a Llama of 20.2M parameters (wick-models' `CausalLm`: hidden 512, 4
-//! layers, 8 query and 4 key/value heads, SiLU MLP of 1408, vocabulary 8192, untied), at
-//! sequence 256 and global batch 8, under `single` and fsdp full_shard at W=2:
-//! `llama strategy=<name> world=<W> tokens_per_s=<n> mfu=<f>`. The model FLOPs per token are
-//! 6 x parameters plus attention's 12 x layers x heads x head_dim x sequence (PaLM's
-//! accounting, which counts the masked half of causal attention too); the utilisation is
-//! those FLOPs per second over the peak measured in the same run: the best f32 matmul
-//! rate of Candle's GEMM on all cores, square 1024 and 2048, best of 8 each, before the
-//! rows (`peak_gflops=<g>`).
+//! `--compare` prints the rows `scripts/torch_baseline.py` prints for PyTorch, for the GPT
+//! at d_model 128 and 512 and a Llama of 20.2M parameters (wick-models' `CausalLm`: hidden
+//! 512, 4 layers, 8 query and 4 key/value heads, SiLU MLP of 1408, vocabulary 8192, untied)
+//! at sequence 256 and global batch 8, each under `single`, ddp at W=2 and fsdp full_shard
+//! at W=2 (`--models gpt-d512,llama` picks): `impl=wick model=<m> strategy=<name>
+//! world=<W> parameters=<p> tokens_per_s=<n> gflops=<g> mfu=<f>`. `--llama` is
+//! `--compare --models llama`. The model FLOPs per token are 6 x parameters plus
+//! attention's 12 x layers x heads x head_dim x sequence (PaLM's accounting, which counts
+//! the masked half of causal attention too); the utilisation is those FLOPs per second
+//! over the peak measured in the same run: the best f32 matmul rate of Candle's GEMM on
+//! all cores, square 1024 and 2048, best of 8 each, before the rows (`peak_gflops=<g>`).
 //!
 //! `--profile` prints where a step's time goes (`profile.rs`): for the GPT at d_model 512
 //! (single, fsdp full_shard and ddp at W=2) and the Llama (single, full_shard at W=2),
@@ -329,32 +331,74 @@ fn llama_step(strategy: Box<dyn Strategy>, world: usize) -> anyhow::Result<(f64,
     Ok((median_step(&times), params))
 }
 
-/// The `--llama` rows.
-fn llama_rows() -> anyhow::Result<()> {
-    let peak = peak_gflops()?;
-    let (layers, heads, head_dim) = (4.0, 8.0, 64.0);
-    let mut rows = Vec::new();
-    for (name, world, strategy) in [
-        ("single", 1, strategy_by_name("single")?),
-        (
-            "fsdp_full_shard",
-            2,
-            Fsdp::new(FsdpSharding::FullShard).build(),
-        ),
-    ] {
-        let (step, params) = llama_step(strategy, world)?;
-        rows.push((name, world, step, params));
+/// One `--compare` row's model: its name in the rows, and (layers, heads, head_dim,
+/// sequence) for the attention FLOPs.
+fn shape_of(model: &str) -> anyhow::Result<(usize, usize, usize, usize)> {
+    Ok(match model {
+        "llama" => (4, 8, 64, LLAMA_SEQ),
+        gpt => {
+            let c = config(gpt_width(gpt)?);
+            (c.n_layer, c.n_head, c.d_model / c.n_head, c.block)
+        }
+    })
+}
+
+/// The width of a `gpt-d<D>` model name.
+fn gpt_width(model: &str) -> anyhow::Result<usize> {
+    model
+        .strip_prefix("gpt-d")
+        .and_then(|d| d.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("unknown model '{model}': gpt-d<width> or llama"))
+}
+
+/// A fresh strategy of `name` (a registry name, or `fsdp_full_shard`).
+fn strategy(name: &str) -> anyhow::Result<Box<dyn Strategy>> {
+    Ok(match name {
+        "fsdp_full_shard" => Fsdp::new(FsdpSharding::FullShard).build(),
+        n => strategy_by_name(n)?,
+    })
+}
+
+/// `model`'s tokens per step, median seconds per step and parameters under `name` at
+/// `world` ranks.
+fn measure(model: &str, name: &str, world: usize) -> anyhow::Result<(usize, f64, usize)> {
+    if model == "llama" {
+        let (step, params) = llama_step(strategy(name)?, world)?;
+        return Ok((LLAMA_BATCH * LLAMA_SEQ, step, params));
     }
+    let c = config(gpt_width(model)?);
+    let (mut trainer, clock) = timed_trainer(Accelerator::cpu(world)?, strategy(name)?)?;
+    trainer.fit(
+        &mut Attached::new(CharGpt::new(c, LR)),
+        &DataLoader::new(data(&c), BATCH),
+        None,
+    )?;
+    let times = clock.0.lock().unwrap().clone();
+    let params = trainer.num_parameters().unwrap_or(0);
+    Ok((BATCH * c.block, median_step(&times), params))
+}
+
+/// The `--compare` rows: `models` under single, ddp at W=2 and fsdp full_shard at W=2, in
+/// the format `scripts/torch_baseline.py` prints PyTorch's, with model FLOPs utilisation
+/// over the peak measured first.
+fn compare_rows(models: &[String]) -> anyhow::Result<()> {
+    let peak = peak_gflops()?;
     println!("peak_gflops={peak:.1}");
-    for (name, world, step, params) in rows {
-        let tps = (LLAMA_BATCH * LLAMA_SEQ) as f64 / step;
-        let per_token = 6.0 * params as f64 + 12.0 * layers * heads * head_dim * LLAMA_SEQ as f64;
-        let gflops = tps * per_token / 1e9;
-        println!(
-            "llama strategy={name} world={world} parameters={params} tokens_per_s={tps:.0} \
-             gflops={gflops:.1} mfu={:.3}",
-            gflops / peak
-        );
+    for model in models {
+        let (layers, heads, head_dim, seq) = shape_of(model)?;
+        for (name, world) in [("single", 1), ("ddp", 2), ("fsdp_full_shard", 2)] {
+            let (tokens, step, params) = measure(model, name, world)?;
+            let tps = tokens as f64 / step;
+            // PaLM's accounting: 6 x parameters, and attention's 12 x layers x heads x
+            // head_dim x sequence (the masked half of causal attention counted too).
+            let per_token = 6.0 * params as f64 + 12.0 * (layers * heads * head_dim * seq) as f64;
+            let gflops = tps * per_token / 1e9;
+            println!(
+                "impl=wick model={model} strategy={name} world={world} parameters={params} \
+                 tokens_per_s={tps:.0} gflops={gflops:.1} mfu={:.3}",
+                gflops / peak
+            );
+        }
     }
     Ok(())
 }
@@ -363,8 +407,17 @@ fn main() -> anyhow::Result<()> {
     if std::env::args().any(|a| a == "--profile") {
         return profile::profile_rows(peak_gflops()?);
     }
-    if std::env::args().any(|a| a == "--llama") {
-        return llama_rows();
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--llama") {
+        return compare_rows(&["llama".to_string()]);
+    }
+    if args.iter().any(|a| a == "--compare") {
+        let models = match args.iter().position(|a| a == "--models") {
+            Some(i) => args.get(i + 1).map_or(String::new(), String::clone),
+            None => "gpt-d128,gpt-d512,llama".into(),
+        };
+        let models: Vec<String> = models.split(',').map(str::to_string).collect();
+        return compare_rows(&models);
     }
     let c = config(128);
     if std::env::args().any(|a| a == "--candle-baseline") {

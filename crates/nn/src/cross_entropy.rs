@@ -5,6 +5,7 @@ use crate::cpu::{f32s, fused, rows_per_task, sum_in_order, u32s};
 use crate::vector_math;
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+use std::sync::{Mutex, MutexGuard};
 
 /// Mean cross-entropy of `logits` `[n, classes]` against class ids `targets` `[n]`,
 /// equal to candle-nn's `loss::cross_entropy`. Fused on the CPU for f32 logits and u32
@@ -20,7 +21,7 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     match fused(&[logits]) && targets.dtype() == DType::U32 {
         true => logits
             .contiguous()?
-            .apply_op2(&targets.contiguous()?, Forward),
+            .apply_op2(&targets.contiguous()?, Forward::default()),
         false => cross_entropy_composite(logits, targets),
     }
 }
@@ -34,6 +35,11 @@ pub fn cross_entropy_composite(logits: &Tensor, targets: &Tensor) -> Result<Tens
 fn log_sum_exp(row: &[f32]) -> (f32, f32) {
     let max = vector_math::max(row);
     (max, vector_math::sum_exp_shifted(row, max).ln())
+}
+
+/// The lock, whether or not a panicking thread poisoned it.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn rows<'a>(
@@ -51,7 +57,11 @@ fn rows<'a>(
     Ok((logits, targets, classes))
 }
 
-struct Forward;
+/// The loss; keeps each row's `max + log(sum(exp(x - max)))` for its backward.
+#[derive(Default)]
+struct Forward {
+    log_sum_exp: Mutex<Vec<f32>>,
+}
 
 impl CustomOp2 for Forward {
     fn name(&self) -> &'static str {
@@ -68,22 +78,24 @@ impl CustomOp2 for Forward {
         let (logits, targets, classes) = rows(self.name(), ls, ll, ts, tl)?;
         // Per-task sums, added in task order: the same bits on any number of threads.
         let task = rows_per_task(classes);
-        let partials: Vec<Vec<f32>> = logits
+        let partials: Vec<(f32, Vec<f32>)> = logits
             .par_chunks(task * classes)
             .zip(targets.par_chunks(task))
             .map(|(logits, targets)| {
-                let sum = logits
+                let lse: Vec<f32> = logits
                     .chunks_exact(classes)
-                    .zip(targets)
-                    .map(|(row, &t)| {
+                    .map(|row| {
                         let (max, lse) = log_sum_exp(row);
-                        max + lse - row[t as usize]
+                        max + lse
                     })
-                    .sum();
-                vec![sum]
+                    .collect();
+                let rows = logits.chunks_exact(classes).zip(targets).zip(&lse);
+                let sum = rows.map(|((row, &t), lse)| lse - row[t as usize]).sum();
+                (sum, lse)
             })
             .collect();
-        let total = sum_in_order(partials, 1)[0];
+        let total = sum_in_order(partials.iter().map(|(s, _)| vec![*s]).collect(), 1)[0];
+        *lock(&self.log_sum_exp) = partials.into_iter().flat_map(|(_, lse)| lse).collect();
         Ok((
             CpuStorage::F32(vec![total / targets.len() as f32]),
             Shape::from(()),
@@ -98,16 +110,18 @@ impl CustomOp2 for Forward {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let scale = grad.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+        let log_sum_exp = lock(&self.log_sum_exp).clone();
         Ok((
-            Some(logits.apply_op2_no_bwd(targets, &Backward { scale })?),
+            Some(logits.apply_op2_no_bwd(targets, &Backward { scale, log_sum_exp })?),
             None,
         ))
     }
 }
 
-/// (logits, targets) -> d loss / d logits, times the incoming gradient `scale`.
+/// (logits, targets) -> d logits, from the forward's per-row log-sum-exp.
 struct Backward {
     scale: f32,
+    log_sum_exp: Vec<f32>,
 }
 
 impl CustomOp2 for Backward {
@@ -123,21 +137,24 @@ impl CustomOp2 for Backward {
         tl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (logits, targets, classes) = rows(self.name(), ls, ll, ts, tl)?;
+        if self.log_sum_exp.len() != targets.len() {
+            candle_core::bail!("{}: the forward's rows are not these", self.name())
+        }
         let per_row = self.scale / targets.len() as f32;
         let mut d = vec![0f32; logits.len()];
         let task = rows_per_task(classes);
         d.par_chunks_mut(task * classes)
+            .zip(logits.par_chunks(task * classes))
             .zip(
-                logits
-                    .par_chunks(task * classes)
-                    .zip(targets.par_chunks(task)),
+                targets
+                    .par_chunks(task)
+                    .zip(self.log_sum_exp.par_chunks(task)),
             )
-            .for_each(|(d, (logits, targets))| {
-                let rows = logits.chunks_exact(classes).zip(targets);
-                for ((row, &t), out) in rows.zip(d.chunks_exact_mut(classes)) {
-                    let (max, lse) = log_sum_exp(row);
+            .for_each(|((d, logits), (targets, lse))| {
+                let rows = logits.chunks_exact(classes).zip(targets).zip(lse);
+                for (((row, &t), &lse), out) in rows.zip(d.chunks_exact_mut(classes)) {
                     out.copy_from_slice(row);
-                    vector_math::exp_shifted(out, max + lse);
+                    vector_math::exp_shifted(out, lse);
                     for o in out.iter_mut() {
                         *o *= per_row;
                     }

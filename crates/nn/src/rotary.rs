@@ -69,11 +69,21 @@ impl RotaryEmbedding {
         if !fused(&[x, &cos]) {
             return rotary_composite(x, &cos, &sin);
         }
-        x.contiguous()?.apply_op1(Rotate {
-            cos: cos.flatten_all()?.to_vec1()?,
-            sin: sin.flatten_all()?.to_vec1()?,
-            sign: 1.0,
-        })
+        let rotate = |time_dim| -> Result<Rotate> {
+            Ok(Rotate {
+                cos: cos.flatten_all()?.to_vec1()?,
+                sin: sin.flatten_all()?.to_vec1()?,
+                sign: 1.0,
+                time_dim,
+            })
+        };
+        // Heads split off a projection ([b, t, heads, d] memory seen as [b, heads, t, d])
+        // are rotated where they lie, and come back in the same order: no copy either way.
+        let batch_major = x.transpose(1, 2)?;
+        if batch_major.is_contiguous() {
+            return batch_major.apply_op1(rotate(1)?)?.transpose(1, 2);
+        }
+        x.contiguous()?.apply_op1(rotate(2)?)
     }
 }
 
@@ -92,12 +102,14 @@ pub fn rotary_composite(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor
 }
 
 /// The rotation of every position's pairs by its angles (`sign` -1: the opposite angles,
-/// which is the rotation's backward).
+/// which is the rotation's backward), over a contiguous 4-D tensor whose time dimension is
+/// `time_dim`: 2 for `[b, heads, t, d]`, 1 for `[b, t, heads, d]`.
 struct Rotate {
     /// `[time, head_dim]`, row-major.
     cos: Vec<f32>,
     sin: Vec<f32>,
     sign: f32,
+    time_dim: usize,
 }
 
 impl CustomOp1 for Rotate {
@@ -107,16 +119,23 @@ impl CustomOp1 for Rotate {
 
     fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = f32s(self.name(), xs, xl)?;
-        let (_, _, t, d) = xl.shape().dims4()?;
+        let (_, n1, n2, d) = xl.shape().dims4()?;
         let half = d / 2;
-        let block = t * d;
+        // Rows of d per task: one (batch, dim-1) block of n2 rows.
+        let block = n2 * d;
         let mut y = vec![0f32; x.len()];
         y.par_chunks_mut(block)
             .zip(x.par_chunks(block))
-            .for_each(|(y, x)| {
-                for p in 0..t {
+            .enumerate()
+            .for_each(|(at, (y, x))| {
+                for r in 0..n2 {
+                    // The row's position: its index along the time dimension.
+                    let p = match self.time_dim {
+                        1 => at % n1,
+                        _ => r,
+                    };
                     let (cos, sin) = (&self.cos[p * d..], &self.sin[p * d..]);
-                    let (x, y) = (&x[p * d..(p + 1) * d], &mut y[p * d..(p + 1) * d]);
+                    let (x, y) = (&x[r * d..(r + 1) * d], &mut y[r * d..(r + 1) * d]);
                     for i in 0..half {
                         let s = self.sign * sin[i];
                         let (a, b) = (x[i], x[i + half]);
@@ -133,6 +152,7 @@ impl CustomOp1 for Rotate {
             cos: self.cos.clone(),
             sin: self.sin.clone(),
             sign: -self.sign,
+            time_dim: self.time_dim,
         };
         Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&back)?))
     }

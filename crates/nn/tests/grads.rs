@@ -234,6 +234,14 @@ fn rotary_embedding_matches_the_composite() {
             |x| rope.apply(&x[0]),
             |x| rotary_composite(&x[0], &cos, &sin),
         );
+        // The heads of a projection: [b, t, heads, d] memory seen as [b, heads, t, d].
+        let (b, h) = (shape[0], shape[1]);
+        check(
+            &format!("rotary of split heads {shape:?}"),
+            &[var(&[b, t, h, d], seed + 100, 2.0)],
+            |x| rope.apply(&x[0].transpose(1, 2)?),
+            |x| rotary_composite(&x[0].transpose(1, 2)?.contiguous()?, &cos, &sin),
+        );
     }
 }
 

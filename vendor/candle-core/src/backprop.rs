@@ -222,7 +222,10 @@ impl Tensor {
             // `accumulate` may have stored a strided view (a transpose, a broadcast); the rules
             // below expect the contiguous gradient they got before (wick patch). Variables
             // are never visited here, so their gradients stay views and cost no copy.
-            let grad = if grad.is_contiguous() {
+            // A transpose's rule only re-views its gradient: it needs no copy (wick patch:
+            // so that a linear layer's weight gets its gradient in its own layout).
+            let rewrites_view = matches!(node.op(), Some(Op::Transpose(..)));
+            let grad = if grad.is_contiguous() || rewrites_view {
                 grad
             } else {
                 grad.contiguous()?
@@ -490,7 +493,14 @@ impl Tensor {
                         let lhs_grad = grad.matmul(&rhs.t()?)?;
                         grads.accumulate(lhs, &lhs_grad)?;
 
-                        let rhs_grad = lhs.t()?.matmul(&grad)?;
+                        // rhs a transposed view (`x.matmul(&w.t())`, a linear layer): its
+                        // gradient computed as (gradᵀ lhs)ᵀ, so that the transpose hands w a
+                        // contiguous gradient instead of a view a copy must fix (wick patch).
+                        let rhs_grad = if rhs.rank() >= 2 && rhs.t()?.is_contiguous() {
+                            grad.t()?.matmul(lhs)?.t()?
+                        } else {
+                            lhs.t()?.matmul(&grad)?
+                        };
                         grads.accumulate(rhs, &rhs_grad)?;
                     }
                     Op::Cat(args, dim) => {
