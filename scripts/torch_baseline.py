@@ -5,7 +5,8 @@ format, so that both can be read from one run on the same machine.
 
     python scripts/torch_baseline.py [--d-model 128 512] [--llama] [--worlds 1 2]
 
-Rows: `impl=torch model=<gpt-d<D>|llama> strategy=<single|ddp|fsdp_full_shard> world=<W>
+First `impl=torch mm_peak_gflops=<g>`: torch.mm's best rate on square 1024 and 2048
+matrices on all cores. Then rows: `impl=torch model=<gpt-d<D>|llama> strategy=<single|ddp|fsdp_full_shard> world=<W>
 tokens_per_s=<n>`, the median step of 10 after 3 warm-up steps, as the example measures.
 The GPT is the example's (4 layers, 4 heads, context 64, vocabulary 96, global batch 16,
 AdamW betas 0.9/0.95, weight decay 0.01): token and position embeddings, pre-norm blocks
@@ -129,6 +130,20 @@ def run(rank, world, model_name, strategy, threads, port, out):
         dist.destroy_process_group()
 
 
+def mm_peak_gflops(threads):
+    """torch.mm's best f32 rate on square 1024 and 2048 matrices, best of 8 calls each: the
+    BLAS torch was built with (MKL on x86 wheels), beside the GEMM peak wick measures."""
+    torch.set_num_threads(threads)
+    best = 0.0
+    for n in (1024, 2048):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        for _ in range(8):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            best = max(best, 2 * n**3 / (time.perf_counter() - start) / 1e9)
+    return best
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--d-model", type=int, nargs="*", default=[128, 512])
@@ -137,6 +152,7 @@ def main():
     args = p.parse_args()
     cores = os.cpu_count() or 1
     models = [f"gpt-d{d}" for d in args.d_model] + (["llama"] if args.llama else [])
+    print(f"impl=torch mm_peak_gflops={mm_peak_gflops(cores):.1f}", flush=True)
     ctx = mp.get_context("spawn")
     port = 29511
     for model in models:

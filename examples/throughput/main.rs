@@ -25,10 +25,11 @@
 //! 512, 4 layers, 8 query and 4 key/value heads, SiLU MLP of 1408, vocabulary 8192, untied)
 //! at sequence 256 and global batch 8, each under `single`, ddp at W=2 and fsdp full_shard
 //! at W=2 (`--models gpt-d512,llama` picks): `impl=wick model=<m> strategy=<name>
-//! world=<W> parameters=<p> tokens_per_s=<n> gflops=<g> mfu=<f>`. `--llama` is
-//! `--compare --models llama`. The model FLOPs per token are 6 x parameters plus
-//! attention's 12 x layers x heads x head_dim x sequence (PaLM's accounting, which counts
-//! the masked half of causal attention too); the utilisation is those FLOPs per second
+//! world=<W> parameters=<p> flops_per_token=<f> tokens_per_s=<n> gflops=<g> mfu=<u>`.
+//! `--llama` is `--compare --models llama`. The model FLOPs per token are 6 x the
+//! parameters that multiply (all but the embeddings' lookup tables) plus attention's 12 x
+//! layers x heads x head_dim x sequence (PaLM's accounting, which counts the masked half of
+//! causal attention too); the utilisation is those FLOPs per second
 //! over the peak measured in the same run: the best f32 matmul rate of Candle's GEMM on
 //! all cores, square 1024 and 2048, best of 8 each, before the rows (`peak_gflops=<g>`).
 //!
@@ -331,16 +332,20 @@ fn llama_step(strategy: Box<dyn Strategy>, world: usize) -> anyhow::Result<(f64,
     Ok((median_step(&times), params))
 }
 
-/// One `--compare` row's model: its name in the rows, and (layers, heads, head_dim,
-/// sequence) for the attention FLOPs.
-fn shape_of(model: &str) -> anyhow::Result<(usize, usize, usize, usize)> {
-    Ok(match model {
-        "llama" => (4, 8, 64, LLAMA_SEQ),
+/// The model FLOPs of one token of `model` with `params` parameters, by PaLM's accounting:
+/// 6 x the parameters that multiply (every one but the lookup tables of token and position
+/// embeddings, which a gather reads), plus attention's 12 x layers x heads x head_dim x
+/// sequence (the masked half of causal attention counted too).
+fn flops_per_token(model: &str, params: usize) -> anyhow::Result<f64> {
+    let (lookup, layers, heads, head_dim, seq) = match model {
+        "llama" => (8192 * 512, 4, 8, 64, LLAMA_SEQ),
         gpt => {
             let c = config(gpt_width(gpt)?);
-            (c.n_layer, c.n_head, c.d_model / c.n_head, c.block)
+            let lookup = (c.vocab + c.block) * c.d_model;
+            (lookup, c.n_layer, c.n_head, c.d_model / c.n_head, c.block)
         }
-    })
+    };
+    Ok(6.0 * (params - lookup) as f64 + 12.0 * (layers * heads * head_dim * seq) as f64)
 }
 
 /// The width of a `gpt-d<D>` model name.
@@ -385,17 +390,14 @@ fn compare_rows(models: &[String]) -> anyhow::Result<()> {
     let peak = peak_gflops()?;
     println!("peak_gflops={peak:.1}");
     for model in models {
-        let (layers, heads, head_dim, seq) = shape_of(model)?;
         for (name, world) in [("single", 1), ("ddp", 2), ("fsdp_full_shard", 2)] {
             let (tokens, step, params) = measure(model, name, world)?;
             let tps = tokens as f64 / step;
-            // PaLM's accounting: 6 x parameters, and attention's 12 x layers x heads x
-            // head_dim x sequence (the masked half of causal attention counted too).
-            let per_token = 6.0 * params as f64 + 12.0 * (layers * heads * head_dim * seq) as f64;
+            let per_token = flops_per_token(model, params)?;
             let gflops = tps * per_token / 1e9;
             println!(
                 "impl=wick model={model} strategy={name} world={world} parameters={params} \
-                 tokens_per_s={tps:.0} gflops={gflops:.1} mfu={:.3}",
+                 flops_per_token={per_token:.0} tokens_per_s={tps:.0} gflops={gflops:.1} mfu={:.3}",
                 gflops / peak
             );
         }

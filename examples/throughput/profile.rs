@@ -106,11 +106,11 @@ fn report(model: &str, strategy: &str, world: usize, (wall, classes): Window) {
     let per_rank = |d: Duration| per_step(d) / world as f64;
     let mut held = 0.0;
     for (group, members) in GROUPS {
-        let ms: f64 = classes
+        // Summed from +0.0: an empty float sum is -0.0.
+        let ms = classes
             .iter()
             .filter(|(c, _, _)| members.contains(c))
-            .map(|(_, t, _)| per_rank(*t))
-            .sum();
+            .fold(0.0, |ms, (_, t, _)| ms + per_rank(*t));
         held += ms;
         println!(
             "profile model={model} strategy={strategy} world={world} class={group} ms={ms:.1} share={:.3}",
