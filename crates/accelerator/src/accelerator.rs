@@ -2,6 +2,7 @@
 //! process, or processes a launcher started), and the sharded setup of a module.
 
 use crate::device::{check_gpus, rank_device, DeviceKind};
+use crate::host_malloc::keep_freed_host_memory;
 use crate::launcher::LaunchEnv;
 use crate::thread_budget::{quiet_candle_elementwise_pool, run_within, ThreadBudget};
 use crate::worlds::{panic_message, EndedWorld, MpiWorld, NcclWorld, RankError, ThreadWorld};
@@ -57,7 +58,10 @@ impl Accelerator {
     /// `devices` CPU ranks, run as threads of this process (whatever started it).
     ///
     /// The first accelerator of a process sets `CANDLE_NUM_THREADS=1` unless it is set:
-    /// Candle's element-wise pool spins beside the ranks (see [`ThreadBudget`]).
+    /// Candle's element-wise pool spins beside the ranks (see [`ThreadBudget`]). Under glibc
+    /// it also keeps freed host memory for the next step's buffers: an mmap threshold of
+    /// 32 MiB and a trim threshold of 128 MiB, unless a `MALLOC_*` variable of glibc's or a
+    /// `glibc.malloc` tunable says otherwise.
     pub fn cpu(devices: usize) -> Result<Self> {
         if devices == 0 {
             return Err(Error::config("devices", "must be at least 1, got 0"));
@@ -68,6 +72,7 @@ impl Accelerator {
     /// `ranks`, `local` of them in this process, on the CPU with the default options.
     fn on_cpu(ranks: Ranks, local: usize) -> Self {
         quiet_candle_elementwise_pool();
+        keep_freed_host_memory();
         Accelerator {
             ranks,
             timeout: None,

@@ -11,6 +11,7 @@
 
 mod accelerator;
 mod device;
+mod host_malloc;
 mod launcher;
 mod thread_budget;
 mod worlds;
