@@ -9,7 +9,7 @@
 //! thresholds high: buffers up to 32 MiB (the most glibc lets a thread's heap hold) come
 //! from the heap, and up to 128 MiB of freed memory stays there for the next step.
 //!
-//! A process whose user tuned malloc (any of glibc's `MALLOC_*_` variables, or a
+//! A process whose user tuned malloc (any of glibc's `MALLOC_*` variables, or a
 //! `glibc.malloc` tunable in `GLIBC_TUNABLES`) keeps what it asked for.
 
 /// Buffers up to this size come from a heap (glibc's own upper bound for the threshold).
