@@ -9,7 +9,8 @@
 //! round once), so both worlds give the same bits.
 //!
 //! This file is the protocol and the transport; `setup.rs` holds MPI's initialization,
-//! its end, and the lock that serializes every call.
+//! its end, and the lock that serializes every call; `in_flight.rs` a nonblocking call
+//! until its wait.
 
 use crate::worlds::call::{CallHeader, Headers, Op};
 use crate::worlds::host::{with_bytes, with_bytes_mut, with_bytes_mut_from, HostAccessError};
@@ -18,8 +19,10 @@ use candle_core::{DType, Tensor};
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::topology::Color;
 use mpi::traits::*;
+mod in_flight;
 mod setup;
 
+use in_flight::{address, Exchange, InFlight};
 use setup::{mpi_lock, Comm};
 use std::sync::{Arc, Mutex, MutexGuard};
 use wick_core::{lock, Collective, CollectiveError, ReduceOp, Work};
@@ -289,19 +292,6 @@ fn real_mut<'a>(bytes: &'a mut [u8], spare: &'a mut [u8; 1]) -> &'a mut [u8] {
     }
 }
 
-/// The address of `bytes` for a raw MPI call: for an empty buffer an aligned dangling one,
-/// never 1 (see `real`); MPI reads no byte of an empty buffer.
-fn address(bytes: &[u8]) -> *const std::ffi::c_void {
-    if bytes.is_empty() {
-        std::ptr::NonNull::<u64>::dangling()
-            .as_ptr()
-            .cast_const()
-            .cast()
-    } else {
-        bytes.as_ptr().cast()
-    }
-}
-
 /// Whether every tensor lives in host memory. The nonblocking calls hand MPI the tensors'
 /// own bytes; a device tensor would be staged through a host copy that must outlive the
 /// call, so those complete at once instead.
@@ -330,99 +320,6 @@ fn reduce_code(op: ReduceOp) -> usize {
     match op {
         ReduceOp::Sum => 0,
         ReduceOp::Mean => 1,
-    }
-}
-
-/// A nonblocking MPI call in flight, with everything MPI reads or writes until it completes.
-struct InFlight {
-    request: mpi::ffi::MPI_Request,
-    /// Count arrays and buffers (tensors, byte vectors) MPI reads or writes until then.
-    _keep: Box<dyn std::any::Any + Send>,
-    rank: usize,
-    op: Op,
-}
-
-// SAFETY: the request and the buffers are touched only by `wait`, under `MPI_LOCK`.
-unsafe impl Send for InFlight {}
-
-impl InFlight {
-    /// Checks the code a nonblocking call returned and keeps `keep` alive until its wait.
-    fn new(
-        code: i32,
-        request: mpi::ffi::MPI_Request,
-        keep: impl std::any::Any + Send,
-        rank: usize,
-        op: Op,
-    ) -> Result<Self, CollectiveError> {
-        if code != 0 {
-            return Err(CollectiveError::Mismatch {
-                rank,
-                op: op.name(),
-                message: format!("the nonblocking MPI call returned error code {code}"),
-            });
-        }
-        Ok(InFlight {
-            request,
-            _keep: Box::new(keep),
-            rank,
-            op,
-        })
-    }
-
-    fn wait(mut self) -> Result<(), CollectiveError> {
-        let _guard = mpi_lock();
-        // SAFETY: `request` came from a nonblocking collective and is waited on once.
-        let code = unsafe { mpi::ffi::MPI_Wait(&mut self.request, mpi::ffi::RSMPI_STATUS_IGNORE) };
-        if code != 0 {
-            return Err(CollectiveError::Unsupported {
-                rank: self.rank,
-                op: self.op.name(),
-                message: format!("MPI_Wait returned error code {code}"),
-            });
-        }
-        Ok(())
-    }
-}
-
-/// The all-to-all of a reduction in flight: each rank's chunk for this rank lands in
-/// `received` (`mine` bytes apiece, in rank order), to be summed once it is complete.
-struct Exchange {
-    call: InFlight,
-    received: Vec<u8>,
-    mine: usize,
-}
-
-impl Exchange {
-    /// Waits for every chunk and sums them in rank order into `out` (`mine` bytes), with
-    /// the same code as the blocking calls, so both give the same bits.
-    fn reduce_into(
-        self,
-        dtype: DType,
-        n: usize,
-        out: &mut [u8],
-        op: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        let Exchange {
-            call,
-            received,
-            mine,
-        } = self;
-        call.wait()?;
-        let base = received.as_ptr();
-        let elem = dtype.size_in_bytes();
-        // SAFETY: `received` holds n chunks of `mine` bytes; `out` is `mine` bytes of another
-        // buffer.
-        unsafe {
-            reduce_ranks(
-                dtype,
-                out.as_mut_ptr(),
-                mine / elem,
-                n,
-                |s| base.add(s * mine),
-                op,
-            );
-        }
-        Ok(())
     }
 }
 
