@@ -156,6 +156,24 @@ fn hf_fixture(family: &str) -> String {
     format!("{}/tests/fixtures/hf/{family}", env!("CARGO_MANIFEST_DIR"))
 }
 
+/// `wick prepare` of the repository's licenses with `model`'s tokenizer into
+/// `dir/tokens.safetensors`.
+fn prepare(dir: &Path, model: &str) -> (bool, String, String) {
+    let tokenizer = format!("{model}/tokenizer.json");
+    let corpus = format!("{}/data/licenses.txt", env!("CARGO_MANIFEST_DIR"));
+    wick(
+        dir,
+        &[
+            "prepare",
+            "--tokenizer",
+            &tokenizer,
+            "--output",
+            "tokens.safetensors",
+            &corpus,
+        ],
+    )
+}
+
 /// Names, shapes and dtypes of a safetensors file's tensors.
 fn tensors(path: &Path) -> Vec<(String, Vec<usize>, String)> {
     let bytes = std::fs::read(path).unwrap();
@@ -178,19 +196,7 @@ fn a_hugging_face_model_is_prepared_for_fine_tuned_validated_sampled_and_exporte
     let d = dir.path();
     for family in ["llama", "gpt2"] {
         let model = hf_fixture(family);
-        let tokenizer = format!("{model}/tokenizer.json");
-        let corpus = format!("{}/data/licenses.txt", env!("CARGO_MANIFEST_DIR"));
-        let (ok, out, err) = wick(
-            d,
-            &[
-                "prepare",
-                "--tokenizer",
-                &tokenizer,
-                "--output",
-                "tokens.safetensors",
-                &corpus,
-            ],
-        );
+        let (ok, out, err) = prepare(d, &model);
         assert!(ok && out.contains("validation tokens"), "{out}{err}");
         let fit = |steps: &str, extra: &[&str]| {
             let mut args = vec![
@@ -415,21 +421,10 @@ fn a_config_json_pre_trains_a_new_model_of_its_shape() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let model = hf_fixture("llama");
-    let tokenizer = format!("{model}/tokenizer.json");
-    let corpus = format!("{}/data/licenses.txt", env!("CARGO_MANIFEST_DIR"));
-    let (ok, out, err) = wick(
-        d,
-        &[
-            "prepare",
-            "--tokenizer",
-            &tokenizer,
-            "--output",
-            "tokens.safetensors",
-            &corpus,
-        ],
-    );
+    let (ok, out, err) = prepare(d, &model);
     assert!(ok, "{out}{err}");
     let config = format!("{model}/config.json");
+    let tokenizer = format!("{model}/tokenizer.json");
     let losses = |devices: &str, strategy: &str, name: &str| {
         let (ok, out, err) = wick(
             d,
