@@ -93,7 +93,7 @@ fn steps_written(csv: &Path) -> usize {
 
 /// A second signal while the first is being handled ends the run at once, with status
 /// 128 plus the signal, and `last` still names a whole checkpoint. The steps are slow (a
-/// batch of 512), so both signals arrive inside one step.
+/// batch of 512, about a second), so both signals arrive inside one step.
 #[test]
 fn a_second_signal_ends_the_run_at_once_and_last_stays_whole() {
     let dir = tempfile::tempdir().unwrap();
@@ -119,10 +119,11 @@ fn a_second_signal_ends_the_run_at_once_and_last_stays_whole() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     let pid = child.id() as i32;
-    // SAFETY: plain kill(2)s of our own child; the pause lets the first be handled (two
-    // pending SIGTERMs would merge into one).
+    // SAFETY: plain kill(2)s of our own child. Two SIGTERMs pending at once merge into
+    // one, which on a loaded machine (a process not scheduled for a while) happens after
+    // any fixed pause, so the second goes only once the first has been taken.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    std::thread::sleep(std::time::Duration::from_millis(30));
+    wait_until_taken(pid, libc::SIGTERM);
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -138,4 +139,27 @@ fn a_second_signal_ends_the_run_at_once_and_last_stays_whole() {
         "{}",
         String::from_utf8_lossy(&inspect.stderr)
     );
+}
+
+/// Waits until no thread of process `pid` has `signal` pending any longer: a handler has
+/// taken it. Reads Linux's `/proc/PID/status`; elsewhere it pauses 30 ms instead.
+fn wait_until_taken(pid: i32, signal: i32) {
+    let path = format!("/proc/{pid}/status");
+    if !Path::new(&path).exists() {
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        return;
+    }
+    let bit = 1u64 << (signal - 1);
+    // The process's pending set (ShdPnd) and its main thread's (SigPnd), in hex.
+    let pending = |status: String| {
+        status
+            .lines()
+            .filter_map(|l| l.strip_prefix("ShdPnd:").or(l.strip_prefix("SigPnd:")))
+            .any(|mask| u64::from_str_radix(mask.trim(), 16).is_ok_and(|m| m & bit != 0))
+    };
+    let start = std::time::Instant::now();
+    while std::fs::read_to_string(&path).is_ok_and(pending) {
+        assert!(start.elapsed().as_secs() < 60, "signal {signal} not taken");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
