@@ -406,14 +406,15 @@ fn compare_rows(models: &[String]) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    if std::env::args().any(|a| a == "--profile") {
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |name: &str| args.iter().any(|a| a == name);
+    if flag("--profile") {
         return profile::profile_rows(peak_gflops()?);
     }
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--llama") {
+    if flag("--llama") {
         return compare_rows(&["llama".to_string()]);
     }
-    if args.iter().any(|a| a == "--compare") {
+    if flag("--compare") {
         let models = match args.iter().position(|a| a == "--models") {
             Some(i) => args.get(i + 1).map_or(String::new(), String::clone),
             None => "gpt-d128,gpt-d512,llama".into(),
@@ -422,11 +423,11 @@ fn main() -> anyhow::Result<()> {
         return compare_rows(&models);
     }
     let c = config(128);
-    if std::env::args().any(|a| a == "--candle-baseline") {
+    if flag("--candle-baseline") {
         println!("{}", candle_step(c)?);
         return Ok(());
     }
-    let table = std::env::args().any(|a| a == "--table");
+    let table = flag("--table");
     let tokens = (BATCH * c.block) as f64;
     let row = |imp: &str, strategy: &str, world: usize, step: f64| {
         let tps = tokens / step;
