@@ -1,26 +1,45 @@
 #!/usr/bin/env bash
 # wick against PyTorch on this CPU, in one run: the throughput example's `--compare` rows
-# and scripts/torch_baseline.py's, alternating for ROUNDS rounds so that the machine's
-# drift falls on both alike. Prints each row's median tokens/s for both, their ratio, and
-# the model FLOPs utilisation of both over the median peak (a large square matmul of
-# Candle's GEMM, measured at the start of each wick round), the FLOPs per token as the
-# throughput example counts them; and the median of torch.mm's own peak (its BLAS) beside.
+# (ranks as threads), the same example's rows as two processes under `mpirun -np 2`
+# (`--compare --processes`, MpiWorld), and scripts/torch_baseline.py's (eager, fused AdamW,
+# DDP and FSDP2 over gloo, each rank a process; with --compile also the W=1 runs under
+# torch.compile), alternating for ROUNDS rounds so that the machine's drift falls on all
+# alike. PyTorch's processes get wick's glibc malloc thresholds in their environment
+# (crates/accelerator/src/host_tuning.rs; wick's processes set them themselves), and every
+# rank of either gets cores / W threads.
 #
-# usage: scripts/perf-report.sh THROUGHPUT PYTHON [ROUNDS]     (from the repository's root)
-#   THROUGHPUT  cargo build --release --example throughput: target/release/examples/throughput
-#   PYTHON      a python with torch and transformers (not in CI)
+# Prints the CPU and its vector ISA, torch's version, then one line per row: each
+# implementation's median tokens/s with its min and max over the rounds, the ratios of
+# wick's rows to torch eager's (threads and processes; W=1 is one process for both) and to
+# torch compiled's, and the model FLOPs utilisation of each median over the median GEMM
+# peak (the GEMM kernel alone on square 1024 and 2048 matrices, at the start of each wick
+# round; torch.mm's own peak, measured the same way, beside it).
+#
+# usage: scripts/perf-report.sh THROUGHPUT THROUGHPUT_MPI PYTHON [ROUNDS]   (repository root)
+#   THROUGHPUT      cargo build --release --example throughput
+#   THROUGHPUT_MPI  the same with --features mpi (copied aside: both build to one path)
+#   PYTHON          a python with torch and transformers (not in CI)
 set -euo pipefail
 bin=$(realpath "$1")
-py=$2
-rounds=${3:-3}
+mpi_bin=$(realpath "$2")
+py=$3
+rounds=${4:-5}
 rows=$(mktemp)
 trap 'rm -f "$rows"' EXIT
+# wick's thresholds, as glibc's variables (host_tuning.rs: 32 MiB and 128 MiB).
+malloc=(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=134217728)
+mpirun=(mpirun --allow-run-as-root --bind-to none -np 2)
 for round in $(seq "$rounds"); do
   echo "round $round of $rounds" >&2
   "$bin" --compare >> "$rows"
-  "$py" scripts/torch_baseline.py --d-model 128 512 --llama >> "$rows"
+  "${mpirun[@]}" "$mpi_bin" --compare --processes >> "$rows"
+  env "${malloc[@]}" "$py" scripts/torch_baseline.py --d-model 128 512 --llama --compile >> "$rows"
 done
-python3 - "$rows" <<'EOF'
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+isa=$(grep -m1 '^flags' /proc/cpuinfo | grep -qw avx512f && echo AVX-512 || \
+  (grep -m1 '^flags' /proc/cpuinfo | grep -qw avx2 && echo AVX2 || echo 'no AVX2'))
+echo "cpu: $cpu, $(nproc) cores, $isa; torch $("$py" -c 'import torch; print(torch.__version__)')"
+python3 - "$rows" "$rounds" <<'PY'
 import statistics
 import sys
 
@@ -33,21 +52,35 @@ for line in open(sys.argv[1]):
     if "mm_peak_gflops" in fields:
         torch_peaks.append(float(fields["mm_peak_gflops"]))
         continue
+    # Who ran it: wick as threads or processes, torch eager or compiled.
+    who = f"{fields['impl']}-{fields.get('mode', fields['transport'])}"
+    if who == "wick-none":
+        who = "wick-threads"  # W=1: one rank, the same process either way
     key = (fields["model"], fields["strategy"], int(fields["world"]))
-    rows.setdefault((fields["impl"],) + key, []).append(float(fields["tokens_per_s"]))
+    rows.setdefault(key, {}).setdefault(who, []).append(float(fields["tokens_per_s"]))
     if fields["impl"] == "wick":
         per_token[key[0]] = float(fields["flops_per_token"])
+    if fields["impl"] == "torch":
+        rows[key].setdefault("optimizer", set()).add(fields["optimizer"])
 
 peak = statistics.median(peaks)
-mfu = lambda model, tps: tps * per_token[model] / 1e9 / peak
-for name, values in [("peak_gflops", peaks), ("torch_mm_peak_gflops", torch_peaks)]:
+print(f"rounds: {sys.argv[2]}")
+for name, values in [("gemm_peak_gflops", peaks), ("torch_mm_peak_gflops", torch_peaks)]:
     print(f"{name} median {statistics.median(values):.1f} "
-          f"({len(values)} rounds: {', '.join(f'{v:.1f}' for v in values)})")
-for key in sorted({k[1:] for k in rows}):
+          f"(min {min(values):.1f}, max {max(values):.1f})")
+cols = ["wick-threads", "wick-mpi", "torch-eager", "torch-compiled"]
+for key in sorted(rows):
     model, strategy, world = key
-    wick = statistics.median(rows.get(("wick",) + key, [float("nan")]))
-    torch = statistics.median(rows.get(("torch",) + key, [float("nan")]))
-    print(f"model={model} strategy={strategy} world={world} wick_tokens_per_s={wick:.0f} "
-          f"torch_tokens_per_s={torch:.0f} ratio={wick / torch:.3f} "
-          f"wick_mfu={mfu(model, wick):.3f} torch_mfu={mfu(model, torch):.3f}")
-EOF
+    by = rows[key]
+    med = {c: statistics.median(by[c]) for c in cols if c in by}
+    cells = [f"{c}={med[c]:.0f}[{min(by[c]):.0f}-{max(by[c]):.0f}]" for c in cols if c in by]
+    ratios = []
+    for wick in ("wick-threads", "wick-mpi"):
+        for torch in ("torch-eager", "torch-compiled"):
+            if wick in med and torch in med:
+                ratios.append(f"{wick}/{torch}={med[wick] / med[torch]:.3f}")
+    mfu = [f"mfu_{c}={med[c] * per_token[model] / 1e9 / peak:.3f}" for c in cols if c in med]
+    optimizer = ",".join(sorted(by.get("optimizer", [])))
+    print(f"model={model} strategy={strategy} world={world} {' '.join(cells)} "
+          f"{' '.join(ratios)} {' '.join(mfu)} torch_optimizer={optimizer}")
+PY

@@ -6,15 +6,17 @@
 # directory and `last` are opened and checked whole (`wick inspect`: manifest, every file's
 # length and checksum); at the end the metrics (deterministic columns) and the final
 # checkpoint's files equal those of a run never interrupted, bit for bit. The random
-# choices come from SEED, printed, so that a failure can be replayed.
+# choices come from SEED (the argument, else $SOAK_SEED, else the clock), printed at the
+# start and with any failure, so that a failure can be replayed: SOAK_SEED=N (or the third
+# argument) makes the same choices again.
 #
-# usage: scripts/soak.sh MPI_WICK [INTERRUPTIONS] [SEED]
+# usage: [SOAK_SEED=N] scripts/soak.sh MPI_WICK [INTERRUPTIONS] [SEED]
 #   MPI_WICK  a release `wick` built with --features mpi
 set -euo pipefail
 source "$(dirname "$0")/checks-lib.sh"
 wick=$(realpath "$1")
 interruptions=${2:-6}
-seed=${3:-$(date +%s)}
+seed=${3:-${SOAK_SEED:-$(date +%s)}}
 RANDOM=$seed
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -23,7 +25,7 @@ steps=400
 mpirun=(mpirun --allow-run-as-root --oversubscribe -np 2)
 opts=(fit --no-progress --val-every 50 --max-steps "$steps" --resume auto --save-every 7
   --keep-last 4 --async-save)
-fail() { echo "FAILED (seed $seed): $*" >&2; exit 1; }
+fail() { echo "FAILED (seed $seed; replay with SOAK_SEED=$seed): $*" >&2; exit 1; }
 echo "soak: $interruptions interruptions, seed $seed"
 
 "${mpirun[@]}" "$wick" "${opts[@]}" --checkpoint-dir straight-ck --log-dir straight \

@@ -1,19 +1,27 @@
 #!/usr/bin/env python3
 """The PyTorch side of `examples/throughput`: the same GPT and Llama shapes trained with
-PyTorch (single process, DDP and FSDP2 over gloo at W=2), one row per run in the example's
-format, so that both can be read from one run on the same machine.
+PyTorch (single process, DDP and FSDP2 over gloo at W=2, each rank a process), one row per
+run in the example's format, so that both can be read from one run on the same machine.
 
-    python scripts/torch_baseline.py [--d-model 128 512] [--llama] [--worlds 1 2]
+    python scripts/torch_baseline.py [--d-model 128 512] [--llama] [--worlds 1 2] [--compile]
+
+What a PyTorch expert gives it: AdamW with `fused=True` (its one fused CPU kernel; where it
+is refused, `foreach=True`, and the row says which), the processes' threads set to
+`cores / W` as wick's ranks get, and, from `scripts/perf-report.sh`, glibc's malloc
+thresholds in the environment as wick sets them for itself. `--compile` adds the same runs
+with the model under `torch.compile` (inductor, default mode) for W=1, where the first
+steps compile and the warm-up steps absorb that.
 
 First `impl=torch mm_peak_gflops=<g>`: torch.mm's best rate on square 1024 and 2048
-matrices on all cores. Then rows: `impl=torch model=<gpt-d<D>|llama> strategy=<single|ddp|fsdp_full_shard> world=<W>
+matrices on all cores, written into a buffer made once (`out=`), so the kernel alone is
+timed. Then rows: `impl=torch model=<gpt-d<D>|llama> strategy=<single|ddp|fsdp_full_shard>
+world=<W> transport=<none|gloo> mode=<eager|compiled> optimizer=<fused|foreach>
 tokens_per_s=<n>`, the median step of 10 after 3 warm-up steps, as the example measures.
 The GPT is the example's (4 layers, 4 heads, context 64, vocabulary 96, global batch 16,
 AdamW betas 0.9/0.95, weight decay 0.01): token and position embeddings, pre-norm blocks
 (layer norm, causal attention through `scaled_dot_product_attention`, GELU with the tanh
 approximation), a final norm and a linear head. The Llama is `transformers`'
 `LlamaForCausalLM` of the example's config (20.2M parameters), sequence 256, global batch 8.
-With W ranks each process runs `cores / W` threads, as wick's ranks as threads do.
 
 Needs torch (and, for --llama, transformers); CI does not run it.
 """
@@ -95,7 +103,14 @@ def batches(vocab, batch, seq, steps, rank, world):
     return [(s[rank * per:(rank + 1) * per, :-1], s[rank * per:(rank + 1) * per, 1:]) for s in ids]
 
 
-def run(rank, world, model_name, strategy, threads, port, out):
+def adamw(params, fused):
+    """AdamW as the example's: fused (one kernel for all tensors) or foreach."""
+    kind = {"fused": True} if fused else {"foreach": True}
+    return torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01,
+                             **kind)
+
+
+def run(rank, world, model_name, strategy, threads, port, compiled, out):
     torch.manual_seed(0)
     torch.set_num_threads(threads)
     if world > 1:
@@ -114,41 +129,56 @@ def run(rank, world, model_name, strategy, threads, port, out):
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
-                            weight_decay=0.01)
+    step_model = torch.compile(model) if compiled else model
+    params = list(model.parameters())
+    try:
+        opt, optimizer = adamw(params, fused=True), "fused"
+    except (RuntimeError, ValueError):
+        opt, optimizer = adamw(params, fused=False), "foreach"
     times = []
     for ids, targets in batches(vocab, batch, seq, WARMUP + MEASURED, rank, world):
         start = time.perf_counter()
-        loss = model(ids, targets)
+        loss = step_model(ids, targets)
         loss.backward()
-        opt.step()
+        try:
+            opt.step()
+        except (RuntimeError, ValueError):
+            # Refused at its first step (the parameters' kind): foreach from here on, as
+            # the same step; only a warm-up step can get here.
+            if optimizer != "fused" or times:
+                raise
+            opt, optimizer = adamw(params, fused=False), "foreach"
+            opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
     if rank == 0:
-        out.put((batch * seq) / statistics.median(times[WARMUP:]))
+        out.put(((batch * seq) / statistics.median(times[WARMUP:]), optimizer))
     if world > 1:
         dist.destroy_process_group()
 
 
 def mm_peak_gflops(threads):
-    """torch.mm's best f32 rate on square 1024 and 2048 matrices, best of 8 calls each: the
-    BLAS torch was built with (MKL on x86 wheels), beside the GEMM peak wick measures."""
+    """torch.mm's best f32 rate on square 1024 and 2048 matrices, best of 8 calls each, into
+    an output made once: the BLAS torch was built with (MKL on x86 wheels) alone, beside
+    the GEMM peak wick measures the same way."""
     torch.set_num_threads(threads)
     best = 0.0
     for n in (1024, 2048):
-        a, b = torch.randn(n, n), torch.randn(n, n)
+        a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
         for _ in range(8):
             start = time.perf_counter()
-            torch.mm(a, b)
+            torch.mm(a, b, out=c)
             best = max(best, 2 * n**3 / (time.perf_counter() - start) / 1e9)
     return best
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     p.add_argument("--d-model", type=int, nargs="*", default=[128, 512])
     p.add_argument("--llama", action="store_true")
     p.add_argument("--worlds", type=int, nargs="*", default=[1, 2])
+    p.add_argument("--compile", action="store_true",
+                   help="also the W=1 runs under torch.compile (inductor)")
     args = p.parse_args()
     cores = os.cpu_count() or 1
     models = [f"gpt-d{d}" for d in args.d_model] + (["llama"] if args.llama else [])
@@ -157,21 +187,28 @@ def main():
     port = 29511
     for model in models:
         for world in args.worlds:
-            for strategy in ["single"] if world == 1 else ["ddp", "fsdp_full_shard"]:
-                out = ctx.Queue()
-                threads = max(1, cores // world)
-                port += 1
-                procs = [ctx.Process(target=run, args=(r, world, model, strategy, threads, port, out))
-                         for r in range(world)]
-                for proc in procs:
-                    proc.start()
-                for proc in procs:
-                    proc.join()
-                    if proc.exitcode != 0:
-                        raise SystemExit(f"{model} {strategy} W={world}: a rank failed ({proc.exitcode})")
-                tps = out.get()
-                print(f"impl=torch model={model} strategy={strategy} world={world} "
-                      f"tokens_per_s={tps:.0f}", flush=True)
+            strategies = ["single"] if world == 1 else ["ddp", "fsdp_full_shard"]
+            modes = [False, True] if args.compile and world == 1 else [False]
+            for strategy in strategies:
+                for compiled in modes:
+                    out = ctx.Queue()
+                    threads = max(1, cores // world)
+                    port += 1
+                    procs = [ctx.Process(target=run, args=(r, world, model, strategy, threads,
+                                                           port, compiled, out))
+                             for r in range(world)]
+                    for proc in procs:
+                        proc.start()
+                    for proc in procs:
+                        proc.join()
+                        if proc.exitcode != 0:
+                            raise SystemExit(f"{model} {strategy} W={world}: a rank failed "
+                                             f"({proc.exitcode})")
+                    tps, optimizer = out.get()
+                    print(f"impl=torch model={model} strategy={strategy} world={world} "
+                          f"transport={'gloo' if world > 1 else 'none'} "
+                          f"mode={'compiled' if compiled else 'eager'} optimizer={optimizer} "
+                          f"tokens_per_s={tps:.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,10 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // The program's own process-wide settings for CPU training (Candle's element-wise pool,
+    // glibc's malloc thresholds), each unless the user set it; the library makes none.
+    // SAFETY: still the only thread, so nothing else reads or writes the environment.
+    unsafe { wick_accelerator::tune_host_process() };
     match run(Cli::parse().command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => match e.downcast_ref::<wick_trainer::TrainerError>() {

@@ -47,8 +47,10 @@ fn fit_with_failure(panic: bool) {
     let err = quiet_trainer(world, "ddp", 8)
         .fit(&mut module, &loader(), None)
         .unwrap_err();
+    // The others learn of the failure from the failing rank, not from the collective
+    // timeout (600 s): the bound is far below it, and generous for a loaded machine.
     assert!(
-        start.elapsed() < Duration::from_secs(10),
+        start.elapsed() < Duration::from_secs(120),
         "took {:?}",
         start.elapsed()
     );

@@ -4,9 +4,9 @@
 //!
 //! - Under zero3 no rank ever allocates a full parameter while the model is created: the
 //!   largest single allocation stays below half the parameter's size at W = 4.
-//! - Under FSDP full_shard a unit's full parameters are not alive between its forward and
-//!   its backward; under shard_grad_op they are.
-//! - Under full_shard a training step holds, beyond the parameter shards, no more than the
+//! - Under FSDP full_shard and zero3 a unit's full parameters are not alive between its
+//!   forward and its backward; under shard_grad_op they are.
+//! - Under full_shard and zero3 a training step holds, beyond the parameter shards, no more than the
 //!   gradient shards, the kept activations and three units per rank (docs/design.md: the
 //!   unit in backward, its gradient and the prefetched neighbour); recomputing every unit
 //!   (activation checkpointing) holds less, by at least one activation per unit, and an
@@ -21,7 +21,7 @@ use wick::accelerator::ThreadWorld;
 use wick::core::{
     ActivationCheckpointing, Collective, GradSync, OptimizerConfig, Strategy, Wrapped,
 };
-use wick::strategies::{Fsdp, FsdpSharding};
+use wick::strategies::{Fsdp, FsdpSharding, Zero3};
 
 /// One 1024 x 4096 weight: 16 MiB in full, 4 MiB per rank at W = 4.
 const FULL_BYTES: usize = 1024 * 4096 * 4;
@@ -48,12 +48,32 @@ fn largest_allocation_while_creating(strategy: &str) -> usize {
     heap::largest()
 }
 
+/// A sharded strategy by the name the bounds use: `zero3`, `full_shard` or `shard_grad_op`,
+/// prefetching or not, recomputing as `ac` says.
+fn sharded(name: &str, prefetch: bool, ac: ActivationCheckpointing) -> Box<dyn Strategy> {
+    match name {
+        "zero3" => Box::new(
+            Zero3::new()
+                .with_prefetch(prefetch)
+                .with_activation_checkpointing(ac),
+        ),
+        "full_shard" => Fsdp::new(FsdpSharding::FullShard)
+            .with_prefetch(prefetch)
+            .with_activation_checkpointing(ac)
+            .build(),
+        "shard_grad_op" => Fsdp::new(FsdpSharding::ShardGradOp)
+            .with_activation_checkpointing(ac)
+            .build(),
+        other => unreachable!("no sharded strategy {other}"),
+    }
+}
+
 /// Heap growth of the whole process between the end of every rank's forward and the start
-/// of its backward, for the big unit under FSDP `sharding` at W = 2.
-fn held_between_forward_and_backward(sharding: FsdpSharding) -> usize {
+/// of its backward, for the big unit under `strategy` (see [`sharded`]) at W = 2.
+fn held_between_forward_and_backward(strategy: &str) -> usize {
     let outcomes = ThreadWorld::new(2).run(|comm| {
         let world: Arc<dyn Collective> = Arc::new(comm);
-        let mut s = Fsdp::new(sharding).build();
+        let mut s = sharded(strategy, false, ActivationCheckpointing::None);
         s.connect(world.clone(), candle_core::Device::Cpu)?;
         let ctx = s.sharded_context(0)?;
         let unit: Wrapped<candle_nn::Linear> = {
@@ -144,16 +164,18 @@ fn deep_step(
 /// output) is `STEP_ROWS * DEEP_WIDTH` floats, half a unit.
 const STEP_ROWS: usize = 256;
 
-/// One full_shard training step of the deep model at W = 2 (after a first step, so buffers
-/// made once already exist), measured over the whole process: what the heap holds after
-/// every rank's forward, and its peak growth over the step.
-fn full_shard_step_growth(prefetch: bool, ac: ActivationCheckpointing) -> (usize, usize) {
+/// One training step of the deep model under `strategy` (`full_shard` or `zero3`) at W = 2
+/// (after a first step, so buffers made once already exist), measured over the whole
+/// process: what the heap holds after every rank's forward, and its peak growth over the
+/// step.
+fn sharded_step_growth(
+    strategy: &str,
+    prefetch: bool,
+    ac: ActivationCheckpointing,
+) -> (usize, usize) {
     let outcomes = ThreadWorld::new(2).run(|comm| {
         let world: Arc<dyn Collective> = Arc::new(comm);
-        let mut s = Fsdp::new(FsdpSharding::FullShard)
-            .with_prefetch(prefetch)
-            .with_activation_checkpointing(ac)
-            .build();
+        let mut s = sharded(strategy, prefetch, ac);
         let units = deep_model(s.as_mut(), &world, false, OptimizerConfig::sgd(0.1))?;
         deep_step(s.as_mut(), &units, 0.1, STEP_ROWS)?;
         world.barrier()?;
@@ -256,16 +278,18 @@ fn memory_bounds() {
         "zero3 init: largest allocation {largest} bytes; the full parameter is {FULL_BYTES}"
     );
 
-    let kept = held_between_forward_and_backward(FsdpSharding::ShardGradOp);
+    let kept = held_between_forward_and_backward("shard_grad_op");
     assert!(
         kept >= FULL_BYTES,
         "shard_grad_op keeps the gathered unit: {kept} bytes held"
     );
-    let freed = held_between_forward_and_backward(FsdpSharding::FullShard);
-    assert!(
-        freed < FULL_BYTES / 4,
-        "full_shard held {freed} bytes between forward and backward; the unit is {FULL_BYTES}"
-    );
+    for strategy in ["full_shard", "zero3"] {
+        let freed = held_between_forward_and_backward(strategy);
+        assert!(
+            freed < FULL_BYTES / 4,
+            "{strategy} held {freed} bytes between forward and backward; the unit is {FULL_BYTES}"
+        );
+    }
 
     // Per rank: the gradient shards (the whole model over W), three full units, the
     // activations kept from forward, sixteen more (the batch and the loss's square; for
@@ -278,12 +302,18 @@ fn memory_bounds() {
     let per_rank = |kept: usize| {
         DEEP_UNITS * unit / 2 + 3 * unit + (DEEP_UNITS * kept + 16) * activation + (256 << 10)
     };
-    for prefetch in [false, true] {
-        let (kept_held, kept) = full_shard_step_growth(prefetch, ActivationCheckpointing::None);
+    for (strategy, prefetch) in [
+        ("full_shard", false),
+        ("full_shard", true),
+        ("zero3", false),
+        ("zero3", true),
+    ] {
+        let (kept_held, kept) =
+            sharded_step_growth(strategy, prefetch, ActivationCheckpointing::None);
         let (recomputed_held, recomputed) =
-            full_shard_step_growth(prefetch, ActivationCheckpointing::Full);
+            sharded_step_growth(strategy, prefetch, ActivationCheckpointing::Full);
         println!(
-            "full_shard forward (prefetch {prefetch}) held {kept_held} bytes with activations kept, {recomputed_held} recomputing"
+            "{strategy} forward (prefetch {prefetch}) held {kept_held} bytes with activations kept, {recomputed_held} recomputing"
         );
         for (growth, what, bound) in [
             (kept, "kept activations", 2 * per_rank(4)),
@@ -291,10 +321,10 @@ fn memory_bounds() {
         ] {
             assert!(
                 growth <= bound,
-                "full_shard step ({what}, prefetch {prefetch}) grew the heap by {growth} bytes; the bound is {bound} (units of {unit}, activations of {activation})"
+                "{strategy} step ({what}, prefetch {prefetch}) grew the heap by {growth} bytes; the bound is {bound} (units of {unit}, activations of {activation})"
             );
             println!(
-                "full_shard step ({what}, prefetch {prefetch}): {growth} bytes over the shards, bound {bound}"
+                "{strategy} step ({what}, prefetch {prefetch}): {growth} bytes over the shards, bound {bound}"
             );
         }
         // Between forward and backward: kept, every unit's activations and no parameters;

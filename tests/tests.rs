@@ -19,6 +19,7 @@ mod fsdp;
 mod overlap;
 // Checkpoints: resume, reshard, consolidate, pretrained init, keeping rules, crash safety.
 mod checkpoint;
+mod checkpoint_async;
 // Bad checkpoint files: clear errors, never a panic, never a touched good checkpoint.
 mod checkpoint_bad_input;
 // Parameters without gradient: reported at the first step, or an error if asked.

@@ -280,21 +280,57 @@ const LLAMA: &str = r#"{"model_type": "llama", "vocab_size": 8192, "hidden_size"
 const LLAMA_SEQ: usize = 256;
 const LLAMA_BATCH: usize = 8;
 
-/// The best f32 matmul rate of Candle's GEMM on all cores, in GFLOP/s: square matrices
-/// of 1024 and 2048, the best of 8 runs each. Measured before any accelerator: the first
-/// one sets `CANDLE_NUM_THREADS=1` for the rest of the process (each rank gets its own
-/// budgeted pool).
+/// The best f32 rate of Candle's GEMM kernel on all cores, in GFLOP/s: square matrices of
+/// 1024 and 2048, the best of 8 calls each. Each call is the `gemm` crate's, as Candle's
+/// CPU matmul makes it (same parallelism, output overwritten, not read), on buffers made
+/// once: the timing holds the kernel alone, not Candle's zeroed output buffer or a read of
+/// the result.
 fn peak_gflops() -> anyhow::Result<f64> {
+    let threads = candle_core::utils::get_num_threads();
+    let parallelism = match threads {
+        1 => gemm::Parallelism::None,
+        n => gemm::Parallelism::Rayon(n),
+    };
     let mut best = 0f64;
-    for n in [1024, 2048] {
-        let a = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
-        let b = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
+    for n in [1024usize, 2048] {
+        let a = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?
+            .to_vec2::<f32>()?
+            .concat();
+        let b = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?
+            .to_vec2::<f32>()?
+            .concat();
+        let mut c = vec![0f32; n * n];
+        let s = n as isize;
         for _ in 0..8 {
             let start = Instant::now();
-            let c = a.matmul(&b)?;
-            c.sum_all()?.to_scalar::<f32>()?;
+            // SAFETY: a, b and c each hold n x n f32 in row-major order (row stride n,
+            // column stride 1), as the strides passed say; c is written, never read.
+            unsafe {
+                gemm::gemm(
+                    n,
+                    n,
+                    n,
+                    c.as_mut_ptr(),
+                    1,
+                    s,
+                    false,
+                    a.as_ptr(),
+                    1,
+                    s,
+                    b.as_ptr(),
+                    1,
+                    s,
+                    0f32,
+                    1f32,
+                    false,
+                    false,
+                    false,
+                    parallelism,
+                )
+            };
             best = best.max(2.0 * (n * n * n) as f64 / start.elapsed().as_secs_f64() / 1e9);
         }
+        std::hint::black_box(&c);
     }
     Ok(best)
 }
@@ -322,9 +358,12 @@ fn llama_data() -> DataLoader<CharWindows> {
     DataLoader::new(CharWindows::new(ids, block, block + 1), LLAMA_BATCH)
 }
 
-/// The Llama's seconds per step under `strategy` at `world` ranks.
-fn llama_step(strategy: Box<dyn Strategy>, world: usize) -> anyhow::Result<(f64, usize)> {
-    let (mut trainer, clock) = timed_trainer(Accelerator::cpu(world)?, strategy)?;
+/// The Llama's seconds per step and parameters under `strategy` on `accelerator`'s ranks.
+fn llama_step(
+    strategy: Box<dyn Strategy>,
+    accelerator: Accelerator,
+) -> anyhow::Result<(f64, usize)> {
+    let (mut trainer, clock) = timed_trainer(accelerator, strategy)?;
     let mut model = Attached::new(llama_model()?);
     trainer.fit(&mut model, &llama_data(), None)?;
     let params = trainer.num_parameters().unwrap_or(0);
@@ -364,15 +403,19 @@ fn strategy(name: &str) -> anyhow::Result<Box<dyn Strategy>> {
     })
 }
 
-/// `model`'s tokens per step, median seconds per step and parameters under `name` at
-/// `world` ranks.
-fn measure(model: &str, name: &str, world: usize) -> anyhow::Result<(usize, f64, usize)> {
+/// `model`'s tokens per step, median seconds per step and parameters under `name` on
+/// `accelerator`'s ranks (the rows are rank 0's).
+fn measure(
+    model: &str,
+    name: &str,
+    accelerator: Accelerator,
+) -> anyhow::Result<(usize, f64, usize)> {
     if model == "llama" {
-        let (step, params) = llama_step(strategy(name)?, world)?;
+        let (step, params) = llama_step(strategy(name)?, accelerator)?;
         return Ok((LLAMA_BATCH * LLAMA_SEQ, step, params));
     }
     let c = config(gpt_width(model)?);
-    let (mut trainer, clock) = timed_trainer(Accelerator::cpu(world)?, strategy(name)?)?;
+    let (mut trainer, clock) = timed_trainer(accelerator, strategy(name)?)?;
     trainer.fit(
         &mut Attached::new(CharGpt::new(c, LR)),
         &DataLoader::new(data(&c), BATCH),
@@ -383,22 +426,74 @@ fn measure(model: &str, name: &str, world: usize) -> anyhow::Result<(usize, f64,
     Ok((BATCH * c.block, median_step(&times), params))
 }
 
-/// The `--compare` rows: `models` under single, ddp at W=2 and fsdp full_shard at W=2, in
-/// the format `scripts/torch_baseline.py` prints PyTorch's, with model FLOPs utilisation
-/// over the peak measured first.
-fn compare_rows(models: &[String]) -> anyhow::Result<()> {
-    let peak = peak_gflops()?;
-    println!("peak_gflops={peak:.1}");
+/// How the `--compare` ranks are run: `transport=` in each row.
+#[derive(Clone, Copy, PartialEq)]
+enum Ranks {
+    /// W = 1: one rank, nothing to carry.
+    One,
+    /// Ranks as threads of this process (`ThreadWorld`): no GPU counterpart.
+    Threads,
+    /// This process is one of the ranks `mpirun` started (`MpiWorld`), each in a pool of
+    /// `cores / W` threads, as each of PyTorch's processes runs `cores / W`.
+    Mpi,
+}
+
+/// The `--compare` rows: `models` under single, ddp at W=2 and fsdp full_shard at W=2 as
+/// threads, or, started by `mpirun` (`--processes`), ddp and fsdp full_shard with this
+/// process as one rank; in the format `scripts/torch_baseline.py` prints PyTorch's, with
+/// model FLOPs utilisation over the peak measured first (threads only).
+fn compare_rows(models: &[String], processes: bool) -> anyhow::Result<()> {
+    let peak = match processes {
+        false => {
+            let peak = peak_gflops()?;
+            println!("peak_gflops={peak:.1}");
+            Some(peak)
+        }
+        true => None,
+    };
+    let runs: Vec<(&str, Ranks)> = match processes {
+        false => vec![
+            ("single", Ranks::One),
+            ("ddp", Ranks::Threads),
+            ("fsdp_full_shard", Ranks::Threads),
+        ],
+        true => vec![("ddp", Ranks::Mpi), ("fsdp_full_shard", Ranks::Mpi)],
+    };
     for model in models {
-        for (name, world) in [("single", 1), ("ddp", 2), ("fsdp_full_shard", 2)] {
-            let (tokens, step, params) = measure(model, name, world)?;
+        for &(name, ranks) in &runs {
+            let accelerator = match ranks {
+                Ranks::One => Accelerator::cpu(1)?,
+                Ranks::Threads => Accelerator::cpu(2)?,
+                Ranks::Mpi => {
+                    let accelerator = Accelerator::from_env(None)?;
+                    anyhow::ensure!(
+                        accelerator.launcher().is_some(),
+                        "--processes needs mpirun (and a build with --features mpi)"
+                    );
+                    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                    let per_rank = (cores / accelerator.world_size()).max(1);
+                    accelerator.with_thread_budget(ThreadBudget::per_rank(per_rank)?)
+                }
+            };
+            let world = accelerator.world_size();
+            let rank0 = accelerator.local_ranks().start == 0;
+            let (tokens, step, params) = measure(model, name, accelerator)?;
+            if !rank0 {
+                continue;
+            }
             let tps = tokens as f64 / step;
             let per_token = flops_per_token(model, params)?;
             let gflops = tps * per_token / 1e9;
+            let transport = match ranks {
+                Ranks::One => "none",
+                Ranks::Threads => "threads",
+                Ranks::Mpi => "mpi",
+            };
+            let mfu = peak.map_or(String::new(), |p| format!(" mfu={:.3}", gflops / p));
             println!(
-                "impl=wick model={model} strategy={name} world={world} parameters={params} \
-                 flops_per_token={per_token:.0} tokens_per_s={tps:.0} gflops={gflops:.1} mfu={:.3}",
-                gflops / peak
+                "impl=wick model={model} strategy={name} world={world} transport={transport} \
+                 parameters={params} flops_per_token={per_token:.0} tokens_per_s={tps:.0} \
+                 gflops={gflops:.1}{mfu}"
             );
         }
     }
@@ -408,11 +503,20 @@ fn compare_rows(models: &[String]) -> anyhow::Result<()> {
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let flag = |name: &str| args.iter().any(|a| a == name);
+    let c = config(128);
+    if flag("--candle-baseline") {
+        // Candle's own defaults: no process settings of wick's.
+        println!("{}", candle_step(c)?);
+        return Ok(());
+    }
+    // The settings the `wick` program makes for CPU training, made here the same way.
+    // SAFETY: first in main, before any thread, so no one else touches the environment.
+    let tuning = unsafe { wick::accelerator::tune_host_process() };
     if flag("--profile") {
         return profile::profile_rows(peak_gflops()?);
     }
     if flag("--llama") {
-        return compare_rows(&["llama".to_string()]);
+        return compare_rows(&["llama".to_string()], flag("--processes"));
     }
     if flag("--compare") {
         let models = match args.iter().position(|a| a == "--models") {
@@ -420,12 +524,7 @@ fn main() -> anyhow::Result<()> {
             None => "gpt-d128,gpt-d512,llama".into(),
         };
         let models: Vec<String> = models.split(',').map(str::to_string).collect();
-        return compare_rows(&models);
-    }
-    let c = config(128);
-    if flag("--candle-baseline") {
-        println!("{}", candle_step(c)?);
-        return Ok(());
+        return compare_rows(&models, flag("--processes"));
     }
     let table = flag("--table");
     let tokens = (BATCH * c.block) as f64;
@@ -434,11 +533,13 @@ fn main() -> anyhow::Result<()> {
         println!("impl={imp} strategy={strategy} world={world} tokens_per_s={tps:.0}");
         tps
     };
-    // The plain Candle loop runs in a child process, with Candle's defaults: wick's first
-    // accelerator sets CANDLE_NUM_THREADS=1 for the rest of its process.
-    let baseline = std::process::Command::new(std::env::current_exe()?)
-        .arg("--candle-baseline")
-        .output()?;
+    // The plain Candle loop runs in a child process, with Candle's defaults: this one's
+    // tuning set CANDLE_NUM_THREADS=1, which the child must not inherit.
+    let mut child = std::process::Command::new(std::env::current_exe()?);
+    if tuning.candle_pool_quieted {
+        child.env_remove("CANDLE_NUM_THREADS");
+    }
+    let baseline = child.arg("--candle-baseline").output()?;
     anyhow::ensure!(
         baseline.status.success(),
         "the candle baseline failed: {baseline:?}"

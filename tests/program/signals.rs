@@ -50,7 +50,7 @@ fn sigterm_saves_the_step_and_resume_auto_ends_as_an_uninterrupted_run() {
     let csv = stopped.join("runs/char-gpt/metrics.csv");
     let start = std::time::Instant::now();
     while !csv.exists() || steps_written(&csv) < 5 {
-        assert!(start.elapsed().as_secs() < 120, "no progress");
+        assert!(start.elapsed().as_secs() < 600, "no progress");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     // SAFETY: a plain kill(2) of our own child.
@@ -115,7 +115,7 @@ fn a_second_signal_ends_the_run_at_once_and_last_stays_whole() {
         .expect("wick runs");
     let start = std::time::Instant::now();
     while !dir.path().join("ck/last").exists() {
-        assert!(start.elapsed().as_secs() < 300, "no checkpoint");
+        assert!(start.elapsed().as_secs() < 600, "no checkpoint");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     let pid = child.id() as i32;
@@ -159,7 +159,7 @@ fn wait_until_taken(pid: i32, signal: i32) {
     };
     let start = std::time::Instant::now();
     while std::fs::read_to_string(&path).is_ok_and(pending) {
-        assert!(start.elapsed().as_secs() < 60, "signal {signal} not taken");
+        assert!(start.elapsed().as_secs() < 300, "signal {signal} not taken");
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }

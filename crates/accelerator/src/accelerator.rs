@@ -2,9 +2,8 @@
 //! process, or processes a launcher started), and the sharded setup of a module.
 
 use crate::device::{check_gpus, rank_device, DeviceKind};
-use crate::host_malloc::keep_freed_host_memory;
 use crate::launcher::LaunchEnv;
-use crate::thread_budget::{quiet_candle_elementwise_pool, run_within, ThreadBudget};
+use crate::thread_budget::{run_within, ThreadBudget};
 use crate::worlds::{panic_message, EndedWorld, MpiWorld, NcclWorld, RankError, ThreadWorld};
 use candle_core::Device;
 use std::sync::Arc;
@@ -57,11 +56,8 @@ pub struct Accelerator {
 impl Accelerator {
     /// `devices` CPU ranks, run as threads of this process (whatever started it).
     ///
-    /// The first accelerator of a process sets `CANDLE_NUM_THREADS=1` unless it is set:
-    /// Candle's element-wise pool spins beside the ranks (see [`ThreadBudget`]). Under glibc
-    /// it also keeps freed host memory for the next step's buffers: an mmap threshold of
-    /// 32 MiB and a trim threshold of 128 MiB, unless a `MALLOC_*` variable of glibc's or a
-    /// `glibc.malloc` tunable says otherwise.
+    /// It changes nothing of the process's (the environment, malloc): a program that wants
+    /// wick's settings for CPU training calls [`crate::tune_host_process`] first.
     pub fn cpu(devices: usize) -> Result<Self> {
         if devices == 0 {
             return Err(Error::config("devices", "must be at least 1, got 0"));
@@ -71,8 +67,6 @@ impl Accelerator {
 
     /// `ranks`, `local` of them in this process, on the CPU with the default options.
     fn on_cpu(ranks: Ranks, local: usize) -> Self {
-        quiet_candle_elementwise_pool();
-        keep_freed_host_memory();
         Accelerator {
             ranks,
             timeout: None,
@@ -190,9 +184,11 @@ impl Accelerator {
         self
     }
 
-    /// The compute threads each CPU rank may use when ranks are threads (default
-    /// [`ThreadBudget::Auto`]: the cores shared out between the ranks). Processes that a
-    /// launcher started, and CUDA ranks, keep Candle's own pool.
+    /// The compute threads each CPU rank may use (default [`ThreadBudget::Auto`]: the
+    /// cores shared out between ranks that are threads). A process that a launcher
+    /// started runs in a pool of its own only with [`ThreadBudget::PerRank`] (as
+    /// `torch.set_num_threads` in each of PyTorch's processes), and otherwise on Candle's
+    /// own pool; CUDA ranks always keep Candle's.
     pub fn with_thread_budget(mut self, budget: ThreadBudget) -> Self {
         self.budget = budget;
         self
@@ -266,14 +262,21 @@ impl Accelerator {
                     run_within(threads, || f(self.rank_env(Arc::new(comm), device)?))
                 })
             }
-            Ranks::Process { .. } => vec![Ok(self.launch_process(f))],
+            Ranks::Process { .. } => {
+                let threads = match (self.kind, self.budget) {
+                    (DeviceKind::Cpu, ThreadBudget::PerRank(n)) => Some(n),
+                    _ => None,
+                };
+                vec![Ok(run_within(threads, || self.launch_process(&f)))]
+            }
         }
     }
 
-    fn launch_process<T, E, F>(&self, f: F) -> T
+    fn launch_process<T, E, F>(&self, f: &F) -> T
     where
-        E: std::fmt::Display + From<Error>,
-        F: Fn(RankEnv) -> std::result::Result<T, E>,
+        T: Send,
+        E: std::fmt::Display + Send + From<Error>,
+        F: Fn(RankEnv) -> std::result::Result<T, E> + Sync,
     {
         let world = MpiWorld::process_world()
             .expect("the accelerator joined the process world when it was made");

@@ -6,12 +6,14 @@
 //! with the `mpi` feature they form an [`MpiWorld`]; with `nccl`, CUDA ranks form an
 //! [`NcclWorld`]; without those features both are stand-ins that say so), and
 //! [`Accelerator::setup`], which opens a strategy's sharding context and calls the module's
-//! `configure_sharded_model` inside it. It knows wick-core only; strategies meet it through
+//! `configure_sharded_model` inside it. Process-wide settings for CPU training (Candle's
+//! element-wise pool, glibc's malloc) are a program's explicit choice, one call:
+//! [`tune_host_process`]. It knows wick-core only; strategies meet it through
 //! core's `Strategy` and `Collective` traits.
 
 mod accelerator;
 mod device;
-mod host_malloc;
+mod host_tuning;
 mod launcher;
 mod thread_budget;
 mod worlds;
@@ -20,6 +22,7 @@ pub use accelerator::{Accelerator, RankEnv};
 pub use device::{cuda_device_count, DeviceKind};
 #[cfg(feature = "cuda")]
 pub use device::{cuda_memory_peak, reset_cuda_memory_peak};
+pub use host_tuning::{tune_host_process, HostTuning};
 pub use launcher::{LaunchEnv, Launcher};
 /// rsmpi, the MPI bindings `MpiWorld` uses, for code that calls MPI itself on the same
 /// world (the bandwidth example measures Open MPI's own speed with it).

@@ -7,12 +7,8 @@
 //! (at least 1), and runs the rank inside it, so that the ranks together never ask for
 //! more threads than there are cores.
 //!
-//! Candle also runs large element-wise ops on a pool of its own (`CANDLE_NUM_THREADS` - 1
-//! workers, all cores by default), whose workers spin between ops and whose callers spin
-//! until they finish; that pool knows nothing of rayon's. Beside the ranks and gemm's
-//! workers they only take cores away: `examples/throughput` ran every strategy 1.1 to
-//! 1.7 times faster without them on 2 cores. So the first accelerator wick makes sets
-//! `CANDLE_NUM_THREADS=1` (no such workers) unless the variable is set already.
+//! Candle's own element-wise pool is a process-wide setting, left to the program: see
+//! [`crate::tune_host_process`].
 
 use wick_core::{Error, Result};
 
@@ -53,18 +49,6 @@ impl ThreadBudget {
             ThreadBudget::Auto | ThreadBudget::Shared => None,
         }
     }
-}
-
-/// Keeps Candle's element-wise pool to the calling thread (`CANDLE_NUM_THREADS=1`) unless
-/// the user set it; done once, before Candle makes the pool, which it does at its first
-/// large element-wise op.
-pub(crate) fn quiet_candle_elementwise_pool() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-            std::env::set_var("CANDLE_NUM_THREADS", "1");
-        }
-    });
 }
 
 /// Runs `f` inside a pool of `threads` threads (on one of them), or here when `None`.

@@ -17,11 +17,16 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 const ROUND: f32 = 12_582_912.0;
 /// The bits of `ROUND`.
 const ROUND_BITS: i32 = 0x4B40_0000;
-/// `exp` overflows above this and reaches the smallest normal f32 below the other.
-const MAX_ARG: f32 = 88.376_26;
-const MIN_ARG: f32 = -87.336_55;
+/// Inputs are clamped to this range: above it e^x overflows to infinity, below it e^x
+/// rounds to zero (the smallest subnormal f32 is e^-103.28), so no input, infinities
+/// included, reaches the polynomial out of its range, and NaN stays NaN.
+const MAX_ARG: f32 = 89.0;
+const MIN_ARG: f32 = -110.0;
 
-/// e^x, for one element.
+/// e^x, for one element: e^r by the polynomial, times 2^n in two normal factors, so that
+/// results below the smallest normal f32 come out subnormal (or zero) and those above the
+/// largest overflow to infinity, as libm's do. Where the result is normal the two
+/// multiplications by powers of two are exact: the same bits as one by 2^n.
 #[inline(always)]
 fn exp1(x: f32) -> f32 {
     let x = x.clamp(MIN_ARG, MAX_ARG);
@@ -37,8 +42,11 @@ fn exp1(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let e_r = p * rr + r + 1.0;
+    // n in [-159, 129]: each half in [-80, 65], a normal power of two.
     let n = t.to_bits() as i32 - ROUND_BITS;
-    e_r * f32::from_bits(((n + 127) << 23) as u32)
+    let (n1, n2) = (n >> 1, n - (n >> 1));
+    let pow2 = |k: i32| f32::from_bits(((k + 127) << 23) as u32);
+    (e_r * pow2(n1)) * pow2(n2)
 }
 
 /// Compiles `$body` once per instruction set and picks one at run time.
@@ -202,6 +210,11 @@ pub(crate) fn max(xs: &[f32]) -> f32 {
 mod tests {
     use super::*;
 
+    /// e^x rounded to f32 from f64's.
+    fn libm_exp(x: f32) -> f32 {
+        (x as f64).exp() as f32
+    }
+
     #[test]
     fn exp_is_within_two_ulps_of_libm_over_softmax_inputs() {
         let xs: Vec<f32> = (0..200_000)
@@ -217,12 +230,46 @@ mod tests {
                 "exp({x}) = {y}, libm {exact}: relative error {rel}"
             );
         }
-        let mut edge = [0.0, 1.0, -1.0, f32::NAN, -1e30];
-        exp_shifted(&mut edge, 0.0);
-        assert_eq!(edge[0], 1.0);
-        assert!((edge[1] - std::f32::consts::E).abs() < 1e-6);
-        assert!(edge[3].is_nan(), "NaN stays NaN");
-        assert!(edge[4] < 1e-37, "far below: the smallest normal at most");
+    }
+
+    #[test]
+    fn exp_is_right_over_the_whole_f32_range_with_nan_and_infinities() {
+        let mut special = [
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            f32::NAN,
+            -0.0,
+            f32::MAX,
+            f32::MIN,
+        ];
+        exp_shifted(&mut special, 0.0);
+        assert_eq!(special[0], 0.0, "e^-inf");
+        assert_eq!(special[1], f32::INFINITY, "e^inf");
+        assert!(special[2].is_nan(), "NaN stays NaN");
+        assert_eq!(special[3], 1.0);
+        assert_eq!(special[4], f32::INFINITY, "e^MAX overflows");
+        assert_eq!(special[5], 0.0, "e^MIN underflows");
+        // Every 251st bit pattern: both signs, every exponent, subnormals, NaNs.
+        let xs: Vec<f32> = (0..=u32::MAX).step_by(251).map(f32::from_bits).collect();
+        let mut ys = xs.clone();
+        exp_shifted(&mut ys, 0.0);
+        let smallest = f32::from_bits(1);
+        for (&x, &y) in xs.iter().zip(&ys) {
+            let want = libm_exp(x);
+            if x.is_nan() {
+                assert!(y.is_nan(), "exp({x}) = {y}");
+            } else if want.is_infinite() || want == 0.0 {
+                // At the edges of the range: at most one step from libm's rounding.
+                let next = if want == 0.0 { smallest } else { f32::MAX };
+                assert!(y == want || y == next, "exp({x}) = {y}, libm {want}");
+            } else {
+                // Two units in the last place of a normal result, or of the smallest
+                // subnormal where the result is one.
+                let err = (y as f64 - (x as f64).exp()).abs();
+                let ulp = (want.abs() as f64 * f32::EPSILON as f64).max(smallest as f64);
+                assert!(err <= 2.0 * ulp, "exp({x}) = {y}, libm {want}");
+            }
+        }
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //!
 //! `full_shard` runs each wrapped unit through the unit op (gather, run keeping the
 //! activations, free the parameters; gather again in backward, or recompute the unit where
-//! activation checkpointing asks); `shard_grad_op` gathers each unit once per step and keeps it
-//! until backward (the same as ZeRO-3); `no_shard` is DDP; `hybrid_shard` is `full_shard`
+//! activation checkpointing asks), the same as ZeRO-3; `shard_grad_op` gathers each unit
+//! once per step and keeps it until backward (sharded parameters between steps, ZeRO-2's
+//! memory within one); `no_shard` is DDP; `hybrid_shard` is `full_shard`
 //! inside groups of G ranks, replicated across the groups.
 
 use crate::zero3::ShardedOptions;
@@ -81,6 +82,13 @@ impl Fsdp {
     /// while the current one computes.
     pub fn with_prefetch(mut self, prefetch: bool) -> Self {
         self.options.prefetch = prefetch;
+        self
+    }
+
+    /// A bound on the gathered parameters (elements) a prefetch may leave alive (see
+    /// [`Zero3::with_max_live_parameters`]).
+    pub fn with_max_live_parameters(mut self, max: usize) -> Self {
+        self.options.max_live_parameters = Some(max);
         self
     }
 

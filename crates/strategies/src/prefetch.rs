@@ -21,20 +21,26 @@ pub(crate) struct Prefetcher {
     /// Each unit's shard and padded length, by unit index.
     units: Vec<(Tensor, usize)>,
     dtype: DType,
+    /// The most gathered parameters (elements) a prefetch may leave alive beside the unit
+    /// that asks for it (DeepSpeed's `stage3_max_live_parameters`); `None`: no bound.
+    max_live: Option<usize>,
     pending: Mutex<HashMap<usize, Pending>>,
 }
 
 impl Prefetcher {
-    /// Prefetches `units` over `world`, gathering in `dtype`.
+    /// Prefetches `units` over `world`, gathering in `dtype`, at most `max_live` elements
+    /// gathered at once.
     pub(crate) fn new(
         world: Arc<dyn Collective>,
         units: Vec<(Tensor, usize)>,
         dtype: DType,
+        max_live: Option<usize>,
     ) -> Self {
         Prefetcher {
             world,
             units,
             dtype,
+            max_live,
             pending: Mutex::default(),
         }
     }
@@ -43,11 +49,18 @@ impl Prefetcher {
         lock(&self.pending)
     }
 
-    /// Starts gathering `unit`, unless it is out of range or already asked for.
-    pub(crate) fn request(&self, unit: usize) {
+    /// Starts gathering `unit` while unit `beside` is gathered, unless it is out of range,
+    /// already asked for, or the two together would pass the bound on live parameters
+    /// (then `unit` is gathered when it runs, as without prefetch). Every rank decides
+    /// alike: the sizes are the same on all.
+    pub(crate) fn request(&self, unit: usize, beside: usize) {
         let Some((shard, padded)) = self.units.get(unit) else {
             return;
         };
+        let live = padded + self.units.get(beside).map_or(0, |(_, p)| *p);
+        if self.max_live.is_some_and(|max| live > max) {
+            return;
+        }
         let mut pending = self.pending();
         if pending.contains_key(&unit) {
             return;

@@ -72,6 +72,8 @@ pub(crate) struct ShardedParams {
     auto_wrap: Option<Vec<String>>,
     /// Gather the next unit in the background under full sharding.
     prefetch: bool,
+    /// The bound on gathered parameters a prefetch respects.
+    max_live_parameters: Option<usize>,
     prefetcher: Mutex<Option<Arc<Prefetcher>>>,
     /// Which units recompute their forward in backward rather than keep activations.
     activation_checkpointing: ActivationCheckpointing,
@@ -100,6 +102,7 @@ impl ShardedParams {
             reshard_after_forward: options.reshard_after_forward,
             auto_wrap: options.auto_wrap.clone(),
             prefetch: options.prefetch && options.reshard_after_forward,
+            max_live_parameters: options.max_live_parameters,
             prefetcher: Mutex::default(),
             activation_checkpointing: options.activation_checkpointing,
             precision: options.precision,
@@ -153,7 +156,12 @@ impl ShardedParams {
             return Ok(());
         }
         let (param_dtype, _) = dtypes(self.precision);
-        let prefetcher = Arc::new(Prefetcher::new(self.world(), units, param_dtype));
+        let prefetcher = Arc::new(Prefetcher::new(
+            self.world(),
+            units,
+            param_dtype,
+            self.max_live_parameters,
+        ));
         *lock(&self.prefetcher) = Some(prefetcher);
         Ok(())
     }

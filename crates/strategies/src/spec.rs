@@ -230,7 +230,7 @@ pub struct StrategySpec {
     pub group_size: usize,
     /// fsdp: the precision of its sharded modes.
     pub precision: Precision,
-    /// fsdp `full_shard` and `hybrid_shard`: gather the next unit in the background.
+    /// zero3, fsdp `full_shard` and `hybrid_shard`: gather the next unit in the background.
     pub prefetch: bool,
     /// fsdp: only blocks whose names start with one of these prefixes are units of their
     /// own; the others share one root unit. `None`: every wrapped block is a unit.
@@ -251,8 +251,8 @@ impl StrategySpec {
         }
     }
 
-    /// Refuses options that do not go with the strategy: precision, prefetch and auto-wrap
-    /// are fsdp's, mixed precision needs a sharded sharding, a group has at least one rank.
+    /// Refuses options that do not go with the strategy: precision and auto-wrap are fsdp's,
+    /// prefetch is zero3's and fsdp's, mixed precision needs a sharded sharding, a group has at least one rank.
     pub fn check(&self) -> Result<()> {
         if self.group_size == 0 {
             return Err(Error::config(
@@ -261,11 +261,17 @@ impl StrategySpec {
             ));
         }
         if self.strategy != StrategyKind::Fsdp {
-            if self.auto_wrap.is_some() || self.prefetch {
+            if self.auto_wrap.is_some() {
+                return Err(Error::config(
+                    "strategy",
+                    format!("auto-wrap is fsdp's option, not {}'s", self.strategy),
+                ));
+            }
+            if self.prefetch && self.strategy != StrategyKind::Zero3 {
                 return Err(Error::config(
                     "strategy",
                     format!(
-                        "auto-wrap and prefetch are fsdp's options, not {}'s",
+                        "prefetch is an option of zero3 and fsdp, not {}",
                         self.strategy
                     ),
                 ));
@@ -297,7 +303,7 @@ impl StrategySpec {
             StrategyKind::Ddp => Box::new(Ddp::new()),
             StrategyKind::Zero1 => Box::new(Zero::stage1()),
             StrategyKind::Zero2 => Box::new(Zero::stage2()),
-            StrategyKind::Zero3 => Box::new(Zero3::new()),
+            StrategyKind::Zero3 => Box::new(Zero3::new().with_prefetch(self.prefetch)),
             StrategyKind::Fsdp => {
                 let mut fsdp = Fsdp::new(self.sharding.with_group_size(self.group_size))
                     .with_precision(self.precision.mixed())?
@@ -388,5 +394,10 @@ mod tests {
             ..fsdp()
         };
         assert_eq!(accepted.build().unwrap().name(), "fsdp");
+        let zero3 = StrategySpec {
+            prefetch: true,
+            ..StrategySpec::new(StrategyKind::Zero3)
+        };
+        assert_eq!(zero3.build().unwrap().name(), "zero3");
     }
 }

@@ -118,7 +118,11 @@ impl UnitOp {
             let (x, x_tensor) = input_var(input)?;
             let out = self.run_graph(&params, &x_tensor)?;
             for (_, param) in &params {
-                storage_swap::release(param)?;
+                // SAFETY: the released variables are held only by the kept graph (the
+                // unit's output is a copy in the op's own storage), which nothing reads
+                // until `bwd` refills them before it runs backward through it; a graph
+                // dropped unused is never read.
+                unsafe { storage_swap::release(param)? };
             }
             *lock(&self.kept) = Some(KeptGraph {
                 input: x,
@@ -139,7 +143,7 @@ impl UnitOp {
     /// Starts gathering `next`, the unit this pass visits after this one.
     fn prefetch(&self, next: Option<usize>) {
         if let (Some(p), Some(next)) = (&self.prefetch, next) {
-            p.request(next);
+            p.request(next, self.unit);
         }
     }
 }

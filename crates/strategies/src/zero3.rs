@@ -1,9 +1,14 @@
 //! ZeRO stage 3: parameters, gradients and optimizer state all sharded.
 //!
-//! Parameters are born sharded inside wrapped units ([`crate::sharded_params`]); each step
-//! gathers a unit the first time the model asks for it, and the gather's backward
-//! reduce-scatters the unit's gradient straight into the shard's gradient. The graph keeps
-//! the gathered parameters alive from forward to backward; they are released after it.
+//! Parameters are born sharded inside wrapped units ([`crate::sharded_params`]). As
+//! DeepSpeed's stage 3 does, each unit is gathered just before its forward and released
+//! after it, gathered again just before its backward and released after that, with an
+//! optional prefetch of the next unit under a bound on the parameters alive at once
+//! ([`Zero3::with_prefetch`], [`Zero3::with_max_live_parameters`]); the unit's backward
+//! reduce-scatters its gradient straight into the shard's. This is FSDP's `full_shard`
+//! (the unit op, [`crate::unit_op`]): the two differ only in name. FSDP's
+//! `shard_grad_op` is this type too, gathering each unit once per step and keeping it
+//! from forward to backward.
 
 use crate::clip::clip_grad_norm;
 use crate::flat_layout::FlatLayout;
@@ -30,7 +35,8 @@ pub(crate) struct ShardedOptions {
     /// The registry name: `zero3`, or `fsdp` for FSDP's sharded modes.
     pub(crate) name: &'static str,
     /// Units run through the unit op (full sharding), their gathered parameters freed after
-    /// each use, rather than gathered once per step (PyTorch FSDP's name for it).
+    /// each use, rather than gathered once per step and kept until backward (PyTorch
+    /// FSDP's name for it; zero3 and FSDP's `full_shard` set it).
     pub(crate) reshard_after_forward: bool,
     /// Hybrid sharding: ranks per sharding group.
     pub(crate) group_size: Option<usize>,
@@ -40,6 +46,9 @@ pub(crate) struct ShardedOptions {
     pub(crate) auto_wrap: Option<Vec<String>>,
     /// Prefetch the next unit's gather (full sharding only).
     pub(crate) prefetch: bool,
+    /// The most gathered parameters (elements) a prefetch may leave alive: the unit that
+    /// runs and the one prefetched together. `None`: no bound.
+    pub(crate) max_live_parameters: Option<usize>,
     /// Which units recompute their forward in backward.
     pub(crate) activation_checkpointing: ActivationCheckpointing,
     /// What a step does with inf or NaN gradients.
@@ -50,11 +59,12 @@ impl Default for ShardedOptions {
     fn default() -> Self {
         ShardedOptions {
             name: Zero3::NAME,
-            reshard_after_forward: false,
+            reshard_after_forward: true,
             group_size: None,
             precision: None,
             auto_wrap: None,
             prefetch: false,
+            max_live_parameters: None,
             activation_checkpointing: ActivationCheckpointing::None,
             on_nonfinite: OnNonFinite::Error,
         }
@@ -99,6 +109,24 @@ impl Zero3 {
             options,
             ..Zero3::default()
         }
+    }
+
+    /// Gather the next unit (the next in forward, the previous in backward) while the
+    /// current one computes (DeepSpeed's `stage3_prefetch_bucket_size` above zero). Off
+    /// by default: on a world that completes its calls at once (ranks as threads) it only
+    /// holds one more unit.
+    pub fn with_prefetch(mut self, prefetch: bool) -> Self {
+        self.options.prefetch = prefetch;
+        self
+    }
+
+    /// A bound on the gathered parameters (elements) alive at once: a prefetch that would
+    /// leave more than `max` beside the unit that runs is not made, and that unit is
+    /// gathered when it runs (DeepSpeed's `stage3_max_live_parameters`). A unit larger than
+    /// the bound is still gathered to run; the bound governs what waits beside it.
+    pub fn with_max_live_parameters(mut self, max: usize) -> Self {
+        self.options.max_live_parameters = Some(max);
+        self
     }
 
     /// Recompute the wrapped units `ac` picks in backward instead of keeping their

@@ -63,6 +63,10 @@ impl TrainModule for Regressor {
 }
 
 fn main() -> Result<(), wick_trainer::TrainerError> {
+    // The program's opt-in to wick's process-wide settings for CPU training (Candle's
+    // element-wise pool, glibc's malloc thresholds); the library itself changes neither.
+    // SAFETY: first in main, before any thread, so no one else touches the environment.
+    unsafe { wick_trainer::wick_accelerator::tune_host_process() };
     // Checkpoints at the end of each run, under a fresh directory.
     let root = std::env::temp_dir().join(format!("wick-fit-linear-{}", std::process::id()));
     let data = DataLoader::new(Line, 16);

@@ -2800,11 +2800,24 @@ impl Tensor {
     /// This lets a caller give a tensor's memory back while a graph still refers to the
     /// tensor, and put it back before the graph is used again: swap with an empty tensor
     /// of the same dtype and device to release it, then with a tensor holding the same
-    /// values to refill it. Reading a tensor whose layout reaches past the end of its
-    /// current storage is a bug: CPU ops then panic on an out-of-range index.
+    /// values to refill it.
     ///
-    /// The two tensors must have the same dtype and device, and must not share a storage.
-    pub fn swap_storage(&self, other: &Self) -> Result<()> {
+    /// The two tensors must have the same dtype and device, and must not share a storage;
+    /// otherwise this is an error and nothing changes. The two storages are locked in the
+    /// order of their addresses, so two threads swapping the same pair in opposite
+    /// directions cannot deadlock.
+    ///
+    /// # Safety
+    ///
+    /// Candle's ops trust a tensor's layout to lie inside its storage: the CPU matmul hands
+    /// raw pointers to `gemm`, and the strided maps index with `get_unchecked`. After the
+    /// swap, every tensor that shares either storage has the other one behind its
+    /// unchanged layout. Until each such tensor whose layout reaches past the end of its
+    /// new storage (an empty one, say) is given back a storage that holds its layout, the
+    /// caller must make sure that no op, on any thread, reads or writes it, nor any view
+    /// of it: not the forward of an op, not a backward through a graph that holds it, not
+    /// `to_vec`, `copy` or `Display`. Such a read is undefined behaviour, not an error.
+    pub unsafe fn swap_storage(&self, other: &Self) -> Result<()> {
         if self.dtype() != other.dtype() {
             Err(Error::DTypeMismatchBinaryOp {
                 lhs: self.dtype(),
@@ -2824,9 +2837,16 @@ impl Tensor {
         if self.same_storage(other) {
             crate::bail!("swap_storage: the two tensors share one storage")
         }
-        let mut mine = self.storage.write();
-        let mut theirs = other.storage.write();
-        std::mem::swap(&mut *mine, &mut *theirs);
+        // A fixed order (by address) for the two write locks: a thread swapping (a, b)
+        // and one swapping (b, a) take them in the same order.
+        let (first, second) = if self.storage_key() < other.storage_key() {
+            (&self.storage, &other.storage)
+        } else {
+            (&other.storage, &self.storage)
+        };
+        let mut first = first.write();
+        let mut second = second.write();
+        std::mem::swap(&mut *first, &mut *second);
         Ok(())
     }
 
