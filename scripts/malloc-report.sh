@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# wick's glibc malloc thresholds (crates/accelerator/src/host_malloc.rs) against glibc's
+# wick's glibc malloc thresholds (crates/accelerator/src/host_tuning.rs) against glibc's
 # own, in one run: the main job's wall time and the throughput example's rows, alternating
 # for ROUNDS rounds. glibc's own settings are had by a malloc tunable set to its default
 # value (GLIBC_TUNABLES=glibc.malloc.perturb=0), which glibc reads as no change and wick as

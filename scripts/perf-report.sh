@@ -15,7 +15,8 @@
 # peak (the GEMM kernel alone on square 1024 and 2048 matrices, at the start of each wick
 # round; torch.mm's own peak, measured the same way, beside it).
 #
-# usage: scripts/perf-report.sh THROUGHPUT THROUGHPUT_MPI PYTHON [ROUNDS]   (repository root)
+# usage: [MODELS=gpt-d512,llama] scripts/perf-report.sh THROUGHPUT THROUGHPUT_MPI PYTHON [ROUNDS]
+#   (from the repository's root; MODELS defaults to gpt-d128,gpt-d512,llama, ROUNDS to 5)
 #   THROUGHPUT      cargo build --release --example throughput
 #   THROUGHPUT_MPI  the same with --features mpi (copied aside: both build to one path)
 #   PYTHON          a python with torch and transformers (not in CI)
@@ -24,6 +25,10 @@ bin=$(realpath "$1")
 mpi_bin=$(realpath "$2")
 py=$3
 rounds=${4:-5}
+models=${MODELS:-gpt-d128,gpt-d512,llama}
+# The same models for torch_baseline.py: the GPTs' widths, and --llama.
+torch_models=(--d-model $(tr ',' '\n' <<< "$models" | sed -n 's/^gpt-d//p'))
+grep -qw llama <<< "${models//,/ }" && torch_models+=(--llama)
 rows=$(mktemp)
 trap 'rm -f "$rows"' EXIT
 # wick's thresholds, as glibc's variables (host_tuning.rs: 32 MiB and 128 MiB).
@@ -31,9 +36,9 @@ malloc=(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=134217728)
 mpirun=(mpirun --allow-run-as-root --bind-to none -np 2)
 for round in $(seq "$rounds"); do
   echo "round $round of $rounds" >&2
-  "$bin" --compare >> "$rows"
-  "${mpirun[@]}" "$mpi_bin" --compare --processes >> "$rows"
-  env "${malloc[@]}" "$py" scripts/torch_baseline.py --d-model 128 512 --llama --compile >> "$rows"
+  "$bin" --compare --models "$models" >> "$rows"
+  "${mpirun[@]}" "$mpi_bin" --compare --processes --models "$models" >> "$rows"
+  env "${malloc[@]}" "$py" scripts/torch_baseline.py "${torch_models[@]}" --compile >> "$rows"
 done
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 isa=$(grep -m1 '^flags' /proc/cpuinfo | grep -qw avx512f && echo AVX-512 || \

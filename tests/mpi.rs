@@ -269,6 +269,15 @@ fn launch_checks(world: &MpiWorld) {
     check(world, t.world_size() == 3 && t.is_global_zero(), || {
         "Accelerator::cpu(3)".into()
     });
+    // A per-rank budget gives a launcher's process a pool of its own, too.
+    let threads = Accelerator::from_env(None)
+        .unwrap()
+        .with_thread_budget(wick::accelerator::ThreadBudget::PerRank(1))
+        .launch(|_| Ok::<_, wick::core::Error>(rayon::current_num_threads()));
+    let threads: Vec<usize> = threads.into_iter().filter_map(Result::ok).collect();
+    check(world, threads == [1], || {
+        format!("--threads-per-rank 1 under mpirun: {threads:?} threads")
+    });
 }
 
 type MakeStrategy = Box<dyn Fn() -> Box<dyn Strategy>>;

@@ -24,14 +24,23 @@
 //! at d_model 128 and 512 and a Llama of 20.2M parameters (wick-models' `CausalLm`: hidden
 //! 512, 4 layers, 8 query and 4 key/value heads, SiLU MLP of 1408, vocabulary 8192, untied)
 //! at sequence 256 and global batch 8, each under `single`, ddp at W=2 and fsdp full_shard
-//! at W=2 (`--models gpt-d512,llama` picks): `impl=wick model=<m> strategy=<name>
-//! world=<W> parameters=<p> flops_per_token=<f> tokens_per_s=<n> gflops=<g> mfu=<u>`.
+//! at W=2 with the ranks as threads (`--models gpt-d512,llama` picks): `impl=wick model=<m>
+//! strategy=<name> world=<W> transport=<none|threads> parameters=<p> flops_per_token=<f>
+//! tokens_per_s=<n> gflops=<g> mfu=<u>`. Ranks as threads have no GPU counterpart: they are
+//! wick's own advantage on one CPU host. `--compare --processes`, started by `mpirun -np 2`
+//! in a build with `--features mpi`, prints ddp and full_shard with this process as one of
+//! the ranks (`transport=mpi`, `MpiWorld`, each process in a pool of `cores / W` threads,
+//! as PyTorch's processes get), to set beside PyTorch's processes over gloo.
 //! `--llama` is `--compare --models llama`. The model FLOPs per token are 6 x the
 //! parameters that multiply (all but the embeddings' lookup tables) plus attention's 12 x
 //! layers x heads x head_dim x sequence (PaLM's accounting, which counts the masked half of
-//! causal attention too); the utilisation is those FLOPs per second
-//! over the peak measured in the same run: the best f32 matmul rate of Candle's GEMM on
-//! all cores, square 1024 and 2048, best of 8 each, before the rows (`peak_gflops=<g>`).
+//! causal attention too); the utilisation is those FLOPs per second over the peak measured
+//! in the same run: the best f32 rate of Candle's GEMM kernel (the `gemm` crate, called as
+//! Candle's matmul calls it, on buffers made once) on all cores, square 1024 and 2048, best
+//! of 8 each, before the rows (`peak_gflops=<g>`).
+//!
+//! Like the `wick` program, it makes wick's process-wide settings for CPU training first
+//! (`tune_host_process`); the plain Candle loop's child process runs without them.
 //!
 //! `--profile` prints where a step's time goes (`profile.rs`): for the GPT at d_model 512
 //! (single, fsdp full_shard and ddp at W=2) and the Llama (single, full_shard at W=2),
@@ -112,7 +121,8 @@ fn data(c: &GptConfig) -> CharWindows {
     CharWindows::new(ids, c.block, c.block)
 }
 
-/// The median of the step times after the warm-up.
+/// The median of the step times after the warm-up; NaN without any (a process that is not
+/// rank 0 records none).
 fn median_step(times: &[Instant]) -> f64 {
     let mut steps: Vec<f64> = times
         .windows(2)
@@ -120,7 +130,7 @@ fn median_step(times: &[Instant]) -> f64 {
         .map(|w| (w[1] - w[0]).as_secs_f64())
         .collect();
     steps.sort_by(f64::total_cmp);
-    steps[steps.len() / 2]
+    steps.get(steps.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// The end time of every step, on rank 0.

@@ -75,7 +75,8 @@ pub struct FitFlags {
     #[arg(long, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accelerator: Option<AcceleratorName>,
-    /// Compute threads of each rank as a thread [default: the cores shared out].
+    /// Compute threads of each CPU rank, a thread or a launcher's process [default: the
+    /// cores shared out between threads; a process uses all its host's].
     #[arg(long, value_parser = positive, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threads_per_rank: Option<usize>,

@@ -344,3 +344,20 @@ impl Accelerator {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_accelerator_leaves_the_process_settings_alone() {
+        let before = std::env::var_os("CANDLE_NUM_THREADS");
+        let threads = Accelerator::cpu(2)
+            .unwrap()
+            .with_thread_budget(ThreadBudget::PerRank(1))
+            .launch(|_| Ok::<_, Error>(rayon::current_num_threads()));
+        let threads: Vec<usize> = threads.into_iter().map(|t| t.unwrap()).collect();
+        assert_eq!(threads, [1, 1], "each rank in its budgeted pool");
+        assert_eq!(std::env::var_os("CANDLE_NUM_THREADS"), before);
+    }
+}

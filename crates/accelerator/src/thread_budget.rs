@@ -1,11 +1,15 @@
-//! The compute threads each rank may use when ranks are threads of one process.
+//! The compute threads each rank may use: when ranks are threads of one process, and,
+//! asked for a number, when the rank is a process a launcher started.
 //!
 //! Candle's CPU matmul (gemm) runs on the rayon pool of the thread that calls it. With W
 //! ranks as threads all calling into one global pool of as many threads as cores, the W
 //! rank threads run their own ops beside that pool's workers: up to W + cores busy threads
 //! on `cores` cores. A budget gives each rank a pool of its own, of `cores / W` threads
 //! (at least 1), and runs the rank inside it, so that the ranks together never ask for
-//! more threads than there are cores.
+//! more threads than there are cores. Several processes on one host have the same
+//! problem, which the process cannot see (a launcher may start one per host or one per
+//! core): there only [`ThreadBudget::PerRank`] makes a pool, as `torch.set_num_threads`
+//! does in each of PyTorch's processes.
 //!
 //! Candle's own element-wise pool is a process-wide setting, left to the program: see
 //! [`crate::tune_host_process`].
@@ -19,7 +23,7 @@ pub enum ThreadBudget {
     /// uses Candle's global pool (all cores).
     #[default]
     Auto,
-    /// This many threads per rank.
+    /// This many threads per rank, a thread or a launcher's process.
     PerRank(usize),
     /// Every rank on Candle's one global pool (no budget; what Candle does by itself).
     Shared,

@@ -117,3 +117,35 @@ pub(crate) fn gather(
         .map_err(candle_core::Error::wrap)?;
     Ok(full)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+    use wick_core::SoloWorld;
+
+    /// Units of 4, 6 and 10 elements over a world of one.
+    fn prefetcher(max_live: Option<usize>) -> Prefetcher {
+        let units = [4usize, 6, 10]
+            .iter()
+            .map(|&n| (Tensor::ones(n, DType::F32, &Device::Cpu).unwrap(), n))
+            .collect();
+        Prefetcher::new(Arc::new(SoloWorld), units, DType::F32, max_live)
+    }
+
+    #[test]
+    fn a_prefetch_beyond_the_live_bound_is_not_made() {
+        let bounded = prefetcher(Some(12));
+        bounded.request(1, 0); // 4 + 6 <= 12: gathered ahead
+        bounded.request(2, 1); // 6 + 10 > 12: left to its turn
+        let full = bounded.take(1).expect("prefetched").unwrap();
+        assert_eq!(full.to_vec1::<f32>().unwrap(), vec![1.0; 6]);
+        assert!(
+            bounded.take(2).is_none(),
+            "unit 2 was prefetched past the bound"
+        );
+        let free = prefetcher(None);
+        free.request(2, 1);
+        assert!(free.take(2).is_some(), "no bound: prefetched");
+    }
+}
