@@ -42,7 +42,7 @@ pub struct FitFlags {
     #[arg(long, value_delimiter = ',', value_name = "P,Q")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub auto_wrap: Option<Vec<String>>,
-    /// fsdp full_shard/hybrid_shard: gather the next unit in the background.
+    /// zero3, fsdp full_shard/hybrid_shard: gather the next unit in the background.
     #[arg(long)]
     #[serde(skip_serializing_if = "is_false")]
     pub prefetch: bool,
