@@ -1,12 +1,16 @@
-"""Makes the Hugging Face fixtures of tests/models.rs: two tiny random-init checkpoints
-(a Llama with grouped-query attention and untied embeddings, a GPT-2 with tied ones), a
+"""Makes the Hugging Face fixtures of tests/models.rs: tiny random-init checkpoints of each
+family wick builds (Llama 2 and 3.x, SmolLM2, Mistral, Qwen2, Qwen3, Gemma 2, GPT-2), a
 byte-level BPE tokenizer trained on the bundled text, and what `transformers` computes on
-fixed batches: logits, loss, every parameter's gradient, and 10 AdamW steps.
+fixed batches: logits, loss, every parameter's gradient, and 10 AdamW steps. The rope
+fixtures (`rope_*`, and `llama3`) also hold the loss and last logits of one 2048-token
+window, where a slightly wrong long-context frequency shows.
 
 Needs torch, transformers and tokenizers (`pip install torch transformers tokenizers
 safetensors`); CI does not run it. Run from the repository root:
 
-    python scripts/hf_fixtures.py tests/fixtures/hf
+    python scripts/hf_fixtures.py tests/fixtures/hf [FAMILY...]
+
+(with families named, only those are written).
 
 Everything is in f32 and seeded, so a second run writes the same numbers.
 """
@@ -18,9 +22,24 @@ import sys
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 SEQ = 32  # tokens a window feeds the model (a window holds SEQ + 1)
+LONG = 2048  # the long window of the rope fixtures
+TAIL = 8  # its last positions whose logits are kept
 BATCH = 4  # global batch of the 10 steps: divides by 1, 2 and 4 ranks
 STEPS = 10
 # wick's default AdamW: torch.optim.AdamW with these
@@ -48,19 +67,40 @@ def windows(ids, count):
     )
 
 
-def record(model, batches, out_dir):
+def loss_of(logits, targets):
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    )
+
+
+def long_window(model, long_ids, ref):
+    """The loss and last TAIL positions' logits of one LONG-token window."""
+    window = torch.tensor([long_ids[: LONG + 1]], dtype=torch.int64)
+    with torch.no_grad():
+        logits = model(input_ids=window[:, :-1]).logits
+    ref["long.loss"] = loss_of(logits, window[:, 1:]).reshape(1)
+    ref["long.logits_tail"] = logits[:, -TAIL:].contiguous()
+    ref["long.window"] = window.contiguous()
+
+
+def record(model, batches, out_dir, long_ids=None, train=True):
     """Saves the model and what it computes: logits, loss and gradients on the first
-    batch, then the losses and final parameters of STEPS AdamW steps over `batches`."""
+    batch, then the losses and final parameters of STEPS AdamW steps over `batches`
+    (unless not `train`), and with `long_ids` the long window's loss and last logits."""
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     names = [n for n, _ in model.named_parameters()]
     ref = {}
+    if long_ids is not None:
+        long_window(model, long_ids, ref)
+    if not train:
+        save_file(ref, os.path.join(out_dir, "reference.safetensors"))
+        print(f"{out_dir}: long-window loss {ref['long.loss'].item():.4f}")
+        return
     first = batches[0]
     inputs, targets = first[:, :-1], first[:, 1:]
     logits = model(input_ids=inputs).logits
-    loss = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
-    )
+    loss = loss_of(logits, targets)
     loss.backward()
     ref["logits"] = logits.detach().contiguous()
     ref["loss"] = loss.detach().reshape(1)
@@ -72,9 +112,7 @@ def record(model, batches, out_dir):
     for batch in batches:
         inputs, targets = batch[:, :-1], batch[:, 1:]
         logits = model(input_ids=inputs).logits
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
-        )
+        loss = loss_of(logits, targets)
         losses.append(loss.item())
         opt.zero_grad()
         loss.backward()
@@ -88,7 +126,69 @@ def record(model, batches, out_dir):
           f"{len(names)} tensors, losses {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
-def main(out):
+# The decoders, each small (hidden 32, two layers) but with what sets its family apart:
+# biases, per-head norms, explicit head widths, windows shorter than SEQ, soft caps that
+# bend, tied embeddings; `transformers` 5 writes each config.json with its own fields.
+def families(vocab):
+    common = dict(
+        vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+        attn_implementation="eager", bos_token_id=0, eos_token_id=0, pad_token_id=None,
+    )
+    llama3_rope = dict(
+        rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+        high_freq_factor=4.0, original_max_position_embeddings=256,
+    )
+    return {
+        "llama3": (LlamaForCausalLM, LlamaConfig(
+            **common, head_dim=8, max_position_embeddings=4096, tie_word_embeddings=True,
+            rope_parameters=llama3_rope,
+        ), True),
+        "smollm2": (LlamaForCausalLM, LlamaConfig(
+            **{**common, "num_attention_heads": 6, "num_key_value_heads": 2, "hidden_size": 48},
+            max_position_embeddings=256, tie_word_embeddings=True, is_llama_config=True,
+            rope_interleaved=False, rope_parameters=dict(rope_type="default", rope_theta=100000.0),
+        ), False),
+        "mistral": (MistralForCausalLM, MistralConfig(
+            **common, head_dim=16, max_position_embeddings=256, sliding_window=8,
+            tie_word_embeddings=False,
+        ), False),
+        "qwen2": (Qwen2ForCausalLM, Qwen2Config(
+            **common, max_position_embeddings=256, use_sliding_window=True, sliding_window=8,
+            max_window_layers=1, tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        ), False),
+        "qwen3": (Qwen3ForCausalLM, Qwen3Config(
+            **common, head_dim=24, max_position_embeddings=256, tie_word_embeddings=False,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        ), False),
+        "gemma2": (Gemma2ForCausalLM, Gemma2Config(
+            **common, head_dim=16, max_position_embeddings=256, sliding_window=8,
+            query_pre_attn_scalar=24, attn_logit_softcapping=1.0, final_logit_softcapping=2.0,
+            initializer_range=0.1, hidden_activation="gelu_pytorch_tanh",
+        ), False),
+    }
+
+
+# One long window for each of the other rope types.
+def ropes(vocab):
+    common = dict(
+        vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
+        attn_implementation="eager", bos_token_id=0, eos_token_id=0, pad_token_id=None,
+    )
+    return {
+        "rope_linear": LlamaConfig(**common, max_position_embeddings=4096,
+            rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0)),
+        "rope_dynamic": LlamaConfig(**common, max_position_embeddings=512,
+            rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=4.0)),
+        "rope_yarn": LlamaConfig(**common, max_position_embeddings=2048,
+            rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                 original_max_position_embeddings=512)),
+    }
+
+
+def main(out, only):
     torch.use_deterministic_algorithms(True)
     text = open("data/licenses.txt", encoding="utf-8").read()
     tok = tokenizer(text)
@@ -99,30 +199,48 @@ def main(out):
     with open(os.path.join(out, "tokenizer_ids.json"), "w") as f:
         json.dump({"text": sample, "ids": ids}, f)
     all_ids = tok.encode(text).ids
+    assert len(all_ids) > LONG, len(all_ids)
     batches = list(windows(all_ids, BATCH * STEPS).split(BATCH))
     vocab = tok.get_vocab_size()
 
-    torch.manual_seed(0)
-    llama = LlamaForCausalLM(LlamaConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=88, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
-        rope_theta=10000.0, max_position_embeddings=128, tie_word_embeddings=False,
-        attention_bias=False, mlp_bias=False, attn_implementation="eager",
-        bos_token_id=0, eos_token_id=0, pad_token_id=None,
-    )).float()
-    record(llama, batches, os.path.join(out, "llama"))
-    tok.save(os.path.join(out, "llama", "tokenizer.json"))
+    def wanted(name):
+        return not only or name in only
 
-    torch.manual_seed(1)
-    gpt2 = GPT2LMHeadModel(GPT2Config(
-        vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=128,
-        layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-        activation_function="gelu_new", attn_implementation="eager",
-        bos_token_id=0, eos_token_id=0,
-    )).float()
-    record(gpt2, batches, os.path.join(out, "gpt2"))
-    tok.save(os.path.join(out, "gpt2", "tokenizer.json"))
+    if wanted("llama"):
+        torch.manual_seed(0)
+        llama = LlamaForCausalLM(LlamaConfig(
+            vocab_size=vocab, hidden_size=64, intermediate_size=88, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+            rope_theta=10000.0, max_position_embeddings=128, tie_word_embeddings=False,
+            attention_bias=False, mlp_bias=False, attn_implementation="eager",
+            bos_token_id=0, eos_token_id=0, pad_token_id=None,
+        )).float()
+        record(llama, batches, os.path.join(out, "llama"))
+        tok.save(os.path.join(out, "llama", "tokenizer.json"))
+
+    if wanted("gpt2"):
+        torch.manual_seed(1)
+        gpt2 = GPT2LMHeadModel(GPT2Config(
+            vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+            layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            activation_function="gelu_new", attn_implementation="eager",
+            bos_token_id=0, eos_token_id=0,
+        )).float()
+        record(gpt2, batches, os.path.join(out, "gpt2"))
+        tok.save(os.path.join(out, "gpt2", "tokenizer.json"))
+
+    for seed, (name, (cls, config, long)) in enumerate(families(vocab).items(), start=2):
+        if wanted(name):
+            torch.manual_seed(seed)
+            model = cls(config).float()
+            record(model, batches, os.path.join(out, name), all_ids if long else None)
+    for seed, (name, config) in enumerate(ropes(vocab).items(), start=20):
+        if wanted(name):
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(config).float()
+            record(model, batches, os.path.join(out, name), all_ids, train=False)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/hf")
+    args = sys.argv[1:]
+    main(args[0] if args else "tests/fixtures/hf", set(args[1:]))

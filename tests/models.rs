@@ -100,7 +100,13 @@ fn trainer(devices: usize, strategy: Box<dyn Strategy>, steps: usize) -> Trainer
         .unwrap()
 }
 
-const FAMILIES: [&str; 2] = ["llama", "gpt2"];
+/// Every family's fixture: Llama 2, Llama 3.x (its rope), SmolLM2, Mistral (a window
+/// shorter than the sequence), Qwen2 (biases, one sliding layer), Qwen3 (q/k norms, a head
+/// width of its own), Gemma 2 (its norms, scaled embeddings, soft caps, sliding layers),
+/// GPT-2.
+const FAMILIES: [&str; 8] = [
+    "llama", "llama3", "smollm2", "mistral", "qwen2", "qwen3", "gemma2", "gpt2",
+];
 
 #[test]
 fn logits_and_loss_match_transformers() {
@@ -294,6 +300,42 @@ fn bf16_mixed_trains_close_to_transformers_f32() {
 }
 
 #[test]
+fn scaled_ropes_match_transformers_over_a_2048_token_window() {
+    // llama3 and yarn scale frequencies whatever the length, linear divides them, dynamic
+    // rescales past max_position_embeddings (512 in its fixture): short windows hide a
+    // wrong low frequency, one of 2048 tokens does not.
+    for family in ["llama3", "rope_linear", "rope_dynamic", "rope_yarn"] {
+        let r = reference(family);
+        let window = r["long.window"].to_dtype(DType::U32).unwrap();
+        let t = window.dim(1).unwrap() - 1;
+        let (ids, targets) = (
+            window.narrow(1, 0, t).unwrap(),
+            window.narrow(1, 1, t).unwrap(),
+        );
+        let mut model = pretrained(family, OptimizerConfig::adamw(1e-3));
+        let _strategy = on_one_cpu(&mut model);
+        let logits = model.logits(&ids).unwrap();
+        let tail = r["long.logits_tail"].dim(1).unwrap();
+        let diff = max_diff(
+            &logits.narrow(1, t - tail, tail).unwrap(),
+            &r["long.logits_tail"],
+        );
+        let loss = model
+            .loss(&ids, &targets)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        let want = r["long.loss"].to_vec1::<f32>().unwrap()[0];
+        println!("{family}: {t} tokens, last logits within {diff:e}, loss {loss} vs {want}");
+        assert!(diff <= 1e-5, "{family}: logits differ by {diff}");
+        assert!(
+            (loss - want).abs() <= 1e-5,
+            "{family}: loss {loss} vs {want}"
+        );
+    }
+}
+
+#[test]
 fn the_tokenizer_gives_the_python_tokenizers_ids() {
     let tok = TextTokenizer::from_file(fixtures().join("tokenizer.json")).unwrap();
     let text = std::fs::read_to_string(fixtures().join("tokenizer_ids.json")).unwrap();
@@ -406,6 +448,56 @@ fn sharded_and_16_bit_weight_files_load() {
     );
 }
 
+/// `config.json` of a published checkpoint of each family, as the hub serves it, and its
+/// parameter count as `transformers` 5.24 builds it (`AutoModelForCausalLM.from_config` on
+/// the meta device).
+const PUBLISHED: [(&str, usize); 7] = [
+    ("llama-3.2-1b", 1_235_814_400),
+    ("smollm2-135m", 134_515_008),
+    ("mistral-7b-v0.1", 7_241_732_096),
+    ("qwen2.5-0.5b", 494_032_768),
+    ("qwen3-0.6b", 596_049_920),
+    ("gemma-2-2b", 2_614_341_888),
+    ("gpt2", 124_439_808),
+];
+
+#[test]
+fn published_configs_of_every_family_load_with_their_parameter_counts() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/configs");
+    for (name, parameters) in PUBLISHED {
+        let path = dir.join(format!("{name}.json"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let (config, unknown) = wick::models::ModelConfig::read_json(&text, &path)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(unknown.is_empty(), "{name}: fields not known: {unknown:?}");
+        assert_eq!(config.num_parameters(), parameters, "{name}");
+    }
+    let read = |name: &str| {
+        let path = dir.join(format!("{name}.json"));
+        match wick::models::ModelConfig::from_file(&path).unwrap() {
+            wick::models::ModelConfig::Decoder(c) => c,
+            other => panic!("{other:?}"),
+        }
+    };
+    use wick::models::{Family, RopeScaling};
+    let llama = read("llama-3.2-1b");
+    assert!(matches!(llama.rope.scaling, RopeScaling::Llama3 { factor, .. } if factor == 32.0));
+    assert!(llama.tie_word_embeddings);
+    // Qwen2.5's window is off (use_sliding_window false), its q/k/v have biases, o none.
+    let qwen = read("qwen2.5-0.5b");
+    assert!(qwen.layer_windows.iter().all(Option::is_none));
+    assert!(qwen.qkv_bias && !qwen.o_bias);
+    let mistral = read("mistral-7b-v0.1");
+    assert!(mistral.layer_windows.iter().all(|w| *w == Some(4096)));
+    let gemma = read("gemma-2-2b");
+    assert_eq!(gemma.family, Family::Gemma2);
+    assert_eq!(gemma.layer_windows[..2], [Some(4096), None]);
+    assert_eq!(gemma.attention_scale, 1.0 / 16.0);
+    assert_eq!(gemma.final_logit_softcapping, Some(30.0));
+    let qwen3 = read("qwen3-0.6b");
+    assert!(qwen3.qk_norm && qwen3.head_dim == 128 && qwen3.hidden_size == 1024);
+}
+
 #[test]
 fn config_fields_that_change_the_math_are_refused_by_name() {
     let base: serde_json::Value = serde_json::from_str(
@@ -415,29 +507,38 @@ fn config_fields_that_change_the_math_are_refused_by_name() {
     let with = |key: &str, value: serde_json::Value| {
         let mut c = base.clone();
         c[key] = value;
-        wick::models::ModelConfig::from_json(&c.to_string(), Path::new("config.json"))
-            .err()
-            .map(|e| e.to_string())
+        wick::models::ModelConfig::read_json(&c.to_string(), Path::new("config.json"))
+            .map(|(_, unknown)| unknown)
+            .map_err(|e| e.to_string())
     };
-    assert_eq!(with("use_cache", false.into()), None);
+    assert_eq!(with("use_cache", false.into()), Ok(vec![]));
+    // A field wick does not know is ignored, as transformers ignores it, and named.
+    assert_eq!(
+        with("frobnication", 1.into()),
+        Ok(vec!["frobnication".to_string()])
+    );
     for (key, value, needle) in [
         (
             "rope_scaling",
-            serde_json::json!({"type": "linear", "factor": 2.0}),
-            "rope_scaling",
+            serde_json::json!({"rope_type": "longrope", "factor": 2.0}),
+            "longrope",
         ),
+        ("partial_rotary_factor", 0.5.into(), "partial_rotary_factor"),
+        ("rope_interleaved", true.into(), "rope_interleaved"),
+        ("use_mrope", true.into(), "use_mrope"),
         ("sliding_window", 4096.into(), "sliding_window"),
         ("hidden_act", "gelu".into(), "hidden_act"),
         ("num_key_value_heads", 3.into(), "num_key_value_heads"),
-        ("frobnication", 1.into(), "frobnication"),
         (
             "rope_parameters",
-            serde_json::json!({"rope_type": "yarn", "rope_theta": 1e4}),
-            "rope_type",
+            serde_json::json!({"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}),
+            "low_freq_factor",
         ),
         ("rope_theta", 5e5.into(), "differ"),
     ] {
-        let e = with(key, value).unwrap_or_else(|| panic!("{key} was accepted"));
+        let e = with(key, value)
+            .err()
+            .unwrap_or_else(|| panic!("{key} was accepted"));
         assert!(
             e.contains("config.json") && e.contains(needle),
             "{key}: {e}"
@@ -449,7 +550,82 @@ fn config_fields_that_change_the_math_are_refused_by_name() {
     old["rope_theta"] = 500000.0.into();
     match wick::models::ModelConfig::from_json(&old.to_string(), Path::new("config.json")).unwrap()
     {
-        wick::models::ModelConfig::Llama(c) => assert_eq!(c.rope_theta, 500000.0),
+        wick::models::ModelConfig::Decoder(c) => assert_eq!(c.rope.theta, 500000.0),
         other => panic!("{other:?}"),
+    }
+}
+
+/// A config of `family` shape, tiny but for a real vocabulary, its embedding tied.
+fn tied_config(family: &str, vocab: usize) -> String {
+    match family {
+        "gpt2" => serde_json::json!({
+            "model_type": "gpt2", "vocab_size": vocab, "n_embd": 8, "n_layer": 1, "n_head": 2,
+            "n_positions": 16, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+        }),
+        _ => serde_json::json!({
+            "model_type": family, "vocab_size": vocab, "hidden_size": 8,
+            "intermediate_size": 12, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 4, "max_position_embeddings": 16,
+            "tie_word_embeddings": true,
+        }),
+    }
+    .to_string()
+}
+
+#[test]
+fn tied_embeddings_of_vocabularies_that_do_not_divide_by_w_train_every_row() {
+    // GPT-2's 50257 and Qwen's 151936 rows over 2, 3 and 4 ranks: the flat shards split
+    // inside the tied table, and the last rows (on the last rank) must train as on one
+    // device. Inputs and targets use the last ids, so those rows get gradient both ways.
+    for (family, vocab) in [("gpt2", 50257usize), ("qwen2", 151936)] {
+        let last = vocab as u32 - 1;
+        let ids: Vec<u32> = (0..12 * 9).map(|i| last - (i * 7919) % 64).collect();
+        let windows = Windows(Tensor::from_vec(ids, (12, 9), &Device::Cpu).unwrap());
+        let text = tied_config(family, vocab);
+        let run_at = |lr: f64, devices: usize, strategy: Box<dyn Strategy>| {
+            let model = CausalLm::from_config_json(text.clone(), Path::new("config.json"))
+                .unwrap()
+                .with_optimizer(OptimizerConfig::adamw(lr));
+            let mut t = trainer(devices, strategy, 2);
+            let loader = DataLoader::new(Windows(windows.0.clone()), 12).without_shuffle();
+            t.fit(&mut Attached::new(model), &loader, None).unwrap();
+            t.full_parameters().unwrap()
+        };
+        let run = |devices: usize, strategy: Box<dyn Strategy>| run_at(1e-2, devices, strategy);
+        let single = run(1, strategy_by_name("single").unwrap());
+        let embedding = |params: &[(String, Tensor)]| {
+            params
+                .iter()
+                .find(|(n, _)| n.ends_with("wte.weight") || n.ends_with("embed_tokens.weight"))
+                .unwrap()
+                .1
+                .clone()
+        };
+        let want = embedding(&single);
+        assert_eq!(want.dims(), [vocab, 8]);
+        let tail = |t: &Tensor| t.narrow(0, vocab - 64, 64).unwrap();
+        // The last rows moved on one device: trained, not merely equal (a rate of 0 keeps
+        // the init).
+        let initial = embedding(&run_at(0.0, 1, strategy_by_name("single").unwrap()));
+        let moved = max_diff(&tail(&initial), &tail(&want));
+        assert!(
+            moved > 1e-3,
+            "{family}: the last rows did not train ({moved})"
+        );
+        for w in [2, 3, 4] {
+            for (name, strategy) in [
+                ("zero3", strategy_by_name("zero3").unwrap()),
+                ("fsdp", Fsdp::new(FsdpSharding::FullShard).build()),
+            ] {
+                let got = embedding(&run(w, strategy));
+                let diff = max_diff(&got, &want);
+                let tail_diff = max_diff(&tail(&got), &tail(&want));
+                println!("{family} {vocab} {name} W={w}: embedding within {diff:e} (last rows {tail_diff:e})");
+                assert!(
+                    diff <= 1e-6,
+                    "{family} {name} W={w}: embedding differs by {diff}"
+                );
+            }
+        }
     }
 }

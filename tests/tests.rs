@@ -38,5 +38,5 @@ mod nonfinite;
 mod preemption;
 // Runs never overwrite each other; outputs and data checked before training.
 mod runs;
-// Llama and GPT-2 against Hugging Face transformers (tests/fixtures/hf).
+// Every model family against Hugging Face transformers (tests/fixtures/hf, tests/fixtures/configs).
 mod models;

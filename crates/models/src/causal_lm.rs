@@ -2,8 +2,8 @@
 //! from a Hugging Face directory (config, weights, tokenizer) or from a config alone.
 
 use crate::config::ModelConfig;
+use crate::decoder::Decoder;
 use crate::gpt2::Gpt2;
-use crate::llama::Llama;
 use crate::{ModelError, TextTokenizer};
 use candle_core::{DType, Result, Tensor, D};
 use std::path::{Path, PathBuf};
@@ -13,7 +13,7 @@ use wick_core::{OptimizerConfig, PretrainedWeights, ShardedContext, TrainModule,
 /// The built model of one family.
 #[derive(Clone)]
 enum Net {
-    Llama(Llama),
+    Decoder(Decoder),
     Gpt2(Gpt2),
 }
 
@@ -168,7 +168,7 @@ impl CausalLm {
             )
         }
         let logits = match &self.net {
-            Some(Net::Llama(m)) => m.logits(ids)?,
+            Some(Net::Decoder(m)) => m.logits(ids)?,
             Some(Net::Gpt2(m)) => m.logits(ids)?,
             None => candle_core::bail!(
                 "the model's parameters do not exist yet: run it through the trainer"
@@ -193,7 +193,7 @@ impl TrainModule for CausalLm {
             ctx.load_weights(weights.clone());
         }
         self.net = Some(match &self.config {
-            ModelConfig::Llama(c) => Net::Llama(Llama::new(ctx, c)?),
+            ModelConfig::Decoder(c) => Net::Decoder(Decoder::new(ctx, c)?),
             ModelConfig::Gpt2(c) => Net::Gpt2(Gpt2::new(ctx, c)?),
         });
         Ok(())

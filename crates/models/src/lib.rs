@@ -1,4 +1,5 @@
-//! wick-models: causal language models of the Llama and GPT-2 families, built from wick-nn's
+//! wick-models: causal language models of today's decoder families (Llama 2 and 3.x,
+//! SmolLM2, Mistral, Qwen2/2.5, Qwen3, Gemma 2) and GPT-2, built from wick-nn's
 //! training-grade layers, read from and written as Hugging Face checkpoints.
 //!
 //! It owns the families' code ([`CausalLm`]: one `ctx.wrap` unit per block, logits for
@@ -10,14 +11,17 @@
 
 mod causal_lm;
 mod config;
+mod decoder;
 mod error;
 mod gpt2;
 mod layers;
-mod llama;
+mod rope;
 mod tokenizer;
 
 pub use causal_lm::CausalLm;
-pub use config::{ConfigError, Gpt2Config, LlamaConfig, ModelConfig};
+pub use config::{
+    Activation, ConfigError, DecoderConfig, Family, Gpt2Config, ModelConfig, Rope, RopeScaling,
+};
 pub use error::ModelError;
 pub use tokenizer::TextTokenizer;
 

@@ -2,7 +2,7 @@
 //! sum are one op, and its backward recomputes the probabilities (nothing T x T is kept
 //! between forward and backward).
 
-use crate::attention_kernel::{self as kernel, Dims, Heads};
+use crate::attention_kernel::{self as kernel, Dims, Heads, Scores};
 use crate::cpu::{as_f32, f32s, fused};
 use crate::linear::{linear, Linear};
 use candle_core::{
@@ -11,6 +11,32 @@ use candle_core::{
 };
 use candle_nn::VarBuilder;
 use rayon::prelude::*;
+
+/// What an attention's scores go through besides the causal mask. The default is plain
+/// causal attention scaled by `1/sqrt(head_dim)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttentionOptions {
+    /// The scores' scale (default `1/sqrt(head_dim)`; Gemma 2's `query_pre_attn_scalar^-0.5`).
+    pub scale: Option<f64>,
+    /// Position i attends to positions `i - window + 1 ..= i` only (Mistral's and Gemma 2's
+    /// `sliding_window`, as `transformers` masks it: `kv > q - window`).
+    pub sliding_window: Option<usize>,
+    /// Scaled scores `s` become `cap * tanh(s / cap)` before the mask (Gemma 2's
+    /// `attn_logit_softcapping`).
+    pub softcap: Option<f64>,
+}
+
+impl AttentionOptions {
+    fn scores(&self, head_dim: usize, t: usize) -> Scores {
+        Scores {
+            scale: self
+                .scale
+                .map_or(1.0 / (head_dim as f32).sqrt(), |s| s as f32),
+            window: self.sliding_window.unwrap_or(t).min(t),
+            softcap: self.softcap.map(|c| c as f32),
+        }
+    }
+}
 
 /// softmax(q kᵀ / sqrt(d) + causal mask) v for `q` of shape `[batch, heads, time,
 /// head_dim]` and `k`, `v` of shape `[batch, kv_heads, time, head_dim]`: position i attends
@@ -21,6 +47,16 @@ use rayon::prelude::*;
 /// Fused on the CPU in f32; [`causal_attention_composite`] elsewhere. 16-bit inputs are
 /// computed in f32 and the output rounded back.
 pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    causal_attention_with(q, k, v, &AttentionOptions::default())
+}
+
+/// [`causal_attention`] with its scores scaled, windowed or capped as `options` say.
+pub fn causal_attention_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    options: &AttentionOptions,
+) -> Result<Tensor> {
     let (b, h, t, d) = q.dims4()?;
     let kv_dims = k.dims4()?;
     let (_, hkv, _, _) = kv_dims;
@@ -33,13 +69,17 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
             v.dims()
         )
     }
+    if options.sliding_window == Some(0) {
+        candle_core::bail!("causal_attention: a sliding window must hold at least one position")
+    }
     let dtype = q.dtype();
     if dtype != DType::F32 {
         // 16-bit inputs: the softmax runs in f32, the output is rounded once.
-        return causal_attention(&as_f32(q)?, &as_f32(k)?, &as_f32(v)?)?.to_dtype(dtype);
+        let (q, k, v) = (as_f32(q)?, as_f32(k)?, as_f32(v)?);
+        return causal_attention_with(&q, &k, &v, options)?.to_dtype(dtype);
     }
     if !fused(&[q, k, v]) {
-        return causal_attention_composite(q, k, v);
+        return causal_attention_composite_with(q, k, v, options);
     }
     // Read where they lie, as long as the head dimension is unit-strided.
     let unit = |x: &Tensor| match x.stride()[3] == 1 || d == 1 {
@@ -47,8 +87,9 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         false => x.contiguous(),
     };
     // Batch-major out of the op, handed back as [b, h, t, d].
+    let op = Forward { options: *options };
     unit(q)?
-        .apply_op3(&unit(k)?, &unit(v)?, Forward)?
+        .apply_op3(&unit(k)?, &unit(v)?, op)?
         .transpose(1, 2)
 }
 
@@ -95,24 +136,36 @@ pub fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
 
 /// The same attention from Candle's basic ops (the fallback, and the reference in tests).
 pub fn causal_attention_composite(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    causal_attention_composite_with(q, k, v, &AttentionOptions::default())
+}
+
+/// [`causal_attention_with`] from Candle's basic ops, in `transformers`' eager order:
+/// scale, cap, mask, softmax.
+pub fn causal_attention_composite_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    options: &AttentionOptions,
+) -> Result<Tensor> {
     // Candle's batched matmul takes standard layouts only (a head of a packed projection
     // is not one).
     let (q, k, v) = (&q.contiguous()?, &k.contiguous()?, &v.contiguous()?);
     let (_, h, t, d) = q.dims4()?;
     let groups = h / k.dim(1)?;
     let (k, v) = (repeat_kv(k, groups)?, repeat_kv(v, groups)?);
+    let s = options.scores(d, t);
     let mask: Vec<f32> = (0..t * t)
-        .map(|i| {
-            if i % t > i / t {
-                f32::NEG_INFINITY
-            } else {
-                0.0
-            }
+        .map(|i| match s.live(i / t).contains(&(i % t)) {
+            true => 0.0,
+            false => f32::NEG_INFINITY,
         })
         .collect();
     let mask = Tensor::from_vec(mask, (t, t), q.device())?.to_dtype(q.dtype())?;
-    let scores = (q.matmul(&k.t()?)? / (d as f64).sqrt())?.broadcast_add(&mask)?;
-    candle_nn::ops::softmax(&scores, D::Minus1)?.matmul(&v)
+    let mut scores = q.matmul(&k.t()?)?.affine(s.scale as f64, 0.0)?;
+    if let Some(cap) = s.softcap {
+        scores = (scores / cap as f64)?.tanh()?.affine(cap as f64, 0.0)?;
+    }
+    candle_nn::ops::softmax(&scores.broadcast_add(&mask)?, D::Minus1)?.matmul(&v)
 }
 
 /// Multi-head causal self-attention: one [`Linear`] `qkv` projection, [`causal_attention`], and
@@ -148,14 +201,24 @@ impl Module for CausalSelfAttention {
 }
 
 /// The sizes of an attention over `q` (`[b, h, t, d]`) and `k` (`[b, hkv, t, d]`).
-fn dims(q: &Layout, k: &Layout) -> Result<Dims> {
+fn dims(q: &Layout, k: &Layout, options: &AttentionOptions) -> Result<Dims> {
     let (b, h, t, d) = q.shape().dims4()?;
     let (_, hkv, _, _) = k.shape().dims4()?;
-    Ok(Dims { b, h, hkv, t, d })
+    let scores = options.scores(d, t);
+    Ok(Dims {
+        b,
+        h,
+        hkv,
+        t,
+        d,
+        scores,
+    })
 }
 
 /// (q, k, v) -> the output, batch-major (`[b, t, h, d]`).
-struct Forward;
+struct Forward {
+    options: AttentionOptions,
+}
 
 impl CustomOp3 for Forward {
     fn name(&self) -> &'static str {
@@ -171,7 +234,7 @@ impl CustomOp3 for Forward {
         vs: &CpuStorage,
         vl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let n = dims(ql, kl)?;
+        let n = dims(ql, kl, &self.options)?;
         let name = self.name();
         let out = kernel::forward(
             (qs.as_slice::<f32>()?, Heads::of(name, ql)?),
@@ -198,6 +261,7 @@ impl CustomOp3 for Forward {
             v,
             &Backward {
                 grad: grad.contiguous()?,
+                options: self.options,
             },
         )?;
         // Batch-major buffers, handed back as [b, heads, t, d] views.
@@ -218,6 +282,7 @@ impl CustomOp3 for Forward {
 /// end to end.
 struct Backward {
     grad: Tensor,
+    options: AttentionOptions,
 }
 
 impl CustomOp3 for Backward {
@@ -234,7 +299,7 @@ impl CustomOp3 for Backward {
         vs: &CpuStorage,
         vl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let n = dims(ql, kl)?;
+        let n = dims(ql, kl, &self.options)?;
         let name = self.name();
         let (gs, gl) = self.grad.storage_and_layout();
         let Storage::Cpu(gs) = &*gs else {
@@ -271,6 +336,7 @@ fn packed(l: &Layout, heads: usize) -> Result<(Dims, [Heads; 3])> {
         hkv: heads,
         t,
         d,
+        scores: AttentionOptions::default().scores(d, t),
     };
     Ok((n, [part(0), part(1), part(2)]))
 }

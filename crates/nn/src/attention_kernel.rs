@@ -60,7 +60,8 @@ impl Heads {
     }
 }
 
-/// The sizes of an attention: batch, query heads, key/value heads, time, head dimension.
+/// The sizes of an attention (batch, query heads, key/value heads, time, head dimension)
+/// and what its scores go through: the scale, the causal window, the soft cap.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Dims {
     pub(crate) b: usize,
@@ -68,15 +69,28 @@ pub(crate) struct Dims {
     pub(crate) hkv: usize,
     pub(crate) t: usize,
     pub(crate) d: usize,
+    pub(crate) scores: Scores,
+}
+
+/// How a block's scores are made from `q kᵀ`: `scale` times, capped to `cap tanh(s / cap)`
+/// when `softcap` is set, and row i attends to the `window` positions up to i.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scores {
+    pub(crate) scale: f32,
+    pub(crate) window: usize,
+    pub(crate) softcap: Option<f32>,
+}
+
+impl Scores {
+    /// The positions row i attends to.
+    pub(crate) fn live(&self, i: usize) -> std::ops::Range<usize> {
+        (i + 1).saturating_sub(self.window)..i + 1
+    }
 }
 
 impl Dims {
     fn groups(&self) -> usize {
         self.h / self.hkv
-    }
-
-    fn scale(&self) -> f32 {
-        1.0 / (self.d as f32).sqrt()
     }
 }
 
@@ -93,9 +107,11 @@ pub(crate) fn forward(
         .enumerate()
         .for_each(|(b, out)| {
             let mut p = vec![0f32; t * t];
+            let mut tanh = vec![0f32; if n.scores.softcap.is_some() { t * t } else { 0 }];
             for head in 0..h {
                 let kv = head / n.groups();
-                probabilities(q.1.block(q.0, b, head), k.1.block(k.0, b, kv), n, &mut p);
+                let (q_b, k_b) = (q.1.block(q.0, b, head), k.1.block(k.0, b, kv));
+                probabilities(q_b, k_b, n, &mut p, &mut tanh);
                 let v = v.1.block(v.0, b, kv);
                 matmul(
                     t,
@@ -126,7 +142,7 @@ pub(crate) fn backward(
     let mut all = vec![0f32; len_q + 2 * len_kv];
     let (dq, rest) = all.split_at_mut(len_q);
     let (dk, dv) = rest.split_at_mut(len_kv);
-    let scale = n.scale();
+    let scale = n.scores.scale;
     let tasks = dq
         .par_chunks_mut(t * h * d)
         .zip(dk.par_chunks_mut(t * hkv * d))
@@ -134,6 +150,8 @@ pub(crate) fn backward(
         .enumerate();
     tasks.for_each(|(b, ((dq, dk), dv))| {
         let (mut p, mut ds) = (vec![0f32; t * t], vec![0f32; t * t]);
+        // With a soft cap, tanh of each capped score, for the cap's derivative 1 - tanh².
+        let mut tanh = vec![0f32; if n.scores.softcap.is_some() { t * t } else { 0 }];
         // Each key/value head's query heads one after another, so that their dK and dV
         // add up in one task, in head order.
         for kv in 0..hkv {
@@ -141,7 +159,7 @@ pub(crate) fn backward(
             for head in kv * n.groups()..(kv + 1) * n.groups() {
                 let q_b = q.1.block(q.0, b, head);
                 let dout_b = dout.1.block(dout.0, b, head);
-                probabilities(q_b, k_b, n, &mut p);
+                probabilities(q_b, k_b, n, &mut p, &mut tanh);
                 // dV += Pᵀ dO; dP = dO Vᵀ (into `ds`).
                 let dv_b = (&mut dv[kv * d..], hkv * d);
                 matmul(
@@ -165,11 +183,17 @@ pub(crate) fn backward(
                     (v_b.0, 1, v_b.1),
                     1.0,
                 );
-                // dS_ij = scale p_ij (dP_ij - sum_k p_ik dP_ik): zero where p is.
+                // dS_ij = scale p_ij (dP_ij - sum_k p_ik dP_ik): zero where p is; times
+                // 1 - tanh² under a soft cap.
                 for (p, ds) in p.chunks_exact(t).zip(ds.chunks_exact_mut(t)) {
                     let weighted = vector_math::dot(p, ds);
                     for (ds, &p) in ds.iter_mut().zip(p) {
                         *ds = scale * p * (*ds - weighted);
+                    }
+                }
+                if n.scores.softcap.is_some() {
+                    for (ds, th) in ds.iter_mut().zip(&tanh) {
+                        *ds *= 1.0 - th * th;
                     }
                 }
                 // dQ = dS K; dK += dSᵀ Q.
@@ -184,9 +208,10 @@ pub(crate) fn backward(
 }
 
 /// The causal probabilities of one block into `p` (`t x t`, row-major): row i is
-/// `softmax(scale q_i . k_j)` over j <= i, and zero beyond.
-fn probabilities(q: (&[f32], usize), k: (&[f32], usize), n: Dims, p: &mut [f32]) {
-    let Dims { t, d, .. } = n;
+/// `softmax(s_ij)` over the j of its window, and zero elsewhere, for the scores `s` that
+/// `n.scores` makes. Under a soft cap, `tanh` (`t x t`) gets each live score's tanh.
+fn probabilities(q: (&[f32], usize), k: (&[f32], usize), n: Dims, p: &mut [f32], tanh: &mut [f32]) {
+    let Dims { t, d, scores, .. } = n;
     // p = scale q kᵀ: k is read transposed through its strides.
     matmul(
         t,
@@ -196,16 +221,28 @@ fn probabilities(q: (&[f32], usize), k: (&[f32], usize), n: Dims, p: &mut [f32])
         false,
         (q.0, q.1, 1),
         (k.0, 1, k.1),
-        n.scale(),
+        scores.scale,
     );
     for (i, row) in p.chunks_exact_mut(t).enumerate() {
-        let (live, masked) = row.split_at_mut(i + 1);
+        let live = scores.live(i);
+        if let Some(cap) = scores.softcap {
+            // Gemma 2's cap: the scaled score through cap tanh(s / cap), in torch's order.
+            let tanh = &mut tanh[i * t..(i + 1) * t];
+            for j in live.clone() {
+                let th = (row[j] / cap).tanh();
+                tanh[j] = th;
+                row[j] = th * cap;
+            }
+        }
+        let (before, rest) = row.split_at_mut(live.start);
+        let (live, after) = rest.split_at_mut(live.len());
         let max = vector_math::max(live);
         let inv = 1.0 / vector_math::exp_shifted_sum(live, max);
         for x in live.iter_mut() {
             *x *= inv;
         }
-        masked.fill(0.0);
+        before.fill(0.0);
+        after.fill(0.0);
     }
 }
 

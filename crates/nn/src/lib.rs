@@ -8,8 +8,11 @@
 //! - [`Gelu`] ([`gelu`]): the tanh approximation Candle's `Tensor::gelu` computes;
 //! - [`causal_attention`] (inside [`CausalSelfAttention`]): scores, causal mask, softmax
 //!   and the weighted sum, with grouped-query heads (fewer key/value heads than query
-//!   heads), whose backward recomputes the probabilities instead of keeping them;
-//! - [`RmsNorm`] ([`rms_norm`]): Llama's root-mean-square norm with a learned scale;
+//!   heads), whose backward recomputes the probabilities instead of keeping them; with
+//!   [`AttentionOptions`], a sliding window, a scale of the model's choosing and Gemma 2's
+//!   soft cap ([`causal_attention_with`]);
+//! - [`RmsNorm`] ([`rms_norm`]): Llama's root-mean-square norm with a learned scale (and
+//!   Gemma's, which scales by one plus it: [`rms_norm_unit_offset`]);
 //! - [`RotaryEmbedding`]: rotary position embedding in Hugging Face's rotate_half layout;
 //! - [`cross_entropy`]: mean negative log-likelihood from logits;
 //! - [`Linear`] ([`linear`]): candle-nn's linear layer, its bias added by one op whose
@@ -39,13 +42,14 @@ mod swiglu;
 mod vector_math;
 
 pub use attention::{
-    causal_attention, causal_attention_composite, causal_attention_packed, repeat_kv,
+    causal_attention, causal_attention_composite, causal_attention_composite_with,
+    causal_attention_packed, causal_attention_with, repeat_kv, AttentionOptions,
     CausalSelfAttention,
 };
 pub use cross_entropy::{cross_entropy, cross_entropy_composite};
 pub use gelu::{gelu, Gelu};
 pub use layer_norm::{layer_norm, layer_norm_composite, LayerNorm};
 pub use linear::{linear, Linear};
-pub use rms_norm::{rms_norm, rms_norm_composite, RmsNorm};
+pub use rms_norm::{rms_norm, rms_norm_composite, rms_norm_unit_offset, RmsNorm};
 pub use rotary::{rotary_composite, RotaryEmbedding};
 pub use swiglu::{swiglu, swiglu_composite};

@@ -16,20 +16,36 @@ use rayon::prelude::*;
 pub struct RmsNorm {
     weight: Tensor,
     eps: f64,
+    /// Gemma's norm scales by `1 + weight` (its weight starts at zero).
+    unit_offset: bool,
 }
 
 /// An [`RmsNorm`] of width `size`: `weight` (ones) from `vb`.
 pub fn rms_norm(size: usize, eps: f64, vb: VarBuilder) -> Result<RmsNorm> {
-    Ok(RmsNorm {
-        weight: vb.get_with_hints(size, "weight", candle_nn::Init::Const(1.0))?,
+    Ok(RmsNorm::new(
+        vb.get_with_hints(size, "weight", candle_nn::Init::Const(1.0))?,
         eps,
+    ))
+}
+
+/// Gemma's [`RmsNorm`] of width `size`, which scales by `1 + weight`: `weight` (zeros) from
+/// `vb`.
+pub fn rms_norm_unit_offset(size: usize, eps: f64, vb: VarBuilder) -> Result<RmsNorm> {
+    let weight = vb.get_with_hints(size, "weight", candle_nn::Init::Const(0.0))?;
+    Ok(RmsNorm {
+        unit_offset: true,
+        ..RmsNorm::new(weight, eps)
     })
 }
 
 impl RmsNorm {
     /// An RMS norm over a given weight.
     pub fn new(weight: Tensor, eps: f64) -> Self {
-        RmsNorm { weight, eps }
+        RmsNorm {
+            weight,
+            eps,
+            unit_offset: false,
+        }
     }
 
     /// The scale.
@@ -41,6 +57,11 @@ impl RmsNorm {
 impl Module for RmsNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let dtype = x.dtype();
+        if self.unit_offset {
+            // 1 + w in f32, as Gemma computes it; the gradient reaches w through the sum.
+            let w = (as_f32(&self.weight)? + 1.0)?;
+            return RmsNorm::new(w, self.eps).forward(x);
+        }
         if dtype != DType::F32 {
             let w = as_f32(&self.weight)?;
             return RmsNorm::new(w, self.eps)

@@ -22,18 +22,34 @@ impl RotaryEmbedding {
         if head_dim == 0 || head_dim % 2 != 0 {
             candle_core::bail!("rotary embedding: head_dim {head_dim} must be even and positive")
         }
-        let half = head_dim / 2;
         let theta = theta as f32;
-        let inv_freq: Vec<f32> = (0..half)
+        let inv_freq: Vec<f32> = (0..head_dim / 2)
             .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
             .collect();
+        Self::from_frequencies(&inv_freq, max_positions, 1.0, device)
+    }
+
+    /// Tables for `max_positions` positions from the inverse frequencies of each pair
+    /// (`head_dim / 2` of them, as a scaled rope such as Llama 3's or YaRN computes them),
+    /// cos and sin both times `attention_factor` (YaRN's; 1 otherwise), in f32 as
+    /// `transformers` computes them.
+    pub fn from_frequencies(
+        inv_freq: &[f32],
+        max_positions: usize,
+        attention_factor: f32,
+        device: &Device,
+    ) -> Result<Self> {
+        if inv_freq.is_empty() {
+            candle_core::bail!("rotary embedding: no frequencies")
+        }
+        let head_dim = 2 * inv_freq.len();
         let mut cos = Vec::with_capacity(max_positions * head_dim);
         let mut sin = Vec::with_capacity(max_positions * head_dim);
         for p in 0..max_positions {
             let angles: Vec<f32> = inv_freq.iter().map(|f| p as f32 * f).collect();
             for _ in 0..2 {
-                cos.extend(angles.iter().map(|a| a.cos()));
-                sin.extend(angles.iter().map(|a| a.sin()));
+                cos.extend(angles.iter().map(|a| a.cos() * attention_factor));
+                sin.extend(angles.iter().map(|a| a.sin() * attention_factor));
             }
         }
         let shape = (max_positions, head_dim);

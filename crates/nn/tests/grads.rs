@@ -3,9 +3,10 @@
 
 use candle_core::{DType, Device, Module, Result, Tensor, Var};
 use wick_nn::{
-    causal_attention, causal_attention_composite, causal_attention_packed, cross_entropy,
-    cross_entropy_composite, gelu, layer_norm_composite, rms_norm_composite, rotary_composite,
-    swiglu, swiglu_composite, LayerNorm, RmsNorm, RotaryEmbedding,
+    causal_attention, causal_attention_composite, causal_attention_composite_with,
+    causal_attention_packed, causal_attention_with, cross_entropy, cross_entropy_composite, gelu,
+    layer_norm_composite, rms_norm_composite, rms_norm_unit_offset, rotary_composite, swiglu,
+    swiglu_composite, AttentionOptions, LayerNorm, RmsNorm, RotaryEmbedding,
 };
 
 const TOLERANCE: f32 = 1e-5;
@@ -138,6 +139,53 @@ fn causal_attention_matches_the_composite() {
 }
 
 #[test]
+fn windowed_scaled_and_capped_attention_matches_the_composite() {
+    // Mistral's window (shorter than the sequence, and longer), Gemma 2's scale and cap
+    // together, over grouped-query heads.
+    let options = [
+        AttentionOptions {
+            sliding_window: Some(5),
+            ..Default::default()
+        },
+        AttentionOptions {
+            sliding_window: Some(64),
+            ..Default::default()
+        },
+        AttentionOptions {
+            scale: Some(0.3),
+            sliding_window: Some(4),
+            softcap: Some(2.0),
+        },
+    ];
+    for (i, options) in options.iter().enumerate() {
+        let seed = 50 + 3 * i as u64;
+        // Scores big enough that the cap bends them.
+        let q = var(&[2, 4, 17, 8], seed, 3.0);
+        let (k, v) = (
+            var(&[2, 2, 17, 8], seed + 1, 3.0),
+            var(&[2, 2, 17, 8], seed + 2, 1.0),
+        );
+        check(
+            &format!("attention {options:?}"),
+            &[q, k, v],
+            |t| causal_attention_with(&t[0], &t[1], &t[2], options),
+            |t| causal_attention_composite_with(&t[0], &t[1], &t[2], options),
+        );
+    }
+    // A window as long as the sequence is plain causal attention.
+    let t: Vec<Tensor> = (0..3)
+        .map(|i| var(&[1, 2, 9, 4], 60 + i, 1.0).as_tensor().clone())
+        .collect();
+    let windowed = AttentionOptions {
+        sliding_window: Some(9),
+        ..Default::default()
+    };
+    let a = causal_attention_with(&t[0], &t[1], &t[2], &windowed).unwrap();
+    let b = causal_attention(&t[0], &t[1], &t[2]).unwrap();
+    assert_eq!(max_diff(&a, &b), 0.0);
+}
+
+#[test]
 fn attention_reads_strided_heads_and_packed_projections() {
     // (batch, heads, time, head_dim): q, k and v as the heads of one packed projection
     // ([b, t, 3 * heads * d]), read in place by both entry points.
@@ -216,6 +264,21 @@ fn rms_norm_matches_the_composite() {
             |t| rms_norm_composite(&t[0], &t[1], 1e-6),
         );
     }
+    // Gemma's norm scales by 1 + weight.
+    let inputs = [var(&[3, 2, 24], 34, 2.0), var(&[24], 35, 0.5)];
+    check(
+        "rms_norm_unit_offset",
+        &inputs,
+        |t| {
+            let vb = candle_nn::VarBuilder::from_tensors(
+                [("weight".to_string(), t[1].clone())].into(),
+                DType::F32,
+                &Device::Cpu,
+            );
+            rms_norm_unit_offset(24, 1e-6, vb)?.forward(&t[0])
+        },
+        |t| rms_norm_composite(&t[0], &(&t[1] + 1.0)?, 1e-6),
+    );
 }
 
 #[test]

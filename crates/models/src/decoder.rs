@@ -1,0 +1,246 @@
+//! The decoder families as `transformers` computes them (`LlamaForCausalLM`,
+//! `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Gemma2ForCausalLM`):
+//! token embedding, decoder layers of RMSNorm, grouped-query attention with rotary
+//! positions and a gated MLP, a final RMSNorm and the output projection (or the embedding
+//! again, when tied). What differs between the families is in [`DecoderConfig`]: biases,
+//! Qwen3's per-head q/k norms, sliding windows, and Gemma 2's `1 + w` norms around each
+//! sublayer, scaled embeddings and soft-capped scores and logits. One unit per decoder
+//! layer; the embedding, the final norm and the head are units of their own.
+
+use crate::config::{Activation, DecoderConfig};
+use crate::layers::{embed, heads, linear, merge_heads, normal, project};
+use crate::rope::RopeTables;
+use candle_core::{Module, Result, Tensor};
+use candle_nn::VarBuilder;
+use std::sync::Arc;
+use wick_core::{ShardedContext, Wrapped};
+use wick_nn::{
+    causal_attention_with, gelu, rms_norm, rms_norm_unit_offset, swiglu, AttentionOptions, Linear,
+    RmsNorm, RotaryEmbedding,
+};
+
+/// The family's RMS norm of width `size` at `vb`: Gemma's scales by `1 + w`.
+fn norm(vb: VarBuilder, size: usize, c: &DecoderConfig) -> Result<RmsNorm> {
+    match c.is_gemma() {
+        true => rms_norm_unit_offset(size, c.rms_norm_eps, vb),
+        false => rms_norm(size, c.rms_norm_eps, vb),
+    }
+}
+
+/// One decoder layer, `model.layers.{i}`.
+#[derive(Clone)]
+pub(crate) struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    /// Qwen3's norms of each query and key head.
+    qk_norm: Option<(RmsNorm, RmsNorm)>,
+    /// Llama's norm before the MLP; Gemma's after the attention.
+    post_attention_layernorm: RmsNorm,
+    /// Gemma's norms before and after the MLP.
+    feedforward_norms: Option<(RmsNorm, RmsNorm)>,
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+    activation: Activation,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    attention: AttentionOptions,
+}
+
+impl DecoderLayer {
+    fn new(vb: VarBuilder, c: &DecoderConfig, index: usize) -> Result<Self> {
+        let (h, std, d) = (c.hidden_size, c.initializer_range, c.head_dim);
+        let (q, kv) = (c.num_attention_heads * d, c.num_key_value_heads * d);
+        let attn = vb.pp("self_attn");
+        let mlp = vb.pp("mlp");
+        let m = c.intermediate_size;
+        // Created in `DecoderConfig::parameter_shapes`' order.
+        let input_layernorm = norm(vb.pp("input_layernorm"), h, c)?;
+        let q_proj = linear(&attn.pp("q_proj"), (h, q), c.qkv_bias, std)?;
+        let k_proj = linear(&attn.pp("k_proj"), (h, kv), c.qkv_bias, std)?;
+        let v_proj = linear(&attn.pp("v_proj"), (h, kv), c.qkv_bias, std)?;
+        let o_proj = linear(&attn.pp("o_proj"), (q, h), c.o_bias, std)?;
+        let qk_norm = match c.qk_norm {
+            true => Some((
+                norm(attn.pp("q_norm"), d, c)?,
+                norm(attn.pp("k_norm"), d, c)?,
+            )),
+            false => None,
+        };
+        let post_attention_layernorm = norm(vb.pp("post_attention_layernorm"), h, c)?;
+        let pre_feedforward = match c.is_gemma() {
+            true => Some(norm(vb.pp("pre_feedforward_layernorm"), h, c)?),
+            false => None,
+        };
+        let gate_proj = linear(&mlp.pp("gate_proj"), (h, m), c.mlp_bias, std)?;
+        let up_proj = linear(&mlp.pp("up_proj"), (h, m), c.mlp_bias, std)?;
+        let down_proj = linear(&mlp.pp("down_proj"), (m, h), c.mlp_bias, std)?;
+        let feedforward_norms = match pre_feedforward {
+            Some(pre) => Some((pre, norm(vb.pp("post_feedforward_layernorm"), h, c)?)),
+            None => None,
+        };
+        Ok(DecoderLayer {
+            input_layernorm,
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            qk_norm,
+            post_attention_layernorm,
+            feedforward_norms,
+            gate_proj,
+            up_proj,
+            down_proj,
+            activation: c.activation,
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: d,
+            attention: AttentionOptions {
+                scale: Some(c.attention_scale),
+                sliding_window: c.layer_windows[index],
+                softcap: c.attn_logit_softcapping,
+            },
+        })
+    }
+
+    /// The heads of `projection` (`[b, t, n * head_dim]`) as `[b, n, t, head_dim]`, each
+    /// normed first where the family norms them, then rotated.
+    fn rotated(
+        &self,
+        projection: &Tensor,
+        n: usize,
+        norm: Option<&RmsNorm>,
+        rope: &RotaryEmbedding,
+    ) -> Result<Tensor> {
+        let split = match norm {
+            None => heads(projection, n, self.head_dim)?,
+            Some(norm) => {
+                let (b, t, _) = projection.dims3()?;
+                norm.forward(&projection.reshape((b, t, n, self.head_dim))?)?
+                    .transpose(1, 2)?
+            }
+        };
+        rope.apply(&split)
+    }
+
+    fn forward(&self, x: &Tensor, rope: &RotaryEmbedding) -> Result<Tensor> {
+        let h = self.input_layernorm.forward(x)?;
+        let norms = self.qk_norm.as_ref();
+        let q = self.rotated(
+            &self.q_proj.forward(&h)?,
+            self.heads,
+            norms.map(|n| &n.0),
+            rope,
+        )?;
+        let k = self.rotated(
+            &self.k_proj.forward(&h)?,
+            self.kv_heads,
+            norms.map(|n| &n.1),
+            rope,
+        )?;
+        let v = heads(&self.v_proj.forward(&h)?, self.kv_heads, self.head_dim)?;
+        let attended = merge_heads(&causal_attention_with(&q, &k, &v, &self.attention)?)?;
+        let attended = self.o_proj.forward(&attended)?;
+        match &self.feedforward_norms {
+            // Gemma: a norm after each sublayer too.
+            Some((pre, post)) => {
+                let x = (x + self.post_attention_layernorm.forward(&attended)?)?;
+                let mlp = self.mlp(&pre.forward(&x)?)?;
+                x + post.forward(&mlp)?
+            }
+            None => {
+                let x = (x + attended)?;
+                let mlp = self.mlp(&self.post_attention_layernorm.forward(&x)?)?;
+                x + mlp
+            }
+        }
+    }
+
+    /// The gated MLP: one matmul each, the gate's activation fused with the product where
+    /// it is SiLU.
+    fn mlp(&self, h: &Tensor) -> Result<Tensor> {
+        let (gate, up) = (self.gate_proj.forward(h)?, self.up_proj.forward(h)?);
+        let gated = match self.activation {
+            Activation::Silu => swiglu(&gate, &up)?,
+            Activation::GeluTanh => (gelu(&gate)? * up)?,
+        };
+        self.down_proj.forward(&gated)
+    }
+}
+
+/// The whole model's units.
+#[derive(Clone)]
+pub(crate) struct Decoder {
+    embed_tokens: Wrapped<Tensor>,
+    layers: Vec<Wrapped<DecoderLayer>>,
+    norm: Wrapped<RmsNorm>,
+    /// `None` when tied: the embedding projects back.
+    lm_head: Option<Wrapped<Linear>>,
+    rope: Arc<RopeTables>,
+    /// Gemma's embedding scale, `sqrt(hidden_size)` rounded to f32 as torch rounds it.
+    embed_scale: Option<f64>,
+    final_logit_softcapping: Option<f64>,
+}
+
+impl Decoder {
+    /// Creates the model's parameters through `ctx`, under Hugging Face's names.
+    pub(crate) fn new(ctx: &ShardedContext, c: &DecoderConfig) -> Result<Self> {
+        let (vocab, h, std) = (c.vocab_size, c.hidden_size, c.initializer_range);
+        let embed_tokens = ctx.wrap("model.embed_tokens", move |vb| {
+            vb.get_with_hints((vocab, h), "weight", normal(std))
+        })?;
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| {
+                let c = c.clone();
+                ctx.wrap(&format!("model.layers.{i}"), move |vb| {
+                    DecoderLayer::new(vb, &c, i)
+                })
+            })
+            .collect::<Result<_>>()?;
+        let final_norm = c.clone();
+        let norm = ctx.wrap("model.norm", move |vb| norm(vb, h, &final_norm))?;
+        let lm_head = match c.tie_word_embeddings {
+            true => None,
+            false => Some(ctx.wrap("lm_head", move |vb| linear(&vb, (h, vocab), false, std))?),
+        };
+        Ok(Decoder {
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope: Arc::new(RopeTables::new(c, ctx.device())),
+            embed_scale: c.is_gemma().then(|| (h as f64).sqrt() as f32 as f64),
+            final_logit_softcapping: c.final_logit_softcapping,
+        })
+    }
+
+    /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`.
+    pub(crate) fn logits(&self, ids: &Tensor) -> Result<Tensor> {
+        let rope = self.rope.for_len(ids.dim(1)?)?;
+        let mut x = self.embed_tokens.apply(ids, embed)?;
+        if let Some(scale) = self.embed_scale {
+            x = x.affine(scale, 0.0)?;
+        }
+        for layer in &self.layers {
+            let rope = rope.clone();
+            x = layer.apply(&x, move |l, x| l.forward(x, &rope))?;
+        }
+        let x = self.norm.apply(&x, |n, x| n.forward(x))?;
+        let logits = match &self.lm_head {
+            Some(head) => head.apply(&x, |l, x| l.forward(x))?,
+            None => self.embed_tokens.apply(&x, |w, x| project(x, w))?,
+        };
+        match self.final_logit_softcapping {
+            // cap tanh(logits / cap), dividing as torch does.
+            Some(cap) => {
+                let cap = Tensor::new(cap as f32, logits.device())?.to_dtype(logits.dtype())?;
+                logits.broadcast_div(&cap)?.tanh()?.broadcast_mul(&cap)
+            }
+            None => Ok(logits),
+        }
+    }
+}
