@@ -12,7 +12,7 @@ mapfile -t commands < <(awk '/^```sh$/ {on = 1; next} /^```/ {on = 0} on && !/^#
 cleanup() {
   rm -rf run.toml guide-model.safetensors checkpoints/guide checkpoints/guide-llama \
     checkpoints/guide-auto checkpoints/guide-qwen2 runs/guide-* \
-    guide-tokens.safetensors guide-llama-hf guide-qwen2-hf
+    guide-tokens.safetensors guide-chat.safetensors guide-llama-hf guide-qwen2-hf
 }
 trap cleanup EXIT
 n=0

@@ -10,7 +10,11 @@ safetensors`); CI does not run it. Run from the repository root:
 
     python scripts/hf_fixtures.py tests/fixtures/hf [FAMILY...]
 
-(with families named, only those are written).
+(with families named, only those are written), and
+
+    python scripts/hf_fixtures.py --smollm2-135m DIR
+
+writes a random model of SmolLM2-135M's shape in bf16 for the real-size benchmark.
 
 Everything is in f32 and seeded, so a second run writes the same numbers.
 """
@@ -239,8 +243,120 @@ def main(out, only):
             torch.manual_seed(seed)
             model = LlamaForCausalLM(config).float()
             record(model, batches, os.path.join(out, name), all_ids, train=False)
+    if wanted("chat"):
+        chat(os.path.join(out, "chat"), text, os.path.join(out, "llama"))
+
+
+# SmolLM2-135M's published config.json (tests/fixtures/configs/smollm2-135m.json).
+SMOLLM2_135M = "tests/fixtures/configs/smollm2-135m.json"
+
+
+def smollm2_135m(out):
+    """A random-init model of SmolLM2-135M's shape in bf16, as the hub ships it, with the
+    fixtures' tokenizer (its 384 ids are within the model's 49152): the real-size
+    benchmark's directory. Not checked in (270 MB)."""
+    config = json.load(open(SMOLLM2_135M))
+    config.pop("architectures")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**config)).to(torch.bfloat16)
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer(open("data/licenses.txt", encoding="utf-8").read()).save(
+        os.path.join(out, "tokenizer.json"))
+    print(f"{out}: {sum(p.numel() for p in model.parameters())} parameters, bf16")
+
+
+# The chat fixture (tests/fixtures/hf/chat): a tokenizer with ChatML's special tokens and a
+# BOS its post-processor adds, a chat template whose `{% generation %}` blocks give
+# `transformers` its own assistant mask, JSON Lines of the three shapes, and what Python
+# makes of them: the ids, the flags of the targets the loss counts, and the loss of the
+# Llama fixture on the first window with -100 labels.
+CHAT_TEMPLATE = (
+    "{%- if messages|length == 0 or messages[0].role != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' }}{% generation %}"
+    "{{- message.content.strip() + '<|im_end|>\\n' }}{% endgeneration %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content.strip() + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+CHAT_LINES = [
+    {"messages": [{"role": "user", "content": "What does the license permit?"},
+                  {"role": "assistant", "content": " Use, copy, modify and merge. "}]},
+    {"prompt": "Permission is hereby granted", "completion": ", free of charge, to any person"},
+    {"text": "THE SOFTWARE IS PROVIDED \"AS IS\", WITHOUT WARRANTY OF ANY KIND."},
+    {"messages": [{"role": "system", "content": "Answer in one word."},
+                  {"role": "user", "content": "Free of charge?"},
+                  {"role": "assistant", "content": "Yes."},
+                  {"role": "user", "content": "Any person?"},
+                  {"role": "assistant", "content": "Yes, any."}]},
+    {"prompt": "The above copyright notice", "completion": " shall be included in all copies."},
+]
+CHAT_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"]
+
+
+def chat(out, text, llama_dir):
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    os.makedirs(out, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=384, special_tokens=CHAT_SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator([text], trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    tok.save(os.path.join(out, "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "<|endoftext|>", "chat_template": CHAT_TEMPLATE,
+              "tokenizer_class": "PreTrainedTokenizerFast"}
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    with open(os.path.join(out, "chat.jsonl"), "w") as f:
+        for line in CHAT_LINES:
+            f.write(json.dumps(line) + "\n")
+    hf = PreTrainedTokenizerFast(tokenizer_file=os.path.join(out, "tokenizer.json"),
+                                 bos_token="<s>", eos_token="<|endoftext|>")
+    hf.chat_template = CHAT_TEMPLATE
+    eos = hf.convert_tokens_to_ids("<|endoftext|>")
+    ids, counted = [], []
+    for line in CHAT_LINES:
+        if "messages" in line:
+            enc = hf.apply_chat_template(line["messages"], tokenize=True, return_dict=True,
+                                         return_assistant_tokens_mask=True)
+            more, flags = list(enc["input_ids"]), [bool(m) for m in enc["assistant_masks"]]
+            close = False  # the template closes each turn itself
+        elif "prompt" in line:
+            p = hf(line["prompt"])["input_ids"]
+            c = hf(line["completion"], add_special_tokens=False)["input_ids"]
+            more, flags, close = p + c, [False] * len(p) + [True] * len(c), True
+        else:
+            more = hf(line["text"])["input_ids"]
+            flags, close = [True] * len(more), True
+        if more[-1] != eos:
+            more, flags = more + [eos], flags + [close]
+        ids += more
+        counted += flags
+    # The Llama fixture's loss on the first window of 65 tokens, -100 where not counted.
+    model = LlamaForCausalLM.from_pretrained(llama_dir, dtype=torch.float32,
+                                             attn_implementation="eager")
+    window = torch.tensor([ids[:65]])
+    labels = torch.tensor([[t if c else -100 for t, c in zip(ids[:65], counted[:65])]])
+    with torch.no_grad():
+        loss = model(input_ids=window, labels=labels).loss.item()
+    with open(os.path.join(out, "reference.json"), "w") as f:
+        json.dump({"ids": ids, "counted": counted, "window_loss": loss}, f)
+    print(f"{out}: {len(ids)} tokens, {sum(counted)} counted, window loss {loss:.6f}")
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    main(args[0] if args else "tests/fixtures/hf", set(args[1:]))
+    if args[:1] == ["--smollm2-135m"]:
+        smollm2_135m(args[1])
+    else:
+        main(args[0] if args else "tests/fixtures/hf", set(args[1:]))

@@ -22,12 +22,16 @@ AdamW betas 0.9/0.95, weight decay 0.01): token and position embeddings, pre-nor
 (layer norm, causal attention through `scaled_dot_product_attention`, GELU with the tanh
 approximation), a final norm and a linear head. The Llama is `transformers`'
 `LlamaForCausalLM` of the example's config (20.2M parameters), sequence 256, global batch 8.
+`--hf DIR` adds the model of a Hugging Face directory (`AutoModelForCausalLM`, f32) at
+sequence 256, global batch 8 (`model=hf:DIR`). Each row's `peak_rss_mb` is the sum over its
+ranks of each process's peak resident memory.
 
 Needs torch (and, for --llama, transformers); CI does not run it.
 """
 
 import argparse
 import os
+import resource
 import statistics
 import time
 
@@ -40,6 +44,7 @@ import torch.nn.functional as F
 WARMUP, MEASURED = 3, 10
 GPT_BATCH, GPT_BLOCK, GPT_VOCAB, GPT_LAYERS, GPT_HEADS = 16, 64, 96, 4, 4
 LLAMA_BATCH, LLAMA_SEQ = 8, 256
+HF_SHAPE = (8, 256)  # --hf: global batch and sequence, as `wick fit --batch-size 8 --seq 256`
 LLAMA = dict(
     vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
     num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
@@ -81,6 +86,22 @@ class Gpt(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+class Pretrained(nn.Module):
+    """A Hugging Face directory's model (`AutoModelForCausalLM`, f32, sdpa attention)."""
+
+    def __init__(self, path):
+        super().__init__()
+        from transformers import AutoModelForCausalLM
+
+        self.lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                       attn_implementation="sdpa")
+        self.blocks = self.lm.model.layers
+
+    def forward(self, ids, targets):
+        logits = self.lm(input_ids=ids).logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 class Llama(nn.Module):
     def __init__(self):
         super().__init__()
@@ -116,7 +137,10 @@ def run(rank, world, model_name, strategy, threads, port, compiled, out):
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
-    if model_name == "llama":
+    if model_name.startswith("hf:"):
+        model = Pretrained(model_name.removeprefix("hf:"))
+        vocab, (batch, seq) = model.lm.config.vocab_size, HF_SHAPE
+    elif model_name == "llama":
         model, vocab, batch, seq = Llama(), LLAMA["vocab_size"], LLAMA_BATCH, LLAMA_SEQ
     else:
         d = int(model_name.removeprefix("gpt-d"))
@@ -151,8 +175,9 @@ def run(rank, world, model_name, strategy, threads, port, compiled, out):
             opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
-    if rank == 0:
-        out.put(((batch * seq) / statistics.median(times[WARMUP:]), optimizer))
+    # Peak resident memory of this rank's process, in bytes (Linux reports KiB).
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out.put((rank, (batch * seq) / statistics.median(times[WARMUP:]), optimizer, peak))
     if world > 1:
         dist.destroy_process_group()
 
@@ -179,9 +204,12 @@ def main():
     p.add_argument("--worlds", type=int, nargs="*", default=[1, 2])
     p.add_argument("--compile", action="store_true",
                    help="also the W=1 runs under torch.compile (inductor)")
+    p.add_argument("--hf", metavar="DIR",
+                   help="also a Hugging Face directory's model (global batch 8, sequence 256)")
     args = p.parse_args()
     cores = os.cpu_count() or 1
     models = [f"gpt-d{d}" for d in args.d_model] + (["llama"] if args.llama else [])
+    models += [f"hf:{args.hf}"] if args.hf else []
     print(f"impl=torch mm_peak_gflops={mm_peak_gflops(cores):.1f}", flush=True)
     ctx = mp.get_context("spawn")
     port = 29511
@@ -204,11 +232,13 @@ def main():
                         if proc.exitcode != 0:
                             raise SystemExit(f"{model} {strategy} W={world}: a rank failed "
                                              f"({proc.exitcode})")
-                    tps, optimizer = out.get()
+                    rows = sorted(out.get() for _ in range(world))
+                    _, tps, optimizer, _ = rows[0]
+                    peak = sum(r[3] for r in rows)
                     print(f"impl=torch model={model} strategy={strategy} world={world} "
                           f"transport={'gloo' if world > 1 else 'none'} "
                           f"mode={'compiled' if compiled else 'eager'} optimizer={optimizer} "
-                          f"tokens_per_s={tps:.0f}", flush=True)
+                          f"tokens_per_s={tps:.0f} peak_rss_mb={peak / 1e6:.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,16 @@
 //! token file `wick fit --model` trains on. Each file is a document; documents are joined by
 //! the tokenizer's end-of-text token where it has one. The last `--val-fraction` of the
 //! tokens is held out for validation.
+//!
+//! `--format jsonl` reads instruction data instead: each line an example (`wick_models::Example`),
+//! tokenized with the mask of the targets the loss counts, examples packed one after
+//! another, each closed by the end-of-text token. A bad line (not JSON, missing keys, a
+//! template that fails) is an error naming the file and line, and nothing is written.
 
-use crate::cli::PrepareArgs;
+use crate::cli::{DataFormat, PrepareArgs};
 use anyhow::Context;
 use std::io::IsTerminal;
-use wick_models::TextTokenizer;
+use wick_models::{ChatTemplate, Example, TextTokenizer};
 
 /// Writes the token file and says what it holds.
 pub fn run(args: &PrepareArgs) -> anyhow::Result<String> {
@@ -16,36 +21,117 @@ pub fn run(args: &PrepareArgs) -> anyhow::Result<String> {
         args.val_fraction
     );
     let tokenizer = TextTokenizer::from_file(&args.tokenizer)?;
-    let end = tokenizer.end_of_text();
     let bar = (!args.no_progress && std::io::stdout().is_terminal())
         .then(|| indicatif::ProgressBar::new(args.texts.len() as u64));
+    let tick = || {
+        if let Some(bar) = &bar {
+            bar.inc(1);
+        }
+    };
+    let (ids, counted, documents) = match args.format {
+        DataFormat::Text => (
+            texts(&tokenizer, &args.texts, tick)?,
+            None,
+            args.texts.len(),
+        ),
+        DataFormat::Jsonl => {
+            let (ids, counted, examples) = jsonl(&tokenizer, args, tick)?;
+            (ids, Some(counted), examples)
+        }
+    };
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    anyhow::ensure!(!ids.is_empty(), "the texts hold no tokens");
+    let val = (ids.len() as f64 * args.val_fraction).round() as usize;
+    let cut = ids.len() - val;
+    let split = |range: std::ops::Range<usize>| wick_trainer::TokenSplit {
+        ids: &ids[range.clone()],
+        counted: counted.as_deref().map(|c| &c[range]),
+    };
+    let hash = tokenizer.hash();
+    let (train, held_out) = (split(0..cut), split(cut..ids.len()));
+    wick_trainer::write_token_file(&args.output, train, held_out, &hash, tokenizer.vocab_size())?;
+    let counted_note = match &counted {
+        Some(c) => format!(
+            ", {} of them counted by the loss",
+            c.iter().filter(|&&b| b).count()
+        ),
+        None => String::new(),
+    };
+    Ok(format!(
+        "wrote {}: {} training and {} validation tokens of {documents} {}{counted_note}, \
+         tokenizer {} ({} ids)",
+        args.output.display(),
+        train.ids.len(),
+        held_out.ids.len(),
+        match args.format {
+            DataFormat::Text => "document(s)",
+            DataFormat::Jsonl => "example(s)",
+        },
+        &hash[..12],
+        tokenizer.vocab_size()
+    ))
+}
+
+/// Text files, one document each, joined by the end-of-text token.
+fn texts(
+    tokenizer: &TextTokenizer,
+    paths: &[std::path::PathBuf],
+    tick: impl Fn(),
+) -> anyhow::Result<Vec<u32>> {
+    let end = tokenizer.end_of_text();
     let mut ids = Vec::new();
-    for (i, path) in args.texts.iter().enumerate() {
+    for (i, path) in paths.iter().enumerate() {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         if i > 0 {
             ids.extend(end);
         }
         ids.extend(tokenizer.encode(&text)?);
-        if let Some(bar) = &bar {
-            bar.inc(1);
+        tick();
+    }
+    Ok(ids)
+}
+
+/// JSON Lines of examples: their ids one after another, whether each counts, how many.
+fn jsonl(
+    tokenizer: &TextTokenizer,
+    args: &PrepareArgs,
+    tick: impl Fn(),
+) -> anyhow::Result<(Vec<u32>, Vec<bool>, usize)> {
+    let beside = args.tokenizer.with_file_name("tokenizer_config.json");
+    let config = match &args.chat_template {
+        Some(path) => Some(path.as_path()),
+        None => Some(beside.as_path()).filter(|p| p.is_file()),
+    };
+    let template = match config {
+        Some(path) => ChatTemplate::from_tokenizer_config(path)?,
+        None => None,
+    };
+    let eos = template
+        .as_ref()
+        .and_then(ChatTemplate::eos_token)
+        .and_then(|t| tokenizer.token_to_id(t))
+        .or(tokenizer.end_of_text());
+    let (mut ids, mut counted, mut examples) = (Vec::new(), Vec::new(), 0);
+    for path in &args.texts {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        for (n, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let at = |e: String| anyhow::anyhow!("{}:{}: {e}", path.display(), n + 1);
+            let example = Example::from_json_line(line).map_err(at)?;
+            let (more, flags) = example
+                .encode(tokenizer, template.as_ref(), eos)
+                .map_err(at)?;
+            ids.extend(more);
+            counted.extend(flags);
+            examples += 1;
         }
+        tick();
     }
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
-    anyhow::ensure!(!ids.is_empty(), "the texts hold no tokens");
-    let val = (ids.len() as f64 * args.val_fraction).round() as usize;
-    let (train, held_out) = ids.split_at(ids.len() - val);
-    let hash = tokenizer.hash();
-    wick_trainer::write_token_file(&args.output, train, held_out, &hash, tokenizer.vocab_size())?;
-    Ok(format!(
-        "wrote {}: {} training and {} validation tokens of {} document(s), tokenizer {} ({} ids)",
-        args.output.display(),
-        train.len(),
-        held_out.len(),
-        args.texts.len(),
-        &hash[..12],
-        tokenizer.vocab_size()
-    ))
+    Ok((ids, counted, examples))
 }

@@ -87,9 +87,28 @@ pub struct PrepareArgs {
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
-    /// UTF-8 text files, one document each, joined by the tokenizer's end-of-text token.
+    /// `text`: each file is a document. `jsonl`: each line is an example, `{"text"}`,
+    /// `{"prompt","completion"}` or `{"messages":[...]}`, and the loss counts only the
+    /// completion's and the assistant's tokens.
+    #[arg(long, value_enum, default_value_t = DataFormat::Text)]
+    pub format: DataFormat,
+    /// The tokenizer_config.json whose chat_template renders `messages` (default: the one
+    /// beside --tokenizer, if any).
+    #[arg(long, value_name = "TOKENIZER_CONFIG_JSON")]
+    pub chat_template: Option<PathBuf>,
+    /// UTF-8 text files, one document each, joined by the tokenizer's end-of-text token;
+    /// with --format jsonl, JSON Lines files.
     #[arg(required = true, value_name = "TEXT")]
     pub texts: Vec<PathBuf>,
+}
+
+/// How `wick prepare` reads its files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DataFormat {
+    /// Plain text, one document per file.
+    Text,
+    /// JSON Lines of instruction data.
+    Jsonl,
 }
 
 /// How the learning rate falls after warmup.

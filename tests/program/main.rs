@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
+mod instruction;
 #[cfg(unix)]
 mod signals;
 

@@ -38,7 +38,7 @@ pub use error::{CollectiveError, Error, FileError, Result};
 pub use grad_mode::{grad_enabled, no_grad};
 pub use lock::lock;
 pub use lr_schedule::{Decay, LrSchedule};
-pub use module::TrainModule;
+pub use module::{TrainModule, IGNORE_INDEX};
 pub use optimizer::{Algorithm, OptimizerConfig};
 pub use safetensors_file::SafetensorsFile;
 pub use solo_world::SoloWorld;

@@ -3,6 +3,10 @@
 use crate::{OptimizerConfig, ShardedContext, Stage};
 use candle_core::{Result, Tensor};
 
+/// The target id a loss does not count (`transformers`' `-100` label, as a u32): a token
+/// file's uncounted targets come out as it, and wick-nn's `cross_entropy` skips it.
+pub const IGNORE_INDEX: u32 = u32::MAX;
+
 /// A model with its training logic, in the style of a LightningModule.
 ///
 /// Parameters are created in [`TrainModule::configure_sharded_model`], which runs once per
@@ -36,6 +40,18 @@ pub trait TrainModule: Send {
     /// over accumulated micro-batches), not a mean over the epoch. Training batches are
     /// always whole global batches: an incomplete last one is dropped.
     fn training_step(&mut self, batch: &Self::Batch, batch_idx: usize) -> Result<Tensor>;
+
+    /// How many terms `training_step`'s loss of `batch` is the mean of, when that varies
+    /// from batch to batch (a language model's loss over the tokens its mask counts);
+    /// `None` (the default) when every batch's loss counts alike.
+    ///
+    /// With a count, the trainer weighs each micro-batch's loss by its share of the step's
+    /// count over every rank and micro-batch, so the step's gradient is that of the mean
+    /// over all counted terms: what one device computes on the global batch, and what
+    /// `transformers` computes with `-100` labels and `num_items_in_batch`.
+    fn loss_terms(&self, _batch: &Self::Batch) -> Option<usize> {
+        None
+    }
 
     /// The validation loss of one batch, a scalar: the mean over the batch's samples (the
     /// trainer weights each batch by its samples, and a pass covers every sample, the short

@@ -119,10 +119,13 @@ impl SafetensorsFile {
         })
     }
 
-    /// Elements `range` of the integer tensor `name` (token ids), from u16 or u32.
+    /// Elements `range` of the integer tensor `name` (token ids, masks), from u8, u16 or
+    /// u32.
     pub fn read_u32(&self, name: &str, range: Range<usize>) -> Result<Vec<u32>, FileError> {
-        let (bytes, dtype) = self.bytes(name, range, &[Dtype::U16, Dtype::U32], "U16 or U32")?;
+        let ints = [Dtype::U8, Dtype::U16, Dtype::U32];
+        let (bytes, dtype) = self.bytes(name, range, &ints, "U8, U16 or U32")?;
         Ok(match dtype {
+            Dtype::U8 => bytes.iter().map(|&b| b as u32).collect(),
             Dtype::U16 => bytes
                 .chunks_exact(2)
                 .map(|b| u16::from_le_bytes([b[0], b[1]]) as u32)

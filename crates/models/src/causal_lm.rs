@@ -18,8 +18,9 @@ enum Net {
 }
 
 /// A causal language model: logits for every position, the mean next-token cross-entropy
-/// over every position as its loss. `Batch` is (input ids, target ids), both `[batch, seq]`
-/// u32, the targets being the inputs shifted by one.
+/// over every counted position as its loss. `Batch` is (input ids, target ids), both
+/// `[batch, seq]` u32, the targets being the inputs shifted by one; a target of
+/// [`wick_nn::IGNORE_INDEX`] (a prompt's token in instruction data) is not counted.
 ///
 /// Its parameters keep Hugging Face's names (`model.layers.0.self_attn.q_proj.weight`,
 /// `transformer.h.0.attn.c_attn.weight`), so a consolidated checkpoint of it is a Hugging
@@ -177,7 +178,8 @@ impl CausalLm {
         logits.to_dtype(DType::F32)
     }
 
-    /// The mean cross-entropy of `targets` (`[batch, time]`, u32) under the logits of `ids`.
+    /// The mean cross-entropy of `targets` (`[batch, time]`, u32) under the logits of `ids`,
+    /// over the targets that are not [`wick_nn::IGNORE_INDEX`] (`transformers`' -100 labels).
     pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let logits = self.logits(ids)?;
         let (b, t, v) = logits.dims3()?;
@@ -205,6 +207,14 @@ impl TrainModule for CausalLm {
 
     fn training_step(&mut self, (ids, targets): &Self::Batch, _: usize) -> Result<Tensor> {
         self.loss(ids, targets)
+    }
+
+    /// The targets that count: those not [`wick_nn::IGNORE_INDEX`] (a prompt's, in
+    /// instruction data), so that a step's loss is the mean over every counted target of
+    /// the global batch.
+    fn loss_terms(&self, (_, targets): &Self::Batch) -> Option<usize> {
+        let ids = targets.flatten_all().ok()?.to_vec1::<u32>().ok()?;
+        Some(ids.iter().filter(|&&t| t != wick_nn::IGNORE_INDEX).count())
     }
 
     fn validation_step(

@@ -10,6 +10,7 @@
 //! strategy that shards it and the trainer that runs it are chosen by the caller.
 
 mod causal_lm;
+mod chat;
 mod config;
 mod decoder;
 mod error;
@@ -19,6 +20,7 @@ mod rope;
 mod tokenizer;
 
 pub use causal_lm::CausalLm;
+pub use chat::{ChatTemplate, Example};
 pub use config::{
     Activation, ConfigError, DecoderConfig, Family, Gpt2Config, ModelConfig, Rope, RopeScaling,
 };

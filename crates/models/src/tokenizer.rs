@@ -10,6 +10,9 @@ use std::sync::Arc;
 /// The names end-of-text tokens go by in common tokenizers (GPT-2, Llama 3, Llama 2).
 const END_OF_TEXT: &[&str] = &["<|endoftext|>", "<|end_of_text|>", "</s>"];
 
+/// A token's byte range in the text it was encoded from: (start, end).
+pub type Span = (usize, usize);
+
 /// A loaded tokenizer and the JSON it was loaded from.
 #[derive(Clone)]
 pub struct TextTokenizer {
@@ -81,6 +84,30 @@ impl TextTokenizer {
             .encode(text, false)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| candle_core::Error::Msg(format!("tokenizer: {e}")))
+    }
+
+    /// The ids of `text` with the special tokens the tokenizer's post-processor adds (a
+    /// Llama 3 tokenizer's `<|begin_of_text|>`; none for GPT-2's), as `tokenizer(text)`
+    /// gives them in Python.
+    pub fn encode_with_special_tokens(&self, text: &str) -> candle_core::Result<Vec<u32>> {
+        self.inner
+            .encode(text, true)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| candle_core::Error::Msg(format!("tokenizer: {e}")))
+    }
+
+    /// The ids of `text` (no special tokens added) and each one's byte range in `text`.
+    pub fn encode_with_offsets(&self, text: &str) -> candle_core::Result<(Vec<u32>, Vec<Span>)> {
+        let e = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| candle_core::Error::Msg(format!("tokenizer: {e}")))?;
+        Ok((e.get_ids().to_vec(), e.get_offsets().to_vec()))
+    }
+
+    /// The id of token `token`, if the vocabulary has it.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
     }
 
     /// The text of `ids`.

@@ -1,15 +1,19 @@
 //! `cross_entropy`: the mean negative log-likelihood of the targets under softmax(logits),
-//! forward one pass over the rows, backward softmax minus one-hot.
+//! forward one pass over the rows, backward softmax minus one-hot. A target of
+//! [`IGNORE_INDEX`] is not counted: the mean is over the other rows, as torch's
+//! `ignore_index=-100` (the label of a prompt token in instruction data) has it.
 
 use crate::cpu::{f32s, fused, rows_per_task, sum_in_order, u32s};
 use crate::vector_math;
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::{Mutex, MutexGuard};
+pub use wick_core::IGNORE_INDEX;
 
-/// Mean cross-entropy of `logits` `[n, classes]` against class ids `targets` `[n]`,
-/// equal to candle-nn's `loss::cross_entropy`. Fused on the CPU for f32 logits and u32
-/// targets; candle-nn's composite elsewhere.
+/// Mean cross-entropy of `logits` `[n, classes]` against class ids `targets` `[n]` over the
+/// rows whose target is not [`IGNORE_INDEX`] (0, with a zero gradient, when every row is
+/// ignored); without ignored rows, equal to candle-nn's `loss::cross_entropy`. Fused on the
+/// CPU for f32 logits and u32 targets; [`cross_entropy_composite`] elsewhere.
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     let (n, _) = logits.dims2()?;
     if targets.dims() != [n] {
@@ -26,9 +30,34 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// candle-nn's composite cross-entropy (the fallback, and the reference in tests).
+/// The same loss from Candle's basic ops (the fallback, and the reference in tests).
 pub fn cross_entropy_composite(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-    candle_nn::loss::cross_entropy(logits, targets)
+    let targets = targets.to_dtype(DType::U32)?;
+    let ids = targets.to_vec1::<u32>()?;
+    let counted = ids.iter().filter(|&&t| t != IGNORE_INDEX).count();
+    if counted == ids.len() {
+        return candle_nn::loss::cross_entropy(logits, &targets);
+    }
+    let keep: Vec<f32> = ids
+        .iter()
+        .map(|&t| (t != IGNORE_INDEX) as u8 as f32)
+        .collect();
+    let safe: Vec<u32> = ids
+        .iter()
+        .map(|&t| if t == IGNORE_INDEX { 0 } else { t })
+        .collect();
+    let device = logits.device();
+    let nll = candle_nn::ops::log_softmax(logits, 1)?
+        .gather(&Tensor::new(safe, device)?.unsqueeze(1)?, 1)?
+        .squeeze(1)?
+        .neg()?;
+    let keep = Tensor::new(keep, device)?.to_dtype(nll.dtype())?;
+    (nll * keep)?.sum_all()? / counted.max(1) as f64
+}
+
+/// The rows whose target counts.
+fn counted(targets: &[u32]) -> usize {
+    targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
 }
 
 /// Row `r`'s max and log of the sum of exp(x - max).
@@ -51,7 +80,10 @@ fn rows<'a>(
 ) -> Result<(&'a [f32], &'a [u32], usize)> {
     let (logits, targets) = (f32s(op, ls, ll)?, u32s(op, ts, tl)?);
     let classes = ll.shape().dims().last().copied().unwrap_or(1);
-    if let Some(t) = targets.iter().find(|&&t| t as usize >= classes) {
+    if let Some(t) = targets
+        .iter()
+        .find(|&&t| t as usize >= classes && t != IGNORE_INDEX)
+    {
         candle_core::bail!("{op}: target {t} is not below the {classes} classes")
     }
     Ok((logits, targets, classes))
@@ -90,14 +122,18 @@ impl CustomOp2 for Forward {
                     })
                     .collect();
                 let rows = logits.chunks_exact(classes).zip(targets).zip(&lse);
-                let sum = rows.map(|((row, &t), lse)| lse - row[t as usize]).sum();
+                let sum = rows
+                    .filter(|((_, &t), _)| t != IGNORE_INDEX)
+                    .map(|((row, &t), lse)| lse - row[t as usize])
+                    .sum();
                 (sum, lse)
             })
             .collect();
         let total = sum_in_order(partials.iter().map(|(s, _)| vec![*s]).collect(), 1)[0];
         *lock(&self.log_sum_exp) = partials.into_iter().flat_map(|(_, lse)| lse).collect();
+        let counted = counted(targets);
         Ok((
-            CpuStorage::F32(vec![total / targets.len() as f32]),
+            CpuStorage::F32(vec![total / counted.max(1) as f32]),
             Shape::from(()),
         ))
     }
@@ -140,7 +176,7 @@ impl CustomOp2 for Backward {
         if self.log_sum_exp.len() != targets.len() {
             candle_core::bail!("{}: the forward's rows are not these", self.name())
         }
-        let per_row = self.scale / targets.len() as f32;
+        let per_row = self.scale / counted(targets).max(1) as f32;
         let mut d = vec![0f32; logits.len()];
         let task = rows_per_task(classes);
         d.par_chunks_mut(task * classes)
@@ -153,6 +189,9 @@ impl CustomOp2 for Backward {
             .for_each(|((d, logits), (targets, lse))| {
                 let rows = logits.chunks_exact(classes).zip(targets).zip(lse);
                 for (((row, &t), &lse), out) in rows.zip(d.chunks_exact_mut(classes)) {
+                    if t == IGNORE_INDEX {
+                        continue;
+                    }
                     out.copy_from_slice(row);
                     vector_math::exp_shifted(out, lse);
                     for o in out.iter_mut() {

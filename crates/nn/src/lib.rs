@@ -14,7 +14,8 @@
 //! - [`RmsNorm`] ([`rms_norm`]): Llama's root-mean-square norm with a learned scale (and
 //!   Gemma's, which scales by one plus it: [`rms_norm_unit_offset`]);
 //! - [`RotaryEmbedding`]: rotary position embedding in Hugging Face's rotate_half layout;
-//! - [`cross_entropy`]: mean negative log-likelihood from logits;
+//! - [`cross_entropy`]: mean negative log-likelihood from logits, over the targets that are
+//!   not [`IGNORE_INDEX`];
 //! - [`Linear`] ([`linear`]): candle-nn's linear layer, its bias added by one op whose
 //!   backward sums the bias gradient row by row;
 //! - [`swiglu`]: Llama's gated activation `silu(gate) * up`.
@@ -46,7 +47,7 @@ pub use attention::{
     causal_attention_packed, causal_attention_with, repeat_kv, AttentionOptions,
     CausalSelfAttention,
 };
-pub use cross_entropy::{cross_entropy, cross_entropy_composite};
+pub use cross_entropy::{cross_entropy, cross_entropy_composite, IGNORE_INDEX};
 pub use gelu::{gelu, Gelu};
 pub use layer_norm::{layer_norm, layer_norm_composite, LayerNorm};
 pub use linear::{linear, Linear};

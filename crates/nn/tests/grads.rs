@@ -6,7 +6,7 @@ use wick_nn::{
     causal_attention, causal_attention_composite, causal_attention_composite_with,
     causal_attention_packed, causal_attention_with, cross_entropy, cross_entropy_composite, gelu,
     layer_norm_composite, rms_norm_composite, rms_norm_unit_offset, rotary_composite, swiglu,
-    swiglu_composite, AttentionOptions, LayerNorm, RmsNorm, RotaryEmbedding,
+    swiglu_composite, AttentionOptions, LayerNorm, RmsNorm, RotaryEmbedding, IGNORE_INDEX,
 };
 
 const TOLERANCE: f32 = 1e-5;
@@ -340,6 +340,55 @@ fn cross_entropy_matches_the_composite() {
             |t| cross_entropy_composite(&t[0], &targets),
         );
     }
+}
+
+#[test]
+fn cross_entropy_counts_only_targets_that_are_not_ignored() {
+    // Every third row ignored (a prompt's labels): the mean over the rest, and their
+    // gradient alone, fused and composite alike.
+    let (rows, classes) = (37, 11);
+    let ids: Vec<u32> = (0..rows)
+        .map(|i| match i % 3 {
+            0 => IGNORE_INDEX,
+            _ => ((i * 5) % classes) as u32,
+        })
+        .collect();
+    let targets = Tensor::new(ids.clone(), &Device::Cpu).unwrap();
+    let logits = var(&[rows, classes], 70, 3.0);
+    check(
+        "cross_entropy with ignored rows",
+        std::slice::from_ref(&logits),
+        |t| cross_entropy(&t[0], &targets),
+        |t| cross_entropy_composite(&t[0], &targets),
+    );
+    // Equal to the mean over the counted rows alone.
+    let kept: Vec<u32> = (0..rows as u32)
+        .filter(|&i| ids[i as usize] != IGNORE_INDEX)
+        .collect();
+    let kept_idx = Tensor::new(kept.clone(), &Device::Cpu).unwrap();
+    let kept_targets: Vec<u32> = kept.iter().map(|&i| ids[i as usize]).collect();
+    let alone = cross_entropy(
+        &logits.as_tensor().index_select(&kept_idx, 0).unwrap(),
+        &Tensor::new(kept_targets, &Device::Cpu).unwrap(),
+    )
+    .unwrap();
+    let masked = cross_entropy(logits.as_tensor(), &targets).unwrap();
+    assert!(max_diff(&alone, &masked) <= 1e-6);
+    // Every row ignored: 0, and no gradient.
+    let none = Tensor::new(vec![IGNORE_INDEX; rows], &Device::Cpu).unwrap();
+    let loss = cross_entropy(logits.as_tensor(), &none).unwrap();
+    assert_eq!(loss.to_scalar::<f32>().unwrap(), 0.0);
+    let grads = loss.backward().unwrap();
+    let g = grads.get(logits.as_tensor()).unwrap();
+    assert_eq!(
+        g.abs()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap(),
+        0.0
+    );
 }
 
 #[test]

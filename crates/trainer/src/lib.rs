@@ -40,7 +40,9 @@ pub use preemption::Preemption;
 #[cfg(unix)]
 pub use preemption::PREEMPTION_SIGNALS;
 pub use replicate::Replicate;
-pub use token_dataset::{write_token_file, Split, TokenDataset, TOKENIZER_KEY, VOCAB_KEY};
+pub use token_dataset::{
+    write_token_file, Split, TokenDataset, TokenSplit, TOKENIZER_KEY, VOCAB_KEY,
+};
 pub use trainer::{Metrics, Trainer};
 
 // What a crate that uses wick-trainer alone needs to write a module and configure a run;

@@ -2,6 +2,10 @@
 //! file of two 1-D integer tensors, `train` and `val`, served as windows of `seq + 1`
 //! tokens: the model reads the first `seq` and predicts the last `seq`.
 //!
+//! Instruction data adds `train_mask` and `val_mask` (u8, one per token: 1 where the token
+//! counts as a target of the loss, 0 for a prompt's): a window's uncounted targets come out
+//! as [`wick_core::IGNORE_INDEX`], `transformers`' -100 label.
+//!
 //! The file's metadata names the tokenizer that made it (`wick.tokenizer`, the SHA-256 of
 //! its `tokenizer.json`) and its vocabulary size (`wick.vocab_size`), so that a file made by
 //! another tokenizer, or with ids a model cannot embed, is refused before training.
@@ -36,18 +40,66 @@ impl Split {
             Split::Val => "val",
         }
     }
+
+    /// The name of its mask, in a file of instruction data.
+    pub fn mask_name(self) -> &'static str {
+        match self {
+            Split::Train => "train_mask",
+            Split::Val => "val_mask",
+        }
+    }
+}
+
+/// The tokens of one split and, for instruction data, whether each counts as a target.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenSplit<'a> {
+    /// The ids.
+    pub ids: &'a [u32],
+    /// One flag per id (`None`: every token counts).
+    pub counted: Option<&'a [bool]>,
+}
+
+impl<'a> From<&'a [u32]> for TokenSplit<'a> {
+    fn from(ids: &'a [u32]) -> Self {
+        TokenSplit { ids, counted: None }
+    }
+}
+
+impl<'a> From<&'a Vec<u32>> for TokenSplit<'a> {
+    fn from(ids: &'a Vec<u32>) -> Self {
+        ids.as_slice().into()
+    }
+}
+
+impl<'a, const N: usize> From<&'a [u32; N]> for TokenSplit<'a> {
+    fn from(ids: &'a [u32; N]) -> Self {
+        ids.as_slice().into()
+    }
 }
 
 /// Writes a token file at `path`: `train` and `val` as u16 when every id fits (a vocabulary
-/// of at most 65536), else u32, with the tokenizer's hash and vocabulary size. Written under
-/// a temporary name and renamed, so a failed write leaves nothing.
-pub fn write_token_file(
+/// of at most 65536), else u32, their masks where they have them (both or neither), with
+/// the tokenizer's hash and vocabulary size. Written under a temporary name and renamed, so
+/// a failed write leaves nothing.
+pub fn write_token_file<'a>(
     path: &Path,
-    train: &[u32],
-    val: &[u32],
+    train: impl Into<TokenSplit<'a>>,
+    val: impl Into<TokenSplit<'a>>,
     tokenizer_hash: &str,
     vocab_size: usize,
 ) -> Result<(), TrainerError> {
+    let (train, val) = (train.into(), val.into());
+    for split in [&train, &val] {
+        if split.counted.is_some_and(|c| c.len() != split.ids.len()) {
+            return Err(TrainerError::config("mask", "needs one flag per token"));
+        }
+    }
+    if train.counted.is_some() != val.counted.is_some() {
+        return Err(TrainerError::config(
+            "mask",
+            "both splits have one or neither",
+        ));
+    }
     let narrow = vocab_size <= 1 << 16;
     let bytes = |ids: &[u32]| -> Vec<u8> {
         match narrow {
@@ -59,21 +111,32 @@ pub fn write_token_file(
         true => safetensors::Dtype::U16,
         false => safetensors::Dtype::U32,
     };
-    let (train_bytes, val_bytes) = (bytes(train), bytes(val));
+    let (train_bytes, val_bytes) = (bytes(train.ids), bytes(val.ids));
+    let flags = |c: Option<&[bool]>| c.map(|c| c.iter().map(|&b| b as u8).collect::<Vec<u8>>());
+    let (train_mask, val_mask) = (flags(train.counted), flags(val.counted));
     let io = |cause| TrainerError::Io {
         path: path.to_path_buf(),
         cause,
     };
-    let views = [
+    use safetensors::tensor::TensorView;
+    let mut views = vec![
         (
             "train",
-            safetensors::tensor::TensorView::new(dtype, vec![train.len()], &train_bytes),
+            TensorView::new(dtype, vec![train.ids.len()], &train_bytes),
         ),
         (
             "val",
-            safetensors::tensor::TensorView::new(dtype, vec![val.len()], &val_bytes),
+            TensorView::new(dtype, vec![val.ids.len()], &val_bytes),
         ),
     ];
+    for (name, mask) in [("train_mask", &train_mask), ("val_mask", &val_mask)] {
+        if let Some(mask) = mask {
+            views.push((
+                name,
+                TensorView::new(safetensors::Dtype::U8, vec![mask.len()], mask),
+            ));
+        }
+    }
     let views = views
         .into_iter()
         .map(|(n, v)| v.map(|v| (n, v)))
@@ -100,6 +163,8 @@ pub struct TokenDataset {
     split: Split,
     seq: usize,
     windows: usize,
+    /// The file holds the split's mask (instruction data).
+    masked: bool,
 }
 
 fn file_error(path: &Path, tensor: Option<&str>, message: String) -> TrainerError {
@@ -120,6 +185,21 @@ impl TokenDataset {
                 format!("shape {shape:?}, expected one dimension of token ids"),
             ));
         };
+        let masked = file.names().iter().any(|n| n == split.mask_name());
+        if masked {
+            let mask = split.mask_name();
+            let (shape, dtype) = (
+                file.shape(mask).map_err(CheckpointError::File)?,
+                file.dtype(mask).map_err(CheckpointError::File)?,
+            );
+            if shape != [tokens] || dtype != "U8" {
+                return Err(file_error(
+                    path,
+                    Some(mask),
+                    format!("{dtype} of shape {shape:?}, expected U8 flags, one per token of '{name}' ({tokens})"),
+                ));
+            }
+        }
         let dtype = file.dtype(name).map_err(CheckpointError::File)?;
         if dtype != "U16" && dtype != "U32" {
             return Err(file_error(
@@ -147,7 +227,13 @@ impl TokenDataset {
             split,
             seq,
             windows,
+            masked,
         })
+    }
+
+    /// Whether the split has a mask: some targets may not count.
+    pub fn is_masked(&self) -> bool {
+        self.masked
     }
 
     /// The file.
@@ -220,7 +306,16 @@ impl Dataset for TokenDataset {
                 .file
                 .read_u32(self.split.name(), i * seq..i * seq + seq + 1)?;
             inputs.extend_from_slice(&window[..seq]);
-            targets.extend_from_slice(&window[1..]);
+            if self.masked {
+                let range = i * seq + 1..i * seq + seq + 1;
+                let counted = self.file.read_u32(self.split.mask_name(), range)?;
+                targets.extend(window[1..].iter().zip(counted).map(|(&t, c)| match c {
+                    0 => wick_core::IGNORE_INDEX,
+                    _ => t,
+                }));
+            } else {
+                targets.extend_from_slice(&window[1..]);
+            }
         }
         Ok((
             Tensor::from_vec(inputs, (n, seq), device)?,

@@ -19,20 +19,23 @@ impl<M: TrainModule> RankRun<'_, M> {
     ) -> Result<f64, TrainerError> {
         let (rank, world_size) = (self.env.rank, self.env.world_size);
         let accumulate = self.config.accumulate_grad_batches;
-        // `accumulate` micro-batches, each a whole global batch, make one step; each
-        // loss is scaled so the step sees the mean over them.
+        // `accumulate` micro-batches, each a whole global batch, make one step.
+        let batches = (0..accumulate)
+            .map(|micro| {
+                let index = b * accumulate + micro;
+                let slice = train.rank_slice(order, index, rank, world_size);
+                train.dataset().batch(slice, &self.env.device)
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let weights = self.micro_batch_weights(&batches)?;
         let mut local = 0f32;
-        for micro in 0..accumulate {
+        for (micro, (batch, weight)) in batches.iter().zip(weights).enumerate() {
             let index = b * accumulate + micro;
-            let batch = train.dataset().batch(
-                train.rank_slice(order, index, rank, world_size),
-                &self.env.device,
-            )?;
             let looking = !*checked_unused;
             if looking {
                 self.strategy.find_unused_parameters();
             }
-            let loss = self.module.training_step(&batch, index)?;
+            let loss = self.module.training_step(batch, index)?;
             let value = scalar(&loss, "training_step")?;
             if !value.is_finite() && self.config.on_nonfinite == OnNonFinite::Error {
                 return Err(TrainerError::NonFinite {
@@ -41,11 +44,18 @@ impl<M: TrainModule> RankRun<'_, M> {
                     what: format!("loss ({value})"),
                 });
             }
-            local += value / accumulate as f32;
-            let loss = if accumulate > 1 {
-                loss.affine(1.0 / accumulate as f64, 0.0)?
-            } else {
-                loss
+            // Alike micro-batches divide, as the mean over them always has.
+            local += match weight == 1.0 / accumulate as f64 {
+                true => value / accumulate as f32,
+                false => value * weight as f32,
+            };
+            let loss = match weight {
+                1.0 => loss,
+                // Candle's backward drops an `affine` by 0 from the graph, and a rank whose
+                // backward skips the strategy's collectives would stop the others: a
+                // product with a zero tensor keeps it, with zero gradients.
+                0.0 => loss.broadcast_mul(&loss.zeros_like()?)?,
+                w => loss.affine(w, 0.0)?,
             };
             let sync = GradSync::for_micro_batch(micro, accumulate);
             self.strategy.backward(&loss, sync)?;
@@ -66,6 +76,34 @@ impl<M: TrainModule> RankRun<'_, M> {
         })?;
         let train_loss = self.env.world.all_reduce_scalar(local, ReduceOp::Mean)? as f64;
         Ok(train_loss)
+    }
+
+    /// The factor of each micro-batch's loss. Alike, each is `1 / accumulate`, so the step
+    /// sees the mean over them. With [`TrainModule::loss_terms`], micro-batch m of rank r
+    /// gets `W n_rm / N` for N the terms of the step over every rank and micro-batch (one
+    /// scalar all-reduce): the strategies' mean over the W ranks then makes the gradient
+    /// of the mean over all N terms, as one device on the global batch. A step without a
+    /// counted term anywhere gets factors of 0.
+    fn micro_batch_weights(&self, batches: &[M::Batch]) -> Result<Vec<f64>, TrainerError> {
+        let alike = vec![1.0 / batches.len() as f64; batches.len()];
+        let terms: Option<Vec<usize>> = batches.iter().map(|b| self.module.loss_terms(b)).collect();
+        let Some(terms) = terms else {
+            return Ok(alike);
+        };
+        let local: usize = terms.iter().sum();
+        // Counts are exact in f32 up to 2^24 terms per step.
+        let total = self
+            .env
+            .world
+            .all_reduce_scalar(local as f32, ReduceOp::Sum)? as f64;
+        let world = self.env.world_size as f64;
+        Ok(terms
+            .iter()
+            .map(|&n| match total > 0.0 {
+                true => world * n as f64 / total,
+                false => 0.0,
+            })
+            .collect())
     }
 
     /// Reports the parameters the first backward gave no gradient: once, on rank 0, as a

@@ -1,0 +1,321 @@
+//! Instruction data: a tokenizer's chat template (`tokenizer_config.json`'s
+//! `chat_template`, rendered by minijinja as `transformers` renders it with Jinja), and
+//! examples of three shapes tokenized with a mask of the tokens the loss counts.
+//!
+//! - `{"text": ...}`: every token counts;
+//! - `{"prompt": ..., "completion": ...}`: the completion's tokens (and the end of text)
+//!   count, the prompt's do not;
+//! - `{"messages": [...]}`: the conversation through the chat template; the tokens of each
+//!   assistant turn, as the template renders it, count.
+//!
+//! Special tokens as the tokenizer's post-processor adds them (a Llama 3 tokenizer's
+//! `<|begin_of_text|>`) to text and prompts; none to a rendered conversation, whose template
+//! writes its own, as `apply_chat_template` tokenizes. Each example ends with the end-of-text
+//! token, so packed examples are separated by it.
+
+use crate::{ModelError, TextTokenizer};
+use serde_json::Value;
+use std::path::Path;
+
+/// A chat template and the special tokens it may name.
+#[derive(Clone, Debug)]
+pub struct ChatTemplate {
+    source: String,
+    bos_token: String,
+    eos_token: String,
+}
+
+/// The template with `transformers`' `{% generation %}` ... `{% endgeneration %}` tags (which
+/// mark the assistant's text for its own mask, and which Jinja does not know) made plain
+/// `{% if true %}` ... `{% endif %}` blocks, their whitespace control kept: wick finds the
+/// assistant's text by rendering turn by turn instead.
+fn without_generation_blocks(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at..];
+        let Some(end) = tag.find("%}") else {
+            break;
+        };
+        let inner = &tag[2..end];
+        let (open, body) = match inner.strip_prefix(['-', '+']) {
+            Some(b) => (&inner[..1], b),
+            None => ("", inner),
+        };
+        let (body, close) = match body.strip_suffix(['-', '+']) {
+            Some(b) => (b, &inner[inner.len() - 1..]),
+            None => (body, ""),
+        };
+        match body.trim() {
+            "generation" => out.push_str(&format!("{{%{open} if true {close}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{open} endif {close}%}}")),
+            _ => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A token given as a string or as an added token's `{"content": ...}`.
+fn token_text(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(m) => m.get("content")?.as_str().map(str::to_string),
+        _ => None,
+    }
+}
+
+impl ChatTemplate {
+    /// The template of `tokenizer_config.json` at `path` (its `chat_template`, or the one
+    /// named `default` of a list), with its `bos_token` and `eos_token`; `None` when it has
+    /// no template.
+    pub fn from_tokenizer_config(path: impl AsRef<Path>) -> Result<Option<Self>, ModelError> {
+        let path = path.as_ref();
+        let bad = |message: String| ModelError::Tokenizer {
+            path: path.to_path_buf(),
+            message,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Missing {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let config: Value =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let source = match config.get("chat_template") {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(named)) => named
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                .and_then(|t| t.get("template")?.as_str())
+                .ok_or_else(|| bad("'chat_template' lists no template named \"default\"".into()))?
+                .to_string(),
+            Some(v) => return Err(bad(format!("'chat_template' must be a string, got {v}"))),
+        };
+        let template = ChatTemplate {
+            source: without_generation_blocks(&source),
+            bos_token: token_text(config.get("bos_token")).unwrap_or_default(),
+            eos_token: token_text(config.get("eos_token")).unwrap_or_default(),
+        };
+        // A template that does not parse is an error now, not at the first example.
+        template
+            .environment()
+            .map_err(|e| bad(format!("chat_template: {e}")))?;
+        Ok(Some(template))
+    }
+
+    /// The end-of-text token the config names (`eos_token`), if any.
+    pub fn eos_token(&self) -> Option<&str> {
+        Some(self.eos_token.as_str()).filter(|t| !t.is_empty())
+    }
+
+    /// Jinja as `transformers` sets it up: blocks trimmed, Python's string methods, and
+    /// `raise_exception` for the templates that refuse a conversation.
+    fn environment(&self) -> Result<minijinja::Environment<'_>, minijinja::Error> {
+        let mut env = minijinja::Environment::new();
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |message: String| -> Result<String, _> {
+            Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                message,
+            ))
+        });
+        env.add_template("chat_template", &self.source)?;
+        Ok(env)
+    }
+
+    /// `messages` rendered as `apply_chat_template(messages, tokenize=False,
+    /// add_generation_prompt=...)` renders them.
+    pub fn render(
+        &self,
+        messages: &[Value],
+        add_generation_prompt: bool,
+    ) -> Result<String, String> {
+        let env = self.environment().map_err(|e| e.to_string())?;
+        let template = env
+            .get_template("chat_template")
+            .map_err(|e| e.to_string())?;
+        template
+            .render(minijinja::context! {
+                messages => jinja_value(&Value::Array(messages.to_vec())),
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos_token.as_str(),
+                eos_token => self.eos_token.as_str(),
+            })
+            .map_err(|e| {
+                let mut message = e.to_string();
+                let mut cause = std::error::Error::source(&e);
+                while let Some(c) = cause {
+                    message.push_str(&format!(": {c}"));
+                    cause = c.source();
+                }
+                message
+            })
+    }
+}
+
+/// A JSON value as a template value (objects keep their keys' order).
+fn jinja_value(v: &Value) -> minijinja::Value {
+    match v {
+        Value::Null => minijinja::Value::from(()),
+        Value::Bool(b) => minijinja::Value::from(*b),
+        Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => minijinja::Value::from(i),
+            (None, Some(f)) => minijinja::Value::from(f),
+            _ => minijinja::Value::from(n.to_string()),
+        },
+        Value::String(s) => minijinja::Value::from(s.as_str()),
+        Value::Array(items) => items.iter().map(jinja_value).collect(),
+        Value::Object(m) => {
+            minijinja::Value::from_pairs(m.iter().map(|(k, v)| (k.as_str(), jinja_value(v))))
+        }
+    }
+}
+
+/// One example of instruction data, as a line of a JSONL file holds it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Example {
+    /// `{"text": ...}`.
+    Text(String),
+    /// `{"prompt": ..., "completion": ...}`.
+    PromptCompletion {
+        /// What the model is given.
+        prompt: String,
+        /// What it learns to answer.
+        completion: String,
+    },
+    /// `{"messages": [{"role": ..., "content": ...}, ...]}`.
+    Messages(Vec<Value>),
+}
+
+impl Example {
+    /// The example a JSON line holds, or what is wrong with it.
+    pub fn from_json_line(line: &str) -> Result<Self, String> {
+        let v: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+        let Value::Object(m) = v else {
+            return Err("not a JSON object".into());
+        };
+        let string = |key: &str| match m.get(key) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(other) => Err(format!("'{key}' must be a string, got {other}")),
+            None => Err(format!("has no '{key}'")),
+        };
+        if let Some(messages) = m.get("messages") {
+            let Value::Array(messages) = messages else {
+                return Err(format!("'messages' must be a list, got {messages}"));
+            };
+            for (i, message) in messages.iter().enumerate() {
+                if message.get("role").and_then(Value::as_str).is_none() {
+                    return Err(format!("message {i} has no 'role' string"));
+                }
+            }
+            return Ok(Example::Messages(messages.clone()));
+        }
+        if m.contains_key("prompt") || m.contains_key("completion") {
+            return Ok(Example::PromptCompletion {
+                prompt: string("prompt")?,
+                completion: string("completion")?,
+            });
+        }
+        if m.contains_key("text") {
+            return Ok(Example::Text(string("text")?));
+        }
+        Err("has none of 'text', 'prompt' and 'completion', 'messages'".into())
+    }
+
+    /// The example's ids and, for each, whether the loss counts it as a target; the
+    /// end-of-text token `eos` (when given) closes it, counted unless the example is a
+    /// conversation (whose template closes each turn itself).
+    pub fn encode(
+        &self,
+        tokenizer: &TextTokenizer,
+        template: Option<&ChatTemplate>,
+        eos: Option<u32>,
+    ) -> Result<(Vec<u32>, Vec<bool>), String> {
+        let err = |e: candle_core::Error| e.to_string();
+        let (mut ids, mut counted) = match self {
+            Example::Text(text) => {
+                let ids = tokenizer.encode_with_special_tokens(text).map_err(err)?;
+                let n = ids.len();
+                (ids, vec![true; n])
+            }
+            Example::PromptCompletion { prompt, completion } => {
+                let mut ids = tokenizer.encode_with_special_tokens(prompt).map_err(err)?;
+                let mut counted = vec![false; ids.len()];
+                let answer = tokenizer.encode(completion).map_err(err)?;
+                counted.resize(ids.len() + answer.len(), true);
+                ids.extend(answer);
+                (ids, counted)
+            }
+            Example::Messages(messages) => {
+                let template = template.ok_or(
+                    "a 'messages' line needs the tokenizer's chat_template (tokenizer_config.json \
+                     beside tokenizer.json)",
+                )?;
+                conversation(tokenizer, template, messages)?
+            }
+        };
+        if let Some(eos) = eos {
+            if ids.last() != Some(&eos) {
+                ids.push(eos);
+                counted.push(!matches!(self, Example::Messages(_)));
+            }
+        }
+        Ok((ids, counted))
+    }
+}
+
+/// A conversation's ids through `template`, each assistant turn's tokens counted: turn i is
+/// the text between the conversation before it (with the generation prompt) and the
+/// conversation through it, as the template renders both.
+fn conversation(
+    tokenizer: &TextTokenizer,
+    template: &ChatTemplate,
+    messages: &[Value],
+) -> Result<(Vec<u32>, Vec<bool>), String> {
+    let full = template.render(messages, false)?;
+    let mut spans = Vec::new();
+    for (i, message) in messages.iter().enumerate() {
+        if message.get("role").and_then(Value::as_str) != Some("assistant") {
+            continue;
+        }
+        let before = template.render(&messages[..i], true)?;
+        let through = template.render(&messages[..=i], false)?;
+        if !through.starts_with(&before) || !full.starts_with(&through) {
+            return Err(format!(
+                "the chat template does not render the conversation turn by turn (message {i}), \
+                 so its assistant tokens cannot be told apart"
+            ));
+        }
+        spans.push(before.len()..through.len());
+    }
+    let (ids, offsets) = tokenizer
+        .encode_with_offsets(&full)
+        .map_err(|e| e.to_string())?;
+    let counted = offsets
+        .iter()
+        .map(|(start, _)| spans.iter().any(|s| s.contains(start)))
+        .collect();
+    Ok((ids, counted))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_generation_blocks;
+
+    #[test]
+    fn generation_tags_become_plain_blocks_with_their_whitespace_control() {
+        let t = "a{% generation %}b{%- endgeneration -%} c {{ x }}{% if y %}z{% endif %}";
+        assert_eq!(
+            without_generation_blocks(t),
+            "a{% if true %}b{%- endif -%} c {{ x }}{% if y %}z{% endif %}"
+        );
+    }
+}

@@ -1,0 +1,267 @@
+//! `wick prepare --format jsonl`: instruction data of the three shapes, masked as
+//! `transformers` masks it (its own assistant mask from the template's `{% generation %}`
+//! blocks, its -100 loss), trained equally under every strategy, and bad lines refused
+//! with their file and line before anything is written.
+
+use super::{hf_fixture, wick};
+use candle_core::{DType, Device, Tensor};
+use std::path::Path;
+use std::sync::Arc;
+use wick::core::{Algorithm, OptimizerConfig, SoloWorld, Strategy, IGNORE_INDEX};
+use wick::models::CausalLm;
+use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
+use wick::trainer::{Attached, DataLoader, Dataset, Split, TokenDataset, Trainer};
+
+/// What `scripts/hf_fixtures.py` computed of `tests/fixtures/hf/chat/chat.jsonl`.
+struct Reference {
+    ids: Vec<u32>,
+    counted: Vec<bool>,
+    window_loss: f32,
+}
+
+fn reference() -> Reference {
+    let text = std::fs::read_to_string(format!("{}/reference.json", hf_fixture("chat"))).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let list = |key: &str| json[key].as_array().unwrap().clone();
+    Reference {
+        ids: list("ids")
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect(),
+        counted: list("counted")
+            .iter()
+            .map(|v| v.as_bool().unwrap())
+            .collect(),
+        window_loss: json["window_loss"].as_f64().unwrap() as f32,
+    }
+}
+
+/// `wick prepare --format jsonl` of `files` with the chat fixture's tokenizer (and the
+/// template beside it) into `dir/out`.
+fn prepare_jsonl(dir: &Path, out: &str, files: &[&str]) -> (bool, String, String) {
+    let tokenizer = format!("{}/tokenizer.json", hf_fixture("chat"));
+    let args = [
+        &[
+            "prepare",
+            "--format",
+            "jsonl",
+            "--val-fraction",
+            "0",
+            "--tokenizer",
+        ][..],
+        &[tokenizer.as_str(), "--output", out],
+        files,
+    ]
+    .concat();
+    wick(dir, &args)
+}
+
+fn chat_jsonl() -> String {
+    format!("{}/chat.jsonl", hf_fixture("chat"))
+}
+
+#[test]
+fn jsonl_examples_are_tokenized_and_masked_as_transformers_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = prepare_jsonl(dir.path(), "chat.safetensors", &[&chat_jsonl()]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("5 example(s)") && out.contains("counted by the loss"),
+        "{out}"
+    );
+    let r = reference();
+    let tensors =
+        candle_core::safetensors::load(dir.path().join("chat.safetensors"), &Device::Cpu).unwrap();
+    let ids: Vec<u32> = tensors["train"]
+        .to_dtype(DType::U32)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let mask: Vec<u8> = tensors["train_mask"].to_vec1().unwrap();
+    assert_eq!(ids, r.ids, "ids differ from transformers'");
+    let counted: Vec<bool> = mask.iter().map(|&m| m == 1).collect();
+    assert_eq!(
+        counted, r.counted,
+        "the mask differs from transformers' assistant mask"
+    );
+    // Some of each: prompts and system turns are not counted.
+    assert!(counted.iter().any(|&c| c) && counted.iter().any(|&c| !c));
+
+    // The first window's targets: ignored where not counted; the Llama fixture's loss on
+    // it is transformers' with -100 labels.
+    let data = TokenDataset::open(dir.path().join("chat.safetensors"), Split::Train, 64).unwrap();
+    assert!(data.is_masked());
+    let (inputs, targets) = data.batch(&[0], &Device::Cpu).unwrap();
+    let got: Vec<u32> = targets.flatten_all().unwrap().to_vec1().unwrap();
+    for (i, &t) in got.iter().enumerate() {
+        let want = if r.counted[i + 1] {
+            r.ids[i + 1]
+        } else {
+            IGNORE_INDEX
+        };
+        assert_eq!(t, want, "target {i}");
+    }
+    let mut model = CausalLm::from_pretrained(hf_fixture("llama")).unwrap();
+    let mut single = strategy_by_name("single").unwrap();
+    single.connect(Arc::new(SoloWorld), Device::Cpu).unwrap();
+    wick::accelerator::Accelerator::setup(single.as_mut(), &mut model, 0).unwrap();
+    let loss = model
+        .loss(&inputs, &targets)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(
+        (loss - r.window_loss).abs() <= 1e-5,
+        "loss {loss} vs transformers' {}",
+        r.window_loss
+    );
+}
+
+/// Trains the Llama fixture 3 plain SGD steps on the masked windows; its parameters.
+/// (SGD, not Adam: Adam's step divides by the root of each gradient's square, so that
+/// rounding in the near-zero gradients of rare tokens' rows moves them by up to its rate.)
+fn train_masked(data: &Path, devices: usize, strategy: Box<dyn Strategy>) -> Vec<(String, Tensor)> {
+    let model = CausalLm::from_pretrained(hf_fixture("llama"))
+        .unwrap()
+        .with_optimizer(OptimizerConfig::from(Algorithm::Sgd {
+            lr: 0.5,
+            momentum: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+        }));
+    let mut t = Trainer::builder()
+        .devices(devices)
+        .strategy_instance(strategy)
+        .max_steps(3)
+        .no_logger()
+        .progress(false)
+        .model_summary(false)
+        .build()
+        .unwrap();
+    // Windows of 16: 17 of them; batches of 12 (W = 2, 3, 4 divide it), unshuffled.
+    let windows = TokenDataset::open(data, Split::Train, 16).unwrap();
+    let loader = DataLoader::new(windows, 12).without_shuffle();
+    t.fit(&mut Attached::new(model), &loader, None).unwrap();
+    t.full_parameters().unwrap()
+}
+
+#[test]
+fn masked_losses_train_every_strategy_as_one_device_on_the_global_batch() {
+    // Ranks hold different numbers of counted targets: each rank's mean would weigh them
+    // wrongly; the step's mean over every counted target of the global batch does not.
+    let dir = tempfile::tempdir().unwrap();
+    let jsonl = chat_jsonl();
+    let (ok, out, err) = prepare_jsonl(dir.path(), "chat.safetensors", &[&jsonl, &jsonl, &jsonl]);
+    assert!(ok, "{out}{err}");
+    let data = dir.path().join("chat.safetensors");
+    let want = train_masked(&data, 1, strategy_by_name("single").unwrap());
+    let runs: Vec<(&str, usize, Box<dyn Strategy>)> = vec![
+        ("ddp", 2, strategy_by_name("ddp").unwrap()),
+        ("zero3", 3, strategy_by_name("zero3").unwrap()),
+        ("fsdp", 4, Fsdp::new(FsdpSharding::FullShard).build()),
+    ];
+    for (name, w, strategy) in runs {
+        let got = train_masked(&data, w, strategy);
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|((n, a), (m, b))| {
+                assert_eq!(n, m);
+                (a - b)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap()
+            })
+            .fold(0f32, f32::max);
+        println!("masked {name} at W={w}: parameters within {worst:e} of single");
+        assert!(worst <= 1e-6, "{name} W={w}: parameters differ by {worst}");
+    }
+}
+
+#[test]
+fn bad_lines_name_the_file_and_line_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let good = r#"{"prompt": "a", "completion": "b"}"#;
+    for (line, needle) in [
+        ("{not json", "not JSON"),
+        (r#"{"question": "a"}"#, "has none of"),
+        (r#"{"prompt": "a"}"#, "has no 'completion'"),
+        (r#"{"messages": [{"content": "hi"}]}"#, "no 'role'"),
+        (r#"{"messages": "hi"}"#, "must be a list"),
+    ] {
+        std::fs::write(d.join("bad.jsonl"), format!("{good}\n{line}\n{good}\n")).unwrap();
+        let (ok, out, err) = prepare_jsonl(d, "bad.safetensors", &["bad.jsonl"]);
+        assert!(!ok, "{line} was accepted: {out}");
+        assert!(
+            err.contains("bad.jsonl:2") && err.contains(needle),
+            "{line}: {err}"
+        );
+        assert!(
+            !d.join("bad.safetensors").exists(),
+            "{line}: a token file was written"
+        );
+    }
+    // A conversation needs a chat template: the plain fixture tokenizer has none.
+    std::fs::write(
+        d.join("chat.jsonl"),
+        r#"{"messages": [{"role": "user", "content": "hi"}]}"#,
+    )
+    .unwrap();
+    let tokenizer = format!("{}/tokenizer.json", hf_fixture("llama"));
+    let (ok, _, err) = wick(
+        d,
+        &[
+            "prepare",
+            "--format",
+            "jsonl",
+            "--tokenizer",
+            &tokenizer,
+            "--output",
+            "c.safetensors",
+            "chat.jsonl",
+        ],
+    );
+    assert!(
+        !ok && err.contains("chat.jsonl:1") && err.contains("chat_template"),
+        "{err}"
+    );
+    // A template that refuses the conversation (raise_exception) names the line too.
+    let config = serde_json::json!({
+        "eos_token": "<|endoftext|>",
+        "chat_template": "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools here') }}{% endif %}{{ m.content }}{% endfor %}",
+    });
+    std::fs::write(d.join("tokenizer_config.json"), config.to_string()).unwrap();
+    std::fs::write(
+        d.join("tool.jsonl"),
+        format!(
+            "{good}\n{}\n",
+            r#"{"messages": [{"role": "tool", "content": "x"}]}"#
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = wick(
+        d,
+        &[
+            "prepare",
+            "--format",
+            "jsonl",
+            "--tokenizer",
+            &tokenizer,
+            "--chat-template",
+            "tokenizer_config.json",
+            "--output",
+            "t.safetensors",
+            "tool.jsonl",
+        ],
+    );
+    assert!(
+        !ok && err.contains("tool.jsonl:2") && err.contains("no tools here"),
+        "{err}"
+    );
+    assert!(!d.join("t.safetensors").exists());
+}
