@@ -40,3 +40,5 @@ mod preemption;
 mod runs;
 // Every model family against Hugging Face transformers (tests/fixtures/hf, tests/fixtures/configs).
 mod models;
+// Published configs, refused and unknown fields, tied vocabularies that do not divide by W.
+mod model_configs;
