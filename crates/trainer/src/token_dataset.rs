@@ -65,6 +65,7 @@ impl<'a> From<&'a [u32]> for TokenSplit<'a> {
     }
 }
 
+// `&Vec<u32>` and `&[u32; N]` too, which the old `&[u32]` parameter took by coercion.
 impl<'a> From<&'a Vec<u32>> for TokenSplit<'a> {
     fn from(ids: &'a Vec<u32>) -> Self {
         ids.as_slice().into()

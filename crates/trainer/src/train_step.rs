@@ -27,9 +27,9 @@ impl<M: TrainModule> RankRun<'_, M> {
                 train.dataset().batch(slice, &self.env.device)
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
-        let weights = self.micro_batch_weights(&batches)?;
+        let weights = self.loss_weights(&batches)?;
         let mut local = 0f32;
-        for (micro, (batch, weight)) in batches.iter().zip(weights).enumerate() {
+        for (micro, batch) in batches.iter().enumerate() {
             let index = b * accumulate + micro;
             let looking = !*checked_unused;
             if looking {
@@ -44,18 +44,23 @@ impl<M: TrainModule> RankRun<'_, M> {
                     what: format!("loss ({value})"),
                 });
             }
-            // Alike micro-batches divide, as the mean over them always has.
-            local += match weight == 1.0 / accumulate as f64 {
-                true => value / accumulate as f32,
-                false => value * weight as f32,
-            };
-            let loss = match weight {
-                1.0 => loss,
+            let loss = match weights.as_ref().map(|w| w[micro]) {
+                // Alike micro-batches: each scaled so the step sees the mean over them.
+                None => {
+                    local += value / accumulate as f32;
+                    match accumulate {
+                        1 => loss,
+                        _ => loss.affine(1.0 / accumulate as f64, 0.0)?,
+                    }
+                }
                 // Candle's backward drops an `affine` by 0 from the graph, and a rank whose
                 // backward skips the strategy's collectives would stop the others: a
                 // product with a zero tensor keeps it, with zero gradients.
-                0.0 => loss.broadcast_mul(&loss.zeros_like()?)?,
-                w => loss.affine(w, 0.0)?,
+                Some(0.0) => loss.broadcast_mul(&loss.zeros_like()?)?,
+                Some(w) => {
+                    local += value * w as f32;
+                    loss.affine(w, 0.0)?
+                }
             };
             let sync = GradSync::for_micro_batch(micro, accumulate);
             self.strategy.backward(&loss, sync)?;
@@ -78,17 +83,16 @@ impl<M: TrainModule> RankRun<'_, M> {
         Ok(train_loss)
     }
 
-    /// The factor of each micro-batch's loss. Alike, each is `1 / accumulate`, so the step
-    /// sees the mean over them. With [`TrainModule::loss_terms`], micro-batch m of rank r
-    /// gets `W n_rm / N` for N the terms of the step over every rank and micro-batch (one
-    /// scalar all-reduce): the strategies' mean over the W ranks then makes the gradient
-    /// of the mean over all N terms, as one device on the global batch. A step without a
-    /// counted term anywhere gets factors of 0.
-    fn micro_batch_weights(&self, batches: &[M::Batch]) -> Result<Vec<f64>, TrainerError> {
-        let alike = vec![1.0 / batches.len() as f64; batches.len()];
+    /// The factor of each micro-batch's loss where [`TrainModule::loss_terms`] counts its
+    /// terms (`None`: the micro-batches count alike). Micro-batch m of rank r gets
+    /// `W n_rm / N` for N the terms of the step over every rank and micro-batch (one scalar
+    /// all-reduce): the strategies' mean over the W ranks then makes the gradient of the
+    /// mean over all N terms, as one device on the global batch. A step without a counted
+    /// term anywhere gets factors of 0.
+    fn loss_weights(&self, batches: &[M::Batch]) -> Result<Option<Vec<f64>>, TrainerError> {
         let terms: Option<Vec<usize>> = batches.iter().map(|b| self.module.loss_terms(b)).collect();
         let Some(terms) = terms else {
-            return Ok(alike);
+            return Ok(None);
         };
         let local: usize = terms.iter().sum();
         // Counts are exact in f32 up to 2^24 terms per step.
@@ -97,13 +101,15 @@ impl<M: TrainModule> RankRun<'_, M> {
             .world
             .all_reduce_scalar(local as f32, ReduceOp::Sum)? as f64;
         let world = self.env.world_size as f64;
-        Ok(terms
-            .iter()
-            .map(|&n| match total > 0.0 {
-                true => world * n as f64 / total,
-                false => 0.0,
-            })
-            .collect())
+        Ok(Some(
+            terms
+                .iter()
+                .map(|&n| match total > 0.0 {
+                    true => world * n as f64 / total,
+                    false => 0.0,
+                })
+                .collect(),
+        ))
     }
 
     /// Reports the parameters the first backward gave no gradient: once, on rank 0, as a
