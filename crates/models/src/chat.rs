@@ -17,10 +17,10 @@ use crate::{ModelError, TextTokenizer};
 use serde_json::Value;
 use std::path::Path;
 
-/// A chat template and the special tokens it may name.
+/// A chat template, compiled once, and the special tokens it may name.
 #[derive(Clone, Debug)]
 pub struct ChatTemplate {
-    source: String,
+    env: minijinja::Environment<'static>,
     bos_token: String,
     eos_token: String,
 }
@@ -94,41 +94,19 @@ impl ChatTemplate {
                 .to_string(),
             Some(v) => return Err(bad(format!("'chat_template' must be a string, got {v}"))),
         };
-        let template = ChatTemplate {
-            source: without_generation_blocks(&source),
+        // A template that does not parse is an error now, not at the first example.
+        let env = environment(without_generation_blocks(&source))
+            .map_err(|e| bad(format!("chat_template: {e}")))?;
+        Ok(Some(ChatTemplate {
+            env,
             bos_token: token_text(config.get("bos_token")).unwrap_or_default(),
             eos_token: token_text(config.get("eos_token")).unwrap_or_default(),
-        };
-        // A template that does not parse is an error now, not at the first example.
-        template
-            .environment()
-            .map_err(|e| bad(format!("chat_template: {e}")))?;
-        Ok(Some(template))
+        }))
     }
 
     /// The end-of-text token the config names (`eos_token`), if any.
     pub fn eos_token(&self) -> Option<&str> {
         Some(self.eos_token.as_str()).filter(|t| !t.is_empty())
-    }
-
-    /// Jinja as `transformers` sets it up: blocks trimmed, Python's string methods, and
-    /// `raise_exception` for the templates that refuse a conversation.
-    fn environment(&self) -> Result<minijinja::Environment<'_>, minijinja::Error> {
-        let mut env = minijinja::Environment::new();
-        let syntax = minijinja::syntax::SyntaxConfig::builder()
-            .trim_blocks(true)
-            .lstrip_blocks(true)
-            .build()?;
-        env.set_syntax(syntax);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |message: String| -> Result<String, _> {
-            Err(minijinja::Error::new(
-                minijinja::ErrorKind::InvalidOperation,
-                message,
-            ))
-        });
-        env.add_template("chat_template", &self.source)?;
-        Ok(env)
     }
 
     /// `messages` rendered as `apply_chat_template(messages, tokenize=False,
@@ -138,8 +116,8 @@ impl ChatTemplate {
         messages: &[Value],
         add_generation_prompt: bool,
     ) -> Result<String, String> {
-        let env = self.environment().map_err(|e| e.to_string())?;
-        let template = env
+        let template = self
+            .env
             .get_template("chat_template")
             .map_err(|e| e.to_string())?;
         template
@@ -177,6 +155,26 @@ fn jinja_value(v: &Value) -> minijinja::Value {
             minijinja::Value::from_pairs(m.iter().map(|(k, v)| (k.as_str(), jinja_value(v))))
         }
     }
+}
+
+/// Jinja as `transformers` sets it up: blocks trimmed, Python's string methods, and
+/// `raise_exception` for the templates that refuse a conversation.
+fn environment(source: String) -> Result<minijinja::Environment<'static>, minijinja::Error> {
+    let mut env = minijinja::Environment::new();
+    let syntax = minijinja::syntax::SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .build()?;
+    env.set_syntax(syntax);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", |message: String| -> Result<String, _> {
+        Err(minijinja::Error::new(
+            minijinja::ErrorKind::InvalidOperation,
+            message,
+        ))
+    });
+    env.add_template_owned("chat_template", source)?;
+    Ok(env)
 }
 
 /// One example of instruction data, as a line of a JSONL file holds it.
