@@ -11,8 +11,9 @@ mapfile -t commands < <(awk '/^```sh$/ {on = 1; next} /^```/ {on = 0} on && !/^#
 [ "${#commands[@]}" -gt 0 ] || { echo "guide-check: no sh blocks in docs/guide.md" >&2; exit 1; }
 cleanup() {
   rm -rf run.toml guide-model.safetensors checkpoints/guide checkpoints/guide-llama \
-    checkpoints/guide-auto checkpoints/guide-qwen2 runs/guide-* \
-    guide-tokens.safetensors guide-chat.safetensors guide-llama-hf guide-qwen2-hf
+    checkpoints/guide-auto checkpoints/guide-qwen2 checkpoints/guide-lora runs/guide-* \
+    guide-tokens.safetensors guide-chat.safetensors guide-llama-hf guide-qwen2-hf \
+    guide-lora-adapter guide-lora-merged
 }
 trap cleanup EXIT
 n=0

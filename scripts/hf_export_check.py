@@ -9,7 +9,14 @@ safetensors; CI does not run it.
 WICK_LOGITS, written by `cargo run -p wick-models --example tiny_llama -- EXPORTED_DIR
 --logits WICK_LOGITS`, holds `ids` and wick's `logits` for them: the script prints the
 largest difference from transformers' logits of the same ids.
+
+An EXPORTED_DIR that `wick export --adapter` wrote (adapter_config.json) is loaded with
+peft's PeftModel.from_pretrained over the base model its config names (needs peft); its
+WICK_LOGITS can come from the `--merge` export of the same checkpoint.
 """
+
+import json
+import os
 
 import sys
 
@@ -19,7 +26,17 @@ from transformers import AutoModelForCausalLM
 
 
 def main(model_dir, tokens, seq, wick_logits=None):
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    adapter_config = os.path.join(model_dir, "adapter_config.json")
+    if os.path.exists(adapter_config):
+        from peft import PeftModel
+
+        base = json.load(open(adapter_config))["base_model_name_or_path"]
+        base_model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        model = PeftModel.from_pretrained(base_model, model_dir)
+        weights = "adapter_model.safetensors"
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        weights = "model.safetensors"
     model.eval()
     val = load_file(tokens)["val"].to(torch.int64)
     windows = (val.numel() - 1) // seq
@@ -29,7 +46,7 @@ def main(model_dir, tokens, seq, wick_logits=None):
     loss = torch.nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)
     )
-    names = sorted(load_file(f"{model_dir}/model.safetensors").keys())
+    names = sorted(load_file(os.path.join(model_dir, weights)).keys())
     print(f"transformers loaded {model_dir} ({type(model).__name__}, {len(names)} tensors): "
           f"val_loss {loss.item():.6f} over {windows} windows of {seq}")
     if wick_logits:

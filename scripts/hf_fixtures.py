@@ -16,7 +16,8 @@ safetensors`); CI does not run it. Run from the repository root:
 
 writes a random model of SmolLM2-135M's shape in bf16 for the real-size benchmark.
 
-Everything is in f32 and seeded, so a second run writes the same numbers.
+`lora` (needs `peft` too) is a PEFT adapter over the Qwen2 fixture and what PEFT computes
+with it. Everything is in f32 and seeded, so a second run writes the same numbers.
 """
 
 import json
@@ -24,7 +25,7 @@ import os
 import sys
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     Gemma2Config,
@@ -245,6 +246,65 @@ def main(out, only):
             record(model, batches, os.path.join(out, name), all_ids, train=False)
     if wanted("chat"):
         chat(os.path.join(out, "chat"), text, os.path.join(out, "llama"))
+    if wanted("lora"):
+        lora(os.path.join(out, "lora"), os.path.join(out, "qwen2"))
+
+
+# PEFT's LoRA over the Qwen2 fixture: rank 4, alpha 8, every linear layer of a block.
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lora(out, base_dir):
+    """A PEFT adapter over the fixture in `base_dir` (its B drawn nonzero, so that the
+    update shows from the first step), as `save_pretrained` writes it, and what PEFT
+    computes with it on the base fixture's windows: logits, loss, the adapters' gradients,
+    then STEPS AdamW steps of the adapters alone."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(40)
+    base = Qwen2ForCausalLM.from_pretrained(base_dir, attn_implementation="eager").float()
+    model = get_peft_model(base, LoraConfig(
+        r=4, lora_alpha=8, lora_dropout=0.0, target_modules=LORA_TARGETS, bias="none",
+        task_type="CAUSAL_LM",
+    ))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn_like(p) * 0.02)
+    model.save_pretrained(out)
+    windows_all = load_file(os.path.join(base_dir, "reference.safetensors"))["windows"]
+    batches = list(windows_all.split(BATCH))
+
+    def wick_name(n):
+        # base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight
+        return n.removeprefix("base_model.model.").replace(".default.", ".")
+
+    trained = [(wick_name(n), p) for n, p in model.named_parameters() if p.requires_grad]
+    ref = {}
+    first = batches[0]
+    logits = model(input_ids=first[:, :-1]).logits
+    loss = loss_of(logits, first[:, 1:])
+    loss.backward()
+    ref["logits"] = logits.detach().contiguous()
+    ref["loss"] = loss.detach().reshape(1)
+    for n, p in trained:
+        ref[f"grad.{n}"] = p.grad.detach().clone().contiguous()
+    model.zero_grad()
+    opt = torch.optim.AdamW([p for _, p in trained], **ADAMW)
+    losses = []
+    for batch in batches[:STEPS]:
+        loss = loss_of(model(input_ids=batch[:, :-1]).logits, batch[:, 1:])
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    ref["steps.losses"] = torch.tensor(losses, dtype=torch.float32)
+    for n, p in trained:
+        ref[f"final.{n}"] = p.detach().clone().contiguous()
+    save_file(ref, os.path.join(out, "reference.safetensors"))
+    print(f"{out}: {len(trained)} adapter tensors, "
+          f"{sum(p.numel() for _, p in trained)} parameters, "
+          f"losses {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
 # SmolLM2-135M's published config.json (tests/fixtures/configs/smollm2-135m.json).

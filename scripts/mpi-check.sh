@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks of the `wick` program with ranks as processes under mpirun (Open MPI):
 #   1. the main job under `mpirun -np 2` logs the same train_loss at every step as
-#      `--devices 2` with threads, in the same CSV, and only rank 0 reports;
+#      `--devices 2` with threads, in the same CSV, and only rank 0 reports; so does a LoRA
+#      fine-tune of the Qwen2 fixture under fsdp;
 #   2. checkpoints cross engines (zero3): one saved by processes has the same bytes as one
 #      saved by threads; resumed by the other engine at the same world size it ends where
 #      the uninterrupted run ends (1e-5), and at another world size (saved under mpirun
@@ -22,6 +23,7 @@ source "$(dirname "$0")/checks-lib.sh"
 mpi_wick=$(realpath "$1")
 plain_wick=$(realpath "$2")
 python=$3
+repo=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
@@ -44,6 +46,23 @@ assert len(a) == len(b) == 21, f"{len(a) - 1} and {len(b) - 1} rows"
 worst = max(abs(float(x[2]) - float(y[2])) for x, y in zip(a[1:], b[1:]))
 assert worst <= 1e-5, f"train_loss differs by {worst}"
 print(f"20 steps, same CSV format, max |train_loss diff| {worst:g}")
+EOF
+
+echo "== 1b. LoRA (fsdp, frozen base weights beside adapters in each unit): mpirun -np 2 against threads"
+"$mpi_wick" prepare --tokenizer "$repo/tests/fixtures/hf/qwen2/tokenizer.json" \
+  --output lora-tokens.safetensors "$repo/data/licenses.txt" > /dev/null
+lora=(fit --model "$repo/tests/fixtures/hf/qwen2" --data lora-tokens.safetensors --seq 32
+  --batch-size 4 --max-steps 6 --strategy fsdp --lora-rank 4 --lora-targets q_proj,v_proj,down_proj
+  --no-checkpoints "${quiet[@]}")
+"${mpirun[@]}" -np 2 "$mpi_wick" "${lora[@]}" --log-dir lora-procs > /dev/null
+"$mpi_wick" "${lora[@]}" --devices 2 --log-dir lora-threads > /dev/null
+"$python" - lora-procs/qwen2/metrics.csv lora-threads/qwen2/metrics.csv <<'EOF'
+import csv, sys
+a, b = (list(csv.reader(open(p))) for p in sys.argv[1:3])
+assert len(a) == len(b) == 7, f"{len(a) - 1} and {len(b) - 1} rows"
+worst = max(abs(float(x[2]) - float(y[2])) for x, y in zip(a[1:], b[1:]))
+assert worst <= 1e-6, f"train_loss differs by {worst}"
+print(f"LoRA: 6 steps, max |train_loss diff| processes vs threads {worst:g}")
 EOF
 
 echo "== 2. checkpoints across engines (zero3)"

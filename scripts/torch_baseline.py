@@ -23,10 +23,12 @@ AdamW betas 0.9/0.95, weight decay 0.01): token and position embeddings, pre-nor
 approximation), a final norm and a linear head. The Llama is `transformers`'
 `LlamaForCausalLM` of the example's config (20.2M parameters), sequence 256, global batch 8.
 `--hf DIR` adds the model of a Hugging Face directory (`AutoModelForCausalLM`, f32) at
-sequence 256, global batch 8 (`model=hf:DIR`). Each row's `peak_rss_mb` is the sum over its
-ranks of each process's peak resident memory.
+sequence 256, global batch 8 (`model=hf:DIR`), and with `--lora R` peft's LoRA of rank R
+on it (`model=hf:DIR+loraR`: alpha 2R, every linear layer of a block; only the adapters in
+the optimizer). Each row's `peak_rss_mb` is the sum over its ranks of each process's peak
+resident memory.
 
-Needs torch (and, for --llama, transformers); CI does not run it.
+Needs torch (and, for --llama and --hf, transformers; for --lora, peft); CI does not run it.
 """
 
 import argparse
@@ -86,16 +88,27 @@ class Gpt(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-class Pretrained(nn.Module):
-    """A Hugging Face directory's model (`AutoModelForCausalLM`, f32, sdpa attention)."""
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
-    def __init__(self, path):
+
+class Pretrained(nn.Module):
+    """A Hugging Face directory's model (`AutoModelForCausalLM`, f32, sdpa attention), with
+    peft's LoRA of rank `lora` (alpha 2r, every linear layer of a block, no dropout) if
+    given, as the example's `--hf DIR --lora-rank R` trains it."""
+
+    def __init__(self, path, lora=None):
         super().__init__()
         from transformers import AutoModelForCausalLM
 
         self.lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                        attn_implementation="sdpa")
         self.blocks = self.lm.model.layers
+        if lora:
+            from peft import LoraConfig, get_peft_model
+
+            self.lm = get_peft_model(self.lm, LoraConfig(
+                r=lora, lora_alpha=2 * lora, lora_dropout=0.0, target_modules=LORA_TARGETS,
+                bias="none", task_type="CAUSAL_LM"))
 
     def forward(self, ids, targets):
         logits = self.lm(input_ids=ids).logits
@@ -138,7 +151,8 @@ def run(rank, world, model_name, strategy, threads, port, compiled, out):
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
     if model_name.startswith("hf:"):
-        model = Pretrained(model_name.removeprefix("hf:"))
+        path, _, lora = model_name.removeprefix("hf:").partition("+lora")
+        model = Pretrained(path, int(lora) if lora else None)
         vocab, (batch, seq) = model.lm.config.vocab_size, HF_SHAPE
     elif model_name == "llama":
         model, vocab, batch, seq = Llama(), LLAMA["vocab_size"], LLAMA_BATCH, LLAMA_SEQ
@@ -154,7 +168,8 @@ def run(rank, world, model_name, strategy, threads, port, compiled, out):
             fully_shard(block)
         fully_shard(model)
     step_model = torch.compile(model) if compiled else model
-    params = list(model.parameters())
+    # Frozen weights (LoRA's base) have no optimizer state.
+    params = [p for p in model.parameters() if p.requires_grad]
     try:
         opt, optimizer = adamw(params, fused=True), "fused"
     except (RuntimeError, ValueError):
@@ -206,10 +221,13 @@ def main():
                    help="also the W=1 runs under torch.compile (inductor)")
     p.add_argument("--hf", metavar="DIR",
                    help="also a Hugging Face directory's model (global batch 8, sequence 256)")
+    p.add_argument("--lora", type=int, metavar="R",
+                   help="--hf's model with peft's LoRA of rank R (needs peft)")
     args = p.parse_args()
     cores = os.cpu_count() or 1
     models = [f"gpt-d{d}" for d in args.d_model] + (["llama"] if args.llama else [])
-    models += [f"hf:{args.hf}"] if args.hf else []
+    lora = f"+lora{args.lora}" if args.lora else ""
+    models += [f"hf:{args.hf}{lora}"] if args.hf else []
     print(f"impl=torch mm_peak_gflops={mm_peak_gflops(cores):.1f}", flush=True)
     ctx = mp.get_context("spawn")
     port = 29511

@@ -32,11 +32,17 @@ fn strategies() -> Vec<(String, Box<dyn Strategy>)> {
     all
 }
 
-/// Every strategy's bytes per rank for `params` elements at `world` ranks.
-pub fn rows(params: usize, world: usize) -> Vec<(String, StateBytes)> {
+/// Every strategy's bytes per rank for `params` trainable and `frozen` frozen elements at
+/// `world` ranks.
+pub fn rows(params: usize, frozen: usize, world: usize) -> Vec<(String, StateBytes)> {
     strategies()
         .into_iter()
-        .map(|(name, s)| (name, s.sharding().adamw_formula(params, world)))
+        .map(|(name, s)| {
+            let bytes = s
+                .sharding()
+                .adamw_formula_with_frozen(params, frozen, world);
+            (name, bytes)
+        })
         .collect()
 }
 
@@ -57,22 +63,49 @@ pub fn model_units(config: GptConfig) -> anyhow::Result<BTreeMap<String, usize>>
     Ok(units)
 }
 
+/// The LoRA options `--lora-rank` and `--lora-targets` describe, checked.
+fn lora(args: &EstimateArgs) -> anyhow::Result<Option<wick_models::LoraConfig>> {
+    let Some(rank) = args.lora_rank else {
+        return Ok(None);
+    };
+    let mut lora = wick_models::LoraConfig::new(rank);
+    if let Some(targets) = &args.lora_targets {
+        lora.targets = targets.clone();
+    }
+    lora.check().map_err(anyhow::Error::msg)?;
+    Ok(Some(lora))
+}
+
 fn mib(bytes: usize) -> String {
     format!("{:.2} MiB", bytes as f64 / (1 << 20) as f64)
 }
 
 /// The report `wick estimate` prints.
 pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
+    let mut frozen = 0;
     let (params, largest) = match (&args.model, args.params) {
         (Some(model), _) => {
             let config = match model.is_dir() {
                 true => model.join("config.json"),
                 false => model.clone(),
             };
-            let units = wick_models::ModelConfig::from_file(config)?.unit_sizes();
+            let config = wick_models::ModelConfig::from_file(config)?;
+            let units = config.unit_sizes();
             // The first of the largest (max_by_key keeps the last).
             let largest = units.iter().rev().max_by_key(|(_, n)| *n).cloned();
-            (units.iter().map(|(_, n)| n).sum(), largest)
+            let base: usize = units.iter().map(|(_, n)| n).sum();
+            match lora(args)? {
+                Some(lora) => {
+                    frozen = base;
+                    let adapters = lora.adapter_shapes(&config);
+                    let count = adapters
+                        .iter()
+                        .map(|(_, s)| s.iter().product::<usize>())
+                        .sum();
+                    (count, largest)
+                }
+                None => (base, largest),
+            }
         }
         (None, Some(n)) => (n, None),
         (None, None) => {
@@ -92,16 +125,21 @@ pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
     };
     let w = args.world;
     let mut out = String::new();
+    let frozen_text = match frozen {
+        0 => String::new(),
+        n => format!(" (LoRA adapters) beside {n} frozen ones"),
+    };
     let _ = writeln!(
         out,
-        "{params} parameters at {w} rank(s), AdamW, f32 master state (per rank, without padding):"
+        "{params} parameters{frozen_text} at {w} rank(s), AdamW, f32 master state (per rank, \
+         without padding):"
     );
     let _ = writeln!(
         out,
         "{:<20} {:>14} {:>14} {:>14} {:>14}",
         "strategy", "parameters", "gradients", "optimizer", "total"
     );
-    for (strategy, r) in rows(params, w) {
+    for (strategy, r) in rows(params, frozen, w) {
         let _ = writeln!(
             out,
             "{:<20} {:>14} {:>14} {:>14} {:>14}",
@@ -158,6 +196,8 @@ mod tests {
             n_head: 4,
             vocab: 85,
             block: 64,
+            lora_rank: None,
+            lora_targets: None,
         };
         let text = report(&args).unwrap();
         // 384 x 64 embedding and head, two layers of 4 x 64 x 64 - 2 x 64 x 32 attention,
@@ -174,11 +214,34 @@ mod tests {
             )),
             "{text}"
         );
+        // LoRA of rank 8 on q_proj (64 -> 64) and v_proj (64 -> 32) of both layers: only
+        // the adapters have gradients and AdamW state, the base weights count as parameters.
+        let lora = report(&EstimateArgs {
+            lora_rank: Some(8),
+            ..args
+        })
+        .unwrap();
+        let adapters = 2 * (8 * 64 + 64 * 8 + 8 * 64 + 32 * 8);
+        assert!(
+            lora.starts_with(&format!(
+                "{adapters} parameters (LoRA adapters) beside {total} frozen ones at 4 rank(s)"
+            )),
+            "{lora}"
+        );
+        let ddp = rows(adapters, total, 4)
+            .into_iter()
+            .find(|(n, _)| n == "ddp")
+            .unwrap()
+            .1;
+        assert_eq!(
+            (ddp.params, ddp.grads, ddp.optimizer),
+            (4 * (adapters + total), 4 * adapters, 8 * adapters)
+        );
     }
 
     #[test]
     fn the_formulas() {
-        let bytes: Vec<StateBytes> = rows(1000, 4).into_iter().map(|(_, b)| b).collect();
+        let bytes: Vec<StateBytes> = rows(1000, 0, 4).into_iter().map(|(_, b)| b).collect();
         let [ddp, zero1, zero2, zero3, full, ..] = &bytes[..] else {
             panic!()
         };
@@ -202,7 +265,9 @@ mod tests {
         let ids: Vec<u32> = (0..400).map(|i| (i * 7 % 11) as u32).collect();
         let data = DataLoader::new(CharWindows::new(ids, CONFIG.block, 1), 4);
         let world = 2;
-        for ((name, strategy), (_, estimate)) in strategies().into_iter().zip(rows(params, world)) {
+        for ((name, strategy), (_, estimate)) in
+            strategies().into_iter().zip(rows(params, 0, world))
+        {
             let mut trainer = Trainer::builder()
                 .devices(world)
                 .strategy_instance(strategy)

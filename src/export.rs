@@ -2,14 +2,37 @@
 //! model directory: its `config.json` and `tokenizer.json` as they came, and
 //! `model.safetensors` with every parameter whole under Hugging Face's names (f32), so that
 //! `transformers`' `from_pretrained` loads it.
+//!
+//! A LoRA run's checkpoint holds adapters only: `--adapter` writes them as PEFT saves them
+//! (`adapter_config.json`, `adapter_model.safetensors` under PEFT's names), which
+//! `peft.PeftModel.from_pretrained` loads over the base model; `--merge` writes the base
+//! model with each adapted weight replaced by W + (alpha / r) B A.
 
-use crate::lm_job::{CONFIG_FILE, TOKENIZER_FILE};
+use crate::lm_job::{lora_of, CONFIG_FILE, TOKENIZER_FILE};
+use anyhow::Context;
+use candle_core::{Device, Shape, Tensor};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use wick_core::WeightSource;
+use wick_models::{
+    LoraConfig, ModelConfig, ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, PEFT_PREFIX,
+};
 use wick_trainer::Checkpoint;
+
+/// What `export` writes of a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportForm {
+    /// The parameters it holds, as a model directory (not for a LoRA checkpoint).
+    Whole,
+    /// A LoRA checkpoint's adapters, as a PEFT adapter directory.
+    Adapter,
+    /// A LoRA checkpoint's adapters merged into its base model, as a model directory.
+    Merged,
+}
 
 /// Writes the directory `out` (built under a temporary name, renamed at the end) and
 /// returns the files written.
-pub fn run(checkpoint: &Path, out: &Path) -> anyhow::Result<Vec<PathBuf>> {
+pub fn run(checkpoint: &Path, out: &Path, form: ExportForm) -> anyhow::Result<Vec<PathBuf>> {
     let ck = Checkpoint::open(checkpoint)?;
     let Some(config) = ck.attachment(CONFIG_FILE) else {
         anyhow::bail!(
@@ -18,6 +41,20 @@ pub fn run(checkpoint: &Path, out: &Path) -> anyhow::Result<Vec<PathBuf>> {
             ck.dir().display()
         )
     };
+    let lora = lora_of(&ck)?;
+    match (&lora, form) {
+        (Some(_), ExportForm::Whole) => anyhow::bail!(
+            "{}: a LoRA checkpoint holds adapters only; export --adapter writes them as PEFT \
+             does, --merge writes them merged into the base model",
+            ck.dir().display()
+        ),
+        (None, ExportForm::Adapter | ExportForm::Merged) => anyhow::bail!(
+            "{}: not a checkpoint of a LoRA run (it holds no {ADAPTER_CONFIG_FILE}); export it \
+             without --adapter or --merge",
+            ck.dir().display()
+        ),
+        _ => {}
+    }
     let in_use = out.exists() && std::fs::read_dir(out).map_or(true, |mut d| d.next().is_some());
     anyhow::ensure!(
         !in_use,
@@ -29,17 +66,113 @@ pub fn run(checkpoint: &Path, out: &Path) -> anyhow::Result<Vec<PathBuf>> {
         std::fs::remove_dir_all(&tmp)?;
     }
     std::fs::create_dir_all(&tmp)?;
-    let mut names = vec![CONFIG_FILE];
-    std::fs::copy(&config, tmp.join(CONFIG_FILE))?;
-    if let Some(tokenizer) = ck.attachment(TOKENIZER_FILE) {
-        std::fs::copy(&tokenizer, tmp.join(TOKENIZER_FILE))?;
-        names.push(TOKENIZER_FILE);
+    let mut names = Vec::new();
+    let mut copy = |attachment: Option<PathBuf>, name: &'static str| -> anyhow::Result<()> {
+        if let Some(from) = attachment {
+            std::fs::copy(&from, tmp.join(name))?;
+            names.push(name);
+        }
+        Ok(())
+    };
+    match (lora, form) {
+        (Some((lora, _)), ExportForm::Adapter) => {
+            copy(ck.attachment(ADAPTER_CONFIG_FILE), ADAPTER_CONFIG_FILE)?;
+            let adapters = read_adapters(&ck, &lora, &config)?;
+            let renamed = adapters
+                .into_iter()
+                .map(|(n, t)| (format!("{PEFT_PREFIX}{n}"), t))
+                .collect();
+            save(&renamed, &tmp.join(ADAPTER_WEIGHTS_FILE))?;
+            names.push(ADAPTER_WEIGHTS_FILE);
+        }
+        (Some((lora, base)), _) => {
+            copy(Some(config.clone()), CONFIG_FILE)?;
+            copy(ck.attachment(TOKENIZER_FILE), TOKENIZER_FILE)?;
+            let merged = merge(&ck, &lora, &base, &config)?;
+            save(&merged, &tmp.join("model.safetensors"))?;
+            names.push("model.safetensors");
+        }
+        (None, _) => {
+            copy(Some(config), CONFIG_FILE)?;
+            copy(ck.attachment(TOKENIZER_FILE), TOKENIZER_FILE)?;
+            wick_trainer::consolidate(ck.dir(), tmp.join("model.safetensors"), false)?;
+            names.push("model.safetensors");
+        }
     }
-    wick_trainer::consolidate(ck.dir(), tmp.join("model.safetensors"), false)?;
-    names.push("model.safetensors");
     if out.exists() {
         std::fs::remove_dir(out)?;
     }
     std::fs::rename(&tmp, out)?;
     Ok(names.into_iter().map(|n| out.join(n)).collect())
+}
+
+/// A whole tensor of `shape` read from `weights`.
+fn read(weights: &dyn WeightSource, name: &str, shape: &[usize]) -> anyhow::Result<Tensor> {
+    let shape = Shape::from(shape.to_vec());
+    let values = weights.read(name, &shape, 0..shape.elem_count())?;
+    Ok(Tensor::from_vec(values, shape, &Device::Cpu)?)
+}
+
+/// The adapters a LoRA checkpoint holds, by wick's names (those of its manifest).
+fn read_adapters(
+    ck: &Checkpoint,
+    lora: &LoraConfig,
+    config: &Path,
+) -> anyhow::Result<HashMap<String, Tensor>> {
+    let shapes: Vec<(String, Vec<usize>)> = ck
+        .parameters()
+        .map(|(n, s)| (n.to_string(), s.to_vec()))
+        .collect();
+    let mut expected = lora.adapter_shapes(&ModelConfig::from_file(config)?);
+    let mut held = shapes.clone();
+    expected.sort();
+    held.sort();
+    anyhow::ensure!(
+        held == expected,
+        "{}: holds {} parameters, not the {} adapters its {ADAPTER_CONFIG_FILE} describes",
+        ck.dir().display(),
+        shapes.len(),
+        expected.len()
+    );
+    let weights = Checkpoint::open(ck.dir())?.into_weights();
+    shapes
+        .iter()
+        .map(|(name, shape)| Ok((name.clone(), read(weights.as_ref(), name, shape)?)))
+        .collect()
+}
+
+/// Every base parameter of `config`'s model from `base`, each adapted weight replaced by
+/// W + (alpha / r) B A, in f32.
+fn merge(
+    ck: &Checkpoint,
+    lora: &LoraConfig,
+    base: &Path,
+    config: &Path,
+) -> anyhow::Result<HashMap<String, Tensor>> {
+    let adapters = read_adapters(ck, lora, config)?;
+    let base_model = wick_models::CausalLm::from_pretrained(base)
+        .with_context(|| format!("the base model of {}", ck.dir().display()))?;
+    let weights = base_model
+        .weights()
+        .context("a pretrained model has weights")?;
+    let mut out = HashMap::new();
+    for (name, shape) in base_model.config().parameter_shapes() {
+        let mut w = read(weights.as_ref(), &name, &shape)?;
+        let layer = name.strip_suffix(".weight").unwrap_or(&name);
+        let (a, b) = (
+            adapters.get(&format!("{layer}.lora_A.weight")),
+            adapters.get(&format!("{layer}.lora_B.weight")),
+        );
+        if let (Some(a), Some(b)) = (a, b) {
+            w = (w + b.matmul(a)?.affine(lora.scale(), 0.0)?)?;
+        }
+        out.insert(name, w);
+    }
+    Ok(out)
+}
+
+/// `tensors` as one safetensors file, as `transformers` and PEFT write theirs.
+fn save(tensors: &HashMap<String, Tensor>, path: &Path) -> anyhow::Result<()> {
+    candle_core::safetensors::save(tensors, path)
+        .with_context(|| format!("writing {}", path.display()))
 }

@@ -42,8 +42,10 @@ pub struct FitReport {
     pub last_train_loss: f64,
     /// The last validation loss.
     pub val_loss: Option<f64>,
-    /// Parameters of the model.
+    /// Trainable parameters of the model.
     pub parameters: usize,
+    /// Frozen parameters (LoRA's base weights).
+    pub frozen_parameters: usize,
     /// The metrics file.
     pub metrics_csv: Option<std::path::PathBuf>,
     /// The checkpoint root the run saved under.
@@ -223,6 +225,7 @@ impl Run {
             last_train_loss: last,
             val_loss: metrics.get("val_loss").copied(),
             parameters: trainer.num_parameters().unwrap_or(0),
+            frozen_parameters: trainer.num_frozen_parameters().unwrap_or(0),
             metrics_csv: trainer.metrics_path(),
             checkpoint_dir: trainer.checkpoint_dir().map(std::path::Path::to_path_buf),
             devices: trainer.world_size(),

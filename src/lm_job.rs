@@ -1,14 +1,15 @@
 //! `wick fit --model`: fine-tune a Hugging Face model directory, or pre-train a new model of
 //! a `config.json`, on the token file `wick prepare` wrote, with every option of the main
 //! job. Its checkpoints carry the model's `config.json` and `tokenizer.json`, so that
-//! `validate`, `sample` and `export` need nothing else.
+//! `validate`, `sample` and `export` need nothing else; under `--lora-rank` they hold the
+//! adapters only, with PEFT's `adapter_config.json` naming the base model's directory.
 
 use crate::cli::FitArgs;
 use crate::fit_job::{FitReport, Run};
 use anyhow::Context;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use wick_core::OptimizerConfig;
-use wick_models::{CausalLm, TextTokenizer};
+use wick_models::{CausalLm, LoraConfig, TextTokenizer, ADAPTER_CONFIG_FILE};
 use wick_trainer::{Checkpoint, DataLoader, ModelCheckpoint, Split, TokenDataset};
 
 /// The attachment of a checkpoint that holds its model's config.
@@ -37,7 +38,8 @@ pub fn load_model(model: &Path, tokenizer: Option<&Path>) -> anyhow::Result<Caus
 
 /// The model a checkpoint of a `fit --model` run holds (its config and tokenizer from the
 /// checkpoint, its parameters read from the checkpoint's files), or `None` for a checkpoint
-/// of the character model.
+/// of the character model. A LoRA run's checkpoint holds the adapters only: the base
+/// weights are read from the model directory its `adapter_config.json` names.
 pub fn from_checkpoint(checkpoint: Checkpoint) -> anyhow::Result<Option<CausalLm>> {
     let Some(config) = checkpoint.attachment(CONFIG_FILE) else {
         return Ok(None);
@@ -46,10 +48,33 @@ pub fn from_checkpoint(checkpoint: Checkpoint) -> anyhow::Result<Option<CausalLm
         .attachment(TOKENIZER_FILE)
         .map(TextTokenizer::from_file)
         .transpose()?;
-    let lm = CausalLm::from_config(&config)?
+    let Some((lora, base)) = lora_of(&checkpoint)? else {
+        let lm = CausalLm::from_config(&config)?
+            .with_tokenizer(tokenizer)
+            .with_weights(checkpoint.into_weights());
+        return Ok(Some(lm));
+    };
+    let lm = CausalLm::from_pretrained(&base)
+        .with_context(|| {
+            format!(
+                "the base model of LoRA checkpoint {}",
+                checkpoint.dir().display()
+            )
+        })?
         .with_tokenizer(tokenizer)
-        .with_weights(checkpoint.into_weights());
+        .with_adapters(lora, checkpoint.into_weights())?;
     Ok(Some(lm))
+}
+
+/// The LoRA options of a checkpoint of a LoRA run, and its base model's directory.
+pub fn lora_of(checkpoint: &Checkpoint) -> anyhow::Result<Option<(LoraConfig, PathBuf)>> {
+    let Some(path) = checkpoint.attachment(ADAPTER_CONFIG_FILE) else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(&path)?;
+    let (lora, base) = LoraConfig::from_peft_json(&text, &path)?;
+    let base = base.with_context(|| format!("{}: no base_model_name_or_path", path.display()))?;
+    Ok(Some((lora, base.into())))
 }
 
 /// Split `split` of the token file `data` in windows of `seq`, checked against `lm`'s
@@ -78,13 +103,27 @@ pub fn run(args: &FitArgs, model: &Path) -> anyhow::Result<FitReport> {
         .as_deref()
         .context("--model needs --data TOKENS, a token file that `wick prepare` wrote")?;
     let optimizer = OptimizerConfig::adamw(args.lr).with_schedule(args.lr_schedule());
-    let lm = load_model(model, args.tokenizer.as_deref())?.with_optimizer(optimizer);
+    let mut lm = load_model(model, args.tokenizer.as_deref())?.with_optimizer(optimizer);
+    if let Some(lora) = args.lora() {
+        anyhow::ensure!(
+            model.is_dir(),
+            "--lora-rank fine-tunes a pretrained model directory; {} is a config.json",
+            model.display()
+        );
+        lm = lm.with_lora(lora)?;
+    }
     let train = tokens(&lm, data, Split::Train, args.seq)?;
     let val = tokens(&lm, data, Split::Val, args.seq)?;
     let tokenizer = lm.tokenizer().context("the model has no tokenizer")?;
-    let checkpoints = ModelCheckpoint::new(&args.checkpoint_dir)
+    let mut checkpoints = ModelCheckpoint::new(&args.checkpoint_dir)
         .with_attachment(CONFIG_FILE, lm.config_json().as_bytes().to_vec())
         .with_attachment(TOKENIZER_FILE, tokenizer.json().as_bytes().to_vec());
+    if let Some(lora) = lm.lora() {
+        // The checkpoint holds the adapters; the base weights stay where they are.
+        let base = std::fs::canonicalize(model)?;
+        let adapter_config = lora.to_peft_json(&base.to_string_lossy());
+        checkpoints = checkpoints.with_attachment(ADAPTER_CONFIG_FILE, adapter_config.into_bytes());
+    }
     let (train, val) = (
         DataLoader::new(train, args.batch_size),
         DataLoader::new(val, args.batch_size).without_shuffle(),

@@ -65,11 +65,15 @@ fn run(command: Command) -> anyhow::Result<()> {
             let r = fit_job::run(&args)?;
             if r.is_global_zero {
                 println!(
-                    "trained to step {} with {} on {} device(s): {} parameters, train_loss {:.4} -> {:.4} (ratio {:.3}){}",
+                    "trained to step {} with {} on {} device(s): {} parameters{}, train_loss {:.4} -> {:.4} (ratio {:.3}){}",
                     args.max_steps,
                     name_of(args.strategy),
                     r.devices,
                     r.parameters,
+                    match r.frozen_parameters {
+                        0 => String::new(),
+                        n => format!(" trained beside {n} frozen"),
+                    },
                     r.first_train_loss,
                     r.last_train_loss,
                     r.last_train_loss / r.first_train_loss,
@@ -129,8 +133,18 @@ fn run(command: Command) -> anyhow::Result<()> {
             println!("{}", prepare::run(&args)?);
             Ok(())
         }
-        Command::Export { checkpoint, out } => {
-            for f in export::run(&checkpoint, &out)? {
+        Command::Export {
+            checkpoint,
+            out,
+            adapter,
+            merge,
+        } => {
+            let form = match (adapter, merge) {
+                (true, _) => export::ExportForm::Adapter,
+                (_, true) => export::ExportForm::Merged,
+                _ => export::ExportForm::Whole,
+            };
+            for f in export::run(&checkpoint, &out, form)? {
                 println!("wrote {}", f.display());
             }
             Ok(())

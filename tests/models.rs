@@ -81,7 +81,7 @@ fn pretrained(family: &str, optimizer: OptimizerConfig) -> CausalLm {
 }
 
 /// The model's parameters made on one CPU rank, outside a trainer.
-fn on_one_cpu(model: &mut CausalLm) -> Box<dyn Strategy> {
+pub(crate) fn on_one_cpu(model: &mut CausalLm) -> Box<dyn Strategy> {
     let mut single = strategy_by_name("single").unwrap();
     single.connect(Arc::new(SoloWorld), Device::Cpu).unwrap();
     wick::accelerator::Accelerator::setup(single.as_mut(), model, 0).unwrap();

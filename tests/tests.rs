@@ -42,3 +42,5 @@ mod runs;
 mod models;
 // Published configs, refused and unknown fields, tied vocabularies that do not divide by W.
 mod model_configs;
+// LoRA: frozen base weights under every strategy, adapters equal to one device's, resume.
+mod lora;

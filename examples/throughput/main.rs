@@ -42,6 +42,9 @@
 //! Like the `wick` program, it makes wick's process-wide settings for CPU training first
 //! (`tune_host_process`); the plain Candle loop's child process runs without them.
 //!
+//! `--hf DIR [--lora-rank R]` is the real-size row (`hf.rs`): a Hugging Face directory's
+//! model under fsdp full_shard at W=2, fully fine-tuned or with LoRA, with its peak memory.
+//!
 //! `--profile` prints where a step's time goes (`profile.rs`): for the GPT at d_model 512
 //! (single, fsdp full_shard and ddp at W=2) and the Llama (single, full_shard at W=2),
 //! milliseconds per step and rank in matmul forward, matmul backward, copies, element-wise
@@ -61,6 +64,7 @@ use wick::nn::{causal_attention_composite, cross_entropy_composite, layer_norm_c
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
 use wick::trainer::{Attached, DataLoader, Trainer};
 
+mod hf;
 mod profile;
 
 // The main job's model and windows, from the `wick` program's own modules.
@@ -355,9 +359,14 @@ fn llama_model() -> anyhow::Result<CausalLm> {
 
 /// The `--llama` data: windows of token ids from a fixed generator, in global batches.
 fn llama_data() -> DataLoader<CharWindows> {
-    let (vocab, block) = (8192u64, LLAMA_SEQ);
-    let mut s = 7u64;
-    let ids = (0..(WARMUP + MEASURED + 2) * LLAMA_BATCH * (block + 1))
+    random_windows(8192, LLAMA_SEQ, LLAMA_BATCH, 7)
+}
+
+/// Windows of `seq` + 1 token ids below `vocab` from a fixed generator (`seed`), enough for
+/// every step, in global batches of `batch`.
+fn random_windows(vocab: u64, seq: usize, batch: usize, seed: u64) -> DataLoader<CharWindows> {
+    let mut s = seed;
+    let ids = (0..(WARMUP + MEASURED + 2) * batch * (seq + 1))
         .map(|_| {
             s = s
                 .wrapping_mul(6364136223846793005)
@@ -365,7 +374,7 @@ fn llama_data() -> DataLoader<CharWindows> {
             ((s >> 33) % vocab) as u32
         })
         .collect();
-    DataLoader::new(CharWindows::new(ids, block, block + 1), LLAMA_BATCH)
+    DataLoader::new(CharWindows::new(ids, seq, seq + 1), batch)
 }
 
 /// The Llama's seconds per step and parameters under `strategy` on `accelerator`'s ranks.
@@ -527,6 +536,16 @@ fn main() -> anyhow::Result<()> {
     }
     if flag("--llama") {
         return compare_rows(&["llama".to_string()], flag("--processes"));
+    }
+    let value = |name: &str| {
+        let i = args.iter().position(|a| a == name)?;
+        args.get(i + 1).cloned()
+    };
+    if let Some(dir) = value("--hf") {
+        let rank = value("--lora-rank").map(|r| r.parse()).transpose()?;
+        let peak = peak_gflops()?;
+        println!("peak_gflops={peak:.1}");
+        return hf::hf_row(std::path::Path::new(&dir), rank, peak);
     }
     if flag("--compare") {
         let models = match args.iter().position(|a| a == "--models") {

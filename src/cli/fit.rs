@@ -6,6 +6,7 @@ use super::{name_of, AcceleratorName, DecayName};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use wick_core::{ActivationCheckpointing, Decay, LrSchedule, OnNonFinite};
+use wick_models::LoraConfig;
 use wick_strategies::{Precision, ShardingKind, StrategyKind, StrategySpec};
 
 /// The effective options of `wick fit`: the defaults, overridden by `--config`, overridden
@@ -58,6 +59,12 @@ pub struct FitArgs {
     /// The model's tokenizer.json, when `model` is a config.json.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<PathBuf>,
+    /// LoRA of this rank on `model` (off when `None`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora_rank: Option<usize>,
+    pub lora_alpha: f64,
+    pub lora_dropout: f64,
+    pub lora_targets: Vec<String>,
     /// Tokens per window of a `model` run.
     pub seq: usize,
     pub no_progress: bool,
@@ -124,6 +131,10 @@ impl Default for FitArgs {
             data: None,
             model: None,
             tokenizer: None,
+            lora_rank: None,
+            lora_alpha: LoraConfig::default().alpha,
+            lora_dropout: LoraConfig::default().dropout,
+            lora_targets: LoraConfig::default().targets,
             seq: 128,
             no_progress: false,
             no_overlap_comm: false,
@@ -152,6 +163,12 @@ impl FitArgs {
             return Err(format!("{key} must be a positive integer, got 0"));
         }
         self.strategy_spec().check().map_err(|e| e.to_string())?;
+        if let Some(lora) = self.lora() {
+            lora.check()?;
+            if self.model.is_none() {
+                return Err("lora-rank fine-tunes a --model; the character model has none".into());
+            }
+        }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(format!("lr must be a positive number, got {}", self.lr));
         }
@@ -167,6 +184,16 @@ impl FitArgs {
                 self.min_lr_ratio,
                 self.lr_schedule().total_steps
             )
+        })
+    }
+
+    /// The LoRA options, when `lora_rank` turns LoRA on.
+    pub fn lora(&self) -> Option<LoraConfig> {
+        Some(LoraConfig {
+            rank: self.lora_rank?,
+            alpha: self.lora_alpha,
+            dropout: self.lora_dropout,
+            targets: self.lora_targets.clone(),
         })
     }
 
@@ -262,6 +289,16 @@ mod tests {
         }
         let e = fit("fit --activation-checkpointing every:0").unwrap_err();
         assert!(e.contains("every:K") && e.contains("'every:0'"), "{e}");
+        let a = fit("fit --model m --lora-rank 16 --lora-alpha 32 --lora-targets q_proj,up_proj")
+            .unwrap();
+        let lora = a.lora().unwrap();
+        assert_eq!((lora.rank, lora.alpha, lora.dropout), (16, 32.0, 0.0));
+        assert_eq!(lora.targets, ["q_proj", "up_proj"]);
+        let e = fit("fit --model m --lora-rank 4 --lora-targets c_attn").unwrap_err();
+        assert!(e.contains("c_attn") && e.contains("q_proj"), "{e}");
+        let e = fit("fit --model m --lora-rank 4 --lora-dropout 1").unwrap_err();
+        assert!(e.contains("--lora-dropout 1"), "{e}");
+        assert!(fit("fit --lora-rank 4").is_err(), "LoRA without --model");
         let a = fit("fit --checkpoint-dir ck --resume last").unwrap();
         assert_eq!(a.resume, Some(PathBuf::from("ck/last")));
         let Command::Consolidate { with_optimizer, .. } =
@@ -294,6 +331,7 @@ mod tests {
             data: Some("text.txt".into()),
             model: Some("model".into()),
             tokenizer: Some("tokenizer.json".into()),
+            lora_rank: Some(16),
             resume: Some("ck".into()),
             ..FitArgs::default()
         };

@@ -142,6 +142,30 @@ pub struct FitFlags {
     #[arg(long, value_name = "FILE", requires = "model")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<PathBuf>,
+    /// Fine-tune --model with LoRA of this rank: its weights frozen (no gradient, no
+    /// optimizer state), adapters beside the --lora-targets layers the only parameters
+    /// trained and saved.
+    #[arg(long, value_parser = positive, value_name = "R", requires = "model")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora_rank: Option<usize>,
+    /// LoRA's alpha: the update is scaled by alpha / rank [default: 8, PEFT's].
+    #[arg(long, value_parser = positive_number, value_name = "A", requires = "lora_rank")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora_alpha: Option<f64>,
+    /// The dropout of each adapter's input in training [default: 0].
+    #[arg(long, value_name = "P", requires = "lora_rank")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora_dropout: Option<f64>,
+    /// The adapted layers of each block, of q_proj, k_proj, v_proj, o_proj, gate_proj,
+    /// up_proj, down_proj [default: q_proj,v_proj, PEFT's].
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "L,M",
+        requires = "lora_rank"
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora_targets: Option<Vec<String>>,
     /// Tokens per window with --model [default: 128].
     #[arg(long, value_parser = positive, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]

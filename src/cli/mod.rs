@@ -69,6 +69,14 @@ pub enum Command {
         checkpoint: PathBuf,
         /// The directory to write (it must not hold a model already).
         out: PathBuf,
+        /// A LoRA run's checkpoint: write its adapters as PEFT does (adapter_config.json,
+        /// adapter_model.safetensors), for peft.PeftModel.from_pretrained over the base.
+        #[arg(long, conflicts_with = "merge")]
+        adapter: bool,
+        /// A LoRA run's checkpoint: write the base model with the adapters merged into its
+        /// weights (W + alpha/r B A), a model directory transformers loads alone.
+        #[arg(long)]
+        merge: bool,
     },
 }
 
@@ -193,6 +201,17 @@ pub struct EstimateArgs {
     /// Ranks.
     #[arg(long, value_parser = positive, value_name = "W", default_value_t = 2)]
     pub world: usize,
+    /// LoRA of this rank on --model: only the adapters have gradients and optimizer state.
+    #[arg(long, value_parser = positive, value_name = "R", requires = "model")]
+    pub lora_rank: Option<usize>,
+    /// The layers LoRA adapts [default: q_proj,v_proj].
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "L,M",
+        requires = "lora_rank"
+    )]
+    pub lora_targets: Option<Vec<String>>,
     /// Precision of full_shard's gathered units.
     #[arg(long, value_enum, default_value = "32")]
     pub precision: Precision,

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 mod instruction;
+mod lora;
 #[cfg(unix)]
 mod signals;
 
@@ -175,6 +176,32 @@ fn prepare(dir: &Path, model: &str) -> (bool, String, String) {
     )
 }
 
+/// `wick validate CK` on `dir/tokens.safetensors` in windows of 32 at `devices` ranks of
+/// `strategy`: the loss it prints.
+fn val_loss(dir: &Path, ck: &str, devices: &str, strategy: &str) -> f64 {
+    let (ok, out, err) = wick(
+        dir,
+        &[
+            "validate",
+            ck,
+            "--data",
+            "tokens.safetensors",
+            "--seq",
+            "32",
+            "--devices",
+            devices,
+            "--strategy",
+            strategy,
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    out.trim()
+        .strip_prefix("val_loss ")
+        .unwrap()
+        .parse::<f64>()
+        .unwrap()
+}
+
 /// Names, shapes and dtypes of a safetensors file's tensors.
 fn tensors(path: &Path) -> Vec<(String, Vec<usize>, String)> {
     let bytes = std::fs::read(path).unwrap();
@@ -253,29 +280,7 @@ fn a_hugging_face_model_is_prepared_for_fine_tuned_validated_sampled_and_exporte
         assert_eq!(first, again, "{family}: a resumed run differs");
 
         let ck = format!("{family}/last");
-        let val = |devices: &str, strategy: &str| {
-            let (ok, out, err) = wick(
-                d,
-                &[
-                    "validate",
-                    &ck,
-                    "--data",
-                    "tokens.safetensors",
-                    "--seq",
-                    "32",
-                    "--devices",
-                    devices,
-                    "--strategy",
-                    strategy,
-                ],
-            );
-            assert!(ok, "{out}{err}");
-            out.trim()
-                .strip_prefix("val_loss ")
-                .unwrap()
-                .parse::<f64>()
-                .unwrap()
-        };
+        let val = |devices, strategy| val_loss(d, &ck, devices, strategy);
         let (one, three) = (val("1", "single"), val("2", "fsdp"));
         assert!((one - three).abs() < 1e-5, "{family}: {one} vs {three}");
         let (ok, out, err) = wick(

@@ -19,6 +19,7 @@ impl ParamSource for Recording {
         _: &ParamInit,
         dtype: DType,
         device: &Device,
+        _trainable: bool,
     ) -> candle_core::Result<Tensor> {
         self.0
             .lock()

@@ -78,6 +78,10 @@ pub trait ParamSource: Send + Sync {
     /// Creates the parameter `name` (or returns it, when asked again with the same shape).
     /// Under a sharding strategy the tensor returned is this rank's view of the parameter
     /// and the bytes behind it are only this rank's shard.
+    ///
+    /// A parameter that is not `trainable` (a base weight under LoRA) is a plain tensor,
+    /// not a variable: backward gives it no gradient, and the strategy keeps no gradient
+    /// buffer, no reduction and no optimizer state for it.
     fn get_or_create(
         &self,
         name: &str,
@@ -85,6 +89,7 @@ pub trait ParamSource: Send + Sync {
         init: &ParamInit,
         dtype: DType,
         device: &Device,
+        trainable: bool,
     ) -> candle_core::Result<Tensor>;
 
     /// Whether `name` was created already.
@@ -145,6 +150,8 @@ pub struct ShardedContext {
     source: Arc<dyn ParamSource>,
     open: Arc<AtomicBool>,
     weights: Arc<Mutex<Option<Arc<dyn WeightSource>>>>,
+    trainable: Arc<Mutex<Option<NameFilter>>>,
+    fresh: Arc<Mutex<Option<NameFilter>>>,
     world: Arc<dyn Collective>,
     device: Device,
     strategy: String,
@@ -162,6 +169,8 @@ impl ShardedContext {
             source,
             open: Arc::new(AtomicBool::new(false)),
             weights: Arc::default(),
+            trainable: Arc::default(),
+            fresh: Arc::default(),
             world,
             device,
             strategy: strategy.into(),
@@ -174,6 +183,8 @@ impl ShardedContext {
             source: self.source.clone(),
             open: self.open.clone(),
             weights: self.weights.clone(),
+            trainable: self.trainable.clone(),
+            fresh: self.fresh.clone(),
             strategy: self.strategy.clone(),
         };
         VarBuilder::from_backend(Box::new(backend), DType::F32, self.device.clone())
@@ -185,6 +196,20 @@ impl ShardedContext {
     /// weights lack, or hold with another shape, is an error naming it.
     pub fn load_weights(&self, weights: Arc<dyn WeightSource>) {
         *lock(&self.weights) = Some(weights);
+    }
+
+    /// Parameters created from now on are trainable only when `filter` says so of their
+    /// full name; the others are frozen (see [`ParamSource::get_or_create`]). Without a
+    /// filter every parameter is trainable. LoRA freezes all but its adapters this way.
+    pub fn train_only(&self, filter: impl Fn(&str) -> bool + Send + Sync + 'static) {
+        *lock(&self.trainable) = Some(Arc::new(filter));
+    }
+
+    /// Parameters whose full name `filter` picks are drawn from their initializer even
+    /// when [`ShardedContext::load_weights`] gave weights: the new layers of a pretrained
+    /// model, such as LoRA's adapters.
+    pub fn init_only(&self, filter: impl Fn(&str) -> bool + Send + Sync + 'static) {
+        *lock(&self.fresh) = Some(Arc::new(filter));
     }
 
     /// This rank's index.
@@ -268,10 +293,16 @@ impl Drop for ContextGuard {
     }
 }
 
+/// A choice of parameters by full name: [`ShardedContext::train_only`],
+/// [`ShardedContext::init_only`].
+type NameFilter = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 struct GuardedSource {
     source: Arc<dyn ParamSource>,
     open: Arc<AtomicBool>,
     weights: Arc<Mutex<Option<Arc<dyn WeightSource>>>>,
+    trainable: Arc<Mutex<Option<NameFilter>>>,
+    fresh: Arc<Mutex<Option<NameFilter>>>,
     strategy: String,
 }
 
@@ -291,11 +322,14 @@ impl SimpleBackend for GuardedSource {
                 self.strategy
             )
         }
+        let fresh = lock(&self.fresh).as_ref().is_some_and(|f| f(name));
         let init = match &*lock(&self.weights) {
-            Some(weights) => ParamInit::Weights(weights.clone()),
-            None => ParamInit::Init(init),
+            Some(weights) if !fresh => ParamInit::Weights(weights.clone()),
+            _ => ParamInit::Init(init),
         };
-        self.source.get_or_create(name, &shape, &init, dtype, dev)
+        let trainable = lock(&self.trainable).as_ref().map_or(true, |f| f(name));
+        self.source
+            .get_or_create(name, &shape, &init, dtype, dev, trainable)
     }
 
     fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {

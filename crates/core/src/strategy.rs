@@ -151,12 +151,18 @@ pub trait Strategy: Send {
         None
     }
 
-    /// Every parameter in full, by name, in registration order. Collective under
-    /// sharding strategies: every rank must call it.
+    /// Every parameter in full, by name, in registration order, the frozen ones (see
+    /// [`ShardedContext::train_only`]) after the trainable ones of their unit. Collective
+    /// under sharding strategies: every rank must call it.
     fn full_parameters(&self) -> Result<Vec<(String, Tensor)>>;
 
-    /// The number of scalar parameters of the whole model.
+    /// The number of trainable scalar parameters of the whole model.
     fn num_parameters(&self) -> usize;
+
+    /// The number of frozen scalar parameters: no gradient and no optimizer state.
+    fn num_frozen_parameters(&self) -> usize {
+        0
+    }
 
     /// Bytes of model state this rank holds, counted from its tensors.
     fn state_bytes(&self) -> StateBytes;
@@ -164,11 +170,13 @@ pub trait Strategy: Send {
     /// Which model state this strategy shards over the ranks.
     fn sharding(&self) -> Sharding;
 
-    /// Every parameter's name and full shape, in registration order (no collective).
+    /// Every trainable parameter's name and full shape, in registration order (no
+    /// collective): what a checkpoint holds.
     fn parameter_shapes(&self) -> Vec<(String, Shape)>;
 
-    /// This rank's range of the parameters and optimizer state, for a checkpoint (no
-    /// collective; together the ranks' ranges cover every element once).
+    /// This rank's range of the trainable parameters and optimizer state, for a checkpoint
+    /// (no collective; together the ranks' ranges cover every element once). Frozen
+    /// parameters are not saved: they come back from where they were loaded.
     fn save_state(&self) -> Result<RankState>;
 
     /// Replaces the parameters and optimizer state (and its step count) with the saved ones
@@ -193,17 +201,29 @@ impl Sharding {
     /// AdamW (4 bytes parameter, 4 gradient, 8 state), part by part: the ZeRO paper's
     /// formulas with K = 8, without padding.
     pub fn adamw_formula(&self, params: usize, world_size: usize) -> StateBytes {
-        let part = |sharded: bool, bytes: usize| {
+        self.adamw_formula_with_frozen(params, 0, world_size)
+    }
+
+    /// [`Sharding::adamw_formula`] for `params` trainable parameters beside `frozen` ones
+    /// (LoRA's base weights), which have no gradient and no optimizer state: they count in
+    /// the parameters' bytes only.
+    pub fn adamw_formula_with_frozen(
+        &self,
+        params: usize,
+        frozen: usize,
+        world_size: usize,
+    ) -> StateBytes {
+        let part = |sharded: bool, bytes: usize, count: usize| {
             if sharded {
-                bytes * params / world_size
+                bytes * count / world_size
             } else {
-                bytes * params
+                bytes * count
             }
         };
         StateBytes {
-            params: part(self.params, 4),
-            grads: part(self.grads, 4),
-            optimizer: part(self.optimizer, 8),
+            params: part(self.params, 4, params + frozen),
+            grads: part(self.grads, 4, params),
+            optimizer: part(self.optimizer, 8, params),
         }
     }
 

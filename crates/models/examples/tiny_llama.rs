@@ -25,6 +25,7 @@ impl ParamSource for Whole {
         init: &ParamInit,
         dtype: DType,
         device: &Device,
+        _trainable: bool,
     ) -> candle_core::Result<Tensor> {
         let var = match init {
             ParamInit::Weights(w) => {

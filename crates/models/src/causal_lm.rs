@@ -4,6 +4,9 @@
 use crate::config::ModelConfig;
 use crate::decoder::Decoder;
 use crate::gpt2::Gpt2;
+use crate::lora::{
+    DropoutKey, LoraConfig, PeftNames, WithAdapters, ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE,
+};
 use crate::{ModelError, TextTokenizer};
 use candle_core::{DType, Result, Tensor, D};
 use std::path::{Path, PathBuf};
@@ -31,7 +34,13 @@ pub struct CausalLm {
     config_json: Arc<String>,
     tokenizer: Option<TextTokenizer>,
     weights: Option<Arc<dyn WeightSource>>,
+    /// LoRA: the base weights frozen, only the adapters trained.
+    lora: Option<LoraConfig>,
+    /// The adapters' starting values (a PEFT directory's, a checkpoint's); drawn otherwise.
+    adapters: Option<Arc<dyn WeightSource>>,
     optimizer: OptimizerConfig,
+    /// This rank's index (dropout masks differ between ranks).
+    rank: usize,
     net: Option<Net>,
 }
 
@@ -93,7 +102,10 @@ impl CausalLm {
             config_json: Arc::new(text),
             tokenizer: None,
             weights: None,
+            lora: None,
+            adapters: None,
             optimizer: OptimizerConfig::adamw(1e-3),
+            rank: 0,
             net: None,
         })
     }
@@ -131,6 +143,58 @@ impl CausalLm {
         self
     }
 
+    /// Fine-tunes with LoRA: every parameter the model had is frozen (no gradient, no
+    /// optimizer state, under every strategy) and `lora`'s adapters are added beside the
+    /// layers it targets, the only parameters trained. Refused for GPT-2, whose layers are
+    /// not built for it, and for options [`LoraConfig::check`] refuses.
+    pub fn with_lora(mut self, lora: LoraConfig) -> std::result::Result<Self, ModelError> {
+        lora.check().map_err(ModelError::Lora)?;
+        if let ModelConfig::Gpt2(_) = self.config {
+            return Err(ModelError::Lora(
+                "LoRA is built for the decoder families (Llama, Mistral, Qwen, Gemma 2), not GPT-2"
+                    .into(),
+            ));
+        }
+        self.lora = Some(lora);
+        Ok(self)
+    }
+
+    /// LoRA with the adapters of a PEFT directory (`adapter_config.json` and
+    /// `adapter_model.safetensors`, as `peft` saves them), to train further or to run.
+    pub fn with_peft_adapter(self, dir: impl AsRef<Path>) -> std::result::Result<Self, ModelError> {
+        let dir = dir.as_ref();
+        let config_path = dir.join(ADAPTER_CONFIG_FILE);
+        let text = std::fs::read_to_string(&config_path).map_err(|e| ModelError::Missing {
+            path: config_path.clone(),
+            message: e.to_string(),
+        })?;
+        let (lora, _) = LoraConfig::from_peft_json(&text, &config_path)?;
+        let weights = PretrainedWeights::open(&[dir.join(ADAPTER_WEIGHTS_FILE)])?;
+        self.with_adapters(lora, Arc::new(PeftNames(weights)))
+    }
+
+    /// LoRA with adapters read from `adapters` under wick's names (a checkpoint's
+    /// `into_weights`), the rest of the model from its own weights.
+    pub fn with_adapters(
+        self,
+        lora: LoraConfig,
+        adapters: Arc<dyn WeightSource>,
+    ) -> std::result::Result<Self, ModelError> {
+        let mut lm = self.with_lora(lora)?;
+        lm.adapters = Some(adapters);
+        Ok(lm)
+    }
+
+    /// The weights its parameters are read from, if any (a pretrained model's).
+    pub fn weights(&self) -> Option<&Arc<dyn WeightSource>> {
+        self.weights.as_ref()
+    }
+
+    /// The LoRA options, when the model is fine-tuned with LoRA.
+    pub fn lora(&self) -> Option<&LoraConfig> {
+        self.lora.as_ref()
+    }
+
     /// The tokenizer that goes with the model (recorded in checkpoints, used to sample).
     pub fn with_tokenizer(mut self, tokenizer: Option<TextTokenizer>) -> Self {
         self.tokenizer = tokenizer;
@@ -161,6 +225,11 @@ impl CausalLm {
     /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`,
     /// f32. Needs the parameters (`configure_sharded_model`).
     pub fn logits(&self, ids: &Tensor) -> Result<Tensor> {
+        self.logits_with(ids, None)
+    }
+
+    /// [`CausalLm::logits`], LoRA's dropout masks drawn by `dropout` (training only).
+    fn logits_with(&self, ids: &Tensor, dropout: Option<DropoutKey>) -> Result<Tensor> {
         let (_, t) = ids.dims2()?;
         if t > self.config.max_positions() {
             candle_core::bail!(
@@ -169,7 +238,7 @@ impl CausalLm {
             )
         }
         let logits = match &self.net {
-            Some(Net::Decoder(m)) => m.logits(ids)?,
+            Some(Net::Decoder(m)) => m.logits(ids, dropout)?,
             Some(Net::Gpt2(m)) => m.logits(ids)?,
             None => candle_core::bail!(
                 "the model's parameters do not exist yet: run it through the trainer"
@@ -181,7 +250,16 @@ impl CausalLm {
     /// The mean cross-entropy of `targets` (`[batch, time]`, u32) under the logits of `ids`,
     /// over the targets that are not [`wick_nn::IGNORE_INDEX`] (`transformers`' -100 labels).
     pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        let logits = self.logits(ids)?;
+        self.loss_with(ids, targets, None)
+    }
+
+    fn loss_with(
+        &self,
+        ids: &Tensor,
+        targets: &Tensor,
+        dropout: Option<DropoutKey>,
+    ) -> Result<Tensor> {
+        let logits = self.logits_with(ids, dropout)?;
         let (b, t, v) = logits.dims3()?;
         wick_nn::cross_entropy(&logits.reshape((b * t, v))?, &targets.reshape(b * t)?)
     }
@@ -191,11 +269,30 @@ impl TrainModule for CausalLm {
     type Batch = (Tensor, Tensor);
 
     fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> Result<()> {
-        if let Some(weights) = &self.weights {
-            ctx.load_weights(weights.clone());
+        let is_adapter = LoraConfig::is_adapter;
+        match (&self.weights, &self.adapters) {
+            (Some(base), Some(adapters)) => ctx.load_weights(Arc::new(WithAdapters {
+                base: base.clone(),
+                adapters: adapters.clone(),
+            })),
+            (Some(base), None) => {
+                ctx.load_weights(base.clone());
+                // New adapters on a pretrained model start from their init (B = 0).
+                ctx.init_only(is_adapter);
+            }
+            (None, Some(adapters)) => {
+                ctx.load_weights(adapters.clone());
+                ctx.init_only(move |name| !is_adapter(name));
+            }
+            (None, None) => {}
         }
+        if self.lora.is_some() {
+            ctx.train_only(is_adapter);
+        }
+        self.rank = ctx.rank();
+        let lora = self.lora.as_ref();
         self.net = Some(match &self.config {
-            ModelConfig::Decoder(c) => Net::Decoder(Decoder::new(ctx, c)?),
+            ModelConfig::Decoder(c) => Net::Decoder(Decoder::new(ctx, c, lora)?),
             ModelConfig::Gpt2(c) => Net::Gpt2(Gpt2::new(ctx, c)?),
         });
         Ok(())
@@ -205,8 +302,14 @@ impl TrainModule for CausalLm {
         self.optimizer.clone()
     }
 
-    fn training_step(&mut self, (ids, targets): &Self::Batch, _: usize) -> Result<Tensor> {
-        self.loss(ids, targets)
+    /// The loss of the batch; LoRA's dropout masks are drawn from this rank and
+    /// `batch_idx`, so that a unit run again in backward and a resumed run draw the same.
+    fn training_step(&mut self, (ids, targets): &Self::Batch, batch_idx: usize) -> Result<Tensor> {
+        let key = DropoutKey {
+            rank: self.rank,
+            batch: batch_idx,
+        };
+        self.loss_with(ids, targets, Some(key))
     }
 
     /// The targets that count: those not [`wick_nn::IGNORE_INDEX`] (a prompt's, in

@@ -9,6 +9,7 @@
 
 use crate::config::{Activation, DecoderConfig};
 use crate::layers::{embed, heads, linear, merge_heads, normal, project};
+use crate::lora::{DropoutKey, LoraConfig, Projection};
 use crate::rope::RopeTables;
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
@@ -31,19 +32,19 @@ fn norm(vb: VarBuilder, size: usize, c: &DecoderConfig) -> Result<RmsNorm> {
 #[derive(Clone)]
 pub(crate) struct DecoderLayer {
     input_layernorm: RmsNorm,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
+    q_proj: Projection,
+    k_proj: Projection,
+    v_proj: Projection,
+    o_proj: Projection,
     /// Qwen3's norms of each query and key head.
     qk_norm: Option<(RmsNorm, RmsNorm)>,
     /// Llama's norm before the MLP; Gemma's after the attention.
     post_attention_layernorm: RmsNorm,
     /// Gemma's norms before and after the MLP.
     feedforward_norms: Option<(RmsNorm, RmsNorm)>,
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    gate_proj: Projection,
+    up_proj: Projection,
+    down_proj: Projection,
     activation: Activation,
     heads: usize,
     kv_heads: usize,
@@ -52,18 +53,32 @@ pub(crate) struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn new(vb: VarBuilder, c: &DecoderConfig, index: usize) -> Result<Self> {
+    fn new(
+        vb: VarBuilder,
+        c: &DecoderConfig,
+        index: usize,
+        lora: Option<&LoraConfig>,
+    ) -> Result<Self> {
         let (h, std, d) = (c.hidden_size, c.initializer_range, c.head_dim);
         let (q, kv) = (c.num_attention_heads * d, c.num_key_value_heads * d);
         let attn = vb.pp("self_attn");
         let mlp = vb.pp("mlp");
         let m = c.intermediate_size;
+        // A linear layer, with its adapter under LoRA (created right after its own weights).
+        let mut made = 0u64;
+        let mut proj = |parent: &VarBuilder, module: &str, dims, bias| {
+            let vb = parent.pp(module);
+            let base = linear(&vb, dims, bias, std)?;
+            made += 1;
+            let salt = index as u64 * 8 + made;
+            Projection::new(base, &vb, module, dims, lora, salt)
+        };
         // Created in `DecoderConfig::parameter_shapes`' order.
         let input_layernorm = norm(vb.pp("input_layernorm"), h, c)?;
-        let q_proj = linear(&attn.pp("q_proj"), (h, q), c.qkv_bias, std)?;
-        let k_proj = linear(&attn.pp("k_proj"), (h, kv), c.qkv_bias, std)?;
-        let v_proj = linear(&attn.pp("v_proj"), (h, kv), c.qkv_bias, std)?;
-        let o_proj = linear(&attn.pp("o_proj"), (q, h), c.o_bias, std)?;
+        let q_proj = proj(&attn, "q_proj", (h, q), c.qkv_bias)?;
+        let k_proj = proj(&attn, "k_proj", (h, kv), c.qkv_bias)?;
+        let v_proj = proj(&attn, "v_proj", (h, kv), c.qkv_bias)?;
+        let o_proj = proj(&attn, "o_proj", (q, h), c.o_bias)?;
         let qk_norm = match c.qk_norm {
             true => Some((
                 norm(attn.pp("q_norm"), d, c)?,
@@ -76,9 +91,9 @@ impl DecoderLayer {
             true => Some(norm(vb.pp("pre_feedforward_layernorm"), h, c)?),
             false => None,
         };
-        let gate_proj = linear(&mlp.pp("gate_proj"), (h, m), c.mlp_bias, std)?;
-        let up_proj = linear(&mlp.pp("up_proj"), (h, m), c.mlp_bias, std)?;
-        let down_proj = linear(&mlp.pp("down_proj"), (m, h), c.mlp_bias, std)?;
+        let gate_proj = proj(&mlp, "gate_proj", (h, m), c.mlp_bias)?;
+        let up_proj = proj(&mlp, "up_proj", (h, m), c.mlp_bias)?;
+        let down_proj = proj(&mlp, "down_proj", (m, h), c.mlp_bias)?;
         let feedforward_norms = match pre_feedforward {
             Some(pre) => Some((pre, norm(vb.pp("post_feedforward_layernorm"), h, c)?)),
             None => None,
@@ -127,34 +142,41 @@ impl DecoderLayer {
         rope.apply(&split)
     }
 
-    fn forward(&self, x: &Tensor, rope: &RotaryEmbedding) -> Result<Tensor> {
+    /// The layer's output; `dropout` draws LoRA's masks (training only).
+    fn forward(
+        &self,
+        x: &Tensor,
+        rope: &RotaryEmbedding,
+        dropout: Option<DropoutKey>,
+    ) -> Result<Tensor> {
         let h = self.input_layernorm.forward(x)?;
         let norms = self.qk_norm.as_ref();
         let q = self.rotated(
-            &self.q_proj.forward(&h)?,
+            &self.q_proj.forward(&h, dropout)?,
             self.heads,
             norms.map(|n| &n.0),
             rope,
         )?;
         let k = self.rotated(
-            &self.k_proj.forward(&h)?,
+            &self.k_proj.forward(&h, dropout)?,
             self.kv_heads,
             norms.map(|n| &n.1),
             rope,
         )?;
-        let v = heads(&self.v_proj.forward(&h)?, self.kv_heads, self.head_dim)?;
+        let v = self.v_proj.forward(&h, dropout)?;
+        let v = heads(&v, self.kv_heads, self.head_dim)?;
         let attended = merge_heads(&causal_attention_with(&q, &k, &v, &self.attention)?)?;
-        let attended = self.o_proj.forward(&attended)?;
+        let attended = self.o_proj.forward(&attended, dropout)?;
         match &self.feedforward_norms {
             // Gemma: a norm after each sublayer too.
             Some((pre, post)) => {
                 let x = (x + self.post_attention_layernorm.forward(&attended)?)?;
-                let mlp = self.mlp(&pre.forward(&x)?)?;
+                let mlp = self.mlp(&pre.forward(&x)?, dropout)?;
                 x + post.forward(&mlp)?
             }
             None => {
                 let x = (x + attended)?;
-                let mlp = self.mlp(&self.post_attention_layernorm.forward(&x)?)?;
+                let mlp = self.mlp(&self.post_attention_layernorm.forward(&x)?, dropout)?;
                 x + mlp
             }
         }
@@ -162,13 +184,14 @@ impl DecoderLayer {
 
     /// The gated MLP: one matmul each, the gate's activation fused with the product where
     /// it is SiLU.
-    fn mlp(&self, h: &Tensor) -> Result<Tensor> {
-        let (gate, up) = (self.gate_proj.forward(h)?, self.up_proj.forward(h)?);
+    fn mlp(&self, h: &Tensor, dropout: Option<DropoutKey>) -> Result<Tensor> {
+        let gate = self.gate_proj.forward(h, dropout)?;
+        let up = self.up_proj.forward(h, dropout)?;
         let gated = match self.activation {
             Activation::Silu => swiglu(&gate, &up)?,
             Activation::GeluTanh => (gelu(&gate)? * up)?,
         };
-        self.down_proj.forward(&gated)
+        self.down_proj.forward(&gated, dropout)
     }
 }
 
@@ -187,17 +210,22 @@ pub(crate) struct Decoder {
 }
 
 impl Decoder {
-    /// Creates the model's parameters through `ctx`, under Hugging Face's names.
-    pub(crate) fn new(ctx: &ShardedContext, c: &DecoderConfig) -> Result<Self> {
+    /// Creates the model's parameters through `ctx`, under Hugging Face's names (and
+    /// PEFT's for `lora`'s adapters).
+    pub(crate) fn new(
+        ctx: &ShardedContext,
+        c: &DecoderConfig,
+        lora: Option<&LoraConfig>,
+    ) -> Result<Self> {
         let (vocab, h, std) = (c.vocab_size, c.hidden_size, c.initializer_range);
         let embed_tokens = ctx.wrap("model.embed_tokens", move |vb| {
             vb.get_with_hints((vocab, h), "weight", normal(std))
         })?;
         let layers = (0..c.num_hidden_layers)
             .map(|i| {
-                let c = c.clone();
+                let (c, lora) = (c.clone(), lora.cloned());
                 ctx.wrap(&format!("model.layers.{i}"), move |vb| {
-                    DecoderLayer::new(vb, &c, i)
+                    DecoderLayer::new(vb, &c, i, lora.as_ref())
                 })
             })
             .collect::<Result<_>>()?;
@@ -218,8 +246,9 @@ impl Decoder {
         })
     }
 
-    /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`.
-    pub(crate) fn logits(&self, ids: &Tensor) -> Result<Tensor> {
+    /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`;
+    /// `dropout` draws LoRA's masks (training only).
+    pub(crate) fn logits(&self, ids: &Tensor, dropout: Option<DropoutKey>) -> Result<Tensor> {
         let rope = self.rope.for_len(ids.dim(1)?)?;
         let mut x = self.embed_tokens.apply(ids, embed)?;
         if let Some(scale) = self.embed_scale {
@@ -227,7 +256,7 @@ impl Decoder {
         }
         for layer in &self.layers {
             let rope = rope.clone();
-            x = layer.apply(&x, move |l, x| l.forward(x, &rope))?;
+            x = layer.apply(&x, move |l, x| l.forward(x, &rope, dropout))?;
         }
         let x = self.norm.apply(&x, |n, x| n.forward(x))?;
         let logits = match &self.lm_head {

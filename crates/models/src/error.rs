@@ -21,6 +21,9 @@ pub enum ModelError {
         /// What is missing or why it cannot be read.
         message: String,
     },
+    /// LoRA options wick does not build (the message names the option).
+    #[error("LoRA: {0}")]
+    Lora(String),
     /// `tokenizer.json` cannot be loaded.
     #[error("{}: not a tokenizer wick can load: {message}", path.display())]
     Tokenizer {

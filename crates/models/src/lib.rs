@@ -16,6 +16,7 @@ mod decoder;
 mod error;
 mod gpt2;
 mod layers;
+mod lora;
 mod rope;
 mod tokenizer;
 
@@ -25,6 +26,9 @@ pub use config::{
     Activation, ConfigError, DecoderConfig, Family, Gpt2Config, ModelConfig, Rope, RopeScaling,
 };
 pub use error::ModelError;
+pub use lora::{
+    LoraConfig, ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, DECODER_TARGETS, PEFT_PREFIX,
+};
 pub use tokenizer::TextTokenizer;
 
 // What a crate that uses wick-models alone needs from wick-core to make a model's

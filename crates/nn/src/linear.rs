@@ -35,6 +35,11 @@ impl Linear {
     pub fn weight(&self) -> &Tensor {
         self.inner.weight()
     }
+
+    /// The bias, `[out]`, if the layer has one.
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.inner.bias()
+    }
 }
 
 impl Module for Linear {

@@ -5,8 +5,9 @@ use candle_core::{DType, Device, Module, Result, Tensor, Var};
 use wick_nn::{
     causal_attention, causal_attention_composite, causal_attention_composite_with,
     causal_attention_packed, causal_attention_with, cross_entropy, cross_entropy_composite, gelu,
-    layer_norm_composite, rms_norm_composite, rms_norm_unit_offset, rotary_composite, swiglu,
-    swiglu_composite, AttentionOptions, LayerNorm, RmsNorm, RotaryEmbedding, IGNORE_INDEX,
+    layer_norm_composite, lora_linear, lora_linear_composite, rms_norm_composite,
+    rms_norm_unit_offset, rotary_composite, swiglu, swiglu_composite, AttentionOptions, LayerNorm,
+    LoraParts, RmsNorm, RotaryEmbedding, IGNORE_INDEX,
 };
 
 const TOLERANCE: f32 = 1e-5;
@@ -389,6 +390,52 @@ fn cross_entropy_counts_only_targets_that_are_not_ignored() {
             .unwrap(),
         0.0
     );
+}
+
+/// LoRA's parts over frozen `w` and `bias`, with `t` = [x, A, B].
+fn lora_parts<'a>(
+    t: &'a [Tensor],
+    w: &'a Tensor,
+    bias: &'a Tensor,
+    mask: Option<&'a Tensor>,
+) -> LoraParts<'a> {
+    LoraParts {
+        weight: w,
+        bias: Some(bias),
+        a: &t[1],
+        b: &t[2],
+        scale: 2.5,
+        mask,
+    }
+}
+
+#[test]
+fn lora_linear_matches_the_composite_and_leaves_the_frozen_weight_without_gradient() {
+    // Odd sizes: 2 x 5 rows of 7 in, 9 out, rank 3; a bias; with and without dropout.
+    let plain = |shape: &[usize], seed| var(shape, seed, 0.5).as_tensor().detach();
+    let (w, bias) = (plain(&[9, 7], 1), plain(&[9], 2));
+    let factors = (0..70).map(|i| if i % 4 == 1 { 0.0 } else { 4.0 / 3.0 });
+    let mask = Tensor::from_vec(factors.collect::<Vec<f32>>(), (2, 5, 7), &Device::Cpu).unwrap();
+    for (what, mask) in [("lora_linear", None), ("lora_linear, dropout", Some(&mask))] {
+        let inputs = [
+            var(&[2, 5, 7], 3, 1.0),
+            var(&[3, 7], 4, 0.5),
+            var(&[9, 3], 5, 0.5),
+        ];
+        check(
+            what,
+            &inputs,
+            |t| lora_linear(&t[0], lora_parts(t, &w, &bias, mask)),
+            |t| lora_linear_composite(&t[0], lora_parts(t, &w, &bias, mask)),
+        );
+        let t: Vec<Tensor> = inputs.iter().map(|v| v.as_tensor().clone()).collect();
+        let out = lora_linear(&t[0], lora_parts(&t, &w, &bias, mask)).unwrap();
+        let grads = out.sum_all().unwrap().backward().unwrap();
+        assert!(
+            grads.get(&w).is_none() && grads.get(&bias).is_none(),
+            "{what}: a frozen weight got a gradient"
+        );
+    }
 }
 
 #[test]

@@ -41,6 +41,7 @@ mod single;
 mod spec;
 mod storage_swap;
 mod unit_op;
+mod unit_views;
 mod zero;
 mod zero3;
 

@@ -21,3 +21,16 @@ pub(crate) fn check_same_shape(name: &str, requested: &Shape, created: &Shape) -
     }
     Ok(())
 }
+
+/// A parameter asked for again must be trainable or frozen as it was created.
+pub(crate) fn check_same_freezing(name: &str, trainable: bool, created: bool) -> Result<()> {
+    if trainable != created {
+        let was = |t: bool| if t { "trainable" } else { "frozen" };
+        candle_core::bail!(
+            "parameter '{name}' requested {} but created {}",
+            was(trainable),
+            was(created)
+        )
+    }
+    Ok(())
+}

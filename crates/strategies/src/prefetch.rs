@@ -12,14 +12,19 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use wick_core::{lock, Collective, Work};
 
-/// A gather in flight: the buffer it fills and the call to wait on, or why it failed.
-type Pending = std::result::Result<(Tensor, Work), String>;
+/// A gather in flight: for each of a unit's parts, the buffer it fills and the call to
+/// wait on (none for an empty part); or why it failed.
+type Pending = std::result::Result<Vec<(Tensor, Option<Work>)>, String>;
+
+/// A unit's flat parts to gather: each part's shard and padded length (the trainable part
+/// first, then the frozen one, if any).
+pub(crate) type UnitParts = Vec<(Tensor, usize)>;
 
 /// One rank's gathers in flight, by unit index.
 pub(crate) struct Prefetcher {
     world: Arc<dyn Collective>,
-    /// Each unit's shard and padded length, by unit index.
-    units: Vec<(Tensor, usize)>,
+    /// Each unit's parts, by unit index.
+    units: Vec<UnitParts>,
     dtype: DType,
     /// The most gathered parameters (elements) a prefetch may leave alive beside the unit
     /// that asks for it (DeepSpeed's `stage3_max_live_parameters`); `None`: no bound.
@@ -27,12 +32,17 @@ pub(crate) struct Prefetcher {
     pending: Mutex<HashMap<usize, Pending>>,
 }
 
+/// The elements of a unit's parts together.
+fn unit_len(parts: &UnitParts) -> usize {
+    parts.iter().map(|(_, padded)| padded).sum()
+}
+
 impl Prefetcher {
     /// Prefetches `units` over `world`, gathering in `dtype`, at most `max_live` elements
     /// gathered at once.
     pub(crate) fn new(
         world: Arc<dyn Collective>,
-        units: Vec<(Tensor, usize)>,
+        units: Vec<UnitParts>,
         dtype: DType,
         max_live: Option<usize>,
     ) -> Self {
@@ -54,10 +64,10 @@ impl Prefetcher {
     /// (then `unit` is gathered when it runs, as without prefetch). Every rank decides
     /// alike: the sizes are the same on all.
     pub(crate) fn request(&self, unit: usize, beside: usize) {
-        let Some((shard, padded)) = self.units.get(unit) else {
+        let Some(parts) = self.units.get(unit) else {
             return;
         };
-        let live = padded + self.units.get(beside).map_or(0, |(_, p)| *p);
+        let live = unit_len(parts) + self.units.get(beside).map_or(0, unit_len);
         if self.max_live.is_some_and(|max| live > max) {
             return;
         }
@@ -65,23 +75,36 @@ impl Prefetcher {
         if pending.contains_key(&unit) {
             return;
         }
-        let started = (|| -> Result<(Tensor, Work)> {
-            let full = Tensor::zeros(*padded, self.dtype, shard.device())?;
-            let shard = shard.contiguous()?.to_dtype(self.dtype)?;
-            let work = self
-                .world
-                .all_gather_start(&shard, &full)
-                .map_err(candle_core::Error::wrap)?;
-            Ok((full, work))
-        })();
+        let started = parts
+            .iter()
+            .map(|(shard, padded)| -> Result<(Tensor, Option<Work>)> {
+                let full = Tensor::zeros(*padded, self.dtype, shard.device())?;
+                if *padded == 0 {
+                    return Ok((full, None));
+                }
+                let shard = shard.contiguous()?.to_dtype(self.dtype)?;
+                let work = self
+                    .world
+                    .all_gather_start(&shard, &full)
+                    .map_err(candle_core::Error::wrap)?;
+                Ok((full, Some(work)))
+            })
+            .collect::<Result<Vec<_>>>();
         pending.insert(unit, started.map_err(|e| e.to_string()));
     }
 
-    /// The gathered buffer of `unit` if it was prefetched (waiting for it if still in flight).
-    pub(crate) fn take(&self, unit: usize) -> Option<Result<Tensor>> {
+    /// The gathered buffers of `unit`'s parts if it was prefetched (waiting for them if
+    /// still in flight).
+    pub(crate) fn take(&self, unit: usize) -> Option<Result<Vec<Tensor>>> {
         let started = self.pending().remove(&unit)?;
         Some(match started {
-            Ok((full, work)) => work.wait().map(|()| full).map_err(candle_core::Error::wrap),
+            Ok(parts) => parts
+                .into_iter()
+                .map(|(full, work)| match work {
+                    Some(work) => work.wait().map(|()| full).map_err(candle_core::Error::wrap),
+                    None => Ok(full),
+                })
+                .collect(),
             Err(e) => Err(candle_core::Error::Msg(e)),
         })
     }
@@ -90,8 +113,10 @@ impl Prefetcher {
     pub(crate) fn drain(&self) {
         let pending: Vec<_> = self.pending().drain().collect();
         for (_, started) in pending {
-            if let Ok((_, work)) = started {
-                let _ = work.wait();
+            for (_, work) in started.into_iter().flatten() {
+                if let Some(work) = work {
+                    let _ = work.wait();
+                }
             }
         }
     }
@@ -103,7 +128,8 @@ impl Drop for Prefetcher {
     }
 }
 
-/// The full flat buffer of a unit: every rank's shard, in `dtype`.
+/// The full flat buffer of a unit's part: every rank's shard, in `dtype` (no collective
+/// for an empty part: every rank's is empty alike).
 pub(crate) fn gather(
     world: &dyn Collective,
     shard: &Tensor,
@@ -111,6 +137,9 @@ pub(crate) fn gather(
     dtype: DType,
 ) -> Result<Tensor> {
     let full = Tensor::zeros(padded, dtype, shard.device())?;
+    if padded == 0 {
+        return Ok(full);
+    }
     let shard = shard.contiguous()?.to_dtype(dtype)?;
     world
         .all_gather_into(&shard, &full)
@@ -128,7 +157,7 @@ mod tests {
     fn prefetcher(max_live: Option<usize>) -> Prefetcher {
         let units = [4usize, 6, 10]
             .iter()
-            .map(|&n| (Tensor::ones(n, DType::F32, &Device::Cpu).unwrap(), n))
+            .map(|&n| vec![(Tensor::ones(n, DType::F32, &Device::Cpu).unwrap(), n)])
             .collect();
         Prefetcher::new(Arc::new(SoloWorld), units, DType::F32, max_live)
     }
@@ -139,7 +168,7 @@ mod tests {
         bounded.request(1, 0); // 4 + 6 <= 12: gathered ahead
         bounded.request(2, 1); // 6 + 10 > 12: left to its turn
         let full = bounded.take(1).expect("prefetched").unwrap();
-        assert_eq!(full.to_vec1::<f32>().unwrap(), vec![1.0; 6]);
+        assert_eq!(full[0].to_vec1::<f32>().unwrap(), vec![1.0; 6]);
         assert!(
             bounded.take(2).is_none(),
             "unit 2 was prefetched past the bound"

@@ -8,7 +8,7 @@ use crate::grads::GradAccumulator;
 use crate::init::param_values;
 use crate::nonfinite::{agree_finite, first_nonfinite};
 use crate::optim::Optimizer;
-use crate::param_request::{check_dtype, check_same_shape};
+use crate::param_request::{check_dtype, check_same_freezing, check_same_shape};
 use crate::param_use::unreached;
 use crate::recompute_op::RecomputedGrads;
 use crate::saved_state::{
@@ -28,6 +28,8 @@ use wick_core::{
 pub(crate) struct ReplicatedParams {
     seed: u64,
     params: Mutex<Vec<(String, Var)>>,
+    /// Parameters that take no gradient: plain tensors, not variables.
+    frozen: Mutex<Vec<(String, Tensor)>>,
     /// Units wrapped so far (their indices, in wrap order, pick what recomputes).
     units: AtomicUsize,
     activation_checkpointing: ActivationCheckpointing,
@@ -48,21 +50,32 @@ impl ParamSource for ReplicatedParams {
         init: &wick_core::ParamInit,
         dtype: DType,
         device: &Device,
+        trainable: bool,
     ) -> candle_core::Result<Tensor> {
         check_dtype(name, dtype)?;
         let mut params = self.lock();
-        if let Some((_, var)) = params.iter().find(|(n, _)| n == name) {
-            check_same_shape(name, shape, var.shape())?;
-            return Ok(var.as_tensor().clone());
+        let mut frozen = lock(&self.frozen);
+        let made = params.iter().map(|(n, v)| (n, v.as_tensor(), true));
+        let made = made.chain(frozen.iter().map(|(n, t)| (n, t, false)));
+        if let Some((_, tensor, was_trainable)) = made.into_iter().find(|(n, ..)| *n == name) {
+            check_same_shape(name, shape, tensor.shape())?;
+            check_same_freezing(name, trainable, was_trainable)?;
+            return Ok(tensor.clone());
         }
         let values = param_values(init, self.seed, name, shape, 0..shape.elem_count())?;
-        let var = Var::from_tensor(&Tensor::from_vec(values, shape, device)?)?;
+        let tensor = Tensor::from_vec(values, shape, device)?;
+        if !trainable {
+            frozen.push((name.to_string(), tensor.clone()));
+            return Ok(tensor);
+        }
+        let var = Var::from_tensor(&tensor)?;
         params.push((name.to_string(), var.clone()));
         Ok(var.as_tensor().clone())
     }
 
     fn contains(&self, name: &str) -> bool {
         self.lock().iter().any(|(n, _)| n == name)
+            || lock(&self.frozen).iter().any(|(n, _)| n == name)
     }
 
     fn begin_unit(&self, _name: &str) -> candle_core::Result<usize> {
@@ -95,6 +108,8 @@ pub(crate) struct ReplicatedState {
     layout: Option<FlatLayout>,
     pub(crate) names: Vec<String>,
     pub(crate) params: Vec<Var>,
+    /// Parameters without gradient or optimizer state, by name.
+    frozen: Vec<(String, Tensor)>,
     grads: GradAccumulator,
     optimizer: Option<Optimizer>,
     /// Bytes of the reduced gradients the last step used (set by the strategy).
@@ -153,6 +168,7 @@ impl ReplicatedState {
         let source = Arc::new(ReplicatedParams {
             seed,
             params: Mutex::new(Vec::new()),
+            frozen: Mutex::new(Vec::new()),
             units: AtomicUsize::new(0),
             activation_checkpointing,
             recomputed: self.recomputed.clone(),
@@ -168,6 +184,7 @@ impl ReplicatedState {
             .ok_or_else(|| Self::not_ready(strategy, "no sharding context was opened"))?;
         let params = std::mem::take(&mut *source.lock());
         (self.names, self.params) = params.into_iter().unzip();
+        self.frozen = std::mem::take(&mut *lock(&source.frozen));
         let world_size = self.world(strategy)?.world_size();
         self.layout = Some(FlatLayout::new(self.parameter_shapes(), world_size));
         Ok(())
@@ -352,7 +369,9 @@ impl ReplicatedState {
             params: self
                 .params
                 .iter()
-                .map(|p| tensor_bytes(p.as_tensor()))
+                .map(|p| p.as_tensor())
+                .chain(self.frozen.iter().map(|(_, t)| t))
+                .map(tensor_bytes)
                 .sum(),
             grads: self.grad_bytes,
             optimizer: self.optimizer.as_ref().map_or(0, Optimizer::state_bytes),
@@ -360,15 +379,23 @@ impl ReplicatedState {
     }
 
     pub(crate) fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {
-        self.names
+        let trainable = self
+            .names
             .iter()
-            .zip(&self.params)
-            .map(|(n, p)| Ok((n.clone(), p.as_tensor().copy()?)))
+            .zip(self.params.iter().map(Var::as_tensor));
+        let frozen = self.frozen.iter().map(|(n, t)| (n, t));
+        trainable
+            .chain(frozen)
+            .map(|(n, p)| Ok((n.clone(), p.copy()?)))
             .collect()
     }
 
     pub(crate) fn num_parameters(&self) -> usize {
         self.params.iter().map(|p| p.elem_count()).sum()
+    }
+
+    pub(crate) fn num_frozen_parameters(&self) -> usize {
+        self.frozen.iter().map(|(_, t)| t.elem_count()).sum()
     }
 
     /// This rank's range of the [`layout`](Self::layout). The optimizer state is per

@@ -166,6 +166,10 @@ impl<R: GradReduce> Strategy for Replicated<R> {
         self.state.num_parameters()
     }
 
+    fn num_frozen_parameters(&self) -> usize {
+        self.state.num_frozen_parameters()
+    }
+
     fn state_bytes(&self) -> StateBytes {
         self.state.state_bytes()
     }

@@ -10,32 +10,64 @@ use crate::flat_layout::FlatLayout;
 use crate::gather_op::GatherOp;
 use crate::init::param_values;
 use crate::kept_grads::KeptGrads;
-use crate::param_request::{check_dtype, check_same_shape};
+use crate::param_request::{check_dtype, check_same_freezing, check_same_shape};
 use crate::param_use::ParamUse;
 use crate::precision::{dtypes, MixedPrecision};
-use crate::prefetch::Prefetcher;
+use crate::prefetch::{gather, Prefetcher, UnitParts};
 use crate::recompute_op::RecomputedGrads;
 use crate::storage_swap;
 use crate::unit_op::UnitOp;
+use crate::unit_views::{unit_var_builder, GatheredPart};
 use crate::zero3::ShardedOptions;
 use candle_core::{DType, Device, Shape, Tensor, Var};
-use candle_nn::var_builder::SimpleBackend;
-use candle_nn::{Init, VarBuilder};
+use candle_nn::VarBuilder;
 use std::sync::{Arc, Mutex, MutexGuard};
 use wick_core::{
     lock, ActivationCheckpointing, Collective, ParamInit, RecomputeFn, UnitFn, UnitPlan,
 };
 
-/// One wrapped unit: its layout, this rank's shard, and this step's gathered buffer.
+/// A parameter request of a unit, kept from wrap time.
+struct Request {
+    name: String,
+    shape: Shape,
+    init: ParamInit,
+    trainable: bool,
+}
+
+/// A unit's frozen parameters (LoRA's base weights): a flat layout and shard of their own,
+/// gathered like the trainable ones but never a variable, never reduced, never stepped.
+#[derive(Clone)]
+pub(crate) struct FrozenPart {
+    pub(crate) layout: FlatLayout,
+    pub(crate) shard: Tensor,
+}
+
+/// One wrapped unit: its layout, this rank's shard, and this step's gathered buffers.
 pub(crate) struct ShardedUnit {
     pub(crate) name: String,
-    requests: Vec<(String, Shape, ParamInit)>,
+    requests: Vec<Request>,
+    /// The trainable parameters' layout and shard (empty when all are frozen).
     pub(crate) layout: Option<FlatLayout>,
     pub(crate) shard: Option<Var>,
+    /// The frozen parameters, when the unit has any.
+    pub(crate) frozen: Option<FrozenPart>,
     gathered: Option<Tensor>,
+    gathered_frozen: Option<Tensor>,
 }
 
 impl ShardedUnit {
+    /// The parts a prefetch gathers: the trainable shard, then the frozen one.
+    fn parts(&self) -> Option<UnitParts> {
+        let mut parts = vec![(
+            self.shard.as_ref()?.as_tensor().clone(),
+            self.layout.as_ref()?.padded(),
+        )];
+        if let Some(f) = &self.frozen {
+            parts.push((f.shard.clone(), f.layout.padded()));
+        }
+        Some(parts)
+    }
+
     /// The unit's layout and shard, which exist once `configure_sharded_model` has finished.
     fn sharded(&self) -> candle_core::Result<(FlatLayout, Var)> {
         match (&self.layout, &self.shard) {
@@ -139,19 +171,12 @@ impl ShardedParams {
         if !self.prefetch {
             return Ok(());
         }
-        let units: Vec<(Tensor, usize)> = {
-            let state = self.lock();
-            state
-                .units
-                .iter()
-                .filter_map(|u| {
-                    Some((
-                        u.shard.as_ref()?.as_tensor().clone(),
-                        u.layout.as_ref()?.padded(),
-                    ))
-                })
-                .collect()
-        };
+        let units: Vec<UnitParts> = self
+            .lock()
+            .units
+            .iter()
+            .filter_map(ShardedUnit::parts)
+            .collect();
         if units.is_empty() {
             return Ok(());
         }
@@ -169,12 +194,23 @@ impl ShardedParams {
     /// Lays out unit `unit` and makes this rank's shard of it.
     fn shard_unit(&self, unit: usize) -> candle_core::Result<()> {
         let requests = std::mem::take(&mut self.lock().units[unit].requests);
-        let (layout, shard) = self.make_shard(&requests)?;
+        let (trainable, frozen): (Vec<&Request>, Vec<&Request>) =
+            requests.iter().partition(|r| r.trainable);
+        let (layout, shard) = self.make_shard(&trainable)?;
+        let shard = Var::from_tensor(&shard)?;
+        let frozen = match frozen.is_empty() {
+            true => None,
+            false => {
+                let (layout, shard) = self.make_shard(&frozen)?;
+                Some(FrozenPart { layout, shard })
+            }
+        };
         let mut state = self.lock();
         let u = &mut state.units[unit];
         u.requests = requests;
         u.layout = Some(layout);
         u.shard = Some(shard);
+        u.frozen = frozen;
         Ok(())
     }
 
@@ -199,30 +235,28 @@ impl ShardedParams {
     pub(crate) fn release_gathered(&self) {
         for unit in self.lock().units.iter_mut() {
             unit.gathered = None;
+            unit.gathered_frozen = None;
         }
         if let Some(p) = lock(&self.prefetcher).as_ref() {
             p.drain();
         }
     }
 
-    fn make_shard(
-        &self,
-        requests: &[(String, Shape, ParamInit)],
-    ) -> candle_core::Result<(FlatLayout, Var)> {
+    /// Lays out `requests` in order and makes this rank's shard of them.
+    fn make_shard(&self, requests: &[&Request]) -> candle_core::Result<(FlatLayout, Tensor)> {
         let world = self.world();
         let layout = FlatLayout::new(
-            requests.iter().map(|(n, s, _)| (n.clone(), s.clone())),
+            requests.iter().map(|r| (r.name.clone(), r.shape.clone())),
             world.world_size(),
         );
         let mut shard = vec![0f32; layout.shard_len()];
         for (index, entry, within, at) in layout.pieces(world.rank()) {
-            let init = &requests[index].2;
+            let init = &requests[index].init;
             let values = param_values(init, self.seed, &entry.name, &entry.shape, within)?;
             shard[at..at + values.len()].copy_from_slice(&values);
         }
         let len = shard.len();
-        let var = Var::from_tensor(&Tensor::from_vec(shard, len, &self.device)?)?;
-        Ok((layout, var))
+        Ok((layout, Tensor::from_vec(shard, len, &self.device)?))
     }
 }
 
@@ -234,6 +268,7 @@ impl wick_core::ParamSource for ShardedParams {
         init: &ParamInit,
         dtype: DType,
         device: &Device,
+        trainable: bool,
     ) -> candle_core::Result<Tensor> {
         check_dtype(name, dtype)?;
         let mut state = self.lock();
@@ -244,11 +279,17 @@ impl wick_core::ParamSource for ShardedParams {
             )
         };
         let unit = &mut state.units[open];
-        match unit.requests.iter().find(|(n, _, _)| n == name) {
-            Some((_, created, _)) => check_same_shape(name, shape, created)?,
-            None => unit
-                .requests
-                .push((name.to_string(), shape.clone(), init.clone())),
+        match unit.requests.iter().find(|r| r.name == name) {
+            Some(created) => {
+                check_same_shape(name, shape, &created.shape)?;
+                check_same_freezing(name, trainable, created.trainable)?;
+            }
+            None => unit.requests.push(Request {
+                name: name.to_string(),
+                shape: shape.clone(),
+                init: init.clone(),
+                trainable,
+            }),
         }
         // A placeholder with the full shape and no memory: the block built at wrap time is
         // discarded, and every step rebuilds it over gathered parameters.
@@ -259,7 +300,7 @@ impl wick_core::ParamSource for ShardedParams {
         self.lock()
             .units
             .iter()
-            .any(|u| u.requests.iter().any(|(n, _, _)| n == name))
+            .any(|u| u.requests.iter().any(|r| r.name == name))
     }
 
     fn begin_unit(&self, name: &str) -> candle_core::Result<usize> {
@@ -289,7 +330,9 @@ impl wick_core::ParamSource for ShardedParams {
                     requests: Vec::new(),
                     layout: None,
                     shard: None,
+                    frozen: None,
                     gathered: None,
+                    gathered_frozen: None,
                 });
                 state.units.len() - 1
             }
@@ -322,11 +365,11 @@ impl wick_core::ParamSource for ShardedParams {
     }
 
     fn run_unit(&self, unit: usize, input: &Tensor, run: UnitFn) -> candle_core::Result<Tensor> {
-        let (name, layout, shard) = {
+        let (name, layout, shard, frozen) = {
             let state = self.lock();
             let u = state.units.get(unit).ok_or_else(|| unknown_unit(unit))?;
             let (layout, shard) = u.sharded()?;
-            (u.name.clone(), layout, shard)
+            (u.name.clone(), layout, shard, u.frozen.clone())
         };
         let (param_dtype, reduce_dtype) = dtypes(self.precision);
         // Only the first step's look for unused parameters needs the unit's names.
@@ -339,6 +382,7 @@ impl wick_core::ParamSource for ShardedParams {
             name,
             unit,
             layout,
+            frozen,
             run,
             sync: self.sync.clone(),
             uses: self.param_use.clone(),
@@ -350,6 +394,11 @@ impl wick_core::ParamSource for ShardedParams {
                 && storage_swap::can_keep_activations(),
             kept: Mutex::default(),
         };
+        // A unit of frozen parameters only, on an input that takes no gradient (the
+        // embedding of token ids under LoRA), has no backward: it runs plainly.
+        if op.layout.numel() == 0 && !input.track_op() {
+            return op.forward_plain(input);
+        }
         let out = input.apply_op2(shard.as_tensor(), op)?;
         // The unit's output stands for all its parameters: if it misses the loss, so do they.
         if let Some(names) = names {
@@ -375,10 +424,12 @@ impl wick_core::ParamSource for ShardedParams {
             .get_mut(unit)
             .ok_or_else(|| unknown_unit(unit))?;
         let (layout, shard) = u.sharded()?;
+        let (param_dtype, reduce_dtype) = dtypes(self.precision);
         let flat = match &u.gathered {
             Some(t) => t.clone(),
+            // No trainable parameter: nothing to gather, nothing for backward to reduce.
+            None if layout.padded() == 0 => Tensor::zeros(0, param_dtype, &self.device)?,
             None => {
-                let (param_dtype, reduce_dtype) = dtypes(self.precision);
                 let op = GatherOp {
                     world: self.world(),
                     padded: layout.padded(),
@@ -392,91 +443,29 @@ impl wick_core::ParamSource for ShardedParams {
                 t
             }
         };
+        let mut parts = vec![GatheredPart {
+            layout,
+            flat,
+            counted: true,
+        }];
+        if let Some(frozen) = &u.frozen {
+            let flat = match &u.gathered_frozen {
+                Some(t) => t.clone(),
+                None => {
+                    let world = self.world();
+                    let padded = frozen.layout.padded();
+                    let t = gather(world.as_ref(), &frozen.shard, padded, param_dtype)?;
+                    u.gathered_frozen = Some(t.clone());
+                    t
+                }
+            };
+            parts.push(GatheredPart {
+                layout: frozen.layout.clone(),
+                flat,
+                counted: false,
+            });
+        }
         let uses = Some(self.param_use.clone());
-        Ok(unit_var_builder(&u.name, &layout, flat, &self.device, uses))
-    }
-}
-
-/// A `VarBuilder` (at the root of the names) whose parameters are views of unit `name`'s
-/// gathered flat buffer `flat`; each view handed out is recorded in `uses`, if given.
-pub(crate) fn unit_var_builder(
-    name: &str,
-    layout: &FlatLayout,
-    flat: Tensor,
-    device: &Device,
-    uses: Option<Arc<ParamUse>>,
-) -> VarBuilder<'static> {
-    // The VarBuilder casts what it hands out to its dtype: keep the buffer's (mixed precision).
-    let dtype = flat.dtype();
-    let views = UnitViews {
-        unit: name.to_string(),
-        layout: layout.clone(),
-        flat,
-        uses,
-    };
-    VarBuilder::from_backend(Box::new(views), dtype, device.clone())
-}
-
-/// The parameters of one gathered unit, as views of its flat buffer.
-struct UnitViews {
-    unit: String,
-    layout: FlatLayout,
-    flat: Tensor,
-    uses: Option<Arc<ParamUse>>,
-}
-
-impl UnitViews {
-    /// Parameter `name`'s view of the flat buffer.
-    fn view(
-        &self,
-        name: &str,
-        entry: &crate::flat_layout::FlatEntry,
-    ) -> candle_core::Result<Tensor> {
-        let view = self
-            .flat
-            .narrow(0, entry.offset, entry.numel())?
-            .reshape(entry.shape.clone())?;
-        if let Some(uses) = &self.uses {
-            uses.hand_out(&view, || vec![name.to_string()]);
-        }
-        Ok(view)
-    }
-}
-
-impl SimpleBackend for UnitViews {
-    fn get(
-        &self,
-        shape: Shape,
-        name: &str,
-        _: Init,
-        _: DType,
-        _: &Device,
-    ) -> candle_core::Result<Tensor> {
-        let entry = self.layout.entry(name).ok_or_else(|| {
-            candle_core::Error::Msg(format!(
-                "unit '{}' asked for parameter '{name}', which it did not create at wrap time; \
-                 a unit must ask for the same names every time",
-                self.unit
-            ))
-        })?;
-        if entry.shape != shape {
-            candle_core::bail!(
-                "unit '{}' asked for '{name}' with shape {shape:?}, created with {:?}",
-                self.unit,
-                entry.shape
-            )
-        }
-        self.view(name, entry)
-    }
-
-    fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {
-        let entry = self.layout.entry(name).ok_or_else(|| {
-            candle_core::Error::Msg(format!("no parameter '{name}' in unit '{}'", self.unit))
-        })?;
-        self.view(name, entry)
-    }
-
-    fn contains_tensor(&self, name: &str) -> bool {
-        self.layout.entry(name).is_some()
+        Ok(unit_var_builder(&u.name, parts, &self.device, uses))
     }
 }

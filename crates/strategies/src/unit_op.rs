@@ -22,8 +22,9 @@ use crate::kept_grads::KeptGrads;
 use crate::op_tensors::{host_storage, host_tensor, input_var};
 use crate::param_use::ParamUse;
 use crate::prefetch::{gather, Prefetcher};
-use crate::sharded_params::unit_var_builder;
+use crate::sharded_params::FrozenPart;
 use crate::storage_swap;
+use crate::unit_views::{unit_var_builder, GatheredPart};
 use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor, Var};
 use candle_nn::VarBuilder;
 use std::sync::{Arc, Mutex};
@@ -33,7 +34,10 @@ pub(crate) struct UnitOp {
     pub(crate) world: Arc<dyn Collective>,
     pub(crate) name: String,
     pub(crate) unit: usize,
+    /// The trainable parameters' layout (the shard is the op's second input).
     pub(crate) layout: FlatLayout,
+    /// The frozen parameters, gathered with the others but never given a gradient.
+    pub(crate) frozen: Option<FrozenPart>,
     pub(crate) run: UnitFn,
     pub(crate) sync: Arc<KeptGrads>,
     /// Where a parameter this unit's backward gives no gradient is reported.
@@ -55,22 +59,66 @@ pub(crate) struct KeptGraph {
     input: Option<Var>,
     /// One variable per parameter, empty until backward refills them.
     params: Vec<(String, Var)>,
+    /// The frozen parameters' gathered buffer (its views are in the graph), empty likewise.
+    frozen: Option<Tensor>,
     out: Tensor,
 }
 
+/// A unit's gathered buffers: the trainable part's and, if any, the frozen part's.
+struct Gathered {
+    trainable: Tensor,
+    frozen: Option<Tensor>,
+}
+
 impl UnitOp {
-    /// The unit's full flat buffer: prefetched if a gather of it is in flight, otherwise
+    /// The unit's full flat buffers: prefetched if a gather of them is in flight, otherwise
     /// gathered now.
-    fn gather(&self, shard: &Tensor) -> Result<Tensor> {
-        match self.prefetch.as_ref().and_then(|p| p.take(self.unit)) {
-            Some(full) => full,
-            None => gather(
-                self.world.as_ref(),
-                shard,
-                self.layout.padded(),
-                self.param_dtype,
-            ),
-        }
+    fn gather(&self, shard: &Tensor) -> Result<Gathered> {
+        let mut parts = match self.prefetch.as_ref().and_then(|p| p.take(self.unit)) {
+            Some(parts) => parts?.into_iter(),
+            None => {
+                let world = self.world.as_ref();
+                let mut parts = vec![gather(
+                    world,
+                    shard,
+                    self.layout.padded(),
+                    self.param_dtype,
+                )?];
+                if let Some(f) = &self.frozen {
+                    parts.push(gather(
+                        world,
+                        &f.shard,
+                        f.layout.padded(),
+                        self.param_dtype,
+                    )?);
+                }
+                parts.into_iter()
+            }
+        };
+        let trainable = parts
+            .next()
+            .ok_or_else(|| candle_core::Error::Msg("wick-unit: no gathered buffer".into()))?;
+        Ok(Gathered {
+            trainable,
+            frozen: parts.next(),
+        })
+    }
+
+    /// The block's parameters over the frozen buffer's views, beside `trainable`'s.
+    fn frozen_tensors(&self, frozen: Option<&Tensor>) -> Result<Vec<(String, Tensor)>> {
+        let (Some(part), Some(flat)) = (&self.frozen, frozen) else {
+            return Ok(Vec::new());
+        };
+        part.layout
+            .entries()
+            .iter()
+            .map(|e| {
+                let view = flat
+                    .narrow(0, e.offset, e.numel())?
+                    .reshape(e.shape.clone())?;
+                Ok((e.name.clone(), view))
+            })
+            .collect()
     }
 
     /// One variable per parameter, copied out of the gathered buffer (which is dropped at
@@ -89,23 +137,64 @@ impl UnitOp {
             .collect()
     }
 
-    /// Gathers the unit again into `params`, the variables its kept graph holds.
-    fn refill(&self, params: &[(String, Var)], shard: &Tensor) -> Result<()> {
-        let fresh = self.param_vars(&self.gather(shard)?)?;
-        for ((_, param), (_, values)) in params.iter().zip(&fresh) {
+    /// Gathers the unit again into `kept`'s variables and frozen buffer.
+    fn refill(&self, kept: &KeptGraph, shard: &Tensor) -> Result<()> {
+        let gathered = self.gather(shard)?;
+        let fresh = self.param_vars(&gathered.trainable)?;
+        for ((_, param), (_, values)) in kept.params.iter().zip(&fresh) {
             storage_swap::refill(param, values)?;
+        }
+        if let (Some(frozen), Some(values)) = (&kept.frozen, &gathered.frozen) {
+            storage_swap::refill(frozen, values)?;
         }
         Ok(())
     }
 
-    /// Runs the unit with a graph over `params` and `input`.
-    fn run_graph(&self, params: &[(String, Var)], input: &Tensor) -> Result<Tensor> {
-        let tensors = params
+    /// Runs the unit with a graph over `params` (and the frozen buffer's views) and `input`.
+    fn run_graph(
+        &self,
+        params: &[(String, Var)],
+        frozen: Option<&Tensor>,
+        input: &Tensor,
+    ) -> Result<Tensor> {
+        let mut tensors: std::collections::HashMap<String, Tensor> = params
             .iter()
             .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
             .collect();
+        tensors.extend(self.frozen_tensors(frozen)?);
         let vb = VarBuilder::from_tensors(tensors, self.param_dtype, &self.device);
         (self.run)(vb, input)
+    }
+
+    /// The unit run without a graph over its gathered parameters (the op's forward when no
+    /// backward will follow, or with no op at all when none can).
+    pub(crate) fn forward_plain(&self, input: &Tensor) -> Result<Tensor> {
+        // Only called for a unit without trainable parameters: its shard is empty.
+        let shard = Tensor::zeros(0, DType::F32, &self.device)?;
+        let gathered = self.gather(&shard)?;
+        self.prefetch(Some(self.unit + 1));
+        self.run_plain(gathered, input)
+    }
+
+    /// Runs the unit over `gathered` views: neither they nor the input are variables, so no
+    /// graph is recorded.
+    fn run_plain(&self, gathered: Gathered, input: &Tensor) -> Result<Tensor> {
+        let mut parts = vec![GatheredPart {
+            layout: self.layout.clone(),
+            flat: gathered.trainable,
+            counted: false,
+        }];
+        if let (Some(part), Some(flat)) = (&self.frozen, gathered.frozen) {
+            parts.push(GatheredPart {
+                layout: part.layout.clone(),
+                flat,
+                counted: false,
+            });
+        }
+        (self.run)(
+            unit_var_builder(&self.name, parts, &self.device, None),
+            input,
+        )
     }
 
     /// The unit's output for `input`. Its gathered parameters are given back before this
@@ -113,31 +202,32 @@ impl UnitOp {
     /// activations and a backward may follow.
     fn forward(&self, input: &Tensor, shard: &Tensor) -> Result<Tensor> {
         if self.keep_activations && wick_core::grad_enabled() {
-            let params = self.param_vars(&self.gather(shard)?)?;
+            let gathered = self.gather(shard)?;
+            let params = self.param_vars(&gathered.trainable)?;
+            let frozen = gathered.frozen;
+            drop(gathered.trainable);
             self.prefetch(Some(self.unit + 1));
             let (x, x_tensor) = input_var(input)?;
-            let out = self.run_graph(&params, &x_tensor)?;
-            for (_, param) in &params {
-                // SAFETY: the released variables are held only by the kept graph (the
+            let out = self.run_graph(&params, frozen.as_ref(), &x_tensor)?;
+            let released = params.iter().map(|(_, p)| p.as_tensor()).chain(&frozen);
+            for tensor in released {
+                // SAFETY: the released tensors are held only by the kept graph (the
                 // unit's output is a copy in the op's own storage), which nothing reads
                 // until `bwd` refills them before it runs backward through it; a graph
                 // dropped unused is never read.
-                unsafe { storage_swap::release(param)? };
+                unsafe { storage_swap::release(tensor)? };
             }
             *lock(&self.kept) = Some(KeptGraph {
                 input: x,
                 params,
+                frozen,
                 out: out.clone(),
             });
             return Ok(out);
         }
-        let full = self.gather(shard)?;
+        let gathered = self.gather(shard)?;
         self.prefetch(Some(self.unit + 1));
-        // Neither the input nor the gathered buffer is a variable: no graph is recorded.
-        (self.run)(
-            unit_var_builder(&self.name, &self.layout, full, &self.device, None),
-            input,
-        )
+        self.run_plain(gathered, input)
     }
 
     /// Starts gathering `next`, the unit this pass visits after this one.
@@ -190,21 +280,25 @@ impl CustomOp2 for UnitOp {
         let KeptGraph {
             input: x,
             params,
+            frozen,
             out,
         } = match kept {
             Some(kept) => {
-                self.refill(&kept.params, shard)?;
+                self.refill(&kept, shard)?;
                 self.prefetch(self.unit.checked_sub(1));
                 kept
             }
             None => {
-                let params = self.param_vars(&self.gather(shard)?)?;
+                let gathered = self.gather(shard)?;
+                let params = self.param_vars(&gathered.trainable)?;
+                let frozen = gathered.frozen;
                 self.prefetch(self.unit.checked_sub(1));
                 let (x, x_tensor) = input_var(input)?;
-                let out = self.run_graph(&params, &x_tensor)?;
+                let out = self.run_graph(&params, frozen.as_ref(), &x_tensor)?;
                 KeptGraph {
                     input: x,
                     params,
+                    frozen,
                     out,
                 }
             }
@@ -238,6 +332,11 @@ impl CustomOp2 for UnitOp {
         // units at most: gradients, flat buffer and the prefetched previous unit.
         drop(grads);
         drop(params);
+        drop(frozen);
+        if self.layout.numel() == 0 {
+            // Frozen parameters only: the input's gradient is all this unit gives.
+            return Ok((input_grad, None));
+        }
         let flat_grad = flatten_consuming(parts, &self.layout, self.param_dtype, &self.device)?;
         // In flight while backward goes on to the units before this one; the shard's
         // gradient reaches the strategy through `sync`, not this op's return value.

@@ -19,7 +19,7 @@ use crate::optim::Optimizer;
 use crate::precision::MixedPrecision;
 use crate::replicated::tensor_bytes;
 use crate::saved_state::{flat_group, kinds_to_restore, read_shard, shard_prefix};
-use crate::sharded_params::ShardedParams;
+use crate::sharded_params::{FrozenPart, ShardedParams};
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
 use wick_core::{
@@ -82,6 +82,8 @@ pub struct Zero3 {
     unused: Vec<String>,
     layouts: Vec<FlatLayout>,
     shards: Vec<Var>,
+    /// The units' frozen parameters (no gradient, no optimizer state, not saved).
+    frozen: Vec<FrozenPart>,
     grads: GradAccumulator,
     optimizer: Option<Optimizer>,
     grad_bytes: usize,
@@ -266,6 +268,8 @@ impl Strategy for Zero3 {
                 .filter(|(layout, _)| layout.numel() > 0)
                 .unzip()
         });
+        self.frozen =
+            source.with_units(|units| units.iter().filter_map(|u| u.frozen.clone()).collect());
         Ok(())
     }
 
@@ -396,9 +400,14 @@ impl Strategy for Zero3 {
     fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {
         let world = self.world()?;
         let mut out = Vec::new();
-        for (layout, shard) in self.layouts.iter().zip(&self.shards) {
+        let trainable = self
+            .layouts
+            .iter()
+            .zip(self.shards.iter().map(Var::as_tensor));
+        let frozen = self.frozen.iter().map(|f| (&f.layout, &f.shard));
+        for (layout, shard) in trainable.chain(frozen) {
             let full = Tensor::zeros(layout.padded(), DType::F32, shard.device())?;
-            world.all_gather_into(shard.as_tensor(), &full)?;
+            world.all_gather_into(shard, &full)?;
             for e in layout.entries() {
                 out.push((
                     e.name.clone(),
@@ -412,6 +421,10 @@ impl Strategy for Zero3 {
 
     fn num_parameters(&self) -> usize {
         self.layouts.iter().map(FlatLayout::numel).sum()
+    }
+
+    fn num_frozen_parameters(&self) -> usize {
+        self.frozen.iter().map(|f| f.layout.numel()).sum()
     }
 
     fn sharding(&self) -> Sharding {
@@ -498,7 +511,9 @@ impl Strategy for Zero3 {
             params: self
                 .shards
                 .iter()
-                .map(|s| tensor_bytes(s.as_tensor()))
+                .map(Var::as_tensor)
+                .chain(self.frozen.iter().map(|f| &f.shard))
+                .map(tensor_bytes)
                 .sum(),
             grads: self.grad_bytes,
             optimizer: self.optimizer.as_ref().map_or(0, Optimizer::state_bytes),

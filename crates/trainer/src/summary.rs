@@ -1,5 +1,6 @@
-//! The model summary rank 0 prints once training has taken its first step: parameters,
-//! and model-state bytes per rank beside the ZeRO formula.
+//! The model summary rank 0 prints once training has taken its first step: the trainable
+//! parameters (and how many are frozen), and model-state bytes per rank beside the ZeRO
+//! formula.
 
 use std::fmt::Write;
 use wick_core::{Sharding, Strategy};
@@ -45,11 +46,16 @@ pub(crate) fn model_summary(strategy: &dyn Strategy, world_size: usize) -> Strin
         );
     }
     let total = strategy.num_parameters();
+    let frozen = strategy.num_frozen_parameters();
     let bytes = strategy.state_bytes();
     let sharding = strategy.sharding();
+    let frozen_text = match frozen {
+        0 => String::new(),
+        n => format!(" trainable, {n} frozen (no gradient, no optimizer state)"),
+    };
     let _ = writeln!(
         out,
-        "total params: {total}; strategy {} on {world_size} rank(s)",
+        "total params: {total}{frozen_text}; strategy {} on {world_size} rank(s)",
         strategy.name()
     );
     let _ = writeln!(
@@ -60,7 +66,9 @@ pub(crate) fn model_summary(strategy: &dyn Strategy, world_size: usize) -> Strin
         bytes.optimizer,
         bytes.total(),
         formula_text(sharding),
-        sharding.adamw_formula_bytes(total, world_size)
+        sharding
+            .adamw_formula_with_frozen(total, frozen, world_size)
+            .total()
     );
     out
 }

@@ -74,13 +74,23 @@ impl Trainer {
         self.strategy.name()
     }
 
-    /// Scalar parameters of the module this trainer configured, once it has.
+    /// Trainable scalar parameters of the module this trainer configured, once it has.
     pub fn num_parameters(&self) -> Option<usize> {
         let s = self.session.as_ref()?;
         s.strategies
             .first()
             .filter(|s| s.is_configured())
             .map(|s| s.num_parameters())
+    }
+
+    /// The number of frozen parameters of the configured module (`None` before one is):
+    /// no gradient, no optimizer state (LoRA's base weights).
+    pub fn num_frozen_parameters(&self) -> Option<usize> {
+        let s = self.session.as_ref()?;
+        s.strategies
+            .first()
+            .filter(|s| s.is_configured())
+            .map(|s| s.num_frozen_parameters())
     }
 
     /// Model-state bytes rank 0 holds (after a fit: including gradients and optimizer state).

@@ -490,18 +490,24 @@ impl Tensor {
                         // Skipping checks, the op went ok, we can skip
                         // the matmul size checks for now.
 
-                        let lhs_grad = grad.matmul(&rhs.t()?)?;
-                        grads.accumulate(lhs, &lhs_grad)?;
+                        // A side that takes no gradient (a frozen weight, wick patch) costs
+                        // no product.
+                        if lhs.track_op() {
+                            let lhs_grad = grad.matmul(&rhs.t()?)?;
+                            grads.accumulate(lhs, &lhs_grad)?;
+                        }
 
                         // rhs a transposed view (`x.matmul(&w.t())`, a linear layer): its
                         // gradient computed as (gradᵀ lhs)ᵀ, so that the transpose hands w a
                         // contiguous gradient instead of a view a copy must fix (wick patch).
-                        let rhs_grad = if rhs.rank() >= 2 && rhs.t()?.is_contiguous() {
-                            grad.t()?.matmul(lhs)?.t()?
-                        } else {
-                            lhs.t()?.matmul(&grad)?
-                        };
-                        grads.accumulate(rhs, &rhs_grad)?;
+                        if rhs.track_op() {
+                            let rhs_grad = if rhs.rank() >= 2 && rhs.t()?.is_contiguous() {
+                                grad.t()?.matmul(lhs)?.t()?
+                            } else {
+                                lhs.t()?.matmul(&grad)?
+                            };
+                            grads.accumulate(rhs, &rhs_grad)?;
+                        }
                     }
                     Op::Cat(args, dim) => {
                         let mut start_idx = 0;
@@ -866,7 +872,13 @@ impl GradStore {
     /// Adds `grad` into the gradient of `tensor`. The first gradient to reach a node is
     /// stored as it is (wick patch): no zero-filled buffer to add it into, which saves two
     /// node-sized allocations per edge and keeps no graph alive through the store.
+    ///
+    /// A tensor that is neither a variable nor computed from one (a frozen weight) gets
+    /// nothing (wick patch): its gradient would only be held until the store drops.
     fn accumulate(&mut self, tensor: &Tensor, grad: &Tensor) -> Result<()> {
+        if !tensor.track_op() {
+            return Ok(());
+        }
         let sum = match self.0.remove(&tensor.id()) {
             Some(sum) => sum.add(grad)?,
             None => grad.clone(),
@@ -877,6 +889,9 @@ impl GradStore {
 
     /// Subtracts `grad` from the gradient of `tensor`; see [`Self::accumulate`].
     fn accumulate_neg(&mut self, tensor: &Tensor, grad: &Tensor) -> Result<()> {
+        if !tensor.track_op() {
+            return Ok(());
+        }
         let sum = match self.0.remove(&tensor.id()) {
             Some(sum) => sum.sub(grad)?,
             None => grad.neg()?,

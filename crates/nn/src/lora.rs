@@ -1,0 +1,171 @@
+//! `lora_linear`: a frozen linear layer and LoRA's update in one op,
+//! y = x Wᵀ + b + s · ((x ⊙ m) Aᵀ) Bᵀ.
+//!
+//! Candle's graph holds every op's inputs until backward, so the composite form keeps four
+//! `[rows, out]` tensors per adapted layer where the layer alone keeps one (the base output,
+//! the update, its scaled copy and the sum): under LoRA on every linear layer that is more
+//! activation memory than full fine-tuning needs. The fused op keeps only its inputs (x and
+//! the adapters) and its output, as PyTorch's autograd keeps for PEFT's layer; backward
+//! recomputes the small `(x ⊙ m) Aᵀ`.
+
+use crate::cpu::{f32s, fused};
+use candle_core::{CpuStorage, CustomOp3, Device, Layout, Result, Shape, Tensor};
+
+/// A frozen linear layer's weight `[out, in]` and bias `[out]`, LoRA's `a` `[r, in]` and `b`
+/// `[out, r]`, the update's `scale` (alpha / r) and, in training with dropout, the `mask`
+/// (the kept elements' factor, 0 elsewhere) over the adapter's input, of `x`'s shape.
+#[derive(Debug, Clone, Copy)]
+pub struct LoraParts<'a> {
+    /// The frozen weight, `[out, in]`.
+    pub weight: &'a Tensor,
+    /// The frozen bias, `[out]`.
+    pub bias: Option<&'a Tensor>,
+    /// A, `[r, in]`.
+    pub a: &'a Tensor,
+    /// B, `[out, r]`.
+    pub b: &'a Tensor,
+    /// alpha / r.
+    pub scale: f64,
+    /// Dropout's factors over the adapter's input (`x`'s shape), if any.
+    pub mask: Option<&'a Tensor>,
+}
+
+/// y = x Wᵀ + b + s · ((x ⊙ m) Aᵀ) Bᵀ over the last dimension of `x`, W and b taking no
+/// gradient. Fused on the CPU in f32 when W and b are frozen (neither a variable nor
+/// computed from one); [`lora_linear_composite`] otherwise.
+pub fn lora_linear(x: &Tensor, p: LoraParts) -> Result<Tensor> {
+    let frozen = !p.weight.track_op() && !p.bias.is_some_and(Tensor::track_op);
+    let mut all = vec![x, p.weight, p.a, p.b];
+    all.extend(p.bias);
+    all.extend(p.mask);
+    if !(frozen && fused(&all)) {
+        return lora_linear_composite(x, p);
+    }
+    let in_dim = p.weight.dim(1)?;
+    let rows = x.elem_count() / in_dim;
+    let op = Fused {
+        weight: p.weight.contiguous()?,
+        bias: p.bias.map(Tensor::contiguous).transpose()?,
+        scale: p.scale,
+        mask: p
+            .mask
+            .map(|m| m.reshape((rows, in_dim))?.contiguous())
+            .transpose()?,
+    };
+    let y = x.reshape((rows, in_dim))?.contiguous()?.apply_op3(
+        &p.a.contiguous()?,
+        &p.b.contiguous()?,
+        op,
+    )?;
+    let mut dims = x.dims().to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last = p.weight.dim(0)?;
+    }
+    y.reshape(dims)
+}
+
+/// The same from Candle's ops (the fallback, and the reference in tests), in PEFT's order:
+/// the base layer's output plus the scaled update.
+pub fn lora_linear_composite(x: &Tensor, p: LoraParts) -> Result<Tensor> {
+    let (in_dim, out_dim) = (p.weight.dim(1)?, p.weight.dim(0)?);
+    let rows = x.elem_count() / in_dim;
+    let x2 = x.reshape((rows, in_dim))?;
+    let mut y = x2.matmul(&p.weight.t()?)?;
+    if let Some(b) = p.bias {
+        y = y.broadcast_add(b)?;
+    }
+    let dropped = match p.mask {
+        Some(m) => (&x2 * m.reshape((rows, in_dim))?)?,
+        None => x2,
+    };
+    let update = dropped
+        .matmul(&p.a.t()?)?
+        .matmul(&p.b.t()?)?
+        .affine(p.scale, 0.0)?;
+    let mut dims = x.dims().to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last = out_dim;
+    }
+    (y + update)?.reshape(dims)
+}
+
+/// The fused op over (x `[rows, in]`, A, B); the frozen parts ride along.
+struct Fused {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    scale: f64,
+    mask: Option<Tensor>,
+}
+
+impl Fused {
+    /// `x ⊙ m`, or `x` without dropout.
+    fn dropped(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.mask {
+            Some(m) => x * m,
+            None => Ok(x.clone()),
+        }
+    }
+}
+
+/// A CPU tensor of `layout`'s f32 elements of `storage`.
+fn tensor(op: &str, storage: &CpuStorage, layout: &Layout) -> Result<Tensor> {
+    Tensor::from_slice(f32s(op, storage, layout)?, layout.shape(), &Device::Cpu)
+}
+
+impl CustomOp3 for Fused {
+    fn name(&self) -> &'static str {
+        "wick-lora-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        a_s: &CpuStorage,
+        al: &Layout,
+        bs: &CpuStorage,
+        bl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = tensor(self.name(), xs, xl)?;
+        let (a, b) = (tensor(self.name(), a_s, al)?, tensor(self.name(), bs, bl)?);
+        let mut y = x.matmul(&self.weight.t()?)?;
+        if let Some(bias) = &self.bias {
+            y = y.broadcast_add(bias)?;
+        }
+        let update = self.dropped(&x)?.matmul(&a.t()?)?.matmul(&b.t()?)?;
+        let y = (y + update.affine(self.scale, 0.0)?)?;
+        let shape = y.shape().clone();
+        Ok((CpuStorage::F32(y.flatten_all()?.to_vec1()?), shape))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        // An input that takes no gradient (the first block's, under LoRA) costs no product.
+        let x_tracks = x.track_op();
+        let (x, a, b, g) = (x.detach(), a.detach(), b.detach(), grad.detach());
+        let dropped = self.dropped(&x)?;
+        // h = (x ⊙ m) Aᵀ, recomputed: [rows, r].
+        let h = dropped.matmul(&a.t()?)?;
+        let db = g.t()?.matmul(&h)?.affine(self.scale, 0.0)?;
+        let dh = g.matmul(&b)?.affine(self.scale, 0.0)?;
+        let da = dh.t()?.matmul(&dropped)?;
+        let dx = match x_tracks {
+            false => None,
+            true => {
+                let through_adapter = dh.matmul(&a)?;
+                let through_adapter = match &self.mask {
+                    Some(m) => (through_adapter * m)?,
+                    None => through_adapter,
+                };
+                Some((g.matmul(&self.weight)? + through_adapter)?)
+            }
+        };
+        Ok((dx, Some(da), Some(db)))
+    }
+}

@@ -1,0 +1,91 @@
+//! `--hf DIR [--lora-rank R]`: the model of a Hugging Face directory (for the real-size
+//! row, the SmolLM2-135M-shaped one `scripts/hf_fixtures.py --smollm2-135m DIR` writes)
+//! under fsdp full_shard at W=2 with the ranks as threads, sequence 256, global batch 8,
+//! fully fine-tuned or with LoRA of rank R (alpha 2R, every linear layer of a block, no
+//! dropout), one run per process so that the row's `peak_rss_mb` (the process's peak
+//! resident memory, both ranks together) is that run's. `scripts/torch_baseline.py --hf
+//! DIR [--lora R]` prints the same row for transformers (and peft) with FSDP2.
+//!
+//! The model FLOPs per token are PaLM's: 6 x the parameters that multiply (the embedding
+//! table too when it is tied, since it projects the logits) plus attention's 12 x layers x
+//! heads x head_dim x sequence. Under LoRA a frozen weight's backward computes only its
+//! input's gradient: 4 x the frozen parameters that multiply, 6 x the adapters.
+
+use crate::{median_step, random_windows, timed_trainer};
+use std::path::Path;
+use wick::accelerator::Accelerator;
+use wick::models::{CausalLm, LoraConfig, ModelConfig, DECODER_TARGETS};
+use wick::strategies::{Fsdp, FsdpSharding};
+use wick::trainer::Attached;
+
+const SEQ: usize = 256;
+const BATCH: usize = 8;
+
+/// The process's peak resident memory in MB (Linux's `VmHWM`), if known.
+fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024.0 / 1e6)
+}
+
+/// The model FLOPs of one token (see the module's text): `trainable` and `frozen` counts.
+fn flops_per_token(config: &ModelConfig, trainable: usize, frozen: usize) -> anyhow::Result<f64> {
+    let ModelConfig::Decoder(c) = config else {
+        anyhow::bail!("--hf takes a decoder family's directory")
+    };
+    // The lookup table multiplies only when tied (it is then the output projection).
+    let lookup = match c.tie_word_embeddings {
+        true => 0,
+        false => c.vocab_size * c.hidden_size,
+    };
+    let attention = 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * SEQ;
+    let per_token = match frozen {
+        0 => 6 * (trainable - lookup),
+        _ => 4 * (frozen - lookup) + 6 * trainable,
+    };
+    Ok((per_token + attention) as f64)
+}
+
+/// The row of `dir`'s model under fsdp full_shard at W=2, with LoRA of `rank` if given;
+/// `peak` is the measured GEMM peak the utilisation is taken over.
+pub fn hf_row(dir: &Path, rank: Option<usize>, peak: f64) -> anyhow::Result<()> {
+    let load = std::time::Instant::now();
+    let mut model = CausalLm::from_pretrained(dir)?;
+    let vocab = model.config().vocab_size() as u64;
+    let name = match rank {
+        Some(r) => {
+            model = model.with_lora(LoraConfig {
+                rank: r,
+                alpha: 2.0 * r as f64,
+                dropout: 0.0,
+                targets: DECODER_TARGETS.iter().map(|t| t.to_string()).collect(),
+            })?;
+            format!("hf:{}+lora{r}", dir.display())
+        }
+        None => format!("hf:{}", dir.display()),
+    };
+    let config = model.config().clone();
+    let strategy = Fsdp::new(FsdpSharding::FullShard).build();
+    let (mut trainer, clock) = timed_trainer(Accelerator::cpu(2)?, strategy)?;
+    trainer.fit(
+        &mut Attached::new(model),
+        &random_windows(vocab, SEQ, BATCH, 11),
+        None,
+    )?;
+    let step = median_step(&clock.0.lock().unwrap());
+    let trainable = trainer.num_parameters().unwrap_or(0);
+    let frozen = trainer.num_frozen_parameters().unwrap_or(0);
+    let per_token = flops_per_token(&config, trainable, frozen)?;
+    let tps = (BATCH * SEQ) as f64 / step;
+    let gflops = tps * per_token / 1e9;
+    let rss = peak_rss_mb().map_or(String::new(), |mb| format!(" peak_rss_mb={mb:.0}"));
+    println!(
+        "impl=wick model={name} strategy=fsdp_full_shard world=2 transport=threads \
+         parameters={trainable} frozen={frozen} flops_per_token={per_token:.0} \
+         tokens_per_s={tps:.1} gflops={gflops:.1} mfu={:.3}{rss} run_s={:.0}",
+        gflops / peak,
+        load.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
