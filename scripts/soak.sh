@@ -61,7 +61,10 @@ while :; do
   until=$((from + 3 + RANDOM % 38))
   while kill -0 "$launcher" 2> /dev/null && [ "$(last_step)" -lt "$until" ]; do sleep 0.02; done
   victim_rank=$((RANDOM % 2))
-  signal=$([ $((RANDOM % 2)) = 0 ] && echo KILL || echo TERM)
+  # Drawn here, not inside $(...): bash reseeds RANDOM in a subshell, so a draw there
+  # would not come again on a replay.
+  coin=$((RANDOM % 2))
+  signal=$([ "$coin" = 0 ] && echo KILL || echo TERM)
   victim=$(rank_pid "$launcher" "$victim_rank")
   [ -n "$victim" ] || { wait "$launcher" || true; cat "run-$run.out"; fail "run $run ended before its interruption"; }
   at=$(last_step)
@@ -76,6 +79,10 @@ while :; do
   esac
   echo "run $run: SIG$signal to rank $victim_rank near step $at: mpirun exited $rc; last names $(cat ck/last 2> /dev/null || echo nothing)"
   verify
+  # Killed before its first checkpoint: the next run starts fresh, and a fresh run never
+  # logs into another run's folder (it would take runs/char-gpt-v1). Its log goes where
+  # this one's went, so that the steps watched and compared are the run that continues.
+  [ -f ck/last ] || rm -rf runs
   restarts=$((restarts + 1))
 done
 verify

@@ -73,7 +73,7 @@ impl LoraConfig {
     }
 
     /// Whether the layer called `module` (its last name) is adapted.
-    pub fn targets(&self, module: &str) -> bool {
+    pub fn adapts(&self, module: &str) -> bool {
         self.targets.iter().any(|t| t == module)
     }
 
@@ -115,7 +115,7 @@ impl LoraConfig {
         fn adapted<'a>(lora: &LoraConfig, name: &'a str) -> Option<&'a str> {
             let layer = name.strip_suffix(".weight")?;
             let module = layer.rsplit('.').next()?;
-            (name.starts_with("model.layers.") && lora.targets(module)).then_some(layer)
+            (name.starts_with("model.layers.") && lora.adapts(module)).then_some(layer)
         }
         let mut out = Vec::new();
         if let ModelConfig::Decoder(_) = config {
@@ -277,7 +277,7 @@ impl Projection {
         lora: Option<&LoraConfig>,
         salt: u64,
     ) -> Result<Self> {
-        let Some(lora) = lora.filter(|l| l.targets(module)) else {
+        let Some(lora) = lora.filter(|l| l.adapts(module)) else {
             return Ok(Projection {
                 base,
                 adapter: None,
