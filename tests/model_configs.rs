@@ -2,7 +2,7 @@
 //! parameter count, fields refused by name, unknown fields named; and tied embeddings of
 //! real vocabularies that do not divide by the world size.
 
-use crate::models::{fixtures, max_diff, trainer, Windows};
+use crate::models::{fixtures, max_diff, on_one_cpu, trainer, Windows, FAMILIES};
 use candle_core::{Device, Tensor};
 use std::path::Path;
 use wick::core::{OptimizerConfig, Strategy};
@@ -189,5 +189,20 @@ fn tied_embeddings_of_vocabularies_that_do_not_divide_by_w_train_every_row() {
                 );
             }
         }
+    }
+}
+
+#[test]
+fn each_family_builds_the_parameters_its_config_lists_in_that_order() {
+    // `ModelConfig::parameter_shapes` (what `estimate`, `export --merge` and the parameter
+    // counts read) describes the model a second time: held to what the layers create.
+    for family in FAMILIES {
+        let mut model = CausalLm::from_pretrained(fixtures().join(family)).unwrap();
+        let built: Vec<(String, Vec<usize>)> = on_one_cpu(&mut model)
+            .parameter_shapes()
+            .into_iter()
+            .map(|(n, s)| (n, s.dims().to_vec()))
+            .collect();
+        assert_eq!(built, model.config().parameter_shapes(), "{family}");
     }
 }

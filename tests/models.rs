@@ -104,7 +104,7 @@ pub(crate) fn trainer(devices: usize, strategy: Box<dyn Strategy>, steps: usize)
 /// shorter than the sequence), Qwen2 (biases, one sliding layer), Qwen3 (q/k norms, a head
 /// width of its own), Gemma 2 (its norms, scaled embeddings, soft caps, sliding layers),
 /// GPT-2.
-const FAMILIES: [&str; 8] = [
+pub(crate) const FAMILIES: [&str; 8] = [
     "llama", "llama3", "smollm2", "mistral", "qwen2", "qwen3", "gemma2", "gpt2",
 ];
 
