@@ -13,7 +13,7 @@ use anyhow::Context;
 use candle_core::{Device, Shape, Tensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use wick_core::WeightSource;
+use wick_core::{StateReader, WeightSource, PARAM_KIND};
 use wick_models::{
     LoraConfig, ModelConfig, ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, PEFT_PREFIX,
 };
@@ -134,10 +134,15 @@ fn read_adapters(
         shapes.len(),
         expected.len()
     );
-    let weights = Checkpoint::open(ck.dir())?.into_weights();
+    // The checkpoint opened above serves the whole tensors (no second open and check).
     shapes
-        .iter()
-        .map(|(name, shape)| Ok((name.clone(), read(weights.as_ref(), name, shape)?)))
+        .into_iter()
+        .map(|(name, dims)| {
+            let shape = Shape::from(dims);
+            let n = shape.elem_count();
+            let flat = ck.read(PARAM_KIND, &[(name.clone(), shape.clone())], 0..n)?;
+            Ok((name, flat.reshape(shape)?))
+        })
         .collect()
 }
 
