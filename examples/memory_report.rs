@@ -186,8 +186,8 @@ fn main() -> anyhow::Result<()> {
         let before = start_measuring(&gpus)?;
         trainer.fit(&mut model, &data, None)?;
         let peak = peak_since(before, &gpus)?;
-        let params = trainer.num_parameters().unwrap_or(0);
-        let state = trainer.state_bytes().unwrap_or_default().total();
+        let params = model.num_parameters().unwrap_or(0);
+        let state = model.state_bytes().unwrap_or_default().total();
         let formula = trainer.sharding().adamw_formula_bytes(params, devices);
         println!(
             "accelerator={} strategy={strategy} world={devices} params={params} state_bytes_per_rank={state} formula_bytes_per_rank={formula} peak_heap_bytes={peak}",

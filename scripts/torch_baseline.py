@@ -25,8 +25,10 @@ approximation), a final norm and a linear head. The Llama is `transformers`'
 `--hf DIR` adds the model of a Hugging Face directory (`AutoModelForCausalLM`, f32) at
 sequence 256, global batch 8 (`model=hf:DIR`), and with `--lora R` peft's LoRA of rank R
 on it (`model=hf:DIR+loraR`: alpha 2R, every linear layer of a block; only the adapters in
-the optimizer). Each row's `peak_rss_mb` is the sum over its ranks of each process's peak
-resident memory.
+the optimizer). `--checkpoint-activations` recomputes each block in backward, torchtitan's
+way (`checkpoint_wrapper` around each block before `fully_shard`; rows labelled
+`activation_checkpointing=full`). Each row's `peak_rss_mb` is the sum over its ranks of each
+process's peak resident memory.
 
 Needs torch (and, for --llama and --hf, transformers; for --lora, peft); CI does not run it.
 """
@@ -144,7 +146,7 @@ def adamw(params, fused):
                              **kind)
 
 
-def run(rank, world, model_name, strategy, threads, port, compiled, out):
+def run(rank, world, model_name, strategy, threads, port, compiled, recompute, out):
     torch.manual_seed(0)
     torch.set_num_threads(threads)
     if world > 1:
@@ -159,6 +161,12 @@ def run(rank, world, model_name, strategy, threads, port, compiled, out):
     else:
         d = int(model_name.removeprefix("gpt-d"))
         model, vocab, batch, seq = Gpt(d), GPT_VOCAB, GPT_BATCH, GPT_BLOCK
+    if recompute:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            checkpoint_wrapper)
+
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
     if strategy == "ddp":
         model = nn.parallel.DistributedDataParallel(model)
     elif strategy == "fsdp_full_shard":
@@ -223,6 +231,10 @@ def main():
                    help="also a Hugging Face directory's model (global batch 8, sequence 256)")
     p.add_argument("--lora", type=int, metavar="R",
                    help="--hf's model with peft's LoRA of rank R (needs peft)")
+    p.add_argument("--strategies", nargs="*", default=["ddp", "fsdp_full_shard"],
+                   help="the W>1 strategies to run (default both)")
+    p.add_argument("--checkpoint-activations", action="store_true",
+                   help="recompute each block in backward (checkpoint_wrapper, torchtitan's way)")
     args = p.parse_args()
     cores = os.cpu_count() or 1
     models = [f"gpt-d{d}" for d in args.d_model] + (["llama"] if args.llama else [])
@@ -233,7 +245,7 @@ def main():
     port = 29511
     for model in models:
         for world in args.worlds:
-            strategies = ["single"] if world == 1 else ["ddp", "fsdp_full_shard"]
+            strategies = ["single"] if world == 1 else args.strategies
             modes = [False, True] if args.compile and world == 1 else [False]
             for strategy in strategies:
                 for compiled in modes:
@@ -241,7 +253,8 @@ def main():
                     threads = max(1, cores // world)
                     port += 1
                     procs = [ctx.Process(target=run, args=(r, world, model, strategy, threads,
-                                                           port, compiled, out))
+                                                           port, compiled,
+                                                           args.checkpoint_activations, out))
                              for r in range(world)]
                     for proc in procs:
                         proc.start()
@@ -253,7 +266,8 @@ def main():
                     rows = sorted(out.get() for _ in range(world))
                     _, tps, optimizer, _ = rows[0]
                     peak = sum(r[3] for r in rows)
-                    print(f"impl=torch model={model} strategy={strategy} world={world} "
+                    ac = " activation_checkpointing=full" if args.checkpoint_activations else ""
+                    print(f"impl=torch model={model} strategy={strategy}{ac} world={world} "
                           f"transport={'gloo' if world > 1 else 'none'} "
                           f"mode={'compiled' if compiled else 'eager'} optimizer={optimizer} "
                           f"tokens_per_s={tps:.0f} peak_rss_mb={peak / 1e6:.0f}", flush=True)

@@ -277,11 +277,10 @@ mod tests {
                 .model_summary(false)
                 .build()
                 .unwrap();
-            trainer
-                .fit(&mut Attached::new(CharGpt::new(CONFIG, 1e-3)), &data, None)
-                .unwrap();
-            assert_eq!(trainer.num_parameters(), Some(params), "{name}");
-            let held = trainer.state_bytes().unwrap();
+            let mut model = Attached::new(CharGpt::new(CONFIG, 1e-3));
+            trainer.fit(&mut model, &data, None).unwrap();
+            assert_eq!(model.num_parameters(), Some(params), "{name}");
+            let held = model.state_bytes().unwrap();
             // Flat shards are padded to a multiple of W per unit: at most W - 1 elements a
             // unit, in each of the 4 f32 buffers (parameter, gradient, two moments).
             let padding = units.len() * (world - 1) * 4 * 4;

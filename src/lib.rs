@@ -15,8 +15,17 @@ pub use wick_nn as nn;
 pub use wick_strategies as strategies;
 pub use wick_trainer as trainer;
 
+mod terminal_log;
+pub use terminal_log::TerminalLog;
+
 /// The user guide (`docs/guide.md`): choosing a strategy, writing a `TrainModule`,
 /// checkpoints and resharding, launching. Its Rust example runs as a doctest;
 /// `scripts/guide-check.sh` runs its commands.
 #[doc = include_str!("../docs/guide.md")]
 pub mod guide {}
+
+/// The checkpoints page (`docs/checkpoints.md`), compiled here so that its example is a
+/// doctest like the guide's.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/checkpoints.md")]
+pub struct CheckpointsPage;

@@ -5,7 +5,7 @@
 //! adapters only, with PEFT's `adapter_config.json` naming the base model's directory.
 
 use crate::cli::FitArgs;
-use crate::fit_job::{FitReport, Run};
+use crate::fit_run::{FitReport, Run};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 use wick_core::OptimizerConfig;

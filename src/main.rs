@@ -11,6 +11,7 @@ mod estimate;
 mod eval_job;
 mod export;
 mod fit_job;
+mod fit_run;
 mod inspect;
 mod lm_job;
 mod loss_plot;
@@ -36,6 +37,8 @@ fn main() -> ExitCode {
     // glibc's malloc thresholds), each unless the user set it; the library makes none.
     // SAFETY: still the only thread, so nothing else reads or writes the environment.
     unsafe { wick_accelerator::tune_host_process() };
+    // The library crates print nothing; their warnings, notes and summary come through here.
+    wick::TerminalLog::install();
     match run(Cli::parse().command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => match e.downcast_ref::<wick_trainer::TrainerError>() {

@@ -5,7 +5,7 @@
 
 use crate::common::{adamw, full_parameters, loader, max_diff, quiet_builder, Mlp};
 use candle_core::Tensor;
-use wick::core::Strategy;
+use wick::core::{OptimizerConfig, Strategy};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
 use wick::trainer::{Attached, DataLoader, Dataset, Trainer};
 
@@ -57,10 +57,10 @@ struct Seen {
 fn use_after_fit(trainer: &mut Trainer, model: &mut Attached<Mlp>, what: &str) -> Seen {
     let val = trainer.validate(model, &eval_data()).unwrap()["val_loss"];
     let predictions = flat(&trainer.predict(model, &eval_data()).unwrap());
-    let params = full_parameters(trainer);
+    let params = full_parameters(trainer, model);
     // Again, in another order: nothing changed the parameters.
     assert_eq!(
-        full_parameters(trainer),
+        full_parameters(trainer, model),
         params,
         "{what}: full_parameters twice"
     );
@@ -180,5 +180,53 @@ fn a_module_made_where_a_dropped_one_lay_is_configured_afresh() {
             !trained,
             "round {round}: val_loss {val}, untrained {untrained} (addresses {addresses:x?})"
         );
+    }
+}
+
+/// Counts the configurations of modules (the `on_configure_sharded_model` hook) on rank 0.
+#[derive(Clone, Default)]
+struct Configurations(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl wick::core::Callback for Configurations {
+    fn on_configure_sharded_model(&mut self, s: &wick::core::RunState) -> candle_core::Result<()> {
+        if s.rank == 0 {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// Each module keeps what the trainer set up for it: `fit(a)`, `fit(b)`, `validate(a)`
+/// finds `a` as its fit left it, without configuring it again, and `b` is its own.
+#[test]
+fn a_trainer_keeps_each_modules_state_in_the_module() {
+    for strategy in ["ddp", "zero3", "fsdp"] {
+        let configured = Configurations::default();
+        let mut trainer = quiet_builder(2, strategy_by_name(strategy).unwrap(), 4)
+            .callback(configured.clone())
+            .build()
+            .unwrap();
+        let count = || configured.0.load(std::sync::atomic::Ordering::Relaxed);
+        let mut a = Attached::new(Mlp::new(adamw()));
+        let mut b = Attached::new(Mlp::new(OptimizerConfig::sgd(0.5)));
+        trainer.fit(&mut a, &loader(), None).unwrap();
+        let a_after_fit = trainer.validate(&mut a, &eval_data()).unwrap()["val_loss"];
+        let a_params = full_parameters(&mut trainer, &mut a);
+        trainer.fit(&mut b, &loader(), None).unwrap();
+        assert_eq!(count(), 2, "{strategy}: a and b configured once each");
+        let a_again = trainer.validate(&mut a, &eval_data()).unwrap()["val_loss"];
+        assert_eq!(a_again, a_after_fit, "{strategy}: a's trained state");
+        assert_eq!(
+            full_parameters(&mut trainer, &mut a),
+            a_params,
+            "{strategy}"
+        );
+        assert_ne!(
+            full_parameters(&mut trainer, &mut b),
+            a_params,
+            "{strategy}: b's own"
+        );
+        assert_eq!(count(), 2, "{strategy}: nothing configured again");
+        assert_eq!(a.num_parameters(), b.num_parameters(), "{strategy}");
     }
 }

@@ -56,7 +56,7 @@ pub(crate) fn fit(
         None => t.fit(&mut model, data, None),
     }
     .unwrap();
-    full_parameters(&mut t)
+    full_parameters(&mut t, &mut model)
 }
 
 /// The entries of `dir`, sorted.
@@ -207,7 +207,7 @@ fn consolidated_weights_load_into_the_same_model_in_plain_candle() {
         Some(ModelCheckpoint::new(root.path())),
     );
     t.fit(&mut model, &loader(), None).unwrap();
-    let trained = t.full_parameters().unwrap();
+    let trained = t.full_parameters(&mut model).unwrap();
     let out = root.path().join("model.safetensors");
     let files = consolidate(step_dir(root.path(), 5), &out, true).unwrap();
     assert_eq!(
@@ -302,7 +302,11 @@ fn pretrained_weights_initialise_every_strategy_and_sharded_ranks_read_only_thei
         let mut model = Attached::new(model);
         let mut t = trainer(w, named(name), 1, None);
         t.validate(&mut model, &loader()).unwrap();
-        assert_eq!(full_parameters(&mut t), expected, "{name} at W={w}");
+        assert_eq!(
+            full_parameters(&mut t, &mut model),
+            expected,
+            "{name} at W={w}"
+        );
         let reads = weights.read.lock().unwrap();
         let total: usize = reads.iter().map(|r| r.2).sum();
         if sharded {

@@ -136,6 +136,6 @@ fn zero2_reduces_in_small_buckets_and_gathers_in_small_rounds_to_the_same_result
     trainer
         .fit(&mut model, &crate::common::loader(), None)
         .unwrap();
-    let got = crate::common::full_parameters(&mut trainer);
+    let got = crate::common::full_parameters(&mut trainer, &mut model);
     assert!(max_diff(&reference, &got) <= 1e-5);
 }

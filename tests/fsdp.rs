@@ -19,10 +19,9 @@ fn train_fsdp<M: TrainModule<Batch = (Tensor, Tensor)> + Clone + 'static>(
     model: M,
 ) -> Vec<Vec<f32>> {
     let mut trainer = fsdp_trainer(devices, sharding);
-    trainer
-        .fit(&mut Attached::new(model), &loader(), None)
-        .unwrap();
-    full_parameters(&mut trainer)
+    let mut model = Attached::new(model);
+    trainer.fit(&mut model, &loader(), None).unwrap();
+    full_parameters(&mut trainer, &mut model)
 }
 
 #[test]
@@ -59,15 +58,14 @@ fn fit_counting_forwards(
 ) {
     let model = Mlp::new(adamw());
     let runs = model.runs.clone();
-    trainer
-        .fit(&mut Attached::new(model), &loader(), None)
-        .unwrap();
+    let mut model = Attached::new(model);
+    trainer.fit(&mut model, &loader(), None).unwrap();
     assert_eq!(
         runs.load(std::sync::atomic::Ordering::Relaxed),
         STEPS * runs_per_step,
         "{what}: unit forwards"
     );
-    let diff = max_diff(reference, &full_parameters(&mut trainer));
+    let diff = max_diff(reference, &full_parameters(&mut trainer, &mut model));
     assert!(diff <= 1e-5, "{what}: max |diff| {diff}");
 }
 
@@ -205,9 +203,9 @@ fn prefetch_starts_gathers_ahead_and_changes_nothing() {
     ] {
         let fsdp = Fsdp::new(sharding).with_prefetch(true);
         let mut t = crate::common::quiet_trainer_with(w, fsdp.build(), STEPS);
-        t.fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
-            .unwrap();
-        let diff = max_diff(&reference, &full_parameters(&mut t));
+        let mut m = Attached::new(Mlp::new(adamw()));
+        t.fit(&mut m, &loader(), None).unwrap();
+        let diff = max_diff(&reference, &full_parameters(&mut t, &mut m));
         assert!(
             diff <= 1e-5,
             "{sharding:?} w={w} with prefetch: max |diff| {diff}"
@@ -269,7 +267,7 @@ fn a_unit_used_twice_in_one_forward_trains_like_single() {
         let mut m = Attached::new(tied());
         t.fit(&mut m, &DataLoader::new(Regression::new(96), 12), None)
             .unwrap();
-        t.full_parameters()
+        t.full_parameters(&mut m)
             .unwrap()
             .into_iter()
             .map(|(_, p)| p.flatten_all().unwrap().to_vec1::<f32>().unwrap())
@@ -318,19 +316,17 @@ fn mixed_precision_trains_close_to_single_f32() {
     use wick::strategies::Precision;
     let model = || RankedMlp::scaled(adamw(), 1.0 / 64.0);
     let mut single = crate::common::quiet_trainer(1, "single", STEPS);
-    single
-        .fit(&mut Attached::new(model()), &loader(), None)
-        .unwrap();
-    let reference = full_parameters(&mut single);
+    let mut m = Attached::new(model());
+    single.fit(&mut m, &loader(), None).unwrap();
+    let reference = full_parameters(&mut single, &mut m);
     for (name, tolerance) in [("bf16-mixed", 1e-2), ("16-mixed", 2e-3)] {
         let precision = name.parse::<Precision>().unwrap().mixed();
         for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
             let fsdp = Fsdp::new(sharding).with_precision(precision).unwrap();
             let mut trainer = crate::common::quiet_trainer_with(2, fsdp.build(), STEPS);
-            let metrics = trainer
-                .fit(&mut Attached::new(model()), &loader(), None)
-                .unwrap();
-            let diff = max_diff(&reference, &full_parameters(&mut trainer));
+            let mut m = Attached::new(model());
+            let metrics = trainer.fit(&mut m, &loader(), None).unwrap();
+            let diff = max_diff(&reference, &full_parameters(&mut trainer, &mut m));
             println!("{name} {sharding:?}: max |diff| vs single f32 = {diff}");
             assert!(
                 diff <= tolerance,
@@ -393,17 +389,16 @@ fn an_auto_wrap_policy_picks_the_units_without_model_changes() {
             .collect::<Vec<_>>()
     };
     let mut single = crate::common::quiet_trainer(1, "single", STEPS);
-    single
-        .fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
-        .unwrap();
-    let reference = by_name(single.full_parameters().unwrap());
+    let mut m = Attached::new(Mlp::new(adamw()));
+    single.fit(&mut m, &loader(), None).unwrap();
+    let reference = by_name(single.full_parameters(&mut m).unwrap());
     for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
         for w in [2, 4] {
             let fsdp = Fsdp::new(sharding).with_auto_wrap(vec!["l1".into()]);
             let mut t = crate::common::quiet_trainer_with(w, fsdp.build(), STEPS);
-            t.fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
-                .unwrap();
-            let diff = max_diff(&reference, &by_name(t.full_parameters().unwrap()));
+            let mut m = Attached::new(Mlp::new(adamw()));
+            t.fit(&mut m, &loader(), None).unwrap();
+            let diff = max_diff(&reference, &by_name(t.full_parameters(&mut m).unwrap()));
             assert!(diff <= 1e-5, "{sharding:?} w={w}: max |diff| {diff}");
         }
     }

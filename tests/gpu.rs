@@ -55,10 +55,9 @@ fn train_on(accelerator: Accelerator, strategy: Box<dyn Strategy>) -> Vec<Vec<f3
         .accelerator(accelerator)
         .build()
         .unwrap();
-    trainer
-        .fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
-        .unwrap();
-    full_parameters(&mut trainer)
+    let mut model = Attached::new(Mlp::new(adamw()));
+    trainer.fit(&mut model, &loader(), None).unwrap();
+    full_parameters(&mut trainer, &mut model)
 }
 
 /// Each strategy at `world` ranks on the GPU(s) `cuda` gives, against the CPU.

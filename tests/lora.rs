@@ -45,18 +45,18 @@ fn loader() -> DataLoader<Windows> {
     .without_shuffle()
 }
 
-/// The parameters after `steps` steps on `devices` ranks, and the trainer.
+/// The parameters after `steps` steps on `devices` ranks, and the trained module.
 fn train(
     devices: usize,
     strategy: Box<dyn Strategy>,
     dropout: f64,
     steps: usize,
-) -> (HashMap<String, Tensor>, Trainer) {
+) -> (HashMap<String, Tensor>, Attached<CausalLm>) {
     let mut t = trainer(devices, strategy, steps);
-    t.fit(&mut Attached::new(model(dropout)), &loader(), None)
-        .unwrap();
-    let params = t.full_parameters().unwrap().into_iter().collect();
-    (params, t)
+    let mut m = Attached::new(model(dropout));
+    t.fit(&mut m, &loader(), None).unwrap();
+    let params = t.full_parameters(&mut m).unwrap().into_iter().collect();
+    (params, m)
 }
 
 fn fsdp(sharding: FsdpSharding) -> Box<dyn Strategy> {
@@ -75,7 +75,7 @@ fn lora_trains_only_its_adapters_and_every_strategy_matches_one_device() {
     let base =
         candle_core::safetensors::load(fixtures().join("qwen2/model.safetensors"), &Device::Cpu)
             .unwrap();
-    let (single, t) = train(1, strategy_by_name("single").unwrap(), 0.0, 3);
+    let (single, m) = train(1, strategy_by_name("single").unwrap(), 0.0, 3);
     let adapters: usize = single
         .iter()
         .filter(|(n, _)| LoraConfig::is_adapter(n))
@@ -86,7 +86,7 @@ fn lora_trains_only_its_adapters_and_every_strategy_matches_one_device() {
         single.keys().filter(|n| LoraConfig::is_adapter(n)).count(),
         28
     );
-    assert_eq!(t.num_parameters(), Some(adapters));
+    assert_eq!(m.num_parameters(), Some(adapters));
     // The adapters the model builds are those LoraConfig describes for its config.
     let mut built: Vec<(String, Vec<usize>)> = single
         .iter()
@@ -98,7 +98,7 @@ fn lora_trains_only_its_adapters_and_every_strategy_matches_one_device() {
     described.sort();
     assert_eq!(built, described);
     // One device: gradients and AdamW's two moments for the adapters only.
-    let bytes = t.state_bytes().unwrap();
+    let bytes = m.state_bytes().unwrap();
     assert_eq!((bytes.grads, bytes.optimizer), (4 * adapters, 8 * adapters));
     let frozen: usize = base.values().map(Tensor::elem_count).sum();
     assert_eq!(bytes.params, 4 * (adapters + frozen));
@@ -160,7 +160,7 @@ fn lora_trains_only_its_adapters_and_every_strategy_matches_one_device() {
     // AdamW amplifies in the elements whose gradient nearly cancels).
     let mut ddp_at: HashMap<usize, HashMap<String, Tensor>> = HashMap::new();
     for (w, name, strategy) in cases {
-        let (got, t) = train(w, strategy, 0.0, 3);
+        let (got, m) = train(w, strategy, 0.0, 3);
         let same_w = ddp_at.entry(w).or_insert_with(|| got.clone());
         let beside_ddp = worst(&got, same_w);
         // Hybrid sharding means within groups, then across them: another order of sums.
@@ -177,7 +177,7 @@ fn lora_trains_only_its_adapters_and_every_strategy_matches_one_device() {
             assert_eq!(max_diff(value, &base[n]), 0.0, "{name} W={w}: {n} moved");
         }
         // No rank keeps gradients or optimizer state beyond the adapters' (and padding).
-        let b = t.state_bytes().unwrap();
+        let b = m.state_bytes().unwrap();
         let slack = 8 * 64;
         assert!(
             b.optimizer <= 8 * adapters + slack && b.grads <= 4 * adapters + slack,
@@ -235,7 +235,7 @@ fn lora_dropout_masks_are_the_same_however_a_unit_runs_and_a_resume_continues_ex
             None => t.fit(&mut m, &loader(), None),
         }
         .unwrap();
-        t.full_parameters()
+        t.full_parameters(&mut m)
             .unwrap()
             .into_iter()
             .collect::<HashMap<_, _>>()
@@ -302,7 +302,7 @@ fn a_peft_adapter_gives_peft_logits_gradients_and_ten_adamw_steps() {
     // One SGD step at rate 1 moves each adapter by minus its gradient.
     t.fit(&mut model, &first, None).unwrap();
     let mut worst_grad = 0f32;
-    for (name, after) in t.full_parameters().unwrap() {
+    for (name, after) in t.full_parameters(&mut model).unwrap() {
         match r.get(&format!("grad.{name}")) {
             Some(want) => {
                 let grad = (&before[&name] - &after).unwrap();
@@ -321,14 +321,10 @@ fn a_peft_adapter_gives_peft_logits_gradients_and_ten_adamw_steps() {
     ] {
         let mut t = trainer(w, strategy, 10);
         let loader = DataLoader::new(Windows(windows.0.clone()), 4).without_shuffle();
-        t.fit(
-            &mut Attached::new(with_peft_adapter(OptimizerConfig::adamw(1e-3))),
-            &loader,
-            None,
-        )
-        .unwrap();
+        let mut m = Attached::new(with_peft_adapter(OptimizerConfig::adamw(1e-3)));
+        t.fit(&mut m, &loader, None).unwrap();
         let diff = t
-            .full_parameters()
+            .full_parameters(&mut m)
             .unwrap()
             .iter()
             .filter_map(|(n, p)| Some(max_diff(p, r.get(&format!("final.{n}"))?)))

@@ -31,18 +31,16 @@ fn an_overflow_on_one_rank_skips_the_step_on_every_rank_and_training_goes_on() {
     for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
         // Three good steps.
         let mut three = trainer(sharding, 3);
-        three
-            .fit(&mut Attached::new(overflowing()), &loader(), None)
-            .unwrap();
-        let after_three = full_parameters(&mut three);
+        let mut m = Attached::new(overflowing());
+        three.fit(&mut m, &loader(), None).unwrap();
+        let after_three = full_parameters(&mut three, &mut m);
 
         // The fourth step overflows on rank 0: no rank steps, so every shard is as it was.
         let mut four = trainer(sharding, 4);
-        let metrics = four
-            .fit(&mut Attached::new(overflowing()), &loader(), None)
-            .unwrap();
+        let mut m = Attached::new(overflowing());
+        let metrics = four.fit(&mut m, &loader(), None).unwrap();
         assert_eq!(
-            full_parameters(&mut four),
+            full_parameters(&mut four, &mut m),
             after_three,
             "{sharding:?}: a rank stepped"
         );
@@ -54,10 +52,9 @@ fn an_overflow_on_one_rank_skips_the_step_on_every_rank_and_training_goes_on() {
 
         // Training goes on from there, at the lower scale, with finite parameters.
         let mut eight = trainer(sharding, 8);
-        let metrics = eight
-            .fit(&mut Attached::new(overflowing()), &loader(), None)
-            .unwrap();
-        let params = full_parameters(&mut eight);
+        let mut m = Attached::new(overflowing());
+        let metrics = eight.fit(&mut m, &loader(), None).unwrap();
+        let params = full_parameters(&mut eight, &mut m);
         assert!(params.iter().flatten().all(|p| p.is_finite()));
         assert_ne!(params, after_three, "{sharding:?}: no step after the skip");
         assert_eq!(metrics["loss_scale"], 32768.0);

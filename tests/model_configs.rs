@@ -150,8 +150,9 @@ fn tied_embeddings_of_vocabularies_that_do_not_divide_by_w_train_every_row() {
                 .with_optimizer(OptimizerConfig::adamw(lr));
             let mut t = trainer(devices, strategy, 2);
             let loader = DataLoader::new(Windows(windows.0.clone()), 12).without_shuffle();
-            t.fit(&mut Attached::new(model), &loader, None).unwrap();
-            t.full_parameters().unwrap()
+            let mut m = Attached::new(model);
+            t.fit(&mut m, &loader, None).unwrap();
+            t.full_parameters(&mut m).unwrap()
         };
         let run = |devices: usize, strategy: Box<dyn Strategy>| run_at(1e-2, devices, strategy);
         let single = run(1, strategy_by_name("single").unwrap());

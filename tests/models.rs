@@ -156,14 +156,10 @@ fn every_gradient_matches_transformers_under_single_and_zero3() {
         .unwrap();
         for (devices, name) in [(1, "single"), (2, "zero3")] {
             let mut t = trainer(devices, strategy_by_name(name).unwrap(), 1);
-            t.fit(
-                &mut Attached::new(pretrained(family, plain_sgd())),
-                &loader(&r),
-                None,
-            )
-            .unwrap();
+            let mut m = Attached::new(pretrained(family, plain_sgd()));
+            t.fit(&mut m, &loader(&r), None).unwrap();
             let mut worst = 0f32;
-            for (param, after) in t.full_parameters().unwrap() {
+            for (param, after) in t.full_parameters(&mut m).unwrap() {
                 let grad = (&before[&param] - &after).unwrap();
                 let diff = max_diff(&grad, &r[&format!("grad.{param}")]);
                 assert!(
@@ -225,14 +221,10 @@ fn ten_steps(
         .callback(losses.clone())
         .build()
         .unwrap();
-    t.fit(
-        &mut Attached::new(pretrained(family, OptimizerConfig::adamw(1e-3))),
-        &loader(&r),
-        None,
-    )
-    .unwrap();
+    let mut m = Attached::new(pretrained(family, OptimizerConfig::adamw(1e-3)));
+    t.fit(&mut m, &loader(&r), None).unwrap();
     let seen = losses.0.lock().unwrap().clone();
-    (seen, t.full_parameters().unwrap())
+    (seen, t.full_parameters(&mut m).unwrap())
 }
 
 #[test]

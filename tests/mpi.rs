@@ -22,6 +22,8 @@ const STEPS: usize = 10;
 const FAIL_RANK: &str = "fail-rank-1";
 
 fn main() {
+    // The failing rank's "rank R of W failed" is logged, as the program prints it.
+    wick::TerminalLog::install();
     let failing = std::env::args().any(|a| a == FAIL_RANK);
     match LaunchEnv::detect().expect("a readable launcher environment") {
         None => launch_self(),
@@ -357,14 +359,15 @@ fn a_module_that_cannot_be_cloned_runs_as_processes(world: &MpiWorld) {
             .unwrap()
     };
     let mut procs = quiet(Trainer::builder());
-    procs
-        .fit(&mut Attached::new(SoloMlp::new(adamw())), &loader(), None)
-        .unwrap();
+    let mut solo = Attached::new(SoloMlp::new(adamw()));
+    procs.fit(&mut solo, &loader(), None).unwrap();
     let mut threads = quiet(Trainer::builder().accelerator(Accelerator::cpu(w).unwrap()));
-    threads
-        .fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
-        .unwrap();
-    let diff = max_diff(&full_parameters(&mut procs), &full_parameters(&mut threads));
+    let mut mlp = Attached::new(Mlp::new(adamw()));
+    threads.fit(&mut mlp, &loader(), None).unwrap();
+    let diff = max_diff(
+        &full_parameters(&mut procs, &mut solo),
+        &full_parameters(&mut threads, &mut mlp),
+    );
     check(world, diff <= 1e-6, || {
         format!("a module without Clone at np {w}: {diff} from threads")
     });
@@ -401,7 +404,7 @@ fn run(accelerator: Option<Accelerator>, strategy: &MakeStrategy) -> Outcome {
         .map(|p| p.to_vec1::<f32>().unwrap())
         .collect();
     Outcome {
-        params: full_parameters(&mut trainer),
+        params: full_parameters(&mut trainer, &mut model),
         metrics: vec![fit, val, test],
         predictions,
     }

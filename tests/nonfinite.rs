@@ -88,8 +88,12 @@ fn fit(
         at: (rank, 3),
         poison,
     };
-    let metrics = trainer.fit(&mut Attached::new(module), &loader(), None)?;
-    Ok((full_parameters(&mut trainer), metrics["skipped_steps"]))
+    let mut module = Attached::new(module);
+    let metrics = trainer.fit(&mut module, &loader(), None)?;
+    Ok((
+        full_parameters(&mut trainer, &mut module),
+        metrics["skipped_steps"],
+    ))
 }
 
 const STRATEGIES: [(usize, &str); 7] = [

@@ -178,7 +178,7 @@ fn reduction_during_backward_trains_to_the_same_bits_whatever_the_buckets() {
         let mut model = Attached::new(Mlp::new(adamw()));
         let mut trainer = quiet_trainer_with(w, strategy, 4);
         trainer.fit(&mut model, &loader(), None).unwrap();
-        full_parameters(&mut trainer)
+        full_parameters(&mut trainer, &mut model)
     };
     for w in [2, 3] {
         // Every call completing where it is issued (`--no-overlap-comm`): the same bits.
@@ -189,7 +189,7 @@ fn reduction_during_backward_trains_to_the_same_bits_whatever_the_buckets() {
             .build()
             .unwrap();
         blocking.fit(&mut model, &loader(), None).unwrap();
-        let blocking = full_parameters(&mut blocking);
+        let blocking = full_parameters(&mut blocking, &mut model);
         assert_eq!(
             max_diff(&train(w, "fsdp", adamw(), 4), &blocking),
             0.0,

@@ -55,7 +55,7 @@ fn fit(
         true => trainer.fit_or_resume(&mut model, &loader(), None),
         false => trainer.fit(&mut model, &loader(), None),
     }?;
-    Ok(full_parameters(&mut trainer))
+    Ok(full_parameters(&mut trainer, &mut model))
 }
 
 #[test]

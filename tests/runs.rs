@@ -212,3 +212,61 @@ fn validate_and_test_need_no_training_options() {
     let rows: Vec<usize> = predictions.iter().map(|p| p.dims()[0]).collect();
     assert_eq!(rows, [4, 4, 1]);
 }
+
+/// A sink of the program's own, beside the metrics file: it keeps the steps it was told.
+#[derive(Clone, Default)]
+struct Kept(Arc<std::sync::Mutex<Vec<(usize, String)>>>);
+
+impl wick::trainer::StepSink for Kept {
+    fn step_end(&mut self, r: &wick::trainer::StepRecord) -> Result<(), TrainerError> {
+        self.0
+            .lock()
+            .unwrap()
+            .push((r.step, r.train_loss.to_string()));
+        Ok(())
+    }
+}
+
+/// A sink that fails at its third step.
+struct Failing;
+
+impl wick::trainer::StepSink for Failing {
+    fn step_end(&mut self, r: &wick::trainer::StepRecord) -> Result<(), TrainerError> {
+        match r.step {
+            3 => Err(TrainerError::config(
+                "sink",
+                "the third step's record was refused",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[test]
+fn a_programs_sink_gets_every_step_the_metrics_file_gets_and_its_error_ends_the_fit() {
+    let tmp = TempDir::new().unwrap();
+    let kept = Kept::default();
+    let mut trainer = quiet_builder(3, strategy_by_name("fsdp").unwrap(), 5)
+        .log_dir(tmp.path().join("runs"))
+        .sink(kept.clone())
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let mut model = Attached::new(Mlp::new(adamw()));
+        trainer.fit(&mut model, &loader(), None).unwrap();
+    }
+    let csv = trainer.metrics_path().unwrap();
+    let seen = kept.0.lock().unwrap().clone();
+    // Both fits reached the sink, the second into its own metrics file.
+    assert_eq!(seen.len(), 10, "{seen:?}");
+    assert_eq!(seen[5..], rows(&csv)[..], "the second fit's rows");
+    let e = quiet_builder(2, strategy_by_name("ddp").unwrap(), 5)
+        .no_logger()
+        .sink(Failing)
+        .build()
+        .unwrap()
+        .fit(&mut Attached::new(Mlp::new(adamw())), &loader(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("third step's record was refused"), "{e}");
+}

@@ -34,7 +34,7 @@ fn run(
             None,
         )
         .unwrap();
-    full_parameters(&mut trainer)
+    full_parameters(&mut trainer, &mut model)
 }
 
 const STRATEGIES: [&str; 4] = ["ddp", "zero1", "zero2", "zero3"];

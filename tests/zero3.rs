@@ -21,7 +21,7 @@ fn initial_parameters(devices: usize, strategy: &str) -> Vec<Vec<f32>> {
     // 60 samples in global batches of 60: divisible by 1..=5 ranks.
     let data = wick::trainer::DataLoader::new(crate::common::Regression::new(60), 60);
     trainer.validate(&mut model, &data).unwrap();
-    full_parameters(&mut trainer)
+    full_parameters(&mut trainer, &mut model)
 }
 
 #[test]

@@ -1,10 +1,12 @@
-//! `--hf DIR [--lora-rank R]`: the model of a Hugging Face directory (for the real-size
-//! row, the SmolLM2-135M-shaped one `scripts/hf_fixtures.py --smollm2-135m DIR` writes)
-//! under fsdp full_shard at W=2 with the ranks as threads, sequence 256, global batch 8,
-//! fully fine-tuned or with LoRA of rank R (alpha 2R, every linear layer of a block, no
-//! dropout), one run per process so that the row's `peak_rss_mb` (the process's peak
-//! resident memory, both ranks together) is that run's. `scripts/torch_baseline.py --hf
-//! DIR [--lora R]` prints the same row for transformers (and peft) with FSDP2.
+//! `--hf DIR [--lora-rank R] [--checkpoint-activations]`: the model of a Hugging Face
+//! directory (for the real-size row, the SmolLM2-135M-shaped one `scripts/hf_fixtures.py
+//! --smollm2-135m DIR` writes) under fsdp full_shard at W=2 with the ranks as threads,
+//! sequence 256, global batch 8, fully fine-tuned or with LoRA of rank R (alpha 2R, every
+//! linear layer of a block, no dropout), each block keeping its activations or (with
+//! `--checkpoint-activations`) recomputing them in backward. One run per process, so that
+//! the row's `peak_rss_mb` (the process's peak resident memory, both ranks together) is
+//! that run's. `scripts/torch_baseline.py --hf DIR [--lora R] [--checkpoint-activations]`
+//! prints the same row for transformers (and peft) with FSDP2.
 //!
 //! The model FLOPs per token are PaLM's: 6 x the parameters that multiply (the embedding
 //! table too when it is tied, since it projects the logits) plus attention's 12 x layers x
@@ -14,6 +16,7 @@
 use crate::{median_step, random_windows, timed_trainer};
 use std::path::Path;
 use wick::accelerator::Accelerator;
+use wick::core::ActivationCheckpointing;
 use wick::models::{CausalLm, LoraConfig, ModelConfig, DECODER_TARGETS};
 use wick::strategies::{Fsdp, FsdpSharding};
 use wick::trainer::Attached;
@@ -47,9 +50,10 @@ fn flops_per_token(config: &ModelConfig, trainable: usize, frozen: usize) -> any
     Ok((per_token + attention) as f64)
 }
 
-/// The row of `dir`'s model under fsdp full_shard at W=2, with LoRA of `rank` if given;
-/// `peak` is the measured GEMM peak the utilisation is taken over.
-pub fn hf_row(dir: &Path, rank: Option<usize>, peak: f64) -> anyhow::Result<()> {
+/// The row of `dir`'s model under fsdp full_shard at W=2, with LoRA of `rank` if given and
+/// every block recomputed in backward if `recompute`; `peak` is the measured GEMM peak the
+/// utilisation is taken over.
+pub fn hf_row(dir: &Path, rank: Option<usize>, recompute: bool, peak: f64) -> anyhow::Result<()> {
     let load = std::time::Instant::now();
     let mut model = CausalLm::from_pretrained(dir)?;
     let vocab = model.config().vocab_size() as u64;
@@ -66,23 +70,29 @@ pub fn hf_row(dir: &Path, rank: Option<usize>, peak: f64) -> anyhow::Result<()> 
         None => format!("hf:{}", dir.display()),
     };
     let config = model.config().clone();
-    let strategy = Fsdp::new(FsdpSharding::FullShard).build();
+    let (ac, ac_label) = match recompute {
+        true => (
+            ActivationCheckpointing::Full,
+            " activation_checkpointing=full",
+        ),
+        false => (ActivationCheckpointing::None, ""),
+    };
+    let strategy = Fsdp::new(FsdpSharding::FullShard)
+        .with_activation_checkpointing(ac)
+        .build();
     let (mut trainer, clock) = timed_trainer(Accelerator::cpu(2)?, strategy)?;
-    trainer.fit(
-        &mut Attached::new(model),
-        &random_windows(vocab, SEQ, BATCH, 11),
-        None,
-    )?;
+    let mut model = Attached::new(model);
+    trainer.fit(&mut model, &random_windows(vocab, SEQ, BATCH, 11), None)?;
     let step = median_step(&clock.0.lock().unwrap());
-    let trainable = trainer.num_parameters().unwrap_or(0);
-    let frozen = trainer.num_frozen_parameters().unwrap_or(0);
+    let trainable = model.num_parameters().unwrap_or(0);
+    let frozen = model.num_frozen_parameters().unwrap_or(0);
     let per_token = flops_per_token(&config, trainable, frozen)?;
     let tps = (BATCH * SEQ) as f64 / step;
     let gflops = tps * per_token / 1e9;
     let rss = peak_rss_mb().map_or(String::new(), |mb| format!(" peak_rss_mb={mb:.0}"));
     println!(
-        "impl=wick model={name} strategy=fsdp_full_shard world=2 transport=threads \
-         parameters={trainable} frozen={frozen} flops_per_token={per_token:.0} \
+        "impl=wick model={name} strategy=fsdp_full_shard{ac_label} world=2 \
+         transport=threads parameters={trainable} frozen={frozen} flops_per_token={per_token:.0} \
          tokens_per_s={tps:.1} gflops={gflops:.1} mfu={:.3}{rss} run_s={:.0}",
         gflops / peak,
         load.elapsed().as_secs_f64()

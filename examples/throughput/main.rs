@@ -42,8 +42,9 @@
 //! Like the `wick` program, it makes wick's process-wide settings for CPU training first
 //! (`tune_host_process`); the plain Candle loop's child process runs without them.
 //!
-//! `--hf DIR [--lora-rank R]` is the real-size row (`hf.rs`): a Hugging Face directory's
-//! model under fsdp full_shard at W=2, fully fine-tuned or with LoRA, with its peak memory.
+//! `--hf DIR [--lora-rank R] [--checkpoint-activations]` is the real-size row (`hf.rs`): a
+//! Hugging Face directory's model under fsdp full_shard at W=2, fully fine-tuned or with
+//! LoRA, keeping or recomputing activations, with its peak memory.
 //!
 //! `--profile` prints where a step's time goes (`profile.rs`): for the GPT at d_model 512
 //! (single, fsdp full_shard and ddp at W=2) and the Llama (single, full_shard at W=2),
@@ -385,7 +386,7 @@ fn llama_step(
     let (mut trainer, clock) = timed_trainer(accelerator, strategy)?;
     let mut model = Attached::new(llama_model()?);
     trainer.fit(&mut model, &llama_data(), None)?;
-    let params = trainer.num_parameters().unwrap_or(0);
+    let params = model.num_parameters().unwrap_or(0);
     let times = clock.0.lock().unwrap().clone();
     Ok((median_step(&times), params))
 }
@@ -435,13 +436,10 @@ fn measure(
     }
     let c = config(gpt_width(model)?);
     let (mut trainer, clock) = timed_trainer(accelerator, strategy(name)?)?;
-    trainer.fit(
-        &mut Attached::new(CharGpt::new(c, LR)),
-        &DataLoader::new(data(&c), BATCH),
-        None,
-    )?;
+    let mut model = Attached::new(CharGpt::new(c, LR));
+    trainer.fit(&mut model, &DataLoader::new(data(&c), BATCH), None)?;
     let times = clock.0.lock().unwrap().clone();
-    let params = trainer.num_parameters().unwrap_or(0);
+    let params = model.num_parameters().unwrap_or(0);
     Ok((BATCH * c.block, median_step(&times), params))
 }
 
@@ -545,7 +543,8 @@ fn main() -> anyhow::Result<()> {
         let rank = value("--lora-rank").map(|r| r.parse()).transpose()?;
         let peak = peak_gflops()?;
         println!("peak_gflops={peak:.1}");
-        return hf::hf_row(std::path::Path::new(&dir), rank, peak);
+        let recompute = flag("--checkpoint-activations");
+        return hf::hf_row(std::path::Path::new(&dir), rank, recompute, peak);
     }
     if flag("--compare") {
         let models = match args.iter().position(|a| a == "--models") {

@@ -342,12 +342,13 @@ pub fn train(
     let mut model = Attached::new(Mlp::new(optimizer));
     let mut trainer = quiet_trainer(devices, strategy, steps);
     trainer.fit(&mut model, &loader(), None).unwrap();
-    full_parameters(&mut trainer)
+    full_parameters(&mut trainer, &mut model)
 }
 
-/// The trainer's configured parameters, flattened, checking the registration order.
-pub fn full_parameters(trainer: &mut Trainer) -> Vec<Vec<f32>> {
-    let params = trainer.full_parameters().unwrap();
+/// The parameters `trainer` configured for `module`, flattened, checking the registration
+/// order.
+pub fn full_parameters<M>(trainer: &mut Trainer, module: &mut Attached<M>) -> Vec<Vec<f32>> {
+    let params = trainer.full_parameters(module).unwrap();
     let names: Vec<&str> = params.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,

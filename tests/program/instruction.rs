@@ -141,8 +141,9 @@ fn train_masked(data: &Path, devices: usize, strategy: Box<dyn Strategy>) -> Vec
     // Windows of 16: 17 of them; batches of 12 (W = 2, 3, 4 divide it), unshuffled.
     let windows = TokenDataset::open(data, Split::Train, 16).unwrap();
     let loader = DataLoader::new(windows, 12).without_shuffle();
-    t.fit(&mut Attached::new(model), &loader, None).unwrap();
-    t.full_parameters().unwrap()
+    let mut model = Attached::new(model);
+    t.fit(&mut model, &loader, None).unwrap();
+    t.full_parameters(&mut model).unwrap()
 }
 
 #[test]

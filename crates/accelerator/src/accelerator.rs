@@ -247,6 +247,32 @@ impl Accelerator {
         E: std::fmt::Display + Send + From<Error>,
         F: Fn(RankEnv) -> std::result::Result<T, E> + Sync,
     {
+        let inputs = self.local_ranks().map(|_| ()).collect();
+        self.launch_each(inputs, |env, ()| f(env))
+    }
+
+    /// [`Accelerator::launch`] with an input of each local rank's own, in rank order:
+    /// rank r takes `inputs[r - local_ranks().start]` by value (its module, its strategy),
+    /// so that nothing a rank owns is shared behind a lock to reach it.
+    ///
+    /// # Panics
+    /// When `inputs` does not hold one input per local rank.
+    pub fn launch_each<I, T, E, F>(
+        &self,
+        inputs: Vec<I>,
+        f: F,
+    ) -> Vec<std::result::Result<T, RankError<E>>>
+    where
+        I: Send,
+        T: Send,
+        E: std::fmt::Display + Send + From<Error>,
+        F: Fn(RankEnv, I) -> std::result::Result<T, E> + Sync,
+    {
+        assert_eq!(
+            inputs.len(),
+            self.local_ranks().len(),
+            "one input per local rank"
+        );
         match &self.ranks {
             Ranks::Threads(n) => {
                 let world = match self.timeout {
@@ -257,9 +283,9 @@ impl Accelerator {
                     DeviceKind::Cpu => self.budget.threads(*n),
                     DeviceKind::Cuda => None,
                 };
-                world.run(|comm| {
+                world.run_each(inputs, |comm, input| {
                     let device = self.devices[comm.rank()].clone();
-                    run_within(threads, || f(self.rank_env(Arc::new(comm), device)?))
+                    run_within(threads, || f(self.rank_env(Arc::new(comm), device)?, input))
                 })
             }
             Ranks::Process { .. } => {
@@ -267,28 +293,37 @@ impl Accelerator {
                     (DeviceKind::Cpu, ThreadBudget::PerRank(n)) => Some(n),
                     _ => None,
                 };
-                vec![Ok(run_within(threads, || self.launch_process(&f)))]
+                let input = inputs
+                    .into_iter()
+                    .next()
+                    .expect("one input for this process");
+                vec![Ok(run_within(threads, || self.launch_process(&f, input)))]
             }
         }
     }
 
-    fn launch_process<T, E, F>(&self, f: &F) -> T
+    fn launch_process<I, T, E, F>(&self, f: &F, input: I) -> T
     where
         T: Send,
         E: std::fmt::Display + Send + From<Error>,
-        F: Fn(RankEnv) -> std::result::Result<T, E> + Sync,
+        F: Fn(RankEnv, I) -> std::result::Result<T, E> + Sync,
     {
         let world = MpiWorld::process_world()
             .expect("the accelerator joined the process world when it was made");
-        let run = || f(self.rank_env(world.clone(), self.devices[0].clone())?);
+        let run = || {
+            f(
+                self.rank_env(world.clone(), self.devices[0].clone())?,
+                input,
+            )
+        };
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
         let failure = match outcome {
             Ok(Ok(value)) => return value,
             Ok(Err(e)) => e.to_string(),
             Err(payload) => format!("panicked: {}", panic_message(&payload)),
         };
-        eprintln!(
-            "error: rank {} of {} failed: {failure}",
+        log::error!(
+            "rank {} of {} failed: {failure}",
             world.rank(),
             world.world_size()
         );

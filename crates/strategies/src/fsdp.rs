@@ -7,7 +7,7 @@
 //! memory within one); `no_shard` is DDP; `hybrid_shard` is `full_shard`
 //! inside groups of G ranks, replicated across the groups.
 
-use crate::zero3::ShardedOptions;
+use crate::sharded_options::ShardedOptions;
 use crate::{Ddp, MixedPrecision, Zero3};
 use wick_core::{ActivationCheckpointing, Error, Result, Strategy};
 
@@ -49,10 +49,9 @@ impl Fsdp {
         Fsdp {
             sharding,
             options: ShardedOptions {
-                name: Self::NAME,
                 reshard_after_forward: sharding != FsdpSharding::ShardGradOp,
                 group_size,
-                ..ShardedOptions::default()
+                ..ShardedOptions::new(Self::NAME)
             },
         }
     }

@@ -36,6 +36,7 @@ mod registry;
 mod replicated;
 mod replicated_strategy;
 mod saved_state;
+mod sharded_options;
 mod sharded_params;
 mod single;
 mod spec;

@@ -15,10 +15,10 @@ use crate::param_use::ParamUse;
 use crate::precision::{dtypes, MixedPrecision};
 use crate::prefetch::{gather, Prefetcher, UnitParts};
 use crate::recompute_op::RecomputedGrads;
+use crate::sharded_options::ShardedOptions;
 use crate::storage_swap;
 use crate::unit_op::UnitOp;
-use crate::unit_views::{unit_var_builder, GatheredPart};
-use crate::zero3::ShardedOptions;
+use crate::unit_views::{unit_var_builder, FrozenPart, GatheredPart};
 use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::VarBuilder;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,14 +32,6 @@ struct Request {
     shape: Shape,
     init: ParamInit,
     trainable: bool,
-}
-
-/// A unit's frozen parameters (LoRA's base weights): a flat layout and shard of their own,
-/// gathered like the trainable ones but never a variable, never reduced, never stepped.
-#[derive(Clone)]
-pub(crate) struct FrozenPart {
-    pub(crate) layout: FlatLayout,
-    pub(crate) shard: Tensor,
 }
 
 /// One wrapped unit: its layout, this rank's shard, and this step's gathered buffers.

@@ -66,8 +66,8 @@ pub(crate) fn can_keep_activations() -> bool {
     static TOLD: std::sync::Once = std::sync::Once::new();
     if !AVAILABLE {
         TOLD.call_once(|| {
-            eprintln!(
-                "wick: this candle-core has no Tensor::swap_storage, so fsdp full_shard \
+            log::warn!(
+                "this candle-core has no Tensor::swap_storage, so fsdp full_shard \
                  recomputes each unit's forward in backward instead of keeping its \
                  activations (same results, more compute); add wick's [patch.crates-io] \
                  line for candle-core to keep them (vendor/README.md)"

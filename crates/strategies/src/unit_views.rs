@@ -12,6 +12,14 @@ use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 use std::sync::Arc;
 
+/// A unit's frozen parameters (LoRA's base weights): a flat layout and shard of their own,
+/// gathered like the trainable ones but never a variable, never reduced, never stepped.
+#[derive(Clone)]
+pub(crate) struct FrozenPart {
+    pub(crate) layout: FlatLayout,
+    pub(crate) shard: Tensor,
+}
+
 /// One gathered flat buffer of a unit and where its parameters lie in it.
 pub(crate) struct GatheredPart {
     pub(crate) layout: FlatLayout,

@@ -16,10 +16,11 @@ use crate::grad_scaler::GradScaler;
 use crate::grads::GradAccumulator;
 use crate::nonfinite::{agree_finite, first_nonfinite_in};
 use crate::optim::Optimizer;
-use crate::precision::MixedPrecision;
 use crate::replicated::tensor_bytes;
 use crate::saved_state::{flat_group, kinds_to_restore, read_shard, shard_prefix};
-use crate::sharded_params::{FrozenPart, ShardedParams};
+use crate::sharded_options::ShardedOptions;
+use crate::sharded_params::ShardedParams;
+use crate::unit_views::FrozenPart;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
 use wick_core::{
@@ -28,46 +29,9 @@ use wick_core::{
     StateReader, Strategy, PARAM_KIND,
 };
 
-/// The options of a sharded strategy: everything that is not built from the model. A new
-/// rank's strategy gets a clone of them whole, so no option can be left behind.
-#[derive(Debug, Clone)]
-pub(crate) struct ShardedOptions {
-    /// The registry name: `zero3`, or `fsdp` for FSDP's sharded modes.
-    pub(crate) name: &'static str,
-    /// Units run through the unit op (full sharding), their gathered parameters freed after
-    /// each use, rather than gathered once per step and kept until backward (PyTorch
-    /// FSDP's name for it; zero3 and FSDP's `full_shard` set it).
-    pub(crate) reshard_after_forward: bool,
-    /// Hybrid sharding: ranks per sharding group.
-    pub(crate) group_size: Option<usize>,
-    /// Mixed precision of the gathered units and the gradient reduction.
-    pub(crate) precision: Option<MixedPrecision>,
-    /// Auto-wrap prefixes (see [`Zero3::with_auto_wrap`]).
-    pub(crate) auto_wrap: Option<Vec<String>>,
-    /// Prefetch the next unit's gather (full sharding only).
-    pub(crate) prefetch: bool,
-    /// The most gathered parameters (elements) a prefetch may leave alive: the unit that
-    /// runs and the one prefetched together. `None`: no bound.
-    pub(crate) max_live_parameters: Option<usize>,
-    /// Which units recompute their forward in backward.
-    pub(crate) activation_checkpointing: ActivationCheckpointing,
-    /// What a step does with inf or NaN gradients.
-    pub(crate) on_nonfinite: OnNonFinite,
-}
-
 impl Default for ShardedOptions {
     fn default() -> Self {
-        ShardedOptions {
-            name: Zero3::NAME,
-            reshard_after_forward: true,
-            group_size: None,
-            precision: None,
-            auto_wrap: None,
-            prefetch: false,
-            max_live_parameters: None,
-            activation_checkpointing: ActivationCheckpointing::None,
-            on_nonfinite: OnNonFinite::Error,
-        }
+        ShardedOptions::new(Zero3::NAME)
     }
 }
 

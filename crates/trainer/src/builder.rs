@@ -1,32 +1,13 @@
 //! `TrainerBuilder`: the trainer's options, checked together when it is built.
 
-use crate::trainer::{FitDirs, Trainer};
-use crate::{ModelCheckpoint, Preemption, TrainerError};
+use crate::config::Config;
+use crate::trainer::Trainer;
+use crate::{ModelCheckpoint, Preemption, StepSink, TrainerError};
 use std::path::PathBuf;
 use std::time::Duration;
 use wick_accelerator::{Accelerator, DeviceKind, ThreadBudget};
 use wick_core::{ActivationCheckpointing, Callback, OnNonFinite, Strategy};
 use wick_strategies::{StrategyKind, StrategySpec};
-
-/// Settings every rank reads.
-pub(crate) struct Config {
-    pub(crate) max_steps: Option<usize>,
-    pub(crate) max_epochs: Option<usize>,
-    pub(crate) seed: u64,
-    /// Where runs are logged (`None`: no metrics file) and this run's name under it.
-    pub(crate) log_dir: Option<PathBuf>,
-    pub(crate) run_name: String,
-    pub(crate) val_check_interval: Option<usize>,
-    pub(crate) progress: bool,
-    pub(crate) model_summary: bool,
-    pub(crate) gradient_clip_val: Option<f64>,
-    pub(crate) accumulate_grad_batches: usize,
-    pub(crate) checkpoint: Option<ModelCheckpoint>,
-    pub(crate) error_on_unused_parameters: bool,
-    pub(crate) overlap_comm: bool,
-    pub(crate) preemption: Option<Preemption>,
-    pub(crate) on_nonfinite: OnNonFinite,
-}
 
 pub(crate) enum StrategyChoice {
     /// `single` on one device, `ddp` on more.
@@ -48,6 +29,7 @@ pub struct TrainerBuilder {
     max_epochs: Option<usize>,
     seed: u64,
     callbacks: Vec<Box<dyn Callback>>,
+    sinks: Vec<Box<dyn StepSink>>,
     run_name: String,
     log_dir: Option<PathBuf>,
     val_check_interval: Option<usize>,
@@ -139,6 +121,14 @@ impl TrainerBuilder {
     /// Adds a callback; each rank runs its own clone.
     pub fn callback(mut self, callback: impl Callback + 'static) -> Self {
         self.callbacks.push(Box::new(callback));
+        self
+    }
+
+    /// Adds `sink` to the destinations of each optimizer step's [`StepRecord`](crate::StepRecord),
+    /// after the metrics file: called on rank 0 only, for every fit of the trainer, an error
+    /// from it ending the fit.
+    pub fn sink(mut self, sink: impl StepSink + 'static) -> Self {
+        self.sinks.push(Box::new(sink));
         self
     }
 
@@ -340,8 +330,8 @@ impl TrainerBuilder {
                 ),
             ));
         }
-        Ok(Trainer {
-            config: Config {
+        Ok(Trainer::new(
+            Config {
                 max_steps: self.max_steps,
                 max_epochs: self.max_epochs,
                 seed: self.seed,
@@ -360,10 +350,9 @@ impl TrainerBuilder {
             },
             accelerator,
             strategy,
-            callbacks: self.callbacks,
-            session: None,
-            last_fit: FitDirs::default(),
-        })
+            self.callbacks,
+            self.sinks,
+        ))
     }
 }
 
@@ -380,6 +369,7 @@ impl Trainer {
             max_epochs: None,
             seed: 0,
             callbacks: Vec::new(),
+            sinks: Vec::new(),
             run_name: "run".into(),
             log_dir: Some(PathBuf::from("runs")),
             val_check_interval: None,

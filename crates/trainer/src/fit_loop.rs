@@ -1,18 +1,196 @@
-//! The fit loop of one rank: epochs and steps from where a resume left off, validation and
-//! checkpoints when due, an early stop or a preemption the ranks agree on. What a step
-//! reports goes to its sinks ([`StepSinks`]).
+//! The fit loop of one rank, an object as Lightning's `FitLoop` is: what the fit runs
+//! over, how far it goes and where it stands (epochs and steps from where a resume left
+//! off), validation when due, an early stop or a preemption the ranks agree on. What a step
+//! reports goes to the rank's sinks ([`crate::StepSink`]); when to save is the
+//! [`CheckpointManager`]'s to decide.
 
-use crate::metrics_csv::Row;
+use crate::checkpoint_manager::{CheckpointManager, DataPlan, SaveBasis};
 use crate::preemption::Interruption;
-use crate::rank_run::{Eval, RankRun, StageInput};
-use crate::resume::FitSaves;
-use crate::sinks::StepSinks;
+use crate::rank_run::{Eval, RankRun, StageInput, SKIPPED_STEPS};
+use crate::sinks::StepRecord;
 use crate::{DataLoader, Dataset, TrainerError};
 use std::time::Instant;
-
-/// The metric that counts the steps skipped for inf or NaN gradients.
-pub(crate) const SKIPPED_STEPS: &str = "skipped_steps";
 use wick_core::{ReduceOp, TrainModule};
+
+/// One rank's fit: set up by [`FitLoop::new`] (optimizer, resumed state), run by
+/// [`FitLoop::run`].
+pub(crate) struct FitLoop<'f, D> {
+    train: &'f DataLoader<D>,
+    val: Option<&'f DataLoader<D>>,
+    /// The optimizer, the seed of the data order and the data plan, as saves record them.
+    basis: SaveBasis,
+    /// Optimizer steps per epoch; trailing micro-batches that cannot fill a step are skipped.
+    per_epoch: usize,
+    max_epochs: usize,
+    /// The step the fit ends after.
+    total_steps: usize,
+    tokens_per_step: f64,
+    /// Whether the first backward of this fit has looked for parameters without gradient.
+    checked_unused: bool,
+    checkpoints: CheckpointManager<'f>,
+}
+
+impl<'f, D: Dataset> FitLoop<'f, D> {
+    /// The fit of `input` on `rank`: its optimizer configured, the checkpoint it resumes
+    /// from (if any) restored, the training bar added to the sinks.
+    pub(crate) fn new<M: TrainModule<Batch = D::Batch>>(
+        rank: &mut RankRun<'_, M>,
+        train: &'f DataLoader<D>,
+        val: Option<&'f DataLoader<D>>,
+        input: &StageInput<'f, D>,
+    ) -> Result<Self, TrainerError> {
+        let mut optimizer = rank.module.configure_optimizers();
+        optimizer
+            .schedule
+            .validate()
+            .map_err(|e| TrainerError::config("lr schedule", e))?;
+        rank.strategy.configure_optimizer(&optimizer)?;
+        rank.strategy
+            .set_clip_grad_norm(rank.config.gradient_clip_val);
+        let accumulate = rank.config.accumulate_grad_batches;
+        let per_epoch = train.batches_per_epoch() / accumulate;
+        let seed = match input.resume {
+            Some(checkpoint) => rank.restore(checkpoint, train, &mut optimizer)?,
+            None => rank.config.seed,
+        };
+        let step = rank.state.global_step;
+        let checkpoints = CheckpointManager::new(input.checkpoint, input.run, input.resume, step);
+        let max_epochs = match (rank.config.max_epochs, rank.config.max_steps) {
+            (Some(e), _) => e,
+            (None, Some(_)) => usize::MAX,
+            (None, None) => 1,
+        };
+        let total_steps = rank
+            .config
+            .max_steps
+            .unwrap_or(usize::MAX)
+            .min(per_epoch.saturating_mul(max_epochs));
+        if let Some(p) = &rank.progress {
+            let bar = p.train(total_steps, step);
+            rank.sinks.push(bar);
+        }
+        Ok(FitLoop {
+            train,
+            val,
+            basis: SaveBasis {
+                optimizer,
+                seed,
+                data: DataPlan::of(train, accumulate),
+            },
+            per_epoch,
+            max_epochs,
+            total_steps,
+            tokens_per_step: (train.batch_size() * accumulate * train.dataset().tokens_per_sample())
+                as f64,
+            checked_unused: false,
+            checkpoints,
+        })
+    }
+
+    /// Runs the fit to its end on `rank`; returns how a preemption stopped it, if one did.
+    pub(crate) fn run<M: TrainModule<Batch = D::Batch>>(
+        mut self,
+        rank: &mut RankRun<'_, M>,
+    ) -> Result<Option<Interruption>, TrainerError> {
+        rank.callbacks(|cb, s| cb.on_fit_start(s))?;
+        rank.module.on_fit_start()?;
+        let (start_epoch, start_batch) = (
+            rank.state.global_step / self.per_epoch,
+            rank.state.global_step % self.per_epoch,
+        );
+        'epochs: for epoch in start_epoch..self.max_epochs {
+            rank.state.epoch = epoch;
+            let epoch_start = Instant::now();
+            let order = self.train.epoch_order(self.basis.seed, epoch);
+            let first = if epoch == start_epoch { start_batch } else { 0 };
+            for b in first..self.per_epoch {
+                if rank.state.global_step >= self.total_steps {
+                    break 'epochs;
+                }
+                self.step(rank, &order, b, epoch_start)?;
+                match rank.stop_requested()? {
+                    Stop::Continue => {}
+                    Stop::Early => break 'epochs,
+                    Stop::Preempted => {
+                        let checkpoint = self.checkpoints.preempted(rank, &self.basis)?;
+                        rank.sinks.finish()?;
+                        let signal = rank.config.preemption.as_ref().and_then(|p| p.requested());
+                        return Ok(Some(Interruption {
+                            signal,
+                            step: rank.state.global_step,
+                            checkpoint,
+                        }));
+                    }
+                }
+            }
+        }
+        self.checkpoints.fit_end(rank, &self.basis)?;
+        rank.sinks.finish()?;
+        rank.callbacks(|cb, s| cb.on_fit_end(s))?;
+        rank.module.on_fit_end()?;
+        Ok(None)
+    }
+
+    /// Optimizer step `b` of the epoch whose sample order is `order` (begun at
+    /// `epoch_start`): the step, its metrics and callbacks, validation when due, the record
+    /// to the sinks, and a checkpoint when due.
+    fn step<M: TrainModule<Batch = D::Batch>>(
+        &mut self,
+        rank: &mut RankRun<'_, M>,
+        order: &[usize],
+        b: usize,
+        epoch_start: Instant,
+    ) -> Result<(), TrainerError> {
+        let (step_start, waited_before) = (Instant::now(), rank.clock.waited());
+        let train_loss = rank.train_step(
+            self.train,
+            order,
+            b,
+            &self.basis.optimizer,
+            &mut self.checked_unused,
+        )?;
+        rank.state.global_step += 1;
+        if rank.state.global_step == 1 {
+            rank.log_model_summary();
+        }
+        let tokens_per_s = self.tokens_per_step / step_start.elapsed().as_secs_f64().max(1e-9);
+        let comm_wait_s = (rank.clock.waited() - waited_before).as_secs_f64();
+        rank.state.metrics.insert("train_loss".into(), train_loss);
+        // Steps skipped for inf or NaN gradients, all ranks alike, over the run (a resume
+        // restores the count from its checkpoint's metrics).
+        let skipped = rank.skipped_steps() + usize::from(rank.strategy.last_step_skipped());
+        rank.state
+            .metrics
+            .insert(SKIPPED_STEPS.into(), skipped as f64);
+        // Metrics stay deterministic; wall-clock figures go to the sinks only.
+        if let Some(scale) = rank.strategy.loss_scale() {
+            rank.state.metrics.insert("loss_scale".into(), scale.scale);
+        }
+        rank.callbacks(|cb, s| cb.on_train_batch_end(s))?;
+
+        let validate_now = self.val.is_some()
+            && match rank.config.val_check_interval {
+                Some(n) => rank.state.global_step % n == 0,
+                None => b + 1 == self.per_epoch,
+            };
+        let val_loss = match self.val {
+            Some(val) if validate_now => rank.evaluate(val, Eval::Validation)?,
+            _ => None,
+        };
+        rank.sinks.step_end(&StepRecord {
+            step: rank.state.global_step,
+            epoch: rank.state.epoch,
+            train_loss,
+            val_loss,
+            lr: rank.state.lr,
+            skipped_steps: rank.skipped_steps(),
+            tokens_per_s,
+            epoch_time_s: epoch_start.elapsed().as_secs_f64(),
+            comm_wait_s,
+        })?;
+        self.checkpoints.step_end(rank, &self.basis)
+    }
+}
 
 impl<M: TrainModule> RankRun<'_, M> {
     /// Fits on `train`; returns how a preemption stopped it, if one did.
@@ -22,150 +200,7 @@ impl<M: TrainModule> RankRun<'_, M> {
         val: Option<&DataLoader<D>>,
         input: &StageInput<'_, D>,
     ) -> Result<Option<Interruption>, TrainerError> {
-        let resume = input.resume;
-        let mut optimizer = self.module.configure_optimizers();
-        optimizer
-            .schedule
-            .validate()
-            .map_err(|e| TrainerError::config("lr schedule", e))?;
-        self.strategy.configure_optimizer(&optimizer)?;
-        self.strategy
-            .set_clip_grad_norm(self.config.gradient_clip_val);
-        let accumulate = self.config.accumulate_grad_batches;
-        // Optimizer steps per epoch; trailing micro-batches that cannot fill a step are skipped.
-        let per_epoch = train.batches_per_epoch() / accumulate;
-        let seed = match resume {
-            Some(checkpoint) => self.restore(checkpoint, train, &mut optimizer)?,
-            None => self.config.seed,
-        };
-        // The checkpoint resumed from already holds the state at its step.
-        let mut saves = FitSaves::resumed_at(self.state.global_step, resume);
-        let (start_epoch, start_batch) = (
-            self.state.global_step / per_epoch,
-            self.state.global_step % per_epoch,
-        );
-
-        let max_epochs = match (self.config.max_epochs, self.config.max_steps) {
-            (Some(e), _) => e,
-            (None, Some(_)) => usize::MAX,
-            (None, None) => 1,
-        };
-        let total_steps = self
-            .config
-            .max_steps
-            .unwrap_or(usize::MAX)
-            .min(per_epoch.saturating_mul(max_epochs));
-        let bar = self
-            .progress
-            .as_ref()
-            .map(|p| p.train(total_steps, self.state.global_step));
-        let mut sinks = StepSinks::new(self.csv.take(), bar);
-
-        self.callbacks(|cb, s| cb.on_fit_start(s))?;
-        self.module.on_fit_start()?;
-        // The first backward of this fit looks for parameters that get no gradient.
-        let mut checked_unused = false;
-        let tokens_per_step =
-            (train.batch_size() * accumulate * train.dataset().tokens_per_sample()) as f64;
-        'epochs: for epoch in start_epoch..max_epochs {
-            self.state.epoch = epoch;
-            let epoch_start = Instant::now();
-            let order = train.epoch_order(seed, epoch);
-            let first = if epoch == start_epoch { start_batch } else { 0 };
-            for b in first..per_epoch {
-                if self.state.global_step >= total_steps {
-                    break 'epochs;
-                }
-                let (step_start, waited_before) = (Instant::now(), self.clock.waited());
-                let train_loss =
-                    self.train_step(train, &order, b, &optimizer, &mut checked_unused)?;
-                self.state.global_step += 1;
-                if self.state.global_step == 1 {
-                    self.print_model_summary();
-                }
-                let tokens_per_s = tokens_per_step / step_start.elapsed().as_secs_f64().max(1e-9);
-                let comm_wait_s = (self.clock.waited() - waited_before).as_secs_f64();
-                self.state.metrics.insert("train_loss".into(), train_loss);
-                // Steps skipped for inf or NaN gradients, all ranks alike, over the run (a
-                // resume restores the count from its checkpoint's metrics).
-                let skipped = self.skipped_steps() + usize::from(self.strategy.last_step_skipped());
-                self.state
-                    .metrics
-                    .insert(SKIPPED_STEPS.into(), skipped as f64);
-                // Metrics stay deterministic; wall-clock figures go to the CSV only.
-                if let Some(scale) = self.strategy.loss_scale() {
-                    self.state.metrics.insert("loss_scale".into(), scale.scale);
-                }
-                self.callbacks(|cb, s| cb.on_train_batch_end(s))?;
-
-                let validate_now = val.is_some()
-                    && match self.config.val_check_interval {
-                        Some(n) => self.state.global_step % n == 0,
-                        None => b + 1 == per_epoch,
-                    };
-                let val_loss = match val {
-                    Some(val) if validate_now => self.evaluate(val, Eval::Validation)?,
-                    _ => None,
-                };
-                sinks.step_end(&Row {
-                    step: self.state.global_step,
-                    epoch,
-                    train_loss,
-                    val_loss,
-                    lr: self.state.lr,
-                    skipped_steps: self.skipped_steps(),
-                    tokens_per_s,
-                    epoch_time_s: epoch_start.elapsed().as_secs_f64(),
-                    comm_wait_s,
-                })?;
-                saves.poll()?;
-                if let Some(mc) = input.checkpoint {
-                    if mc.due(self.state.global_step) {
-                        let (run, wait) = (input.run, false);
-                        self.save_checkpoint(mc, run, train, &optimizer, seed, &mut saves, wait)?;
-                    }
-                }
-                match self.stop_requested()? {
-                    Stop::Continue => {}
-                    Stop::Early => break 'epochs,
-                    Stop::Preempted => {
-                        // The save in flight first (it may be this very step's).
-                        self.finish_saves(&mut saves)?;
-                        let step = self.state.global_step;
-                        let checkpoint = match (input.checkpoint, saves.last.clone()) {
-                            (None, _) => None,
-                            (Some(_), Some((saved, dir))) if saved == step => Some(dir),
-                            (Some(mc), _) => {
-                                let (run, wait) = (input.run, true);
-                                let saves = &mut saves;
-                                Some(self.save_checkpoint(
-                                    mc, run, train, &optimizer, seed, saves, wait,
-                                )?)
-                            }
-                        };
-                        sinks.finish()?;
-                        let signal = self.config.preemption.as_ref().and_then(|p| p.requested());
-                        return Ok(Some(Interruption {
-                            signal,
-                            step,
-                            checkpoint,
-                        }));
-                    }
-                }
-            }
-        }
-        self.finish_saves(&mut saves)?;
-        if let Some(mc) = input.checkpoint {
-            let step = self.state.global_step;
-            if mc.saves_at_end() && saves.last_step() != Some(step) {
-                let (run, wait) = (input.run, true);
-                self.save_checkpoint(mc, run, train, &optimizer, seed, &mut saves, wait)?;
-            }
-        }
-        sinks.finish()?;
-        self.callbacks(|cb, s| cb.on_fit_end(s))?;
-        self.module.on_fit_end()?;
-        Ok(None)
+        FitLoop::new(self, train, val, input)?.run(self)
     }
 
     /// The steps skipped so far for inf or NaN gradients.

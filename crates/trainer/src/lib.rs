@@ -7,11 +7,17 @@
 //! the metrics CSV, the progress bar, and checkpoints ([`checkpoint`]: sharded save, resume
 //! at any world size, consolidation, [`ModelCheckpoint`]). Devices, worlds and the sharded setup belong to
 //! wick-accelerator; parameter layout and optimizer state to the strategy.
+//!
+//! It prints nothing itself: warnings, notes and the model summary go through the `log`
+//! crate, to whatever logger the program installs (the `wick` program's prints them as
+//! before).
 
 mod attached;
 mod builder;
 mod callbacks;
 pub mod checkpoint;
+mod checkpoint_manager;
+mod config;
 mod data;
 mod error;
 mod eval_loop;
@@ -39,11 +45,17 @@ pub use error::TrainerError;
 pub use preemption::Preemption;
 #[cfg(unix)]
 pub use preemption::PREEMPTION_SIGNALS;
+pub use rank_run::Metrics;
 pub use replicate::Replicate;
+pub use sinks::{StepRecord, StepSink};
 pub use token_dataset::{
     write_token_file, Split, TokenDataset, TokenSplit, TOKENIZER_KEY, VOCAB_KEY,
 };
-pub use trainer::{Metrics, Trainer};
+pub use trainer::Trainer;
+
+/// The `log` target of the model summary that rank 0 logs after the first step (a table,
+/// one record), so that a logger can print it apart from warnings and notes.
+pub const SUMMARY_TARGET: &str = "wick::summary";
 
 // What a crate that uses wick-trainer alone needs to write a module and configure a run;
 // the crates below are reachable whole under their own names.

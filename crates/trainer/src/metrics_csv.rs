@@ -6,6 +6,7 @@
 //! is written under a temporary name and takes its real one with the first new row, so a
 //! run that fails before its first step leaves the old file as it was.
 
+use crate::sinks::{StepRecord, StepSink};
 use crate::TrainerError;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -13,25 +14,6 @@ use std::path::{Path, PathBuf};
 /// The columns, in order.
 const HEADER: &str =
     "step,epoch,train_loss,val_loss,lr,skipped_steps,tokens_per_s,epoch_time_s,comm_wait_s";
-
-/// One row of the file.
-pub(crate) struct Row {
-    pub(crate) step: usize,
-    pub(crate) epoch: usize,
-    pub(crate) train_loss: f64,
-    /// Empty on steps without validation.
-    pub(crate) val_loss: Option<f64>,
-    pub(crate) lr: f64,
-    /// Steps skipped so far for inf or NaN gradients.
-    pub(crate) skipped_steps: usize,
-    /// Tokens (samples times `Dataset::tokens_per_sample`) of the step over its time.
-    pub(crate) tokens_per_s: f64,
-    /// Seconds since the epoch's first step began.
-    pub(crate) epoch_time_s: f64,
-    /// Seconds of the step rank 0 spent in collectives: blocking calls, and waits for calls
-    /// started ahead (the communication that overlap did not hide).
-    pub(crate) comm_wait_s: f64,
-}
 
 /// An open metrics file.
 pub(crate) struct MetricsCsv {
@@ -105,7 +87,7 @@ impl MetricsCsv {
     }
 
     /// Appends one row (the first puts the file in place of the old one).
-    pub(crate) fn row(&mut self, r: &Row) -> Result<(), TrainerError> {
+    pub(crate) fn row(&mut self, r: &StepRecord) -> Result<(), TrainerError> {
         let io = |cause| TrainerError::Io {
             path: self.path.clone(),
             cause,
@@ -142,6 +124,16 @@ impl MetricsCsv {
     }
 }
 
+impl StepSink for MetricsCsv {
+    fn step_end(&mut self, record: &StepRecord) -> Result<(), TrainerError> {
+        self.row(record)
+    }
+
+    fn finish(&mut self) -> Result<(), TrainerError> {
+        self.flush()
+    }
+}
+
 impl Drop for MetricsCsv {
     /// A file that never got a new row was never this run's: its temporary copy goes.
     fn drop(&mut self) {
@@ -155,8 +147,8 @@ impl Drop for MetricsCsv {
 mod tests {
     use super::*;
 
-    fn row(step: usize) -> Row {
-        Row {
+    fn row(step: usize) -> StepRecord {
+        StepRecord {
             step,
             epoch: 0,
             train_loss: step as f64,

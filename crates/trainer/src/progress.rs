@@ -2,6 +2,8 @@
 //! runs, a validation or test bar. Drawn by rank 0 only, and only when standard output is a
 //! terminal, so logs and pipes get no control characters.
 
+use crate::sinks::{StepRecord, StepSink};
+use crate::TrainerError;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 
@@ -19,7 +21,7 @@ impl Progress {
     }
 
     /// The training bar over `total` optimizer steps, starting at `done` (a resumed run).
-    pub(crate) fn train(&self, total: usize, done: usize) -> ProgressBar {
+    pub(crate) fn train(&self, total: usize, done: usize) -> TrainBar {
         let bar = self.bars.add(ProgressBar::new(total as u64));
         bar.set_style(style(
             "train {bar:30.cyan/blue} step {pos}/{len} {msg} ETA {eta}",
@@ -27,7 +29,7 @@ impl Progress {
         bar.set_position(done as u64);
         // ETA from this run's steps only, not from the resumed ones.
         bar.reset_eta();
-        bar
+        TrainBar(bar)
     }
 
     /// Runs `print` (text for standard output) with the bars hidden, so they redraw below it.
@@ -52,7 +54,21 @@ fn style(template: &str) -> ProgressStyle {
         .progress_chars("=> ")
 }
 
-/// The training bar's message: the step's loss and throughput.
-pub(crate) fn train_message(loss: f64, tokens_per_s: f64) -> String {
-    format!("loss {loss:.4} {tokens_per_s:.0} tokens/s")
+/// The training bar, a sink of the fit's steps: each moves it on, with the step's loss and
+/// throughput.
+pub(crate) struct TrainBar(ProgressBar);
+
+impl StepSink for TrainBar {
+    fn step_end(&mut self, record: &StepRecord) -> Result<(), TrainerError> {
+        let (loss, tokens_per_s) = (record.train_loss, record.tokens_per_s);
+        self.0
+            .set_message(format!("loss {loss:.4} {tokens_per_s:.0} tokens/s"));
+        self.0.set_position(record.step as u64);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), TrainerError> {
+        self.0.finish();
+        Ok(())
+    }
 }

@@ -1,16 +1,21 @@
 //! One rank's part of a stage: the hook sequence of docs/design.md around the stage's loop
 //! (`fit_loop.rs`, `eval_loop.rs`; a step is `train_step.rs`, checkpoints `resume.rs`).
 
-use crate::builder::Config;
-use crate::metrics_csv::MetricsCsv;
+use crate::config::Config;
 use crate::preemption::Interruption;
 use crate::progress::Progress;
-use crate::trainer::Metrics;
+use crate::sinks::StepSinks;
 use crate::{Checkpoint, DataLoader, Dataset, ModelCheckpoint, TrainerError};
 use candle_core::{DType, Tensor};
 use std::sync::Arc;
 use wick_accelerator::{Accelerator, RankEnv};
 use wick_core::{Callback, RunState, Stage, Strategy, TrainModule, WaitClock};
+
+/// Metric name to value, averaged over ranks (`train_loss`, `val_loss`, `test_loss`).
+pub type Metrics = std::collections::BTreeMap<String, f64>;
+
+/// The metric that counts the steps skipped for inf or NaN gradients.
+pub(crate) const SKIPPED_STEPS: &str = "skipped_steps";
 
 /// What a stage runs over: its data, and for fit the checkpoint it resumes from, where it
 /// saves, and the name of its log directory (recorded in its checkpoints).
@@ -49,8 +54,8 @@ pub(crate) struct RankRun<'a, M> {
     pub(crate) clock: Arc<WaitClock>,
     /// Rank 0's bars on a terminal.
     pub(crate) progress: Option<Progress>,
-    /// Rank 0's metrics file, during fit.
-    pub(crate) csv: Option<MetricsCsv>,
+    /// Rank 0's step sinks (the metrics file, the program's), during fit.
+    pub(crate) sinks: StepSinks<'a>,
     pub(crate) module: &'a mut M,
     pub(crate) strategy: &'a mut dyn Strategy,
     pub(crate) callbacks: Vec<Box<dyn Callback>>,

@@ -1,89 +1,71 @@
 //! A stage on this process's ranks: one module and one strategy per rank (kept between
-//! stages in a [`Session`]), the launch, and the ranks' outcomes made one result.
+//! stages in the module's [`Session`]), the launch that hands each rank its own, and the
+//! ranks' outcomes made one result.
 
-use crate::metrics_csv::MetricsCsv;
+use crate::attached::Session;
+use crate::config::Config;
 use crate::progress::Progress;
 use crate::rank_run::{RankOutput, RankRun, StageInput};
-use crate::trainer::Trainer;
+use crate::sinks::StepSinks;
 use crate::{Attached, Dataset, Replicate, TrainerError};
-use std::any::Any;
-use std::sync::Mutex;
 use wick_accelerator::{Accelerator, RankError};
-use wick_core::{lock, BlockingWorld, Callback, RunState, Stage, Strategy, WaitClock};
+use wick_core::{BlockingWorld, Callback, RunState, Stage, Strategy, WaitClock};
 
-/// The rank replicas and strategies of the module a trainer configured, kept so that later
-/// stages on the same module reuse its parameters.
-pub(crate) struct Session {
-    /// The [`Attached::id`] of the module.
-    module: u64,
-    pub(crate) strategies: Vec<Box<dyn Strategy>>,
-    /// `Vec<M>`: the modules of ranks 1.., rank 0's being the caller's.
-    replicas: Box<dyn Any + Send>,
+/// What a stage's launch reads of its trainer.
+pub(crate) struct Launch<'a> {
+    /// The trainer's identity, which the module's session is kept under.
+    pub(crate) trainer: u64,
+    pub(crate) accelerator: &'a Accelerator,
+    /// The strategy each new rank gets a fresh copy of.
+    pub(crate) strategy: &'a dyn Strategy,
+    pub(crate) callbacks: &'a [Box<dyn Callback>],
+    pub(crate) config: &'a Config,
 }
 
-type Slot<'a, M> = Mutex<Option<(&'a mut M, &'a mut Box<dyn Strategy>, Vec<Box<dyn Callback>>)>>;
+/// What rank r of a stage takes for its own: its module, its strategy, its callbacks and,
+/// on rank 0, the fit's step sinks.
+type RankInput<'a, 's, M> = (
+    &'a mut M,
+    &'a mut Box<dyn Strategy>,
+    Vec<Box<dyn Callback>>,
+    StepSinks<'s>,
+);
 
-impl Trainer {
-    /// Runs `stage` on this process's ranks; `csv`, the fit's metrics file, goes to rank 0.
+impl Launch<'_> {
+    /// Runs `stage` on this process's ranks; `sinks`, the fit's step sinks, go to its first
+    /// (rank 0's, when this process runs it).
     pub(crate) fn run_stage<M, D>(
-        &mut self,
+        &self,
         module: &mut Attached<M>,
         stage: Stage,
         loaders: &StageInput<'_, D>,
-        csv: Option<MetricsCsv>,
+        sinks: StepSinks<'_>,
     ) -> Result<Vec<RankOutput>, TrainerError>
     where
-        M: Replicate + 'static,
+        M: Replicate,
         D: Dataset<Batch = M::Batch>,
     {
-        let world_size = self.world_size();
+        let world_size = self.accelerator.world_size();
         for loader in [loaders.train, loaders.eval].into_iter().flatten() {
             loader.check(world_size)?;
         }
-        // Ranks as threads each need a module; a process under a launcher runs its own rank
-        // only, on the caller's module, and clones nothing.
-        let local = self.accelerator.local_ranks();
-        let key = module.id();
-        let mut session = match self.session.take() {
-            Some(s) if s.module == key => s,
-            _ => Session {
-                module: key,
-                strategies: local
-                    .clone()
-                    .map(|_| self.strategy.for_new_rank())
-                    .collect(),
-                replicas: Box::new(
-                    local
-                        .clone()
-                        .skip(1)
-                        .map(|_| module.replica().ok_or_else(no_replica))
-                        .collect::<Result<Vec<M>, _>>()?,
-                ),
-            },
+        let (module, kept) = module.parts_for(self.trainer);
+        let session = match kept {
+            Some(session) => session,
+            None => kept.insert(self.new_session(module)?),
         };
-        let replicas = session
-            .replicas
-            .downcast_mut::<Vec<M>>()
-            .expect("an Attached id belongs to one module, of one type");
-        let slots: Vec<Slot<'_, M>> = std::iter::once(module.module_mut())
-            .chain(replicas.iter_mut())
+        let mut sinks = Some(sinks);
+        let inputs: Vec<RankInput<'_, '_, M>> = std::iter::once(module)
+            .chain(session.replicas.iter_mut())
             .zip(session.strategies.iter_mut())
             .map(|(m, s)| {
-                Mutex::new(Some((
-                    m,
-                    s,
-                    self.callbacks.iter().map(|c| c.clone_box()).collect(),
-                )))
+                let callbacks = self.callbacks.iter().map(|c| c.clone_box()).collect();
+                (m, s, callbacks, sinks.take().unwrap_or_default())
             })
             .collect();
-        let config = &self.config;
-        let csv = Mutex::new(csv);
-        let outcomes = self.accelerator.launch(|mut env| {
-            let (module, strategy, callbacks) = slots[env.rank - local.start]
-                .lock()
-                .map_err(|_| TrainerError::config("rank", "slot lock poisoned"))?
-                .take()
-                .expect("each rank takes its slot once");
+        let config = self.config;
+        let outcomes = self.accelerator.launch_each(inputs, |mut env, input| {
+            let (module, strategy, callbacks, sinks) = input;
             let state = RunState::new(env.rank, env.world_size);
             if !config.overlap_comm {
                 env.world = BlockingWorld::over(env.world.clone());
@@ -92,15 +74,11 @@ impl Trainer {
             let clock = WaitClock::over(env.world.clone());
             env.world = clock.clone();
             let progress = Progress::new_if_terminal(env.rank == 0 && config.progress);
-            let csv = match env.rank {
-                0 => lock(&csv).take(),
-                _ => None,
-            };
             RankRun {
                 env,
                 clock,
                 progress,
-                csv,
+                sinks,
                 module,
                 strategy: strategy.as_mut(),
                 callbacks,
@@ -109,12 +87,28 @@ impl Trainer {
             }
             .run(stage, loaders)
         });
-        drop(slots);
-        let idled = idle(&self.accelerator, &mut session.strategies);
-        self.session = Some(session);
-        let outputs = collect_ranks(local.start, outcomes)?;
+        let idled = idle(self.accelerator, &mut session.strategies);
+        let outputs = collect_ranks(self.accelerator.local_ranks().start, outcomes)?;
         idled?;
         Ok(outputs)
+    }
+
+    /// A fresh session for `module`: a strategy per local rank and, with ranks as threads,
+    /// a module for each rank after the first (a process under a launcher runs its own
+    /// rank only, on the caller's module, and clones nothing).
+    fn new_session<M: Replicate>(&self, module: &M) -> Result<Session<M>, TrainerError> {
+        let local = self.accelerator.local_ranks();
+        Ok(Session {
+            trainer: self.trainer,
+            strategies: local
+                .clone()
+                .map(|_| self.strategy.for_new_rank())
+                .collect(),
+            replicas: local
+                .skip(1)
+                .map(|_| module.replica().ok_or_else(no_replica))
+                .collect::<Result<Vec<M>, _>>()?,
+        })
     }
 }
 

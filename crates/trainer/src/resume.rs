@@ -1,10 +1,9 @@
-//! A fit's checkpoints on one rank: restoring the state it resumes from, and saving the
-//! state of a step.
+//! Resuming a fit on one rank: the state of the checkpoint it continues restored, after
+//! checking that its data position carries over (saving is `checkpoint_manager.rs`'s).
 
-use crate::checkpoint::{DataPosition, PendingSave, SaveInfo};
-use crate::rank_run::RankRun;
-use crate::{Checkpoint, CheckpointError, DataLoader, Dataset, ModelCheckpoint, TrainerError};
-use std::path::PathBuf;
+use crate::checkpoint_manager::DataPlan;
+use crate::rank_run::{RankRun, SKIPPED_STEPS};
+use crate::{Checkpoint, CheckpointError, DataLoader, Dataset, TrainerError};
 use wick_core::{LrSchedule, OptimizerConfig, TrainModule};
 
 impl<M: TrainModule> RankRun<'_, M> {
@@ -21,7 +20,7 @@ impl<M: TrainModule> RankRun<'_, M> {
         let dir = checkpoint.dir();
         checkpoint.check_model(&self.strategy.parameter_shapes())?;
         let m = checkpoint.manifest();
-        let here = self.data_position(train, 0);
+        let here = DataPlan::of(train, self.config.accumulate_grad_batches).at(0);
         let mismatch = |what: &str, saved: usize, now: usize| {
             Err(CheckpointError::Mismatch {
                 path: dir.to_path_buf(),
@@ -68,8 +67,8 @@ impl<M: TrainModule> RankRun<'_, M> {
             None => LrSchedule::constant(),
         };
         if saved != optimizer.schedule && self.env.rank == 0 {
-            eprintln!(
-                "note: resuming with the checkpoint's learning-rate schedule ({saved}), not the \
+            log::info!(
+                "resuming with the checkpoint's learning-rate schedule ({saved}), not the \
                  module's ({}), so the curve continues where it stopped",
                 optimizer.schedule
             );
@@ -77,110 +76,9 @@ impl<M: TrainModule> RankRun<'_, M> {
         optimizer.schedule = saved;
         self.strategy.load_state(checkpoint)?;
         self.state.global_step = m.step;
-        if let Some(&skipped) = m.metrics.get(crate::fit_loop::SKIPPED_STEPS) {
-            self.state
-                .metrics
-                .insert(crate::fit_loop::SKIPPED_STEPS.into(), skipped);
+        if let Some(&skipped) = m.metrics.get(SKIPPED_STEPS) {
+            self.state.metrics.insert(SKIPPED_STEPS.into(), skipped);
         }
         Ok(m.rng.seed)
-    }
-
-    /// Where the data loader stands after `step` optimizer steps.
-    fn data_position<D: Dataset<Batch = M::Batch>>(
-        &self,
-        train: &DataLoader<D>,
-        step: usize,
-    ) -> DataPosition {
-        let accumulate = self.config.accumulate_grad_batches;
-        let per_epoch = (train.batches_per_epoch() / accumulate).max(1);
-        DataPosition {
-            epoch: step / per_epoch,
-            batch: step % per_epoch,
-            batch_size: train.batch_size(),
-            accumulate,
-            dataset_len: train.dataset().len(),
-        }
-    }
-
-    /// Saves a checkpoint of this step from every rank, after finishing the save still in
-    /// flight, if any. With `mc` saving asynchronously and `wait` false its files are
-    /// written in the background ([`PendingSave`]); otherwise before this returns, when
-    /// `last` names it. Returns its directory.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn save_checkpoint<D: Dataset<Batch = M::Batch>>(
-        &mut self,
-        mc: &ModelCheckpoint,
-        run: Option<&str>,
-        train: &DataLoader<D>,
-        optimizer: &OptimizerConfig,
-        seed: u64,
-        saves: &mut FitSaves,
-        wait: bool,
-    ) -> Result<PathBuf, TrainerError> {
-        self.finish_saves(saves)?;
-        let step = self.state.global_step;
-        let dir = mc.dir_for(step);
-        let data = self.data_position(train, step);
-        let info = SaveInfo {
-            step,
-            epoch: data.epoch,
-            seed,
-            optimizer,
-            data,
-            metrics: self.state.metrics.clone(),
-            run: run.map(str::to_string),
-            attachments: mc.attachments(),
-        };
-        let world = self.env.world.as_ref();
-        if mc.is_async() && !wait {
-            let (write, commit) =
-                crate::checkpoint::begin(world, &*self.strategy, &dir, &info, mc)?;
-            saves.pending = Some(PendingSave::start(write, commit, dir.clone()));
-        } else {
-            crate::checkpoint::save(world, &*self.strategy, &dir, &info, mc)?;
-        }
-        saves.last = Some((step, dir.clone()));
-        Ok(dir)
-    }
-
-    /// Waits for the save in flight, if any, until its checkpoint is whole (a collective).
-    pub(crate) fn finish_saves(&self, saves: &mut FitSaves) -> Result<(), TrainerError> {
-        match saves.pending.take() {
-            Some(pending) => pending.finish(self.env.world.as_ref(), &self.env.device),
-            None => Ok(()),
-        }
-    }
-}
-
-/// A fit's checkpoints on one rank: the step saved last and where, and the save whose files
-/// are still being written.
-#[derive(Default)]
-pub(crate) struct FitSaves {
-    /// The last step saved (or resumed from), and its directory.
-    pub(crate) last: Option<(usize, PathBuf)>,
-    pending: Option<PendingSave>,
-}
-
-impl FitSaves {
-    /// Saves starting from the checkpoint resumed at `step` (or none).
-    pub(crate) fn resumed_at(step: usize, checkpoint: Option<&Checkpoint>) -> Self {
-        FitSaves {
-            last: checkpoint.map(|c| (step, c.dir().to_path_buf())),
-            pending: None,
-        }
-    }
-
-    /// At a step boundary (no collective): a background write that failed is this rank's
-    /// error now, and rank 0 commits a save whose files are all written.
-    pub(crate) fn poll(&mut self) -> Result<(), TrainerError> {
-        match &mut self.pending {
-            Some(pending) => pending.poll(),
-            None => Ok(()),
-        }
-    }
-
-    /// The step saved last.
-    pub(crate) fn last_step(&self) -> Option<usize> {
-        self.last.as_ref().map(|(step, _)| *step)
     }
 }

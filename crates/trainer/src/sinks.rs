@@ -1,59 +1,96 @@
-//! Where a fit's step reports go on rank 0: the metrics file and the training bar, and the
-//! model summary after the first step. The loop calls them; none of them decides anything.
+//! Where a fit's step records go on rank 0: an open set of [`StepSink`]s. The metrics
+//! file and the training bar are the trainer's own; a program adds its own with
+//! [`TrainerBuilder::sink`](crate::TrainerBuilder::sink). The loop calls them; none of
+//! them decides anything. The model summary after the first step is logged here too.
 
-use crate::metrics_csv::{MetricsCsv, Row};
-use crate::progress::train_message;
 use crate::rank_run::RankRun;
 use crate::TrainerError;
-use indicatif::ProgressBar;
 use wick_core::TrainModule;
 
-/// The outputs of one fit's steps: each is absent on ranks other than 0, and the bar also
-/// when standard output is not a terminal.
-pub(crate) struct StepSinks {
-    csv: Option<MetricsCsv>,
-    bar: Option<ProgressBar>,
+/// What one optimizer step reports to the sinks (on rank 0). The first six fields are
+/// deterministic (the same command gives the same values); the last three are wall-clock
+/// measurements.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepRecord {
+    /// Optimizer steps taken so far, this one included.
+    pub step: usize,
+    /// The epoch of the step, from 0.
+    pub epoch: usize,
+    /// The step's loss, averaged over the ranks.
+    pub train_loss: f64,
+    /// The validation loss, on steps that validated.
+    pub val_loss: Option<f64>,
+    /// The learning rate the step used.
+    pub lr: f64,
+    /// Steps skipped so far for inf or NaN gradients.
+    pub skipped_steps: usize,
+    /// Tokens (samples times `Dataset::tokens_per_sample`) of the step over its time.
+    pub tokens_per_s: f64,
+    /// Seconds since the epoch's first step began.
+    pub epoch_time_s: f64,
+    /// Seconds of the step rank 0 spent in collectives: blocking calls, and waits for calls
+    /// started ahead (the communication that overlap did not hide).
+    pub comm_wait_s: f64,
 }
 
-impl StepSinks {
-    pub(crate) fn new(csv: Option<MetricsCsv>, bar: Option<ProgressBar>) -> Self {
-        StepSinks { csv, bar }
-    }
+/// A destination for what each optimizer step reports, called on rank 0 only (under a
+/// launcher, in rank 0's process).
+///
+/// An error ends the fit with it: a metrics file that cannot be written is the fit's error,
+/// never a silent gap.
+pub trait StepSink: Send {
+    /// A step ended with `record`.
+    fn step_end(&mut self, record: &StepRecord) -> Result<(), TrainerError>;
 
-    /// A step ended with `row`: one line of the metrics file, the bar moved on.
-    pub(crate) fn step_end(&mut self, row: &Row) -> Result<(), TrainerError> {
-        if let Some(csv) = self.csv.as_mut() {
-            csv.row(row)?;
-        }
-        if let Some(bar) = &self.bar {
-            bar.set_message(train_message(row.train_loss, row.tokens_per_s));
-            bar.set_position(row.step as u64);
-        }
+    /// The fit ended, or stopped on a preemption: write out what is buffered.
+    fn finish(&mut self) -> Result<(), TrainerError> {
         Ok(())
     }
+}
 
-    /// The fit ended: the bar finished, the metrics file written out.
+impl<S: StepSink + ?Sized> StepSink for &mut S {
+    fn step_end(&mut self, record: &StepRecord) -> Result<(), TrainerError> {
+        (**self).step_end(record)
+    }
+
+    fn finish(&mut self) -> Result<(), TrainerError> {
+        (**self).finish()
+    }
+}
+
+/// The sinks of one fit, in the order they are called: empty on ranks other than 0.
+#[derive(Default)]
+pub(crate) struct StepSinks<'a>(Vec<Box<dyn StepSink + 'a>>);
+
+impl<'a> StepSinks<'a> {
+    /// Adds `sink` after the others.
+    pub(crate) fn push(&mut self, sink: impl StepSink + 'a) {
+        self.0.push(Box::new(sink));
+    }
+
+    /// A step ended with `record`: every sink is told.
+    pub(crate) fn step_end(&mut self, record: &StepRecord) -> Result<(), TrainerError> {
+        self.0.iter_mut().try_for_each(|s| s.step_end(record))
+    }
+
+    /// The fit ended: every sink finishes.
     pub(crate) fn finish(&mut self) -> Result<(), TrainerError> {
-        if let Some(bar) = &self.bar {
-            bar.finish();
-        }
-        if let Some(csv) = self.csv.as_mut() {
-            csv.flush()?;
-        }
-        Ok(())
+        self.0.iter_mut().try_for_each(|s| s.finish())
     }
 }
 
 impl<M: TrainModule> RankRun<'_, M> {
-    /// The model summary, on rank 0 if asked for, printed above the bars.
-    pub(crate) fn print_model_summary(&self) {
+    /// The model summary, on rank 0 if asked for: logged at info level under the target
+    /// [`SUMMARY_TARGET`](crate::SUMMARY_TARGET), with the bars suspended meanwhile.
+    pub(crate) fn log_model_summary(&self) {
         if self.env.rank != 0 || !self.config.model_summary {
             return;
         }
         let summary = crate::summary::model_summary(&*self.strategy, self.env.world_size);
+        let log = || log::info!(target: crate::SUMMARY_TARGET, "{summary}");
         match &self.progress {
-            Some(p) => p.suspend(|| print!("{summary}")),
-            None => print!("{summary}"),
+            Some(p) => p.suspend(log),
+            None => log(),
         }
     }
 }

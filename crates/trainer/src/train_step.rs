@@ -124,8 +124,8 @@ impl<M: TrainModule> RankRun<'_, M> {
             return Err(TrainerError::UnusedParameters { names });
         }
         if self.env.rank == 0 {
-            eprintln!(
-                "warning: {} parameter(s) received no gradient at the first step and will not \
+            log::warn!(
+                "{} parameter(s) received no gradient at the first step and will not \
                  train (a layer without backward, such as candle-nn's fused LayerNorm, or one \
                  the loss does not use): {}",
                 names.len(),

@@ -1,26 +1,23 @@
 //! `Trainer`: the four entry points (fit, validate, test, predict) and what a trainer
-//! tells about its run. Its options are `builder.rs`'s, its ranks `ranks.rs`'s.
+//! tells about its run. Its options are `config.rs`'s, its ranks `ranks.rs`'s.
 
-use crate::builder::Config;
+use crate::config::Config;
 use crate::metrics_csv::MetricsCsv;
-use crate::rank_run::{RankOutput, StageInput};
-use crate::ranks::{collect_ranks, idle, Session};
+use crate::rank_run::{Metrics, RankOutput, StageInput};
+use crate::ranks::{collect_ranks, idle, Launch};
+use crate::sinks::{StepSink, StepSinks};
 use crate::{Attached, Checkpoint, DataLoader, Dataset, ModelCheckpoint, Replicate, TrainerError};
 use candle_core::Tensor;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use wick_accelerator::Accelerator;
 use wick_core::{Callback, Stage, Strategy};
-
-/// Metric name to value, averaged over ranks (`train_loss`, `val_loss`, `test_loss`).
-pub type Metrics = BTreeMap<String, f64>;
 
 /// Runs fit, validate, test and predict over a world of ranks, in docs/design.md's stage order.
 ///
 /// With ranks as threads, rank 0 uses the module passed in, and ranks 1.. use replicas made
-/// before its parameters existed ([`Replicate`]), which the trainer keeps for later stages on
-/// the same module, the same [`Attached`]; another `Attached` is configured afresh.
+/// before its parameters existed ([`Replicate`]), kept in the [`Attached`] for later stages
+/// of this trainer on the same module; another `Attached` is configured afresh.
 /// Under a launcher (`mpirun`, `srun`) each process runs its own rank on the module passed
 /// in, and every call is a collective: all processes make it.
 ///
@@ -31,12 +28,15 @@ pub type Metrics = BTreeMap<String, f64>;
 /// several ranks as threads it holds rank 0's shard only, and a forward outside the trainer
 /// fails at once with [`wick_core::CollectiveError::Ended`], which says what to call instead.
 pub struct Trainer {
-    pub(crate) config: Config,
-    pub(crate) accelerator: Accelerator,
-    pub(crate) strategy: Box<dyn Strategy>,
-    pub(crate) callbacks: Vec<Box<dyn Callback>>,
-    pub(crate) session: Option<Session>,
-    pub(crate) last_fit: FitDirs,
+    /// Distinct for every trainer of the process: a module's session is kept under it.
+    id: u64,
+    config: Config,
+    accelerator: Accelerator,
+    strategy: Box<dyn Strategy>,
+    callbacks: Vec<Box<dyn Callback>>,
+    /// The program's step sinks, lent to rank 0 for each fit.
+    sinks: Vec<Box<dyn StepSink>>,
+    last_fit: FitDirs,
 }
 
 /// What a fit writes to, chosen before its ranks start.
@@ -52,12 +52,44 @@ struct FitOutputs {
 
 /// Where the last fit wrote.
 #[derive(Default)]
-pub(crate) struct FitDirs {
+struct FitDirs {
     metrics: Option<PathBuf>,
     checkpoints: Option<PathBuf>,
 }
 
 impl Trainer {
+    /// A trainer of options `TrainerBuilder` checked.
+    pub(crate) fn new(
+        config: Config,
+        accelerator: Accelerator,
+        strategy: Box<dyn Strategy>,
+        callbacks: Vec<Box<dyn Callback>>,
+        sinks: Vec<Box<dyn StepSink>>,
+    ) -> Self {
+        // Never reused within the process: 2^64 trainers is more than any run makes.
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        Trainer {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            config,
+            accelerator,
+            strategy,
+            callbacks,
+            sinks,
+            last_fit: FitDirs::default(),
+        }
+    }
+
+    /// What a stage's launch reads of this trainer.
+    fn launch(&self) -> Launch<'_> {
+        Launch {
+            trainer: self.id,
+            accelerator: &self.accelerator,
+            strategy: self.strategy.as_ref(),
+            callbacks: &self.callbacks,
+            config: &self.config,
+        }
+    }
+
     /// The number of ranks.
     pub fn world_size(&self) -> usize {
         self.accelerator.world_size()
@@ -74,58 +106,33 @@ impl Trainer {
         self.strategy.name()
     }
 
-    /// Trainable scalar parameters of the module this trainer configured, once it has.
-    pub fn num_parameters(&self) -> Option<usize> {
-        let s = self.session.as_ref()?;
-        s.strategies
-            .first()
-            .filter(|s| s.is_configured())
-            .map(|s| s.num_parameters())
-    }
-
-    /// The number of frozen parameters of the configured module (`None` before one is):
-    /// no gradient, no optimizer state (LoRA's base weights).
-    pub fn num_frozen_parameters(&self) -> Option<usize> {
-        let s = self.session.as_ref()?;
-        s.strategies
-            .first()
-            .filter(|s| s.is_configured())
-            .map(|s| s.num_frozen_parameters())
-    }
-
-    /// Model-state bytes rank 0 holds (after a fit: including gradients and optimizer state).
-    pub fn state_bytes(&self) -> Option<wick_core::StateBytes> {
-        let s = self.session.as_ref()?;
-        s.strategies
-            .first()
-            .filter(|s| s.is_configured())
-            .map(|s| s.state_bytes())
-    }
-
     /// Which model state the strategy shards.
     pub fn sharding(&self) -> wick_core::Sharding {
         self.strategy.sharding()
     }
 
-    /// Every parameter of the configured module in full, by name, in registration order
-    /// (gathered from the shards under sharding strategies). It may be called any number of
-    /// times, before or after the other stages.
-    pub fn full_parameters(&mut self) -> Result<Vec<(String, Tensor)>, TrainerError> {
-        let session = self.session.as_mut().ok_or_else(|| {
-            TrainerError::config("module", "no module was configured by this trainer yet")
-        })?;
-        let strategies: Vec<Mutex<&mut Box<dyn Strategy>>> =
-            session.strategies.iter_mut().map(Mutex::new).collect();
-        let first = self.accelerator.local_ranks().start;
-        let outcomes = self.accelerator.launch(|env| {
-            let mut strategy = strategies[env.rank - first]
-                .lock()
-                .map_err(|_| TrainerError::config("rank", "slot lock poisoned"))?;
-            strategy.connect(env.world.clone(), env.device.clone())?;
-            Ok(strategy.full_parameters()?)
-        });
-        drop(strategies);
+    /// Every parameter of `module` in full, by name, in registration order (gathered from
+    /// the shards under sharding strategies), once this trainer configured it. It may be
+    /// called any number of times, before or after the other stages.
+    pub fn full_parameters<M>(
+        &mut self,
+        module: &mut Attached<M>,
+    ) -> Result<Vec<(String, Tensor)>, TrainerError> {
+        let Some(session) = module.parts_for(self.id).1 else {
+            return Err(TrainerError::config(
+                "module",
+                "this module was not configured by this trainer yet",
+            ));
+        };
+        let outcomes = self.accelerator.launch_each(
+            session.strategies.iter_mut().collect(),
+            |env, strategy| {
+                strategy.connect(env.world.clone(), env.device.clone())?;
+                Ok::<_, TrainerError>(strategy.full_parameters()?)
+            },
+        );
         idle(&self.accelerator, &mut session.strategies)?;
+        let first = self.accelerator.local_ranks().start;
         Ok(collect_ranks(first, outcomes)?.swap_remove(0))
     }
 
@@ -151,7 +158,7 @@ impl Trainer {
         val: Option<&DataLoader<D>>,
     ) -> Result<Metrics, TrainerError>
     where
-        M: Replicate + 'static,
+        M: Replicate,
         D: Dataset<Batch = M::Batch>,
     {
         self.fit_inner(module, train, val, None)
@@ -171,7 +178,7 @@ impl Trainer {
         checkpoint: impl AsRef<Path>,
     ) -> Result<Metrics, TrainerError>
     where
-        M: Replicate + 'static,
+        M: Replicate,
         D: Dataset<Batch = M::Batch>,
     {
         // Opened and checked whole once per process, before any rank starts: a bad path is
@@ -192,7 +199,7 @@ impl Trainer {
         val: Option<&DataLoader<D>>,
     ) -> Result<Metrics, TrainerError>
     where
-        M: Replicate + 'static,
+        M: Replicate,
         D: Dataset<Batch = M::Batch>,
     {
         let root = match &self.config.checkpoint {
@@ -207,8 +214,8 @@ impl Trainer {
         };
         let checkpoint = Checkpoint::latest(&root)?;
         if checkpoint.is_none() && self.is_global_zero() {
-            eprintln!(
-                "note: no checkpoint to resume in {} (it has no `last` file): starting fresh",
+            log::info!(
+                "no checkpoint to resume in {} (it has no `last` file): starting fresh",
                 root.display()
             );
         }
@@ -223,7 +230,7 @@ impl Trainer {
         resume: Option<&Checkpoint>,
     ) -> Result<Metrics, TrainerError>
     where
-        M: Replicate + 'static,
+        M: Replicate,
         D: Dataset<Batch = M::Batch>,
     {
         train.check(self.world_size())?;
@@ -258,8 +265,23 @@ impl Trainer {
             checkpoint: outputs.checkpoint.as_ref(),
             run: outputs.run.as_deref(),
         };
-        let output = self
-            .run_stage(module, Stage::Fit, &input, outputs.csv)?
+        // Rank 0's sinks: the metrics file, then the program's own.
+        let mut sinks = StepSinks::default();
+        if let Some(csv) = outputs.csv {
+            sinks.push(csv);
+        }
+        if self.is_global_zero() {
+            self.sinks.iter_mut().for_each(|s| sinks.push(s.as_mut()));
+        }
+        let launch = Launch {
+            trainer: self.id,
+            accelerator: &self.accelerator,
+            strategy: self.strategy.as_ref(),
+            callbacks: &self.callbacks,
+            config: &self.config,
+        };
+        let output = launch
+            .run_stage(module, Stage::Fit, &input, sinks)?
             .swap_remove(0);
         match output.interrupted {
             Some(interruption) => Err(interruption.into()),
@@ -306,7 +328,7 @@ impl Trainer {
         data: &DataLoader<D>,
     ) -> Result<Metrics, TrainerError>
     where
-        M: Replicate + 'static,
+        M: Replicate,
         D: Dataset<Batch = M::Batch>,
     {
         Ok(self.eval_stage(module, Stage::Validate, data)?.metrics)
@@ -319,7 +341,7 @@ impl Trainer {
         data: &DataLoader<D>,
     ) -> Result<Metrics, TrainerError>
     where
-        M: Replicate + 'static,
+        M: Replicate,
         D: Dataset<Batch = M::Batch>,
     {
         Ok(self.eval_stage(module, Stage::Test, data)?.metrics)
@@ -334,7 +356,7 @@ impl Trainer {
         data: &DataLoader<D>,
     ) -> Result<Vec<Tensor>, TrainerError>
     where
-        M: Replicate + 'static,
+        M: Replicate,
         D: Dataset<Batch = M::Batch>,
     {
         Ok(self.eval_stage(module, Stage::Predict, data)?.predictions)
@@ -348,12 +370,13 @@ impl Trainer {
         data: &DataLoader<D>,
     ) -> Result<RankOutput, TrainerError>
     where
-        M: Replicate + 'static,
+        M: Replicate,
         D: Dataset<Batch = M::Batch>,
     {
         let loaders = StageInput::eval(data);
         Ok(self
-            .run_stage(module, stage, &loaders, None)?
+            .launch()
+            .run_stage(module, stage, &loaders, StepSinks::default())?
             .swap_remove(0))
     }
 }

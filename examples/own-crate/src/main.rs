@@ -122,7 +122,7 @@ fn train(
         .filter(|&i| predicted[i] == Spirals::point(i).1)
         .count();
     let params = trainer
-        .full_parameters()?
+        .full_parameters(&mut model)?
         .into_iter()
         .map(|(_, t)| t.flatten_all()?.to_vec1::<f32>())
         .collect::<candle_core::Result<Vec<_>>>()?
@@ -131,6 +131,8 @@ fn train(
 }
 
 fn main() -> Result<(), TrainerError> {
+    // The library prints nothing itself: its warnings and notes come through a logger.
+    wick::TerminalLog::install();
     let (_, _, reference) = train("single", 1, 150)?;
     for (strategy, devices) in [("ddp", 2), ("zero3", 3), ("fsdp", 2)] {
         let (val_loss, _, params) = train(strategy, devices, 150)?;

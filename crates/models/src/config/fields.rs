@@ -100,11 +100,11 @@ impl Fields {
 
     /// A dropout rate. wick trains without dropout, which changes training (not the
     /// forward at evaluation, where `transformers` applies none either): said once, on
-    /// standard error, rather than refused, since published GPT-2 checkpoints set 0.1.
+    /// the log, rather than refused, since published GPT-2 checkpoints set 0.1.
     pub(crate) fn dropout(&mut self, key: &str) -> Result<(), ConfigError> {
         if let Some(p) = self.float(key)?.filter(|&p| p != 0.0) {
-            eprintln!(
-                "note: {}: field '{key}' is {p}; wick trains without dropout",
+            log::info!(
+                "{}: field '{key}' is {p}; wick trains without dropout",
                 self.path.display()
             );
         }

@@ -51,12 +51,12 @@ impl ModelConfig {
     }
 
     /// Reads and checks a `config.json` text (`path` names it in errors). Each field wick
-    /// does not know is named once on standard error and ignored.
+    /// does not know is named once in a warning (the `log` crate's) and ignored.
     pub fn from_json(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let (config, unknown) = Self::read_json(text, path)?;
         for key in unknown {
-            eprintln!(
-                "warning: {}: field '{key}' is not known to wick and is ignored",
+            log::warn!(
+                "{}: field '{key}' is not known to wick and is ignored",
                 path.display()
             );
         }

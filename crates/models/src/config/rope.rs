@@ -225,8 +225,8 @@ pub(crate) fn rope(f: &mut Fields, max_positions: usize) -> Result<Rope, ConfigE
         }
     };
     for key in p.keys() {
-        eprintln!(
-            "warning: {}: field 'rope_parameters.{key}' is not read for rope type '{kind}' and is \
+        log::warn!(
+            "{}: field 'rope_parameters.{key}' is not read for rope type '{kind}' and is \
              ignored",
             f.path.display()
         );

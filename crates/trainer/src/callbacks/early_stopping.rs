@@ -71,7 +71,7 @@ impl EarlyStopping {
         }
         if self.bad_checks >= self.patience {
             if state.rank == 0 {
-                eprintln!(
+                log::info!(
                     "EarlyStopping: {} has not improved by more than {} in {} checks (best {}); \
                      stopping after step {}",
                     self.monitor,

@@ -7,6 +7,7 @@
 
 mod consolidate;
 mod error;
+mod fault;
 mod files;
 mod manifest;
 mod model_checkpoint;
@@ -17,6 +18,7 @@ mod save;
 
 pub use consolidate::consolidate;
 pub use error::CheckpointError;
+pub use fault::{SaveFault, SavePoint};
 pub(crate) use files::check_writable;
 pub use manifest::{
     DataPosition, FileRecord, GroupRecord, LossScaleRecord, LrScheduleRecord, Manifest,
@@ -27,4 +29,3 @@ pub use path::resolve_checkpoint;
 pub(crate) use pending::PendingSave;
 pub use reader::Checkpoint;
 pub(crate) use save::{begin, save, SaveInfo};
-pub use save::{SaveFault, SavePoint};

@@ -1,9 +1,9 @@
 //! `ModelCheckpoint`: when to save during fit, which checkpoints to keep, and the `last`
 //! pointer, as Lightning's callback of the same name.
 
+use super::fault::SaveFault;
 use super::files::{temporary, write_atomic};
 use super::manifest::Manifest;
-use super::save::SaveFault;
 use super::CheckpointError;
 use std::cmp::Ordering;
 use std::path::{Path, PathBuf};

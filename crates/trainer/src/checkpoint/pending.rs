@@ -104,22 +104,16 @@ impl PendingSave {
 
 impl Drop for PendingSave {
     /// A fit that ends with an error still waits for the write in flight, and commits it
-    /// when every rank's file is whole; what fails here is printed, since the fit's own
+    /// when every rank's file is whole; what fails here is logged, since the fit's own
     /// error is the one returned.
     fn drop(&mut self) {
-        if let Err(e) = self.join() {
-            eprintln!(
-                "warning: checkpoint {} was not saved: {e}",
-                self.dir.display()
-            );
-        }
-        if let Some(commit) = self.commit.take().filter(Commit::ready) {
-            if let Err(e) = commit.commit() {
-                eprintln!(
-                    "warning: checkpoint {} was not saved: {e}",
-                    self.dir.display()
-                );
-            }
+        let joined = self.join();
+        let committed = match self.commit.take() {
+            Some(commit) if commit.ready() => commit.commit(),
+            _ => Ok(()),
+        };
+        for e in [joined, committed].into_iter().filter_map(Result::err) {
+            log::warn!("checkpoint {} was not saved: {e}", self.dir.display());
         }
     }
 }

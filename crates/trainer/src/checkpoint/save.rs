@@ -5,6 +5,7 @@
 //! rank's state copied to host memory ([`begin`]); the files are written then
 //! ([`save`]), or on a thread of their own while training goes on ([`super::PendingSave`]).
 
+use super::fault::{SaveFault, SavePoint};
 use super::files::{checksum, sync_dir, temporary, write_atomic, write_safetensors};
 use super::manifest::{
     DataPosition, FileRecord, GroupRecord, LossScaleRecord, LrScheduleRecord, Manifest,
@@ -20,23 +21,6 @@ use std::sync::Arc;
 use wick_core::{
     Collective, LrSchedule, OptimizerConfig, RankState, SafetensorsFile, Strategy, PARAM_KIND,
 };
-
-/// A moment in a save at which a fault can be injected (for crash tests).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SavePoint {
-    /// Rank `rank` has written its file.
-    RankFile {
-        /// The rank.
-        rank: usize,
-    },
-    /// Rank 0 is about to write the manifest.
-    Manifest,
-    /// Rank 0 is about to rename the finished directory into place.
-    Commit,
-}
-
-/// Called at each [`SavePoint`]; an `Err` aborts the save there, as a crash would.
-pub type SaveFault = Arc<dyn Fn(SavePoint) -> Result<(), String> + Send + Sync>;
 
 /// What the trainer records beside the strategy's state.
 pub(crate) struct SaveInfo<'a> {

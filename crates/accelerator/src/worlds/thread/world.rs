@@ -72,14 +72,32 @@ impl ThreadWorld {
         E: std::fmt::Display + Send,
         F: Fn(ThreadComm) -> Result<T, E> + Sync,
     {
+        self.run_each((0..self.size()).map(|_| ()).collect(), |comm, ()| f(comm))
+    }
+
+    /// [`ThreadWorld::run`] with an input of each rank's own: rank r's thread takes
+    /// `inputs[r]` by value, so what a rank works on needs no lock to reach it.
+    ///
+    /// # Panics
+    /// When `inputs` does not hold one input per rank.
+    pub fn run_each<I, T, E, F>(&self, inputs: Vec<I>, f: F) -> Vec<Result<T, RankError<E>>>
+    where
+        I: Send,
+        T: Send,
+        E: std::fmt::Display + Send,
+        F: Fn(ThreadComm, I) -> Result<T, E> + Sync,
+    {
+        assert_eq!(inputs.len(), self.size(), "one input per rank");
         std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..self.size())
-                .map(|rank| {
+            let handles: Vec<_> = inputs
+                .into_iter()
+                .enumerate()
+                .map(|(rank, input)| {
                     let f = &f;
                     let comm = self.comm(rank);
                     std::thread::Builder::new()
                         .name(format!("wick-rank-{rank}"))
-                        .spawn_scoped(scope, move || self.run_rank(rank, comm, f))
+                        .spawn_scoped(scope, move || self.run_rank(rank, || f(comm, input)))
                         .expect("spawning a rank thread")
                 })
                 .collect();
@@ -93,13 +111,12 @@ impl ThreadWorld {
         })
     }
 
-    fn run_rank<T, E: std::fmt::Display, F: Fn(ThreadComm) -> Result<T, E>>(
+    fn run_rank<T, E: std::fmt::Display>(
         &self,
         rank: usize,
-        comm: ThreadComm,
-        f: &F,
+        f: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, RankError<E>> {
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(comm)));
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
         match outcome {
             Ok(Ok(value)) => {
                 self.leave(rank);
