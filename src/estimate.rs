@@ -80,8 +80,18 @@ fn mib(bytes: usize) -> String {
     format!("{:.2} MiB", bytes as f64 / (1 << 20) as f64)
 }
 
-/// The report `wick estimate` prints.
-pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
+/// What `wick estimate` counts of a model.
+struct Counted {
+    /// The parameters that train.
+    params: usize,
+    /// The frozen ones (LoRA's base).
+    frozen: usize,
+    /// The largest unit and its elements (unknown from `--params` alone).
+    largest: Option<(String, usize)>,
+}
+
+/// What `args` asks about, counted.
+fn counted(args: &EstimateArgs) -> anyhow::Result<Counted> {
     let mut frozen = 0;
     let (params, largest) = match (&args.model, args.params) {
         (Some(model), _) => {
@@ -123,6 +133,20 @@ pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
             (units.values().sum(), largest)
         }
     };
+    Ok(Counted {
+        params,
+        frozen,
+        largest,
+    })
+}
+
+/// The report `wick estimate` prints.
+pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
+    let Counted {
+        params,
+        frozen,
+        largest,
+    } = counted(args)?;
     let w = args.world;
     let mut out = String::new();
     let frozen_text = match frozen {

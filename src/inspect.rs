@@ -17,39 +17,7 @@ pub fn report(path: &Path, tensors: bool) -> Result<String, CheckpointError> {
         "step {}, epoch {}, strategy {}, world size {} ({} v{})",
         m.step, m.epoch, m.strategy, m.world_size, m.format, m.format_version
     );
-    let hyper: Vec<String> = m
-        .optimizer
-        .hyper_parameters
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    let _ = writeln!(
-        w,
-        "optimizer {} at step {}: {}; state: {}",
-        m.optimizer.kind,
-        m.optimizer.step,
-        hyper.join(", "),
-        match m.optimizer.state_kinds.as_slice() {
-            [] => "none".to_string(),
-            kinds => kinds.join(", "),
-        }
-    );
-    if let Some(record) = &m.optimizer.lr_schedule {
-        let schedule = record
-            .schedule()
-            .map_err(|message| CheckpointError::Mismatch {
-                path: ck.dir().to_path_buf(),
-                message,
-            })?;
-        let _ = writeln!(w, "lr schedule: {schedule}");
-    }
-    if let Some(s) = &m.optimizer.loss_scale {
-        let _ = writeln!(
-            w,
-            "loss scale: {} ({} good steps since it changed, {} steps skipped)",
-            s.scale, s.growth_tracker, s.skipped_steps
-        );
-    }
+    optimizer_lines(w, &ck)?;
     let _ = writeln!(
         w,
         "data: epoch {}, batch {} of global batches of {} (accumulate {}), {} samples; seed {}",
@@ -90,6 +58,46 @@ pub fn report(path: &Path, tensors: bool) -> Result<String, CheckpointError> {
         }
     }
     Ok(out)
+}
+
+/// The optimizer's lines of `ck`'s report: its kind, step, hyper-parameters and state, and
+/// the learning-rate schedule and loss scale it saved.
+fn optimizer_lines(w: &mut String, ck: &Checkpoint) -> Result<(), CheckpointError> {
+    let m = ck.manifest();
+    let hyper: Vec<String> = m
+        .optimizer
+        .hyper_parameters
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let _ = writeln!(
+        w,
+        "optimizer {} at step {}: {}; state: {}",
+        m.optimizer.kind,
+        m.optimizer.step,
+        hyper.join(", "),
+        match m.optimizer.state_kinds.as_slice() {
+            [] => "none".to_string(),
+            kinds => kinds.join(", "),
+        }
+    );
+    if let Some(record) = &m.optimizer.lr_schedule {
+        let schedule = record
+            .schedule()
+            .map_err(|message| CheckpointError::Mismatch {
+                path: ck.dir().to_path_buf(),
+                message,
+            })?;
+        let _ = writeln!(w, "lr schedule: {schedule}");
+    }
+    if let Some(s) = &m.optimizer.loss_scale {
+        let _ = writeln!(
+            w,
+            "loss scale: {} ({} good steps since it changed, {} steps skipped)",
+            s.scale, s.growth_tracker, s.skipped_steps
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -65,36 +65,7 @@ fn run(command: Command) -> anyhow::Result<()> {
                 print!("{}", args.to_toml());
                 return Ok(());
             }
-            let r = fit_job::run(&args)?;
-            if r.is_global_zero {
-                println!(
-                    "trained to step {} with {} on {} device(s): {} parameters{}, train_loss {:.4} -> {:.4} (ratio {:.3}){}",
-                    args.max_steps,
-                    name_of(args.strategy),
-                    r.devices,
-                    r.parameters,
-                    match r.frozen_parameters {
-                        0 => String::new(),
-                        n => format!(" trained beside {n} frozen"),
-                    },
-                    r.first_train_loss,
-                    r.last_train_loss,
-                    r.last_train_loss / r.first_train_loss,
-                    r.val_loss.map(|v| format!(", val_loss {v:.4}")).unwrap_or_default()
-                );
-                if let Some(csv) = r.metrics_csv {
-                    println!("metrics: {}", csv.display());
-                    // The run is trained and saved by now: a plot that cannot be drawn
-                    // costs nothing else.
-                    match loss_plot::plot_run(&csv) {
-                        Ok(png) => println!("plot: {}", png.display()),
-                        Err(e) => eprintln!("warning: no plot: {e:#}"),
-                    }
-                }
-                if let Some(dir) = r.checkpoint_dir {
-                    println!("checkpoints: {}", dir.display());
-                }
-            }
+            report_fit(&args, fit_job::run(&args)?);
             Ok(())
         }
         Command::Consolidate { .. } | Command::Export { .. } | Command::Prepare(_)
@@ -151,6 +122,40 @@ fn run(command: Command) -> anyhow::Result<()> {
                 println!("wrote {}", f.display());
             }
             Ok(())
+        }
+    }
+}
+
+/// What `wick fit` prints when it ends (on rank 0): the run's summary line, and where its
+/// metrics, plot and checkpoints went.
+fn report_fit(args: &cli::FitArgs, r: fit_run::FitReport) {
+    if r.is_global_zero {
+        println!(
+            "trained to step {} with {} on {} device(s): {} parameters{}, train_loss {:.4} -> {:.4} (ratio {:.3}){}",
+            args.max_steps,
+            name_of(args.strategy),
+            r.devices,
+            r.parameters,
+            match r.frozen_parameters {
+                0 => String::new(),
+                n => format!(" trained beside {n} frozen"),
+            },
+            r.first_train_loss,
+            r.last_train_loss,
+            r.last_train_loss / r.first_train_loss,
+            r.val_loss.map(|v| format!(", val_loss {v:.4}")).unwrap_or_default()
+        );
+        if let Some(csv) = r.metrics_csv {
+            println!("metrics: {}", csv.display());
+            // The run is trained and saved by now: a plot that cannot be drawn
+            // costs nothing else.
+            match loss_plot::plot_run(&csv) {
+                Ok(png) => println!("plot: {}", png.display()),
+                Err(e) => eprintln!("warning: no plot: {e:#}"),
+            }
+        }
+        if let Some(dir) = r.checkpoint_dir {
+            println!("checkpoints: {}", dir.display());
         }
     }
 }

@@ -44,7 +44,7 @@ pub enum UnitPlan {
     /// Gathered for each use and freed right after it (fsdp `full_shard`, PyTorch's
     /// `reshard_after_forward`): [`Wrapped::apply`] runs the block inside the strategy as
     /// one autograd unit, gathered again in backward.
-    PerUse {
+    GatheredPerUse {
         /// The dtype the unit computes in, when it is not its inputs' (mixed precision).
         compute_dtype: Option<DType>,
     },
@@ -57,7 +57,7 @@ impl UnitPlan {
         match self {
             UnitPlan::Replicated { .. } => None,
             UnitPlan::GatheredPerStep { compute_dtype, .. }
-            | UnitPlan::PerUse { compute_dtype } => compute_dtype,
+            | UnitPlan::GatheredPerUse { compute_dtype } => compute_dtype,
         }
     }
 
@@ -68,7 +68,7 @@ impl UnitPlan {
                 recompute
             }
             // A per-use unit recomputes or not inside `run_unit`.
-            UnitPlan::PerUse { .. } => false,
+            UnitPlan::GatheredPerUse { .. } => false,
         }
     }
 }
@@ -115,7 +115,7 @@ pub trait ParamSource: Send + Sync {
     }
 
     /// Runs `run` (build the block over a `VarBuilder`, apply it to the input) as one unit of
-    /// the autograd graph; only called for a [`UnitPlan::PerUse`] unit.
+    /// the autograd graph; only called for a [`UnitPlan::GatheredPerUse`] unit.
     fn run_unit(&self, unit: usize, input: &Tensor, run: UnitFn) -> candle_core::Result<Tensor> {
         let _ = (unit, input, run);
         candle_core::bail!("this strategy does not run units")
@@ -395,7 +395,7 @@ impl<T: Clone> Wrapped<T> {
             }
             _ => input.clone(),
         };
-        let out = if let UnitPlan::PerUse { .. } = plan {
+        let out = if let UnitPlan::GatheredPerUse { .. } = plan {
             let build = self.build.clone();
             let name = self.name.clone();
             let run: UnitFn = Arc::new(move |vb, x| f(&build(vb.pp(&name))?, x));

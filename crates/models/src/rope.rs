@@ -42,28 +42,9 @@ pub(crate) fn frequencies(
             high_freq_factor,
             original_max_position_embeddings,
         } => {
+            let bands = (low_freq_factor, high_freq_factor);
             let old = original_max_position_embeddings as f64;
-            let (low_wavelen, high_wavelen) = (
-                (old / low_freq_factor) as f32,
-                (old / high_freq_factor) as f32,
-            );
-            let (factor, band) = (factor as f32, (high_freq_factor - low_freq_factor) as f32);
-            let scaled = inv
-                .iter()
-                .map(|&f| {
-                    // torch's `2 * pi / f` is `f.reciprocal() * (2 pi)`.
-                    let wavelen = (1.0 / f) * (2.0 * PI) as f32;
-                    if wavelen < high_wavelen {
-                        f
-                    } else if wavelen > low_wavelen {
-                        f / factor
-                    } else {
-                        let smooth = ((1.0 / wavelen) * old as f32 - low_freq_factor as f32) / band;
-                        (1.0 - smooth) * f / factor + smooth * f
-                    }
-                })
-                .collect();
-            (scaled, 1.0)
+            (llama3(&inv, factor, bands, old), 1.0)
         }
         RopeScaling::Yarn {
             factor,
@@ -73,32 +54,81 @@ pub(crate) fn frequencies(
             beta_slow,
             truncate,
         } => {
-            let d = dim as f64;
-            let correction = |rotations: f64| {
-                d * (original_max_position_embeddings as f64 / (rotations * 2.0 * PI)).ln()
-                    / (2.0 * rope.theta.ln())
-            };
-            let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
-            if truncate {
-                (low, high) = (low.floor(), high.ceil());
-            }
-            let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
-            if low == high {
-                high += 0.001;
-            }
-            let theta = rope.theta as f32;
-            let scaled = (0..dim / 2)
-                .map(|i| {
-                    let pos = theta.powf((2 * i) as f32 / dim as f32);
-                    let (extrapolated, interpolated) = (1.0 / pos, 1.0 / (factor as f32 * pos));
-                    let ramp = ((i as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
-                    let keep = 1.0 - ramp;
-                    interpolated * (1.0 - keep) + extrapolated * keep
-                })
-                .collect();
+            let old = original_max_position_embeddings as f64;
+            let scaled = yarn(
+                rope.theta,
+                dim,
+                factor,
+                old,
+                (beta_fast, beta_slow),
+                truncate,
+            );
             (scaled, attention_factor as f32)
         }
     }
+}
+
+/// Llama 3's frequencies from the unscaled `inv`: wavelengths shorter than the original
+/// length `old` over `high_freq_factor` kept, longer than it over `low_freq_factor` divided
+/// by `factor`, and a smooth blend between.
+fn llama3(
+    inv: &[f32],
+    factor: f64,
+    (low_freq_factor, high_freq_factor): (f64, f64),
+    old: f64,
+) -> Vec<f32> {
+    let (low_wavelen, high_wavelen) = (
+        (old / low_freq_factor) as f32,
+        (old / high_freq_factor) as f32,
+    );
+    let (factor, band) = (factor as f32, (high_freq_factor - low_freq_factor) as f32);
+    inv.iter()
+        .map(|&f| {
+            // torch's `2 * pi / f` is `f.reciprocal() * (2 pi)`.
+            let wavelen = (1.0 / f) * (2.0 * PI) as f32;
+            if wavelen < high_wavelen {
+                f
+            } else if wavelen > low_wavelen {
+                f / factor
+            } else {
+                let smooth = ((1.0 / wavelen) * old as f32 - low_freq_factor as f32) / band;
+                (1.0 - smooth) * f / factor + smooth * f
+            }
+        })
+        .collect()
+}
+
+/// YaRN's frequencies for heads `dim` wide at base `theta`: extrapolated above the
+/// correction range the betas give over the original length `old`, interpolated by
+/// `factor` below it, ramped between.
+fn yarn(
+    theta: f64,
+    dim: usize,
+    factor: f64,
+    old: f64,
+    (beta_fast, beta_slow): (f64, f64),
+    truncate: bool,
+) -> Vec<f32> {
+    let d = dim as f64;
+    let correction = |rotations: f64| d * (old / (rotations * 2.0 * PI)).ln() / (2.0 * theta.ln());
+    let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+    if low == high {
+        high += 0.001;
+    }
+    let theta = theta as f32;
+    (0..dim / 2)
+        .map(|i| {
+            let pos = theta.powf((2 * i) as f32 / dim as f32);
+            let (extrapolated, interpolated) = (1.0 / pos, 1.0 / (factor as f32 * pos));
+            let ramp = ((i as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
+            let keep = 1.0 - ramp;
+            interpolated * (1.0 - keep) + extrapolated * keep
+        })
+        .collect()
 }
 
 /// The tables a decoder's layers share, made at the first forward for its length and

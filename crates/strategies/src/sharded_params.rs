@@ -347,7 +347,7 @@ impl wick_core::ParamSource for ShardedParams {
     fn unit_plan(&self, unit: usize) -> UnitPlan {
         let compute_dtype = self.precision.map(|p| p.param_dtype);
         if self.reshard_after_forward {
-            UnitPlan::PerUse { compute_dtype }
+            UnitPlan::GatheredPerUse { compute_dtype }
         } else {
             UnitPlan::GatheredPerStep {
                 compute_dtype,

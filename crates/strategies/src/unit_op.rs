@@ -136,6 +136,30 @@ impl UnitOp {
             .collect()
     }
 
+    /// The graph backward runs through: the kept one, its parameters gathered again; or
+    /// the unit rerun with a graph. The previous unit starts gathering only then, so at
+    /// most two units' parameters are alive at any time.
+    fn graph_for_backward(&self, input: &Tensor, shard: &Tensor) -> Result<KeptGraph> {
+        let kept = lock(&self.kept).take();
+        if let Some(kept) = kept {
+            self.refill(&kept, shard)?;
+            self.prefetch(self.unit.checked_sub(1));
+            return Ok(kept);
+        }
+        let gathered = self.gather(shard)?;
+        let params = self.param_vars(&gathered.trainable)?;
+        let frozen = gathered.frozen;
+        self.prefetch(self.unit.checked_sub(1));
+        let (x, x_tensor) = input_var(input)?;
+        let out = self.run_graph(&params, frozen.as_ref(), &x_tensor)?;
+        Ok(KeptGraph {
+            input: x,
+            params,
+            frozen,
+            out,
+        })
+    }
+
     /// Gathers the unit again into `kept`'s variables and frozen buffer.
     fn refill(&self, kept: &KeptGraph, shard: &Tensor) -> Result<()> {
         let gathered = self.gather(shard)?;
@@ -272,36 +296,12 @@ impl CustomOp2 for UnitOp {
         _res: &Tensor,
         grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        // The kept graph, its parameters gathered again; or the unit rerun with a graph.
-        // The previous unit starts gathering only then, so at most two units' parameters
-        // are alive at any time.
-        let kept = lock(&self.kept).take();
         let KeptGraph {
             input: x,
             params,
             frozen,
             out,
-        } = match kept {
-            Some(kept) => {
-                self.refill(&kept, shard)?;
-                self.prefetch(self.unit.checked_sub(1));
-                kept
-            }
-            None => {
-                let gathered = self.gather(shard)?;
-                let params = self.param_vars(&gathered.trainable)?;
-                let frozen = gathered.frozen;
-                self.prefetch(self.unit.checked_sub(1));
-                let (x, x_tensor) = input_var(input)?;
-                let out = self.run_graph(&params, frozen.as_ref(), &x_tensor)?;
-                KeptGraph {
-                    input: x,
-                    params,
-                    frozen,
-                    out,
-                }
-            }
-        };
+        } = self.graph_for_backward(input, shard)?;
         // d(sum(out * g))/d(param) is the vector-Jacobian product backward needs.
         let mut grads = (&out * grad_out.detach())?.sum_all()?.backward()?;
         drop(out);

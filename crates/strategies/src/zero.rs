@@ -168,92 +168,108 @@ impl ZeroReduce {
     }
 }
 
+impl ZeroReduce {
+    /// Stage 1's step: the full averaged gradient is kept through the step (stage 1 shards
+    /// only the optimizer state); its buffer then receives the gathered update.
+    fn step_whole_grads(
+        &self,
+        name: &str,
+        state: &mut ReplicatedState,
+        layout: &FlatLayout,
+        world: &dyn Collective,
+    ) -> Result<()> {
+        let (device, rank) = (state.params[0].device().clone(), world.rank());
+        let range = layout.shard(rank);
+        let plan = self.plan(name, state)?;
+        let grads = state.averaged_grads(name, plan)?.into_iter().map(Some);
+        let flat_grad = flatten_consuming(grads, layout, DType::F32, &device)?;
+        // Every rank holds the whole averaged gradient: each decides alone.
+        let whole = 0..flat_grad.elem_count();
+        if !state.finite(name, first_nonfinite_in(layout, whole, &flat_grad)?, None)? {
+            return Ok(());
+        }
+        let shard = param_shard(layout, rank, &state.params)?;
+        let flat_grad = match state.clip {
+            // Every rank holds the whole averaged gradient: the norm needs no collective.
+            Some(max_norm) => {
+                let mut whole = [flat_grad];
+                clip_grad_norm(&mut whole, max_norm, None)?;
+                let [g] = whole;
+                g
+            }
+            None => flat_grad,
+        };
+        state.grad_bytes = tensor_bytes(&flat_grad);
+        let shard_grad = flat_grad.narrow(0, range.start, range.len())?;
+        state
+            .optimizer(name)?
+            .step(std::slice::from_ref(&shard), &[shard_grad])?;
+        world.all_gather_into(shard.as_tensor(), &flat_grad)?;
+        for (entry, var) in layout.entries().iter().zip(&state.params) {
+            var.set(
+                &flat_grad
+                    .narrow(0, entry.offset, entry.numel())?
+                    .reshape(entry.shape.clone())?,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Stage 2's step: each rank steps the gradient shard reduced to it, the full gradients
+    /// gone before the parameter shard is copied out.
+    fn step_sharded_grads(
+        &self,
+        name: &str,
+        state: &mut ReplicatedState,
+        layout: &FlatLayout,
+        world: &dyn Collective,
+    ) -> Result<()> {
+        let rank = world.rank();
+        let range = layout.shard(rank);
+        let plan = self.plan(name, state)?;
+        let shard_grad =
+            state
+                .averaged_grads(name, plan)?
+                .pop()
+                .ok_or_else(|| Error::NotReady {
+                    strategy: name.to_string(),
+                    message: "no gradient shard was reduced".into(),
+                })?;
+        let local = first_nonfinite_in(layout, range.start..range.end, &shard_grad)?;
+        if !state.finite(name, local, Some(world))? {
+            return Ok(());
+        }
+        let shard = param_shard(layout, rank, &state.params)?;
+        let mut shard_grads = [shard_grad];
+        if let Some(max_norm) = state.clip {
+            clip_grad_norm(&mut shard_grads, max_norm, Some(world))?;
+        }
+        let [shard_grad] = shard_grads;
+        state.grad_bytes = tensor_bytes(&shard_grad);
+        state
+            .optimizer(name)?
+            .step(std::slice::from_ref(&shard), &[shard_grad])?;
+        gather_into_params(world, self.chunk, layout, shard.as_tensor(), &state.params)?;
+        Ok(())
+    }
+}
+
+/// This rank's range of the parameters, the buffer its optimizer steps in place.
+fn param_shard(layout: &FlatLayout, rank: usize, params: &[Var]) -> Result<Var> {
+    let device = params[0].device().clone();
+    let params: Vec<Tensor> = params.iter().map(|v| v.as_tensor().clone()).collect();
+    let shard = shard_of(layout, rank, &params, &device)?;
+    Ok(Var::from_tensor(&shard)?)
+}
+
 impl GradReduce for ZeroReduce {
     fn step(&self, name: &str, state: &mut ReplicatedState) -> Result<()> {
         let layout = state.layout(name)?.clone();
         let world = state.world(name)?.clone();
-        let device = state.params[0].device().clone();
-        let rank = world.rank();
-        let range = layout.shard(rank);
-
-        // This rank's range of the parameters, the buffer its optimizer steps in place.
-        let param_shard = |params: &[Var]| -> Result<Var> {
-            let params: Vec<Tensor> = params.iter().map(|v| v.as_tensor().clone()).collect();
-            let shard = shard_of(&layout, rank, &params, &device)?;
-            Ok(Var::from_tensor(&shard)?)
-        };
         match self.stage {
-            Stage::One => {
-                // The full averaged gradient is kept through the step (stage 1 shards
-                // only the optimizer state); its buffer then receives the gathered update.
-                let plan = self.plan(name, state)?;
-                let grads = state.averaged_grads(name, plan)?.into_iter().map(Some);
-                let flat_grad = flatten_consuming(grads, &layout, DType::F32, &device)?;
-                // Every rank holds the whole averaged gradient: each decides alone.
-                let whole = 0..flat_grad.elem_count();
-                if !state.finite(name, first_nonfinite_in(&layout, whole, &flat_grad)?, None)? {
-                    return Ok(());
-                }
-                let shard = param_shard(&state.params)?;
-                let flat_grad = match state.clip {
-                    // Every rank holds the whole averaged gradient: the norm needs no collective.
-                    Some(max_norm) => {
-                        let mut whole = [flat_grad];
-                        clip_grad_norm(&mut whole, max_norm, None)?;
-                        let [g] = whole;
-                        g
-                    }
-                    None => flat_grad,
-                };
-                state.grad_bytes = tensor_bytes(&flat_grad);
-                let shard_grad = flat_grad.narrow(0, range.start, range.len())?;
-                state
-                    .optimizer(name)?
-                    .step(std::slice::from_ref(&shard), &[shard_grad])?;
-                world.all_gather_into(shard.as_tensor(), &flat_grad)?;
-                for (entry, var) in layout.entries().iter().zip(&state.params) {
-                    var.set(
-                        &flat_grad
-                            .narrow(0, entry.offset, entry.numel())?
-                            .reshape(entry.shape.clone())?,
-                    )?;
-                }
-            }
-            Stage::Two => {
-                // The full gradients are gone before the parameter shard is copied out.
-                let plan = self.plan(name, state)?;
-                let shard_grad =
-                    state
-                        .averaged_grads(name, plan)?
-                        .pop()
-                        .ok_or_else(|| Error::NotReady {
-                            strategy: name.to_string(),
-                            message: "no gradient shard was reduced".into(),
-                        })?;
-                let local = first_nonfinite_in(&layout, range.start..range.end, &shard_grad)?;
-                if !state.finite(name, local, Some(world.as_ref()))? {
-                    return Ok(());
-                }
-                let shard = param_shard(&state.params)?;
-                let mut shard_grads = [shard_grad];
-                if let Some(max_norm) = state.clip {
-                    clip_grad_norm(&mut shard_grads, max_norm, Some(world.as_ref()))?;
-                }
-                let [shard_grad] = shard_grads;
-                state.grad_bytes = tensor_bytes(&shard_grad);
-                state
-                    .optimizer(name)?
-                    .step(std::slice::from_ref(&shard), &[shard_grad])?;
-                gather_into_params(
-                    world.as_ref(),
-                    self.chunk,
-                    &layout,
-                    shard.as_tensor(),
-                    &state.params,
-                )?;
-            }
+            Stage::One => self.step_whole_grads(name, state, &layout, world.as_ref()),
+            Stage::Two => self.step_sharded_grads(name, state, &layout, world.as_ref()),
         }
-        Ok(())
     }
 
     fn overlapped(&self, name: &str, state: &ReplicatedState) -> Result<Option<BucketPlan>> {

@@ -248,8 +248,8 @@ impl TrainerBuilder {
     }
 
     /// Checks the options and builds the trainer.
-    pub fn build(self) -> Result<Trainer, TrainerError> {
-        let mut accelerator = match self.accelerator {
+    pub fn build(mut self) -> Result<Trainer, TrainerError> {
+        let mut accelerator = match self.accelerator.take() {
             Some(a) => a,
             None => Accelerator::from_env(self.devices)?.on(self.device_kind)?,
         };
@@ -260,7 +260,8 @@ impl TrainerBuilder {
         if let Some(t) = self.collective_timeout {
             accelerator = accelerator.with_collective_timeout(t);
         }
-        let mut strategy = match self.strategy {
+        let choice = std::mem::replace(&mut self.strategy, StrategyChoice::Default);
+        let mut strategy = match choice {
             StrategyChoice::Instance(s) => s,
             StrategyChoice::Default => {
                 let kind = match world_size {
@@ -277,6 +278,37 @@ impl TrainerBuilder {
             strategy.set_activation_checkpointing(ac);
         }
         strategy.set_on_nonfinite(self.on_nonfinite);
+        self.check_options()?;
+        Ok(Trainer::new(
+            Config {
+                max_steps: self.max_steps,
+                max_epochs: self.max_epochs,
+                seed: self.seed,
+                log_dir: self.log_dir,
+                run_name: self.run_name,
+                val_check_interval: self.val_check_interval,
+                progress: self.progress,
+                model_summary: self.model_summary,
+                gradient_clip_val: self.gradient_clip_val,
+                accumulate_grad_batches: self.accumulate_grad_batches,
+                checkpoint: self.checkpoint,
+                error_on_unused_parameters: self.error_on_unused_parameters,
+                overlap_comm: self.overlap_comm,
+                preemption: self.preemption,
+                on_nonfinite: self.on_nonfinite,
+            },
+            accelerator,
+            strategy,
+            self.callbacks,
+            self.sinks,
+        ))
+    }
+}
+
+impl TrainerBuilder {
+    /// The options that need no world or strategy to check: counts, the clip value, the
+    /// checkpoint attachments' names, the run's name.
+    fn check_options(&self) -> Result<(), TrainerError> {
         if self.accumulate_grad_batches == 0 {
             return Err(TrainerError::config(
                 "accumulate_grad_batches",
@@ -330,29 +362,7 @@ impl TrainerBuilder {
                 ),
             ));
         }
-        Ok(Trainer::new(
-            Config {
-                max_steps: self.max_steps,
-                max_epochs: self.max_epochs,
-                seed: self.seed,
-                log_dir: self.log_dir,
-                run_name: self.run_name,
-                val_check_interval: self.val_check_interval,
-                progress: self.progress,
-                model_summary: self.model_summary,
-                gradient_clip_val: self.gradient_clip_val,
-                accumulate_grad_batches: self.accumulate_grad_batches,
-                checkpoint: self.checkpoint,
-                error_on_unused_parameters: self.error_on_unused_parameters,
-                overlap_comm: self.overlap_comm,
-                preemption: self.preemption,
-                on_nonfinite: self.on_nonfinite,
-            },
-            accelerator,
-            strategy,
-            self.callbacks,
-            self.sinks,
-        ))
+        Ok(())
     }
 }
 

@@ -1,11 +1,9 @@
 //! Where a fit's step records go on rank 0: an open set of [`StepSink`]s. The metrics
 //! file and the training bar are the trainer's own; a program adds its own with
 //! [`TrainerBuilder::sink`](crate::TrainerBuilder::sink). The loop calls them; none of
-//! them decides anything. The model summary after the first step is logged here too.
+//! them decides anything.
 
-use crate::rank_run::RankRun;
 use crate::TrainerError;
-use wick_core::TrainModule;
 
 /// What one optimizer step reports to the sinks (on rank 0). The first six fields are
 /// deterministic (the same command gives the same values); the last three are wall-clock
@@ -76,21 +74,5 @@ impl<'a> StepSinks<'a> {
     /// The fit ended: every sink finishes.
     pub(crate) fn finish(&mut self) -> Result<(), TrainerError> {
         self.0.iter_mut().try_for_each(|s| s.finish())
-    }
-}
-
-impl<M: TrainModule> RankRun<'_, M> {
-    /// The model summary, on rank 0 if asked for: logged at info level under the target
-    /// [`SUMMARY_TARGET`](crate::SUMMARY_TARGET), with the bars suspended meanwhile.
-    pub(crate) fn log_model_summary(&self) {
-        if self.env.rank != 0 || !self.config.model_summary {
-            return;
-        }
-        let summary = crate::summary::model_summary(&*self.strategy, self.env.world_size);
-        let log = || log::info!(target: crate::SUMMARY_TARGET, "{summary}");
-        match &self.progress {
-            Some(p) => p.suspend(log),
-            None => log(),
-        }
     }
 }

@@ -159,16 +159,13 @@ impl DecoderConfig {
     }
 }
 
-/// Reads a decoder of `family` from `f`.
-pub(crate) fn decoder(
-    mut f: Fields,
+/// The attention heads of a decoder of `family` `hidden_size` wide: query heads, key/value
+/// heads (dividing them) and the head width (even, for rotary embeddings).
+fn heads(
+    f: &mut Fields,
     family: Family,
-) -> Result<(DecoderConfig, Vec<String>), ConfigError> {
-    let gemma = family == Family::Gemma2;
-    let vocab_size = f.required("vocab_size")?;
-    let hidden_size = f.required("hidden_size")?;
-    let intermediate_size = f.required("intermediate_size")?;
-    let num_hidden_layers = f.required("num_hidden_layers")?;
+    hidden_size: usize,
+) -> Result<(usize, usize, usize), ConfigError> {
     let num_attention_heads = f.required("num_attention_heads")?;
     let num_key_value_heads = f
         .usize("num_key_value_heads")?
@@ -199,6 +196,35 @@ pub(crate) fn decoder(
             "field 'head_dim' ({head_dim}) must be even for rotary embeddings"
         )));
     }
+    Ok((num_attention_heads, num_key_value_heads, head_dim))
+}
+
+/// The fields that change the math in ways wick does not build, refused by name unless they
+/// hold the value wick computes with; attention dropout is said, not refused.
+fn refuse_unbuilt(f: &mut Fields) -> Result<(), ConfigError> {
+    f.expect("pretraining_tp", &1.into(), "the exact linear layers")?;
+    f.expect("rope_interleaved", &false.into(), "rotate_half pairs")?;
+    f.expect("use_mrope", &false.into(), "one-dimensional positions")?;
+    f.expect(
+        "use_bidirectional_attention",
+        &false.into(),
+        "causal attention",
+    )?;
+    f.dropout("attention_dropout")?;
+    Ok(())
+}
+
+/// Reads a decoder of `family` from `f`.
+pub(crate) fn decoder(
+    mut f: Fields,
+    family: Family,
+) -> Result<(DecoderConfig, Vec<String>), ConfigError> {
+    let gemma = family == Family::Gemma2;
+    let vocab_size = f.required("vocab_size")?;
+    let hidden_size = f.required("hidden_size")?;
+    let intermediate_size = f.required("intermediate_size")?;
+    let num_hidden_layers = f.required("num_hidden_layers")?;
+    let (num_attention_heads, num_key_value_heads, head_dim) = heads(&mut f, family, hidden_size)?;
     let rms_norm_eps = f.float("rms_norm_eps")?.unwrap_or(1e-6);
     let max_position_embeddings = f.usize("max_position_embeddings")?.unwrap_or(match family {
         Family::Llama => 2048,
@@ -220,15 +246,7 @@ pub(crate) fn decoder(
         .and_then(Value::as_f64)
         .unwrap_or(0.02);
     let activation = activation(&mut f, gemma)?;
-    f.expect("pretraining_tp", &1.into(), "the exact linear layers")?;
-    f.expect("rope_interleaved", &false.into(), "rotate_half pairs")?;
-    f.expect("use_mrope", &false.into(), "one-dimensional positions")?;
-    f.expect(
-        "use_bidirectional_attention",
-        &false.into(),
-        "causal attention",
-    )?;
-    f.dropout("attention_dropout")?;
+    refuse_unbuilt(&mut f)?;
     let layer_windows = windows(&mut f, family, num_hidden_layers)?;
     let (attention_scale, attn_logit_softcapping, final_logit_softcapping) = match gemma {
         true => (

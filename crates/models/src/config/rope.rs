@@ -67,13 +67,88 @@ pub(crate) fn rope(f: &mut Fields, max_positions: usize) -> Result<Rope, ConfigE
     let top_theta = f.float("rope_theta")?;
     let partial = f.float("partial_rotary_factor")?;
     let top_original = f.usize("original_max_position_embeddings")?;
+    let map = rope_map(f)?;
+    let mut d = RopeDict { f, p: map };
+    let theta = match (top_theta, d.number("rope_theta")?) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(f.error(format!(
+                "'rope_theta' ({a}) and 'rope_parameters.rope_theta' ({b}) differ"
+            )))
+        }
+        (Some(t), _) | (None, Some(t)) => t,
+        (None, None) => 10_000.0,
+    };
+    match partial.or(d.number("partial_rotary_factor")?) {
+        Some(r) if r != 1.0 => {
+            return Err(f.error(format!(
+                "field 'partial_rotary_factor' is {r}; wick rotates whole heads only (1.0)"
+            )))
+        }
+        _ => {}
+    }
+    let kind =
+        d.p.remove("rope_type")
+            .or_else(|| d.p.remove("type"))
+            .unwrap_or("default".into());
+    d.p.remove("type");
+    let kind = kind
+        .as_str()
+        .ok_or_else(|| f.error(format!("field 'rope_parameters.rope_type' is {kind}")))?
+        .to_string();
+    // The original length: the top-level field, else the dictionary's, else the model's.
+    let original_of = |d: &mut RopeDict| {
+        top_original
+            .or_else(|| {
+                d.p.remove("original_max_position_embeddings")?
+                    .as_u64()
+                    .map(|n| n as usize)
+            })
+            .unwrap_or(max_positions)
+    };
+    let scaling = match kind.as_str() {
+        "default" => RopeScaling::Default,
+        "linear" => RopeScaling::Linear {
+            factor: d.factor(&kind)?,
+        },
+        "dynamic" => RopeScaling::Dynamic {
+            factor: d.factor(&kind)?,
+        },
+        "llama3" => {
+            let factor = d.factor(&kind)?;
+            let original = original_of(&mut d);
+            llama3(&mut d, factor, original)?
+        }
+        "yarn" => {
+            let factor = d.factor(&kind)?;
+            let original = original_of(&mut d);
+            yarn(&mut d, factor, original)?
+        }
+        other => {
+            return Err(f.error(format!(
+                "rope type '{other}' is not built by wick (default, linear, dynamic, yarn, llama3)"
+            )))
+        }
+    };
+    for key in d.p.keys() {
+        log::warn!(
+            "{}: field 'rope_parameters.{key}' is not read for rope type '{kind}' and is \
+             ignored",
+            f.path.display()
+        );
+    }
+    Ok(Rope { theta, scaling })
+}
+
+/// The rope dictionary of `f`: `rope_parameters` or `rope_scaling`, whichever is set (an
+/// error when both are and their type or factor differ), or an empty one.
+fn rope_map(f: &mut Fields) -> Result<Map<String, Value>, ConfigError> {
     let mut object = |key: &str| match f.take(key) {
         None => Ok(None),
         Some(Value::Object(m)) => Ok(Some(m)),
         Some(v) => Err(f.error(format!("field '{key}' must be an object, got {v}"))),
     };
     let (scaling, parameters) = (object("rope_scaling")?, object("rope_parameters")?);
-    let mut p = match (scaling, parameters) {
+    match (scaling, parameters) {
         (Some(a), Some(b)) => {
             // transformers 5 writes both from one dict; a disagreement is a mistake.
             let type_of = |m: &Map<String, Value>| {
@@ -89,147 +164,102 @@ pub(crate) fn rope(f: &mut Fields, max_positions: usize) -> Result<Rope, ConfigE
                     Value::Object(b)
                 )));
             }
-            b
+            Ok(b)
         }
-        (Some(m), None) | (None, Some(m)) => m,
-        (None, None) => Map::new(),
-    };
-    let take_f64 = |p: &mut Map<String, Value>, key: &str| match p.remove(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_f64().map(Some).ok_or_else(|| {
-            f.error(format!(
-                "field 'rope_parameters.{key}' must be a number, got {v}"
-            ))
-        }),
-    };
-    let inner_theta = take_f64(&mut p, "rope_theta")?;
-    let theta = match (top_theta, inner_theta) {
-        (Some(a), Some(b)) if a != b => {
-            return Err(f.error(format!(
-                "'rope_theta' ({a}) and 'rope_parameters.rope_theta' ({b}) differ"
-            )))
-        }
-        (Some(t), _) | (None, Some(t)) => t,
-        (None, None) => 10_000.0,
-    };
-    match partial.or(take_f64(&mut p, "partial_rotary_factor")?) {
-        Some(r) if r != 1.0 => {
-            return Err(f.error(format!(
-                "field 'partial_rotary_factor' is {r}; wick rotates whole heads only (1.0)"
-            )))
-        }
-        _ => {}
+        (Some(m), None) | (None, Some(m)) => Ok(m),
+        (None, None) => Ok(Map::new()),
     }
-    let kind = p
-        .remove("rope_type")
-        .or_else(|| p.remove("type"))
-        .unwrap_or("default".into());
-    p.remove("type");
-    let kind = kind
-        .as_str()
-        .ok_or_else(|| f.error(format!("field 'rope_parameters.rope_type' is {kind}")))?
-        .to_string();
-    let factor = |p: &mut Map<String, Value>| -> Result<f64, ConfigError> {
-        match take_f64(p, "factor")? {
+}
+
+/// What is left to read of a rope dictionary, and the fields its errors name.
+struct RopeDict<'a> {
+    f: &'a Fields,
+    p: Map<String, Value>,
+}
+
+impl RopeDict<'_> {
+    /// The number at `key`, taken out (`None` when absent or null).
+    fn number(&mut self, key: &str) -> Result<Option<f64>, ConfigError> {
+        match self.p.remove(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| {
+                self.f.error(format!(
+                    "field 'rope_parameters.{key}' must be a number, got {v}"
+                ))
+            }),
+        }
+    }
+
+    /// The number at `key`, which rope type `kind` needs.
+    fn needed(&mut self, kind: &str, key: &str) -> Result<f64, ConfigError> {
+        self.number(key)?
+            .ok_or_else(|| self.f.error(format!("rope type '{kind}' needs '{key}'")))
+    }
+
+    /// The `factor` of rope type `kind`: at least 1.
+    fn factor(&mut self, kind: &str) -> Result<f64, ConfigError> {
+        match self.number("factor")? {
             Some(x) if x >= 1.0 => Ok(x),
-            other => Err(f.error(format!(
+            other => Err(self.f.error(format!(
                 "rope type '{kind}' needs 'factor' of at least 1, got {other:?}"
             ))),
         }
-    };
-    let original = |p: &mut Map<String, Value>| -> usize {
-        top_original
-            .or_else(|| {
-                p.remove("original_max_position_embeddings")?
-                    .as_u64()
-                    .map(|n| n as usize)
-            })
-            .unwrap_or(max_positions)
-    };
-    let scaling = match kind.as_str() {
-        "default" => RopeScaling::Default,
-        "linear" => RopeScaling::Linear {
-            factor: factor(&mut p)?,
-        },
-        "dynamic" => RopeScaling::Dynamic {
-            factor: factor(&mut p)?,
-        },
-        "llama3" => {
-            let factor = factor(&mut p)?;
-            let original_max_position_embeddings = original(&mut p);
-            let mut need = |key: &str| {
-                take_f64(&mut p, key)?
-                    .ok_or_else(|| f.error(format!("rope type 'llama3' needs '{key}'")))
-            };
-            let (low_freq_factor, high_freq_factor) =
-                (need("low_freq_factor")?, need("high_freq_factor")?);
-            if high_freq_factor <= low_freq_factor {
-                return Err(f.error(format!(
-                    "rope 'high_freq_factor' ({high_freq_factor}) must exceed \
-                     'low_freq_factor' ({low_freq_factor})"
-                )));
-            }
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            }
-        }
-        "yarn" => {
-            let factor = factor(&mut p)?;
-            let original_max_position_embeddings = original(&mut p);
-            let (mscale, mscale_all) = (
-                take_f64(&mut p, "mscale")?,
-                take_f64(&mut p, "mscale_all_dim")?,
-            );
-            // The paper's attention factor, as transformers' `get_mscale`.
-            let get_mscale = |scale: f64, m: f64| match scale <= 1.0 {
-                true => 1.0,
-                false => 0.1 * m * scale.ln() + 1.0,
-            };
-            let attention_factor = match (take_f64(&mut p, "attention_factor")?, mscale, mscale_all)
-            {
-                (Some(a), _, _) => a,
-                (None, Some(m), Some(a)) if m != 0.0 && a != 0.0 => {
-                    get_mscale(factor, m) / get_mscale(factor, a)
-                }
-                _ => get_mscale(factor, 1.0),
-            };
-            let beta_fast = take_f64(&mut p, "beta_fast")?
-                .filter(|&b| b != 0.0)
-                .unwrap_or(32.0);
-            let beta_slow = take_f64(&mut p, "beta_slow")?
-                .filter(|&b| b != 0.0)
-                .unwrap_or(1.0);
-            let truncate = match p.remove("truncate") {
-                None | Some(Value::Null) => true,
-                Some(Value::Bool(b)) => b,
-                Some(v) => {
-                    return Err(f.error(format!("rope 'truncate' must be true or false, got {v}")))
-                }
-            };
-            RopeScaling::Yarn {
-                factor,
-                original_max_position_embeddings,
-                attention_factor,
-                beta_fast,
-                beta_slow,
-                truncate,
-            }
-        }
-        other => {
-            return Err(f.error(format!(
-                "rope type '{other}' is not built by wick (default, linear, dynamic, yarn, llama3)"
-            )))
-        }
-    };
-    for key in p.keys() {
-        log::warn!(
-            "{}: field 'rope_parameters.{key}' is not read for rope type '{kind}' and is \
-             ignored",
-            f.path.display()
-        );
     }
-    Ok(Rope { theta, scaling })
+}
+
+/// Llama 3's scaling of `factor` over `original` positions, from `d`'s frequency factors.
+fn llama3(d: &mut RopeDict, factor: f64, original: usize) -> Result<RopeScaling, ConfigError> {
+    let (low_freq_factor, high_freq_factor) = (
+        d.needed("llama3", "low_freq_factor")?,
+        d.needed("llama3", "high_freq_factor")?,
+    );
+    if high_freq_factor <= low_freq_factor {
+        return Err(d.f.error(format!(
+            "rope 'high_freq_factor' ({high_freq_factor}) must exceed \
+             'low_freq_factor' ({low_freq_factor})"
+        )));
+    }
+    Ok(RopeScaling::Llama3 {
+        factor,
+        low_freq_factor,
+        high_freq_factor,
+        original_max_position_embeddings: original,
+    })
+}
+
+/// YaRN's scaling of `factor` over `original` positions, from `d`'s attention factor (or
+/// `mscale` and `mscale_all_dim`), betas and `truncate`, with transformers' defaults.
+fn yarn(d: &mut RopeDict, factor: f64, original: usize) -> Result<RopeScaling, ConfigError> {
+    let (mscale, mscale_all) = (d.number("mscale")?, d.number("mscale_all_dim")?);
+    // The paper's attention factor, as transformers' `get_mscale`.
+    let get_mscale = |scale: f64, m: f64| match scale <= 1.0 {
+        true => 1.0,
+        false => 0.1 * m * scale.ln() + 1.0,
+    };
+    let attention_factor = match (d.number("attention_factor")?, mscale, mscale_all) {
+        (Some(a), _, _) => a,
+        (None, Some(m), Some(a)) if m != 0.0 && a != 0.0 => {
+            get_mscale(factor, m) / get_mscale(factor, a)
+        }
+        _ => get_mscale(factor, 1.0),
+    };
+    let beta_fast = d.number("beta_fast")?.filter(|&b| b != 0.0).unwrap_or(32.0);
+    let beta_slow = d.number("beta_slow")?.filter(|&b| b != 0.0).unwrap_or(1.0);
+    let truncate = match d.p.remove("truncate") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => b,
+        Some(v) => {
+            return Err(d
+                .f
+                .error(format!("rope 'truncate' must be true or false, got {v}")))
+        }
+    };
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings: original,
+        attention_factor,
+        beta_fast,
+        beta_slow,
+        truncate,
+    })
 }
