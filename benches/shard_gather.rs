@@ -33,15 +33,13 @@ struct Ranks {
 impl Ranks {
     fn start(op: Op, world: usize, full_bytes: usize) -> Self {
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..world).map(|_| channel::<u64>()).unzip();
-        let receivers: Vec<Mutex<Option<Receiver<u64>>>> =
-            receivers.into_iter().map(|r| Mutex::new(Some(r))).collect();
         let (done_tx, done_rx) = channel();
         let done_tx = Mutex::new(done_tx);
         let thread = std::thread::spawn(move || {
             let full_len = full_bytes / 4;
             let shard_len = full_len / world;
-            ThreadWorld::new(world).run(|comm| {
-                let requests = receivers[comm.rank()].lock().unwrap().take().unwrap();
+            // Each rank takes its own request channel.
+            ThreadWorld::new(world).run_each(receivers, |comm, requests| {
                 // Buffers are filled once so their pages exist before timing.
                 let shard = Tensor::ones(shard_len, DType::F32, &Device::Cpu).unwrap();
                 let full = Tensor::ones(shard_len * world, DType::F32, &Device::Cpu).unwrap();

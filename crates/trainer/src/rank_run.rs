@@ -1,5 +1,6 @@
 //! One rank's part of a stage: the hook sequence of docs/design.md around the stage's loop
-//! (`fit_loop.rs`, `eval_loop.rs`; a step is `train_step.rs`, checkpoints `resume.rs`).
+//! (`fit_loop.rs`, `eval_loop.rs`; a step is `train_step.rs`, checkpoints
+//! `checkpoint_manager.rs` and `resume.rs`).
 
 use crate::config::Config;
 use crate::preemption::Interruption;
