@@ -265,24 +265,19 @@ impl Trainer {
             checkpoint: outputs.checkpoint.as_ref(),
             run: outputs.run.as_deref(),
         };
-        // Rank 0's sinks: the metrics file, then the program's own.
+        // Rank 0's sinks: the metrics file, then the program's own, lent for this fit and
+        // put back whatever it returns.
+        let mut own = std::mem::take(&mut self.sinks);
         let mut sinks = StepSinks::default();
         if let Some(csv) = outputs.csv {
             sinks.push(csv);
         }
         if self.is_global_zero() {
-            self.sinks.iter_mut().for_each(|s| sinks.push(s.as_mut()));
+            own.iter_mut().for_each(|s| sinks.push(s.as_mut()));
         }
-        let launch = Launch {
-            trainer: self.id,
-            accelerator: &self.accelerator,
-            strategy: self.strategy.as_ref(),
-            callbacks: &self.callbacks,
-            config: &self.config,
-        };
-        let output = launch
-            .run_stage(module, Stage::Fit, &input, sinks)?
-            .swap_remove(0);
+        let outcome = self.launch().run_stage(module, Stage::Fit, &input, sinks);
+        self.sinks = own;
+        let output = outcome?.swap_remove(0);
         match output.interrupted {
             Some(interruption) => Err(interruption.into()),
             None => Ok(output.metrics),
