@@ -157,7 +157,7 @@ fn deep_step(
     rows: usize,
 ) -> wick::core::Result<()> {
     s.backward(&deep_loss(units, rows)?, GradSync::Reduce)?;
-    s.optimizer_step(lr)
+    s.optimizer_step(lr).map(drop)
 }
 
 /// Rows of the batch whose full_shard step is measured: one activation (a unit's input or

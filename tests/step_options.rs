@@ -1,7 +1,7 @@
 use crate::common::{adamw, full_parameters, max_diff, Mlp, Recording, Regression};
 use candle_core::{DType, Device, Module, Tensor};
 use wick::accelerator::ThreadWorld;
-use wick::core::GradSync;
+use wick::core::{Collective, GradSync};
 use wick::trainer::{Attached, DataLoader, Trainer};
 
 /// Trains the MLP with the given options and returns its full parameters.
@@ -59,6 +59,53 @@ fn four_micro_batches_equal_one_batch_four_times_larger() {
     for strategy in STRATEGIES {
         let diff = max_diff(&large, &run(2, strategy, 12, 4, None, 4));
         assert!(diff <= 1e-5, "{strategy}: max |diff| {diff}");
+    }
+}
+
+/// The report of one step of two linear layers under `strategy` at `w` ranks, each rank's
+/// batch its own rows of one global batch of 12, clipping to `clip`.
+fn step_report(w: usize, strategy: &str, clip: Option<f64>) -> Vec<wick::core::StepReport> {
+    let reports = ThreadWorld::new(w).run(|comm| {
+        let rank = comm.rank();
+        let mut s = wick::strategies::strategy_by_name(strategy)?;
+        s.set_clip_grad_norm(clip);
+        s.connect(std::sync::Arc::new(comm), Device::Cpu)?;
+        let ctx = s.sharded_context(1)?;
+        let layers = {
+            let _open = ctx.enter();
+            (0..2)
+                .map(|i| ctx.wrap(&format!("l{i}"), |vb| candle_nn::linear(3, 3, vb)))
+                .collect::<candle_core::Result<Vec<_>>>()?
+        };
+        s.finish_sharding()?;
+        s.configure_optimizer(&adamw())?;
+        let rows = Tensor::arange(0f32, 36., &Device::Cpu)?.reshape((12, 3))?;
+        let mut h = rows.narrow(0, rank * 12 / w, 12 / w)?;
+        for l in &layers {
+            h = l.get()?.forward(&h)?;
+        }
+        s.backward(&h.sqr()?.mean_all()?, GradSync::Reduce)?;
+        s.optimizer_step(adamw().lr())
+    });
+    reports.into_iter().map(|r| r.unwrap()).collect()
+}
+
+#[test]
+fn each_step_reports_the_gradient_norm_before_clipping_as_one_device_sees_it() {
+    let single = step_report(1, "single", Some(1e9))[0];
+    let norm = single.grad_norm.expect("clipping computes the norm");
+    assert!(norm > 1.0 && !single.skipped, "{single:?}");
+    assert_eq!(step_report(1, "single", None)[0].grad_norm, None);
+    for strategy in ["ddp", "zero1", "zero2", "zero3", "fsdp"] {
+        for w in [2, 3, 4] {
+            for (rank, report) in step_report(w, strategy, Some(1e9)).iter().enumerate() {
+                let got = report.grad_norm.unwrap();
+                assert!(
+                    (got - norm).abs() <= 1e-5 * norm,
+                    "{strategy} W={w} rank {rank}: {got} against {norm}"
+                );
+            }
+        }
     }
 }
 

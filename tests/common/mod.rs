@@ -5,7 +5,7 @@ use candle_core::{Device, Tensor, D};
 use candle_nn::{Linear, Module};
 use wick::core::Wrapped;
 use wick::core::{
-    Algorithm, Collective, CollectiveError, OptimizerConfig, ReduceOp, ShardedContext, TrainModule,
+    Algorithm, Call, Collective, CollectiveError, OptimizerConfig, ShardedContext, TrainModule,
     Work,
 };
 use wick::trainer::{Attached, DataLoader, Dataset, Trainer};
@@ -395,28 +395,22 @@ impl Recording {
         })
     }
 
-    fn note(&self, op: &str, t: &Tensor) {
-        self.log
-            .lock()
-            .unwrap()
-            .push(format!("{op}({})", t.elem_count()));
-    }
-
-    /// Records a call started ahead, and its wait when it comes.
-    fn started(
-        &self,
-        op: &str,
-        t: &Tensor,
-        work: Result<Work, CollectiveError>,
-    ) -> Result<Work, CollectiveError> {
-        self.note(op, t);
-        let (log, entry) = (self.log.clone(), format!("wait:{op}({})", t.elem_count()));
-        let work = work?;
-        Ok(Work::pending(move || {
-            let done = work.wait();
-            log.lock().unwrap().push(entry);
-            done
-        }))
+    /// The entry of `call`: its name (`_start` added when `started`) and its output's
+    /// length in elements; `None` for a barrier, which is not recorded.
+    fn entry(call: &Call<'_>, started: bool) -> Option<String> {
+        let (name, len) = match call {
+            Call::AllGather { full, .. } => ("all_gather", full.elem_count()),
+            Call::AllGatherHost { shard, full } => {
+                ("all_gather", full.len() / shard.dtype().size_in_bytes())
+            }
+            Call::ReduceScatter { full, .. } => ("reduce_scatter", full.elem_count()),
+            Call::ReduceScatterParts { full, .. } => ("reduce_scatter_parts", full.elem_count()),
+            Call::AllReduce { tensor, .. } => ("all_reduce", tensor.elem_count()),
+            Call::Broadcast { tensor, .. } => ("broadcast", tensor.elem_count()),
+            Call::Barrier => return None,
+        };
+        let suffix = if started { "_start" } else { "" };
+        Some(format!("{name}{suffix}({len})"))
     }
 }
 
@@ -427,71 +421,26 @@ impl Collective for Recording {
     fn world_size(&self) -> usize {
         self.inner.world_size()
     }
-    fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
-        self.note("all_gather", full);
-        self.inner.all_gather_into(shard, full)
+    fn run(&self, call: Call<'_>) -> Result<(), CollectiveError> {
+        if let Some(entry) = Self::entry(&call, false) {
+            self.log.lock().unwrap().push(entry);
+        }
+        self.inner.run(call)
     }
-    fn all_gather_host(&self, shard: &Tensor, full: &mut [u8]) -> Result<(), CollectiveError> {
-        let elements = full.len() / shard.dtype().size_in_bytes();
-        self.log
-            .lock()
-            .unwrap()
-            .push(format!("all_gather({elements})"));
-        self.inner.all_gather_host(shard, full)
-    }
-    fn reduce_scatter_into(
-        &self,
-        full: &Tensor,
-        shard: &Tensor,
-        op: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        self.note("reduce_scatter", full);
-        self.inner.reduce_scatter_into(full, shard, op)
-    }
-    fn all_reduce_in_place(&self, t: &Tensor, op: ReduceOp) -> Result<(), CollectiveError> {
-        self.note("all_reduce", t);
-        self.inner.all_reduce_in_place(t, op)
-    }
-    fn broadcast_in_place(&self, t: &Tensor, root: usize) -> Result<(), CollectiveError> {
-        self.note("broadcast", t);
-        self.inner.broadcast_in_place(t, root)
-    }
-    fn barrier(&self) -> Result<(), CollectiveError> {
-        self.inner.barrier()
+    fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
+        let Some(entry) = Self::entry(&call, true) else {
+            return self.inner.start(call);
+        };
+        self.log.lock().unwrap().push(entry.clone());
+        let (log, work) = (self.log.clone(), self.inner.start(call)?);
+        Ok(Work::pending(move || {
+            let done = work.wait();
+            log.lock().unwrap().push(format!("wait:{entry}"));
+            done
+        }))
     }
     fn split(&self, color: usize) -> Result<std::sync::Arc<dyn Collective>, CollectiveError> {
         // Sub-worlds are not recorded: the log shows this channel's calls only.
         self.inner.split(color)
-    }
-    fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
-        self.started(
-            "all_gather_start",
-            full,
-            self.inner.all_gather_start(shard, full),
-        )
-    }
-    fn reduce_scatter_start(
-        &self,
-        full: &Tensor,
-        shard: &Tensor,
-        op: ReduceOp,
-    ) -> Result<Work, CollectiveError> {
-        let work = self.inner.reduce_scatter_start(full, shard, op);
-        self.started("reduce_scatter_start", full, work)
-    }
-    fn reduce_scatter_parts_start(
-        &self,
-        full: &Tensor,
-        shard: &Tensor,
-        parts: &[usize],
-        op: ReduceOp,
-    ) -> Result<Work, CollectiveError> {
-        let work = self
-            .inner
-            .reduce_scatter_parts_start(full, shard, parts, op);
-        self.started("reduce_scatter_parts_start", full, work)
-    }
-    fn all_reduce_start(&self, t: &Tensor, op: ReduceOp) -> Result<Work, CollectiveError> {
-        self.started("all_reduce_start", t, self.inner.all_reduce_start(t, op))
     }
 }

@@ -3,7 +3,7 @@
 use candle_core::{Device, Tensor};
 use std::time::{Duration, Instant};
 use wick_accelerator::{RankError, ThreadWorld};
-use wick_core::{Collective, CollectiveError, ReduceOp};
+use wick_core::{reduce_scatter_padded, Call, Collective, CollectiveError, ReduceOp, Work};
 
 /// Rank r's shard length: uneven on purpose (r + 3 elements).
 fn shard_len(r: usize) -> usize {
@@ -75,8 +75,8 @@ fn reduce_scatter_sums_and_means_each_ranks_range() {
     }
 }
 
-/// A world that takes equal chunks only, as NCCL does: its uneven reduce-scatter is the
-/// trait's default, which pads every part to the longest.
+/// A world that takes equal chunks only, as NCCL does: its uneven reduce-scatter is
+/// `reduce_scatter_padded`, which pads every part to the longest.
 struct EqualChunksOnly(Box<dyn Collective>);
 
 impl Collective for EqualChunksOnly {
@@ -86,26 +86,20 @@ impl Collective for EqualChunksOnly {
     fn world_size(&self) -> usize {
         self.0.world_size()
     }
-    fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
-        self.0.all_gather_into(shard, full)
-    }
-    fn reduce_scatter_into(
-        &self,
-        full: &Tensor,
-        shard: &Tensor,
-        op: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        assert_eq!(full.elem_count(), shard.elem_count() * self.world_size());
-        self.0.reduce_scatter_into(full, shard, op)
-    }
-    fn all_reduce_in_place(&self, t: &Tensor, op: ReduceOp) -> Result<(), CollectiveError> {
-        self.0.all_reduce_in_place(t, op)
-    }
-    fn broadcast_in_place(&self, t: &Tensor, root: usize) -> Result<(), CollectiveError> {
-        self.0.broadcast_in_place(t, root)
-    }
-    fn barrier(&self) -> Result<(), CollectiveError> {
-        self.0.barrier()
+    fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
+        match call {
+            Call::ReduceScatterParts {
+                full,
+                shard,
+                parts,
+                op,
+            } => reduce_scatter_padded(self, full, shard, parts, op),
+            Call::ReduceScatter { full, shard, .. } => {
+                assert_eq!(full.elem_count(), shard.elem_count() * self.world_size());
+                self.0.start(call)
+            }
+            other => self.0.start(other),
+        }
     }
 }
 

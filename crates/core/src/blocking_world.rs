@@ -3,13 +3,10 @@
 //! overlap (DeepSpeed's `overlap_comm: false`): the same calls, in the same order, each
 //! waited for where it is issued. The numbers do not change.
 
-use crate::{Collective, CollectiveError, ReduceOp, Work};
-use candle_core::Tensor;
+use crate::{Call, Collective, CollectiveError, Work};
 use std::sync::Arc;
 
-/// `inner`, with `all_gather_start`, `reduce_scatter_start` and `all_reduce_start` left at
-/// their defaults (the blocking call, then a finished `Work`), and `inner`'s
-/// `reduce_scatter_parts_start` waited for where it is issued.
+/// `inner`, every call started on it made as the blocking call instead.
 pub struct BlockingWorld {
     inner: Arc<dyn Collective>,
 }
@@ -28,65 +25,30 @@ impl Collective for BlockingWorld {
     fn world_size(&self) -> usize {
         self.inner.world_size()
     }
-    fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
-        self.inner.all_gather_into(shard, full)
-    }
-    fn reduce_scatter_into(
-        &self,
-        full: &Tensor,
-        shard: &Tensor,
-        op: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        self.inner.reduce_scatter_into(full, shard, op)
-    }
-    fn all_reduce_in_place(&self, tensor: &Tensor, op: ReduceOp) -> Result<(), CollectiveError> {
-        self.inner.all_reduce_in_place(tensor, op)
-    }
-    fn broadcast_in_place(&self, tensor: &Tensor, root: usize) -> Result<(), CollectiveError> {
-        self.inner.broadcast_in_place(tensor, root)
-    }
-    fn barrier(&self) -> Result<(), CollectiveError> {
-        self.inner.barrier()
-    }
-    fn all_gather_host(&self, shard: &Tensor, full: &mut [u8]) -> Result<(), CollectiveError> {
-        self.inner.all_gather_host(shard, full)
-    }
-    fn reduce_scatter_parts_start(
-        &self,
-        full: &Tensor,
-        shard: &Tensor,
-        parts: &[usize],
-        op: ReduceOp,
-    ) -> Result<Work, CollectiveError> {
-        // The inner world's own way with uneven parts (padded or not), completed here.
-        self.inner
-            .reduce_scatter_parts_start(full, shard, parts, op)?
-            .wait()?;
+    /// The inner world's blocking form of the call.
+    fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
+        self.inner.run(call)?;
         Ok(Work::done())
+    }
+    fn run(&self, call: Call<'_>) -> Result<(), CollectiveError> {
+        self.inner.run(call)
     }
     fn split(&self, color: usize) -> Result<Arc<dyn Collective>, CollectiveError> {
         Ok(BlockingWorld::over(self.inner.split(color)?))
-    }
-    fn all_reduce_scalar(&self, value: f32, op: ReduceOp) -> Result<f32, CollectiveError> {
-        self.inner.all_reduce_scalar(value, op)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ReduceOp;
+    use candle_core::Tensor;
     use std::sync::Mutex;
 
-    /// Records which of its methods ran; its started calls would stay pending.
+    /// Records each call it is given (`run:` for a blocking one) and each wait, its started
+    /// calls pending until waited.
     #[derive(Default)]
-    struct Calls(Mutex<Vec<&'static str>>);
-
-    impl Calls {
-        fn note(&self, call: &'static str) -> Result<(), CollectiveError> {
-            self.0.lock().unwrap().push(call);
-            Ok(())
-        }
-    }
+    struct Calls(Arc<Mutex<Vec<String>>>);
 
     impl Collective for Calls {
         fn rank(&self) -> usize {
@@ -95,60 +57,36 @@ mod tests {
         fn world_size(&self) -> usize {
             1
         }
-        fn all_gather_into(&self, _: &Tensor, _: &Tensor) -> Result<(), CollectiveError> {
-            self.note("all_gather")
+        fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
+            let (log, name) = (self.0.clone(), call.name());
+            log.lock().unwrap().push(name.to_string());
+            Ok(Work::pending(move || {
+                log.lock().unwrap().push(format!("wait:{name}"));
+                Ok(())
+            }))
         }
-        fn reduce_scatter_into(
-            &self,
-            _: &Tensor,
-            _: &Tensor,
-            _: ReduceOp,
-        ) -> Result<(), CollectiveError> {
-            self.note("reduce_scatter")
-        }
-        fn all_reduce_in_place(&self, _: &Tensor, _: ReduceOp) -> Result<(), CollectiveError> {
-            self.note("all_reduce")
-        }
-        fn broadcast_in_place(&self, _: &Tensor, _: usize) -> Result<(), CollectiveError> {
-            self.note("broadcast")
-        }
-        fn barrier(&self) -> Result<(), CollectiveError> {
-            self.note("barrier")
-        }
-        fn all_reduce_start(&self, _: &Tensor, _: ReduceOp) -> Result<Work, CollectiveError> {
-            self.note("all_reduce_start")?;
-            Ok(Work::pending(|| Ok(())))
-        }
-        fn reduce_scatter_start(
-            &self,
-            _: &Tensor,
-            _: &Tensor,
-            _: ReduceOp,
-        ) -> Result<Work, CollectiveError> {
-            self.note("reduce_scatter_start")?;
-            Ok(Work::pending(|| Ok(())))
+        fn run(&self, call: Call<'_>) -> Result<(), CollectiveError> {
+            self.0.lock().unwrap().push(format!("run:{}", call.name()));
+            Ok(())
         }
     }
 
     #[test]
     fn started_calls_run_as_the_blocking_ones() {
-        let calls = Arc::new(Calls::default());
-        let world = BlockingWorld::over(calls.clone());
+        let calls = Calls::default();
+        let log = calls.0.clone();
+        let world = BlockingWorld::over(Arc::new(calls));
         let t = Tensor::zeros(2, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
-        world
-            .all_reduce_start(&t, ReduceOp::Sum)
-            .unwrap()
-            .wait()
-            .unwrap();
-        world
-            .reduce_scatter_start(&t, &t, ReduceOp::Mean)
-            .unwrap()
-            .wait()
-            .unwrap();
-        world.all_gather_start(&t, &t).unwrap().wait().unwrap();
+        let reduce = world.all_reduce_start(&t, ReduceOp::Sum).unwrap();
+        let scatter = world.reduce_scatter_start(&t, &t, ReduceOp::Mean).unwrap();
+        // Both completed before the caller waits for either.
         assert_eq!(
-            *calls.0.lock().unwrap(),
-            ["all_reduce", "reduce_scatter", "all_gather"]
+            *log.lock().unwrap(),
+            ["run:all_reduce", "run:reduce_scatter"]
         );
+        scatter.wait().unwrap();
+        reduce.wait().unwrap();
+        world.all_gather_start(&t, &t).unwrap().wait().unwrap();
+        assert_eq!(log.lock().unwrap().len(), 3);
     }
 }

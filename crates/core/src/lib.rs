@@ -9,6 +9,7 @@
 
 mod activation_checkpointing;
 mod blocking_world;
+mod call;
 mod callback;
 mod collective;
 mod context;
@@ -28,6 +29,7 @@ mod weights;
 
 pub use activation_checkpointing::ActivationCheckpointing;
 pub use blocking_world::BlockingWorld;
+pub use call::{all_gather_through_tensor, reduce_scatter_padded, Call};
 pub use callback::{Callback, CallbackClone, RunState};
 pub use collective::{Collective, ReduceOp, Work};
 pub use context::{
@@ -44,6 +46,6 @@ pub use safetensors_file::SafetensorsFile;
 pub use solo_world::SoloWorld;
 pub use stage::Stage;
 pub use state::{FlatGroup, GroupRange, LossScale, RankState, StateReader, PARAM_KIND};
-pub use strategy::{GradSync, OnNonFinite, Sharding, StateBytes, Strategy};
+pub use strategy::{GradSync, OnNonFinite, Sharding, StateBytes, StepReport, Strategy};
 pub use wait_clock::WaitClock;
 pub use weights::{ParamInit, PretrainedWeights, WeightSource};

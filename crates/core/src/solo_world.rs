@@ -4,7 +4,7 @@
 //! examples that use wick-strategies alone. Copies are Candle's own, so it works on every
 //! device.
 
-use crate::{Collective, CollectiveError, ReduceOp};
+use crate::{all_gather_through_tensor, Call, Collective, CollectiveError, Work};
 use candle_core::Tensor;
 
 /// A world of one rank.
@@ -42,36 +42,22 @@ impl Collective for SoloWorld {
         1
     }
 
-    fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
-        copy("all_gather", shard, full)
-    }
-
-    fn reduce_scatter_into(
-        &self,
-        full: &Tensor,
-        shard: &Tensor,
-        _: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        copy("reduce_scatter", full, shard)
-    }
-
-    fn all_reduce_in_place(&self, _: &Tensor, _: ReduceOp) -> Result<(), CollectiveError> {
-        Ok(())
-    }
-
-    fn broadcast_in_place(&self, _: &Tensor, root: usize) -> Result<(), CollectiveError> {
-        match root {
-            0 => Ok(()),
-            _ => Err(CollectiveError::Mismatch {
-                rank: 0,
-                op: "broadcast",
-                message: format!("root {root} is not a rank of a world of 1"),
-            }),
+    fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
+        match call {
+            Call::AllGather { shard, full } => copy("all_gather", shard, full)?,
+            Call::AllGatherHost { shard, full } => all_gather_through_tensor(self, shard, full)?,
+            Call::ReduceScatter { full, shard, .. }
+            | Call::ReduceScatterParts { full, shard, .. } => copy("reduce_scatter", full, shard)?,
+            Call::Broadcast { root, .. } if root != 0 => {
+                return Err(CollectiveError::Mismatch {
+                    rank: 0,
+                    op: "broadcast",
+                    message: format!("root {root} is not a rank of a world of 1"),
+                })
+            }
+            Call::AllReduce { .. } | Call::Broadcast { .. } | Call::Barrier => {}
         }
-    }
-
-    fn barrier(&self) -> Result<(), CollectiveError> {
-        Ok(())
+        Ok(Work::done())
     }
 
     /// The one rank's color makes a world of one again.
@@ -83,6 +69,7 @@ impl Collective for SoloWorld {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ReduceOp;
     use candle_core::{DType, Device};
 
     #[test]

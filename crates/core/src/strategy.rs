@@ -63,6 +63,19 @@ impl std::str::FromStr for OnNonFinite {
     }
 }
 
+/// What one [`Strategy::optimizer_step`] did: the same on every rank.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StepReport {
+    /// The step was skipped for inf or NaN gradients (by [`OnNonFinite::Skip`] or the loss
+    /// scaler): the parameters and the optimizer state are unchanged.
+    pub skipped: bool,
+    /// The global L2 norm of the reduced gradients before clipping, where the step
+    /// computed it (with gradient clipping on).
+    pub grad_norm: Option<f64>,
+    /// Where the dynamic loss scaler stands after the step (`16-mixed`).
+    pub loss_scale: Option<LossScale>,
+}
+
 /// One rank's instance of a distribution strategy.
 ///
 /// The trainer gives each rank its own instance ([`Strategy::for_new_rank`]) and calls, in
@@ -110,10 +123,6 @@ pub trait Strategy: Send {
     /// Under dynamic loss scaling such steps are the scaler's to skip, whatever this says.
     fn set_on_nonfinite(&mut self, policy: OnNonFinite);
 
-    /// Whether the last [`optimizer_step`](Strategy::optimizer_step) was skipped on every
-    /// rank for inf or NaN gradients (by [`OnNonFinite::Skip`] or the loss scaler).
-    fn last_step_skipped(&self) -> bool;
-
     /// Which wrapped units recompute their forward in backward instead of keeping their
     /// activations (activation checkpointing); set before `sharded_context`, kept for
     /// [`Strategy::for_new_rank`].
@@ -141,15 +150,10 @@ pub trait Strategy: Send {
     fn unused_parameters(&self) -> Vec<String>;
 
     /// Synchronizes the accumulated gradients, steps the optimizer at learning rate `lr`
-    /// (the trainer passes its schedule's rate for this step), clears the gradients.
-    /// Under dynamic loss scaling, a step whose gradients hold inf or NaN on any rank is
-    /// skipped on every rank (see [`loss_scale`](Strategy::loss_scale)).
-    fn optimizer_step(&mut self, lr: f64) -> Result<()>;
-
-    /// Where the dynamic loss scaler stands, for strategies that scale the loss (`16-mixed`).
-    fn loss_scale(&self) -> Option<LossScale> {
-        None
-    }
+    /// (the trainer passes its schedule's rate for this step), clears the gradients, and
+    /// reports what the step did. Under dynamic loss scaling, a step whose gradients hold
+    /// inf or NaN on any rank is skipped on every rank.
+    fn optimizer_step(&mut self, lr: f64) -> Result<StepReport>;
 
     /// Every parameter in full, by name, in registration order, the frozen ones (see
     /// [`ShardedContext::train_only`]) after the trainable ones of their unit. Collective

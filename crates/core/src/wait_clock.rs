@@ -3,8 +3,7 @@
 //! communication: what a started call moved while the rank computed does not count, so
 //! overlap shows as a smaller figure. It also counts waiting for a slower rank.
 
-use crate::{Collective, CollectiveError, ReduceOp, Work};
-use candle_core::Tensor;
+use crate::{Call, Collective, CollectiveError, Work};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,54 +63,11 @@ impl Collective for WaitClock {
     fn world_size(&self) -> usize {
         self.inner.world_size()
     }
-    fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
-        self.timed(|| self.inner.all_gather_into(shard, full))
+    fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
+        self.started(|| self.inner.start(call))
     }
-    fn reduce_scatter_into(
-        &self,
-        full: &Tensor,
-        shard: &Tensor,
-        op: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        self.timed(|| self.inner.reduce_scatter_into(full, shard, op))
-    }
-    fn all_reduce_in_place(&self, tensor: &Tensor, op: ReduceOp) -> Result<(), CollectiveError> {
-        self.timed(|| self.inner.all_reduce_in_place(tensor, op))
-    }
-    fn broadcast_in_place(&self, tensor: &Tensor, root: usize) -> Result<(), CollectiveError> {
-        self.timed(|| self.inner.broadcast_in_place(tensor, root))
-    }
-    fn barrier(&self) -> Result<(), CollectiveError> {
-        self.timed(|| self.inner.barrier())
-    }
-    fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
-        self.started(|| self.inner.all_gather_start(shard, full))
-    }
-    fn reduce_scatter_start(
-        &self,
-        full: &Tensor,
-        shard: &Tensor,
-        op: ReduceOp,
-    ) -> Result<Work, CollectiveError> {
-        self.started(|| self.inner.reduce_scatter_start(full, shard, op))
-    }
-    fn reduce_scatter_parts_start(
-        &self,
-        full: &Tensor,
-        shard: &Tensor,
-        parts: &[usize],
-        op: ReduceOp,
-    ) -> Result<Work, CollectiveError> {
-        self.started(|| {
-            self.inner
-                .reduce_scatter_parts_start(full, shard, parts, op)
-        })
-    }
-    fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, CollectiveError> {
-        self.started(|| self.inner.all_reduce_start(tensor, op))
-    }
-    fn all_gather_host(&self, shard: &Tensor, full: &mut [u8]) -> Result<(), CollectiveError> {
-        self.timed(|| self.inner.all_gather_host(shard, full))
+    fn run(&self, call: Call<'_>) -> Result<(), CollectiveError> {
+        self.timed(|| self.inner.run(call))
     }
     fn split(&self, color: usize) -> Result<Arc<dyn Collective>, CollectiveError> {
         let inner = self.timed(|| self.inner.split(color))?;
@@ -120,16 +76,15 @@ impl Collective for WaitClock {
             nanos: self.nanos.clone(),
         }))
     }
-    fn all_reduce_scalar(&self, value: f32, op: ReduceOp) -> Result<f32, CollectiveError> {
-        self.timed(|| self.inner.all_reduce_scalar(value, op))
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ReduceOp;
+    use candle_core::Tensor;
 
-    /// A world whose every call takes 5 ms, started calls in their wait.
+    /// A world whose every call takes 5 ms, in its wait.
     struct Slow;
 
     impl Slow {
@@ -146,27 +101,7 @@ mod tests {
         fn world_size(&self) -> usize {
             1
         }
-        fn all_gather_into(&self, _: &Tensor, _: &Tensor) -> Result<(), CollectiveError> {
-            Self::nap()
-        }
-        fn reduce_scatter_into(
-            &self,
-            _: &Tensor,
-            _: &Tensor,
-            _: ReduceOp,
-        ) -> Result<(), CollectiveError> {
-            Self::nap()
-        }
-        fn all_reduce_in_place(&self, _: &Tensor, _: ReduceOp) -> Result<(), CollectiveError> {
-            Self::nap()
-        }
-        fn broadcast_in_place(&self, _: &Tensor, _: usize) -> Result<(), CollectiveError> {
-            Self::nap()
-        }
-        fn barrier(&self) -> Result<(), CollectiveError> {
-            Self::nap()
-        }
-        fn all_reduce_start(&self, _: &Tensor, _: ReduceOp) -> Result<Work, CollectiveError> {
+        fn start(&self, _: Call<'_>) -> Result<Work, CollectiveError> {
             Ok(Work::pending(Self::nap))
         }
     }

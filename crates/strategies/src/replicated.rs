@@ -130,6 +130,8 @@ pub(crate) struct ReplicatedState {
     pub(crate) on_nonfinite: OnNonFinite,
     /// Whether the last step was skipped for them.
     pub(crate) skipped: bool,
+    /// The last step's gradient norm before clipping, where clipping computed it.
+    pub(crate) grad_norm: Option<f64>,
 }
 
 impl ReplicatedState {
@@ -338,7 +340,21 @@ impl ReplicatedState {
             names[i].clone()
         })?;
         self.skipped = !step;
+        self.grad_norm = None;
         Ok(step)
+    }
+
+    /// Clips `grads` to the global norm asked for, if any, keeping the norm before clipping
+    /// for the step's report. `shards_over` as in [`Self::finite`].
+    pub(crate) fn clip(
+        &mut self,
+        grads: &mut [Tensor],
+        shards_over: Option<&dyn Collective>,
+    ) -> Result<()> {
+        if let Some(max_norm) = self.clip {
+            self.grad_norm = Some(clip_grad_norm(grads, max_norm, shards_over)?);
+        }
+        Ok(())
     }
 
     /// Clips (if asked) and steps every full parameter with its reduced gradient, unless
@@ -347,9 +363,7 @@ impl ReplicatedState {
         if !self.finite(strategy, first_nonfinite(&grads)?, None)? {
             return Ok(());
         }
-        if let Some(max_norm) = self.clip {
-            clip_grad_norm(&mut grads, max_norm, None)?;
-        }
+        self.clip(&mut grads, None)?;
         self.grad_bytes = grads.iter().map(tensor_bytes).sum();
         let params = self.params.clone();
         self.optimizer(strategy)?.step(&params, &grads)?;

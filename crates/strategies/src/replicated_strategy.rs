@@ -11,7 +11,7 @@ use candle_core::{Device, Shape, Tensor};
 use std::sync::Arc;
 use wick_core::{
     ActivationCheckpointing, Collective, GradSync, OnNonFinite, OptimizerConfig, RankState, Result,
-    ShardedContext, Sharding, StateBytes, StateReader, Strategy,
+    ShardedContext, Sharding, StateBytes, StateReader, StepReport, Strategy,
 };
 
 /// How a replicated strategy reduces gradients and steps. It holds options only, so a clone
@@ -133,10 +133,6 @@ impl<R: GradReduce> Strategy for Replicated<R> {
         self.state.on_nonfinite = policy;
     }
 
-    fn last_step_skipped(&self) -> bool {
-        self.state.skipped
-    }
-
     fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<()> {
         let plan = match sync {
             GradSync::Reduce => self.reduce.overlapped(self.name, &self.state)?,
@@ -153,9 +149,14 @@ impl<R: GradReduce> Strategy for Replicated<R> {
         self.state.unused.clone()
     }
 
-    fn optimizer_step(&mut self, lr: f64) -> Result<()> {
+    fn optimizer_step(&mut self, lr: f64) -> Result<StepReport> {
         self.state.optimizer(self.name)?.set_lr(lr);
-        self.reduce.step(self.name, &mut self.state)
+        self.reduce.step(self.name, &mut self.state)?;
+        Ok(StepReport {
+            skipped: self.state.skipped,
+            grad_norm: self.state.grad_norm,
+            loss_scale: None,
+        })
     }
 
     fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {

@@ -10,7 +10,6 @@
 //! rank the updated parameters.
 
 use crate::bucket_reduce::{buckets, BucketPlan, DEFAULT_BUCKET_CAP_BYTES};
-use crate::clip::clip_grad_norm;
 use crate::flat_grad::flatten_consuming;
 use crate::flat_layout::FlatLayout;
 use crate::nonfinite::first_nonfinite_in;
@@ -189,16 +188,10 @@ impl ZeroReduce {
             return Ok(());
         }
         let shard = param_shard(layout, rank, &state.params)?;
-        let flat_grad = match state.clip {
-            // Every rank holds the whole averaged gradient: the norm needs no collective.
-            Some(max_norm) => {
-                let mut whole = [flat_grad];
-                clip_grad_norm(&mut whole, max_norm, None)?;
-                let [g] = whole;
-                g
-            }
-            None => flat_grad,
-        };
+        // Every rank holds the whole averaged gradient: the norm needs no collective.
+        let mut whole = [flat_grad];
+        state.clip(&mut whole, None)?;
+        let [flat_grad] = whole;
         state.grad_bytes = tensor_bytes(&flat_grad);
         let shard_grad = flat_grad.narrow(0, range.start, range.len())?;
         state
@@ -241,9 +234,7 @@ impl ZeroReduce {
         }
         let shard = param_shard(layout, rank, &state.params)?;
         let mut shard_grads = [shard_grad];
-        if let Some(max_norm) = state.clip {
-            clip_grad_norm(&mut shard_grads, max_norm, Some(world))?;
-        }
+        state.clip(&mut shard_grads, Some(world))?;
         let [shard_grad] = shard_grads;
         state.grad_bytes = tensor_bytes(&shard_grad);
         state

@@ -24,9 +24,9 @@ use crate::unit_views::FrozenPart;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
 use wick_core::{
-    ActivationCheckpointing, Collective, Error, GradSync, GroupRange, LossScale, OnNonFinite,
-    OptimizerConfig, RankState, ReduceOp, Result, ShardedContext, Sharding, StateBytes,
-    StateReader, Strategy, PARAM_KIND,
+    ActivationCheckpointing, Collective, Error, GradSync, GroupRange, OnNonFinite, OptimizerConfig,
+    RankState, ReduceOp, Result, ShardedContext, Sharding, StateBytes, StateReader, StepReport,
+    Strategy, PARAM_KIND,
 };
 
 impl Default for ShardedOptions {
@@ -56,8 +56,6 @@ pub struct Zero3 {
     scaler: Option<GradScaler>,
     /// Hybrid sharding: the ranks of other groups holding the same shard.
     replicas: Option<Arc<dyn Collective>>,
-    /// Whether the last step was skipped for inf or NaN gradients.
-    skipped: bool,
 }
 
 impl Zero3 {
@@ -264,10 +262,6 @@ impl Strategy for Zero3 {
         self.options.on_nonfinite = policy;
     }
 
-    fn last_step_skipped(&self) -> bool {
-        self.skipped
-    }
-
     fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<()> {
         if let Some(source) = &self.source {
             source.sync.set(sync);
@@ -315,7 +309,7 @@ impl Strategy for Zero3 {
         self.unused.clone()
     }
 
-    fn optimizer_step(&mut self, lr: f64) -> Result<()> {
+    fn optimizer_step(&mut self, lr: f64) -> Result<StepReport> {
         // Gradients arrive already reduce-scattered by the gather op's backward.
         let kept = self.source.as_ref().map_or(0, |s| s.sync.kept_bytes());
         if kept > 0 {
@@ -340,13 +334,17 @@ impl Strategy for Zero3 {
             }
             None => self.grads_finite(world.as_ref(), &grads)?,
         };
-        self.skipped = !step;
+        let mut report = StepReport {
+            skipped: !step,
+            grad_norm: None,
+            loss_scale: self.scaler.as_ref().map(GradScaler::state),
+        };
         if !step {
             self.release_gathered();
-            return Ok(());
+            return Ok(report);
         }
         if let Some(max_norm) = self.clip {
-            clip_grad_norm(&mut grads, max_norm, Some(world.as_ref()))?;
+            report.grad_norm = Some(clip_grad_norm(&mut grads, max_norm, Some(world.as_ref()))?);
         }
         self.grad_bytes = grads.iter().map(tensor_bytes).sum();
         let optimizer = self.optimizer.as_mut().ok_or_else(|| {
@@ -358,7 +356,7 @@ impl Strategy for Zero3 {
         optimizer.set_lr(lr);
         optimizer.step(&self.shards, &grads)?;
         self.release_gathered();
-        Ok(())
+        Ok(report)
     }
 
     fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {
@@ -438,7 +436,7 @@ impl Strategy for Zero3 {
         Ok(RankState {
             groups,
             optimizer_step: optimizer.map_or(0, Optimizer::step_count),
-            loss_scale: self.loss_scale(),
+            loss_scale: self.scaler.as_ref().map(GradScaler::state),
         })
     }
 
@@ -464,10 +462,6 @@ impl Strategy for Zero3 {
             scaler.restore(saved);
         }
         Ok(())
-    }
-
-    fn loss_scale(&self) -> Option<LossScale> {
-        self.scaler.as_ref().map(GradScaler::state)
     }
 
     fn state_bytes(&self) -> StateBytes {

@@ -142,7 +142,7 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
         epoch_start: Instant,
     ) -> Result<(), TrainerError> {
         let (step_start, waited_before) = (Instant::now(), rank.clock.waited());
-        let train_loss = rank.train_step(
+        let (train_loss, report) = rank.train_step(
             self.train,
             order,
             b,
@@ -158,12 +158,12 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
         rank.state.metrics.insert("train_loss".into(), train_loss);
         // Steps skipped for inf or NaN gradients, all ranks alike, over the run (a resume
         // restores the count from its checkpoint's metrics).
-        let skipped = rank.skipped_steps() + usize::from(rank.strategy.last_step_skipped());
+        let skipped = rank.skipped_steps() + usize::from(report.skipped);
         rank.state
             .metrics
             .insert(SKIPPED_STEPS.into(), skipped as f64);
         // Metrics stay deterministic; wall-clock figures go to the sinks only.
-        if let Some(scale) = rank.strategy.loss_scale() {
+        if let Some(scale) = report.loss_scale {
             rank.state.metrics.insert("loss_scale".into(), scale.scale);
         }
         rank.callbacks(|cb, s| cb.on_train_batch_end(s))?;

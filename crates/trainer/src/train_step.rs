@@ -3,11 +3,11 @@
 
 use crate::rank_run::{scalar, RankRun};
 use crate::{DataLoader, Dataset, TrainerError};
-use wick_core::{GradSync, OnNonFinite, OptimizerConfig, ReduceOp, TrainModule};
+use wick_core::{GradSync, OnNonFinite, OptimizerConfig, ReduceOp, StepReport, TrainModule};
 
 impl<M: TrainModule> RankRun<'_, M> {
     /// Runs step `b` of the epoch whose sample order is `order`; returns the training loss
-    /// averaged over its micro-batches and the ranks. The first backward of a fit
+    /// averaged over its micro-batches and the ranks, and what the optimizer step did. The first backward of a fit
     /// (`checked_unused` still false) also looks for parameters without gradient.
     pub(crate) fn train_step<D: Dataset<Batch = M::Batch>>(
         &mut self,
@@ -16,7 +16,7 @@ impl<M: TrainModule> RankRun<'_, M> {
         b: usize,
         optimizer: &OptimizerConfig,
         checked_unused: &mut bool,
-    ) -> Result<f64, TrainerError> {
+    ) -> Result<(f64, StepReport), TrainerError> {
         let (rank, world_size) = (self.env.rank, self.env.world_size);
         let accumulate = self.config.accumulate_grad_batches;
         // `accumulate` micro-batches, each a whole global batch, make one step.
@@ -71,7 +71,7 @@ impl<M: TrainModule> RankRun<'_, M> {
         }
         let lr = optimizer.lr_at(self.state.global_step);
         self.state.lr = lr;
-        self.strategy.optimizer_step(lr).map_err(|e| match e {
+        let report = self.strategy.optimizer_step(lr).map_err(|e| match e {
             wick_core::Error::NonFinite { rank, parameter } => TrainerError::NonFinite {
                 step: self.state.global_step + 1,
                 rank,
@@ -80,7 +80,7 @@ impl<M: TrainModule> RankRun<'_, M> {
             e => e.into(),
         })?;
         let train_loss = self.env.world.all_reduce_scalar(local, ReduceOp::Mean)? as f64;
-        Ok(train_loss)
+        Ok((train_loss, report))
     }
 
     /// The factor of each micro-batch's loss where [`TrainModule::loss_terms`] counts its

@@ -5,7 +5,7 @@
 //! `Mismatch`.
 
 use candle_core::DType;
-use wick_core::CollectiveError;
+use wick_core::{Collective, CollectiveError};
 
 /// A collective, as every world names it in errors and agreement checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,13 +69,13 @@ impl CallHeader {
     }
 
     /// Words, in a fixed order, for a world that sends headers as integers.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "mpi", feature = "nccl", test)), allow(dead_code))]
     pub(crate) fn to_words(self) -> [u64; 5] {
         [self.op, self.dtype, self.arg, self.src_len, self.dst_len].map(|w| w as u64)
     }
 
     /// The header [`CallHeader::to_words`] made.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "mpi", feature = "nccl", test)), allow(dead_code))]
     pub(crate) fn from_words(w: &[u64]) -> Self {
         CallHeader {
             op: w[0] as usize,
@@ -154,5 +154,74 @@ impl<F: Fn(usize) -> CallHeader> Headers<F> {
             )));
         }
         Ok(())
+    }
+}
+
+/// Every rank's header, in rank order, gathered over `world` (a host world): what a world
+/// whose own transport cannot carry headers (NCCL, on device memory) checks its calls with.
+/// Each word travels as two f32 whose bits are its halves, since host worlds copy bytes.
+#[cfg_attr(not(any(feature = "nccl", test)), allow(dead_code))]
+pub(crate) fn gather_headers(
+    world: &dyn Collective,
+    mine: CallHeader,
+) -> Result<Vec<CallHeader>, CollectiveError> {
+    let halves: Vec<f32> = mine
+        .to_words()
+        .iter()
+        .flat_map(|&w| [f32::from_bits(w as u32), f32::from_bits((w >> 32) as u32)])
+        .collect();
+    let shard =
+        candle_core::Tensor::new(halves.as_slice(), &candle_core::Device::Cpu).map_err(|e| {
+            CollectiveError::Unsupported {
+                rank: world.rank(),
+                op: "header exchange",
+                message: e.to_string(),
+            }
+        })?;
+    let mut all = vec![0u8; halves.len() * 4 * world.world_size()];
+    world.all_gather_host(&shard, &mut all)?;
+    let words: Vec<u64> = all
+        .chunks_exact(8)
+        .map(|c| {
+            let half = |h: &[u8]| u64::from(u32::from_ne_bytes([h[0], h[1], h[2], h[3]]));
+            half(&c[..4]) | half(&c[4..]) << 32
+        })
+        .collect();
+    Ok(words.chunks_exact(5).map(CallHeader::from_words).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ThreadWorld;
+
+    #[test]
+    fn headers_gathered_over_a_host_world_catch_a_rank_that_made_another_call() {
+        let outcomes = ThreadWorld::new(3).run(|c| {
+            // Rank 2 broadcasts from root 1 where the others all-reduce; lengths past 2^32
+            // check that both halves of a word travel.
+            let (op, arg) = match c.rank() {
+                2 => (Op::Broadcast, 1),
+                _ => (Op::AllReduce, 0),
+            };
+            let mine = CallHeader::new(op, DType::BF16, arg, (1 << 33) + c.rank(), 7);
+            let headers = gather_headers(&c, mine)?;
+            assert_eq!(headers[2].src_len, (1 << 33) + 2);
+            assert_eq!(headers[1].dtype, dtype_code(DType::BF16));
+            let checks = Headers {
+                rank: c.rank(),
+                size: 3,
+                op,
+                of: |s| headers[s],
+            };
+            checks.agree()
+        });
+        for (rank, outcome) in outcomes.into_iter().enumerate() {
+            let e = outcome.unwrap_err().to_string();
+            assert!(
+                e.contains("called a different collective"),
+                "rank {rank}: {e}"
+            );
+        }
     }
 }

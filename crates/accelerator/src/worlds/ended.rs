@@ -3,7 +3,7 @@
 //! with [`CollectiveError::Ended`], which says what to call instead, rather than waiting on
 //! ranks that left.
 
-use wick_core::{Collective, CollectiveError, ReduceOp};
+use wick_core::{Call, Collective, CollectiveError, Work};
 
 /// The world of a finished stage, seen from one of its ranks.
 #[derive(Debug, Clone, Copy)]
@@ -36,45 +36,8 @@ impl Collective for EndedWorld {
         self.world_size
     }
 
-    fn all_gather_into(
-        &self,
-        _: &candle_core::Tensor,
-        _: &candle_core::Tensor,
-    ) -> Result<(), CollectiveError> {
-        Err(self.ended("all_gather"))
-    }
-
-    fn all_gather_host(
-        &self,
-        _: &candle_core::Tensor,
-        _: &mut [u8],
-    ) -> Result<(), CollectiveError> {
-        Err(self.ended("all_gather"))
-    }
-
-    fn reduce_scatter_into(
-        &self,
-        _: &candle_core::Tensor,
-        _: &candle_core::Tensor,
-        _: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        Err(self.ended("reduce_scatter"))
-    }
-
-    fn all_reduce_in_place(
-        &self,
-        _: &candle_core::Tensor,
-        _: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        Err(self.ended("all_reduce"))
-    }
-
-    fn broadcast_in_place(&self, _: &candle_core::Tensor, _: usize) -> Result<(), CollectiveError> {
-        Err(self.ended("broadcast"))
-    }
-
-    fn barrier(&self) -> Result<(), CollectiveError> {
-        Err(self.ended("barrier"))
+    fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
+        Err(self.ended(call.name()))
     }
 
     /// Splitting needs no peers: each part of an ended world is ended too (a strategy that

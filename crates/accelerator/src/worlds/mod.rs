@@ -18,40 +18,10 @@ macro_rules! stand_in_collective {
                 match self.never {}
             }
 
-            fn all_gather_into(
+            fn start(
                 &self,
-                _: &candle_core::Tensor,
-                _: &candle_core::Tensor,
-            ) -> Result<(), wick_core::CollectiveError> {
-                match self.never {}
-            }
-
-            fn reduce_scatter_into(
-                &self,
-                _: &candle_core::Tensor,
-                _: &candle_core::Tensor,
-                _: wick_core::ReduceOp,
-            ) -> Result<(), wick_core::CollectiveError> {
-                match self.never {}
-            }
-
-            fn all_reduce_in_place(
-                &self,
-                _: &candle_core::Tensor,
-                _: wick_core::ReduceOp,
-            ) -> Result<(), wick_core::CollectiveError> {
-                match self.never {}
-            }
-
-            fn broadcast_in_place(
-                &self,
-                _: &candle_core::Tensor,
-                _: usize,
-            ) -> Result<(), wick_core::CollectiveError> {
-                match self.never {}
-            }
-
-            fn barrier(&self) -> Result<(), wick_core::CollectiveError> {
+                _: wick_core::Call<'_>,
+            ) -> Result<wick_core::Work, wick_core::CollectiveError> {
                 match self.never {}
             }
         }
@@ -63,6 +33,7 @@ pub(crate) use stand_in_collective;
 pub(crate) mod call;
 mod ended;
 pub(crate) mod host;
+mod host_calls;
 #[cfg(feature = "mpi")]
 mod mpi;
 #[cfg(not(feature = "mpi"))]

@@ -15,6 +15,7 @@
 //! NCCL moves equal chunks: an all-gather's or reduce-scatter's full buffer must be
 //! `world_size` times the shard (the strategies' flat layouts pad to that).
 
+use crate::worlds::call::{gather_headers, CallHeader, Headers, Op};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::CudaStream;
 use candle_core::cuda_backend::cudarc::nccl::safe::{Comm, Id, NcclType, ReduceOp as NcclOp};
@@ -22,7 +23,10 @@ use candle_core::cuda_backend::{CudaDType, CudaStorage};
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, InplaceOp2, Layout, Tensor};
 use half::{bf16, f16};
 use std::sync::{Arc, Mutex};
-use wick_core::{lock, Collective, CollectiveError, ReduceOp, Work};
+use wick_core::{
+    all_gather_through_tensor, lock, reduce_scatter_padded, Call, Collective, CollectiveError,
+    ReduceOp, Work,
+};
 
 /// An NCCL communicator, used by one call at a time.
 struct SharedComm(Comm);
@@ -46,20 +50,20 @@ pub struct NcclWorld {
 
 /// What one NCCL call does.
 #[derive(Clone, Copy)]
-enum Call {
+enum NcclCall {
     AllGather,
     ReduceScatter(ReduceOp),
     AllReduce(ReduceOp),
     Broadcast(usize),
 }
 
-impl Call {
+impl NcclCall {
     fn name(self) -> &'static str {
         match self {
-            Call::AllGather => "all_gather",
-            Call::ReduceScatter(_) => "reduce_scatter",
-            Call::AllReduce(_) => "all_reduce",
-            Call::Broadcast(_) => "broadcast",
+            NcclCall::AllGather => "all_gather",
+            NcclCall::ReduceScatter(_) => "reduce_scatter",
+            NcclCall::AllReduce(_) => "all_reduce",
+            NcclCall::Broadcast(_) => "broadcast",
         }
     }
 }
@@ -82,7 +86,7 @@ fn range(layout: &Layout) -> candle_core::Result<std::ops::Range<usize>> {
 /// A call bound to a communicator, run by Candle as an in-place op on the output's storage.
 struct Run<'a> {
     comm: &'a Comm,
-    call: Call,
+    call: NcclCall,
 }
 
 impl Run<'_> {
@@ -97,8 +101,8 @@ impl Run<'_> {
         let dst_full = T::as_cuda_slice_mut(dst)?;
         let mut dst_slice = dst_full.slice_mut(range(dst_l)?);
         let status = match self.call {
-            Call::AllGather => self.comm.all_gather(&src_slice, &mut dst_slice),
-            Call::ReduceScatter(op) => {
+            NcclCall::AllGather => self.comm.all_gather(&src_slice, &mut dst_slice),
+            NcclCall::ReduceScatter(op) => {
                 self.comm
                     .reduce_scatter(&src_slice, &mut dst_slice, &nccl_op(op))
             }
@@ -115,8 +119,8 @@ impl Run<'_> {
         let full = T::as_cuda_slice_mut(buf)?;
         let mut slice = full.slice_mut(range(layout)?);
         let status = match self.call {
-            Call::AllReduce(op) => self.comm.all_reduce_in_place(&mut slice, &nccl_op(op)),
-            Call::Broadcast(root) => self.comm.broadcast_in_place(&mut slice, root as i32),
+            NcclCall::AllReduce(op) => self.comm.all_reduce_in_place(&mut slice, &nccl_op(op)),
+            NcclCall::Broadcast(root) => self.comm.broadcast_in_place(&mut slice, root as i32),
             _ => unreachable!("calls with an input run through two()"),
         };
         status.map(drop).map_err(nccl_error)
@@ -184,7 +188,7 @@ fn compute_waits(
     compute: &CudaStream,
     comm_stream: &CudaStream,
     rank: usize,
-    call: Call,
+    call: NcclCall,
 ) -> Result<(), CollectiveError> {
     compute
         .join(comm_stream)
@@ -270,7 +274,7 @@ impl NcclWorld {
         })
     }
 
-    fn error(&self, call: Call, message: String) -> CollectiveError {
+    fn error(&self, call: NcclCall, message: String) -> CollectiveError {
         CollectiveError::Unsupported {
             rank: self.rank,
             op: call.name(),
@@ -278,7 +282,7 @@ impl NcclWorld {
         }
     }
 
-    fn check_device(&self, call: Call, t: &Tensor) -> Result<(), CollectiveError> {
+    fn check_device(&self, call: NcclCall, t: &Tensor) -> Result<(), CollectiveError> {
         if !t.device().same_device(&self.device) {
             return Err(self.error(
                 call,
@@ -294,7 +298,12 @@ impl NcclWorld {
 
     /// Issues `call` on the communication stream, after the compute stream's work so far.
     /// The caller makes the compute stream wait (at once, or in a `Work`).
-    fn issue(&self, call: Call, dst: &Tensor, src: Option<&Tensor>) -> Result<(), CollectiveError> {
+    fn issue(
+        &self,
+        call: NcclCall,
+        dst: &Tensor,
+        src: Option<&Tensor>,
+    ) -> Result<(), CollectiveError> {
         self.check_device(call, dst)?;
         let comm = lock(&self.comm);
         self.comm_stream
@@ -314,14 +323,9 @@ impl NcclWorld {
         outcome.map_err(|e| self.error(call, e.to_string()))
     }
 
-    /// Makes the compute stream wait for every call issued so far.
-    fn join(&self, call: Call) -> Result<(), CollectiveError> {
-        compute_waits(&self.compute, &self.comm_stream, self.rank, call)
-    }
-
     fn equal_chunks(
         &self,
-        call: Call,
+        call: NcclCall,
         shard: &Tensor,
         full: &Tensor,
     ) -> Result<(), CollectiveError> {
@@ -345,7 +349,7 @@ impl NcclWorld {
     /// in [`Work::wait`], so that it overlaps whatever the rank computes meanwhile. The
     /// call's tensors live until then: freed earlier, their memory could be handed to the
     /// compute stream while NCCL still reads or writes it.
-    fn joined_on_wait<const N: usize>(&self, call: Call, tensors: [&Tensor; N]) -> Work {
+    fn joined_on_wait<const N: usize>(&self, call: NcclCall, tensors: [&Tensor; N]) -> Work {
         let (compute, comm_stream, rank) =
             (self.compute.clone(), self.comm_stream.clone(), self.rank);
         let kept: Vec<Tensor> = tensors.into_iter().cloned().collect();
@@ -356,14 +360,67 @@ impl NcclWorld {
         })
     }
 
+    /// An in-place call (all-reduce, broadcast) on a device tensor, joined in the wait.
+    fn in_place(&self, call: NcclCall, tensor: &Tensor) -> Result<Work, CollectiveError> {
+        self.check_agreement(call, tensor, 0)?;
+        self.issue(call, tensor, None)?;
+        Ok(self.joined_on_wait(call, [tensor]))
+    }
+
+    /// An all-reduce of a host tensor: copied to this rank's GPU, reduced there, and
+    /// copied back into `tensor`'s own storage.
+    fn staged(&self, tensor: &Tensor, op: ReduceOp) -> Result<(), CollectiveError> {
+        let call = NcclCall::AllReduce(op);
+        let fail = |e: candle_core::Error| self.error(call, e.to_string());
+        let on_gpu = tensor.to_device(&self.device).map_err(fail)?;
+        self.in_place(call, &on_gpu)?.wait()?;
+        let back = on_gpu.to_device(&Device::Cpu).map_err(fail)?;
+        tensor
+            .flatten_all()
+            .and_then(|t| t.slice_set(&back.flatten_all()?, 0, 0))
+            .map_err(fail)
+    }
+
+    /// In debug builds, every rank's header of `call` (`input`'s dtype and length, and
+    /// `output` elements) is exchanged over the control world and checked as the host
+    /// worlds check theirs, so that ranks that disagree (another collective, dtype, root
+    /// or length) all return the same `Mismatch` instead of hanging inside NCCL. One small
+    /// host all-gather a call; release builds skip it.
+    fn check_agreement(
+        &self,
+        call: NcclCall,
+        input: &Tensor,
+        output: usize,
+    ) -> Result<(), CollectiveError> {
+        if !cfg!(debug_assertions) {
+            return Ok(());
+        }
+        let (op, arg) = match call {
+            NcclCall::AllGather => (Op::AllGather, 0),
+            NcclCall::ReduceScatter(op) => (Op::ReduceScatter, op as usize),
+            NcclCall::AllReduce(op) => (Op::AllReduce, op as usize),
+            NcclCall::Broadcast(root) => (Op::Broadcast, root),
+        };
+        let mine = CallHeader::new(op, input.dtype(), arg, input.elem_count(), output);
+        let headers = gather_headers(&*self.control, mine)?;
+        let checks = Headers {
+            rank: self.rank,
+            size: self.size,
+            op,
+            of: |s| headers[s],
+        };
+        checks.agree()?;
+        checks.same_length(|h| h.src_len)?;
+        checks.same_length(|h| h.dst_len).map(drop)
+    }
+
     /// Bytes of device memory in use on this rank's GPU (total minus free, as the driver
     /// reports; it counts every process on the GPU).
     pub fn device_memory_used(&self) -> Result<usize, CollectiveError> {
-        let (free, total) = self
-            .compute
-            .context()
-            .mem_get_info()
-            .map_err(|e| self.error(Call::AllGather, format!("cuMemGetInfo failed: {e:?}")))?;
+        let (free, total) =
+            self.compute.context().mem_get_info().map_err(|e| {
+                self.error(NcclCall::AllGather, format!("cuMemGetInfo failed: {e:?}"))
+            })?;
         Ok(total - free)
     }
 }
@@ -377,77 +434,51 @@ impl Collective for NcclWorld {
         self.size
     }
 
-    fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
-        self.equal_chunks(Call::AllGather, shard, full)?;
-        self.issue(Call::AllGather, full, Some(shard))?;
-        self.join(Call::AllGather)
-    }
-
-    fn all_gather_start(&self, shard: &Tensor, full: &Tensor) -> Result<Work, CollectiveError> {
-        self.equal_chunks(Call::AllGather, shard, full)?;
-        self.issue(Call::AllGather, full, Some(shard))?;
-        Ok(self.joined_on_wait(Call::AllGather, [shard, full]))
-    }
-
-    fn reduce_scatter_start(
-        &self,
-        full: &Tensor,
-        shard: &Tensor,
-        op: ReduceOp,
-    ) -> Result<Work, CollectiveError> {
-        let call = Call::ReduceScatter(op);
-        self.equal_chunks(call, shard, full)?;
-        self.issue(call, shard, Some(full))?;
-        Ok(self.joined_on_wait(call, [full, shard]))
-    }
-
-    fn all_reduce_start(&self, tensor: &Tensor, op: ReduceOp) -> Result<Work, CollectiveError> {
-        let call = Call::AllReduce(op);
-        self.issue(call, tensor, None)?;
-        Ok(self.joined_on_wait(call, [tensor]))
-    }
-
-    fn reduce_scatter_into(
-        &self,
-        full: &Tensor,
-        shard: &Tensor,
-        op: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        let call = Call::ReduceScatter(op);
-        self.equal_chunks(call, shard, full)?;
-        self.issue(call, shard, Some(full))?;
-        self.join(call)
-    }
-
-    fn all_reduce_in_place(&self, tensor: &Tensor, op: ReduceOp) -> Result<(), CollectiveError> {
-        let call = Call::AllReduce(op);
-        self.issue(call, tensor, None)?;
-        self.join(call)
-    }
-
-    fn broadcast_in_place(&self, tensor: &Tensor, root: usize) -> Result<(), CollectiveError> {
-        let call = Call::Broadcast(root);
-        if root >= self.size {
-            return Err(CollectiveError::Mismatch {
-                rank: self.rank,
-                op: call.name(),
-                message: format!("root {root} is not a rank of a world of {}", self.size),
-            });
+    /// Every call is issued on the communication stream and joined in [`Work::wait`]; the
+    /// blocking forms are that, waited for at once. A host tensor of an all-reduce (the
+    /// scalars the trainer logs) is staged through this rank's GPU.
+    fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
+        match call {
+            Call::AllGather { shard, full } => {
+                let call = NcclCall::AllGather;
+                self.equal_chunks(call, shard, full)?;
+                self.check_agreement(call, shard, full.elem_count())?;
+                self.issue(call, full, Some(shard))?;
+                Ok(self.joined_on_wait(call, [shard, full]))
+            }
+            Call::AllGatherHost { shard, full } => {
+                all_gather_through_tensor(self, shard, full).map(|()| Work::done())
+            }
+            Call::ReduceScatter { full, shard, op } => {
+                let call = NcclCall::ReduceScatter(op);
+                self.equal_chunks(call, shard, full)?;
+                self.check_agreement(call, full, shard.elem_count())?;
+                self.issue(call, shard, Some(full))?;
+                Ok(self.joined_on_wait(call, [full, shard]))
+            }
+            Call::ReduceScatterParts {
+                full,
+                shard,
+                parts,
+                op,
+            } => reduce_scatter_padded(self, full, shard, parts, op),
+            Call::AllReduce { tensor, op } if tensor.device().is_cpu() => {
+                self.staged(tensor, op).map(|()| Work::done())
+            }
+            Call::AllReduce { tensor, op } => self.in_place(NcclCall::AllReduce(op), tensor),
+            Call::Broadcast { tensor, root } => {
+                let call = NcclCall::Broadcast(root);
+                if root >= self.size {
+                    return Err(CollectiveError::Mismatch {
+                        rank: self.rank,
+                        op: call.name(),
+                        message: format!("root {root} is not a rank of a world of {}", self.size),
+                    });
+                }
+                self.in_place(call, tensor)
+            }
+            Call::Barrier => self.control.barrier().map(|()| Work::done()),
         }
-        self.issue(call, tensor, None)?;
-        self.join(call)
-    }
-
-    fn barrier(&self) -> Result<(), CollectiveError> {
-        self.control.barrier()
-    }
-
-    fn all_reduce_scalar(&self, value: f32, op: ReduceOp) -> Result<f32, CollectiveError> {
-        let call = Call::AllReduce(op);
-        let fail = |e: candle_core::Error| self.error(call, e.to_string());
-        let t = Tensor::new(&[value], &self.device).map_err(fail)?;
-        self.all_reduce_in_place(&t, op)?;
-        t.to_vec1::<f32>().map(|v| v[0]).map_err(fail)
     }
 
     fn split(&self, color: usize) -> Result<Arc<dyn Collective>, CollectiveError> {

@@ -7,12 +7,12 @@
 
 use super::shared::{Published, Shared};
 use crate::worlds::call::{CallHeader, Headers, Op};
-use crate::worlds::host::{with_bytes, with_bytes_mut, with_bytes_mut_from, HostAccessError};
+use crate::worlds::host_calls::{run_on_host, HostEngine};
 use crate::worlds::reduce::reduce_ranks;
 use candle_core::{DType, Tensor};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use wick_core::{lock, Collective, CollectiveError, ReduceOp, Work};
+use wick_core::{lock, Call, Collective, CollectiveError, ReduceOp, Work};
 
 /// One rank's handle on a [`ThreadWorld`](super::ThreadWorld); implements [`Collective`] for f32, bf16 and f16
 /// CPU tensors.
@@ -29,14 +29,6 @@ impl ThreadComm {
             rank,
             shared,
             splits: AtomicU64::new(0),
-        }
-    }
-
-    fn unsupported(&self, op: Op) -> impl Fn(HostAccessError) -> CollectiveError + '_ {
-        move |e| CollectiveError::Unsupported {
-            rank: self.rank,
-            op: op.name(),
-            message: e.0,
         }
     }
 
@@ -102,6 +94,17 @@ impl ThreadComm {
     ) -> Result<(), CollectiveError> {
         self.headers(op).shards_add_up(lens, total)
     }
+}
+
+/// The byte-level calls, which `run_on_host` lends a call's tensors to.
+impl HostEngine for ThreadComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.shared.size
+    }
 
     /// All-gather on host bytes of `dtype`: every rank's `src`, in rank order, into `dst`.
     fn gather_bytes(
@@ -142,6 +145,149 @@ impl ThreadComm {
             Ok(())
         })
     }
+
+    fn reduce_scatter_bytes(
+        &self,
+        dtype: DType,
+        src: &[u8],
+        dst: &mut [u8],
+        reduce: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let op = Op::ReduceScatter;
+        let elem = dtype.size_in_bytes();
+        let mine = Published::new(
+            op,
+            reduce as usize,
+            dtype,
+            src.as_ptr(),
+            src.len(),
+            dst.as_mut_ptr(),
+            dst.len(),
+        );
+        self.exchange(mine, op, || {
+            let total = self.same_lengths(op, |p| p.src_len)?;
+            self.offsets_check(op, |p| p.dst_len, total)?;
+            let offset: usize = (0..self.rank).map(|s| self.peer(s).dst_len).sum();
+            // SAFETY: every full buffer holds `total` elements and is read-only during
+            // the call; our shard is written by this rank alone.
+            unsafe {
+                reduce_ranks(
+                    dtype,
+                    mine.dst,
+                    mine.dst_len,
+                    self.shared.size,
+                    |s| self.peer(s).src.add(offset * elem),
+                    reduce,
+                );
+            }
+            Ok(())
+        })
+    }
+
+    fn all_reduce_bytes(
+        &self,
+        dtype: DType,
+        buf: &mut [u8],
+        reduce: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let op = Op::AllReduce;
+        let elem = dtype.size_in_bytes();
+        let len = buf.len() / elem;
+        let mine = Published::new(
+            op,
+            reduce as usize,
+            dtype,
+            buf.as_ptr(),
+            buf.len(),
+            buf.as_mut_ptr(),
+            buf.len(),
+        );
+        let n = self.shared.size;
+        let chunk = |r: usize| (r * len / n, (r + 1) * len / n);
+        self.exchange(mine, op, || {
+            self.same_lengths(op, |p| p.src_len)?;
+            // Phase 1: this rank reduces its chunk from every buffer into its own.
+            let (a, b) = chunk(self.rank);
+            // SAFETY: chunk `rank` of any buffer is read only by this rank in phase 1
+            // and written only in this rank's own buffer.
+            unsafe {
+                reduce_ranks(
+                    dtype,
+                    mine.dst.add(a * elem),
+                    b - a,
+                    n,
+                    |s| self.peer(s).src.add(a * elem),
+                    reduce,
+                );
+            }
+            Ok(())
+        })?;
+        // Phase 2: copy every other rank's reduced chunk into this buffer.
+        self.exchange(mine, op, || {
+            for s in (0..n).filter(|&s| s != self.rank) {
+                let (a, b) = chunk(s);
+                // SAFETY: chunk s of rank s's buffer is final and read-only now; chunk s
+                // of our buffer is written only by us and read by nobody in phase 2.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.peer(s).src.add(a * elem),
+                        mine.dst.add(a * elem),
+                        (b - a) * elem,
+                    );
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn broadcast_bytes(
+        &self,
+        dtype: DType,
+        buf: &mut [u8],
+        root: usize,
+    ) -> Result<(), CollectiveError> {
+        let op = Op::Broadcast;
+        let mine = Published::new(
+            op,
+            root,
+            dtype,
+            buf.as_ptr(),
+            buf.len(),
+            buf.as_mut_ptr(),
+            buf.len(),
+        );
+        self.exchange(mine, op, || {
+            let from = self.peer(root);
+            if from.src_len != mine.dst_len {
+                return Err(self.mismatch(
+                    op,
+                    format!(
+                        "root has {} elements, this rank {}",
+                        from.src_len, mine.dst_len
+                    ),
+                ));
+            }
+            if self.rank != root {
+                // SAFETY: the root's buffer is read-only until the closing barrier.
+                unsafe { std::ptr::copy_nonoverlapping(from.src, mine.dst, buf.len()) };
+            }
+            Ok(())
+        })
+    }
+
+    fn barrier(&self) -> Result<(), CollectiveError> {
+        // Published like any call, so a barrier facing another collective is a mismatch.
+        let mine = Published::new(
+            Op::Barrier,
+            0,
+            DType::F32,
+            std::ptr::null(),
+            0,
+            std::ptr::null_mut(),
+            0,
+        );
+        self.exchange(mine, Op::Barrier, || Ok(()))
+    }
 }
 
 impl Collective for ThreadComm {
@@ -153,171 +299,12 @@ impl Collective for ThreadComm {
         self.shared.size
     }
 
-    fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
-        with_bytes_mut_from(full, shard, |dst, src| {
-            self.gather_bytes(shard.dtype(), src, dst)
-        })
-        .map_err(self.unsupported(Op::AllGather))?
-    }
-
-    fn all_gather_host(&self, shard: &Tensor, full: &mut [u8]) -> Result<(), CollectiveError> {
-        with_bytes(shard, |src| self.gather_bytes(shard.dtype(), src, full))
-            .map_err(self.unsupported(Op::AllGather))?
-    }
-
-    fn reduce_scatter_into(
-        &self,
-        full: &Tensor,
-        shard: &Tensor,
-        reduce: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        let op = Op::ReduceScatter;
-        let dtype = full.dtype();
-        let elem = dtype.size_in_bytes();
-        with_bytes_mut_from(shard, full, |dst, src| {
-            let mine = Published::new(
-                op,
-                reduce as usize,
-                dtype,
-                src.as_ptr(),
-                src.len(),
-                dst.as_mut_ptr(),
-                dst.len(),
-            );
-            self.exchange(mine, op, || {
-                let total = self.same_lengths(op, |p| p.src_len)?;
-                self.offsets_check(op, |p| p.dst_len, total)?;
-                let offset: usize = (0..self.rank).map(|s| self.peer(s).dst_len).sum();
-                // SAFETY: every full buffer holds `total` elements and is read-only during
-                // the call; our shard is written by this rank alone.
-                unsafe {
-                    reduce_ranks(
-                        dtype,
-                        mine.dst,
-                        mine.dst_len,
-                        self.shared.size,
-                        |s| self.peer(s).src.add(offset * elem),
-                        reduce,
-                    );
-                }
-                Ok(())
-            })
-        })
-        .map_err(self.unsupported(op))?
-    }
-
-    fn all_reduce_in_place(
-        &self,
-        tensor: &Tensor,
-        reduce: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        let op = Op::AllReduce;
-        let dtype = tensor.dtype();
-        let elem = dtype.size_in_bytes();
-        with_bytes_mut(tensor, |buf| {
-            let len = buf.len() / elem;
-            let mine = Published::new(
-                op,
-                reduce as usize,
-                dtype,
-                buf.as_ptr(),
-                buf.len(),
-                buf.as_mut_ptr(),
-                buf.len(),
-            );
-            let n = self.shared.size;
-            let chunk = |r: usize| (r * len / n, (r + 1) * len / n);
-            self.exchange(mine, op, || {
-                self.same_lengths(op, |p| p.src_len)?;
-                // Phase 1: this rank reduces its chunk from every buffer into its own.
-                let (a, b) = chunk(self.rank);
-                // SAFETY: chunk `rank` of any buffer is read only by this rank in phase 1
-                // and written only in this rank's own buffer.
-                unsafe {
-                    reduce_ranks(
-                        dtype,
-                        mine.dst.add(a * elem),
-                        b - a,
-                        n,
-                        |s| self.peer(s).src.add(a * elem),
-                        reduce,
-                    );
-                }
-                Ok(())
-            })?;
-            // Phase 2: copy every other rank's reduced chunk into this buffer.
-            self.exchange(mine, op, || {
-                for s in (0..n).filter(|&s| s != self.rank) {
-                    let (a, b) = chunk(s);
-                    // SAFETY: chunk s of rank s's buffer is final and read-only now; chunk s
-                    // of our buffer is written only by us and read by nobody in phase 2.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            self.peer(s).src.add(a * elem),
-                            mine.dst.add(a * elem),
-                            (b - a) * elem,
-                        );
-                    }
-                }
-                Ok(())
-            })
-        })
-        .map_err(self.unsupported(op))?
-    }
-
-    /// Uneven parts as they are, no padding: every rank's shard length travels in the
-    /// call's header, and the header check holds them against the full buffer.
-    fn reduce_scatter_parts_start(
-        &self,
-        full: &Tensor,
-        shard: &Tensor,
-        _parts: &[usize],
-        op: ReduceOp,
-    ) -> Result<Work, CollectiveError> {
-        self.reduce_scatter_start(full, shard, op)
-    }
-
-    fn broadcast_in_place(&self, tensor: &Tensor, root: usize) -> Result<(), CollectiveError> {
-        let op = Op::Broadcast;
-        if root >= self.shared.size {
-            return Err(self.mismatch(
-                op,
-                format!(
-                    "root {root} is not a rank of a world of {}",
-                    self.shared.size
-                ),
-            ));
-        }
-        let dtype = tensor.dtype();
-        with_bytes_mut(tensor, |buf| {
-            let mine = Published::new(
-                op,
-                root,
-                dtype,
-                buf.as_ptr(),
-                buf.len(),
-                buf.as_mut_ptr(),
-                buf.len(),
-            );
-            self.exchange(mine, op, || {
-                let from = self.peer(root);
-                if from.src_len != mine.dst_len {
-                    return Err(self.mismatch(
-                        op,
-                        format!(
-                            "root has {} elements, this rank {}",
-                            from.src_len, mine.dst_len
-                        ),
-                    ));
-                }
-                if self.rank != root {
-                    // SAFETY: the root's buffer is read-only until the closing barrier.
-                    unsafe { std::ptr::copy_nonoverlapping(from.src, mine.dst, buf.len()) };
-                }
-                Ok(())
-            })
-        })
-        .map_err(self.unsupported(op))?
+    /// Every call completes here: ranks as threads move bytes by copying from each other's
+    /// buffers, with no progress engine to leave a call to. Uneven parts go as they are:
+    /// every rank's shard length travels in the call's header, and the header check holds
+    /// them against the full buffer.
+    fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
+        run_on_host(self, call).map(|()| Work::done())
     }
 
     fn split(&self, color: usize) -> Result<Arc<dyn Collective>, CollectiveError> {
@@ -347,19 +334,5 @@ impl Collective for ThreadComm {
             world.clone()
         };
         Ok(Arc::new(ThreadComm::new(sub_rank, world)))
-    }
-
-    fn barrier(&self) -> Result<(), CollectiveError> {
-        // Published like any call, so a barrier facing another collective is a mismatch.
-        let mine = Published::new(
-            Op::Barrier,
-            0,
-            DType::F32,
-            std::ptr::null(),
-            0,
-            std::ptr::null_mut(),
-            0,
-        );
-        self.exchange(mine, Op::Barrier, || Ok(()))
     }
 }
