@@ -36,40 +36,51 @@ pub enum UnitPlan {
     /// Parameters gathered once per step and kept until that step's backward (zero3, fsdp
     /// `shard_grad_op`): the block is rebuilt over them each step.
     GatheredPerStep {
-        /// The dtype the unit computes in, when it is not its inputs' (mixed precision).
-        compute_dtype: Option<DType>,
         /// As for [`UnitPlan::Replicated`].
         recompute: bool,
     },
     /// Gathered for each use and freed right after it (fsdp `full_shard`, PyTorch's
     /// `reshard_after_forward`): [`Wrapped::apply`] runs the block inside the strategy as
     /// one autograd unit, gathered again in backward.
-    GatheredPerUse {
-        /// The dtype the unit computes in, when it is not its inputs' (mixed precision).
-        compute_dtype: Option<DType>,
-    },
+    GatheredPerUse,
 }
 
 impl UnitPlan {
-    /// The dtype the unit computes in, when it is not that of its inputs: [`Wrapped::apply`]
-    /// casts float inputs to it and the output back to f32.
-    pub fn compute_dtype(self) -> Option<DType> {
-        match self {
-            UnitPlan::Replicated { .. } => None,
-            UnitPlan::GatheredPerStep { compute_dtype, .. }
-            | UnitPlan::GatheredPerUse { compute_dtype } => compute_dtype,
-        }
-    }
-
     /// Whether [`Wrapped::apply`] hands the unit to [`ParamSource::recompute_unit`].
     pub fn recomputes(self) -> bool {
         match self {
-            UnitPlan::Replicated { recompute } | UnitPlan::GatheredPerStep { recompute, .. } => {
+            UnitPlan::Replicated { recompute } | UnitPlan::GatheredPerStep { recompute } => {
                 recompute
             }
             // A per-use unit recomputes or not inside `run_unit`.
-            UnitPlan::GatheredPerUse { .. } => false,
+            UnitPlan::GatheredPerUse => false,
         }
+    }
+}
+
+/// The two forms of a unit's run that [`ParamSource::apply_unit`] picks from, both the
+/// block applied to an input.
+pub struct UnitRuns {
+    /// The block built over a `VarBuilder` the strategy hands in, for a unit the strategy
+    /// runs itself ([`ParamSource::run_unit`]).
+    pub over: UnitFn,
+    /// The block over this step's parameters ([`Wrapped::get`]).
+    pub whole: RecomputeFn,
+}
+
+/// Runs unit `unit` of `source` on `input` as its [`UnitPlan`] says: inside the strategy
+/// when gathered per use, recomputed in backward when it recomputes, else directly. The
+/// default of [`ParamSource::apply_unit`], and what a strategy's own `apply_unit` wraps.
+pub fn run_by_plan<S: ParamSource + ?Sized>(
+    source: &S,
+    unit: usize,
+    input: &Tensor,
+    runs: UnitRuns,
+) -> candle_core::Result<Tensor> {
+    match source.unit_plan(unit) {
+        UnitPlan::GatheredPerUse => source.run_unit(unit, input, runs.over),
+        plan if plan.recomputes() => source.recompute_unit(unit, input, runs.whole),
+        _ => (runs.whole)(input),
     }
 }
 
@@ -112,6 +123,18 @@ pub trait ParamSource: Send + Sync {
     fn unit_plan(&self, unit: usize) -> UnitPlan {
         let _ = unit;
         UnitPlan::Replicated { recompute: false }
+    }
+
+    /// Applies unit `unit` to `input` ([`Wrapped::apply`]). The default runs it by its
+    /// plan ([`run_by_plan`]); a strategy with a policy around every unit (mixed precision's
+    /// casts) wraps that.
+    fn apply_unit(
+        &self,
+        unit: usize,
+        input: &Tensor,
+        runs: UnitRuns,
+    ) -> candle_core::Result<Tensor> {
+        run_by_plan(self, unit, input, runs)
     }
 
     /// Runs `run` (build the block over a `VarBuilder`, apply it to the input) as one unit of
@@ -385,32 +408,16 @@ impl<T: Clone> Wrapped<T> {
         T: Send + Sync + 'static,
         F: Fn(&T, &Tensor) -> candle_core::Result<Tensor> + Send + Sync + 'static,
     {
-        // Mixed precision: the unit computes in its parameters' dtype; what leaves it is f32
-        // again, the dtype of the master parameters and of the rest of the model.
-        let plan = self.source.unit_plan(self.unit);
-        let compute = plan.compute_dtype();
-        let x = match compute {
-            Some(dtype) if input.dtype().is_float() && input.dtype() != dtype => {
-                input.to_dtype(dtype)?
-            }
-            _ => input.clone(),
+        let (build, name) = (self.build.clone(), self.name.clone());
+        let f = Arc::new(f);
+        let over: UnitFn = {
+            let f = f.clone();
+            Arc::new(move |vb, x| f(&build(vb.pp(&name))?, x))
         };
-        let out = if let UnitPlan::GatheredPerUse { .. } = plan {
-            let build = self.build.clone();
-            let name = self.name.clone();
-            let run: UnitFn = Arc::new(move |vb, x| f(&build(vb.pp(&name))?, x));
-            self.source.run_unit(self.unit, &x, run)?
-        } else if plan.recomputes() {
-            let unit = self.clone();
-            let run: RecomputeFn = Arc::new(move |x| f(&unit.get()?, x));
-            self.source.recompute_unit(self.unit, &x, run)?
-        } else {
-            f(&self.get()?, &x)?
-        };
-        match compute {
-            Some(dtype) if out.dtype() == dtype => out.to_dtype(DType::F32),
-            _ => Ok(out),
-        }
+        let unit = self.clone();
+        let whole: RecomputeFn = Arc::new(move |x| f(&unit.get()?, x));
+        self.source
+            .apply_unit(self.unit, input, UnitRuns { over, whole })
     }
 
     /// The unit's name.

@@ -23,7 +23,8 @@ use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::VarBuilder;
 use std::sync::{Arc, Mutex, MutexGuard};
 use wick_core::{
-    lock, ActivationCheckpointing, Collective, ParamInit, RecomputeFn, UnitFn, UnitPlan,
+    lock, run_by_plan, ActivationCheckpointing, Collective, ParamInit, RecomputeFn, UnitFn,
+    UnitPlan, UnitRuns,
 };
 
 /// A parameter request of a unit, kept from wrap time.
@@ -345,14 +346,34 @@ impl wick_core::ParamSource for ShardedParams {
     }
 
     fn unit_plan(&self, unit: usize) -> UnitPlan {
-        let compute_dtype = self.precision.map(|p| p.param_dtype);
         if self.reshard_after_forward {
-            UnitPlan::GatheredPerUse { compute_dtype }
+            UnitPlan::GatheredPerUse
         } else {
             UnitPlan::GatheredPerStep {
-                compute_dtype,
                 recompute: self.activation_checkpointing.recomputes(unit),
             }
+        }
+    }
+
+    /// Mixed precision: the unit computes in its parameters' dtype; what leaves it is f32
+    /// again, the dtype of the master parameters and of the rest of the model.
+    fn apply_unit(
+        &self,
+        unit: usize,
+        input: &Tensor,
+        runs: UnitRuns,
+    ) -> candle_core::Result<Tensor> {
+        let Some(compute) = self.precision.map(|p| p.param_dtype) else {
+            return run_by_plan(self, unit, input, runs);
+        };
+        let x = match input.dtype().is_float() && input.dtype() != compute {
+            true => input.to_dtype(compute)?,
+            false => input.clone(),
+        };
+        let out = run_by_plan(self, unit, &x, runs)?;
+        match out.dtype() == compute {
+            true => out.to_dtype(DType::F32),
+            false => Ok(out),
         }
     }
 
