@@ -320,7 +320,7 @@ fn mixed_precision_trains_close_to_single_f32() {
     single.fit(&mut m, &loader(), None).unwrap();
     let reference = full_parameters(&mut single, &mut m);
     for (name, tolerance) in [("bf16-mixed", 1e-2), ("16-mixed", 2e-3)] {
-        let precision = name.parse::<Precision>().unwrap().mixed();
+        let precision = name.parse::<Precision>().unwrap();
         for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
             let fsdp = Fsdp::new(sharding).with_precision(precision).unwrap();
             let mut trainer = crate::common::quiet_trainer_with(2, fsdp.build(), STEPS);
@@ -340,7 +340,7 @@ fn mixed_precision_trains_close_to_single_f32() {
             assert_eq!(scale, want, "{name} {sharding:?}");
         }
     }
-    let bf16 = Precision::Bf16Mixed.mixed();
+    let bf16 = Precision::Bf16Mixed;
     assert!(Fsdp::new(FsdpSharding::NoShard)
         .with_precision(bf16)
         .is_err());
@@ -352,7 +352,7 @@ fn mixed_precision_units_take_integer_inputs_and_return_f32() {
     let embed = |precision: &str| {
         let outcomes = ThreadWorld::new(1).run(|comm| {
             let mut s = Fsdp::new(FsdpSharding::FullShard)
-                .with_precision(precision.parse::<Precision>()?.mixed())?
+                .with_precision(precision.parse::<Precision>()?)?
                 .build();
             s.connect(Arc::new(comm), Device::Cpu)?;
             let ctx = s.sharded_context(9)?;

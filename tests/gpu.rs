@@ -94,7 +94,7 @@ fn bf16_mixed_on_the_gpu_matches_the_cpu() {
     for world in [1, 2] {
         for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
             let fsdp = || {
-                let bf16 = Precision::Bf16Mixed.mixed();
+                let bf16 = Precision::Bf16Mixed;
                 Fsdp::new(sharding).with_precision(bf16).unwrap().build()
             };
             let reference = train_on(Accelerator::cpu(world).unwrap(), fsdp());

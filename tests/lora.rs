@@ -186,7 +186,7 @@ fn lora_trains_only_its_adapters_and_every_strategy_matches_one_device() {
     }
     // bf16-mixed: frozen weights gathered in bf16 beside the adapters, still never moved.
     let bf16 = Fsdp::new(FsdpSharding::FullShard)
-        .with_precision(Precision::Bf16Mixed.mixed())
+        .with_precision(Precision::Bf16Mixed)
         .unwrap()
         .build();
     let (got, _) = train(2, bf16, 0.0, 3);

@@ -10,7 +10,7 @@ use wick::trainer::{Attached, Checkpoint, ModelCheckpoint, Trainer};
 const HUGE: f64 = 1e12;
 
 fn sixteen_mixed(sharding: FsdpSharding) -> Box<dyn wick::core::Strategy> {
-    let half = Precision::F16Mixed.mixed();
+    let half = Precision::F16Mixed;
     Fsdp::new(sharding).with_precision(half).unwrap().build()
 }
 

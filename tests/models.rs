@@ -264,7 +264,7 @@ fn ten_adamw_steps_match_transformers_under_every_strategy() {
 fn bf16_mixed_trains_close_to_transformers_f32() {
     for family in FAMILIES {
         let r = reference(family);
-        let bf16 = Precision::Bf16Mixed.mixed();
+        let bf16 = Precision::Bf16Mixed;
         let fsdp = Fsdp::new(FsdpSharding::FullShard)
             .with_precision(bf16)
             .unwrap();

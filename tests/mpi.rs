@@ -293,7 +293,7 @@ fn fsdp(sharding: &str, group: usize, precision: &str, prefetch: bool) -> MakeSt
                 .unwrap()
                 .with_group_size(group),
         )
-        .with_precision(precision.parse::<Precision>().unwrap().mixed())
+        .with_precision(precision.parse::<Precision>().unwrap())
         .unwrap()
         .with_prefetch(prefetch)
         .build()

@@ -8,7 +8,7 @@
 //! inside groups of G ranks, replicated across the groups.
 
 use crate::sharded_options::ShardedOptions;
-use crate::{Ddp, MixedPrecision, Zero3};
+use crate::{Ddp, Precision, Zero3};
 use wick_core::{ActivationCheckpointing, Error, Result, Strategy};
 
 /// How FSDP shards.
@@ -56,10 +56,10 @@ impl Fsdp {
         }
     }
 
-    /// Mixed `precision` (`None`: f32). `no_shard` is DDP and has no gathered compute
-    /// copies, so it takes no mixed precision.
-    pub fn with_precision(mut self, precision: Option<MixedPrecision>) -> Result<Self> {
-        if precision.is_some() && self.sharding == FsdpSharding::NoShard {
+    /// Units computed and gradients reduced in `precision` (f32 by default). `no_shard`
+    /// is DDP and has no gathered compute copies, so it takes no mixed precision.
+    pub fn with_precision(mut self, precision: Precision) -> Result<Self> {
+        if precision.is_mixed() && self.sharding == FsdpSharding::NoShard {
             return Err(Error::config(
                 "precision",
                 "mixed precision needs a sharded fsdp sharding, not no_shard",

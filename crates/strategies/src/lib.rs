@@ -48,11 +48,11 @@ mod zero3;
 
 pub use ddp::{BucketedAllReduce, Ddp};
 pub use fsdp::{Fsdp, FsdpSharding};
-pub use precision::MixedPrecision;
+pub use precision::Precision;
 pub use registry::strategy_by_name;
 pub use replicated_strategy::Replicated;
 pub use single::{NoReduce, SingleDevice};
-pub use spec::{Precision, ShardingKind, StrategyKind, StrategySpec};
+pub use spec::{ShardingKind, StrategyKind, StrategySpec};
 pub use zero::{Zero, ZeroReduce};
 pub use zero3::Zero3;
 

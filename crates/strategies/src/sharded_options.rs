@@ -1,7 +1,7 @@
 //! The options of zero3 and FSDP's sharded modes, apart from the strategy so that the
 //! parameter store and the unit op read them without depending on the strategy.
 
-use crate::precision::MixedPrecision;
+use crate::precision::Precision;
 use wick_core::{ActivationCheckpointing, OnNonFinite};
 
 /// The options of a sharded strategy: everything that is not built from the model. A new
@@ -17,7 +17,7 @@ pub(crate) struct ShardedOptions {
     /// Hybrid sharding: ranks per sharding group.
     pub(crate) group_size: Option<usize>,
     /// Mixed precision of the gathered units and the gradient reduction.
-    pub(crate) precision: Option<MixedPrecision>,
+    pub(crate) precision: Precision,
     /// Auto-wrap prefixes (see `Zero3::with_auto_wrap`).
     pub(crate) auto_wrap: Option<Vec<String>>,
     /// Prefetch the next unit's gather (full sharding only).
@@ -38,7 +38,7 @@ impl ShardedOptions {
             name,
             reshard_after_forward: true,
             group_size: None,
-            precision: None,
+            precision: Precision::Full,
             auto_wrap: None,
             prefetch: false,
             max_live_parameters: None,

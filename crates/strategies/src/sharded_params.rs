@@ -12,7 +12,7 @@ use crate::init::param_values;
 use crate::kept_grads::KeptGrads;
 use crate::param_request::{check_dtype, check_same_freezing, check_same_shape};
 use crate::param_use::ParamUse;
-use crate::precision::{dtypes, MixedPrecision};
+use crate::precision::Precision;
 use crate::prefetch::{gather, Prefetcher, UnitParts};
 use crate::recompute_op::RecomputedGrads;
 use crate::sharded_options::ShardedOptions;
@@ -102,7 +102,7 @@ pub(crate) struct ShardedParams {
     prefetcher: Mutex<Option<Arc<Prefetcher>>>,
     /// Which units recompute their forward in backward rather than keep activations.
     activation_checkpointing: ActivationCheckpointing,
-    precision: Option<MixedPrecision>,
+    precision: Precision,
     world: Mutex<Arc<dyn Collective>>,
     device: Device,
     state: Mutex<State>,
@@ -173,7 +173,7 @@ impl ShardedParams {
         if units.is_empty() {
             return Ok(());
         }
-        let (param_dtype, _) = dtypes(self.precision);
+        let param_dtype = self.precision.param_dtype();
         let prefetcher = Arc::new(Prefetcher::new(
             self.world(),
             units,
@@ -363,9 +363,10 @@ impl wick_core::ParamSource for ShardedParams {
         input: &Tensor,
         runs: UnitRuns,
     ) -> candle_core::Result<Tensor> {
-        let Some(compute) = self.precision.map(|p| p.param_dtype) else {
+        if !self.precision.is_mixed() {
             return run_by_plan(self, unit, input, runs);
-        };
+        }
+        let compute = self.precision.param_dtype();
         let x = match input.dtype().is_float() && input.dtype() != compute {
             true => input.to_dtype(compute)?,
             false => input.clone(),
@@ -384,7 +385,8 @@ impl wick_core::ParamSource for ShardedParams {
             let (layout, shard) = u.sharded()?;
             (u.name.clone(), layout, shard, u.frozen.clone())
         };
-        let (param_dtype, reduce_dtype) = dtypes(self.precision);
+        let (param_dtype, reduce_dtype) =
+            (self.precision.param_dtype(), self.precision.reduce_dtype());
         // Only the first step's look for unused parameters needs the unit's names.
         let names = self
             .param_use
@@ -437,7 +439,8 @@ impl wick_core::ParamSource for ShardedParams {
             .get_mut(unit)
             .ok_or_else(|| unknown_unit(unit))?;
         let (layout, shard) = u.sharded()?;
-        let (param_dtype, reduce_dtype) = dtypes(self.precision);
+        let (param_dtype, reduce_dtype) =
+            (self.precision.param_dtype(), self.precision.reduce_dtype());
         let flat = match &u.gathered {
             Some(t) => t.clone(),
             // No trainable parameter: nothing to gather, nothing for backward to reduce.

@@ -3,8 +3,7 @@
 //! registry and the trainer all read this one type, so a name is parsed once, where a user
 //! typed it, and a bad combination gets the same refusal from every door.
 
-use crate::{Ddp, Fsdp, FsdpSharding, MixedPrecision, SingleDevice, Zero, Zero3};
-use candle_core::DType;
+use crate::{Ddp, Fsdp, FsdpSharding, Precision, SingleDevice, Zero, Zero3};
 use std::fmt;
 use std::str::FromStr;
 use wick_core::{Error, Result, Strategy};
@@ -106,61 +105,6 @@ impl ShardingKind {
             ShardingKind::ShardGradOp => FsdpSharding::ShardGradOp,
             ShardingKind::NoShard => FsdpSharding::NoShard,
             ShardingKind::HybridShard => FsdpSharding::HybridShard { group_size },
-        }
-    }
-}
-
-/// Lightning's precision names: what the sharded FSDP modes compute and reduce in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub enum Precision {
-    /// f32 throughout.
-    #[default]
-    #[cfg_attr(feature = "clap", value(name = "32"))]
-    #[cfg_attr(feature = "serde", serde(rename = "32"))]
-    Full,
-    /// bf16 compute copies and reductions over f32 master shards.
-    #[cfg_attr(feature = "clap", value(name = "bf16-mixed"))]
-    #[cfg_attr(feature = "serde", serde(rename = "bf16-mixed"))]
-    Bf16Mixed,
-    /// f16 compute copies and reductions, with dynamic loss scaling.
-    #[cfg_attr(feature = "clap", value(name = "16-mixed"))]
-    #[cfg_attr(feature = "serde", serde(rename = "16-mixed"))]
-    F16Mixed,
-}
-
-impl Precision {
-    /// Every precision.
-    pub const ALL: [Precision; 3] = [Precision::Full, Precision::Bf16Mixed, Precision::F16Mixed];
-
-    /// The name users type: `32`, `bf16-mixed`, `16-mixed`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::Full => "32",
-            Precision::Bf16Mixed => "bf16-mixed",
-            Precision::F16Mixed => "16-mixed",
-        }
-    }
-
-    /// The mixed precision it stands for; `None` for f32.
-    pub fn mixed(self) -> Option<MixedPrecision> {
-        let half = |dtype| MixedPrecision {
-            param_dtype: dtype,
-            reduce_dtype: dtype,
-        };
-        match self {
-            Precision::Full => None,
-            Precision::Bf16Mixed => Some(half(DType::BF16)),
-            Precision::F16Mixed => Some(half(DType::F16)),
-        }
-    }
-
-    /// Bytes of one gathered element.
-    pub fn compute_bytes(self) -> usize {
-        match self {
-            Precision::Full => 4,
-            Precision::Bf16Mixed | Precision::F16Mixed => 2,
         }
     }
 }
@@ -306,7 +250,7 @@ impl StrategySpec {
             StrategyKind::Zero3 => Box::new(Zero3::new().with_prefetch(self.prefetch)),
             StrategyKind::Fsdp => {
                 let mut fsdp = Fsdp::new(self.sharding.with_group_size(self.group_size))
-                    .with_precision(self.precision.mixed())?
+                    .with_precision(self.precision)?
                     .with_prefetch(self.prefetch);
                 if let Some(prefixes) = &self.auto_wrap {
                     fsdp = fsdp.with_auto_wrap(prefixes.clone());

@@ -16,6 +16,7 @@ use crate::grad_scaler::GradScaler;
 use crate::grads::GradAccumulator;
 use crate::nonfinite::{agree_finite, first_nonfinite_in};
 use crate::optim::Optimizer;
+use crate::precision::Precision;
 use crate::replicated::tensor_bytes;
 use crate::saved_state::{flat_group, kinds_to_restore, read_shard, shard_prefix};
 use crate::sharded_options::ShardedOptions;
@@ -245,7 +246,7 @@ impl Strategy for Zero3 {
         }
         self.optimizer = Some(Optimizer::new(config));
         self.grads = GradAccumulator::default();
-        let f16 = matches!(self.options.precision, Some(p) if p.param_dtype == DType::F16);
+        let f16 = self.options.precision == Precision::F16Mixed;
         self.scaler = f16.then(GradScaler::default);
         Ok(())
     }

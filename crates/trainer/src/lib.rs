@@ -64,4 +64,4 @@ pub use wick_core::{
     self, Algorithm, Callback, LrSchedule, OptimizerConfig, RunState, ShardedContext, Stage,
     TrainModule, Wrapped,
 };
-pub use wick_strategies::{self, Fsdp, FsdpSharding, MixedPrecision};
+pub use wick_strategies::{self, Fsdp, FsdpSharding, Precision};
