@@ -75,7 +75,6 @@ impl Run {
         let mut builder = Trainer::builder()
             .device_kind(kind)
             .accumulate_grad_batches(args.accumulate)
-            .activation_checkpointing(args.activation_checkpointing)
             .on_nonfinite(args.on_nonfinite)
             .max_steps(args.max_steps)
             .seed(args.seed)

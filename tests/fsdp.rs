@@ -4,7 +4,7 @@ use candle_nn::Linear;
 use std::sync::Arc;
 use wick::accelerator::ThreadWorld;
 use wick::core::{GradSync, OptimizerConfig, ShardedContext, TrainModule, Wrapped};
-use wick::strategies::{Fsdp, FsdpSharding};
+use wick::strategies::{Fsdp, FsdpSharding, StrategyKind, StrategySpec};
 use wick::trainer::{Attached, DataLoader, Trainer};
 
 const STEPS: usize = 10;
@@ -135,6 +135,18 @@ fn activation_checkpointing_under_every_strategy_matches_single_device() {
                 &format!("{name} at W={w}, activation checkpointing {ac}"),
             );
         }
+    }
+    // The same choice made in the strategy's spec, as `wick fit` makes it.
+    for kind in [StrategyKind::Ddp, StrategyKind::Fsdp] {
+        let spec = StrategySpec {
+            activation_checkpointing: Ac::Full,
+            ..StrategySpec::new(kind)
+        };
+        let trainer = crate::common::quiet_builder(3, spec.build().unwrap(), STEPS)
+            .error_on_unused_parameters(true)
+            .build()
+            .unwrap();
+        fit_counting_forwards(trainer, 3 * 6, &reference, &format!("{kind}'s spec"));
     }
 }
 

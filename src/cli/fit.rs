@@ -206,6 +206,7 @@ impl FitArgs {
             precision: self.precision,
             prefetch: self.prefetch,
             auto_wrap: self.auto_wrap.clone(),
+            activation_checkpointing: self.activation_checkpointing,
         }
     }
 

@@ -6,7 +6,7 @@
 use crate::{Ddp, Fsdp, FsdpSharding, Precision, SingleDevice, Zero, Zero3};
 use std::fmt;
 use std::str::FromStr;
-use wick_core::{Error, Result, Strategy};
+use wick_core::{ActivationCheckpointing, Error, Result, Strategy};
 
 /// A strategy of the registry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -179,11 +179,14 @@ pub struct StrategySpec {
     /// fsdp: only blocks whose names start with one of these prefixes are units of their
     /// own; the others share one root unit. `None`: every wrapped block is a unit.
     pub auto_wrap: Option<Vec<String>>,
+    /// Which wrapped units recompute their forward in backward instead of keeping their
+    /// activations (every strategy).
+    pub activation_checkpointing: ActivationCheckpointing,
 }
 
 impl StrategySpec {
     /// `strategy` with the default options: `full_shard`, groups of 2, f32, no prefetch,
-    /// every block a unit.
+    /// every block a unit, activations kept.
     pub fn new(strategy: StrategyKind) -> Self {
         StrategySpec {
             strategy,
@@ -192,6 +195,7 @@ impl StrategySpec {
             precision: Precision::default(),
             prefetch: false,
             auto_wrap: None,
+            activation_checkpointing: ActivationCheckpointing::None,
         }
     }
 
@@ -242,7 +246,7 @@ impl StrategySpec {
     /// The strategy, checked first.
     pub fn build(&self) -> Result<Box<dyn Strategy>> {
         self.check()?;
-        Ok(match self.strategy {
+        let mut strategy: Box<dyn Strategy> = match self.strategy {
             StrategyKind::Single => Box::new(SingleDevice::new()),
             StrategyKind::Ddp => Box::new(Ddp::new()),
             StrategyKind::Zero1 => Box::new(Zero::stage1()),
@@ -257,7 +261,9 @@ impl StrategySpec {
                 }
                 fsdp.build()
             }
-        })
+        };
+        strategy.set_activation_checkpointing(self.activation_checkpointing);
+        Ok(strategy)
     }
 }
 
