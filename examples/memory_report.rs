@@ -176,7 +176,7 @@ fn main() -> anyhow::Result<()> {
         let (accelerator, gpus) = accelerator(devices, kind)?;
         let mut trainer = Trainer::builder()
             .accelerator(accelerator)
-            .strategy_instance(instance)
+            .strategy(instance)
             .max_steps(3)
             .no_logger()
             .progress(false)

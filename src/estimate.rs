@@ -294,7 +294,7 @@ mod tests {
         {
             let mut trainer = Trainer::builder()
                 .devices(world)
-                .strategy_instance(strategy)
+                .strategy(strategy)
                 .max_steps(1)
                 .no_logger()
                 .progress(false)

@@ -33,7 +33,7 @@ impl Pass {
 pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
     let checkpoint = Checkpoint::open(&args.checkpoint)?;
     let mut builder = Trainer::builder()
-        .strategy_spec(args.strategy)
+        .strategy(args.strategy)
         .progress(false)
         .model_summary(false)
         .no_logger();

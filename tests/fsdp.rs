@@ -154,7 +154,7 @@ fn activation_checkpointing_under_every_strategy_matches_single_device() {
 fn hybrid_groups_must_divide_the_world() {
     let e = Trainer::builder()
         .devices(4)
-        .strategy_instance(Fsdp::new(FsdpSharding::HybridShard { group_size: 3 }).build())
+        .strategy(Fsdp::new(FsdpSharding::HybridShard { group_size: 3 }).build())
         .build()
         .err()
         .unwrap()

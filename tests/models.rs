@@ -91,7 +91,7 @@ pub(crate) fn on_one_cpu(model: &mut CausalLm) -> Box<dyn Strategy> {
 pub(crate) fn trainer(devices: usize, strategy: Box<dyn Strategy>, steps: usize) -> Trainer {
     Trainer::builder()
         .devices(devices)
-        .strategy_instance(strategy)
+        .strategy(strategy)
         .max_steps(steps)
         .no_logger()
         .progress(false)
@@ -213,7 +213,7 @@ fn ten_steps(
     let losses = Losses::default();
     let mut t = Trainer::builder()
         .devices(devices)
-        .strategy_instance(strategy)
+        .strategy(strategy)
         .max_steps(10)
         .no_logger()
         .progress(false)

@@ -382,7 +382,7 @@ struct Outcome {
 
 fn run(accelerator: Option<Accelerator>, strategy: &MakeStrategy) -> Outcome {
     let mut builder = Trainer::builder()
-        .strategy_instance(strategy())
+        .strategy(strategy())
         .max_steps(STEPS)
         .seed(42)
         .no_logger()

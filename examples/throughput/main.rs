@@ -159,7 +159,7 @@ fn quiet_trainer(
 ) -> anyhow::Result<Trainer> {
     Ok(Trainer::builder()
         .accelerator(accelerator)
-        .strategy_instance(strategy)
+        .strategy(strategy)
         .max_steps(WARMUP + MEASURED)
         .seed(1)
         .no_logger()

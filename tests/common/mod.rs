@@ -319,7 +319,7 @@ pub fn quiet_builder(
 ) -> wick::trainer::TrainerBuilder {
     Trainer::builder()
         .devices(devices)
-        .strategy_instance(strategy)
+        .strategy(strategy)
         .max_steps(steps)
         .seed(42)
         .no_logger()

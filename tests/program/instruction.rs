@@ -131,7 +131,7 @@ fn train_masked(data: &Path, devices: usize, strategy: Box<dyn Strategy>) -> Vec
         }));
     let mut t = Trainer::builder()
         .devices(devices)
-        .strategy_instance(strategy)
+        .strategy(strategy)
         .max_steps(3)
         .no_logger()
         .progress(false)

@@ -9,13 +9,51 @@ use wick_accelerator::{Accelerator, DeviceKind, ThreadBudget};
 use wick_core::{ActivationCheckpointing, Callback, OnNonFinite, Strategy};
 use wick_strategies::{StrategyKind, StrategySpec};
 
-pub(crate) enum StrategyChoice {
+/// What [`TrainerBuilder::strategy`] takes: a name a user typed (`"fsdp"`), a
+/// [`StrategyKind`], a [`StrategySpec`] (a strategy and its options, checked together), or
+/// an instance built with options of its own (`Ddp::new().with_bucket_cap_bytes(..)`).
+pub enum StrategyChoice {
     /// `single` on one device, `ddp` on more.
     Default,
-    /// A name a user typed, parsed when the trainer is built.
-    Name(String),
+    /// A spec, built when the trainer is.
     Spec(StrategySpec),
+    /// A name that is not a strategy's: the error [`TrainerBuilder::build`] returns.
+    Unknown(wick_core::Error),
+    /// A strategy built already.
     Instance(Box<dyn Strategy>),
+}
+
+impl From<&str> for StrategyChoice {
+    fn from(name: &str) -> Self {
+        match name.parse::<StrategyKind>() {
+            Ok(kind) => StrategyChoice::Spec(StrategySpec::new(kind)),
+            Err(e) => StrategyChoice::Unknown(e),
+        }
+    }
+}
+
+impl From<StrategyKind> for StrategyChoice {
+    fn from(kind: StrategyKind) -> Self {
+        StrategyChoice::Spec(StrategySpec::new(kind))
+    }
+}
+
+impl From<StrategySpec> for StrategyChoice {
+    fn from(spec: StrategySpec) -> Self {
+        StrategyChoice::Spec(spec)
+    }
+}
+
+impl From<Box<dyn Strategy>> for StrategyChoice {
+    fn from(strategy: Box<dyn Strategy>) -> Self {
+        StrategyChoice::Instance(strategy)
+    }
+}
+
+impl<S: Strategy + 'static> From<Box<S>> for StrategyChoice {
+    fn from(strategy: Box<S>) -> Self {
+        StrategyChoice::Instance(strategy)
+    }
 }
 
 /// Options of a [`Trainer`]; see [`Trainer::builder`].
@@ -78,25 +116,14 @@ impl TrainerBuilder {
         self
     }
 
-    /// The strategy, by the name a user typed (`single`, `ddp`, `zero1`, `zero2`, `zero3`,
-    /// `fsdp`), with its default options; an unknown name is an error of
-    /// [`TrainerBuilder::build`]. Default `single` on one device, `ddp` on more.
-    pub fn strategy(mut self, name: &str) -> Self {
-        self.strategy = StrategyChoice::Name(name.to_string());
-        self
-    }
-
-    /// The strategy and its options as one checked value (what `wick fit`'s `--strategy`,
-    /// `--sharding`, `--precision`, `--group-size`, `--prefetch` and `--auto-wrap` say); a
-    /// [`StrategyKind`](wick_strategies::StrategyKind) alone takes the default options.
-    pub fn strategy_spec(mut self, spec: impl Into<StrategySpec>) -> Self {
-        self.strategy = StrategyChoice::Spec(spec.into());
-        self
-    }
-
-    /// A strategy instance with non-default options (e.g. `Ddp::new().with_bucket_cap_bytes(..)`).
-    pub fn strategy_instance(mut self, strategy: Box<dyn Strategy>) -> Self {
-        self.strategy = StrategyChoice::Instance(strategy);
+    /// The strategy: a name a user typed (`single`, `ddp`, `zero1`, `zero2`, `zero3`, `fsdp`,
+    /// with its default options; an unknown name is an error of [`TrainerBuilder::build`]),
+    /// a [`StrategyKind`], a [`StrategySpec`] (what `wick fit`'s `--strategy`,
+    /// `--sharding`, `--precision`, `--group-size`, `--prefetch`, `--auto-wrap` and
+    /// `--activation-checkpointing` say), or an instance with options of its own. Default
+    /// `single` on one device, `ddp` on more.
+    pub fn strategy(mut self, strategy: impl Into<StrategyChoice>) -> Self {
+        self.strategy = strategy.into();
         self
     }
 
@@ -270,7 +297,7 @@ impl TrainerBuilder {
                 };
                 StrategySpec::new(kind).build()?
             }
-            StrategyChoice::Name(name) => StrategySpec::new(name.parse()?).build()?,
+            StrategyChoice::Unknown(e) => return Err(e.into()),
             StrategyChoice::Spec(spec) => spec.build()?,
         };
         strategy.check_world_size(world_size)?;

@@ -37,7 +37,7 @@ mod train_step;
 mod trainer;
 
 pub use attached::Attached;
-pub use builder::TrainerBuilder;
+pub use builder::{StrategyChoice, TrainerBuilder};
 pub use callbacks::{EarlyStopping, LearningRateMonitor};
 pub use checkpoint::{consolidate, Checkpoint, CheckpointError, Mode, ModelCheckpoint};
 pub use data::{DataLoader, Dataset};
