@@ -9,7 +9,7 @@ use crate::fit_job::configure_on_one_cpu;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use wick_core::{StateBytes, Strategy};
-use wick_strategies::{ShardingKind, StrategyKind, StrategySpec};
+use wick_strategies::{FsdpSharding, StrategyKind, StrategySpec};
 
 /// The strategies estimated, by the names `wick fit` takes: every one of several ranks,
 /// fsdp with each sharding but hybrid_shard (whose bytes depend on its groups).
@@ -20,8 +20,8 @@ fn strategies() -> Vec<(String, Box<dyn Strategy>)> {
         .filter(|k| !matches!(k, StrategyKind::Single | StrategyKind::Fsdp))
         .map(|k| (k.to_string(), build(k.into())))
         .collect();
-    for sharding in ShardingKind::ALL {
-        if sharding != ShardingKind::HybridShard {
+    for sharding in FsdpSharding::ALL {
+        if sharding != FsdpSharding::HybridShard {
             let spec = StrategySpec {
                 sharding,
                 ..StrategySpec::new(StrategyKind::Fsdp)

@@ -30,7 +30,7 @@ fn strategies() -> Vec<(String, usize, Box<dyn Strategy>)> {
         }
     }
     // Hybrid sharding splits its world when connected, the world between stages too.
-    let hybrid = FsdpSharding::HybridShard { group_size: 2 };
+    let hybrid = FsdpSharding::HybridShard;
     all.push(("fsdp hybrid_shard".into(), 2, Fsdp::new(hybrid).build()));
     all
 }

@@ -137,8 +137,7 @@ fn resume_at_the_same_world_size_is_bit_identical() {
 
 #[test]
 fn a_checkpoint_saved_at_4_ranks_continues_at_1_2_and_3() {
-    let hybrid =
-        || -> Box<dyn Strategy> { Fsdp::new(FsdpSharding::HybridShard { group_size: 2 }).build() };
+    let hybrid = || -> Box<dyn Strategy> { Fsdp::new(FsdpSharding::HybridShard).build() };
     type Make = fn() -> Box<dyn Strategy>;
     let cases: [(&str, Make); 6] = [
         ("zero3", || named("zero3")),

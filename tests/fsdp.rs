@@ -39,11 +39,7 @@ fn every_sharding_strategy_matches_single_device() {
         }
     }
     // Hybrid at 4 ranks: two groups of two.
-    let got = train_fsdp(
-        4,
-        FsdpSharding::HybridShard { group_size: 2 },
-        Mlp::new(adamw()),
-    );
+    let got = train_fsdp(4, FsdpSharding::HybridShard, Mlp::new(adamw()));
     let diff = max_diff(&reference, &got);
     assert!(diff <= 1e-5, "hybrid 2x2: max |diff| {diff}");
 }
@@ -83,7 +79,7 @@ fn full_shard_runs_each_forward_once_unless_checkpointing_recomputes_it() {
             (FsdpSharding::FullShard, 1),
             (FsdpSharding::FullShard, 2),
             (FsdpSharding::FullShard, 3),
-            (FsdpSharding::HybridShard { group_size: 2 }, 4),
+            (FsdpSharding::HybridShard, 4),
         ] {
             let fsdp = Fsdp::new(sharding).with_activation_checkpointing(ac);
             fit_counting_forwards(
@@ -154,7 +150,12 @@ fn activation_checkpointing_under_every_strategy_matches_single_device() {
 fn hybrid_groups_must_divide_the_world() {
     let e = Trainer::builder()
         .devices(4)
-        .strategy(Fsdp::new(FsdpSharding::HybridShard { group_size: 3 }).build())
+        .strategy(
+            Fsdp::new(FsdpSharding::HybridShard)
+                .with_group_size(3)
+                .unwrap()
+                .build(),
+        )
         .build()
         .err()
         .unwrap()
@@ -211,7 +212,7 @@ fn prefetch_starts_gathers_ahead_and_changes_nothing() {
     for (sharding, w) in [
         (FsdpSharding::FullShard, 2),
         (FsdpSharding::FullShard, 4),
-        (FsdpSharding::HybridShard { group_size: 2 }, 4),
+        (FsdpSharding::HybridShard, 4),
     ] {
         let fsdp = Fsdp::new(sharding).with_prefetch(true);
         let mut t = crate::common::quiet_trainer_with(w, fsdp.build(), STEPS);

@@ -36,7 +36,7 @@ fn strategies(world: usize) -> Vec<(String, Box<dyn Strategy>)> {
         FsdpSharding::NoShard,
     ];
     if world == 4 {
-        shardings.push(FsdpSharding::HybridShard { group_size: 2 });
+        shardings.push(FsdpSharding::HybridShard);
     }
     for sharding in shardings {
         all.push((format!("fsdp {sharding:?}"), Fsdp::new(sharding).build()));

@@ -148,11 +148,7 @@ fn lora_trains_only_its_adapters_and_every_strategy_matches_one_device() {
                 .build(),
         ),
         (4, "ddp", strategy_by_name("ddp").unwrap()),
-        (
-            4,
-            "fsdp hybrid_shard/2",
-            fsdp(FsdpSharding::HybridShard { group_size: 2 }),
-        ),
+        (4, "fsdp hybrid_shard/2", fsdp(FsdpSharding::HybridShard)),
         (2, "fsdp no_shard", fsdp(FsdpSharding::NoShard)),
     ];
     // ddp at each world size: what the sharded strategies must equal there to the bit's

@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Tensor};
 use common::{adamw, full_parameters, loader, max_diff, Mlp, SoloMlp};
 use wick::accelerator::{Accelerator, LaunchEnv, MpiWorld, ThreadWorld};
 use wick::core::{Collective, ReduceOp, Strategy};
-use wick::strategies::{Fsdp, Precision, ShardingKind};
+use wick::strategies::{Fsdp, FsdpSharding, Precision};
 use wick::trainer::{Attached, Metrics, Trainer};
 
 const STEPS: usize = 10;
@@ -287,16 +287,15 @@ type MakeStrategy = Box<dyn Fn() -> Box<dyn Strategy>>;
 fn fsdp(sharding: &str, group: usize, precision: &str, prefetch: bool) -> MakeStrategy {
     let (sharding, precision) = (sharding.to_string(), precision.to_string());
     Box::new(move || {
-        Fsdp::new(
-            sharding
-                .parse::<ShardingKind>()
-                .unwrap()
-                .with_group_size(group),
-        )
-        .with_precision(precision.parse::<Precision>().unwrap())
-        .unwrap()
-        .with_prefetch(prefetch)
-        .build()
+        let sharding = sharding.parse::<FsdpSharding>().unwrap();
+        let mut fsdp = Fsdp::new(sharding)
+            .with_precision(precision.parse::<Precision>().unwrap())
+            .unwrap()
+            .with_prefetch(prefetch);
+        if sharding == FsdpSharding::HybridShard {
+            fsdp = fsdp.with_group_size(group).unwrap();
+        }
+        fsdp.build()
     })
 }
 

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use wick_core::{ActivationCheckpointing, Decay, LrSchedule, OnNonFinite};
 use wick_models::LoraConfig;
-use wick_strategies::{Precision, ShardingKind, StrategyKind, StrategySpec};
+use wick_strategies::{FsdpSharding, Precision, StrategyKind, StrategySpec};
 
 /// The effective options of `wick fit`: the defaults, overridden by `--config`, overridden
 /// by the command line. Keys in TOML are the long options without dashes.
@@ -15,7 +15,7 @@ use wick_strategies::{Precision, ShardingKind, StrategyKind, StrategySpec};
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FitArgs {
     pub strategy: StrategyKind,
-    pub sharding: ShardingKind,
+    pub sharding: FsdpSharding,
     pub group_size: usize,
     pub precision: Precision,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -105,7 +105,7 @@ impl Default for FitArgs {
     fn default() -> Self {
         FitArgs {
             strategy: StrategyKind::Fsdp,
-            sharding: ShardingKind::FullShard,
+            sharding: FsdpSharding::FullShard,
             group_size: 2,
             precision: Precision::Full,
             auto_wrap: None,
@@ -394,7 +394,7 @@ mod tests {
             (
                 "fit --sharding no_shard --precision 16-mixed",
                 StrategySpec {
-                    sharding: ShardingKind::NoShard,
+                    sharding: FsdpSharding::NoShard,
                     precision: Precision::F16Mixed,
                     ..StrategySpec::new(StrategyKind::Fsdp)
                 },

@@ -5,7 +5,7 @@ use super::{is_false, positive, positive_number, AcceleratorName, DecayName, Fit
 use clap::Args;
 use serde::Serialize;
 use std::path::PathBuf;
-use wick_strategies::{Precision, ShardingKind, StrategyKind};
+use wick_strategies::{FsdpSharding, Precision, StrategyKind};
 
 /// `wick fit`'s command line: every option is optional here, so that only those given
 /// override the config file. Serialized (given ones only), they are a TOML overlay.
@@ -28,7 +28,7 @@ pub struct FitFlags {
     /// FSDP sharding [default: full_shard].
     #[arg(long, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub sharding: Option<ShardingKind>,
+    pub sharding: Option<FsdpSharding>,
     /// Ranks per group for hybrid_shard [default: 2].
     #[arg(long, value_parser = positive, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]

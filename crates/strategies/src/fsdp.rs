@@ -11,20 +11,49 @@ use crate::sharded_options::ShardedOptions;
 use crate::{Ddp, Precision, Zero3};
 use wick_core::{ActivationCheckpointing, Error, Result, Strategy};
 
-/// How FSDP shards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How [`Fsdp`] shards (PyTorch FSDP's `ShardingStrategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(
+    feature = "clap",
+    derive(clap::ValueEnum),
+    value(rename_all = "snake_case")
+)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum FsdpSharding {
-    /// Parameters, gradients and optimizer state sharded; units gathered per use and freed.
+    /// Everything sharded; a unit's parameters gathered for each use and freed after it.
+    #[default]
     FullShard,
-    /// Sharded; a unit's gathered parameters are kept from forward to backward.
+    /// Everything sharded; a unit's gathered parameters kept from forward to backward.
     ShardGradOp,
     /// Nothing sharded (DDP).
     NoShard,
-    /// `FullShard` within groups of `group_size` ranks, replicated across groups.
-    HybridShard {
-        /// Ranks per sharding group.
-        group_size: usize,
-    },
+    /// `full_shard` inside groups of ranks ([`Fsdp::with_group_size`], 2 by default),
+    /// replicated across the groups.
+    HybridShard,
+}
+
+impl FsdpSharding {
+    /// Every sharding, in the order the help lists them.
+    pub const ALL: [FsdpSharding; 4] = [
+        FsdpSharding::FullShard,
+        FsdpSharding::ShardGradOp,
+        FsdpSharding::NoShard,
+        FsdpSharding::HybridShard,
+    ];
+
+    /// The name users type: `full_shard`, `shard_grad_op`, `no_shard`, `hybrid_shard`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FsdpSharding::FullShard => "full_shard",
+            FsdpSharding::ShardGradOp => "shard_grad_op",
+            FsdpSharding::NoShard => "no_shard",
+            FsdpSharding::HybridShard => "hybrid_shard",
+        }
+    }
 }
 
 /// Fully sharded data parallel: a builder that picks the strategy of its sharding and
@@ -42,10 +71,7 @@ impl Fsdp {
 
     /// FSDP with `sharding`, in f32, every wrapped block a unit.
     pub fn new(sharding: FsdpSharding) -> Self {
-        let group_size = match sharding {
-            FsdpSharding::HybridShard { group_size } => Some(group_size),
-            _ => None,
-        };
+        let group_size = (sharding == FsdpSharding::HybridShard).then_some(2);
         Fsdp {
             sharding,
             options: ShardedOptions {
@@ -66,6 +92,25 @@ impl Fsdp {
             ));
         }
         self.options.precision = precision;
+        Ok(self)
+    }
+
+    /// Ranks per sharding group of `hybrid_shard` (2 by default): `full_shard` inside each
+    /// group, replicated across the groups. Only `hybrid_shard` has groups.
+    pub fn with_group_size(mut self, group_size: usize) -> Result<Self> {
+        if self.sharding != FsdpSharding::HybridShard {
+            return Err(Error::config(
+                "group-size",
+                format!("only hybrid_shard has groups, not {}", self.sharding),
+            ));
+        }
+        if group_size == 0 {
+            return Err(Error::config(
+                "group-size",
+                "must be a positive integer, got 0",
+            ));
+        }
+        self.options.group_size = Some(group_size);
         Ok(self)
     }
 

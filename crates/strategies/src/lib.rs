@@ -52,7 +52,7 @@ pub use precision::Precision;
 pub use registry::strategy_by_name;
 pub use replicated_strategy::Replicated;
 pub use single::{NoReduce, SingleDevice};
-pub use spec::{ShardingKind, StrategyKind, StrategySpec};
+pub use spec::{StrategyKind, StrategySpec};
 pub use zero::{Zero, ZeroReduce};
 pub use zero3::Zero3;
 

@@ -27,7 +27,7 @@ pub enum StrategyKind {
     Zero2,
     /// ZeRO stage 3: parameters too, gathered once per step ([`Zero3`]).
     Zero3,
-    /// Fully sharded data parallel with a [`ShardingKind`] ([`Fsdp`]).
+    /// Fully sharded data parallel with a [`FsdpSharding`] ([`Fsdp`]).
     Fsdp,
 }
 
@@ -51,60 +51,6 @@ impl StrategyKind {
             StrategyKind::Zero2 => "zero2",
             StrategyKind::Zero3 => Zero3::NAME,
             StrategyKind::Fsdp => Fsdp::NAME,
-        }
-    }
-}
-
-/// How [`StrategyKind::Fsdp`] shards (PyTorch FSDP's `ShardingStrategy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[cfg_attr(
-    feature = "clap",
-    derive(clap::ValueEnum),
-    value(rename_all = "snake_case")
-)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Serialize, serde::Deserialize),
-    serde(rename_all = "snake_case")
-)]
-pub enum ShardingKind {
-    /// Everything sharded; a unit's parameters gathered for each use and freed after it.
-    #[default]
-    FullShard,
-    /// Everything sharded; a unit's gathered parameters kept from forward to backward.
-    ShardGradOp,
-    /// Nothing sharded (DDP).
-    NoShard,
-    /// `full_shard` inside groups of [`StrategySpec::group_size`] ranks, replicated across.
-    HybridShard,
-}
-
-impl ShardingKind {
-    /// Every sharding, in the order the help lists them.
-    pub const ALL: [ShardingKind; 4] = [
-        ShardingKind::FullShard,
-        ShardingKind::ShardGradOp,
-        ShardingKind::NoShard,
-        ShardingKind::HybridShard,
-    ];
-
-    /// The name users type: `full_shard`, `shard_grad_op`, `no_shard`, `hybrid_shard`.
-    pub fn name(self) -> &'static str {
-        match self {
-            ShardingKind::FullShard => "full_shard",
-            ShardingKind::ShardGradOp => "shard_grad_op",
-            ShardingKind::NoShard => "no_shard",
-            ShardingKind::HybridShard => "hybrid_shard",
-        }
-    }
-
-    /// The sharding, with `group_size` for `hybrid_shard`.
-    pub fn with_group_size(self, group_size: usize) -> FsdpSharding {
-        match self {
-            ShardingKind::FullShard => FsdpSharding::FullShard,
-            ShardingKind::ShardGradOp => FsdpSharding::ShardGradOp,
-            ShardingKind::NoShard => FsdpSharding::NoShard,
-            ShardingKind::HybridShard => FsdpSharding::HybridShard { group_size },
         }
     }
 }
@@ -145,17 +91,17 @@ macro_rules! named {
 }
 
 named!(StrategyKind, "strategy", "strategy");
-named!(ShardingKind, "sharding", "sharding");
+named!(FsdpSharding, "sharding", "sharding");
 named!(Precision, "precision", "precision");
 
 /// A strategy and its options, checked together: what `wick fit --strategy ... --sharding
 /// ... --precision ...` and its TOML config say, as one value.
 ///
 /// ```
-/// use wick_strategies::{Precision, ShardingKind, StrategyKind, StrategySpec};
+/// use wick_strategies::{Precision, FsdpSharding, StrategyKind, StrategySpec};
 ///
 /// let spec = StrategySpec {
-///     sharding: ShardingKind::ShardGradOp,
+///     sharding: FsdpSharding::ShardGradOp,
 ///     precision: Precision::Bf16Mixed,
 ///     ..StrategySpec::new(StrategyKind::Fsdp)
 /// };
@@ -169,7 +115,7 @@ pub struct StrategySpec {
     /// The strategy.
     pub strategy: StrategyKind,
     /// fsdp: how it shards.
-    pub sharding: ShardingKind,
+    pub sharding: FsdpSharding,
     /// fsdp `hybrid_shard`: ranks per sharding group.
     pub group_size: usize,
     /// fsdp: the precision of its sharded modes.
@@ -190,7 +136,7 @@ impl StrategySpec {
     pub fn new(strategy: StrategyKind) -> Self {
         StrategySpec {
             strategy,
-            sharding: ShardingKind::default(),
+            sharding: FsdpSharding::default(),
             group_size: 2,
             precision: Precision::default(),
             prefetch: false,
@@ -234,7 +180,7 @@ impl StrategySpec {
                 ));
             }
         }
-        if self.precision != Precision::Full && self.sharding == ShardingKind::NoShard {
+        if self.precision != Precision::Full && self.sharding == FsdpSharding::NoShard {
             return Err(Error::config(
                 "precision",
                 "mixed precision needs a sharded fsdp sharding, not no_shard",
@@ -253,9 +199,12 @@ impl StrategySpec {
             StrategyKind::Zero2 => Box::new(Zero::stage2()),
             StrategyKind::Zero3 => Box::new(Zero3::new().with_prefetch(self.prefetch)),
             StrategyKind::Fsdp => {
-                let mut fsdp = Fsdp::new(self.sharding.with_group_size(self.group_size))
+                let mut fsdp = Fsdp::new(self.sharding)
                     .with_precision(self.precision)?
                     .with_prefetch(self.prefetch);
+                if self.sharding == FsdpSharding::HybridShard {
+                    fsdp = fsdp.with_group_size(self.group_size)?;
+                }
                 if let Some(prefixes) = &self.auto_wrap {
                     fsdp = fsdp.with_auto_wrap(prefixes.clone());
                 }
@@ -283,8 +232,8 @@ mod tests {
             assert_eq!(kind.name().parse::<StrategyKind>().unwrap(), kind);
             assert_eq!(StrategySpec::new(kind).build().unwrap().name(), kind.name());
         }
-        for sharding in ShardingKind::ALL {
-            assert_eq!(sharding.name().parse::<ShardingKind>().unwrap(), sharding);
+        for sharding in FsdpSharding::ALL {
+            assert_eq!(sharding.name().parse::<FsdpSharding>().unwrap(), sharding);
         }
         for precision in Precision::ALL {
             assert_eq!(precision.name().parse::<Precision>().unwrap(), precision);
@@ -295,7 +244,7 @@ mod tests {
             "invalid strategy: unknown strategy 'zero9'; valid: single, ddp, zero1, zero2, \
              zero3, fsdp"
         );
-        let e = "half".parse::<ShardingKind>().unwrap_err().to_string();
+        let e = "half".parse::<FsdpSharding>().unwrap_err().to_string();
         assert!(
             e.contains("full_shard, shard_grad_op, no_shard, hybrid_shard"),
             "{e}"
@@ -321,13 +270,13 @@ mod tests {
                 ..StrategySpec::new(StrategyKind::Single)
             },
             StrategySpec {
-                sharding: ShardingKind::NoShard,
+                sharding: FsdpSharding::NoShard,
                 precision: Precision::F16Mixed,
                 ..fsdp()
             },
             StrategySpec {
                 group_size: 0,
-                sharding: ShardingKind::HybridShard,
+                sharding: FsdpSharding::HybridShard,
                 ..fsdp()
             },
         ];
@@ -336,7 +285,7 @@ mod tests {
             assert!(spec.build().is_err(), "{spec:?}");
         }
         let accepted = StrategySpec {
-            sharding: ShardingKind::HybridShard,
+            sharding: FsdpSharding::HybridShard,
             group_size: 2,
             precision: Precision::Bf16Mixed,
             prefetch: true,
@@ -349,5 +298,9 @@ mod tests {
             ..StrategySpec::new(StrategyKind::Zero3)
         };
         assert_eq!(zero3.build().unwrap().name(), "zero3");
+        // Only hybrid_shard has groups, of at least one rank.
+        assert!(Fsdp::new(FsdpSharding::FullShard).with_group_size(2).is_err());
+        assert!(Fsdp::new(FsdpSharding::HybridShard).with_group_size(0).is_err());
+        assert!(Fsdp::new(FsdpSharding::HybridShard).with_group_size(3).is_ok());
     }
 }
