@@ -62,6 +62,24 @@ fn four_micro_batches_equal_one_batch_four_times_larger() {
     }
 }
 
+/// Two wrapped 3x3 linear layers under `s`, connected to `world`, with AdamW.
+fn two_layers(
+    s: &mut dyn wick::core::Strategy,
+    world: std::sync::Arc<dyn Collective>,
+) -> wick::core::Result<Vec<wick::core::Wrapped<candle_nn::Linear>>> {
+    s.connect(world, Device::Cpu)?;
+    let ctx = s.sharded_context(1)?;
+    let layers = {
+        let _open = ctx.enter();
+        (0..2)
+            .map(|i| ctx.wrap(&format!("l{i}"), |vb| candle_nn::linear(3, 3, vb)))
+            .collect::<candle_core::Result<Vec<_>>>()?
+    };
+    s.finish_sharding()?;
+    s.configure_optimizer(&adamw())?;
+    Ok(layers)
+}
+
 /// The report of one step of two linear layers under `strategy` at `w` ranks, each rank's
 /// batch its own rows of one global batch of 12, clipping to `clip`.
 fn step_report(w: usize, strategy: &str, clip: Option<f64>) -> Vec<wick::core::StepReport> {
@@ -69,16 +87,7 @@ fn step_report(w: usize, strategy: &str, clip: Option<f64>) -> Vec<wick::core::S
         let rank = comm.rank();
         let mut s = wick::strategies::strategy_by_name(strategy)?;
         s.set_clip_grad_norm(clip);
-        s.connect(std::sync::Arc::new(comm), Device::Cpu)?;
-        let ctx = s.sharded_context(1)?;
-        let layers = {
-            let _open = ctx.enter();
-            (0..2)
-                .map(|i| ctx.wrap(&format!("l{i}"), |vb| candle_nn::linear(3, 3, vb)))
-                .collect::<candle_core::Result<Vec<_>>>()?
-        };
-        s.finish_sharding()?;
-        s.configure_optimizer(&adamw())?;
+        let layers = two_layers(s.as_mut(), std::sync::Arc::new(comm))?;
         let rows = Tensor::arange(0f32, 36., &Device::Cpu)?.reshape((12, 3))?;
         let mut h = rows.narrow(0, rank * 12 / w, 12 / w)?;
         for l in &layers {
@@ -115,16 +124,7 @@ fn no_gradient_collective_runs_before_the_last_micro_batch() {
         let logs = ThreadWorld::new(2).run(|comm| {
             let world = Recording::over(comm);
             let mut s = wick::strategies::strategy_by_name(strategy)?;
-            s.connect(world.clone(), Device::Cpu)?;
-            let ctx = s.sharded_context(1)?;
-            let layers = {
-                let _open = ctx.enter();
-                (0..2)
-                    .map(|i| ctx.wrap(&format!("l{i}"), |vb| candle_nn::linear(3, 3, vb)))
-                    .collect::<candle_core::Result<Vec<_>>>()?
-            };
-            s.finish_sharding()?;
-            s.configure_optimizer(&adamw())?;
+            let layers = two_layers(s.as_mut(), world.clone())?;
             let x = Tensor::ones((2, 3), DType::F32, &Device::Cpu)?;
             let mut marks = Vec::new();
             for micro in 0..4 {

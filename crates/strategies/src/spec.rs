@@ -299,8 +299,14 @@ mod tests {
         };
         assert_eq!(zero3.build().unwrap().name(), "zero3");
         // Only hybrid_shard has groups, of at least one rank.
-        assert!(Fsdp::new(FsdpSharding::FullShard).with_group_size(2).is_err());
-        assert!(Fsdp::new(FsdpSharding::HybridShard).with_group_size(0).is_err());
-        assert!(Fsdp::new(FsdpSharding::HybridShard).with_group_size(3).is_ok());
+        assert!(Fsdp::new(FsdpSharding::FullShard)
+            .with_group_size(2)
+            .is_err());
+        assert!(Fsdp::new(FsdpSharding::HybridShard)
+            .with_group_size(0)
+            .is_err());
+        assert!(Fsdp::new(FsdpSharding::HybridShard)
+            .with_group_size(3)
+            .is_ok());
     }
 }

@@ -115,15 +115,7 @@ impl HostEngine for ThreadComm {
     ) -> Result<(), CollectiveError> {
         let op = Op::AllGather;
         let elem = dtype.size_in_bytes();
-        let mine = Published::new(
-            op,
-            0,
-            dtype,
-            src.as_ptr(),
-            src.len(),
-            dst.as_mut_ptr(),
-            dst.len(),
-        );
+        let mine = Published::new(op, 0, dtype, src, dst);
         self.exchange(mine, op, || {
             let total = self.same_lengths(op, |p| p.dst_len)?;
             self.offsets_check(op, |p| p.src_len, total)?;
@@ -155,15 +147,7 @@ impl HostEngine for ThreadComm {
     ) -> Result<(), CollectiveError> {
         let op = Op::ReduceScatter;
         let elem = dtype.size_in_bytes();
-        let mine = Published::new(
-            op,
-            reduce as usize,
-            dtype,
-            src.as_ptr(),
-            src.len(),
-            dst.as_mut_ptr(),
-            dst.len(),
-        );
+        let mine = Published::new(op, reduce as usize, dtype, src, dst);
         self.exchange(mine, op, || {
             let total = self.same_lengths(op, |p| p.src_len)?;
             self.offsets_check(op, |p| p.dst_len, total)?;
@@ -193,15 +177,7 @@ impl HostEngine for ThreadComm {
         let op = Op::AllReduce;
         let elem = dtype.size_in_bytes();
         let len = buf.len() / elem;
-        let mine = Published::new(
-            op,
-            reduce as usize,
-            dtype,
-            buf.as_ptr(),
-            buf.len(),
-            buf.as_mut_ptr(),
-            buf.len(),
-        );
+        let mine = Published::in_place(op, reduce as usize, dtype, buf);
         let n = self.shared.size;
         let chunk = |r: usize| (r * len / n, (r + 1) * len / n);
         self.exchange(mine, op, || {
@@ -247,15 +223,7 @@ impl HostEngine for ThreadComm {
         root: usize,
     ) -> Result<(), CollectiveError> {
         let op = Op::Broadcast;
-        let mine = Published::new(
-            op,
-            root,
-            dtype,
-            buf.as_ptr(),
-            buf.len(),
-            buf.as_mut_ptr(),
-            buf.len(),
-        );
+        let mine = Published::in_place(op, root, dtype, buf);
         self.exchange(mine, op, || {
             let from = self.peer(root);
             if from.src_len != mine.dst_len {
@@ -277,15 +245,7 @@ impl HostEngine for ThreadComm {
 
     fn barrier(&self) -> Result<(), CollectiveError> {
         // Published like any call, so a barrier facing another collective is a mismatch.
-        let mine = Published::new(
-            Op::Barrier,
-            0,
-            DType::F32,
-            std::ptr::null(),
-            0,
-            std::ptr::null_mut(),
-            0,
-        );
+        let mine = Published::in_place(Op::Barrier, 0, DType::F32, &mut []);
         self.exchange(mine, Op::Barrier, || Ok(()))
     }
 }

@@ -76,16 +76,29 @@ pub(crate) struct Shared {
 pub(crate) type Child = (Vec<usize>, Arc<Shared>);
 
 impl Published {
-    /// A call of `op` on `src_bytes` and `dst_bytes` of `dtype` at these addresses.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
+    /// A call of `op` that reads `src` and writes `dst`, bytes of `dtype`.
+    pub(crate) fn new(op: Op, arg: usize, dtype: DType, src: &[u8], dst: &mut [u8]) -> Self {
+        Self::at(
+            op,
+            arg,
+            dtype,
+            (src.as_ptr(), src.len()),
+            (dst.as_mut_ptr(), dst.len()),
+        )
+    }
+
+    /// A call of `op` that reads and overwrites `buf`, bytes of `dtype`.
+    pub(crate) fn in_place(op: Op, arg: usize, dtype: DType, buf: &mut [u8]) -> Self {
+        let (at, len) = (buf.as_mut_ptr(), buf.len());
+        Self::at(op, arg, dtype, (at.cast_const(), len), (at, len))
+    }
+
+    fn at(
         op: Op,
         arg: usize,
         dtype: DType,
-        src: *const u8,
-        src_bytes: usize,
-        dst: *mut u8,
-        dst_bytes: usize,
+        (src, src_bytes): (*const u8, usize),
+        (dst, dst_bytes): (*mut u8, usize),
     ) -> Self {
         let elem = dtype.size_in_bytes();
         let h = CallHeader::new(op, dtype, arg, src_bytes / elem, dst_bytes / elem);
