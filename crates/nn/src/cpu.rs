@@ -11,6 +11,33 @@ pub(crate) fn f32s<'a>(op: &str, storage: &'a CpuStorage, layout: &Layout) -> Re
     Ok(&storage.as_slice::<f32>()?[start..end])
 }
 
+/// [`f32s`] of several inputs at once, in order.
+pub(crate) fn f32_inputs<'a, const N: usize>(
+    op: &str,
+    inputs: [(&'a CpuStorage, &Layout); N],
+) -> Result<[&'a [f32]; N]> {
+    let mut out = [&[][..]; N];
+    for (slot, (storage, layout)) in out.iter_mut().zip(inputs) {
+        *slot = f32s(op, storage, layout)?;
+    }
+    Ok(out)
+}
+
+/// `f(row, out)` for every row of `c` elements of `x`, rows shared out in parallel tasks
+/// of whole rows; returns the outputs, row by row.
+pub(crate) fn map_rows(x: &[f32], c: usize, f: impl Fn(&[f32], &mut [f32]) + Sync) -> Vec<f32> {
+    let mut y = vec![0f32; x.len()];
+    let task = rows_per_task(c) * c;
+    y.par_chunks_mut(task)
+        .zip(x.par_chunks(task))
+        .for_each(|(y, x)| {
+            for (row, out) in x.chunks_exact(c).zip(y.chunks_exact_mut(c)) {
+                f(row, out);
+            }
+        });
+    y
+}
+
 /// The contiguous u32 elements a layout reads from a CPU storage.
 pub(crate) fn u32s<'a>(op: &str, storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [u32]> {
     let (start, end) = layout

@@ -1,10 +1,9 @@
 //! `LayerNorm`: y = (x - mean) / sqrt(var + eps) * weight + bias over the last dimension,
 //! forward and backward each one pass over the rows.
 
-use crate::cpu::{as_f32, f32s, fused, norm_backward, norm_width, rows_per_task};
+use crate::cpu::{as_f32, f32_inputs, fused, map_rows, norm_backward, norm_width};
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, Tensor, D};
 use candle_nn::VarBuilder;
-use rayon::prelude::*;
 
 /// Layer normalisation over the last dimension, with a learned scale and shift.
 ///
@@ -97,23 +96,13 @@ impl CustomOp3 for Forward {
         bl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let c = norm_width(self.name(), xl, wl)?;
-        let (x, w, b) = (
-            f32s(self.name(), xs, xl)?,
-            f32s(self.name(), ws, wl)?,
-            f32s(self.name(), bs, bl)?,
-        );
-        let mut y = vec![0f32; x.len()];
-        let task = rows_per_task(c) * c;
-        y.par_chunks_mut(task)
-            .zip(x.par_chunks(task))
-            .for_each(|(y, x)| {
-                for (row, out) in x.chunks_exact(c).zip(y.chunks_exact_mut(c)) {
-                    let (mean, rstd) = moments(row, self.eps);
-                    for i in 0..c {
-                        out[i] = (row[i] - mean) * rstd * w[i] + b[i];
-                    }
-                }
-            });
+        let [x, w, b] = f32_inputs(self.name(), [(xs, xl), (ws, wl), (bs, bl)])?;
+        let y = map_rows(x, c, |row, out| {
+            let (mean, rstd) = moments(row, self.eps);
+            for i in 0..c {
+                out[i] = (row[i] - mean) * rstd * w[i] + b[i];
+            }
+        });
         Ok((CpuStorage::F32(y), xl.shape().clone()))
     }
 
@@ -156,11 +145,7 @@ impl CustomOp3 for Backward {
         gl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let c = norm_width(self.name(), xl, wl)?;
-        let (x, w, dy) = (
-            f32s(self.name(), xs, xl)?,
-            f32s(self.name(), ws, wl)?,
-            f32s(self.name(), gs, gl)?,
-        );
+        let [x, w, dy] = f32_inputs(self.name(), [(xs, xl), (ws, wl), (gs, gl)])?;
         let n = x.len();
         let eps = self.eps;
         // The partial sums hold dweight, then dbias.

@@ -1,10 +1,9 @@
 //! `RmsNorm`: y = x / sqrt(mean(x²) + eps) * weight over the last dimension, as Hugging
 //! Face's Llama computes it (in f32), forward and backward each one pass over the rows.
 
-use crate::cpu::{as_f32, f32s, fused, norm_backward, norm_width, rows_per_task};
+use crate::cpu::{as_f32, f32_inputs, fused, map_rows, norm_backward, norm_width};
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Module, Result, Shape, Tensor, D};
 use candle_nn::VarBuilder;
-use rayon::prelude::*;
 
 /// Root-mean-square normalisation over the last dimension, with a learned scale (Llama's
 /// `LlamaRMSNorm`).
@@ -109,20 +108,14 @@ impl CustomOp2 for Forward {
         wl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let c = norm_width(self.name(), xl, wl)?;
-        let (x, w) = (f32s(self.name(), xs, xl)?, f32s(self.name(), ws, wl)?);
-        let mut y = vec![0f32; x.len()];
-        let task = rows_per_task(c) * c;
-        y.par_chunks_mut(task)
-            .zip(x.par_chunks(task))
-            .for_each(|(y, x)| {
-                for (row, out) in x.chunks_exact(c).zip(y.chunks_exact_mut(c)) {
-                    let r = rrms(row, self.eps);
-                    for i in 0..c {
-                        // Normalised first, then scaled: Hugging Face's order of roundings.
-                        out[i] = w[i] * (row[i] * r);
-                    }
-                }
-            });
+        let [x, w] = f32_inputs(self.name(), [(xs, xl), (ws, wl)])?;
+        let y = map_rows(x, c, |row, out| {
+            let r = rrms(row, self.eps);
+            for i in 0..c {
+                // Normalised first, then scaled: Hugging Face's order of roundings.
+                out[i] = w[i] * (row[i] * r);
+            }
+        });
         Ok((CpuStorage::F32(y), xl.shape().clone()))
     }
 
@@ -163,11 +156,7 @@ impl candle_core::CustomOp3 for Backward {
         gl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let c = norm_width(self.name(), xl, wl)?;
-        let (x, w, dy) = (
-            f32s(self.name(), xs, xl)?,
-            f32s(self.name(), ws, wl)?,
-            f32s(self.name(), gs, gl)?,
-        );
+        let [x, w, dy] = f32_inputs(self.name(), [(xs, xl), (ws, wl), (gs, gl)])?;
         let n = x.len();
         let eps = self.eps;
         let out = norm_backward(x, dy, c, c, |row, g, d, dw| {

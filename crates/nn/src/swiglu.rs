@@ -1,7 +1,7 @@
 //! `swiglu`: Llama's gated MLP activation, `silu(gate) * up`, one op forward and one op
 //! backward, where Candle runs a unary op, a product and their backward's four more.
 
-use crate::cpu::{f32s, fused};
+use crate::cpu::{f32_inputs, fused};
 use crate::vector_math;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -44,7 +44,7 @@ impl CustomOp2 for Forward {
         us: &CpuStorage,
         ul: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (g, u) = (f32s(self.name(), gs, gl)?, f32s(self.name(), us, ul)?);
+        let [g, u] = f32_inputs(self.name(), [(gs, gl), (us, ul)])?;
         let mut y = vec![0f32; g.len()];
         y.par_chunks_mut(CHUNK)
             .zip(g.par_chunks(CHUNK).zip(u.par_chunks(CHUNK)))
@@ -86,11 +86,7 @@ impl CustomOp3 for Backward {
         dl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let name = self.name();
-        let (g, u, dy) = (
-            f32s(name, gs, gl)?,
-            f32s(name, us, ul)?,
-            f32s(name, ds, dl)?,
-        );
+        let [g, u, dy] = f32_inputs(name, [(gs, gl), (us, ul), (ds, dl)])?;
         let n = g.len();
         let mut both = vec![0f32; 2 * n];
         let (dg, du) = both.split_at_mut(n);
