@@ -9,7 +9,7 @@ use crate::fit_job::configure_on_one_cpu;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use wick_core::{StateBytes, Strategy};
-use wick_strategies::{FsdpSharding, StrategyKind, StrategySpec};
+use wick_strategies::{FsdpSharding, FsdpSpec, StrategyKind, StrategySpec};
 
 /// The strategies estimated, by the names `wick fit` takes: every one of several ranks,
 /// fsdp with each sharding but hybrid_shard (whose bytes depend on its groups).
@@ -22,10 +22,10 @@ fn strategies() -> Vec<(String, Box<dyn Strategy>)> {
         .collect();
     for sharding in FsdpSharding::ALL {
         if sharding != FsdpSharding::HybridShard {
-            let spec = StrategySpec {
+            let spec = StrategySpec::Fsdp(FsdpSpec {
                 sharding,
-                ..StrategySpec::new(StrategyKind::Fsdp)
-            };
+                ..FsdpSpec::default()
+            });
             all.push((format!("fsdp {sharding}"), build(spec)));
         }
     }

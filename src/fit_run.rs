@@ -87,7 +87,7 @@ impl Run {
             .preemption(Preemption::on_signals().context("catching SIGTERM, SIGINT and SIGUSR1")?)
             .callback(LearningRateMonitor::new())
             .callback(history.clone());
-        builder = builder.strategy(args.strategy_spec());
+        builder = builder.strategy(args.strategy_spec().map_err(anyhow::Error::msg)?);
         if let Some(d) = devices {
             builder = builder.devices(d);
         }

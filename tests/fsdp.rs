@@ -3,8 +3,8 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::Linear;
 use std::sync::Arc;
 use wick::accelerator::ThreadWorld;
-use wick::core::{GradSync, OptimizerConfig, ShardedContext, TrainModule, Wrapped};
-use wick::strategies::{Fsdp, FsdpSharding, StrategyKind, StrategySpec};
+use wick::core::{GradSync, OptimizerConfig, ShardedContext, StepOptions, TrainModule, Wrapped};
+use wick::strategies::{Fsdp, FsdpSharding, FsdpSpec, StrategySpec};
 use wick::trainer::{Attached, DataLoader, Trainer};
 
 const STEPS: usize = 10;
@@ -99,13 +99,16 @@ fn full_shard_runs_each_forward_once_unless_checkpointing_recomputes_it() {
 fn activation_checkpointing_under_every_strategy_matches_single_device() {
     use wick::core::ActivationCheckpointing as Ac;
     let reference = train(1, "single", adamw(), STEPS);
-    let make = |name: &str| -> Box<dyn wick::core::Strategy> {
-        match name {
-            "fsdp shard_grad_op" => Fsdp::new(FsdpSharding::ShardGradOp).build(),
-            "fsdp no_shard" => Fsdp::new(FsdpSharding::NoShard).build(),
-            "fsdp full_shard" => Fsdp::new(FsdpSharding::FullShard).build(),
-            name => wick::strategies::strategy_by_name(name).unwrap(),
-        }
+    // The choice made in the strategy's spec, as `wick fit` makes it.
+    let make = |name: &str, ac: Ac| -> Box<dyn wick::core::Strategy> {
+        let spec = match name.strip_prefix("fsdp ") {
+            Some(sharding) => StrategySpec::Fsdp(FsdpSpec {
+                sharding: sharding.parse().unwrap(),
+                ..FsdpSpec::default()
+            }),
+            None => StrategySpec::new(name.parse().unwrap()),
+        };
+        spec.with_activation_checkpointing(ac).build().unwrap()
     };
     let strategies = [
         ("single", 1),
@@ -119,8 +122,7 @@ fn activation_checkpointing_under_every_strategy_matches_single_device() {
     ];
     for (name, w) in strategies {
         for (ac, runs_per_step) in [(Ac::Full, 6), (Ac::Every(3), 4)] {
-            let trainer = crate::common::quiet_builder(w, make(name), STEPS)
-                .activation_checkpointing(ac)
+            let trainer = crate::common::quiet_builder(w, make(name, ac), STEPS)
                 .error_on_unused_parameters(true)
                 .build()
                 .unwrap();
@@ -132,18 +134,13 @@ fn activation_checkpointing_under_every_strategy_matches_single_device() {
             );
         }
     }
-    // The same choice made in the strategy's spec, as `wick fit` makes it.
-    for kind in [StrategyKind::Ddp, StrategyKind::Fsdp] {
-        let spec = StrategySpec {
-            activation_checkpointing: Ac::Full,
-            ..StrategySpec::new(kind)
-        };
-        let trainer = crate::common::quiet_builder(3, spec.build().unwrap(), STEPS)
-            .error_on_unused_parameters(true)
-            .build()
-            .unwrap();
-        fit_counting_forwards(trainer, 3 * 6, &reference, &format!("{kind}'s spec"));
-    }
+    // The same choice made on an instance.
+    let fsdp = Fsdp::new(FsdpSharding::FullShard).with_activation_checkpointing(Ac::Full);
+    let trainer = crate::common::quiet_builder(3, fsdp.build(), STEPS)
+        .error_on_unused_parameters(true)
+        .build()
+        .unwrap();
+    fit_counting_forwards(trainer, 3 * 6, &reference, "an fsdp instance");
 }
 
 #[test]
@@ -185,7 +182,7 @@ fn gathers_per_step_of(make: impl Fn() -> Fsdp + Sync) -> (usize, usize) {
                 .collect::<candle_core::Result<Vec<_>>>()?
         };
         s.finish_sharding()?;
-        s.configure_optimizer(&adamw())?;
+        s.configure_optimizer(&adamw(), StepOptions::default())?;
         let mut h = Tensor::ones((2, 4), DType::F32, &Device::Cpu)?;
         for u in &units {
             h = u.apply(&h, |l, x| l.forward(x))?;

@@ -19,9 +19,9 @@ use counting_allocator as heap;
 use std::sync::Arc;
 use wick::accelerator::ThreadWorld;
 use wick::core::{
-    ActivationCheckpointing, Collective, GradSync, OptimizerConfig, Strategy, Wrapped,
+    ActivationCheckpointing, Collective, GradSync, OptimizerConfig, StepOptions, Strategy, Wrapped,
 };
-use wick::strategies::{Fsdp, FsdpSharding, Zero3};
+use wick::strategies::{Fsdp, FsdpSharding, FsdpSpec, StrategySpec, Zero3};
 
 /// One 1024 x 4096 weight: 16 MiB in full, 4 MiB per rank at W = 4.
 const FULL_BYTES: usize = 1024 * 4096 * 4;
@@ -81,7 +81,7 @@ fn held_between_forward_and_backward(strategy: &str) -> usize {
             ctx.wrap("big", |vb| candle_nn::linear_no_bias(1024, 4096, vb))?
         };
         s.finish_sharding()?;
-        s.configure_optimizer(&OptimizerConfig::sgd(0.1))?;
+        s.configure_optimizer(&OptimizerConfig::sgd(0.1), StepOptions::default())?;
         let x = candle_core::Tensor::ones(
             (2, 1024),
             candle_core::DType::F32,
@@ -127,7 +127,7 @@ fn deep_model(
             .collect::<candle_core::Result<_>>()?
     };
     s.finish_sharding()?;
-    s.configure_optimizer(&optimizer)?;
+    s.configure_optimizer(&optimizer, StepOptions::default())?;
     Ok(units)
 }
 
@@ -224,8 +224,7 @@ fn step_growth(strategy: &str, ac: ActivationCheckpointing, rows: usize) -> usiz
     let world_size = if strategy == "single" { 1 } else { 2 };
     let outcomes = ThreadWorld::new(world_size).run(|comm| {
         let world: Arc<dyn Collective> = Arc::new(comm);
-        let mut s = make(strategy);
-        s.set_activation_checkpointing(ac);
+        let mut s = make_checkpointed(strategy, ac);
         let units = deep_model(s.as_mut(), &world, true, OptimizerConfig::sgd(0.1))?;
         deep_step(s.as_mut(), &units, 0.1, rows)?;
         world.barrier()?;
@@ -393,8 +392,17 @@ const STRATEGIES: [&str; 7] = [
 ];
 
 fn make(strategy: &str) -> Box<dyn Strategy> {
-    match strategy {
-        "fsdp_shard_grad_op" => Fsdp::new(FsdpSharding::ShardGradOp).build(),
-        name => wick::strategies::strategy_by_name(name).unwrap(),
-    }
+    make_checkpointed(strategy, ActivationCheckpointing::None)
+}
+
+/// `strategy` by name (or `fsdp_shard_grad_op`), recomputing the units `ac` picks.
+fn make_checkpointed(strategy: &str, ac: ActivationCheckpointing) -> Box<dyn Strategy> {
+    let spec = match strategy {
+        "fsdp_shard_grad_op" => StrategySpec::Fsdp(FsdpSpec {
+            sharding: FsdpSharding::ShardGradOp,
+            ..FsdpSpec::default()
+        }),
+        name => StrategySpec::new(name.parse().unwrap()),
+    };
+    spec.with_activation_checkpointing(ac).build().unwrap()
 }

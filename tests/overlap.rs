@@ -5,7 +5,7 @@ use crate::common::{
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 use std::sync::{Arc, Mutex};
 use wick::accelerator::ThreadWorld;
-use wick::core::{GradSync, Strategy};
+use wick::core::{GradSync, StepOptions, Strategy};
 use wick::strategies::{Ddp, Fsdp, FsdpSharding, Zero, Zero3};
 use wick::trainer::Attached;
 
@@ -49,7 +49,7 @@ fn logs(w: usize, make: &(dyn Fn() -> Box<dyn Strategy> + Sync)) -> Vec<Vec<Stri
                 .collect::<candle_core::Result<Vec<_>>>()?
         };
         s.finish_sharding()?;
-        s.configure_optimizer(&adamw())?;
+        s.configure_optimizer(&adamw(), StepOptions::default())?;
         for _ in 0..2 {
             let mut h = Tensor::ones((2, 6), DType::F32, &Device::Cpu)?;
             for (i, u) in units.iter().enumerate() {

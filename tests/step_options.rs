@@ -1,7 +1,7 @@
 use crate::common::{adamw, full_parameters, max_diff, Mlp, Recording, Regression};
 use candle_core::{DType, Device, Module, Tensor};
 use wick::accelerator::ThreadWorld;
-use wick::core::{Collective, GradSync};
+use wick::core::{Collective, GradSync, StepOptions};
 use wick::trainer::{Attached, DataLoader, Trainer};
 
 /// Trains the MLP with the given options and returns its full parameters.
@@ -62,10 +62,11 @@ fn four_micro_batches_equal_one_batch_four_times_larger() {
     }
 }
 
-/// Two wrapped 3x3 linear layers under `s`, connected to `world`, with AdamW.
+/// Two wrapped 3x3 linear layers under `s`, connected to `world`, with AdamW and `options`.
 fn two_layers(
     s: &mut dyn wick::core::Strategy,
     world: std::sync::Arc<dyn Collective>,
+    options: StepOptions,
 ) -> wick::core::Result<Vec<wick::core::Wrapped<candle_nn::Linear>>> {
     s.connect(world, Device::Cpu)?;
     let ctx = s.sharded_context(1)?;
@@ -76,7 +77,7 @@ fn two_layers(
             .collect::<candle_core::Result<Vec<_>>>()?
     };
     s.finish_sharding()?;
-    s.configure_optimizer(&adamw())?;
+    s.configure_optimizer(&adamw(), options)?;
     Ok(layers)
 }
 
@@ -86,8 +87,11 @@ fn step_report(w: usize, strategy: &str, clip: Option<f64>) -> Vec<wick::core::S
     let reports = ThreadWorld::new(w).run(|comm| {
         let rank = comm.rank();
         let mut s = wick::strategies::strategy_by_name(strategy)?;
-        s.set_clip_grad_norm(clip);
-        let layers = two_layers(s.as_mut(), std::sync::Arc::new(comm))?;
+        let options = StepOptions {
+            clip_grad_norm: clip,
+            ..StepOptions::default()
+        };
+        let layers = two_layers(s.as_mut(), std::sync::Arc::new(comm), options)?;
         let rows = Tensor::arange(0f32, 36., &Device::Cpu)?.reshape((12, 3))?;
         let mut h = rows.narrow(0, rank * 12 / w, 12 / w)?;
         for l in &layers {
@@ -124,7 +128,7 @@ fn no_gradient_collective_runs_before_the_last_micro_batch() {
         let logs = ThreadWorld::new(2).run(|comm| {
             let world = Recording::over(comm);
             let mut s = wick::strategies::strategy_by_name(strategy)?;
-            let layers = two_layers(s.as_mut(), world.clone())?;
+            let layers = two_layers(s.as_mut(), world.clone(), StepOptions::default())?;
             let x = Tensor::ones((2, 3), DType::F32, &Device::Cpu)?;
             let mut marks = Vec::new();
             for micro in 0..4 {

@@ -3,7 +3,7 @@ use crate::common::{full_parameters, loader, Mlp};
 use crate::common::Recording;
 use candle_core::{DType, Device, Module, Tensor};
 use wick::accelerator::ThreadWorld;
-use wick::core::{GradSync, OptimizerConfig, Strategy};
+use wick::core::{GradSync, OptimizerConfig, StepOptions, StrategySetup, StrategyStep};
 use wick::strategies::Zero3;
 use wick::trainer::{Attached, Trainer};
 
@@ -51,7 +51,7 @@ fn backward_issues_the_same_collectives_in_the_same_order_on_every_rank() {
                     .collect::<candle_core::Result<Vec<_>>>()?
             };
             zero3.finish_sharding()?;
-            zero3.configure_optimizer(&OptimizerConfig::adamw(0.01))?;
+            zero3.configure_optimizer(&OptimizerConfig::adamw(0.01), StepOptions::default())?;
             let x = Tensor::ones((4, 5), DType::F32, &Device::Cpu)?;
             for _ in 0..2 {
                 let mut h = x.clone();

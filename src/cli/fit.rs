@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use wick_core::{ActivationCheckpointing, Decay, LrSchedule, OnNonFinite};
 use wick_models::LoraConfig;
-use wick_strategies::{FsdpSharding, Precision, StrategyKind, StrategySpec};
+use wick_strategies::{FsdpSharding, FsdpSpec, Precision, StrategyKind, StrategySpec};
 
 /// The effective options of `wick fit`: the defaults, overridden by `--config`, overridden
 /// by the command line. Keys in TOML are the long options without dashes.
@@ -162,7 +162,7 @@ impl FitArgs {
         if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{key} must be a positive integer, got 0"));
         }
-        self.strategy_spec().check().map_err(|e| e.to_string())?;
+        self.strategy_spec()?.build().map_err(|e| e.to_string())?;
         if let Some(lora) = self.lora() {
             lora.check()?;
             if self.model.is_none() {
@@ -197,17 +197,45 @@ impl FitArgs {
         })
     }
 
-    /// The strategy these options describe.
-    pub fn strategy_spec(&self) -> StrategySpec {
-        StrategySpec {
-            strategy: self.strategy,
-            sharding: self.sharding,
-            group_size: self.group_size,
-            precision: self.precision,
-            prefetch: self.prefetch,
-            auto_wrap: self.auto_wrap.clone(),
-            activation_checkpointing: self.activation_checkpointing,
-        }
+    /// The strategy these options describe, or which option is not one of the chosen
+    /// strategy's.
+    pub fn strategy_spec(&self) -> Result<StrategySpec, String> {
+        let fsdp_only = [
+            ("sharding", self.sharding != FsdpSharding::default()),
+            ("precision", self.precision != Precision::Full),
+            ("auto-wrap", self.auto_wrap.is_some()),
+        ];
+        let not_its =
+            |option: &str| format!("{option} is an option of fsdp, not {}", self.strategy);
+        let spec = match self.strategy {
+            StrategyKind::Fsdp => StrategySpec::Fsdp(FsdpSpec {
+                sharding: self.sharding,
+                group_size: self.group_size,
+                precision: self.precision,
+                prefetch: self.prefetch,
+                auto_wrap: self.auto_wrap.clone(),
+                activation_checkpointing: self.activation_checkpointing,
+            }),
+            kind => {
+                if let Some((option, _)) = fsdp_only.iter().find(|(_, given)| *given) {
+                    return Err(not_its(option));
+                }
+                match (kind, self.prefetch) {
+                    (StrategyKind::Zero3, prefetch) => StrategySpec::Zero3 {
+                        prefetch,
+                        activation_checkpointing: self.activation_checkpointing,
+                    },
+                    (_, true) => {
+                        return Err(format!(
+                            "prefetch is an option of zero3 and fsdp, not {kind}"
+                        ))
+                    }
+                    (kind, false) => StrategySpec::new(kind)
+                        .with_activation_checkpointing(self.activation_checkpointing),
+                }
+            }
+        };
+        Ok(spec)
     }
 
     /// The schedule of the options: warmup, then the decay until `decay-steps`.
@@ -375,35 +403,33 @@ mod tests {
     }
 
     #[test]
-    fn options_that_do_not_go_together_get_the_librarys_refusal() {
-        for (line, spec) in [
+    fn options_that_do_not_go_together_are_refused_by_name() {
+        for (line, refusal) in [
             (
                 "fit --strategy zero2 --precision bf16-mixed",
-                StrategySpec {
-                    precision: Precision::Bf16Mixed,
-                    ..StrategySpec::new(StrategyKind::Zero2)
-                },
+                "precision is an option of fsdp, not zero2",
+            ),
+            (
+                "fit --strategy ddp --sharding no_shard",
+                "sharding is an option of fsdp, not ddp",
             ),
             (
                 "fit --strategy ddp --prefetch",
-                StrategySpec {
-                    prefetch: true,
-                    ..StrategySpec::new(StrategyKind::Ddp)
-                },
-            ),
-            (
-                "fit --sharding no_shard --precision 16-mixed",
-                StrategySpec {
-                    sharding: FsdpSharding::NoShard,
-                    precision: Precision::F16Mixed,
-                    ..StrategySpec::new(StrategyKind::Fsdp)
-                },
+                "prefetch is an option of zero3 and fsdp, not ddp",
             ),
         ] {
-            let library = spec.check().unwrap_err().to_string();
             let program = fit(line).unwrap_err();
-            assert!(program.contains(&library), "{line}: {program} / {library}");
+            assert!(program.contains(refusal), "{line}: {program}");
         }
+        // What the types let through, the library refuses when it builds the strategy.
+        let spec = StrategySpec::Fsdp(FsdpSpec {
+            sharding: FsdpSharding::NoShard,
+            precision: Precision::F16Mixed,
+            ..FsdpSpec::default()
+        });
+        let library = spec.build().err().unwrap().to_string();
+        let program = fit("fit --sharding no_shard --precision 16-mixed").unwrap_err();
+        assert!(program.contains(&library), "{program} / {library}");
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub use safetensors_file::SafetensorsFile;
 pub use solo_world::SoloWorld;
 pub use stage::Stage;
 pub use state::{FlatGroup, GroupRange, LossScale, RankState, StateReader, PARAM_KIND};
-pub use strategy::{GradSync, OnNonFinite, Sharding, StateBytes, StepReport, Strategy};
+pub use strategy::{
+    BackwardReport, GradSync, OnNonFinite, Sharding, StateBytes, StepOptions, StepReport, Strategy,
+    StrategySetup, StrategyState, StrategyStep,
+};
 pub use wait_clock::WaitClock;
 pub use weights::{ParamInit, PretrainedWeights, WeightSource};

@@ -63,7 +63,7 @@ impl std::str::FromStr for OnNonFinite {
     }
 }
 
-/// What one [`Strategy::optimizer_step`] did: the same on every rank.
+/// What one [`StrategyStep::optimizer_step`] did: the same on every rank.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct StepReport {
     /// The step was skipped for inf or NaN gradients (by [`OnNonFinite::Skip`] or the loss
@@ -76,15 +76,53 @@ pub struct StepReport {
     pub loss_scale: Option<LossScale>,
 }
 
-/// One rank's instance of a distribution strategy.
+/// What the trainer asks of every optimizer step, whatever the strategy: given with the
+/// optimizer at [`StrategySetup::configure_optimizer`], for the fit about to run.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepOptions {
+    /// Clip the reduced gradients to this global L2 norm before each step (as torch's
+    /// `clip_grad_norm_`), or not at all.
+    pub clip_grad_norm: Option<f64>,
+    /// What a step does when the reduced gradients hold inf or NaN on some rank (checked
+    /// every step, after reduction). Under dynamic loss scaling such steps are the
+    /// scaler's to skip, whatever this says.
+    pub on_nonfinite: OnNonFinite,
+    /// Look, during the first forward and backward after `configure_optimizer`, for
+    /// parameters that get no gradient; that backward's [`BackwardReport`] names them.
+    pub find_unused_parameters: bool,
+}
+
+/// What one [`StrategyStep::backward`] found: the same on every rank.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BackwardReport {
+    /// The parameters this backward gave no gradient, by name, where it looked (the first
+    /// backward after a `configure_optimizer` with
+    /// [`StepOptions::find_unused_parameters`]); `None` elsewhere.
+    pub unused_parameters: Option<Vec<String>>,
+}
+
+/// One rank's instance of a distribution strategy: the three roles it plays, each a trait
+/// of its own, so a reader (and a wrapper) sees which calls belong to which stage.
 ///
-/// The trainer gives each rank its own instance ([`Strategy::for_new_rank`]) and calls, in
-/// order: [`connect`](Strategy::connect) at every stage, [`sharded_context`](Strategy::sharded_context)
-/// and [`finish_sharding`](Strategy::finish_sharding) once around `configure_sharded_model`,
-/// [`configure_optimizer`](Strategy::configure_optimizer) at each fit, then per step
-/// [`backward`](Strategy::backward) (once per micro-batch) and
-/// [`optimizer_step`](Strategy::optimizer_step).
-pub trait Strategy: Send {
+/// The trainer gives each rank its own instance ([`StrategySetup::for_new_rank`]) and
+/// calls, in order:
+/// - set-up ([`StrategySetup`]): [`connect`](StrategySetup::connect) at every stage,
+///   [`sharded_context`](StrategySetup::sharded_context) and
+///   [`finish_sharding`](StrategySetup::finish_sharding) once around
+///   `configure_sharded_model`, [`configure_optimizer`](StrategySetup::configure_optimizer)
+///   at each fit;
+/// - steps ([`StrategyStep`]): [`backward`](StrategyStep::backward) once per micro-batch,
+///   then [`optimizer_step`](StrategyStep::optimizer_step), each returning its report;
+/// - state ([`StrategyState`]): sizes, full parameters, and a checkpoint's save and load.
+///
+/// Every type with the three is a `Strategy`.
+pub trait Strategy: StrategySetup + StrategyStep + StrategyState {}
+
+impl<S: StrategySetup + StrategyStep + StrategyState + ?Sized> Strategy for S {}
+
+/// A strategy's set-up: from a fresh instance to a rank whose parameters are laid out and
+/// whose optimizer is ready.
+pub trait StrategySetup: Send {
     /// The registry name (`single`, `ddp`, ...).
     fn name(&self) -> &str;
 
@@ -111,50 +149,35 @@ pub trait Strategy: Send {
     /// Whether `configure_sharded_model` already ran for this instance.
     fn is_configured(&self) -> bool;
 
-    /// Builds the optimizer over this rank's parameters (or their shards).
-    fn configure_optimizer(&mut self, config: &OptimizerConfig) -> Result<()>;
+    /// Builds the optimizer over this rank's parameters (or their shards), with what each
+    /// step of the fit about to run does beside it.
+    fn configure_optimizer(&mut self, config: &OptimizerConfig, options: StepOptions)
+        -> Result<()>;
+}
 
-    /// Clip the reduced gradients to this global L2 norm before each optimizer step (as
-    /// torch's `clip_grad_norm_`), or not at all.
-    fn set_clip_grad_norm(&mut self, max_norm: Option<f64>);
-
-    /// What [`optimizer_step`](Strategy::optimizer_step) does when the reduced gradients
-    /// hold inf or NaN on some rank (checked every step, on the gradients after reduction).
-    /// Under dynamic loss scaling such steps are the scaler's to skip, whatever this says.
-    fn set_on_nonfinite(&mut self, policy: OnNonFinite);
-
-    /// Which wrapped units recompute their forward in backward instead of keeping their
-    /// activations (activation checkpointing); set before `sharded_context`, kept for
-    /// [`Strategy::for_new_rank`].
-    fn set_activation_checkpointing(&mut self, ac: crate::ActivationCheckpointing);
-
+/// A strategy's training step: backward per micro-batch, then the optimizer step.
+pub trait StrategyStep {
     /// Back-propagates `loss` and accumulates the gradients. `sync` says where this
     /// micro-batch stands in its optimizer step: strategies that reduce gradients inside
     /// backward (the sharded ones) reduce them under [`GradSync::Reduce`] and keep them
     /// local under [`GradSync::Accumulate`]; the others reduce in `optimizer_step` anyway.
-    fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<()>;
+    fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<BackwardReport>;
 
     /// Frees whatever a forward that no backward follows (an evaluation or prediction
     /// step) gathered: a strategy that keeps a unit's gathered parameters until backward
     /// would otherwise hold them until the next one.
     fn free_gathered(&mut self) {}
 
-    /// Looks, during the next forward and [`backward`](Strategy::backward), for parameters
-    /// that get no gradient; [`unused_parameters`](Strategy::unused_parameters) tells them
-    /// after that backward. Called before the forward.
-    fn find_unused_parameters(&mut self);
-
-    /// The parameters the last `backward` after
-    /// [`find_unused_parameters`](Strategy::find_unused_parameters) gave no gradient, by
-    /// name (the same on every rank: every rank runs the same graph).
-    fn unused_parameters(&self) -> Vec<String>;
-
     /// Synchronizes the accumulated gradients, steps the optimizer at learning rate `lr`
     /// (the trainer passes its schedule's rate for this step), clears the gradients, and
     /// reports what the step did. Under dynamic loss scaling, a step whose gradients hold
     /// inf or NaN on any rank is skipped on every rank.
     fn optimizer_step(&mut self, lr: f64) -> Result<StepReport>;
+}
 
+/// A strategy's model state: what it holds, in full and in ranges, and a checkpoint's save
+/// and load of it.
+pub trait StrategyState {
     /// Every parameter in full, by name, in registration order, the frozen ones (see
     /// [`ShardedContext::train_only`]) after the trainable ones of their unit. Collective
     /// under sharding strategies: every rank must call it.
@@ -185,7 +208,7 @@ pub trait Strategy: Send {
 
     /// Replaces the parameters and optimizer state (and its step count) with the saved ones
     /// `reader` serves, whatever world size saved them. Called after
-    /// [`configure_optimizer`](Strategy::configure_optimizer).
+    /// [`configure_optimizer`](StrategySetup::configure_optimizer).
     fn load_state(&mut self, reader: &dyn StateReader) -> Result<()>;
 }
 

@@ -5,7 +5,10 @@
 
 use candle_core::{Device, Module, Tensor};
 use std::sync::Arc;
-use wick_strategies::{Ddp, Error, GradSync, OptimizerConfig, SoloWorld, Strategy};
+use wick_strategies::{
+    Ddp, Error, GradSync, OptimizerConfig, SoloWorld, StepOptions, StrategySetup, StrategyState,
+    StrategyStep,
+};
 
 fn main() -> Result<(), Error> {
     let mut ddp = Ddp::new();
@@ -16,7 +19,7 @@ fn main() -> Result<(), Error> {
         candle_nn::linear(1, 1, ctx.var_builder().pp("fit"))?
     };
     ddp.finish_sharding()?;
-    ddp.configure_optimizer(&OptimizerConfig::sgd(0.1))?;
+    ddp.configure_optimizer(&OptimizerConfig::sgd(0.1), StepOptions::default())?;
 
     let x = Tensor::new(&[[0f32], [1.], [2.], [3.]], &Device::Cpu)?;
     let y = Tensor::new(&[[-1f32], [1.], [3.], [5.]], &Device::Cpu)?;

@@ -52,7 +52,7 @@ pub use precision::Precision;
 pub use registry::strategy_by_name;
 pub use replicated_strategy::Replicated;
 pub use single::{NoReduce, SingleDevice};
-pub use spec::{StrategyKind, StrategySpec};
+pub use spec::{FsdpSpec, StrategyKind, StrategySpec};
 pub use zero::{Zero, ZeroReduce};
 pub use zero3::Zero3;
 
@@ -60,6 +60,7 @@ pub use zero3::Zero3;
 // the rest of it is reachable as `wick_strategies::wick_core`.
 pub use wick_core;
 pub use wick_core::{
-    Algorithm, Collective, Error, GradSync, LrSchedule, OptimizerConfig, ReduceOp, ShardedContext,
-    SoloWorld, Strategy, TrainModule, Wrapped,
+    Algorithm, BackwardReport, Collective, Error, GradSync, LrSchedule, OptimizerConfig, ReduceOp,
+    ShardedContext, SoloWorld, StepOptions, StepReport, Strategy, StrategySetup, StrategyState,
+    StrategyStep, TrainModule, Wrapped,
 };

@@ -18,9 +18,9 @@ use candle_core::{DType, Device, Shape, Tensor, Var};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use wick_core::{
-    lock, ActivationCheckpointing, Collective, Error, GroupRange, OnNonFinite, OptimizerConfig,
-    ParamSource, RankState, RecomputeFn, Result, ShardedContext, StateBytes, StateReader, UnitPlan,
-    PARAM_KIND,
+    lock, ActivationCheckpointing, BackwardReport, Collective, Error, GroupRange, OptimizerConfig,
+    ParamSource, RankState, RecomputeFn, Result, ShardedContext, StateBytes, StateReader,
+    StepOptions, UnitPlan, PARAM_KIND,
 };
 
 /// Full parameters created on request, identical on every rank (the init is counter-based,
@@ -114,20 +114,16 @@ pub(crate) struct ReplicatedState {
     optimizer: Option<Optimizer>,
     /// Bytes of the reduced gradients the last step used (set by the strategy).
     pub(crate) grad_bytes: usize,
-    /// Global-norm clipping applied before each step.
-    pub(crate) clip: Option<f64>,
+    /// What each step of this fit does beside the update (clipping, inf or NaN).
+    options: StepOptions,
     /// Look for parameters without gradient in the next backward.
-    pub(crate) find_unused: bool,
+    find_unused: bool,
     /// The parameter gradients of recomputed units' backward, added after the loss's.
     recomputed: Arc<RecomputedGrads>,
-    /// What the last looking backward found.
-    pub(crate) unused: Vec<String>,
     /// The bucket reductions the last backward issued (ddp, zero1-2), until the step waits.
     in_flight: Option<BucketReduction>,
     /// Gradients already averaged by a reducing backward no step followed.
     reduced: Option<Vec<Tensor>>,
-    /// What a step does with inf or NaN gradients.
-    pub(crate) on_nonfinite: OnNonFinite,
     /// Whether the last step was skipped for them.
     pub(crate) skipped: bool,
     /// The last step's gradient norm before clipping, where clipping computed it.
@@ -204,11 +200,17 @@ impl ReplicatedState {
         !self.params.is_empty()
     }
 
-    pub(crate) fn configure_optimizer(&mut self, config: &OptimizerConfig) -> Result<()> {
+    pub(crate) fn configure_optimizer(
+        &mut self,
+        config: &OptimizerConfig,
+        options: StepOptions,
+    ) -> Result<()> {
         if self.params.is_empty() {
             return Err(Error::NoParameters);
         }
         self.optimizer = Some(Optimizer::new(config));
+        self.options = options;
+        self.find_unused = options.find_unused_parameters;
         self.grads = GradAccumulator::default();
         self.in_flight = None;
         self.reduced = None;
@@ -223,24 +225,26 @@ impl ReplicatedState {
         strategy: &str,
         loss: &Tensor,
         plan: Option<BucketPlan>,
-    ) -> Result<()> {
-        if std::mem::take(&mut self.find_unused) {
+    ) -> Result<BackwardReport> {
+        let mut unused = std::mem::take(&mut self.find_unused).then(|| {
             let handed = self.params.iter().zip(&self.names);
-            self.unused = unreached(
+            unreached(
                 loss,
                 handed.map(|(p, n)| (Some(p.id()), std::slice::from_ref(n))),
-            );
-        }
+            )
+        });
         self.settle_reduced()?;
         let Some(plan) = plan else {
             let store = loss.backward()?;
             self.grads.add(&self.params, store)?;
             let recomputed = self.recomputed.take();
-            self.keep_reached(&recomputed);
+            self.keep_reached(&recomputed, &mut unused);
             for store in recomputed {
                 self.grads.add(&self.params, store)?;
             }
-            return Ok(());
+            return Ok(BackwardReport {
+                unused_parameters: unused,
+            });
         };
         let world = self.world(strategy)?.clone();
         let mut reduction = BucketReduction::new(&self.params, plan, self.grads.take_partial());
@@ -248,7 +252,7 @@ impl ReplicatedState {
             reduction.ready(world.as_ref(), var, grad)
         });
         let recomputed = self.recomputed.take();
-        self.keep_reached(&recomputed);
+        self.keep_reached(&recomputed, &mut unused);
         let issued = match store {
             Ok(store) => {
                 let stores = [store].into_iter().chain(recomputed);
@@ -262,14 +266,21 @@ impl ReplicatedState {
             return Err(e);
         }
         self.in_flight = Some(reduction);
-        Ok(())
+        Ok(BackwardReport {
+            unused_parameters: unused,
+        })
     }
 
     /// A recomputed unit's parameters are in its own graph, not the loss's: those its
     /// backward reached are not unused.
-    fn keep_reached(&mut self, recomputed: &[candle_core::backprop::GradStore]) {
+    fn keep_reached(
+        &self,
+        recomputed: &[candle_core::backprop::GradStore],
+        unused: &mut Option<Vec<String>>,
+    ) {
+        let Some(unused) = unused else { return };
         for store in recomputed {
-            self.unused.retain(|name| {
+            unused.retain(|name| {
                 !self
                     .names
                     .iter()
@@ -336,9 +347,13 @@ impl ReplicatedState {
     ) -> Result<bool> {
         let device = self.device(strategy)?;
         let names = &self.names;
-        let step = agree_finite(local, shards_over, &device, self.on_nonfinite, |i| {
-            names[i].clone()
-        })?;
+        let step = agree_finite(
+            local,
+            shards_over,
+            &device,
+            self.options.on_nonfinite,
+            |i| names[i].clone(),
+        )?;
         self.skipped = !step;
         self.grad_norm = None;
         Ok(step)
@@ -351,7 +366,7 @@ impl ReplicatedState {
         grads: &mut [Tensor],
         shards_over: Option<&dyn Collective>,
     ) -> Result<()> {
-        if let Some(max_norm) = self.clip {
+        if let Some(max_norm) = self.options.clip_grad_norm {
             self.grad_norm = Some(clip_grad_norm(grads, max_norm, shards_over)?);
         }
         Ok(())

@@ -10,8 +10,9 @@ use crate::replicated::ReplicatedState;
 use candle_core::{Device, Shape, Tensor};
 use std::sync::Arc;
 use wick_core::{
-    ActivationCheckpointing, Collective, GradSync, OnNonFinite, OptimizerConfig, RankState, Result,
-    ShardedContext, Sharding, StateBytes, StateReader, StepReport, Strategy,
+    ActivationCheckpointing, BackwardReport, Collective, GradSync, OptimizerConfig, RankState,
+    Result, ShardedContext, Sharding, StateBytes, StateReader, StepOptions, StepReport, Strategy,
+    StrategySetup, StrategyState, StrategyStep,
 };
 
 /// How a replicated strategy reduces gradients and steps. It holds options only, so a clone
@@ -83,15 +84,14 @@ impl<R> Replicated<R> {
     }
 }
 
-impl<R: GradReduce> Strategy for Replicated<R> {
+impl<R: GradReduce> StrategySetup for Replicated<R> {
     fn name(&self) -> &str {
         self.name
     }
 
     fn for_new_rank(&self) -> Box<dyn Strategy> {
-        let mut fresh = Replicated::with_reduce(self.name, self.reduce.clone())
+        let fresh = Replicated::with_reduce(self.name, self.reduce.clone())
             .with_activation_checkpointing(self.activation_checkpointing);
-        fresh.state.on_nonfinite = self.state.on_nonfinite;
         Box::new(fresh)
     }
 
@@ -117,36 +117,22 @@ impl<R: GradReduce> Strategy for Replicated<R> {
         self.state.is_configured()
     }
 
-    fn configure_optimizer(&mut self, config: &OptimizerConfig) -> Result<()> {
-        self.state.configure_optimizer(config)
+    fn configure_optimizer(
+        &mut self,
+        config: &OptimizerConfig,
+        options: StepOptions,
+    ) -> Result<()> {
+        self.state.configure_optimizer(config, options)
     }
+}
 
-    fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) {
-        self.state.clip = max_norm;
-    }
-
-    fn set_activation_checkpointing(&mut self, ac: ActivationCheckpointing) {
-        self.activation_checkpointing = ac;
-    }
-
-    fn set_on_nonfinite(&mut self, policy: OnNonFinite) {
-        self.state.on_nonfinite = policy;
-    }
-
-    fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<()> {
+impl<R: GradReduce> StrategyStep for Replicated<R> {
+    fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<BackwardReport> {
         let plan = match sync {
             GradSync::Reduce => self.reduce.overlapped(self.name, &self.state)?,
             _ => None,
         };
         self.state.backward(self.name, loss, plan)
-    }
-
-    fn find_unused_parameters(&mut self) {
-        self.state.find_unused = true;
-    }
-
-    fn unused_parameters(&self) -> Vec<String> {
-        self.state.unused.clone()
     }
 
     fn optimizer_step(&mut self, lr: f64) -> Result<StepReport> {
@@ -158,7 +144,9 @@ impl<R: GradReduce> Strategy for Replicated<R> {
             loss_scale: None,
         })
     }
+}
 
+impl<R: GradReduce> StrategyState for Replicated<R> {
     fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {
         self.state.full_parameters()
     }

@@ -2,7 +2,7 @@
 //! parameter store and the unit op read them without depending on the strategy.
 
 use crate::precision::Precision;
-use wick_core::{ActivationCheckpointing, OnNonFinite};
+use wick_core::ActivationCheckpointing;
 
 /// The options of a sharded strategy: everything that is not built from the model. A new
 /// rank's strategy gets a clone of them whole, so no option can be left behind.
@@ -27,8 +27,6 @@ pub(crate) struct ShardedOptions {
     pub(crate) max_live_parameters: Option<usize>,
     /// Which units recompute their forward in backward.
     pub(crate) activation_checkpointing: ActivationCheckpointing,
-    /// What a step does with inf or NaN gradients.
-    pub(crate) on_nonfinite: OnNonFinite,
 }
 
 impl ShardedOptions {
@@ -43,7 +41,6 @@ impl ShardedOptions {
             prefetch: false,
             max_live_parameters: None,
             activation_checkpointing: ActivationCheckpointing::None,
-            on_nonfinite: OnNonFinite::Error,
         }
     }
 }

@@ -1,7 +1,6 @@
-//! The typed strategy spec: which strategy, with which sharding, precision and FSDP options,
-//! and which of them go together. The program's flags, its TOML config, `estimate`, the
-//! registry and the trainer all read this one type, so a name is parsed once, where a user
-//! typed it, and a bad combination gets the same refusal from every door.
+//! The typed strategy spec: which strategy, with the options of that strategy only. The
+//! program's flags, its TOML config, `estimate`, the registry and the trainer all read this
+//! one type, so a name is parsed once, where a user typed it.
 
 use crate::{Ddp, Fsdp, FsdpSharding, Precision, SingleDevice, Zero, Zero3};
 use std::fmt;
@@ -94,48 +93,85 @@ named!(StrategyKind, "strategy", "strategy");
 named!(FsdpSharding, "sharding", "sharding");
 named!(Precision, "precision", "precision");
 
-/// A strategy and its options, checked together: what `wick fit --strategy ... --sharding
-/// ... --precision ...` and its TOML config say, as one value.
+/// A strategy with its own options: what `wick fit --strategy ... --sharding ...
+/// --precision ...` and its TOML config say, as one value. Each variant carries only the
+/// options its strategy has, so precision on ddp cannot be said; what the types cannot
+/// refuse (a group of 0 ranks, mixed precision without shards) [`StrategySpec::build`]
+/// refuses.
 ///
 /// ```
-/// use wick_strategies::{Precision, FsdpSharding, StrategyKind, StrategySpec};
+/// use wick_strategies::{FsdpSpec, FsdpSharding, Precision, StrategySpec};
 ///
-/// let spec = StrategySpec {
+/// let spec = StrategySpec::Fsdp(FsdpSpec {
 ///     sharding: FsdpSharding::ShardGradOp,
 ///     precision: Precision::Bf16Mixed,
-///     ..StrategySpec::new(StrategyKind::Fsdp)
-/// };
+///     ..FsdpSpec::default()
+/// });
 /// assert_eq!(spec.build().unwrap().name(), "fsdp");
-/// // Mixed precision is a mode of fsdp's sharded modes only.
-/// let bad = StrategySpec { precision: Precision::Bf16Mixed, ..StrategySpec::new(StrategyKind::Ddp) };
-/// assert!(bad.check().is_err());
+/// // Mixed precision needs fsdp's sharded modes.
+/// let bad = StrategySpec::Fsdp(FsdpSpec {
+///     sharding: FsdpSharding::NoShard,
+///     precision: Precision::Bf16Mixed,
+///     ..FsdpSpec::default()
+/// });
+/// assert!(bad.build().is_err());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StrategySpec {
-    /// The strategy.
-    pub strategy: StrategyKind,
-    /// fsdp: how it shards.
+pub enum StrategySpec {
+    /// [`SingleDevice`].
+    Single {
+        /// Which wrapped units recompute their forward in backward.
+        activation_checkpointing: ActivationCheckpointing,
+    },
+    /// [`Ddp`].
+    Ddp {
+        /// Which wrapped units recompute their forward in backward.
+        activation_checkpointing: ActivationCheckpointing,
+    },
+    /// [`Zero::stage1`].
+    Zero1 {
+        /// Which wrapped units recompute their forward in backward.
+        activation_checkpointing: ActivationCheckpointing,
+    },
+    /// [`Zero::stage2`].
+    Zero2 {
+        /// Which wrapped units recompute their forward in backward.
+        activation_checkpointing: ActivationCheckpointing,
+    },
+    /// [`Zero3`].
+    Zero3 {
+        /// Gather the next unit in the background ([`Zero3::with_prefetch`]).
+        prefetch: bool,
+        /// Which wrapped units recompute their forward in backward.
+        activation_checkpointing: ActivationCheckpointing,
+    },
+    /// [`Fsdp`], with its options.
+    Fsdp(FsdpSpec),
+}
+
+/// [`StrategySpec::Fsdp`]'s options; the default is `full_shard` in f32, every block a
+/// unit, activations kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsdpSpec {
+    /// How it shards.
     pub sharding: FsdpSharding,
-    /// fsdp `hybrid_shard`: ranks per sharding group.
+    /// `hybrid_shard`: ranks per sharding group (2 by default; the other shardings have no
+    /// groups and ignore it).
     pub group_size: usize,
-    /// fsdp: the precision of its sharded modes.
+    /// The precision of its sharded modes.
     pub precision: Precision,
-    /// zero3, fsdp `full_shard` and `hybrid_shard`: gather the next unit in the background.
+    /// `full_shard` and `hybrid_shard`: gather the next unit in the background.
     pub prefetch: bool,
-    /// fsdp: only blocks whose names start with one of these prefixes are units of their
-    /// own; the others share one root unit. `None`: every wrapped block is a unit.
+    /// Only blocks whose names start with one of these prefixes are units of their own;
+    /// the others share one root unit. `None`: every wrapped block is a unit.
     pub auto_wrap: Option<Vec<String>>,
-    /// Which wrapped units recompute their forward in backward instead of keeping their
-    /// activations (every strategy).
+    /// Which wrapped units recompute their forward in backward.
     pub activation_checkpointing: ActivationCheckpointing,
 }
 
-impl StrategySpec {
-    /// `strategy` with the default options: `full_shard`, groups of 2, f32, no prefetch,
-    /// every block a unit, activations kept.
-    pub fn new(strategy: StrategyKind) -> Self {
-        StrategySpec {
-            strategy,
+impl Default for FsdpSpec {
+    fn default() -> Self {
+        FsdpSpec {
             sharding: FsdpSharding::default(),
             group_size: 2,
             precision: Precision::default(),
@@ -144,81 +180,161 @@ impl StrategySpec {
             activation_checkpointing: ActivationCheckpointing::None,
         }
     }
+}
 
-    /// Refuses options that do not go with the strategy: precision and auto-wrap are fsdp's,
-    /// prefetch is zero3's and fsdp's, mixed precision needs a sharded sharding, a group has at least one rank.
-    pub fn check(&self) -> Result<()> {
-        if self.group_size == 0 {
-            return Err(Error::config(
-                "group-size",
-                "must be a positive integer, got 0",
-            ));
+impl StrategySpec {
+    /// `strategy` with its default options.
+    pub fn new(strategy: StrategyKind) -> Self {
+        let activation_checkpointing = ActivationCheckpointing::None;
+        match strategy {
+            StrategyKind::Single => StrategySpec::Single {
+                activation_checkpointing,
+            },
+            StrategyKind::Ddp => StrategySpec::Ddp {
+                activation_checkpointing,
+            },
+            StrategyKind::Zero1 => StrategySpec::Zero1 {
+                activation_checkpointing,
+            },
+            StrategyKind::Zero2 => StrategySpec::Zero2 {
+                activation_checkpointing,
+            },
+            StrategyKind::Zero3 => StrategySpec::Zero3 {
+                prefetch: false,
+                activation_checkpointing,
+            },
+            StrategyKind::Fsdp => StrategySpec::Fsdp(FsdpSpec::default()),
         }
-        if self.strategy != StrategyKind::Fsdp {
-            if self.auto_wrap.is_some() {
-                return Err(Error::config(
-                    "strategy",
-                    format!("auto-wrap is fsdp's option, not {}'s", self.strategy),
-                ));
-            }
-            if self.prefetch && self.strategy != StrategyKind::Zero3 {
-                return Err(Error::config(
-                    "strategy",
-                    format!(
-                        "prefetch is an option of zero3 and fsdp, not {}",
-                        self.strategy
-                    ),
-                ));
-            }
-            if self.precision != Precision::Full {
-                return Err(Error::config(
-                    "precision",
-                    format!(
-                        "precision {} needs strategy fsdp (its sharded modes), not {}",
-                        self.precision, self.strategy
-                    ),
-                ));
-            }
+    }
+
+    /// Which strategy this is.
+    pub fn kind(&self) -> StrategyKind {
+        match self {
+            StrategySpec::Single { .. } => StrategyKind::Single,
+            StrategySpec::Ddp { .. } => StrategyKind::Ddp,
+            StrategySpec::Zero1 { .. } => StrategyKind::Zero1,
+            StrategySpec::Zero2 { .. } => StrategyKind::Zero2,
+            StrategySpec::Zero3 { .. } => StrategyKind::Zero3,
+            StrategySpec::Fsdp(_) => StrategyKind::Fsdp,
         }
+    }
+
+    /// The activation checkpointing every variant carries.
+    pub fn activation_checkpointing(&self) -> ActivationCheckpointing {
+        match self {
+            StrategySpec::Single {
+                activation_checkpointing,
+            }
+            | StrategySpec::Ddp {
+                activation_checkpointing,
+            }
+            | StrategySpec::Zero1 {
+                activation_checkpointing,
+            }
+            | StrategySpec::Zero2 {
+                activation_checkpointing,
+            }
+            | StrategySpec::Zero3 {
+                activation_checkpointing,
+                ..
+            }
+            | StrategySpec::Fsdp(FsdpSpec {
+                activation_checkpointing,
+                ..
+            }) => *activation_checkpointing,
+        }
+    }
+
+    /// The same strategy with `ac` for its activation checkpointing.
+    pub fn with_activation_checkpointing(mut self, ac: ActivationCheckpointing) -> Self {
+        match &mut self {
+            StrategySpec::Single {
+                activation_checkpointing,
+            }
+            | StrategySpec::Ddp {
+                activation_checkpointing,
+            }
+            | StrategySpec::Zero1 {
+                activation_checkpointing,
+            }
+            | StrategySpec::Zero2 {
+                activation_checkpointing,
+            }
+            | StrategySpec::Zero3 {
+                activation_checkpointing,
+                ..
+            }
+            | StrategySpec::Fsdp(FsdpSpec {
+                activation_checkpointing,
+                ..
+            }) => *activation_checkpointing = ac,
+        }
+        self
+    }
+
+    /// The strategy, or an error naming the option its types could not refuse: a hybrid
+    /// group of 0 ranks, or mixed precision under `no_shard`.
+    pub fn build(&self) -> Result<Box<dyn Strategy>> {
+        let ac = self.activation_checkpointing();
+        Ok(match self {
+            StrategySpec::Single { .. } => {
+                Box::new(SingleDevice::new().with_activation_checkpointing(ac))
+            }
+            StrategySpec::Ddp { .. } => Box::new(Ddp::new().with_activation_checkpointing(ac)),
+            StrategySpec::Zero1 { .. } => {
+                Box::new(Zero::stage1().with_activation_checkpointing(ac))
+            }
+            StrategySpec::Zero2 { .. } => {
+                Box::new(Zero::stage2().with_activation_checkpointing(ac))
+            }
+            StrategySpec::Zero3 { prefetch, .. } => Box::new(
+                Zero3::new()
+                    .with_prefetch(*prefetch)
+                    .with_activation_checkpointing(ac),
+            ),
+            StrategySpec::Fsdp(spec) => spec.fsdp()?.build(),
+        })
+    }
+}
+
+impl FsdpSpec {
+    /// The [`Fsdp`] builder these options describe.
+    fn fsdp(&self) -> Result<Fsdp> {
         if self.precision != Precision::Full && self.sharding == FsdpSharding::NoShard {
             return Err(Error::config(
                 "precision",
                 "mixed precision needs a sharded fsdp sharding, not no_shard",
             ));
         }
-        Ok(())
-    }
-
-    /// The strategy, checked first.
-    pub fn build(&self) -> Result<Box<dyn Strategy>> {
-        self.check()?;
-        let mut strategy: Box<dyn Strategy> = match self.strategy {
-            StrategyKind::Single => Box::new(SingleDevice::new()),
-            StrategyKind::Ddp => Box::new(Ddp::new()),
-            StrategyKind::Zero1 => Box::new(Zero::stage1()),
-            StrategyKind::Zero2 => Box::new(Zero::stage2()),
-            StrategyKind::Zero3 => Box::new(Zero3::new().with_prefetch(self.prefetch)),
-            StrategyKind::Fsdp => {
-                let mut fsdp = Fsdp::new(self.sharding)
-                    .with_precision(self.precision)?
-                    .with_prefetch(self.prefetch);
-                if self.sharding == FsdpSharding::HybridShard {
-                    fsdp = fsdp.with_group_size(self.group_size)?;
-                }
-                if let Some(prefixes) = &self.auto_wrap {
-                    fsdp = fsdp.with_auto_wrap(prefixes.clone());
-                }
-                fsdp.build()
-            }
-        };
-        strategy.set_activation_checkpointing(self.activation_checkpointing);
-        Ok(strategy)
+        let mut fsdp = Fsdp::new(self.sharding)
+            .with_precision(self.precision)?
+            .with_prefetch(self.prefetch)
+            .with_activation_checkpointing(self.activation_checkpointing);
+        if self.group_size == 0 {
+            return Err(Error::config(
+                "group-size",
+                "must be a positive integer, got 0",
+            ));
+        }
+        if self.sharding == FsdpSharding::HybridShard {
+            fsdp = fsdp.with_group_size(self.group_size)?;
+        }
+        if let Some(prefixes) = &self.auto_wrap {
+            fsdp = fsdp.with_auto_wrap(prefixes.clone());
+        }
+        Ok(fsdp)
     }
 }
 
 impl From<StrategyKind> for StrategySpec {
     fn from(strategy: StrategyKind) -> Self {
         StrategySpec::new(strategy)
+    }
+}
+
+impl From<FsdpSpec> for StrategySpec {
+    fn from(spec: FsdpSpec) -> Self {
+        StrategySpec::Fsdp(spec)
     }
 }
 
@@ -254,50 +370,57 @@ mod tests {
     }
 
     #[test]
-    fn options_that_do_not_go_together_are_refused() {
-        let fsdp = || StrategySpec::new(StrategyKind::Fsdp);
+    fn options_the_types_cannot_refuse_are_refused_when_built() {
         let refused = [
-            StrategySpec {
-                precision: Precision::Bf16Mixed,
-                ..StrategySpec::new(StrategyKind::Zero3)
-            },
-            StrategySpec {
-                auto_wrap: Some(vec!["blocks.".into()]),
-                ..StrategySpec::new(StrategyKind::Ddp)
-            },
-            StrategySpec {
-                prefetch: true,
-                ..StrategySpec::new(StrategyKind::Single)
-            },
-            StrategySpec {
+            FsdpSpec {
                 sharding: FsdpSharding::NoShard,
                 precision: Precision::F16Mixed,
-                ..fsdp()
+                ..FsdpSpec::default()
             },
-            StrategySpec {
+            FsdpSpec {
                 group_size: 0,
                 sharding: FsdpSharding::HybridShard,
-                ..fsdp()
+                ..FsdpSpec::default()
+            },
+            FsdpSpec {
+                group_size: 0,
+                ..FsdpSpec::default()
             },
         ];
         for spec in refused {
-            assert!(spec.check().is_err(), "{spec:?}");
-            assert!(spec.build().is_err(), "{spec:?}");
+            assert!(
+                StrategySpec::Fsdp(spec.clone()).build().is_err(),
+                "{spec:?}"
+            );
         }
-        let accepted = StrategySpec {
+        let accepted = FsdpSpec {
             sharding: FsdpSharding::HybridShard,
             group_size: 2,
             precision: Precision::Bf16Mixed,
             prefetch: true,
             auto_wrap: Some(vec!["blocks.".into()]),
-            ..fsdp()
+            activation_checkpointing: ActivationCheckpointing::Full,
         };
-        assert_eq!(accepted.build().unwrap().name(), "fsdp");
-        let zero3 = StrategySpec {
+        let spec = StrategySpec::from(accepted);
+        assert_eq!(spec.build().unwrap().name(), "fsdp");
+        assert_eq!(
+            spec.activation_checkpointing(),
+            ActivationCheckpointing::Full
+        );
+        let zero3 = StrategySpec::Zero3 {
             prefetch: true,
-            ..StrategySpec::new(StrategyKind::Zero3)
+            activation_checkpointing: ActivationCheckpointing::None,
         };
         assert_eq!(zero3.build().unwrap().name(), "zero3");
+        for kind in StrategyKind::ALL {
+            let spec = StrategySpec::new(kind)
+                .with_activation_checkpointing(ActivationCheckpointing::Full);
+            assert_eq!(spec.kind(), kind);
+            assert_eq!(
+                spec.activation_checkpointing(),
+                ActivationCheckpointing::Full
+            );
+        }
         // Only hybrid_shard has groups, of at least one rank.
         assert!(Fsdp::new(FsdpSharding::FullShard)
             .with_group_size(2)

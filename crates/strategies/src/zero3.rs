@@ -25,9 +25,10 @@ use crate::unit_views::FrozenPart;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
 use wick_core::{
-    ActivationCheckpointing, Collective, Error, GradSync, GroupRange, OnNonFinite, OptimizerConfig,
-    RankState, ReduceOp, Result, ShardedContext, Sharding, StateBytes, StateReader, StepReport,
-    Strategy, PARAM_KIND,
+    ActivationCheckpointing, BackwardReport, Collective, Error, GradSync, GroupRange,
+    OptimizerConfig, RankState, ReduceOp, Result, ShardedContext, Sharding, StateBytes,
+    StateReader, StepOptions, StepReport, Strategy, StrategySetup, StrategyState, StrategyStep,
+    PARAM_KIND,
 };
 
 impl Default for ShardedOptions {
@@ -43,8 +44,6 @@ pub struct Zero3 {
     world: Option<Arc<dyn Collective>>,
     device: Option<Device>,
     source: Option<Arc<ShardedParams>>,
-    /// Parameters the last looking backward gave no gradient.
-    unused: Vec<String>,
     layouts: Vec<FlatLayout>,
     shards: Vec<Var>,
     /// The units' frozen parameters (no gradient, no optimizer state, not saved).
@@ -52,7 +51,8 @@ pub struct Zero3 {
     grads: GradAccumulator,
     optimizer: Option<Optimizer>,
     grad_bytes: usize,
-    clip: Option<f64>,
+    /// What each step of this fit does beside the update (clipping, inf or NaN).
+    step_options: StepOptions,
     /// `16-mixed`: the dynamic loss scale (made with the optimizer).
     scaler: Option<GradScaler>,
     /// Hybrid sharding: the ranks of other groups holding the same shard.
@@ -145,9 +145,21 @@ impl Zero3 {
             local,
             Some(world),
             &self.device()?,
-            self.options.on_nonfinite,
+            self.step_options.on_nonfinite,
             name_of,
         )
+    }
+
+    /// Records the parameters the next forward hands out, for the backward after it to
+    /// report those it gives no gradient ([`StepOptions::find_unused_parameters`]).
+    fn look_for_unused(&self) {
+        if let Some(source) = self
+            .source
+            .as_ref()
+            .filter(|_| self.step_options.find_unused_parameters)
+        {
+            source.param_use.start();
+        }
     }
 
     fn release_gathered(&self) {
@@ -165,7 +177,7 @@ fn not_ready(strategy: &str, message: &str) -> Error {
     }
 }
 
-impl Strategy for Zero3 {
+impl StrategySetup for Zero3 {
     fn name(&self) -> &str {
         self.options.name
     }
@@ -240,7 +252,11 @@ impl Strategy for Zero3 {
         !self.shards.is_empty()
     }
 
-    fn configure_optimizer(&mut self, config: &OptimizerConfig) -> Result<()> {
+    fn configure_optimizer(
+        &mut self,
+        config: &OptimizerConfig,
+        options: StepOptions,
+    ) -> Result<()> {
         if self.shards.is_empty() {
             return Err(Error::NoParameters);
         }
@@ -248,22 +264,14 @@ impl Strategy for Zero3 {
         self.grads = GradAccumulator::default();
         let f16 = self.options.precision == Precision::F16Mixed;
         self.scaler = f16.then(GradScaler::default);
+        self.step_options = options;
+        self.look_for_unused();
         Ok(())
     }
+}
 
-    fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) {
-        self.clip = max_norm;
-    }
-
-    fn set_activation_checkpointing(&mut self, ac: ActivationCheckpointing) {
-        self.options.activation_checkpointing = ac;
-    }
-
-    fn set_on_nonfinite(&mut self, policy: OnNonFinite) {
-        self.options.on_nonfinite = policy;
-    }
-
-    fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<()> {
+impl StrategyStep for Zero3 {
+    fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<BackwardReport> {
         if let Some(source) = &self.source {
             source.sync.set(sync);
         }
@@ -271,15 +279,14 @@ impl Strategy for Zero3 {
             Some(scaler) => scaler.scale(loss)?.backward(),
             None => loss.backward(),
         };
-        if let Some(uses) = self.source.as_ref().map(|s| &s.param_use) {
-            if uses.is_looking() {
-                let all = self
-                    .layouts
-                    .iter()
-                    .flat_map(|l| l.entries().iter().map(|e| e.name.as_str()));
-                self.unused = uses.finish(loss, all);
-            }
-        }
+        let uses = self.source.as_ref().map(|s| &s.param_use);
+        let unused = uses.filter(|uses| uses.is_looking()).map(|uses| {
+            let all = self
+                .layouts
+                .iter()
+                .flat_map(|l| l.entries().iter().map(|e| e.name.as_str()));
+            uses.finish(loss, all)
+        });
         // Free the gathered parameters whether or not backward succeeded.
         self.release_gathered();
         // Every reduce-scatter backward issued is waited for, in issue order, whether or
@@ -293,21 +300,21 @@ impl Strategy for Zero3 {
         if let Some(reduced) = reduced {
             self.grads.add(&self.shards, reduced?)?;
         }
-        Ok(())
+        Ok(BackwardReport {
+            unused_parameters: unused,
+        })
     }
 
     fn free_gathered(&mut self) {
         self.release_gathered();
-    }
-
-    fn find_unused_parameters(&mut self) {
-        if let Some(source) = &self.source {
-            source.param_use.start();
+        // A forward without backward (validation) is not the one to judge the parameters by.
+        if self
+            .source
+            .as_ref()
+            .is_some_and(|s| s.param_use.is_looking())
+        {
+            self.look_for_unused();
         }
-    }
-
-    fn unused_parameters(&self) -> Vec<String> {
-        self.unused.clone()
     }
 
     fn optimizer_step(&mut self, lr: f64) -> Result<StepReport> {
@@ -344,7 +351,7 @@ impl Strategy for Zero3 {
             self.release_gathered();
             return Ok(report);
         }
-        if let Some(max_norm) = self.clip {
+        if let Some(max_norm) = self.step_options.clip_grad_norm {
             report.grad_norm = Some(clip_grad_norm(&mut grads, max_norm, Some(world.as_ref()))?);
         }
         self.grad_bytes = grads.iter().map(tensor_bytes).sum();
@@ -359,7 +366,9 @@ impl Strategy for Zero3 {
         self.release_gathered();
         Ok(report)
     }
+}
 
+impl StrategyState for Zero3 {
     fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {
         let world = self.world()?;
         let mut out = Vec::new();

@@ -6,7 +6,7 @@ use crate::{ModelCheckpoint, Preemption, StepSink, TrainerError};
 use std::path::PathBuf;
 use std::time::Duration;
 use wick_accelerator::{Accelerator, DeviceKind, ThreadBudget};
-use wick_core::{ActivationCheckpointing, Callback, OnNonFinite, Strategy};
+use wick_core::{Callback, OnNonFinite, Strategy};
 use wick_strategies::{StrategyKind, StrategySpec};
 
 /// What [`TrainerBuilder::strategy`] takes: a name a user typed (`"fsdp"`), a
@@ -74,7 +74,6 @@ pub struct TrainerBuilder {
     progress: bool,
     model_summary: bool,
     gradient_clip_val: Option<f64>,
-    activation_checkpointing: Option<ActivationCheckpointing>,
     accumulate_grad_batches: usize,
     collective_timeout: Option<Duration>,
     checkpoint: Option<ModelCheckpoint>,
@@ -217,15 +216,6 @@ impl TrainerBuilder {
         self
     }
 
-    /// Which wrapped units recompute their forward in backward instead of keeping their
-    /// activations (torchtitan's `activation_checkpoint.mode`), under any strategy. Default:
-    /// the strategy's own setting, which is [`ActivationCheckpointing::None`] unless it was
-    /// built with another.
-    pub fn activation_checkpointing(mut self, ac: ActivationCheckpointing) -> Self {
-        self.activation_checkpointing = Some(ac);
-        self
-    }
-
     /// Accumulate gradients over this many global batches per optimizer step (default 1).
     /// No gradient collective runs before the last of them.
     pub fn accumulate_grad_batches(mut self, batches: usize) -> Self {
@@ -288,7 +278,7 @@ impl TrainerBuilder {
             accelerator = accelerator.with_collective_timeout(t);
         }
         let choice = std::mem::replace(&mut self.strategy, StrategyChoice::Default);
-        let mut strategy = match choice {
+        let strategy = match choice {
             StrategyChoice::Instance(s) => s,
             StrategyChoice::Default => {
                 let kind = match world_size {
@@ -301,10 +291,6 @@ impl TrainerBuilder {
             StrategyChoice::Spec(spec) => spec.build()?,
         };
         strategy.check_world_size(world_size)?;
-        if let Some(ac) = self.activation_checkpointing {
-            strategy.set_activation_checkpointing(ac);
-        }
-        strategy.set_on_nonfinite(self.on_nonfinite);
         self.check_options()?;
         Ok(Trainer::new(
             Config {
@@ -413,7 +399,6 @@ impl Trainer {
             progress: true,
             model_summary: true,
             gradient_clip_val: None,
-            activation_checkpointing: None,
             accumulate_grad_batches: 1,
             collective_timeout: None,
             checkpoint: None,

@@ -10,7 +10,7 @@ use crate::rank_run::{Eval, RankRun, StageInput, SKIPPED_STEPS};
 use crate::sinks::StepRecord;
 use crate::{DataLoader, Dataset, TrainerError};
 use std::time::Instant;
-use wick_core::{ReduceOp, TrainModule};
+use wick_core::{ReduceOp, StepOptions, TrainModule};
 
 /// One rank's fit: set up by [`FitLoop::new`] (optimizer, resumed state), run by
 /// [`FitLoop::run`].
@@ -25,8 +25,6 @@ pub(crate) struct FitLoop<'f, D> {
     /// The step the fit ends after.
     total_steps: usize,
     tokens_per_step: f64,
-    /// Whether the first backward of this fit has looked for parameters without gradient.
-    checked_unused: bool,
     checkpoints: CheckpointManager<'f>,
 }
 
@@ -44,9 +42,14 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
             .schedule
             .validate()
             .map_err(|e| TrainerError::config("lr schedule", e))?;
-        rank.strategy.configure_optimizer(&optimizer)?;
+        // The first backward of each fit looks for parameters without gradient.
+        let step_options = StepOptions {
+            clip_grad_norm: rank.config.gradient_clip_val,
+            on_nonfinite: rank.config.on_nonfinite,
+            find_unused_parameters: true,
+        };
         rank.strategy
-            .set_clip_grad_norm(rank.config.gradient_clip_val);
+            .configure_optimizer(&optimizer, step_options)?;
         let accumulate = rank.config.accumulate_grad_batches;
         let per_epoch = train.batches_per_epoch() / accumulate;
         let seed = match input.resume {
@@ -82,7 +85,6 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
             total_steps,
             tokens_per_step: (train.batch_size() * accumulate * train.dataset().tokens_per_sample())
                 as f64,
-            checked_unused: false,
             checkpoints,
         })
     }
@@ -142,13 +144,7 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
         epoch_start: Instant,
     ) -> Result<(), TrainerError> {
         let (step_start, waited_before) = (Instant::now(), rank.clock.waited());
-        let (train_loss, report) = rank.train_step(
-            self.train,
-            order,
-            b,
-            &self.basis.optimizer,
-            &mut self.checked_unused,
-        )?;
+        let (train_loss, report) = rank.train_step(self.train, order, b, &self.basis.optimizer)?;
         rank.state.global_step += 1;
         if rank.state.global_step == 1 {
             rank.log_model_summary();

@@ -7,15 +7,13 @@ use wick_core::{GradSync, OnNonFinite, OptimizerConfig, ReduceOp, StepReport, Tr
 
 impl<M: TrainModule> RankRun<'_, M> {
     /// Runs step `b` of the epoch whose sample order is `order`; returns the training loss
-    /// averaged over its micro-batches and the ranks, and what the optimizer step did. The first backward of a fit
-    /// (`checked_unused` still false) also looks for parameters without gradient.
+    /// averaged over its micro-batches and the ranks, and what the optimizer step did.
     pub(crate) fn train_step<D: Dataset<Batch = M::Batch>>(
         &mut self,
         train: &DataLoader<D>,
         order: &[usize],
         b: usize,
         optimizer: &OptimizerConfig,
-        checked_unused: &mut bool,
     ) -> Result<(f64, StepReport), TrainerError> {
         let (rank, world_size) = (self.env.rank, self.env.world_size);
         let accumulate = self.config.accumulate_grad_batches;
@@ -31,10 +29,6 @@ impl<M: TrainModule> RankRun<'_, M> {
         let mut local = 0f32;
         for (micro, batch) in batches.iter().enumerate() {
             let index = b * accumulate + micro;
-            let looking = !*checked_unused;
-            if looking {
-                self.strategy.find_unused_parameters();
-            }
             let loss = self.module.training_step(batch, index)?;
             let value = scalar(&loss, "training_step")?;
             if !value.is_finite() && self.config.on_nonfinite == OnNonFinite::Error {
@@ -63,10 +57,9 @@ impl<M: TrainModule> RankRun<'_, M> {
                 }
             };
             let sync = GradSync::for_micro_batch(micro, accumulate);
-            self.strategy.backward(&loss, sync)?;
-            if looking {
-                *checked_unused = true;
-                self.report_unused_parameters()?;
+            let report = self.strategy.backward(&loss, sync)?;
+            if let Some(names) = report.unused_parameters {
+                self.report_unused_parameters(names)?;
             }
         }
         let lr = optimizer.lr_at(self.state.global_step);
@@ -112,11 +105,10 @@ impl<M: TrainModule> RankRun<'_, M> {
         ))
     }
 
-    /// Reports the parameters the first backward gave no gradient: once, on rank 0, as a
-    /// warning; or, with `error_on_unused_parameters`, as an error on every rank (all ranks
-    /// find the same ones, so they stop together).
-    fn report_unused_parameters(&self) -> Result<(), TrainerError> {
-        let names = self.strategy.unused_parameters();
+    /// Reports the parameters the first backward of a fit gave no gradient: once, on rank
+    /// 0, as a warning; or, with `error_on_unused_parameters`, as an error on every rank
+    /// (all ranks find the same ones, so they stop together).
+    fn report_unused_parameters(&self, names: Vec<String>) -> Result<(), TrainerError> {
         if names.is_empty() {
             return Ok(());
         }
