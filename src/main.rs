@@ -18,8 +18,7 @@ mod loss_plot;
 mod prepare;
 mod sample;
 
-use clap::Parser;
-use cli::{name_of, Cli, Command};
+use cli::{name_of, Command};
 use std::process::ExitCode;
 
 /// The exit status of a fit stopped by SIGTERM, SIGINT or SIGUSR1 after saving its step:
@@ -39,7 +38,8 @@ fn main() -> ExitCode {
     unsafe { wick_accelerator::tune_host_process() };
     // The library crates print nothing; their warnings, notes and summary come through here.
     wick::TerminalLog::install();
-    match run(Cli::parse().command) {
+    let command = cli::parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit());
+    match run(command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => match e.downcast_ref::<wick_trainer::TrainerError>() {
             Some(stop @ wick_trainer::TrainerError::Interrupted { .. }) => {
@@ -59,9 +59,9 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Fit(flags) => {
-            let args = flags.resolve().map_err(anyhow::Error::msg)?;
-            if flags.print_config {
+        Command::Fit(fit) => {
+            let args = fit.resolve().map_err(anyhow::Error::msg)?;
+            if fit.print_config {
                 print!("{}", args.to_toml());
                 return Ok(());
             }

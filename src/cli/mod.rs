@@ -5,12 +5,13 @@
 //! line override the file, and `--print-config` prints the effective options as TOML and
 //! exits, as LightningCLI's `--config` and `--print_config` do.
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 mod fit;
-mod fit_flags;
-pub use fit::FitArgs;
-pub use fit_flags::FitFlags;
+mod fit_options;
+#[cfg(test)]
+mod fit_tests;
+pub use fit::{FitArgs, FitCommand};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use wick_strategies::{Precision, StrategyKind};
@@ -28,7 +29,7 @@ pub struct Cli {
 pub enum Command {
     /// Train a small GPT-style character model on the corpus bundled with wick (or --data),
     /// with ranks as threads (or processes under mpirun/srun, or GPUs).
-    Fit(Box<FitFlags>),
+    Fit(Box<FitCommand>),
     /// Write a checkpoint's parameters as one plain safetensors file under the model's names
     /// (and, with --with-optimizer, the optimizer state to OUT.optimizer.safetensors).
     Consolidate {
@@ -232,8 +233,25 @@ pub struct EstimateArgs {
     pub block: usize,
 }
 
-pub(crate) fn is_false(b: &bool) -> bool {
-    !b
+/// The command `args` (the program's name first) give; for `fit`, with the TOML keys of
+/// the options they gave, which override its `--config` file.
+pub fn parse_from<I, T>(args: I) -> Result<Command, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let matches = Cli::command().try_get_matches_from(args)?;
+    let mut command = Cli::from_arg_matches(&matches)?.command;
+    if let (Command::Fit(fit), Some(given)) = (&mut command, matches.subcommand_matches("fit")) {
+        fit.given = given
+            .ids()
+            .filter(|id| {
+                given.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine)
+            })
+            .map(|id| id.as_str().replace('_', "-"))
+            .collect();
+    }
+    Ok(command)
 }
 
 pub(crate) fn positive(s: &str) -> Result<usize, String> {

@@ -1,0 +1,119 @@
+//! What `wick fit`'s options mean beyond their values: their checks, the strategy, LoRA and
+//! learning-rate schedule they describe, and their TOML form.
+
+use super::{name_of, DecayName, FitArgs};
+use wick_core::{Decay, LrSchedule};
+use wick_models::LoraConfig;
+use wick_strategies::{FsdpSharding, FsdpSpec, Precision, StrategyKind, StrategySpec};
+
+impl FitArgs {
+    /// What clap checks on the command line, checked again for values from a file.
+    pub(super) fn check(&self) -> Result<(), String> {
+        let positive = [
+            ("accumulate", self.accumulate),
+            ("max-steps", self.max_steps),
+            ("batch-size", self.batch_size),
+            ("val-every", self.val_every),
+            ("seq", self.seq),
+            ("keep-last", self.keep_last),
+        ];
+        if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("{key} must be a positive integer, got 0"));
+        }
+        self.strategy_spec()?.build().map_err(|e| e.to_string())?;
+        if let Some(lora) = self.lora() {
+            lora.check()?;
+            if self.model.is_none() {
+                return Err("lora-rank fine-tunes a --model; the character model has none".into());
+            }
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return Err(format!("lr must be a positive number, got {}", self.lr));
+        }
+        if self.devices == Some(0) || self.threads_per_rank == Some(0) {
+            return Err("devices and threads-per-rank must be positive".into());
+        }
+        self.lr_schedule().validate().map_err(|e| {
+            format!(
+                "learning-rate schedule (--warmup-steps {}, --lr-decay {}, --min-lr-ratio {}, \
+                 --decay-steps {}): {e}",
+                self.lr_schedule().warmup_steps,
+                name_of(self.lr_decay),
+                self.min_lr_ratio,
+                self.lr_schedule().total_steps
+            )
+        })
+    }
+
+    /// The LoRA options, when `lora_rank` turns LoRA on.
+    pub fn lora(&self) -> Option<LoraConfig> {
+        Some(LoraConfig {
+            rank: self.lora_rank?,
+            alpha: self.lora_alpha,
+            dropout: self.lora_dropout,
+            targets: self.lora_targets.clone(),
+        })
+    }
+
+    /// The strategy these options describe, or which option is not one of the chosen
+    /// strategy's.
+    pub fn strategy_spec(&self) -> Result<StrategySpec, String> {
+        let fsdp_only = [
+            ("sharding", self.sharding != FsdpSharding::default()),
+            ("precision", self.precision != Precision::Full),
+            ("auto-wrap", self.auto_wrap.is_some()),
+        ];
+        let not_its =
+            |option: &str| format!("{option} is an option of fsdp, not {}", self.strategy);
+        let spec = match self.strategy {
+            StrategyKind::Fsdp => StrategySpec::Fsdp(FsdpSpec {
+                sharding: self.sharding,
+                group_size: self.group_size,
+                precision: self.precision,
+                prefetch: self.prefetch,
+                auto_wrap: self.auto_wrap.clone(),
+                activation_checkpointing: self.activation_checkpointing,
+            }),
+            kind => {
+                if let Some((option, _)) = fsdp_only.iter().find(|(_, given)| *given) {
+                    return Err(not_its(option));
+                }
+                match (kind, self.prefetch) {
+                    (StrategyKind::Zero3, prefetch) => StrategySpec::Zero3 {
+                        prefetch,
+                        activation_checkpointing: self.activation_checkpointing,
+                    },
+                    (_, true) => {
+                        return Err(format!(
+                            "prefetch is an option of zero3 and fsdp, not {kind}"
+                        ))
+                    }
+                    (kind, false) => StrategySpec::new(kind)
+                        .with_activation_checkpointing(self.activation_checkpointing),
+                }
+            }
+        };
+        Ok(spec)
+    }
+
+    /// The schedule of the options: warmup, then the decay until `decay-steps`.
+    pub fn lr_schedule(&self) -> LrSchedule {
+        let total = self.decay_steps.unwrap_or(self.max_steps);
+        let decay = match self.lr_decay {
+            DecayName::Cosine => Decay::Cosine,
+            DecayName::Linear => Decay::Linear,
+            DecayName::Constant => Decay::Constant,
+        };
+        LrSchedule {
+            warmup_steps: self.warmup_steps.unwrap_or(total / 10),
+            decay,
+            total_steps: total,
+            min_lr_ratio: self.min_lr_ratio,
+        }
+    }
+
+    /// These options as TOML, which `--config` reads back.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("the options serialize")
+    }
+}
