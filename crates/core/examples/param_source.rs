@@ -5,27 +5,17 @@
 
 use candle_core::{DType, Device, Module, Shape, Tensor};
 use std::sync::{Arc, Mutex};
-use wick_core::{ParamInit, ParamSource, ShardedContext, SoloWorld};
+use wick_core::{ParamRequest, ParamSource, ShardedContext, SoloWorld};
 
 /// Creates every parameter filled with 0.5 and remembers what was asked for.
 #[derive(Default)]
 struct Recording(Mutex<Vec<(String, Shape)>>);
 
 impl ParamSource for Recording {
-    fn get_or_create(
-        &self,
-        name: &str,
-        shape: &Shape,
-        _: &ParamInit,
-        dtype: DType,
-        device: &Device,
-        _trainable: bool,
-    ) -> candle_core::Result<Tensor> {
-        self.0
-            .lock()
-            .unwrap()
-            .push((name.to_string(), shape.clone()));
-        Tensor::full(0.5f32, shape, device)?.to_dtype(dtype)
+    fn get_or_create(&self, request: ParamRequest<'_>) -> candle_core::Result<Tensor> {
+        let entry = (request.name.to_string(), request.shape.clone());
+        self.0.lock().unwrap().push(entry);
+        Tensor::full(0.5f32, request.shape, request.device)?.to_dtype(request.dtype)
     }
 
     fn contains(&self, name: &str) -> bool {

@@ -84,24 +84,32 @@ pub fn run_by_plan<S: ParamSource + ?Sized>(
     }
 }
 
-/// What a strategy does with a parameter request made inside its context.
-pub trait ParamSource: Send + Sync {
-    /// Creates the parameter `name` (or returns it, when asked again with the same shape).
-    /// Under a sharding strategy the tensor returned is this rank's view of the parameter
-    /// and the bytes behind it are only this rank's shard.
-    ///
-    /// A parameter that is not `trainable` (a base weight under LoRA) is a plain tensor,
+/// One parameter a module asks for inside a strategy's context: what
+/// [`ParamSource::get_or_create`] makes.
+#[derive(Clone, Copy)]
+pub struct ParamRequest<'a> {
+    /// The full name (`blocks.0.attn.q_proj.weight`).
+    pub name: &'a str,
+    /// The full shape, whatever part of it this rank holds.
+    pub shape: &'a Shape,
+    /// Where its values come from: loaded weights or an init.
+    pub init: &'a ParamInit,
+    /// The dtype the module asked for.
+    pub dtype: DType,
+    /// The rank's device.
+    pub device: &'a Device,
+    /// Whether it trains. One that does not (a base weight under LoRA) is a plain tensor,
     /// not a variable: backward gives it no gradient, and the strategy keeps no gradient
     /// buffer, no reduction and no optimizer state for it.
-    fn get_or_create(
-        &self,
-        name: &str,
-        shape: &Shape,
-        init: &ParamInit,
-        dtype: DType,
-        device: &Device,
-        trainable: bool,
-    ) -> candle_core::Result<Tensor>;
+    pub trainable: bool,
+}
+
+/// What a strategy does with a parameter request made inside its context.
+pub trait ParamSource: Send + Sync {
+    /// Creates the parameter `request` names (or returns it, when asked again with the
+    /// same shape). Under a sharding strategy the tensor returned is this rank's view of
+    /// the parameter and the bytes behind it are only this rank's shard.
+    fn get_or_create(&self, request: ParamRequest<'_>) -> candle_core::Result<Tensor>;
 
     /// Whether `name` was created already.
     fn contains(&self, name: &str) -> bool;
@@ -351,8 +359,14 @@ impl SimpleBackend for GuardedSource {
             _ => ParamInit::Init(init),
         };
         let trainable = lock(&self.trainable).as_ref().map_or(true, |f| f(name));
-        self.source
-            .get_or_create(name, &shape, &init, dtype, dev, trainable)
+        self.source.get_or_create(ParamRequest {
+            name,
+            shape: &shape,
+            init: &init,
+            dtype,
+            device: dev,
+            trainable,
+        })
     }
 
     fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {

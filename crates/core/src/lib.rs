@@ -33,8 +33,8 @@ pub use call::{all_gather_through_tensor, reduce_scatter_padded, Call};
 pub use callback::{Callback, CallbackClone, RunState};
 pub use collective::{Collective, ReduceOp, Work};
 pub use context::{
-    run_by_plan, sharding_context_active, ContextGuard, ParamSource, RecomputeFn, ShardedContext,
-    UnitFn, UnitPlan, UnitRuns, Wrapped,
+    run_by_plan, sharding_context_active, ContextGuard, ParamRequest, ParamSource, RecomputeFn,
+    ShardedContext, UnitFn, UnitPlan, UnitRuns, Wrapped,
 };
 pub use error::{CollectiveError, Error, FileError, Result};
 pub use grad_mode::{grad_enabled, no_grad};

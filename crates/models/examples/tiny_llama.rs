@@ -9,25 +9,21 @@
 //! file OUT: `scripts/hf_export_check.py` compares them with `transformers`' on the same
 //! directory.
 
-use candle_core::{DType, Device, Shape, Tensor, Var};
+use candle_core::{Device, Tensor, Var};
 use std::sync::{Arc, Mutex};
-use wick_models::{CausalLm, ParamInit, ParamSource, ShardedContext, SoloWorld, TrainModule};
+use wick_models::{
+    CausalLm, ParamInit, ParamRequest, ParamSource, ShardedContext, SoloWorld, TrainModule,
+};
 
 /// Every parameter whole, as a variable: read from the weights, or drawn from its init.
 #[derive(Default)]
 struct Whole(Mutex<Vec<(String, Var)>>);
 
 impl ParamSource for Whole {
-    fn get_or_create(
-        &self,
-        name: &str,
-        shape: &Shape,
-        init: &ParamInit,
-        dtype: DType,
-        device: &Device,
-        _trainable: bool,
-    ) -> candle_core::Result<Tensor> {
-        let var = match init {
+    fn get_or_create(&self, request: ParamRequest<'_>) -> candle_core::Result<Tensor> {
+        let (name, shape, dtype, device) =
+            (request.name, request.shape, request.dtype, request.device);
+        let var = match request.init {
             ParamInit::Weights(w) => {
                 let values = w.read(name, shape, 0..shape.elem_count())?;
                 Var::from_tensor(&Tensor::from_vec(values, shape, device)?.to_dtype(dtype)?)?

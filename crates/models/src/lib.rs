@@ -35,6 +35,6 @@ pub use tokenizer::TextTokenizer;
 // parameters and run it; the rest is reachable as `wick_models::wick_core`.
 pub use wick_core;
 pub use wick_core::{
-    OptimizerConfig, ParamInit, ParamSource, PretrainedWeights, ShardedContext, SoloWorld,
-    TrainModule, WeightSource,
+    OptimizerConfig, ParamInit, ParamRequest, ParamSource, PretrainedWeights, ShardedContext,
+    SoloWorld, TrainModule, WeightSource,
 };

@@ -1,6 +1,6 @@
 //! The f32 slices behind CPU storages, for the fused ops.
 
-use candle_core::{CpuStorage, Layout, Result};
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 /// The contiguous f32 elements a layout reads from a CPU storage.
@@ -117,4 +117,60 @@ pub(crate) fn norm_backward(
         .collect();
     dx.extend(sum_in_order(partials, partial_len));
     dx
+}
+
+/// What one norm's backward does to one row, the rest of its op being [`NormBackward`]'s.
+pub(crate) trait NormRowGrad: Send + Sync {
+    /// The op's name, for errors and the profiler.
+    const NAME: &'static str;
+    /// How many weight-shaped gradients the norm has: 1 (its weight) or 2 (weight, bias).
+    const WEIGHT_GRADS: usize;
+
+    /// Fills `dx` for `row` from `dy` and the weight `w`, adding the row's share of the
+    /// weight gradients (`WEIGHT_GRADS` of `w`'s length, one after another) into `partial`.
+    fn row(&self, row: &[f32], dy: &[f32], w: &[f32], dx: &mut [f32], partial: &mut [f32]);
+}
+
+/// (x, weight, dy) -> [dx, the weight gradients] end to end, one op for any norm.
+pub(crate) struct NormBackward<K>(pub(crate) K);
+
+impl<K: NormRowGrad> CustomOp3 for NormBackward<K> {
+    fn name(&self) -> &'static str {
+        K::NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let c = norm_width(self.name(), xl, wl)?;
+        let [x, w, dy] = f32_inputs(self.name(), [(xs, xl), (ws, wl), (gs, gl)])?;
+        let parts = K::WEIGHT_GRADS * c;
+        let out = norm_backward(x, dy, c, parts, |row, g, dx, partial| {
+            self.0.row(row, g, w, dx, partial)
+        });
+        Ok((CpuStorage::F32(out), Shape::from(x.len() + parts)))
+    }
+}
+
+/// The gradients of a norm of `x` by weight `w` for `grad`, from one [`NormBackward`]: `x`'s,
+/// then the `K::WEIGHT_GRADS` weight-shaped ones.
+pub(crate) fn norm_grads<K: NormRowGrad>(
+    kernel: K,
+    x: &Tensor,
+    w: &Tensor,
+    grad: &Tensor,
+) -> Result<Vec<Option<Tensor>>> {
+    let all = x.apply_op3_no_bwd(w, &grad.contiguous()?, &NormBackward(kernel))?;
+    let (n, c) = (x.elem_count(), w.elem_count());
+    let mut grads = vec![Some(all.narrow(0, 0, n)?.reshape(x.shape())?)];
+    for k in 0..K::WEIGHT_GRADS {
+        grads.push(Some(all.narrow(0, n + k * c, c)?.reshape(w.shape())?));
+    }
+    Ok(grads)
 }

@@ -1,7 +1,7 @@
 //! `LayerNorm`: y = (x - mean) / sqrt(var + eps) * weight + bias over the last dimension,
 //! forward and backward each one pass over the rows.
 
-use crate::cpu::{as_f32, f32_inputs, fused, map_rows, norm_backward, norm_width};
+use crate::cpu::{as_f32, f32_inputs, fused, map_rows, norm_grads, norm_width, NormRowGrad};
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, Tensor, D};
 use candle_nn::VarBuilder;
 
@@ -114,60 +114,43 @@ impl CustomOp3 for Forward {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let c = w.elem_count();
-        let all = x.apply_op3_no_bwd(w, &grad.contiguous()?, &Backward { eps: self.eps })?;
-        let n = x.elem_count();
+        let mut grads = norm_grads(Grad { eps: self.eps }, x, w, grad)?.into_iter();
         Ok((
-            Some(all.narrow(0, 0, n)?.reshape(x.shape())?),
-            Some(all.narrow(0, n, c)?.reshape(w.shape())?),
-            Some(all.narrow(0, n + c, c)?.reshape(w.shape())?),
+            grads.next().flatten(),
+            grads.next().flatten(),
+            grads.next().flatten(),
         ))
     }
 }
 
-/// (x, weight, dy) -> [dx, dweight, dbias] end to end.
-struct Backward {
+/// Layer norm's backward of one row: dx, and its shares of dweight, then dbias.
+struct Grad {
     eps: f32,
 }
 
-impl CustomOp3 for Backward {
-    fn name(&self) -> &'static str {
-        "wick-layer-norm-backward"
-    }
+impl NormRowGrad for Grad {
+    const NAME: &'static str = "wick-layer-norm-backward";
+    const WEIGHT_GRADS: usize = 2;
 
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        ws: &CpuStorage,
-        wl: &Layout,
-        gs: &CpuStorage,
-        gl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let c = norm_width(self.name(), xl, wl)?;
-        let [x, w, dy] = f32_inputs(self.name(), [(xs, xl), (ws, wl), (gs, gl)])?;
-        let n = x.len();
-        let eps = self.eps;
+    fn row(&self, row: &[f32], g: &[f32], w: &[f32], d: &mut [f32], dwb: &mut [f32]) {
+        let (c, eps) = (row.len(), self.eps);
         // The partial sums hold dweight, then dbias.
-        let out = norm_backward(x, dy, c, 2 * c, |row, g, d, dwb| {
-            let (dw, db) = dwb.split_at_mut(c);
-            let (mean, rstd) = moments(row, eps);
-            let (mut mean_dxhat, mut mean_dxhat_xhat) = (0f32, 0f32);
-            for i in 0..c {
-                let xhat = (row[i] - mean) * rstd;
-                let dxhat = g[i] * w[i];
-                mean_dxhat += dxhat;
-                mean_dxhat_xhat += dxhat * xhat;
-                dw[i] += g[i] * xhat;
-                db[i] += g[i];
-            }
-            mean_dxhat /= c as f32;
-            mean_dxhat_xhat /= c as f32;
-            for i in 0..c {
-                let xhat = (row[i] - mean) * rstd;
-                d[i] = rstd * (g[i] * w[i] - mean_dxhat - xhat * mean_dxhat_xhat);
-            }
-        });
-        Ok((CpuStorage::F32(out), Shape::from(n + 2 * c)))
+        let (dw, db) = dwb.split_at_mut(c);
+        let (mean, rstd) = moments(row, eps);
+        let (mut mean_dxhat, mut mean_dxhat_xhat) = (0f32, 0f32);
+        for i in 0..c {
+            let xhat = (row[i] - mean) * rstd;
+            let dxhat = g[i] * w[i];
+            mean_dxhat += dxhat;
+            mean_dxhat_xhat += dxhat * xhat;
+            dw[i] += g[i] * xhat;
+            db[i] += g[i];
+        }
+        mean_dxhat /= c as f32;
+        mean_dxhat_xhat /= c as f32;
+        for i in 0..c {
+            let xhat = (row[i] - mean) * rstd;
+            d[i] = rstd * (g[i] * w[i] - mean_dxhat - xhat * mean_dxhat_xhat);
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! `RmsNorm`: y = x / sqrt(mean(x²) + eps) * weight over the last dimension, as Hugging
 //! Face's Llama computes it (in f32), forward and backward each one pass over the rows.
 
-use crate::cpu::{as_f32, f32_inputs, fused, map_rows, norm_backward, norm_width};
+use crate::cpu::{as_f32, f32_inputs, fused, map_rows, norm_grads, norm_width, NormRowGrad};
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Module, Result, Shape, Tensor, D};
 use candle_nn::VarBuilder;
 
@@ -126,53 +126,33 @@ impl CustomOp2 for Forward {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let c = w.elem_count();
-        let all = x.apply_op3_no_bwd(w, &grad.contiguous()?, &Backward { eps: self.eps })?;
-        let n = x.elem_count();
-        Ok((
-            Some(all.narrow(0, 0, n)?.reshape(x.shape())?),
-            Some(all.narrow(0, n, c)?.reshape(w.shape())?),
-        ))
+        let mut grads = norm_grads(Grad { eps: self.eps }, x, w, grad)?.into_iter();
+        Ok((grads.next().flatten(), grads.next().flatten()))
     }
 }
 
-/// (x, weight, dy) -> [dx, dweight] end to end.
-struct Backward {
+/// RMS norm's backward of one row: dx, and its share of dweight.
+struct Grad {
     eps: f32,
 }
 
-impl candle_core::CustomOp3 for Backward {
-    fn name(&self) -> &'static str {
-        "wick-rms-norm-backward"
-    }
+impl NormRowGrad for Grad {
+    const NAME: &'static str = "wick-rms-norm-backward";
+    const WEIGHT_GRADS: usize = 1;
 
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        ws: &CpuStorage,
-        wl: &Layout,
-        gs: &CpuStorage,
-        gl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let c = norm_width(self.name(), xl, wl)?;
-        let [x, w, dy] = f32_inputs(self.name(), [(xs, xl), (ws, wl), (gs, gl)])?;
-        let n = x.len();
-        let eps = self.eps;
-        let out = norm_backward(x, dy, c, c, |row, g, d, dw| {
-            let r = rrms(row, eps);
-            // y = w x r, dr/dx_j = -r³ x_j / c:
-            // dx_j = r (g_j w_j - x_j r² mean(g w x)).
-            let mut mean_gwx = 0f32;
-            for i in 0..c {
-                mean_gwx += g[i] * w[i] * row[i];
-                dw[i] += g[i] * row[i] * r;
-            }
-            mean_gwx /= c as f32;
-            for i in 0..c {
-                d[i] = r * (g[i] * w[i] - row[i] * r * r * mean_gwx);
-            }
-        });
-        Ok((CpuStorage::F32(out), Shape::from(n + c)))
+    fn row(&self, row: &[f32], g: &[f32], w: &[f32], d: &mut [f32], dw: &mut [f32]) {
+        let (c, eps) = (row.len(), self.eps);
+        let r = rrms(row, eps);
+        // y = w x r, dr/dx_j = -r³ x_j / c:
+        // dx_j = r (g_j w_j - x_j r² mean(g w x)).
+        let mut mean_gwx = 0f32;
+        for i in 0..c {
+            mean_gwx += g[i] * w[i] * row[i];
+            dw[i] += g[i] * row[i] * r;
+        }
+        mean_gwx /= c as f32;
+        for i in 0..c {
+            d[i] = r * (g[i] * w[i] - row[i] * r * r * mean_gwx);
+        }
     }
 }

@@ -7,9 +7,9 @@
 //! memory within one); `no_shard` is DDP; `hybrid_shard` is `full_shard`
 //! inside groups of G ranks, replicated across the groups.
 
-use crate::sharded_options::ShardedOptions;
+use crate::sharded_options::{sharded_builder_methods, ShardedOptions};
 use crate::{Ddp, Precision, Zero3};
-use wick_core::{ActivationCheckpointing, Error, Result, Strategy};
+use wick_core::{Error, Result, Strategy};
 
 /// How [`Fsdp`] shards (PyTorch FSDP's `ShardingStrategy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -114,36 +114,7 @@ impl Fsdp {
         Ok(self)
     }
 
-    /// Auto-wrap policy for the sharded modes: only blocks whose names start with one of
-    /// `prefixes` become units of their own; the rest share one root unit (see
-    /// [`Zero3::with_auto_wrap`]). `no_shard` has no units and ignores it.
-    pub fn with_auto_wrap(mut self, prefixes: Vec<String>) -> Self {
-        self.options.auto_wrap = Some(prefixes);
-        self
-    }
-
-    /// Under `full_shard` and `hybrid_shard`, gather the next unit on a background thread
-    /// while the current one computes.
-    pub fn with_prefetch(mut self, prefetch: bool) -> Self {
-        self.options.prefetch = prefetch;
-        self
-    }
-
-    /// A bound on the gathered parameters (elements) a prefetch may leave alive (see
-    /// [`Zero3::with_max_live_parameters`]).
-    pub fn with_max_live_parameters(mut self, max: usize) -> Self {
-        self.options.max_live_parameters = Some(max);
-        self
-    }
-
-    /// Which units recompute their forward in backward (activation checkpointing) instead
-    /// of keeping their activations. Without it every sharding keeps them; `full_shard` and
-    /// `hybrid_shard` release only a unit's gathered parameters after its forward and
-    /// gather them again for its backward.
-    pub fn with_activation_checkpointing(mut self, ac: ActivationCheckpointing) -> Self {
-        self.options.activation_checkpointing = ac;
-        self
-    }
+    sharded_builder_methods!();
 
     /// The sharding strategy.
     pub fn sharding_strategy(&self) -> FsdpSharding {

@@ -8,19 +8,19 @@ use crate::grads::GradAccumulator;
 use crate::init::param_values;
 use crate::nonfinite::{agree_finite, first_nonfinite};
 use crate::optim::Optimizer;
-use crate::param_request::{check_dtype, check_same_freezing, check_same_shape};
+use crate::param_request::{check_asked_again, check_dtype};
 use crate::param_use::unreached;
 use crate::recompute_op::RecomputedGrads;
 use crate::saved_state::{
     concat_range, flat_group, kinds_to_restore, read_shard, read_whole, shard_prefix,
 };
-use candle_core::{DType, Device, Shape, Tensor, Var};
+use candle_core::{Device, Tensor, Var};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use wick_core::{
     lock, ActivationCheckpointing, BackwardReport, Collective, Error, GroupRange, OptimizerConfig,
-    ParamSource, RankState, RecomputeFn, Result, ShardedContext, StateBytes, StateReader,
-    StepOptions, UnitPlan, PARAM_KIND,
+    ParamRequest, ParamSource, RankState, RecomputeFn, Result, ShardedContext, StateBytes,
+    StateReader, StepOptions, UnitPlan, PARAM_KIND,
 };
 
 /// Full parameters created on request, identical on every rank (the init is counter-based,
@@ -43,28 +43,20 @@ impl ReplicatedParams {
 }
 
 impl ParamSource for ReplicatedParams {
-    fn get_or_create(
-        &self,
-        name: &str,
-        shape: &Shape,
-        init: &wick_core::ParamInit,
-        dtype: DType,
-        device: &Device,
-        trainable: bool,
-    ) -> candle_core::Result<Tensor> {
-        check_dtype(name, dtype)?;
+    fn get_or_create(&self, request: ParamRequest<'_>) -> candle_core::Result<Tensor> {
+        check_dtype(&request)?;
+        let (name, shape) = (request.name, request.shape);
         let mut params = self.lock();
         let mut frozen = lock(&self.frozen);
         let made = params.iter().map(|(n, v)| (n, v.as_tensor(), true));
         let made = made.chain(frozen.iter().map(|(n, t)| (n, t, false)));
         if let Some((_, tensor, was_trainable)) = made.into_iter().find(|(n, ..)| *n == name) {
-            check_same_shape(name, shape, tensor.shape())?;
-            check_same_freezing(name, trainable, was_trainable)?;
+            check_asked_again(&request, tensor.shape(), was_trainable)?;
             return Ok(tensor.clone());
         }
-        let values = param_values(init, self.seed, name, shape, 0..shape.elem_count())?;
-        let tensor = Tensor::from_vec(values, shape, device)?;
-        if !trainable {
+        let values = param_values(request.init, self.seed, name, shape, 0..shape.elem_count())?;
+        let tensor = Tensor::from_vec(values, shape, request.device)?;
+        if !request.trainable {
             frozen.push((name.to_string(), tensor.clone()));
             return Ok(tensor);
         }

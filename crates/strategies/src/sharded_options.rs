@@ -44,3 +44,50 @@ impl ShardedOptions {
         }
     }
 }
+
+/// The builder methods [`Zero3`](crate::Zero3) and [`Fsdp`](crate::Fsdp) share, over their
+/// `options: ShardedOptions` field: written once, so the two cannot drift apart.
+macro_rules! sharded_builder_methods {
+    () => {
+        /// Gather the next unit (the next in forward, the previous in backward) while the
+        /// current one computes (DeepSpeed's `stage3_prefetch_bucket_size` above zero;
+        /// FSDP's `full_shard` and `hybrid_shard` only). Off by default: on a world that
+        /// completes its calls at once (ranks as threads) it only holds one more unit.
+        pub fn with_prefetch(mut self, prefetch: bool) -> Self {
+            self.options.prefetch = prefetch;
+            self
+        }
+
+        /// A bound on the gathered parameters (elements) alive at once: a prefetch that
+        /// would leave more than `max` beside the unit that runs is not made, and that unit
+        /// is gathered when it runs (DeepSpeed's `stage3_max_live_parameters`). A unit
+        /// larger than the bound is still gathered to run; the bound governs what waits
+        /// beside it.
+        pub fn with_max_live_parameters(mut self, max: usize) -> Self {
+            self.options.max_live_parameters = Some(max);
+            self
+        }
+
+        /// Which units recompute their forward in backward (activation checkpointing)
+        /// instead of keeping their activations. Without it every mode keeps them; full
+        /// sharding releases only a unit's gathered parameters after its forward and
+        /// gathers them again for its backward.
+        pub fn with_activation_checkpointing(
+            mut self,
+            ac: wick_core::ActivationCheckpointing,
+        ) -> Self {
+            self.options.activation_checkpointing = ac;
+            self
+        }
+
+        /// Auto-wrap policy: a wrapped block whose name starts with one of `prefixes` is a
+        /// unit of its own (gathered and freed on its own); every other block joins one
+        /// root unit. Changing the policy changes the sharding granularity without touching
+        /// model code (FSDP's `no_shard` has no units and ignores it).
+        pub fn with_auto_wrap(mut self, prefixes: Vec<String>) -> Self {
+            self.options.auto_wrap = Some(prefixes);
+            self
+        }
+    };
+}
+pub(crate) use sharded_builder_methods;

@@ -10,7 +10,7 @@ use crate::flat_layout::FlatLayout;
 use crate::gather_op::GatherOp;
 use crate::init::param_values;
 use crate::kept_grads::KeptGrads;
-use crate::param_request::{check_dtype, check_same_freezing, check_same_shape};
+use crate::param_request::{check_asked_again, check_dtype};
 use crate::param_use::ParamUse;
 use crate::precision::Precision;
 use crate::prefetch::{gather, Prefetcher, UnitParts};
@@ -23,8 +23,8 @@ use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::VarBuilder;
 use std::sync::{Arc, Mutex, MutexGuard};
 use wick_core::{
-    lock, run_by_plan, ActivationCheckpointing, Collective, ParamInit, RecomputeFn, UnitFn,
-    UnitPlan, UnitRuns,
+    lock, run_by_plan, ActivationCheckpointing, Collective, ParamInit, ParamRequest, RecomputeFn,
+    UnitFn, UnitPlan, UnitRuns,
 };
 
 /// A parameter request of a unit, kept from wrap time.
@@ -254,16 +254,9 @@ impl ShardedParams {
 }
 
 impl wick_core::ParamSource for ShardedParams {
-    fn get_or_create(
-        &self,
-        name: &str,
-        shape: &Shape,
-        init: &ParamInit,
-        dtype: DType,
-        device: &Device,
-        trainable: bool,
-    ) -> candle_core::Result<Tensor> {
-        check_dtype(name, dtype)?;
+    fn get_or_create(&self, request: ParamRequest<'_>) -> candle_core::Result<Tensor> {
+        check_dtype(&request)?;
+        let (name, shape) = (request.name, request.shape);
         let mut state = self.lock();
         let Some(open) = state.open_unit else {
             candle_core::bail!(
@@ -273,20 +266,17 @@ impl wick_core::ParamSource for ShardedParams {
         };
         let unit = &mut state.units[open];
         match unit.requests.iter().find(|r| r.name == name) {
-            Some(created) => {
-                check_same_shape(name, shape, &created.shape)?;
-                check_same_freezing(name, trainable, created.trainable)?;
-            }
+            Some(created) => check_asked_again(&request, &created.shape, created.trainable)?,
             None => unit.requests.push(Request {
                 name: name.to_string(),
                 shape: shape.clone(),
-                init: init.clone(),
-                trainable,
+                init: request.init.clone(),
+                trainable: request.trainable,
             }),
         }
         // A placeholder with the full shape and no memory: the block built at wrap time is
         // discarded, and every step rebuilds it over gathered parameters.
-        Tensor::zeros((), DType::F32, device)?.broadcast_as(shape)
+        Tensor::zeros((), DType::F32, request.device)?.broadcast_as(shape)
     }
 
     fn contains(&self, name: &str) -> bool {

@@ -221,6 +221,16 @@ impl StrategySpec {
 
     /// The activation checkpointing every variant carries.
     pub fn activation_checkpointing(&self) -> ActivationCheckpointing {
+        *self.clone().activation_checkpointing_mut()
+    }
+
+    /// The same strategy with `ac` for its activation checkpointing.
+    pub fn with_activation_checkpointing(mut self, ac: ActivationCheckpointing) -> Self {
+        *self.activation_checkpointing_mut() = ac;
+        self
+    }
+
+    fn activation_checkpointing_mut(&mut self) -> &mut ActivationCheckpointing {
         match self {
             StrategySpec::Single {
                 activation_checkpointing,
@@ -241,35 +251,8 @@ impl StrategySpec {
             | StrategySpec::Fsdp(FsdpSpec {
                 activation_checkpointing,
                 ..
-            }) => *activation_checkpointing,
+            }) => activation_checkpointing,
         }
-    }
-
-    /// The same strategy with `ac` for its activation checkpointing.
-    pub fn with_activation_checkpointing(mut self, ac: ActivationCheckpointing) -> Self {
-        match &mut self {
-            StrategySpec::Single {
-                activation_checkpointing,
-            }
-            | StrategySpec::Ddp {
-                activation_checkpointing,
-            }
-            | StrategySpec::Zero1 {
-                activation_checkpointing,
-            }
-            | StrategySpec::Zero2 {
-                activation_checkpointing,
-            }
-            | StrategySpec::Zero3 {
-                activation_checkpointing,
-                ..
-            }
-            | StrategySpec::Fsdp(FsdpSpec {
-                activation_checkpointing,
-                ..
-            }) => *activation_checkpointing = ac,
-        }
-        self
     }
 
     /// The strategy, or an error naming the option its types could not refuse: a hybrid
@@ -300,12 +283,6 @@ impl StrategySpec {
 impl FsdpSpec {
     /// The [`Fsdp`] builder these options describe.
     fn fsdp(&self) -> Result<Fsdp> {
-        if self.precision != Precision::Full && self.sharding == FsdpSharding::NoShard {
-            return Err(Error::config(
-                "precision",
-                "mixed precision needs a sharded fsdp sharding, not no_shard",
-            ));
-        }
         let mut fsdp = Fsdp::new(self.sharding)
             .with_precision(self.precision)?
             .with_prefetch(self.prefetch)

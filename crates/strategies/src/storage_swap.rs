@@ -86,27 +86,10 @@ mod tests {
     fn a_graph_over_a_released_and_refilled_tensor_backpropagates_as_before() {
         let w = Var::from_vec(vec![1f32, 2., 3., 4.], (2, 2), &Device::Cpu).unwrap();
         let x = Tensor::new(&[[1f32, -1.], [0.5, 2.]], &Device::Cpu).unwrap();
-        let want = x
-            .matmul(&w.t().unwrap())
-            .unwrap()
-            .sqr()
-            .unwrap()
-            .sum_all()
-            .unwrap();
-        let want_grad = want
-            .backward()
-            .unwrap()
-            .get(&w)
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap();
-        let loss = x
-            .matmul(&w.t().unwrap())
-            .unwrap()
-            .sqr()
-            .unwrap()
-            .sum_all()
-            .unwrap();
+        let loss_of = |w: &Var| x.matmul(&w.t()?)?.sqr()?.sum_all();
+        let grad_of = |loss: &Tensor| loss.backward()?.get(&w).unwrap().to_vec2::<f32>();
+        let want_grad = grad_of(&loss_of(&w).unwrap()).unwrap();
+        let loss = loss_of(&w).unwrap();
         let saved = w.as_tensor().copy().unwrap();
         // SAFETY: only the storage's length is looked at before the refill.
         unsafe { release(&w).unwrap() };
@@ -118,14 +101,7 @@ mod tests {
         assert_eq!(elements(&w.t().unwrap()), 0);
         refill(&w, &saved).unwrap();
         assert_eq!(elements(&w.t().unwrap()), 4);
-        let grad = loss
-            .backward()
-            .unwrap()
-            .get(&w)
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap();
-        assert_eq!(grad, want_grad);
+        assert_eq!(grad_of(&loss).unwrap(), want_grad);
         let e = refill(
             &w,
             &Tensor::zeros(3, candle_core::DType::F32, &Device::Cpu).unwrap(),

@@ -19,16 +19,15 @@ use crate::optim::Optimizer;
 use crate::precision::Precision;
 use crate::replicated::tensor_bytes;
 use crate::saved_state::{flat_group, kinds_to_restore, read_shard, shard_prefix};
-use crate::sharded_options::ShardedOptions;
+use crate::sharded_options::{sharded_builder_methods, ShardedOptions};
 use crate::sharded_params::ShardedParams;
 use crate::unit_views::FrozenPart;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
 use wick_core::{
-    ActivationCheckpointing, BackwardReport, Collective, Error, GradSync, GroupRange,
-    OptimizerConfig, RankState, ReduceOp, Result, ShardedContext, Sharding, StateBytes,
-    StateReader, StepOptions, StepReport, Strategy, StrategySetup, StrategyState, StrategyStep,
-    PARAM_KIND,
+    BackwardReport, Collective, Error, GradSync, GroupRange, OptimizerConfig, RankState, ReduceOp,
+    Result, ShardedContext, Sharding, StateBytes, StateReader, StepOptions, StepReport, Strategy,
+    StrategySetup, StrategyState, StrategyStep, PARAM_KIND,
 };
 
 impl Default for ShardedOptions {
@@ -76,38 +75,7 @@ impl Zero3 {
         }
     }
 
-    /// Gather the next unit (the next in forward, the previous in backward) while the
-    /// current one computes (DeepSpeed's `stage3_prefetch_bucket_size` above zero). Off
-    /// by default: on a world that completes its calls at once (ranks as threads) it only
-    /// holds one more unit.
-    pub fn with_prefetch(mut self, prefetch: bool) -> Self {
-        self.options.prefetch = prefetch;
-        self
-    }
-
-    /// A bound on the gathered parameters (elements) alive at once: a prefetch that would
-    /// leave more than `max` beside the unit that runs is not made, and that unit is
-    /// gathered when it runs (DeepSpeed's `stage3_max_live_parameters`). A unit larger than
-    /// the bound is still gathered to run; the bound governs what waits beside it.
-    pub fn with_max_live_parameters(mut self, max: usize) -> Self {
-        self.options.max_live_parameters = Some(max);
-        self
-    }
-
-    /// Recompute the wrapped units `ac` picks in backward instead of keeping their
-    /// activations (activation checkpointing).
-    pub fn with_activation_checkpointing(mut self, ac: ActivationCheckpointing) -> Self {
-        self.options.activation_checkpointing = ac;
-        self
-    }
-
-    /// Auto-wrap policy: a wrapped block whose name starts with one of `prefixes` is a unit
-    /// of its own (gathered and freed on its own); every other block joins one root unit.
-    /// Changing the policy changes the sharding granularity without touching model code.
-    pub fn with_auto_wrap(mut self, prefixes: Vec<String>) -> Self {
-        self.options.auto_wrap = Some(prefixes);
-        self
-    }
+    sharded_builder_methods!();
 
     fn not_ready(&self, message: &str) -> Error {
         not_ready(self.options.name, message)
