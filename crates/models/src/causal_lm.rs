@@ -228,8 +228,8 @@ impl CausalLm {
         self.logits_with(ids, None)
     }
 
-    /// [`CausalLm::logits`], LoRA's dropout masks drawn by `dropout` (training only).
-    fn logits_with(&self, ids: &Tensor, dropout: Option<DropoutKey>) -> Result<Tensor> {
+    /// The model's layers, checked to take a sequence as long as `ids`'.
+    fn net_for(&self, ids: &Tensor) -> Result<&Net> {
         let (_, t) = ids.dims2()?;
         if t > self.config.max_positions() {
             candle_core::bail!(
@@ -237,18 +237,27 @@ impl CausalLm {
                 self.config.max_positions()
             )
         }
-        let logits = match &self.net {
-            Some(Net::Decoder(m)) => m.logits(ids, dropout)?,
-            Some(Net::Gpt2(m)) => m.logits(ids)?,
+        match &self.net {
+            Some(net) => Ok(net),
             None => candle_core::bail!(
                 "the model's parameters do not exist yet: run it through the trainer"
             ),
+        }
+    }
+
+    /// [`CausalLm::logits`], LoRA's dropout masks drawn by `dropout` (training only).
+    fn logits_with(&self, ids: &Tensor, dropout: Option<DropoutKey>) -> Result<Tensor> {
+        let logits = match self.net_for(ids)? {
+            Net::Decoder(m) => m.logits(ids, dropout)?,
+            Net::Gpt2(m) => m.logits(ids)?,
         };
         logits.to_dtype(DType::F32)
     }
 
     /// The mean cross-entropy of `targets` (`[batch, time]`, u32) under the logits of `ids`,
     /// over the targets that are not [`wick_nn::IGNORE_INDEX`] (`transformers`' -100 labels).
+    /// The output projection and the loss are one op ([`wick_nn::linear_cross_entropy`]),
+    /// so the `[batch, time, vocab]` logits are never made whole.
     pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
         self.loss_with(ids, targets, None)
     }
@@ -259,9 +268,10 @@ impl CausalLm {
         targets: &Tensor,
         dropout: Option<DropoutKey>,
     ) -> Result<Tensor> {
-        let logits = self.logits_with(ids, dropout)?;
-        let (b, t, v) = logits.dims3()?;
-        wick_nn::cross_entropy(&logits.reshape((b * t, v))?, &targets.reshape(b * t)?)
+        match self.net_for(ids)? {
+            Net::Decoder(m) => m.loss(ids, targets, dropout),
+            Net::Gpt2(m) => m.loss(ids, targets),
+        }
     }
 }
 

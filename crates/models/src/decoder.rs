@@ -8,7 +8,7 @@
 //! layer; the embedding, the final norm and the head are units of their own.
 
 use crate::config::{Activation, DecoderConfig};
-use crate::layers::{embed, heads, linear, merge_heads, normal, project};
+use crate::layers::{embed, heads, linear, loss_rows, merge_heads, normal, project};
 use crate::lora::{DropoutKey, LoraConfig, Projection};
 use crate::rope::RopeTables;
 use candle_core::{Module, Result, Tensor};
@@ -16,6 +16,7 @@ use candle_nn::VarBuilder;
 use std::sync::Arc;
 use wick_core::{ShardedContext, Wrapped};
 use wick_nn::{
+    linear_cross_entropy,
     causal_attention_with, gelu, rms_norm, rms_norm_unit_offset, swiglu, AttentionOptions, Linear,
     RmsNorm, RotaryEmbedding,
 };
@@ -246,9 +247,9 @@ impl Decoder {
         })
     }
 
-    /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`;
+    /// The final hidden states of `ids` (`[batch, time]`, u32): `[batch, time, hidden]`;
     /// `dropout` draws LoRA's masks (training only).
-    pub(crate) fn logits(&self, ids: &Tensor, dropout: Option<DropoutKey>) -> Result<Tensor> {
+    fn hidden(&self, ids: &Tensor, dropout: Option<DropoutKey>) -> Result<Tensor> {
         let rope = self.rope.for_len(ids.dim(1)?)?;
         let mut x = self.embed_tokens.apply(ids, embed)?;
         if let Some(scale) = self.embed_scale {
@@ -258,11 +259,26 @@ impl Decoder {
             let rope = rope.clone();
             x = layer.apply(&x, move |l, x| l.forward(x, &rope, dropout))?;
         }
-        let x = self.norm.apply(&x, |n, x| n.forward(x))?;
-        let logits = match &self.lm_head {
-            Some(head) => head.apply(&x, |l, x| l.forward(x))?,
-            None => self.embed_tokens.apply(&x, |w, x| project(x, w))?,
-        };
+        self.norm.apply(&x, |n, x| n.forward(x))
+    }
+
+    /// `f(weight, x)` inside the unit that holds the output projection's weight
+    /// (`[vocab, hidden]`): `lm_head`'s, or the embedding's when tied.
+    fn head<F>(&self, x: &Tensor, f: F) -> Result<Tensor>
+    where
+        F: Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync + 'static,
+    {
+        match &self.lm_head {
+            Some(head) => head.apply(x, move |l, x| f(l.weight(), x)),
+            None => self.embed_tokens.apply(x, f),
+        }
+    }
+
+    /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`;
+    /// `dropout` draws LoRA's masks (training only).
+    pub(crate) fn logits(&self, ids: &Tensor, dropout: Option<DropoutKey>) -> Result<Tensor> {
+        let x = self.hidden(ids, dropout)?;
+        let logits = self.head(&x, |w, x| project(x, w))?;
         match self.final_logit_softcapping {
             // cap tanh(logits / cap), dividing as torch does.
             Some(cap) => {
@@ -271,5 +287,19 @@ impl Decoder {
             }
             None => Ok(logits),
         }
+    }
+
+    /// The mean cross-entropy of `targets` (`[batch, time]`, u32; [`wick_nn::IGNORE_INDEX`]
+    /// not counted) under the logits of `ids`, by [`wick_nn::linear_cross_entropy`]: the
+    /// output projection and the loss in one op, so the logits never exist whole.
+    pub(crate) fn loss(
+        &self,
+        ids: &Tensor,
+        targets: &Tensor,
+        dropout: Option<DropoutKey>,
+    ) -> Result<Tensor> {
+        let (x, targets) = loss_rows(&self.hidden(ids, dropout)?, targets)?;
+        let cap = self.final_logit_softcapping;
+        self.head(&x, move |w, x| linear_cross_entropy(x, w, &targets, cap))
     }
 }

@@ -5,11 +5,13 @@
 //! applied twice (in and out), so the tied weight is one parameter in one unit.
 
 use crate::config::Gpt2Config;
-use crate::layers::{conv1d, embed, normal, project};
-use candle_core::{DType, Module, Result, Tensor};
+use crate::layers::{conv1d, embed, loss_rows, normal, project};
+use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use wick_core::{ShardedContext, Wrapped};
-use wick_nn::{causal_attention_packed, gelu, layer_norm, LayerNorm, Linear};
+use wick_nn::{
+    causal_attention_packed, gelu, layer_norm, linear_cross_entropy, LayerNorm, Linear,
+};
 
 /// One block, `transformer.h.{i}`.
 #[derive(Clone)]
@@ -85,8 +87,8 @@ impl Gpt2 {
         })
     }
 
-    /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`.
-    pub(crate) fn logits(&self, ids: &Tensor) -> Result<Tensor> {
+    /// The final hidden states of `ids` (`[batch, time]`, u32): `[batch, time, n_embd]`.
+    fn hidden(&self, ids: &Tensor) -> Result<Tensor> {
         let t = ids.dim(1)?;
         let positions = Tensor::arange(0u32, t as u32, ids.device())?.unsqueeze(0)?;
         let tokens = self.wte.apply(ids, embed)?;
@@ -95,8 +97,19 @@ impl Gpt2 {
         for block in &self.blocks {
             x = block.apply(&x, |b, x| b.forward(x))?;
         }
-        let x = self.ln_f.apply(&x, |n, x| n.forward(x))?;
-        let logits = self.wte.apply(&x, |w, x| project(x, w))?;
-        logits.to_dtype(DType::F32)
+        self.ln_f.apply(&x, |n, x| n.forward(x))
+    }
+
+    /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`.
+    pub(crate) fn logits(&self, ids: &Tensor) -> Result<Tensor> {
+        self.wte.apply(&self.hidden(ids)?, |w, x| project(x, w))
+    }
+
+    /// The mean cross-entropy of `targets` (`[batch, time]`, u32) under the logits of `ids`,
+    /// the tied projection and the loss in one op ([`wick_nn::linear_cross_entropy`]).
+    pub(crate) fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let (x, targets) = loss_rows(&self.hidden(ids)?, targets)?;
+        self.wte
+            .apply(&x, move |w, x| linear_cross_entropy(x, w, &targets, None))
     }
 }

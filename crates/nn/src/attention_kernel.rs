@@ -11,6 +11,7 @@
 //! gradients are written batch-major, `[batch, time, heads, head_dim]`, the order the
 //! output projection reads.
 
+use crate::gemm::{matmul, Threads::One};
 use crate::vector_math;
 use candle_core::{Layout, Result};
 use rayon::prelude::*;
@@ -122,6 +123,7 @@ pub(crate) fn forward(
                     (&p, t, 1),
                     (v.0, v.1, 1),
                     1.0,
+                    One,
                 );
             }
         });
@@ -171,6 +173,7 @@ pub(crate) fn backward(
                     (&p, 1, t),
                     (dout_b.0, dout_b.1, 1),
                     1.0,
+                    One,
                 );
                 let (ds_all, ds_rs) = (&mut ds[..], t);
                 matmul(
@@ -182,6 +185,7 @@ pub(crate) fn backward(
                     (dout_b.0, dout_b.1, 1),
                     (v_b.0, 1, v_b.1),
                     1.0,
+                    One,
                 );
                 // dS_ij = scale p_ij (dP_ij - sum_k p_ik dP_ik): zero where p is; times
                 // 1 - tanh² under a soft cap.
@@ -198,9 +202,29 @@ pub(crate) fn backward(
                 }
                 // dQ = dS K; dK += dSᵀ Q.
                 let dq_b = (&mut dq[head * d..], h * d);
-                matmul(t, d, t, dq_b, false, (&ds, t, 1), (k_b.0, k_b.1, 1), 1.0);
+                matmul(
+                    t,
+                    d,
+                    t,
+                    dq_b,
+                    false,
+                    (&ds, t, 1),
+                    (k_b.0, k_b.1, 1),
+                    1.0,
+                    One,
+                );
                 let dk_b = (&mut dk[kv * d..], hkv * d);
-                matmul(t, d, t, dk_b, true, (&ds, 1, t), (q_b.0, q_b.1, 1), 1.0);
+                matmul(
+                    t,
+                    d,
+                    t,
+                    dk_b,
+                    true,
+                    (&ds, 1, t),
+                    (q_b.0, q_b.1, 1),
+                    1.0,
+                    One,
+                );
             }
         }
     });
@@ -222,6 +246,7 @@ fn probabilities(q: (&[f32], usize), k: (&[f32], usize), n: Dims, p: &mut [f32],
         (q.0, q.1, 1),
         (k.0, 1, k.1),
         scores.scale,
+        One,
     );
     for (i, row) in p.chunks_exact_mut(t).enumerate() {
         let live = scores.live(i);
@@ -243,61 +268,5 @@ fn probabilities(q: (&[f32], usize), k: (&[f32], usize), n: Dims, p: &mut [f32],
         }
         before.fill(0.0);
         after.fill(0.0);
-    }
-}
-
-/// `dst (m x n) = scale a b (+ dst when accumulate)`, every matrix read or written through
-/// its row and column strides (`(slice, row stride, column stride)`; `dst` is
-/// `(slice, row stride)` with unit columns): a transpose is a read with the strides
-/// swapped. One sequential call of the GEMM.
-#[allow(clippy::too_many_arguments)]
-fn matmul(
-    m: usize,
-    n: usize,
-    k: usize,
-    (dst, dst_rs): (&mut [f32], usize),
-    accumulate: bool,
-    (a, a_rs, a_cs): (&[f32], usize, usize),
-    (b, b_rs, b_cs): (&[f32], usize, usize),
-    scale: f32,
-) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    let last = |rs: usize, cs: usize, rows: usize, cols: usize| {
-        (rows.max(1) - 1) * rs + (cols.max(1) - 1) * cs
-    };
-    assert!(
-        last(dst_rs, 1, m, n) < dst.len(),
-        "matmul: destination too short"
-    );
-    assert!(
-        k == 0 || (last(a_rs, a_cs, m, k) < a.len() && last(b_rs, b_cs, k, n) < b.len()),
-        "matmul: an operand too short for its strides"
-    );
-    // SAFETY: every index the product reads or writes was checked against its slice above;
-    // `dst` is exclusively borrowed and overlaps neither operand.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            dst_rs as isize,
-            accumulate,
-            a.as_ptr(),
-            a_cs as isize,
-            a_rs as isize,
-            b.as_ptr(),
-            b_cs as isize,
-            b_rs as isize,
-            1.0,
-            scale,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
     }
 }

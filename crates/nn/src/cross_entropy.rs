@@ -56,12 +56,12 @@ pub fn cross_entropy_composite(logits: &Tensor, targets: &Tensor) -> Result<Tens
 }
 
 /// The rows whose target counts.
-fn counted(targets: &[u32]) -> usize {
+pub(crate) fn counted(targets: &[u32]) -> usize {
     targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
 }
 
 /// Row `r`'s max and log of the sum of exp(x - max).
-fn log_sum_exp(row: &[f32]) -> (f32, f32) {
+pub(crate) fn log_sum_exp(row: &[f32]) -> (f32, f32) {
     let max = vector_math::max(row);
     (max, vector_math::sum_exp_shifted(row, max).ln())
 }

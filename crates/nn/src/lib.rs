@@ -16,6 +16,8 @@
 //! - [`RotaryEmbedding`]: rotary position embedding in Hugging Face's rotate_half layout;
 //! - [`cross_entropy`]: mean negative log-likelihood from logits, over the targets that are
 //!   not [`IGNORE_INDEX`];
+//! - [`linear_cross_entropy`]: a language model's output projection and its loss in one
+//!   op, a chunk of rows at a time, so that the whole logits never exist;
 //! - [`Linear`] ([`linear`]): candle-nn's linear layer, its bias added by one op whose
 //!   backward sums the bias gradient row by row;
 //! - [`swiglu`]: Llama's gated activation `silu(gate) * up`.
@@ -35,8 +37,10 @@ mod attention_kernel;
 mod cpu;
 mod cross_entropy;
 mod gelu;
+mod gemm;
 mod layer_norm;
 mod linear;
+mod linear_cross_entropy;
 mod lora;
 mod rms_norm;
 mod rotary;
@@ -52,6 +56,7 @@ pub use cross_entropy::{cross_entropy, cross_entropy_composite, IGNORE_INDEX};
 pub use gelu::{gelu, Gelu};
 pub use layer_norm::{layer_norm, layer_norm_composite, LayerNorm};
 pub use linear::{linear, Linear};
+pub use linear_cross_entropy::{linear_cross_entropy, linear_cross_entropy_composite};
 pub use lora::{lora_linear, lora_linear_composite, LoraParts};
 pub use rms_norm::{rms_norm, rms_norm_composite, rms_norm_unit_offset, RmsNorm};
 pub use rotary::{rotary_composite, RotaryEmbedding};

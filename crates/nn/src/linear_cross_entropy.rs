@@ -1,0 +1,313 @@
+//! `linear_cross_entropy`: a language model's output projection and its loss as one op,
+//! a chunk of rows at a time, so that the `[rows, vocab]` logits never exist whole.
+//!
+//! The logits are the largest tensors of a small model's step (a 49152-row vocabulary
+//! makes 201 MB of them for 1024 tokens), and a graph of a matmul and a loss keeps them,
+//! their gradient and the copies around them alive through backward. Here each chunk's
+//! logits are made, turned into their gradient in place, and multiplied into the input's
+//! and the weight's gradients before the next chunk reuses the buffer: the op's memory is
+//! one chunk's logits plus the gradients themselves. The loss is the last op of a step, so
+//! its backward follows its forward at once; the gradients are made in the forward (only
+//! where a backward may follow and the input or weight has a gradient) and handed over by
+//! the backward, scaled by the loss's incoming gradient, with no second pass over the
+//! vocabulary. A backward without them (a forward run under `no_grad`) makes them then.
+
+use crate::cpu::{f32_inputs, fused, rows_per_task, u32s};
+use crate::cross_entropy::{counted, cross_entropy, log_sum_exp};
+use crate::gemm::{matmul, Threads::Pool};
+use crate::vector_math;
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+use std::sync::Mutex;
+use wick_core::{grad_enabled, IGNORE_INDEX};
+
+/// About the most logits one chunk holds (32 MB of f32): small beside the full logits, and
+/// enough rows that the weight gradient's product is not dominated by its passes over
+/// the weight.
+const CHUNK_ELEMENTS: usize = 8 << 20;
+
+/// The mean cross-entropy of `targets` (`[n]`, u32) under the logits `x weightᵀ` (`x`
+/// `[n, hidden]`, `weight` `[vocab, hidden]`), soft-capped first to `cap tanh(z / cap)`
+/// when `softcap` is given (Gemma 2's final logits), over the rows whose target is not
+/// [`IGNORE_INDEX`]: the same loss as [`cross_entropy`] of those logits, without making
+/// them whole. Fused on the CPU for f32 inputs and u32 targets;
+/// [`linear_cross_entropy_composite`] elsewhere.
+pub fn linear_cross_entropy(
+    x: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    softcap: Option<f64>,
+) -> Result<Tensor> {
+    let ((n, hidden), (_, w_hidden)) = (x.dims2()?, weight.dims2()?);
+    if hidden != w_hidden || targets.dims() != [n] {
+        candle_core::bail!(
+            "linear_cross_entropy: x {:?}, weight {:?} and targets {:?} do not fit \
+             ([n, hidden], [vocab, hidden], [n])",
+            x.dims(),
+            weight.dims(),
+            targets.dims()
+        )
+    }
+    if !(fused(&[x, weight]) && targets.dtype() == DType::U32) {
+        return linear_cross_entropy_composite(x, weight, targets, softcap);
+    }
+    let backward_may_follow = grad_enabled();
+    let op = Forward {
+        softcap: softcap.map(|c| c as f32),
+        wanted: Wanted {
+            x: backward_may_follow && x.track_op(),
+            weight: backward_may_follow && weight.track_op(),
+        },
+        grads: Mutex::default(),
+    };
+    x.contiguous()?
+        .apply_op3(&weight.contiguous()?, &targets.contiguous()?, op)
+}
+
+/// The same loss from Candle's ops: the whole logits, capped, in f32, then
+/// [`cross_entropy`] (the fallback, and the reference in tests).
+pub fn linear_cross_entropy_composite(
+    x: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    softcap: Option<f64>,
+) -> Result<Tensor> {
+    let logits = x.matmul(&weight.t()?)?;
+    let logits = match softcap {
+        // cap tanh(logits / cap), dividing as torch does.
+        Some(cap) => {
+            let cap = Tensor::new(cap as f32, logits.device())?.to_dtype(logits.dtype())?;
+            logits.broadcast_div(&cap)?.tanh()?.broadcast_mul(&cap)?
+        }
+        None => logits,
+    };
+    cross_entropy(&logits.to_dtype(DType::F32)?, targets)
+}
+
+/// Which gradients the op makes: the input's, the weight's.
+#[derive(Clone, Copy, Debug)]
+struct Wanted {
+    x: bool,
+    weight: bool,
+}
+
+/// The forward: the loss, and the gradients [`Wanted`] of the mean loss kept for the
+/// backward, as one buffer `[dx | dweight]` (either part absent when not wanted).
+struct Forward {
+    softcap: Option<f32>,
+    wanted: Wanted,
+    grads: Mutex<Option<Vec<f32>>>,
+}
+
+impl CustomOp3 for Forward {
+    fn name(&self) -> &'static str {
+        "wick-linear-cross-entropy"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+        ts: &CpuStorage,
+        tl: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let kernel = Kernel::new(self.name(), (xs, xl), (ws, wl), (ts, tl), self.softcap)?;
+        let (loss, grads) = kernel.run(self.wanted);
+        if self.wanted.x || self.wanted.weight {
+            *self.grads.lock().unwrap_or_else(|e| e.into_inner()) = Some(grads);
+        }
+        Ok((CpuStorage::F32(vec![loss]), Shape::from(())))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        targets: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (mut grads, wanted) = match self.take_grads() {
+            Some(grads) => (grads, self.wanted),
+            None => {
+                // The forward ran where no backward was expected: make the gradients now.
+                let again = Forward {
+                    softcap: self.softcap,
+                    wanted: Wanted {
+                        x: x.track_op(),
+                        weight: weight.track_op(),
+                    },
+                    grads: Mutex::default(),
+                };
+                x.apply_op3_no_bwd(weight, targets, &again)?;
+                (again.take_grads().unwrap_or_default(), again.wanted)
+            }
+        };
+        let scale = grad.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+        if scale != 1.0 {
+            grads.par_iter_mut().for_each(|g| *g *= scale);
+        }
+        let len = grads.len();
+        let grads = Tensor::from_vec(grads, len, x.device())?;
+        let (dx_len, dw_len) = (x.elem_count(), weight.elem_count());
+        let dx = match wanted.x {
+            true => Some(grads.narrow(0, 0, dx_len)?.reshape(x.shape())?),
+            false => None,
+        };
+        let offset = if wanted.x { dx_len } else { 0 };
+        let dw = match wanted.weight {
+            true => Some(grads.narrow(0, offset, dw_len)?.reshape(weight.shape())?),
+            false => None,
+        };
+        Ok((dx, dw, None))
+    }
+}
+
+impl Forward {
+    /// The gradients the forward kept, taken out.
+    fn take_grads(&self) -> Option<Vec<f32>> {
+        self.grads.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// One call's inputs: `x` `[n, hidden]`, `weight` `[vocab, hidden]`, `targets` `[n]`.
+struct Kernel<'a> {
+    x: &'a [f32],
+    weight: &'a [f32],
+    targets: &'a [u32],
+    hidden: usize,
+    vocab: usize,
+    softcap: Option<f32>,
+}
+
+impl<'a> Kernel<'a> {
+    fn new(
+        op: &str,
+        x: (&'a CpuStorage, &Layout),
+        weight: (&'a CpuStorage, &Layout),
+        targets: (&'a CpuStorage, &Layout),
+        softcap: Option<f32>,
+    ) -> Result<Self> {
+        let (hidden, vocab) = (x.1.dims()[1], weight.1.dims()[0]);
+        let [xv, wv] = f32_inputs(op, [x, weight])?;
+        let targets = u32s(op, targets.0, targets.1)?;
+        if let Some(t) = targets
+            .iter()
+            .find(|&&t| t as usize >= vocab && t != IGNORE_INDEX)
+        {
+            candle_core::bail!("{op}: target {t} is not below the {vocab} classes")
+        }
+        Ok(Kernel {
+            x: xv,
+            weight: wv,
+            targets,
+            hidden,
+            vocab,
+            softcap,
+        })
+    }
+
+    /// The mean loss over the counted rows and, as `wanted`, its gradients `[dx | dweight]`.
+    /// Chunks run in order and each product keeps its sums' order, so the result has the
+    /// same bits on any number of threads.
+    fn run(&self, wanted: Wanted) -> (f32, Vec<f32>) {
+        let (n, h, v) = (self.targets.len(), self.hidden, self.vocab);
+        let scale = 1.0 / counted(self.targets).max(1) as f32;
+        let dx_len = if wanted.x { n * h } else { 0 };
+        let dw_len = if wanted.weight { v * h } else { 0 };
+        let mut grads = vec![0f32; dx_len + dw_len];
+        let (dx, dw) = grads.split_at_mut(dx_len);
+        let grads_wanted = wanted.x || wanted.weight;
+        // As few chunks as the bound allows, of even sizes (no short last chunk).
+        let chunks = (n * v).div_ceil(CHUNK_ELEMENTS).max(1);
+        let rows = n.div_ceil(chunks).max(1);
+        let mut logits = vec![0f32; rows * v];
+        let mut total = 0f64;
+        for start in (0..n).step_by(rows) {
+            let r = rows.min(n - start);
+            let z = &mut logits[..r * v];
+            let x = &self.x[start * h..(start + r) * h];
+            // z = x weightᵀ: weightᵀ is the weight read with its strides swapped.
+            let w = self.weight;
+            matmul(r, v, h, (z, v), false, (x, h, 1), (w, 1, h), 1.0, Pool);
+            let targets = &self.targets[start..start + r];
+            total += self.rows(z, targets, scale, grads_wanted);
+            if wanted.x {
+                let dx = &mut dx[start * h..(start + r) * h];
+                matmul(r, h, v, (dx, h), false, (z, v, 1), (w, h, 1), 1.0, Pool);
+            }
+            if wanted.weight {
+                // dweight += dzᵀ x, the chunks' terms added in chunk order.
+                matmul(v, h, r, (dw, h), start > 0, (z, 1, v), (x, h, 1), 1.0, Pool);
+            }
+        }
+        ((total * scale as f64) as f32, grads)
+    }
+
+    /// Caps each row of `z` (`[rows, vocab]`), returns the rows' summed loss and, with
+    /// `grads`, leaves in `z` the gradient of the mean loss (`scale` a counted row) with
+    /// respect to the logits before the cap.
+    fn rows(&self, z: &mut [f32], targets: &[u32], scale: f32, grads: bool) -> f64 {
+        let (v, softcap) = (self.vocab, self.softcap);
+        let task = rows_per_task(v);
+        z.par_chunks_mut(task * v)
+            .zip(targets.par_chunks(task))
+            .map_init(
+                || vec![0f32; if softcap.is_some() && grads { v } else { 0 }],
+                |capped, (z, targets)| {
+                    let mut sum = 0f64;
+                    for (row, &t) in z.chunks_exact_mut(v).zip(targets) {
+                        sum += row_loss(row, t, softcap, grads.then_some((scale, &mut capped[..])))
+                            as f64;
+                    }
+                    sum
+                },
+            )
+            .collect::<Vec<f64>>()
+            .into_iter()
+            .sum()
+    }
+}
+
+/// One row's loss; caps `row` in place first. With `grad` (`scale`, a scratch row for the
+/// capped logits when capping), leaves in `row` the gradient of `scale` x the loss with
+/// respect to the logits before the cap (zero for an ignored row).
+fn row_loss(row: &mut [f32], t: u32, softcap: Option<f32>, grad: Option<(f32, &mut [f32])>) -> f32 {
+    if let Some(cap) = softcap {
+        for z in row.iter_mut() {
+            *z = (*z / cap).tanh() * cap;
+        }
+    }
+    let (max, lse) = log_sum_exp(row);
+    let lse = max + lse;
+    let loss = match t {
+        IGNORE_INDEX => 0.0,
+        t => lse - row[t as usize],
+    };
+    let Some((scale, capped)) = grad else {
+        return loss;
+    };
+    if t == IGNORE_INDEX {
+        row.fill(0.0);
+        return 0.0;
+    }
+    if softcap.is_some() {
+        capped.copy_from_slice(row);
+    }
+    // softmax - one-hot, scaled.
+    vector_math::exp_shifted(row, lse);
+    for g in row.iter_mut() {
+        *g *= scale;
+    }
+    row[t as usize] -= scale;
+    // Through the cap: d(cap tanh(z / cap))/dz = 1 - tanh², tanh = capped / cap.
+    if let Some(cap) = softcap {
+        for (g, c) in row.iter_mut().zip(capped.iter()) {
+            let th = c / cap;
+            *g *= 1.0 - th * th;
+        }
+    }
+    loss
+}
