@@ -4,11 +4,9 @@
 
 use crate::attention_kernel::{self as kernel, Dims, Heads, Scores};
 use crate::cpu::{as_f32, f32s, fused};
+use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
 use crate::linear::{linear, Linear};
-use candle_core::{
-    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Module, Result, Shape, Storage,
-    Tensor, D,
-};
+use candle_core::{CpuStorage, DType, Layout, Module, Result, Shape, Storage, Tensor, D};
 use candle_nn::VarBuilder;
 use rayon::prelude::*;
 
@@ -89,7 +87,7 @@ pub fn causal_attention_with(
     // Batch-major out of the op, handed back as [b, h, t, d].
     let op = Forward { options: *options };
     unit(q)?
-        .apply_op3(&unit(k)?, &unit(v)?, op)?
+        .apply_op3(&unit(k)?, &unit(v)?, Fused(op))?
         .transpose(1, 2)
 }
 
@@ -119,7 +117,7 @@ pub fn causal_attention_packed(qkv: &Tensor, heads: usize) -> Result<Tensor> {
         let out = causal_attention_composite(&part(0)?, &part(1)?, &part(2)?)?;
         return out.transpose(1, 2)?.reshape((b, t, heads * d));
     }
-    qkv.contiguous()?.apply_op1(PackedForward { heads })
+    qkv.contiguous()?.apply_op1(Fused(PackedForward { heads }))
 }
 
 /// Each key/value head repeated for the query heads it serves: `[b, hkv, t, d]` to
@@ -220,62 +218,47 @@ struct Forward {
     options: AttentionOptions,
 }
 
-impl CustomOp3 for Forward {
-    fn name(&self) -> &'static str {
-        "wick-causal-attention"
-    }
+impl CpuOp<3> for Forward {
+    const NAME: &'static str = "wick-causal-attention";
 
-    fn cpu_fwd(
-        &self,
-        qs: &CpuStorage,
-        ql: &Layout,
-        ks: &CpuStorage,
-        kl: &Layout,
-        vs: &CpuStorage,
-        vl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let n = dims(ql, kl, &self.options)?;
-        let name = self.name();
-        let out = kernel::forward(
-            (qs.as_slice::<f32>()?, Heads::of(name, ql)?),
-            (ks.as_slice::<f32>()?, Heads::of(name, kl)?),
-            (vs.as_slice::<f32>()?, Heads::of(name, vl)?),
-            n,
-        );
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+        let n = dims(inputs[0].1, inputs[1].1, &self.options)?;
+        let [q, k, v] = blocks(Self::NAME, inputs)?;
+        let out = kernel::forward(q, k, v, n);
         Ok((CpuStorage::F32(out), Shape::from((n.b, n.t, n.h, n.d))))
     }
 
-    fn bwd(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    fn grads(&self, [q, k, v]: [&Tensor; 3], _res: &Tensor, grad: &Tensor) -> GradsOf<3> {
         let (b, h, t, d) = q.dims4()?;
         let hkv = k.dim(1)?;
         let (nq, nkv) = (q.elem_count(), k.elem_count());
-        let all = q.apply_op3_no_bwd(
-            k,
-            v,
-            &Backward {
-                grad: grad.contiguous()?,
-                options: self.options,
-            },
-        )?;
+        let backward = Backward {
+            grad: grad.contiguous()?,
+            options: self.options,
+        };
+        let all = q.apply_op3_no_bwd(k, v, &Fused(backward))?;
         // Batch-major buffers, handed back as [b, heads, t, d] views.
         let part = |start: usize, len: usize, heads: usize| {
             all.narrow(0, start, len)?
                 .reshape((b, t, heads, d))?
                 .transpose(1, 2)
         };
-        Ok((
+        Ok([
             Some(part(0, nq, h)?),
             Some(part(nq, nkv, hkv)?),
             Some(part(nq + nkv, nkv, hkv)?),
-        ))
+        ])
     }
+}
+
+/// The (batch, head) blocks of q, k and v where they lie.
+fn blocks<'a>(op: &str, inputs: [Input<'a>; 3]) -> Result<[(&'a [f32], Heads); 3]> {
+    let [(qs, ql), (ks, kl), (vs, vl)] = inputs;
+    Ok([
+        (qs.as_slice::<f32>()?, Heads::of(op, ql)?),
+        (ks.as_slice::<f32>()?, Heads::of(op, kl)?),
+        (vs.as_slice::<f32>()?, Heads::of(op, vl)?),
+    ])
 }
 
 /// (q, k, v) and the output's gradient (batch-major) -> [dq, dk, dv], each batch-major,
@@ -285,34 +268,19 @@ struct Backward {
     options: AttentionOptions,
 }
 
-impl CustomOp3 for Backward {
-    fn name(&self) -> &'static str {
-        "wick-causal-attention-backward"
-    }
+impl CpuOp<3> for Backward {
+    const NAME: &'static str = "wick-causal-attention-backward";
 
-    fn cpu_fwd(
-        &self,
-        qs: &CpuStorage,
-        ql: &Layout,
-        ks: &CpuStorage,
-        kl: &Layout,
-        vs: &CpuStorage,
-        vl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let n = dims(ql, kl, &self.options)?;
-        let name = self.name();
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+        let n = dims(inputs[0].1, inputs[1].1, &self.options)?;
+        let name = Self::NAME;
         let (gs, gl) = self.grad.storage_and_layout();
         let Storage::Cpu(gs) = &*gs else {
             candle_core::bail!("{name}: the gradient must be on the cpu")
         };
         let dout = &f32s(name, gs, gl)?;
-        let all = kernel::backward(
-            (qs.as_slice::<f32>()?, Heads::of(name, ql)?),
-            (ks.as_slice::<f32>()?, Heads::of(name, kl)?),
-            (vs.as_slice::<f32>()?, Heads::of(name, vl)?),
-            (dout, Heads::batch_major(n.t, n.h, n.d)),
-            n,
-        );
+        let [q, k, v] = blocks(name, inputs)?;
+        let all = kernel::backward(q, k, v, (dout, Heads::batch_major(n.t, n.h, n.d)), n);
         let len = all.len();
         Ok((CpuStorage::F32(all), Shape::from(len)))
     }
@@ -346,21 +314,19 @@ struct PackedForward {
     heads: usize,
 }
 
-impl CustomOp1 for PackedForward {
-    fn name(&self) -> &'static str {
-        "wick-causal-attention"
-    }
+impl CpuOp<1> for PackedForward {
+    const NAME: &'static str = "wick-causal-attention";
 
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, [(s, l)]: [Input<'_>; 1]) -> Result<(CpuStorage, Shape)> {
         let (n, [q, k, v]) = packed(l, self.heads)?;
         let data = s.as_slice::<f32>()?;
         let out = kernel::forward((data, q), (data, k), (data, v), n);
         Ok((CpuStorage::F32(out), Shape::from((n.b, n.t, n.h * n.d))))
     }
 
-    fn bwd(&self, qkv: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let op = PackedBackward { heads: self.heads };
-        Ok(Some(qkv.apply_op2_no_bwd(&grad.contiguous()?, &op)?))
+    fn grads(&self, [qkv]: [&Tensor; 1], _res: &Tensor, grad: &Tensor) -> GradsOf<1> {
+        let op = Fused(PackedBackward { heads: self.heads });
+        Ok([Some(qkv.apply_op2_no_bwd(&grad.contiguous()?, &op)?)])
     }
 }
 
@@ -369,21 +335,13 @@ struct PackedBackward {
     heads: usize,
 }
 
-impl CustomOp2 for PackedBackward {
-    fn name(&self) -> &'static str {
-        "wick-causal-attention-backward"
-    }
+impl CpuOp<2> for PackedBackward {
+    const NAME: &'static str = "wick-causal-attention-backward";
 
-    fn cpu_fwd(
-        &self,
-        s: &CpuStorage,
-        l: &Layout,
-        gs: &CpuStorage,
-        gl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, [(s, l), (gs, gl)]: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
         let (n, [q, k, v]) = packed(l, self.heads)?;
         let data = s.as_slice::<f32>()?;
-        let dout = f32s(self.name(), gs, gl)?;
+        let dout = f32s(Self::NAME, gs, gl)?;
         let all = kernel::backward(
             (data, q),
             (data, k),

@@ -1,6 +1,7 @@
 //! The f32 slices behind CPU storages, for the fused ops.
 
-use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 /// The contiguous f32 elements a layout reads from a CPU storage.
@@ -134,22 +135,12 @@ pub(crate) trait NormRowGrad: Send + Sync {
 /// (x, weight, dy) -> [dx, the weight gradients] end to end, one op for any norm.
 pub(crate) struct NormBackward<K>(pub(crate) K);
 
-impl<K: NormRowGrad> CustomOp3 for NormBackward<K> {
-    fn name(&self) -> &'static str {
-        K::NAME
-    }
+impl<K: NormRowGrad> CpuOp<3> for NormBackward<K> {
+    const NAME: &'static str = K::NAME;
 
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        ws: &CpuStorage,
-        wl: &Layout,
-        gs: &CpuStorage,
-        gl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let c = norm_width(self.name(), xl, wl)?;
-        let [x, w, dy] = f32_inputs(self.name(), [(xs, xl), (ws, wl), (gs, gl)])?;
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+        let c = norm_width(Self::NAME, inputs[0].1, inputs[1].1)?;
+        let [x, w, dy] = f32_inputs(Self::NAME, inputs)?;
         let parts = K::WEIGHT_GRADS * c;
         let out = norm_backward(x, dy, c, parts, |row, g, dx, partial| {
             self.0.row(row, g, w, dx, partial)
@@ -159,18 +150,20 @@ impl<K: NormRowGrad> CustomOp3 for NormBackward<K> {
 }
 
 /// The gradients of a norm of `x` by weight `w` for `grad`, from one [`NormBackward`]: `x`'s,
-/// then the `K::WEIGHT_GRADS` weight-shaped ones.
-pub(crate) fn norm_grads<K: NormRowGrad>(
+/// then the `N - 1` (`K::WEIGHT_GRADS`) weight-shaped ones.
+pub(crate) fn norm_grads<K: NormRowGrad, const N: usize>(
     kernel: K,
     x: &Tensor,
     w: &Tensor,
     grad: &Tensor,
-) -> Result<Vec<Option<Tensor>>> {
-    let all = x.apply_op3_no_bwd(w, &grad.contiguous()?, &NormBackward(kernel))?;
+) -> GradsOf<N> {
+    debug_assert_eq!(N, 1 + K::WEIGHT_GRADS);
+    let all = x.apply_op3_no_bwd(w, &grad.contiguous()?, &Fused(NormBackward(kernel)))?;
     let (n, c) = (x.elem_count(), w.elem_count());
-    let mut grads = vec![Some(all.narrow(0, 0, n)?.reshape(x.shape())?)];
-    for k in 0..K::WEIGHT_GRADS {
-        grads.push(Some(all.narrow(0, n + k * c, c)?.reshape(w.shape())?));
+    let mut grads = [(); N].map(|_| None);
+    grads[0] = Some(all.narrow(0, 0, n)?.reshape(x.shape())?);
+    for (k, slot) in grads.iter_mut().enumerate().skip(1) {
+        *slot = Some(all.narrow(0, n + (k - 1) * c, c)?.reshape(w.shape())?);
     }
     Ok(grads)
 }

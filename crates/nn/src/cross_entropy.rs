@@ -4,8 +4,9 @@
 //! `ignore_index=-100` (the label of a prompt token in instruction data) has it.
 
 use crate::cpu::{f32s, fused, rows_per_task, sum_in_order, u32s};
+use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
 use crate::vector_math;
-use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, DType, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::{Mutex, MutexGuard};
 pub use wick_core::IGNORE_INDEX;
@@ -25,7 +26,7 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     match fused(&[logits]) && targets.dtype() == DType::U32 {
         true => logits
             .contiguous()?
-            .apply_op2(&targets.contiguous()?, Forward::default()),
+            .apply_op2(&targets.contiguous()?, Fused(Forward::default())),
         false => cross_entropy_composite(logits, targets),
     }
 }
@@ -71,15 +72,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn rows<'a>(
-    op: &str,
-    ls: &'a CpuStorage,
-    ll: &Layout,
-    ts: &'a CpuStorage,
-    tl: &Layout,
-) -> Result<(&'a [f32], &'a [u32], usize)> {
-    let (logits, targets) = (f32s(op, ls, ll)?, u32s(op, ts, tl)?);
-    let classes = ll.shape().dims().last().copied().unwrap_or(1);
+/// The logits' rows, the targets and the number of classes, the targets checked.
+fn rows<'a>(op: &str, [logits, targets]: [Input<'a>; 2]) -> Result<(&'a [f32], &'a [u32], usize)> {
+    let classes = logits.1.shape().dims().last().copied().unwrap_or(1);
+    let (logits, targets) = (
+        f32s(op, logits.0, logits.1)?,
+        u32s(op, targets.0, targets.1)?,
+    );
     if let Some(t) = targets
         .iter()
         .find(|&&t| t as usize >= classes && t != IGNORE_INDEX)
@@ -95,19 +94,11 @@ struct Forward {
     log_sum_exp: Mutex<Vec<f32>>,
 }
 
-impl CustomOp2 for Forward {
-    fn name(&self) -> &'static str {
-        "wick-cross-entropy"
-    }
+impl CpuOp<2> for Forward {
+    const NAME: &'static str = "wick-cross-entropy";
 
-    fn cpu_fwd(
-        &self,
-        ls: &CpuStorage,
-        ll: &Layout,
-        ts: &CpuStorage,
-        tl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (logits, targets, classes) = rows(self.name(), ls, ll, ts, tl)?;
+    fn cpu(&self, inputs: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
+        let (logits, targets, classes) = rows(Self::NAME, inputs)?;
         // Per-task sums, added in task order: the same bits on any number of threads.
         let task = rows_per_task(classes);
         let partials: Vec<(f32, Vec<f32>)> = logits
@@ -138,19 +129,11 @@ impl CustomOp2 for Forward {
         ))
     }
 
-    fn bwd(
-        &self,
-        logits: &Tensor,
-        targets: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    fn grads(&self, [logits, targets]: [&Tensor; 2], _res: &Tensor, grad: &Tensor) -> GradsOf<2> {
         let scale = grad.to_dtype(DType::F32)?.to_scalar::<f32>()?;
         let log_sum_exp = lock(&self.log_sum_exp).clone();
-        Ok((
-            Some(logits.apply_op2_no_bwd(targets, &Backward { scale, log_sum_exp })?),
-            None,
-        ))
+        let backward = Fused(Backward { scale, log_sum_exp });
+        Ok([Some(logits.apply_op2_no_bwd(targets, &backward)?), None])
     }
 }
 
@@ -160,21 +143,13 @@ struct Backward {
     log_sum_exp: Vec<f32>,
 }
 
-impl CustomOp2 for Backward {
-    fn name(&self) -> &'static str {
-        "wick-cross-entropy-backward"
-    }
+impl CpuOp<2> for Backward {
+    const NAME: &'static str = "wick-cross-entropy-backward";
 
-    fn cpu_fwd(
-        &self,
-        ls: &CpuStorage,
-        ll: &Layout,
-        ts: &CpuStorage,
-        tl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (logits, targets, classes) = rows(self.name(), ls, ll, ts, tl)?;
+    fn cpu(&self, inputs: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
+        let (logits, targets, classes) = rows(Self::NAME, inputs)?;
         if self.log_sum_exp.len() != targets.len() {
-            candle_core::bail!("{}: the forward's rows are not these", self.name())
+            candle_core::bail!("{}: the forward's rows are not these", Self::NAME)
         }
         let per_row = self.scale / counted(targets).max(1) as f32;
         let mut d = vec![0f32; logits.len()];
@@ -200,6 +175,6 @@ impl CustomOp2 for Backward {
                     out[t as usize] -= per_row;
                 }
             });
-        Ok((CpuStorage::F32(d), ll.shape().clone()))
+        Ok((CpuStorage::F32(d), inputs[0].1.shape().clone()))
     }
 }

@@ -1,9 +1,10 @@
 //! `Gelu`: the tanh approximation of GELU (what Candle's `Tensor::gelu` computes), with a
 //! fused backward.
 
-use crate::cpu::{f32s, fused};
+use crate::cpu::{f32_inputs, fused};
+use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
 use crate::vector_math;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Module, Result, Shape, Tensor};
+use candle_core::{CpuStorage, Module, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 /// Elements per parallel task.
@@ -22,52 +23,44 @@ impl Module for Gelu {
 /// GELU (tanh approximation) of `x`, element-wise; equal to Candle's `x.gelu()`.
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
     match fused(&[x]) {
-        true => x.contiguous()?.apply_op1(Forward),
+        true => x.contiguous()?.apply_op1(Fused(Forward)),
         false => x.gelu(),
     }
 }
 
 struct Forward;
 
-impl CustomOp1 for Forward {
-    fn name(&self) -> &'static str {
-        "wick-gelu"
-    }
+impl CpuOp<1> for Forward {
+    const NAME: &'static str = "wick-gelu";
 
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = f32s(self.name(), s, l)?;
+    fn cpu(&self, inputs: [Input<'_>; 1]) -> Result<(CpuStorage, Shape)> {
+        let [x] = f32_inputs(Self::NAME, inputs)?;
         let mut y = vec![0f32; x.len()];
         y.par_chunks_mut(CHUNK)
             .zip(x.par_chunks(CHUNK))
             .for_each(|(y, x)| vector_math::gelu(y, x));
-        Ok((CpuStorage::F32(y), l.shape().clone()))
+        Ok((CpuStorage::F32(y), inputs[0].1.shape().clone()))
     }
 
-    fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(x.apply_op2_no_bwd(&grad.contiguous()?, &Backward)?))
+    fn grads(&self, [x]: [&Tensor; 1], _res: &Tensor, grad: &Tensor) -> GradsOf<1> {
+        Ok([Some(
+            x.apply_op2_no_bwd(&grad.contiguous()?, &Fused(Backward))?,
+        )])
     }
 }
 
 /// (x, dy) -> dx.
 struct Backward;
 
-impl CustomOp2 for Backward {
-    fn name(&self) -> &'static str {
-        "wick-gelu-backward"
-    }
+impl CpuOp<2> for Backward {
+    const NAME: &'static str = "wick-gelu-backward";
 
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        gs: &CpuStorage,
-        gl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (x, g) = (f32s(self.name(), xs, xl)?, f32s(self.name(), gs, gl)?);
+    fn cpu(&self, inputs: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
+        let [x, g] = f32_inputs(Self::NAME, inputs)?;
         let mut dx = vec![0f32; x.len()];
         dx.par_chunks_mut(CHUNK)
             .zip(x.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))
             .for_each(|(dx, (x, g))| vector_math::gelu_backward(dx, x, g));
-        Ok((CpuStorage::F32(dx), xl.shape().clone()))
+        Ok((CpuStorage::F32(dx), inputs[0].1.shape().clone()))
     }
 }

@@ -2,7 +2,8 @@
 //! forward and backward each one pass over the rows.
 
 use crate::cpu::{as_f32, f32_inputs, fused, map_rows, norm_grads, norm_width, NormRowGrad};
-use candle_core::{CpuStorage, CustomOp3, DType, Layout, Module, Result, Shape, Tensor, D};
+use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use candle_core::{CpuStorage, DType, Module, Result, Shape, Tensor, D};
 use candle_nn::VarBuilder;
 
 /// Layer normalisation over the last dimension, with a learned scale and shift.
@@ -46,13 +47,12 @@ impl Module for LayerNorm {
         if !fused(&[x, &self.weight, &self.bias]) {
             return layer_norm_composite(x, &self.weight, &self.bias, self.eps);
         }
-        x.contiguous()?.apply_op3(
-            &self.weight.contiguous()?,
-            &self.bias.contiguous()?,
-            Forward {
-                eps: self.eps as f32,
-            },
-        )
+        let (w, b, eps) = (
+            self.weight.contiguous()?,
+            self.bias.contiguous()?,
+            self.eps as f32,
+        );
+        x.contiguous()?.apply_op3(&w, &b, Fused(Forward { eps }))
     }
 }
 
@@ -81,45 +81,23 @@ struct Forward {
     eps: f32,
 }
 
-impl CustomOp3 for Forward {
-    fn name(&self) -> &'static str {
-        "wick-layer-norm"
-    }
+impl CpuOp<3> for Forward {
+    const NAME: &'static str = "wick-layer-norm";
 
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        ws: &CpuStorage,
-        wl: &Layout,
-        bs: &CpuStorage,
-        bl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let c = norm_width(self.name(), xl, wl)?;
-        let [x, w, b] = f32_inputs(self.name(), [(xs, xl), (ws, wl), (bs, bl)])?;
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+        let c = norm_width(Self::NAME, inputs[0].1, inputs[1].1)?;
+        let [x, w, b] = f32_inputs(Self::NAME, inputs)?;
         let y = map_rows(x, c, |row, out| {
             let (mean, rstd) = moments(row, self.eps);
             for i in 0..c {
                 out[i] = (row[i] - mean) * rstd * w[i] + b[i];
             }
         });
-        Ok((CpuStorage::F32(y), xl.shape().clone()))
+        Ok((CpuStorage::F32(y), inputs[0].1.shape().clone()))
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _b: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let mut grads = norm_grads(Grad { eps: self.eps }, x, w, grad)?.into_iter();
-        Ok((
-            grads.next().flatten(),
-            grads.next().flatten(),
-            grads.next().flatten(),
-        ))
+    fn grads(&self, [x, w, _]: [&Tensor; 3], _res: &Tensor, grad: &Tensor) -> GradsOf<3> {
+        norm_grads(Grad { eps: self.eps }, x, w, grad)
     }
 }
 

@@ -36,6 +36,7 @@ mod attention;
 mod attention_kernel;
 mod cpu;
 mod cross_entropy;
+mod fused_op;
 mod gelu;
 mod gemm;
 mod layer_norm;

@@ -2,8 +2,9 @@
 //! bias gradient row by row (Candle's broadcast-add backward reduces over the batch
 //! dimensions with a strided sum, the slowest part of a small model's backward).
 
-use crate::cpu::{f32s, fused, rows_per_task, sum_in_order};
-use candle_core::{CpuStorage, CustomOp2, Layout, Module, Result, Shape, Tensor};
+use crate::cpu::{f32_inputs, fused, rows_per_task, sum_in_order};
+use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use candle_core::{CpuStorage, Module, Result, Shape, Tensor};
 use candle_nn::VarBuilder;
 use rayon::prelude::*;
 
@@ -52,7 +53,7 @@ impl Module for Linear {
         let mut dims = x.dims().to_vec();
         let rows = x.elem_count() / in_dim;
         let y = x.reshape((rows, in_dim))?.matmul(&w.t()?)?;
-        let y = y.apply_op2(&b.contiguous()?, AddBias)?;
+        let y = y.apply_op2(&b.contiguous()?, Fused(AddBias))?;
         if let Some(last) = dims.last_mut() {
             *last = out_dim;
         }
@@ -63,19 +64,11 @@ impl Module for Linear {
 /// `[rows, n]` + `[n]`, broadcast over the rows.
 struct AddBias;
 
-impl CustomOp2 for AddBias {
-    fn name(&self) -> &'static str {
-        "wick-add-bias"
-    }
+impl CpuOp<2> for AddBias {
+    const NAME: &'static str = "wick-add-bias";
 
-    fn cpu_fwd(
-        &self,
-        ys: &CpuStorage,
-        yl: &Layout,
-        bs: &CpuStorage,
-        bl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (y, b) = (f32s(self.name(), ys, yl)?, f32s(self.name(), bs, bl)?);
+    fn cpu(&self, inputs: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
+        let [y, b] = f32_inputs(Self::NAME, inputs)?;
         let n = b.len();
         let task = rows_per_task(n) * n;
         let mut out = vec![0f32; y.len()];
@@ -88,18 +81,12 @@ impl CustomOp2 for AddBias {
                     }
                 }
             });
-        Ok((CpuStorage::F32(out), yl.shape().clone()))
+        Ok((CpuStorage::F32(out), inputs[0].1.shape().clone()))
     }
 
-    fn bwd(
-        &self,
-        _y: &Tensor,
-        b: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let db = grad.contiguous()?.apply_op1_no_bwd(&ColumnSums)?;
-        Ok((Some(grad.clone()), Some(db.reshape(b.shape())?)))
+    fn grads(&self, [_, b]: [&Tensor; 2], _res: &Tensor, grad: &Tensor) -> GradsOf<2> {
+        let db = grad.contiguous()?.apply_op1_no_bwd(&Fused(ColumnSums))?;
+        Ok([Some(grad.clone()), Some(db.reshape(b.shape())?)])
     }
 }
 
@@ -107,14 +94,12 @@ impl CustomOp2 for AddBias {
 /// number of threads).
 struct ColumnSums;
 
-impl candle_core::CustomOp1 for ColumnSums {
-    fn name(&self) -> &'static str {
-        "wick-column-sums"
-    }
+impl CpuOp<1> for ColumnSums {
+    const NAME: &'static str = "wick-column-sums";
 
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let g = f32s(self.name(), s, l)?;
-        let n = l.shape().dims().last().copied().unwrap_or(1);
+    fn cpu(&self, inputs: [Input<'_>; 1]) -> Result<(CpuStorage, Shape)> {
+        let [g] = f32_inputs(Self::NAME, inputs)?;
+        let n = inputs[0].1.shape().dims().last().copied().unwrap_or(1);
         let task = rows_per_task(n) * n;
         let partials: Vec<Vec<f32>> = g
             .par_chunks(task)

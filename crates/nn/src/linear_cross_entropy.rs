@@ -14,9 +14,10 @@
 
 use crate::cpu::{f32_inputs, fused, rows_per_task, u32s};
 use crate::cross_entropy::{counted, cross_entropy, log_sum_exp};
+use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
 use crate::gemm::{matmul, Threads::Pool};
 use crate::vector_math;
-use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, DType, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::Mutex;
 use wick_core::{grad_enabled, IGNORE_INDEX};
@@ -61,7 +62,7 @@ pub fn linear_cross_entropy(
         grads: Mutex::default(),
     };
     x.contiguous()?
-        .apply_op3(&weight.contiguous()?, &targets.contiguous()?, op)
+        .apply_op3(&weight.contiguous()?, &targets.contiguous()?, Fused(op))
 }
 
 /// The same loss from Candle's ops: the whole logits, capped, in f32, then
@@ -99,21 +100,11 @@ struct Forward {
     grads: Mutex<Option<Vec<f32>>>,
 }
 
-impl CustomOp3 for Forward {
-    fn name(&self) -> &'static str {
-        "wick-linear-cross-entropy"
-    }
+impl CpuOp<3> for Forward {
+    const NAME: &'static str = "wick-linear-cross-entropy";
 
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        ws: &CpuStorage,
-        wl: &Layout,
-        ts: &CpuStorage,
-        tl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let kernel = Kernel::new(self.name(), (xs, xl), (ws, wl), (ts, tl), self.softcap)?;
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+        let kernel = Kernel::new(Self::NAME, inputs, self.softcap)?;
         let (loss, grads) = kernel.run(self.wanted);
         if self.wanted.x || self.wanted.weight {
             *self.grads.lock().unwrap_or_else(|e| e.into_inner()) = Some(grads);
@@ -121,28 +112,26 @@ impl CustomOp3 for Forward {
         Ok((CpuStorage::F32(vec![loss]), Shape::from(())))
     }
 
-    fn bwd(
+    fn grads(
         &self,
-        x: &Tensor,
-        weight: &Tensor,
-        targets: &Tensor,
+        [x, weight, targets]: [&Tensor; 3],
         _res: &Tensor,
         grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    ) -> GradsOf<3> {
         let (mut grads, wanted) = match self.take_grads() {
             Some(grads) => (grads, self.wanted),
             None => {
                 // The forward ran where no backward was expected: make the gradients now.
-                let again = Forward {
+                let again = Fused(Forward {
                     softcap: self.softcap,
                     wanted: Wanted {
                         x: x.track_op(),
                         weight: weight.track_op(),
                     },
                     grads: Mutex::default(),
-                };
+                });
                 x.apply_op3_no_bwd(weight, targets, &again)?;
-                (again.take_grads().unwrap_or_default(), again.wanted)
+                (again.0.take_grads().unwrap_or_default(), again.0.wanted)
             }
         };
         let scale = grad.to_dtype(DType::F32)?.to_scalar::<f32>()?;
@@ -161,7 +150,7 @@ impl CustomOp3 for Forward {
             true => Some(grads.narrow(0, offset, dw_len)?.reshape(weight.shape())?),
             false => None,
         };
-        Ok((dx, dw, None))
+        Ok([dx, dw, None])
     }
 }
 
@@ -183,13 +172,7 @@ struct Kernel<'a> {
 }
 
 impl<'a> Kernel<'a> {
-    fn new(
-        op: &str,
-        x: (&'a CpuStorage, &Layout),
-        weight: (&'a CpuStorage, &Layout),
-        targets: (&'a CpuStorage, &Layout),
-        softcap: Option<f32>,
-    ) -> Result<Self> {
+    fn new(op: &str, [x, weight, targets]: [Input<'a>; 3], softcap: Option<f32>) -> Result<Self> {
         let (hidden, vocab) = (x.1.dims()[1], weight.1.dims()[0]);
         let [xv, wv] = f32_inputs(op, [x, weight])?;
         let targets = u32s(op, targets.0, targets.1)?;

@@ -8,8 +8,9 @@
 //! the adapters) and its output, as PyTorch's autograd keeps for PEFT's layer; backward
 //! recomputes the small `(x ⊙ m) Aᵀ`.
 
-use crate::cpu::{f32s, fused};
-use candle_core::{CpuStorage, CustomOp3, Device, Layout, Result, Shape, Tensor};
+use crate::cpu::{f32_inputs, fused};
+use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use candle_core::{CpuStorage, Device, Result, Shape, Tensor};
 
 /// A frozen linear layer's weight `[out, in]` and bias `[out]`, LoRA's `a` `[r, in]` and `b`
 /// `[out, r]`, the update's `scale` (alpha / r) and, in training with dropout, the `mask`
@@ -43,7 +44,7 @@ pub fn lora_linear(x: &Tensor, p: LoraParts) -> Result<Tensor> {
     }
     let in_dim = p.weight.dim(1)?;
     let rows = x.elem_count() / in_dim;
-    let op = Fused {
+    let op = LoraOp {
         weight: p.weight.contiguous()?,
         bias: p.bias.map(Tensor::contiguous).transpose()?,
         scale: p.scale,
@@ -52,11 +53,11 @@ pub fn lora_linear(x: &Tensor, p: LoraParts) -> Result<Tensor> {
             .map(|m| m.reshape((rows, in_dim))?.contiguous())
             .transpose()?,
     };
-    let y = x.reshape((rows, in_dim))?.contiguous()?.apply_op3(
-        &p.a.contiguous()?,
-        &p.b.contiguous()?,
-        op,
-    )?;
+    let (a, b) = (p.a.contiguous()?, p.b.contiguous()?);
+    let y = x
+        .reshape((rows, in_dim))?
+        .contiguous()?
+        .apply_op3(&a, &b, Fused(op))?;
     let mut dims = x.dims().to_vec();
     if let Some(last) = dims.last_mut() {
         *last = p.weight.dim(0)?;
@@ -90,14 +91,14 @@ pub fn lora_linear_composite(x: &Tensor, p: LoraParts) -> Result<Tensor> {
 }
 
 /// The fused op over (x `[rows, in]`, A, B); the frozen parts ride along.
-struct Fused {
+struct LoraOp {
     weight: Tensor,
     bias: Option<Tensor>,
     scale: f64,
     mask: Option<Tensor>,
 }
 
-impl Fused {
+impl LoraOp {
     /// `x ⊙ m`, or `x` without dropout.
     fn dropped(&self, x: &Tensor) -> Result<Tensor> {
         match &self.mask {
@@ -107,27 +108,15 @@ impl Fused {
     }
 }
 
-/// A CPU tensor of `layout`'s f32 elements of `storage`.
-fn tensor(op: &str, storage: &CpuStorage, layout: &Layout) -> Result<Tensor> {
-    Tensor::from_slice(f32s(op, storage, layout)?, layout.shape(), &Device::Cpu)
-}
+impl CpuOp<3> for LoraOp {
+    const NAME: &'static str = "wick-lora-linear";
 
-impl CustomOp3 for Fused {
-    fn name(&self) -> &'static str {
-        "wick-lora-linear"
-    }
-
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        a_s: &CpuStorage,
-        al: &Layout,
-        bs: &CpuStorage,
-        bl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let x = tensor(self.name(), xs, xl)?;
-        let (a, b) = (tensor(self.name(), a_s, al)?, tensor(self.name(), bs, bl)?);
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+        // CPU tensors of the inputs' f32 elements.
+        let [x, a, b] = f32_inputs(Self::NAME, inputs)?;
+        let [x, a, b] = [(x, 0), (a, 1), (b, 2)]
+            .map(|(data, i)| Tensor::from_slice(data, inputs[i].1.shape(), &Device::Cpu));
+        let (x, a, b) = (x?, a?, b?);
         let mut y = x.matmul(&self.weight.t()?)?;
         if let Some(bias) = &self.bias {
             y = y.broadcast_add(bias)?;
@@ -138,14 +127,7 @@ impl CustomOp3 for Fused {
         Ok((CpuStorage::F32(y.flatten_all()?.to_vec1()?), shape))
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        a: &Tensor,
-        b: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    fn grads(&self, [x, a, b]: [&Tensor; 3], _res: &Tensor, grad: &Tensor) -> GradsOf<3> {
         // An input that takes no gradient (the first block's, under LoRA) costs no product.
         let x_tracks = x.track_op();
         let (x, a, b, g) = (x.detach(), a.detach(), b.detach(), grad.detach());
@@ -166,6 +148,6 @@ impl CustomOp3 for Fused {
                 Some((g.matmul(&self.weight)? + through_adapter)?)
             }
         };
-        Ok((dx, Some(da), Some(db)))
+        Ok([dx, Some(da), Some(db)])
     }
 }

@@ -2,7 +2,8 @@
 //! Face's Llama computes it (in f32), forward and backward each one pass over the rows.
 
 use crate::cpu::{as_f32, f32_inputs, fused, map_rows, norm_grads, norm_width, NormRowGrad};
-use candle_core::{CpuStorage, CustomOp2, DType, Layout, Module, Result, Shape, Tensor, D};
+use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use candle_core::{CpuStorage, DType, Module, Result, Shape, Tensor, D};
 use candle_nn::VarBuilder;
 
 /// Root-mean-square normalisation over the last dimension, with a learned scale (Llama's
@@ -70,12 +71,9 @@ impl Module for RmsNorm {
         if !fused(&[x, &self.weight]) {
             return rms_norm_composite(x, &self.weight, self.eps);
         }
-        x.contiguous()?.apply_op2(
-            &self.weight.contiguous()?,
-            Forward {
-                eps: self.eps as f32,
-            },
-        )
+        let eps = self.eps as f32;
+        x.contiguous()?
+            .apply_op2(&self.weight.contiguous()?, Fused(Forward { eps }))
     }
 }
 
@@ -95,20 +93,12 @@ struct Forward {
     eps: f32,
 }
 
-impl CustomOp2 for Forward {
-    fn name(&self) -> &'static str {
-        "wick-rms-norm"
-    }
+impl CpuOp<2> for Forward {
+    const NAME: &'static str = "wick-rms-norm";
 
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        ws: &CpuStorage,
-        wl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let c = norm_width(self.name(), xl, wl)?;
-        let [x, w] = f32_inputs(self.name(), [(xs, xl), (ws, wl)])?;
+    fn cpu(&self, inputs: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
+        let c = norm_width(Self::NAME, inputs[0].1, inputs[1].1)?;
+        let [x, w] = f32_inputs(Self::NAME, inputs)?;
         let y = map_rows(x, c, |row, out| {
             let r = rrms(row, self.eps);
             for i in 0..c {
@@ -116,18 +106,11 @@ impl CustomOp2 for Forward {
                 out[i] = w[i] * (row[i] * r);
             }
         });
-        Ok((CpuStorage::F32(y), xl.shape().clone()))
+        Ok((CpuStorage::F32(y), inputs[0].1.shape().clone()))
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let mut grads = norm_grads(Grad { eps: self.eps }, x, w, grad)?.into_iter();
-        Ok((grads.next().flatten(), grads.next().flatten()))
+    fn grads(&self, [x, w]: [&Tensor; 2], _res: &Tensor, grad: &Tensor) -> GradsOf<2> {
+        norm_grads(Grad { eps: self.eps }, x, w, grad)
     }
 }
 

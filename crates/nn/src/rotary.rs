@@ -2,8 +2,9 @@
 //! halves of each head's vector are the two coordinates of its rotated pairs. Forward and
 //! backward are each one pass; the backward is the rotation by the opposite angle.
 
-use crate::cpu::{f32s, fused};
-use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor, D};
+use crate::cpu::{f32_inputs, fused};
+use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use candle_core::{CpuStorage, DType, Device, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
 /// The cos and sin tables of a rotary embedding, one row per position, `head_dim` wide
@@ -97,9 +98,9 @@ impl RotaryEmbedding {
         // are rotated where they lie, and come back in the same order: no copy either way.
         let batch_major = x.transpose(1, 2)?;
         if batch_major.is_contiguous() {
-            return batch_major.apply_op1(rotate(1)?)?.transpose(1, 2);
+            return batch_major.apply_op1(Fused(rotate(1)?))?.transpose(1, 2);
         }
-        x.contiguous()?.apply_op1(rotate(2)?)
+        x.contiguous()?.apply_op1(Fused(rotate(2)?))
     }
 }
 
@@ -128,14 +129,13 @@ struct Rotate {
     time_dim: usize,
 }
 
-impl CustomOp1 for Rotate {
-    fn name(&self) -> &'static str {
-        "wick-rotary"
-    }
+impl CpuOp<1> for Rotate {
+    const NAME: &'static str = "wick-rotary";
 
-    fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = f32s(self.name(), xs, xl)?;
-        let (_, n1, n2, d) = xl.shape().dims4()?;
+    fn cpu(&self, inputs: [Input<'_>; 1]) -> Result<(CpuStorage, Shape)> {
+        let [x] = f32_inputs(Self::NAME, inputs)?;
+        let shape = inputs[0].1.shape();
+        let (_, n1, n2, d) = shape.dims4()?;
         let half = d / 2;
         // Rows of d per task: one (batch, dim-1) block of n2 rows.
         let block = n2 * d;
@@ -160,16 +160,16 @@ impl CustomOp1 for Rotate {
                     }
                 }
             });
-        Ok((CpuStorage::F32(y), xl.shape().clone()))
+        Ok((CpuStorage::F32(y), shape.clone()))
     }
 
-    fn bwd(&self, _x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+    fn grads(&self, _: [&Tensor; 1], _res: &Tensor, grad: &Tensor) -> GradsOf<1> {
         let back = Rotate {
             cos: self.cos.clone(),
             sin: self.sin.clone(),
             sign: -self.sign,
             time_dim: self.time_dim,
         };
-        Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&back)?))
+        Ok([Some(grad.contiguous()?.apply_op1_no_bwd(&Fused(back))?)])
     }
 }

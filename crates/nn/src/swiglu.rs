@@ -2,8 +2,9 @@
 //! backward, where Candle runs a unary op, a product and their backward's four more.
 
 use crate::cpu::{f32_inputs, fused};
+use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
 use crate::vector_math;
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 /// Elements per parallel task.
@@ -20,7 +21,9 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         )
     }
     match fused(&[gate, up]) {
-        true => gate.contiguous()?.apply_op2(&up.contiguous()?, Forward),
+        true => gate
+            .contiguous()?
+            .apply_op2(&up.contiguous()?, Fused(Forward)),
         false => swiglu_composite(gate, up),
     }
 }
@@ -32,61 +35,36 @@ pub fn swiglu_composite(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 
 struct Forward;
 
-impl CustomOp2 for Forward {
-    fn name(&self) -> &'static str {
-        "wick-swiglu"
-    }
+impl CpuOp<2> for Forward {
+    const NAME: &'static str = "wick-swiglu";
 
-    fn cpu_fwd(
-        &self,
-        gs: &CpuStorage,
-        gl: &Layout,
-        us: &CpuStorage,
-        ul: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let [g, u] = f32_inputs(self.name(), [(gs, gl), (us, ul)])?;
+    fn cpu(&self, inputs: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
+        let [g, u] = f32_inputs(Self::NAME, inputs)?;
         let mut y = vec![0f32; g.len()];
         y.par_chunks_mut(CHUNK)
             .zip(g.par_chunks(CHUNK).zip(u.par_chunks(CHUNK)))
             .for_each(|(y, (g, u))| vector_math::swiglu(y, g, u));
-        Ok((CpuStorage::F32(y), gl.shape().clone()))
+        Ok((CpuStorage::F32(y), inputs[0].1.shape().clone()))
     }
 
-    fn bwd(
-        &self,
-        gate: &Tensor,
-        up: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    fn grads(&self, [gate, up]: [&Tensor; 2], _res: &Tensor, grad: &Tensor) -> GradsOf<2> {
         let n = gate.elem_count();
-        let both = gate.apply_op3_no_bwd(up, &grad.contiguous()?, &Backward)?;
-        Ok((
+        let both = gate.apply_op3_no_bwd(up, &grad.contiguous()?, &Fused(Backward))?;
+        Ok([
             Some(both.narrow(0, 0, n)?.reshape(gate.shape())?),
             Some(both.narrow(0, n, n)?.reshape(gate.shape())?),
-        ))
+        ])
     }
 }
 
 /// (gate, up, dy) -> [dgate, dup] end to end.
 struct Backward;
 
-impl CustomOp3 for Backward {
-    fn name(&self) -> &'static str {
-        "wick-swiglu-backward"
-    }
+impl CpuOp<3> for Backward {
+    const NAME: &'static str = "wick-swiglu-backward";
 
-    fn cpu_fwd(
-        &self,
-        gs: &CpuStorage,
-        gl: &Layout,
-        us: &CpuStorage,
-        ul: &Layout,
-        ds: &CpuStorage,
-        dl: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let name = self.name();
-        let [g, u, dy] = f32_inputs(name, [(gs, gl), (us, ul), (ds, dl)])?;
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+        let [g, u, dy] = f32_inputs(Self::NAME, inputs)?;
         let n = g.len();
         let mut both = vec![0f32; 2 * n];
         let (dg, du) = both.split_at_mut(n);
