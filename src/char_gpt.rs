@@ -198,11 +198,58 @@ impl TrainModule for CharGpt {
         self.loss(batch)
     }
 
+    /// PaLM's accounting ([`TrainModule::flops_per_token`]): every parameter but the token
+    /// and position tables multiplies. A block holds 12 d² + 13 d (qkv and projection,
+    /// the two MLP layers, two layer norms), the head 2 d + d vocab + vocab.
+    fn flops_per_token(&self, seq: usize) -> Option<f64> {
+        let GptConfig {
+            vocab,
+            d_model: d,
+            n_layer,
+            ..
+        } = self.config;
+        let multiplying = n_layer * (12 * d * d + 13 * d) + 2 * d + d * vocab + vocab;
+        Some(6.0 * multiplying as f64 + 12.0 * (n_layer * d * seq) as f64)
+    }
+
     fn validation_step(&mut self, batch: &Self::Batch, _: usize) -> Result<Option<Tensor>> {
         Ok(Some(self.loss(batch)?.detach()))
     }
 
     fn test_step(&mut self, batch: &Self::Batch, _: usize) -> Result<Option<Tensor>> {
         Ok(Some(self.loss(batch)?.detach()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+    use candle_nn::VarMap;
+
+    #[test]
+    fn the_flops_count_every_parameter_but_the_lookup_tables() {
+        let c = GptConfig {
+            vocab: 65,
+            block: 64,
+            d_model: 48,
+            n_layer: 3,
+            n_head: 4,
+        };
+        // Every parameter the layers make, counted where they are made.
+        let vars = VarMap::new();
+        let vb = VarBuilder::from_varmap(&vars, DType::F32, &Device::Cpu);
+        Embed::new(&c, vb.pp("embed")).unwrap();
+        for i in 0..c.n_layer {
+            Block::new(&c, vb.pp(format!("blocks.{i}"))).unwrap();
+        }
+        Head::new(&c, vb.pp("head")).unwrap();
+        let all: usize = vars.all_vars().iter().map(|v| v.elem_count()).sum();
+        let lookup = (c.vocab + c.block) * c.d_model;
+        let attention = 12 * c.n_layer * c.d_model * c.block;
+        assert_eq!(
+            CharGpt::new(c, 1e-3).flops_per_token(c.block),
+            Some(6.0 * (all - lookup) as f64 + attention as f64)
+        );
     }
 }

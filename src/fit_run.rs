@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use wick_accelerator::{cuda_device_count, DeviceKind, LaunchEnv};
 use wick_core::{lock, Callback, RunState};
 use wick_trainer::{
-    Attached, DataLoader, LearningRateMonitor, ModelCheckpoint, Preemption, Trainer,
+    Attached, DataLoader, LearningRateMonitor, LogDestination, ModelCheckpoint, Preemption, Trainer,
 };
 
 /// `--resume auto`: the newest checkpoint under `--checkpoint-dir` when it has one, and a
@@ -43,6 +43,8 @@ pub struct FitReport {
     pub frozen_parameters: usize,
     /// The metrics file.
     pub metrics_csv: Option<std::path::PathBuf>,
+    /// Where each logger wrote.
+    pub logs: Vec<LogDestination>,
     /// The checkpoint root the run saved under.
     pub checkpoint_dir: Option<std::path::PathBuf>,
     /// The number of ranks.
@@ -80,6 +82,8 @@ impl Run {
             .seed(args.seed)
             .run_name(&args.run_name)
             .log_dir(&args.log_dir)
+            .loggers(args.logger.iter().copied())
+            .run_options(args.options())
             .val_check_interval(args.val_every)
             .progress(!args.no_progress)
             .overlap_comm(!args.no_overlap_comm)
@@ -93,6 +97,9 @@ impl Run {
         }
         if let Some(n) = args.threads_per_rank {
             builder = builder.threads_per_rank(n);
+        }
+        if let Some(uri) = &args.mlflow_uri {
+            builder = builder.mlflow_uri(uri);
         }
         if let Some(clip) = args.clip {
             builder = builder.gradient_clip_val(clip);
@@ -143,6 +150,7 @@ impl Run {
             parameters: model.num_parameters().unwrap_or(0),
             frozen_parameters: model.num_frozen_parameters().unwrap_or(0),
             metrics_csv: trainer.metrics_path(),
+            logs: trainer.log_destinations().to_vec(),
             checkpoint_dir: trainer.checkpoint_dir().map(std::path::Path::to_path_buf),
             devices: trainer.world_size(),
             is_global_zero: trainer.is_global_zero(),

@@ -1,8 +1,9 @@
-//! `loss.png` beside a run's metrics CSV: train and validation loss against step, drawn with
-//! plotters. The font ships inside the binary (DejaVu Sans, `assets/fonts`), so the
-//! picture needs no system fonts.
+//! `loss.png` beside a run's metrics CSV: train and validation loss, the learning rate and
+//! the gradient norm against step, one panel each, drawn with plotters. The font ships
+//! inside the binary (DejaVu Sans, `assets/fonts`), so the picture needs no system fonts.
 
 use anyhow::Context;
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 use std::path::{Path, PathBuf};
@@ -12,35 +13,44 @@ use std::sync::Once;
 const FONT: &[u8] = include_bytes!("../assets/fonts/DejaVuSans.ttf");
 
 /// Width and height of the picture in pixels.
-const SIZE: (u32, u32) = (900, 540);
+const SIZE: (u32, u32) = (900, 960);
 
-/// One named line: (step, loss) points.
+/// The panels, top to bottom: the y axis's name and the columns drawn in it.
+const PANELS: [(&str, &[&str]); 3] = [
+    ("loss", &["train_loss", "val_loss"]),
+    ("learning rate", &["lr"]),
+    ("gradient norm", &["grad_norm"]),
+];
+
+/// One named line: (step, value) points.
 #[derive(Debug)]
 pub struct Curve {
     /// The legend entry.
     pub name: String,
-    /// (step, loss), in step order.
+    /// (step, value), in step order.
     pub points: Vec<(f64, f64)>,
 }
 
-/// The train and validation curves of a metrics CSV (columns found by their header names;
-/// steps without validation have an empty `val_loss`).
-pub fn read_losses(csv: &Path) -> anyhow::Result<Vec<Curve>> {
+/// The curves of the columns `names` of a metrics CSV that it has (found by their header
+/// names; empty cells, such as `val_loss` on steps without validation, are no points).
+pub fn read_curves(csv: &Path, names: &[&str]) -> anyhow::Result<Vec<Curve>> {
     let text =
         std::fs::read_to_string(csv).with_context(|| format!("reading {}", csv.display()))?;
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
-    let column = |name: &str| {
-        header
-            .iter()
-            .position(|h| *h == name)
-            .with_context(|| format!("{} has no `{name}` column", csv.display()))
-    };
-    let (step, train, val) = (column("step")?, column("train_loss")?, column("val_loss")?);
-    let mut curves = ["train_loss", "val_loss"].map(|name| Curve {
-        name: name.to_string(),
-        points: Vec::new(),
-    });
+    let column = |name: &str| header.iter().position(|h| *h == name);
+    let step = column("step").with_context(|| format!("{} has no `step` column", csv.display()))?;
+    let columns: Vec<(usize, &str)> = names
+        .iter()
+        .filter_map(|&n| Some((column(n)?, n)))
+        .collect();
+    let mut curves: Vec<Curve> = columns
+        .iter()
+        .map(|&(_, name)| Curve {
+            name: name.to_string(),
+            points: Vec::new(),
+        })
+        .collect();
     for (i, line) in lines.enumerate() {
         let cells: Vec<&str> = line.split(',').collect();
         let number = |c: usize| -> anyhow::Result<Option<f64>> {
@@ -52,7 +62,7 @@ pub fn read_losses(csv: &Path) -> anyhow::Result<Vec<Curve>> {
             }
         };
         let Some(x) = number(step)? else { continue };
-        for (curve, c) in curves.iter_mut().zip([train, val]) {
+        for (curve, &(c, _)) in curves.iter_mut().zip(&columns) {
             if let Some(y) = number(c)? {
                 curve.points.push((x, y));
             }
@@ -64,48 +74,64 @@ pub fn read_losses(csv: &Path) -> anyhow::Result<Vec<Curve>> {
         .collect())
 }
 
-/// Draws `curves` (loss against step) with `title` into the PNG file `out`.
-pub fn draw(curves: &[Curve], title: &str, out: &Path) -> anyhow::Result<()> {
+/// Draws each panel, (y axis name, curves against step), one under another, with `title`
+/// above them, into the PNG file `out`. Panels without curves are left out.
+pub fn draw(panels: &[(&str, Vec<Curve>)], title: &str, out: &Path) -> anyhow::Result<()> {
     static FONT_ONCE: Once = Once::new();
     FONT_ONCE.call_once(|| {
         register_font("sans-serif", FontStyle::Normal, FONT)
             .unwrap_or_else(|_| panic!("the embedded font is a valid TrueType file"));
     });
-    let points = curves.iter().flat_map(|c| &c.points);
-    let (x_max, y_min, y_max) = points.fold((1f64, f64::MAX, f64::MIN), |(x, lo, hi), p| {
-        (x.max(p.0), lo.min(p.1), hi.max(p.1))
-    });
-    anyhow::ensure!(y_min <= y_max, "no loss to plot");
-    let pad = ((y_max - y_min) * 0.05).max(1e-3);
-
+    let panels: Vec<_> = panels.iter().filter(|(_, c)| !c.is_empty()).collect();
+    anyhow::ensure!(!panels.is_empty(), "no loss to plot");
     let root = BitMapBackend::new(out, SIZE).into_drawing_area();
     let err = |e: DrawingAreaErrorKind<_>| anyhow::anyhow!("drawing {}: {e}", out.display());
     root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 24))
-        .margin(16)
+    let root = root.titled(title, ("sans-serif", 24)).map_err(err)?;
+    let x_max = panels
+        .iter()
+        .flat_map(|(_, curves)| curves.iter().flat_map(|c| &c.points))
+        .fold(1f64, |x, p| x.max(p.0));
+    for (area, (y_desc, curves)) in root.split_evenly((panels.len(), 1)).iter().zip(panels) {
+        draw_panel(area, y_desc, curves, x_max).map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// One panel: `curves` against step on `area`, the y axis named `y_desc`.
+fn draw_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    y_desc: &str,
+    curves: &[Curve],
+    x_max: f64,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let points = curves.iter().flat_map(|c| &c.points);
+    let (y_min, y_max) = points.fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+        (lo.min(p.1), hi.max(p.1))
+    });
+    let pad = ((y_max - y_min) * 0.05).max(y_max.abs() * 1e-3).max(1e-12);
+    let mut chart = ChartBuilder::on(area)
+        .margin(12)
         .margin_right(32)
-        .x_label_area_size(44)
-        .y_label_area_size(64)
-        .build_cartesian_2d(0f64..x_max, (y_min - pad)..(y_max + pad))
-        .map_err(err)?;
+        .x_label_area_size(40)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0f64..x_max, (y_min - pad)..(y_max + pad))?;
     chart
         .configure_mesh()
         .x_desc("step")
-        .y_desc("loss")
+        .y_desc(y_desc)
         .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| format!("{y:.2}"))
+        .y_label_formatter(&|y| format!("{y:.3}"))
         .label_style(("sans-serif", 16))
-        .draw()
-        .map_err(err)?;
+        .draw()?;
     for (i, curve) in curves.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         chart
             .draw_series(LineSeries::new(
                 curve.points.iter().copied(),
                 color.stroke_width(2),
-            ))
-            .map_err(err)?
+            ))?
             .label(&curve.name)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 24, y)], color.stroke_width(2)));
     }
@@ -115,9 +141,6 @@ pub fn draw(curves: &[Curve], title: &str, out: &Path) -> anyhow::Result<()> {
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(())
 }
 
 /// Writes `loss.png` beside the metrics CSV `csv`, titled with the run's folder name;
@@ -129,11 +152,19 @@ pub fn plot_run(csv: &Path) -> anyhow::Result<PathBuf> {
         .file_name()
         .map(|n| n.to_string_lossy())
         .unwrap_or_default();
-    let curves = read_losses(csv)?;
+    let panels = PANELS
+        .iter()
+        .map(|&(y_desc, columns)| Ok((y_desc, read_curves(csv, columns)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    anyhow::ensure!(
+        !panels[0].1.is_empty(),
+        "{} has no `train_loss` or `val_loss` to plot",
+        csv.display()
+    );
     // Opened first, so that a path that cannot be written says so in plain words (the
     // drawing backend would report it in its own debug form).
     std::fs::File::create(&out).with_context(|| format!("writing {}", out.display()))?;
-    draw(&curves, &format!("{run}: loss"), &out)?;
+    draw(&panels, &run, &out)?;
     Ok(out)
 }
 
@@ -160,7 +191,8 @@ mod tests {
     fn metrics(dir: &Path) -> PathBuf {
         let path = dir.join("metrics.csv");
         let mut text = String::from(
-            "step,epoch,train_loss,val_loss,lr,skipped_steps,tokens_per_s,epoch_time_s,comm_wait_s\n",
+            "step,epoch,train_loss,val_loss,lr,skipped_steps,tokens_per_s,epoch_time_s,comm_wait_s,\
+             grad_norm,peak_memory_gib,mfu\n",
         );
         for step in 1..=60 {
             let loss = 1.5 + 4.0 / step as f64;
@@ -169,7 +201,9 @@ mod tests {
             } else {
                 String::new()
             };
-            text += &format!("{step},0,{loss},{val},0.001,0,1000.0,0.5,0.0\n");
+            let lr = 0.001 * (1.0 - step as f64 / 120.0);
+            let norm = 2.0 / step as f64;
+            text += &format!("{step},0,{loss},{val},{lr},0,1000.0,0.5,0.0,{norm},0.1\n");
         }
         std::fs::write(&path, text).unwrap();
         path
@@ -178,11 +212,16 @@ mod tests {
     #[test]
     fn reads_both_curves_by_header_name() {
         let dir = tempfile::tempdir().unwrap();
-        let curves = read_losses(&metrics(dir.path())).unwrap();
+        let curves = read_curves(&metrics(dir.path()), PANELS[0].1).unwrap();
         assert_eq!(curves.len(), 2);
         assert_eq!(curves[0].points.len(), 60);
         assert_eq!(curves[1].points.len(), 6);
         assert_eq!(curves[1].points[0], (10.0, 1.5 + 0.4 + 0.3));
+        let lr = read_curves(&metrics(dir.path()), &["lr", "no_such_column"]).unwrap();
+        assert_eq!(
+            (lr.len(), lr[0].name.as_str(), lr[0].points.len()),
+            (1, "lr", 60)
+        );
     }
 
     #[test]
@@ -190,7 +229,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("metrics.csv");
         std::fs::write(&path, "step,train_loss,val_loss\n1,2.0,\n2,x,\n").unwrap();
-        let e = format!("{:#}", read_losses(&path).unwrap_err());
+        let e = format!("{:#}", read_curves(&path, &["train_loss"]).unwrap_err());
         assert!(e.contains("line 3") && e.contains("`x`"), "{e}");
     }
 

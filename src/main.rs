@@ -127,7 +127,7 @@ fn run(command: Command) -> anyhow::Result<()> {
 }
 
 /// What `wick fit` prints when it ends (on rank 0): the run's summary line, and where its
-/// metrics, plot and checkpoints went.
+/// logs, plot and checkpoints went, and the command that opens the TensorBoard logs.
 fn report_fit(args: &cli::FitArgs, r: fit_run::FitReport) {
     if r.is_global_zero {
         println!(
@@ -145,8 +145,20 @@ fn report_fit(args: &cli::FitArgs, r: fit_run::FitReport) {
             r.last_train_loss / r.first_train_loss,
             r.val_loss.map(|v| format!(", val_loss {v:.4}")).unwrap_or_default()
         );
+        for log in &r.logs {
+            let name = match log.logger {
+                wick_trainer::Logger::Csv => "metrics",
+                logger => logger.name(),
+            };
+            println!("{name}: {}", log.location);
+        }
+        if r.logs
+            .iter()
+            .any(|l| l.logger == wick_trainer::Logger::TensorBoard)
+        {
+            println!("open with: tensorboard --logdir {}", args.log_dir.display());
+        }
         if let Some(csv) = r.metrics_csv {
-            println!("metrics: {}", csv.display());
             // The run is trained and saved by now: a plot that cannot be drawn
             // costs nothing else.
             match loss_plot::plot_run(&csv) {

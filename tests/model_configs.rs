@@ -61,6 +61,41 @@ fn published_configs_of_every_family_load_with_their_parameter_counts() {
 }
 
 #[test]
+fn a_model_gives_its_flops_per_token_by_palms_accounting() {
+    use wick::core::TrainModule;
+    use wick::models::{LoraConfig, DECODER_TARGETS};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/configs");
+    let smol = CausalLm::from_config(dir.join("smollm2-135m.json")).unwrap();
+    // 6 x every parameter (the tied embedding projects the logits) + 12 x 30 layers x 9
+    // heads x 64 x 256 positions.
+    let attention = 12.0 * (30 * 9 * 64 * 256) as f64;
+    assert_eq!(
+        smol.flops_per_token(256),
+        Some(6.0 * 134_515_008.0 + attention)
+    );
+    // LoRA of rank 16 on every linear layer of a block: 4.88M adapters at 6 x, the frozen
+    // base at 4 x.
+    let lora = smol
+        .with_lora(LoraConfig {
+            rank: 16,
+            alpha: 32.0,
+            dropout: 0.0,
+            targets: DECODER_TARGETS.iter().map(|t| t.to_string()).collect(),
+        })
+        .unwrap();
+    assert_eq!(
+        lora.flops_per_token(256),
+        Some(4.0 * 134_515_008.0 + 6.0 * 4_884_480.0 + attention)
+    );
+    // GPT-2's position table is a lookup; its token table, tied, projects.
+    let gpt2 = CausalLm::from_config(dir.join("gpt2.json")).unwrap();
+    assert_eq!(
+        gpt2.flops_per_token(1024),
+        Some(6.0 * (124_439_808 - 1024 * 768) as f64 + 12.0 * (12 * 768 * 1024) as f64)
+    );
+}
+
+#[test]
 fn config_fields_that_change_the_math_are_refused_by_name() {
     let base: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(fixtures().join("llama/config.json")).unwrap(),

@@ -106,12 +106,13 @@ fn step_report(w: usize, strategy: &str, clip: Option<f64>) -> Vec<wick::core::S
 #[test]
 fn each_step_reports_the_gradient_norm_before_clipping_as_one_device_sees_it() {
     let single = step_report(1, "single", Some(1e9))[0];
-    let norm = single.grad_norm.expect("clipping computes the norm");
+    let norm = single.grad_norm.expect("every step computes the norm");
     assert!(norm > 1.0 && !single.skipped, "{single:?}");
-    assert_eq!(step_report(1, "single", None)[0].grad_norm, None);
+    // Without clipping too: the same norm.
+    assert_eq!(step_report(1, "single", None)[0].grad_norm, Some(norm));
     for strategy in ["ddp", "zero1", "zero2", "zero3", "fsdp"] {
-        for w in [2, 3, 4] {
-            for (rank, report) in step_report(w, strategy, Some(1e9)).iter().enumerate() {
+        for (w, clip) in [(2, Some(1e9)), (3, None), (4, Some(1e9))] {
+            for (rank, report) in step_report(w, strategy, clip).iter().enumerate() {
                 let got = report.grad_norm.unwrap();
                 assert!(
                     (got - norm).abs() <= 1e-5 * norm,
@@ -176,7 +177,8 @@ fn the_metrics_csv_logs_lr_throughput_and_epoch_time() {
     assert_eq!(
         lines.next(),
         Some(
-            "step,epoch,train_loss,val_loss,lr,skipped_steps,tokens_per_s,epoch_time_s,comm_wait_s"
+            "step,epoch,train_loss,val_loss,lr,skipped_steps,tokens_per_s,epoch_time_s,comm_wait_s,\
+             grad_norm,peak_memory_gib,mfu"
         )
     );
     let rows: Vec<Vec<String>> = lines
@@ -189,6 +191,7 @@ fn the_metrics_csv_logs_lr_throughput_and_epoch_time() {
         assert_eq!(r[4].parse::<f64>().unwrap(), 0.02, "lr in {r:?}");
         assert_eq!(r[5], "0", "skipped_steps in {r:?}");
         assert!(r[6].parse::<f64>().unwrap() > 0.0, "tokens_per_s in {r:?}");
+        assert!(r[9].parse::<f64>().unwrap() > 0.0, "grad_norm in {r:?}");
         let wait = r[8].parse::<f64>().unwrap();
         // Within an epoch the epoch time only grows; it restarts with the next epoch.
         let (epoch, t) = (r[1].parse::<usize>().unwrap(), r[7].parse::<f64>().unwrap());

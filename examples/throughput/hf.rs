@@ -8,16 +8,17 @@
 //! that run's. `scripts/torch_baseline.py --hf DIR [--lora R] [--checkpoint-activations]`
 //! prints the same row for transformers (and peft) with FSDP2.
 //!
-//! The model FLOPs per token are PaLM's: 6 x the parameters that multiply (the embedding
-//! table too when it is tied, since it projects the logits) plus attention's 12 x layers x
-//! heads x head_dim x sequence. Under LoRA a frozen weight's backward computes only its
-//! input's gradient: 4 x the frozen parameters that multiply, 6 x the adapters.
+//! The model FLOPs per token are the model's own (`ModelConfig::flops_per_token`, what the
+//! loggers' `mfu` uses): PaLM's 6 x the parameters that multiply (the embedding table too
+//! when it is tied, since it projects the logits) plus attention's 12 x layers x heads x
+//! head_dim x sequence. Under LoRA a frozen weight's backward computes only its input's
+//! gradient: 4 x the frozen parameters that multiply, 6 x the adapters.
 
 use crate::{median_step, random_windows, timed_trainer};
 use std::path::Path;
 use wick::accelerator::Accelerator;
-use wick::core::ActivationCheckpointing;
-use wick::models::{CausalLm, LoraConfig, ModelConfig, DECODER_TARGETS};
+use wick::core::{ActivationCheckpointing, TrainModule};
+use wick::models::{CausalLm, LoraConfig, DECODER_TARGETS};
 use wick::strategies::{Fsdp, FsdpSharding};
 use wick::trainer::Attached;
 
@@ -30,24 +31,6 @@ fn peak_rss_mb() -> Option<f64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024.0 / 1e6)
-}
-
-/// The model FLOPs of one token (see the module's text): `trainable` and `frozen` counts.
-fn flops_per_token(config: &ModelConfig, trainable: usize, frozen: usize) -> anyhow::Result<f64> {
-    let ModelConfig::Decoder(c) = config else {
-        anyhow::bail!("--hf takes a decoder family's directory")
-    };
-    // The lookup table multiplies only when tied (it is then the output projection).
-    let lookup = match c.tie_word_embeddings {
-        true => 0,
-        false => c.vocab_size * c.hidden_size,
-    };
-    let attention = 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * SEQ;
-    let per_token = match frozen {
-        0 => 6 * (trainable - lookup),
-        _ => 4 * (frozen - lookup) + 6 * trainable,
-    };
-    Ok((per_token + attention) as f64)
 }
 
 /// The row of `dir`'s model under fsdp full_shard at W=2, with LoRA of `rank` if given and
@@ -69,7 +52,9 @@ pub fn hf_row(dir: &Path, rank: Option<usize>, recompute: bool, peak: f64) -> an
         }
         None => format!("hf:{}", dir.display()),
     };
-    let config = model.config().clone();
+    let per_token = model
+        .flops_per_token(SEQ)
+        .expect("a causal LM gives its FLOPs");
     let (ac, ac_label) = match recompute {
         true => (
             ActivationCheckpointing::Full,
@@ -86,7 +71,6 @@ pub fn hf_row(dir: &Path, rank: Option<usize>, recompute: bool, peak: f64) -> an
     let step = median_step(&clock.0.lock().unwrap());
     let trainable = model.num_parameters().unwrap_or(0);
     let frozen = model.num_frozen_parameters().unwrap_or(0);
-    let per_token = flops_per_token(&config, trainable, frozen)?;
     let tps = (BATCH * SEQ) as f64 / step;
     let gflops = tps * per_token / 1e9;
     let rss = peak_rss_mb().map_or(String::new(), |mb| format!(" peak_rss_mb={mb:.0}"));

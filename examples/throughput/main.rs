@@ -59,7 +59,7 @@ use char_gpt::{CharGpt, GptConfig};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use wick::accelerator::{Accelerator, ThreadBudget};
-use wick::core::{ActivationCheckpointing, Callback, RunState, Strategy};
+use wick::core::{ActivationCheckpointing, Callback, RunState, Strategy, TrainModule};
 use wick::models::CausalLm;
 use wick::nn::{causal_attention_composite, cross_entropy_composite, layer_norm_composite};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
@@ -391,20 +391,20 @@ fn llama_step(
     Ok((median_step(&times), params))
 }
 
-/// The model FLOPs of one token of `model` with `params` parameters, by PaLM's accounting:
-/// 6 x the parameters that multiply (every one but the lookup tables of token and position
+/// The model FLOPs of one token of `model`, the model's own
+/// ([`TrainModule::flops_per_token`], what the loggers' `mfu` uses): PaLM's 6 x the
+/// parameters that multiply (every one but the lookup tables of token and position
 /// embeddings, which a gather reads), plus attention's 12 x layers x heads x head_dim x
 /// sequence (the masked half of causal attention counted too).
-fn flops_per_token(model: &str, params: usize) -> anyhow::Result<f64> {
-    let (lookup, layers, heads, head_dim, seq) = match model {
-        "llama" => (8192 * 512, 4, 8, 64, LLAMA_SEQ),
+fn flops_per_token(model: &str) -> anyhow::Result<f64> {
+    let flops = match model {
+        "llama" => llama_model()?.flops_per_token(LLAMA_SEQ),
         gpt => {
             let c = config(gpt_width(gpt)?);
-            let lookup = (c.vocab + c.block) * c.d_model;
-            (lookup, c.n_layer, c.n_head, c.d_model / c.n_head, c.block)
+            CharGpt::new(c, LR).flops_per_token(c.block)
         }
     };
-    Ok(6.0 * (params - lookup) as f64 + 12.0 * (layers * heads * head_dim * seq) as f64)
+    flops.ok_or_else(|| anyhow::anyhow!("{model} gives no FLOPs"))
 }
 
 /// The width of a `gpt-d<D>` model name.
@@ -499,7 +499,7 @@ fn compare_rows(models: &[String], processes: bool) -> anyhow::Result<()> {
                 continue;
             }
             let tps = tokens as f64 / step;
-            let per_token = flops_per_token(model, params)?;
+            let per_token = flops_per_token(model)?;
             let gflops = tps * per_token / 1e9;
             let transport = match ranks {
                 Ranks::One => "none",

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use wick_core::{ActivationCheckpointing, OnNonFinite};
 use wick_models::LoraConfig;
 use wick_strategies::{FsdpSharding, Precision, StrategyKind};
+use wick_trainer::Logger;
 
 /// `wick fit`'s command line: its options, and where else to read them from.
 #[derive(Debug, Args)]
@@ -123,6 +124,15 @@ pub struct FitArgs {
     /// Where each run's directory goes.
     #[arg(long, value_name = "DIR", default_value = "runs")]
     pub log_dir: PathBuf,
+    /// Where rank 0 logs each step: any of csv (<run>/metrics.csv), tensorboard (event
+    /// files in <run>/; `tensorboard --logdir <log dir>`), mlflow (a tracking server's run).
+    #[arg(long, value_delimiter = ',', value_name = "L,M", default_values_t = Logger::DEFAULT.to_vec())]
+    pub logger: Vec<Logger>,
+    /// The MLflow tracking server of --logger mlflow, http://host:port [default:
+    /// MLFLOW_TRACKING_URI].
+    #[arg(long, value_name = "URI")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mlflow_uri: Option<String>,
     /// Train on this UTF-8 text instead of the bundled corpus; with --model, the token file
     /// `wick prepare` wrote.
     #[arg(long, value_name = "FILE")]

@@ -112,6 +112,19 @@ impl FitArgs {
         }
     }
 
+    /// These options as (name, value), by their TOML keys: what the loggers record as the
+    /// run's options.
+    pub fn options(&self) -> Vec<(String, String)> {
+        let table: toml::Table = self.to_toml().parse().expect("the options parse back");
+        table
+            .into_iter()
+            .map(|(key, value)| match value {
+                toml::Value::String(s) => (key, s),
+                other => (key, other.to_string()),
+            })
+            .collect()
+    }
+
     /// These options as TOML, which `--config` reads back.
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("the options serialize")

@@ -63,6 +63,17 @@ fn defaults_and_overrides() {
     let e = fit("fit --model m --lora-rank 4 --lora-dropout 1").unwrap_err();
     assert!(e.contains("--lora-dropout 1"), "{e}");
     assert!(fit("fit --lora-rank 4").is_err(), "LoRA without --model");
+    assert_eq!(fit("fit").unwrap().logger, wick_trainer::Logger::DEFAULT);
+    let a = fit("fit --logger mlflow,csv --mlflow-uri http://h:1").unwrap();
+    assert_eq!(
+        a.logger,
+        [wick_trainer::Logger::Mlflow, wick_trainer::Logger::Csv]
+    );
+    let e = fit("fit --logger wandb").unwrap_err();
+    assert!(
+        e.contains("'wandb'") && e.contains("csv, tensorboard, mlflow"),
+        "{e}"
+    );
     let a = fit("fit --checkpoint-dir ck --resume last").unwrap();
     assert_eq!(a.resume, Some(PathBuf::from("ck/last")));
     let Command::Consolidate { with_optimizer, .. } =
@@ -97,6 +108,7 @@ fn the_toml_keys_are_exactly_the_long_options_without_dashes() {
         tokenizer: Some("tokenizer.json".into()),
         lora_rank: Some(16),
         resume: Some("ck".into()),
+        mlflow_uri: Some("http://127.0.0.1:5000".into()),
         ..FitArgs::default()
     };
     let table: toml::Table = all.to_toml().parse().unwrap();

@@ -58,13 +58,20 @@ fn fit_into_a_pipe_writes_metrics_and_plot_without_bars() {
     assert_eq!(
         lines.next(),
         Some(
-            "step,epoch,train_loss,val_loss,lr,skipped_steps,tokens_per_s,epoch_time_s,comm_wait_s"
+            "step,epoch,train_loss,val_loss,lr,skipped_steps,tokens_per_s,epoch_time_s,comm_wait_s,\
+             grad_norm,peak_memory_gib,mfu"
         )
     );
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     assert_eq!(rows.len(), 4);
     for (i, row) in rows.iter().enumerate() {
-        assert_eq!(row.len(), 9, "{row:?}");
+        assert_eq!(row.len(), 12, "{row:?}");
+        let grad_norm: f64 = row[9].parse().unwrap();
+        let peak_gib: f64 = row[10].parse().unwrap();
+        // The character GPT gives its FLOPs: a utilisation between none and all of the peak.
+        let mfu: f64 = row[11].parse().unwrap();
+        assert!(grad_norm > 0.0 && peak_gib > 0.0, "{row:?}");
+        assert!(mfu > 0.0 && mfu < 1.0, "{row:?}");
         assert_eq!(row[0], (i + 1).to_string());
         // Validation every 2 steps.
         assert_eq!(row[3].is_empty(), i % 2 == 0, "{row:?}");
@@ -482,4 +489,68 @@ fn a_config_json_pre_trains_a_new_model_of_its_shape() {
         tensors(&d.join("two-hf/model.safetensors")),
         tensors(&Path::new(&model).join("model.safetensors")),
     );
+}
+
+/// The loggers from the command line: where each went is printed with the command that
+/// opens TensorBoard; a log directory that cannot be written and a tracking URI that is
+/// not a server are refused before training, by name; a tracking server that is down
+/// leaves the run unharmed and is reported once.
+#[test]
+fn loggers_say_where_they_wrote_and_bad_ones_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = [
+        "fit",
+        "--max-steps",
+        "2",
+        "--val-every",
+        "100",
+        "--no-progress",
+        "--no-checkpoints",
+    ];
+    let run = |extra: &[&str]| wick(dir.path(), &[&base[..], extra].concat());
+    let (ok, out, err) = run(&["--run-name", "tb"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("metrics: runs/tb/metrics.csv"), "{out}");
+    assert!(
+        out.contains("tensorboard: runs/tb/events.out.tfevents."),
+        "{out}"
+    );
+    assert!(
+        out.contains("open with: tensorboard --logdir runs"),
+        "{out}"
+    );
+
+    std::fs::write(dir.path().join("a-file"), "").unwrap();
+    let (ok, _, err) = run(&["--log-dir", "a-file/runs"]);
+    assert!(!ok && err.contains("a-file/runs"), "{err}");
+    let (ok, _, err) = run(&["--logger", "mlflow", "--mlflow-uri", "ftp://tracking"]);
+    assert!(
+        !ok && err.contains("mlflow-uri") && err.contains("ftp://tracking"),
+        "{err}"
+    );
+
+    // A port nobody listens on.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let uri = format!("http://127.0.0.1:{port}");
+    let (ok, out, err) = run(&[
+        "--logger",
+        "csv,mlflow",
+        "--mlflow-uri",
+        &uri,
+        "--run-name",
+        "down",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("trained to step 2"), "{out}");
+    assert_eq!(err.matches("training goes on").count(), 1, "{err}");
+    assert!(err.contains("were not sent"), "{err}");
+    // Only the loggers asked for: no TensorBoard file beside this run's metrics.
+    let files: Vec<_> = std::fs::read_dir(dir.path().join("runs/down"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(!files.iter().any(|f| f.contains("tfevents")), "{files:?}");
 }

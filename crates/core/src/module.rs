@@ -53,6 +53,15 @@ pub trait TrainModule: Send {
         None
     }
 
+    /// The model FLOPs of training on one token of a sample of `seq` tokens
+    /// (`Dataset::tokens_per_sample`), forward and backward: what the loggers' model FLOPs
+    /// utilisation (`mfu`) sets against the measured peak. PaLM's accounting, as
+    /// torchtitan's: 6 x the parameters that multiply, plus attention's 12 x layers x
+    /// heads x head_dim x `seq`. `None` (the default): no `mfu` is logged.
+    fn flops_per_token(&self, _seq: usize) -> Option<f64> {
+        None
+    }
+
     /// The validation loss of one batch, a scalar: the mean over the batch's samples (the
     /// trainer weights each batch by its samples, and a pass covers every sample, the short
     /// last batch included); `None` skips validation.

@@ -69,8 +69,8 @@ pub struct StepReport {
     /// The step was skipped for inf or NaN gradients (by [`OnNonFinite::Skip`] or the loss
     /// scaler): the parameters and the optimizer state are unchanged.
     pub skipped: bool,
-    /// The global L2 norm of the reduced gradients before clipping, where the step
-    /// computed it (with gradient clipping on).
+    /// The global L2 norm of the reduced gradients before clipping (`None` on a skipped
+    /// step).
     pub grad_norm: Option<f64>,
     /// Where the dynamic loss scaler stands after the step (`16-mixed`).
     pub loss_scale: Option<LossScale>,

@@ -312,6 +312,18 @@ impl TrainModule for CausalLm {
         self.optimizer.clone()
     }
 
+    /// [`ModelConfig::flops_per_token`], with the adapters under LoRA.
+    fn flops_per_token(&self, seq: usize) -> Option<f64> {
+        let adapters = self.lora.as_ref().map(|l| {
+            let shapes = l.adapter_shapes(&self.config);
+            shapes
+                .iter()
+                .map(|(_, s)| s.iter().product::<usize>())
+                .sum()
+        });
+        Some(self.config.flops_per_token(seq, adapters))
+    }
+
     /// The loss of the batch; LoRA's dropout masks are drawn from this rank and
     /// `batch_idx`, so that a unit run again in backward and a resumed run draw the same.
     fn training_step(&mut self, (ids, targets): &Self::Batch, batch_idx: usize) -> Result<Tensor> {

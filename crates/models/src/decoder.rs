@@ -16,9 +16,8 @@ use candle_nn::VarBuilder;
 use std::sync::Arc;
 use wick_core::{ShardedContext, Wrapped};
 use wick_nn::{
-    linear_cross_entropy,
-    causal_attention_with, gelu, rms_norm, rms_norm_unit_offset, swiglu, AttentionOptions, Linear,
-    RmsNorm, RotaryEmbedding,
+    causal_attention_with, gelu, linear_cross_entropy, rms_norm, rms_norm_unit_offset, swiglu,
+    AttentionOptions, Linear, RmsNorm, RotaryEmbedding,
 };
 
 /// The family's RMS norm of width `size` at `vb`: Gemma's scales by `1 + w`.

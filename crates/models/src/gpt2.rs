@@ -9,9 +9,7 @@ use crate::layers::{conv1d, embed, loss_rows, normal, project};
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use wick_core::{ShardedContext, Wrapped};
-use wick_nn::{
-    causal_attention_packed, gelu, layer_norm, linear_cross_entropy, LayerNorm, Linear,
-};
+use wick_nn::{causal_attention_packed, gelu, layer_norm, linear_cross_entropy, LayerNorm, Linear};
 
 /// One block, `transformer.h.{i}`.
 #[derive(Clone)]

@@ -3,14 +3,15 @@
 use candle_core::{DType, Tensor};
 use wick_core::{Collective, ReduceOp, Result};
 
-/// Scales `grads` in place so that their global L2 norm is at most `max_norm`, the way
-/// torch's `clip_grad_norm_` does (coefficient `max_norm / (norm + 1e-6)`, never above 1).
+/// The global L2 norm of `grads` (what a step reports); with a `max_norm`, `grads` are
+/// then scaled in place so that their norm is at most that, the way torch's
+/// `clip_grad_norm_` does (coefficient `max_norm / (norm + 1e-6)`, never above 1).
 ///
 /// `shards_over`: the world whose ranks hold disjoint parts of the gradients (shards); the
 /// squares are summed over it. `None` when every rank holds whole gradients.
 pub(crate) fn clip_grad_norm(
     grads: &mut [Tensor],
-    max_norm: f64,
+    max_norm: Option<f64>,
     shards_over: Option<&dyn Collective>,
 ) -> Result<f64> {
     // The sum of squares stays on the gradients' device; one scalar is read back.
@@ -28,6 +29,9 @@ pub(crate) fn clip_grad_norm(
         squares = world.all_reduce_scalar(squares as f32, ReduceOp::Sum)? as f64;
     }
     let norm = squares.sqrt();
+    let Some(max_norm) = max_norm else {
+        return Ok(norm);
+    };
     let coefficient = max_norm / (norm + 1e-6);
     if coefficient < 1.0 {
         for g in grads.iter_mut() {

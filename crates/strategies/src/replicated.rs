@@ -351,16 +351,15 @@ impl ReplicatedState {
         Ok(step)
     }
 
-    /// Clips `grads` to the global norm asked for, if any, keeping the norm before clipping
-    /// for the step's report. `shards_over` as in [`Self::finite`].
+    /// Keeps the global norm of `grads` for the step's report, then clips them to the norm
+    /// asked for, if any. `shards_over` as in [`Self::finite`].
     pub(crate) fn clip(
         &mut self,
         grads: &mut [Tensor],
         shards_over: Option<&dyn Collective>,
     ) -> Result<()> {
-        if let Some(max_norm) = self.options.clip_grad_norm {
-            self.grad_norm = Some(clip_grad_norm(grads, max_norm, shards_over)?);
-        }
+        let max_norm = self.options.clip_grad_norm;
+        self.grad_norm = Some(clip_grad_norm(grads, max_norm, shards_over)?);
         Ok(())
     }
 

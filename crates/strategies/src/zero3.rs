@@ -319,9 +319,8 @@ impl StrategyStep for Zero3 {
             self.release_gathered();
             return Ok(report);
         }
-        if let Some(max_norm) = self.step_options.clip_grad_norm {
-            report.grad_norm = Some(clip_grad_norm(&mut grads, max_norm, Some(world.as_ref()))?);
-        }
+        let max_norm = self.step_options.clip_grad_norm;
+        report.grad_norm = Some(clip_grad_norm(&mut grads, max_norm, Some(world.as_ref()))?);
         self.grad_bytes = grads.iter().map(tensor_bytes).sum();
         let optimizer = self.optimizer.as_mut().ok_or_else(|| {
             not_ready(

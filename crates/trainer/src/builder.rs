@@ -2,7 +2,7 @@
 
 use crate::config::Config;
 use crate::trainer::Trainer;
-use crate::{ModelCheckpoint, Preemption, StepSink, TrainerError};
+use crate::{Logger, MlflowTarget, ModelCheckpoint, Preemption, StepSink, TrainerError};
 use std::path::PathBuf;
 use std::time::Duration;
 use wick_accelerator::{Accelerator, DeviceKind, ThreadBudget};
@@ -81,6 +81,9 @@ pub struct TrainerBuilder {
     overlap_comm: bool,
     preemption: Option<Preemption>,
     on_nonfinite: OnNonFinite,
+    loggers: Vec<Logger>,
+    run_options: Vec<(String, String)>,
+    mlflow_uri: Option<String>,
 }
 
 impl TrainerBuilder {
@@ -176,7 +179,34 @@ impl TrainerBuilder {
         self
     }
 
-    /// Writes no metrics file.
+    /// The loggers rank 0 writes each step to, under the log dir (default
+    /// [`Logger::DEFAULT`]: `metrics.csv` and TensorBoard event files). Each is written
+    /// once, whatever the repeats.
+    pub fn loggers(mut self, loggers: impl IntoIterator<Item = Logger>) -> Self {
+        self.loggers.clear();
+        for logger in loggers {
+            if !self.loggers.contains(&logger) {
+                self.loggers.push(logger);
+            }
+        }
+        self
+    }
+
+    /// The run's options as (name, value), which TensorBoard shows as the run's text and
+    /// MLflow records as its params (Lightning's `log_hyperparams`).
+    pub fn run_options(mut self, options: impl IntoIterator<Item = (String, String)>) -> Self {
+        self.run_options = options.into_iter().collect();
+        self
+    }
+
+    /// The MLflow tracking server of [`Logger::Mlflow`] (`http://host:port`); without it,
+    /// `MLFLOW_TRACKING_URI`, and the experiment `MLFLOW_EXPERIMENT_ID` (default `0`).
+    pub fn mlflow_uri(mut self, uri: &str) -> Self {
+        self.mlflow_uri = Some(uri.to_string());
+        self
+    }
+
+    /// Writes no metrics file and no logs.
     pub fn no_logger(mut self) -> Self {
         self.log_dir = None;
         self
@@ -292,6 +322,10 @@ impl TrainerBuilder {
         };
         strategy.check_world_size(world_size)?;
         self.check_options()?;
+        let mlflow = match self.loggers.contains(&Logger::Mlflow) {
+            true => Some(mlflow_target(self.mlflow_uri.as_deref())?),
+            false => None,
+        };
         Ok(Trainer::new(
             Config {
                 max_steps: self.max_steps,
@@ -309,6 +343,9 @@ impl TrainerBuilder {
                 overlap_comm: self.overlap_comm,
                 preemption: self.preemption,
                 on_nonfinite: self.on_nonfinite,
+                loggers: self.loggers,
+                run_options: self.run_options,
+                mlflow,
             },
             accelerator,
             strategy,
@@ -406,6 +443,26 @@ impl Trainer {
             overlap_comm: true,
             preemption: None,
             on_nonfinite: OnNonFinite::Error,
+            loggers: Logger::DEFAULT.to_vec(),
+            run_options: Vec::new(),
+            mlflow_uri: None,
         }
     }
+}
+
+/// The mlflow logger's server: `uri`, or `MLFLOW_TRACKING_URI`, and `MLFLOW_EXPERIMENT_ID`.
+fn mlflow_target(uri: Option<&str>) -> Result<MlflowTarget, TrainerError> {
+    let from_env = std::env::var("MLFLOW_TRACKING_URI").ok();
+    let uri = uri.or(from_env.as_deref()).ok_or_else(|| {
+        TrainerError::config(
+            "mlflow-uri",
+            "the mlflow logger needs a tracking server: --mlflow-uri, \
+             TrainerBuilder::mlflow_uri or MLFLOW_TRACKING_URI",
+        )
+    })?;
+    let target = MlflowTarget::new(uri)?;
+    Ok(match std::env::var("MLFLOW_EXPERIMENT_ID") {
+        Ok(id) if !id.is_empty() => target.with_experiment_id(id),
+        _ => target,
+    })
 }

@@ -22,4 +22,10 @@ pub(crate) struct Config {
     pub(crate) overlap_comm: bool,
     pub(crate) preemption: Option<Preemption>,
     pub(crate) on_nonfinite: OnNonFinite,
+    /// The loggers rank 0 writes the steps to.
+    pub(crate) loggers: Vec<crate::Logger>,
+    /// The run's options, (name, value), as the loggers record them.
+    pub(crate) run_options: Vec<(String, String)>,
+    /// Where the mlflow logger goes.
+    pub(crate) mlflow: Option<crate::MlflowTarget>,
 }

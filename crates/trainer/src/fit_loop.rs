@@ -25,7 +25,46 @@ pub(crate) struct FitLoop<'f, D> {
     /// The step the fit ends after.
     total_steps: usize,
     tokens_per_step: f64,
+    /// The model FLOPs of a token and the world's matmul peak, for the `mfu` rank 0 logs
+    /// (when the module gives its FLOPs).
+    flops: Option<Flops>,
     checkpoints: CheckpointManager<'f>,
+}
+
+/// What the model FLOPs utilisation of a step is made of.
+#[derive(Clone, Copy, Debug)]
+struct Flops {
+    per_token: f64,
+    /// The sum over the ranks of each rank's measured matmul rate, in FLOP/s.
+    world_peak: f64,
+}
+
+impl Flops {
+    /// The world's peak for `module`'s FLOPs, if it gives them: every rank measures its own
+    /// device's rate at once (ranks that share a host's cores each in their own share) and
+    /// the world adds them up.
+    fn measure<M: TrainModule>(
+        rank: &RankRun<'_, M>,
+        tokens_per_sample: usize,
+    ) -> Result<Option<Self>, TrainerError> {
+        let Some(per_token) = rank.module.flops_per_token(tokens_per_sample) else {
+            return Ok(None);
+        };
+        let own = wick_accelerator::matmul_peak_flops(&rank.env.device)?;
+        let world_peak = rank
+            .env
+            .world
+            .all_reduce_scalar(own as f32, ReduceOp::Sum)? as f64;
+        Ok(Some(Flops {
+            per_token,
+            world_peak,
+        }))
+    }
+
+    /// The utilisation of a step that trained `tokens_per_s` over the world.
+    fn utilisation(&self, tokens_per_s: f64) -> f64 {
+        tokens_per_s * self.per_token / self.world_peak.max(1.0)
+    }
 }
 
 impl<'f, D: Dataset> FitLoop<'f, D> {
@@ -85,6 +124,7 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
             total_steps,
             tokens_per_step: (train.batch_size() * accumulate * train.dataset().tokens_per_sample())
                 as f64,
+            flops: Flops::measure(rank, train.dataset().tokens_per_sample())?,
             checkpoints,
         })
     }
@@ -144,7 +184,14 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
         epoch_start: Instant,
     ) -> Result<(), TrainerError> {
         let (step_start, waited_before) = (Instant::now(), rank.clock.waited());
+        let logs = rank.env.rank == 0;
+        if logs {
+            wick_accelerator::reset_memory_peak(&rank.env.device);
+        }
         let (train_loss, report) = rank.train_step(self.train, order, b, &self.basis.optimizer)?;
+        let peak_memory_bytes = logs
+            .then(|| wick_accelerator::memory_peak(&rank.env.device))
+            .flatten();
         rank.state.global_step += 1;
         if rank.state.global_step == 1 {
             rank.log_model_summary();
@@ -183,6 +230,9 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
             tokens_per_s,
             epoch_time_s: epoch_start.elapsed().as_secs_f64(),
             comm_wait_s,
+            grad_norm: report.grad_norm,
+            peak_memory_bytes,
+            mfu: self.flops.map(|f| f.utilisation(tokens_per_s)),
         })?;
         self.checkpoints.step_end(rank, &self.basis)
     }

@@ -1,7 +1,8 @@
 //! `<log dir>/<run name>/metrics.csv`, written by rank 0: one row per optimizer step.
 //!
-//! The first six columns are deterministic (the same command gives the same values); the
-//! last three are wall-clock measurements. A resumed run continues its run's file: the rows
+//! The first six columns and `grad_norm` are deterministic (the same command gives the same
+//! values); the others are wall-clock and memory measurements (`mfu` empty for a module that
+//! gives no FLOPs). A resumed run continues its run's file: the rows
 //! up to the checkpoint's step stay, later ones (from a run that went further) go. The file
 //! is written under a temporary name and takes its real one with the first new row, so a
 //! run that fails before its first step leaves the old file as it was.
@@ -12,8 +13,16 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 /// The columns, in order.
-const HEADER: &str =
+const HEADER: &str = "step,epoch,train_loss,val_loss,lr,skipped_steps,tokens_per_s,epoch_time_s,\
+                      comm_wait_s,grad_norm,peak_memory_gib,mfu";
+
+/// The header of files written before `grad_norm`, `peak_memory_gib` and `mfu`: a resumed
+/// run continues such a file, its old rows given empty cells for the new columns.
+const HEADER_BEFORE_GRAD_NORM: &str =
     "step,epoch,train_loss,val_loss,lr,skipped_steps,tokens_per_s,epoch_time_s,comm_wait_s";
+
+/// Bytes in a GiB, the unit of `peak_memory_gib`.
+const GIB: f64 = (1u64 << 30) as f64;
 
 /// An open metrics file.
 pub(crate) struct MetricsCsv {
@@ -40,17 +49,21 @@ impl MetricsCsv {
                 Err(e) => return Err(e),
             };
             let mut lines = text.lines();
-            if lines.next() != Some(HEADER) {
-                return Err(std::io::Error::other(format!(
-                    "its header is not `{HEADER}`, so this run cannot continue it; give the \
-                     run another name"
-                )));
-            }
+            let padding = match lines.next() {
+                Some(HEADER) => "",
+                Some(HEADER_BEFORE_GRAD_NORM) => ",,,",
+                _ => {
+                    return Err(std::io::Error::other(format!(
+                        "its header is not `{HEADER}`, so this run cannot continue it; give \
+                         the run another name"
+                    )))
+                }
+            };
             let kept = lines.take_while(|line| {
                 let row_step = line.split(',').next().and_then(|s| s.parse::<usize>().ok());
                 row_step.is_some_and(|s| s <= step)
             });
-            Ok(kept.map(|l| format!("{l}\n")).collect())
+            Ok(kept.map(|l| format!("{l}{padding}\n")).collect())
         })
     }
 
@@ -92,10 +105,17 @@ impl MetricsCsv {
             path: self.path.clone(),
             cause,
         };
-        let val = r.val_loss.map(|v| v.to_string()).unwrap_or_default();
+        let cell = |v: Option<String>| v.unwrap_or_default();
+        let val = cell(r.val_loss.map(|v| v.to_string()));
+        let norm = cell(r.grad_norm.map(|v| v.to_string()));
+        let memory = cell(
+            r.peak_memory_bytes
+                .map(|b| format!("{:.3}", b as f64 / GIB)),
+        );
+        let mfu = cell(r.mfu.map(|u| format!("{u:.4}")));
         writeln!(
             self.out,
-            "{},{},{},{val},{},{},{:.1},{:.3},{:.6}",
+            "{},{},{},{val},{},{},{:.1},{:.3},{:.6},{norm},{memory},{mfu}",
             r.step,
             r.epoch,
             r.train_loss,
@@ -158,6 +178,9 @@ mod tests {
             tokens_per_s: 1.0,
             epoch_time_s: 1.0,
             comm_wait_s: 0.0,
+            grad_norm: Some(0.5),
+            peak_memory_bytes: Some(3 << 29),
+            mfu: Some(0.125),
         }
     }
 
@@ -187,6 +210,25 @@ mod tests {
         (6..=8).for_each(|s| csv.row(&row(s)).unwrap());
         csv.flush().unwrap();
         assert_eq!(steps(dir.path()), ["1", "2", "3", "4", "5", "6", "7", "8"]);
+        let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+        assert!(
+            text.lines().nth(1).unwrap().ends_with(",0.5,1.500,0.1250"),
+            "{text}"
+        );
+        // A file of the columns before grad_norm continues, its rows padded.
+        std::fs::write(
+            dir.path().join("metrics.csv"),
+            format!("{HEADER_BEFORE_GRAD_NORM}\n1,0,2.5,,0.01,0,10.0,0.100,0.000000\n"),
+        )
+        .unwrap();
+        let mut csv = MetricsCsv::resume(dir.path(), 1).unwrap();
+        csv.row(&row(2)).unwrap();
+        let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+        let lines: Vec<_> = text.lines().collect();
+        assert_eq!(lines[0], HEADER);
+        assert!(lines[1].ends_with("0.000000,,,"), "{text}");
+        assert_eq!(lines[1].split(',').count(), lines[2].split(',').count());
+        drop(csv);
         // Another file is never continued.
         std::fs::write(dir.path().join("metrics.csv"), "a,b\n1,2\n").unwrap();
         let e = MetricsCsv::resume(dir.path(), 4).err().unwrap().to_string();

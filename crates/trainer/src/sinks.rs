@@ -5,9 +5,9 @@
 
 use crate::TrainerError;
 
-/// What one optimizer step reports to the sinks (on rank 0). The first six fields are
-/// deterministic (the same command gives the same values); the last three are wall-clock
-/// measurements.
+/// What one optimizer step reports to the sinks (on rank 0). The first six fields and
+/// `grad_norm` are deterministic (the same command gives the same values); the others are
+/// wall-clock and memory measurements.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepRecord {
     /// Optimizer steps taken so far, this one included.
@@ -29,6 +29,18 @@ pub struct StepRecord {
     /// Seconds of the step rank 0 spent in collectives: blocking calls, and waits for calls
     /// started ahead (the communication that overlap did not hide).
     pub comm_wait_s: f64,
+    /// The global L2 norm of the reduced gradients before clipping (`None` on a skipped
+    /// step): torchtitan's `grad_norm`.
+    pub grad_norm: Option<f64>,
+    /// The peak memory of rank 0's device during the step, in bytes: on the CPU the
+    /// process's resident memory (Linux's `VmHWM`, reset as the step starts; every rank that
+    /// is a thread of it counts), on a GPU its memory pool's.
+    pub peak_memory_bytes: Option<u64>,
+    /// The model FLOPs utilisation of the step: `tokens_per_s` times the module's
+    /// [`TrainModule::flops_per_token`](wick_core::TrainModule::flops_per_token) over the
+    /// world's matmul peak, measured as the fit starts (`None` for a module that gives no
+    /// FLOPs).
+    pub mfu: Option<f64>,
 }
 
 /// A destination for what each optimizer step reports, called on rank 0 only (under a
@@ -47,6 +59,16 @@ pub trait StepSink: Send {
 }
 
 impl<S: StepSink + ?Sized> StepSink for &mut S {
+    fn step_end(&mut self, record: &StepRecord) -> Result<(), TrainerError> {
+        (**self).step_end(record)
+    }
+
+    fn finish(&mut self) -> Result<(), TrainerError> {
+        (**self).finish()
+    }
+}
+
+impl<S: StepSink + ?Sized> StepSink for Box<S> {
     fn step_end(&mut self, record: &StepRecord) -> Result<(), TrainerError> {
         (**self).step_end(record)
     }

@@ -2,7 +2,7 @@
 //! tells about its run. Its options are `config.rs`'s, its ranks `ranks.rs`'s.
 
 use crate::config::Config;
-use crate::metrics_csv::MetricsCsv;
+use crate::loggers::{LogDestination, LogPlan, Logger};
 use crate::rank_run::{Metrics, RankOutput, StageInput};
 use crate::ranks::{collect_ranks, idle, Launch};
 use crate::sinks::{StepSink, StepSinks};
@@ -42,8 +42,8 @@ pub struct Trainer {
 /// What a fit writes to, chosen before its ranks start.
 #[derive(Default)]
 struct FitOutputs {
-    /// Rank 0's metrics file (in rank 0's process).
-    csv: Option<MetricsCsv>,
+    /// Rank 0's loggers (in rank 0's process).
+    logs: Vec<Box<dyn StepSink>>,
     /// The log directory, recorded in checkpoints.
     run: Option<String>,
     /// The checkpoint rules under the root chosen.
@@ -54,6 +54,7 @@ struct FitOutputs {
 #[derive(Default)]
 struct FitDirs {
     metrics: Option<PathBuf>,
+    logs: Vec<LogDestination>,
     checkpoints: Option<PathBuf>,
 }
 
@@ -141,6 +142,12 @@ impl Trainer {
     /// another run ([`TrainerBuilder::run_name`](crate::TrainerBuilder::run_name)).
     pub fn metrics_path(&self) -> Option<PathBuf> {
         self.last_fit.metrics.clone()
+    }
+
+    /// Where each logger of the last fit wrote (rank 0's process; empty elsewhere, before
+    /// a fit, or without a log directory).
+    pub fn log_destinations(&self) -> &[LogDestination] {
+        &self.last_fit.logs
     }
 
     /// The checkpoint root the last fit saved under (`None` before a fit, or without
@@ -269,8 +276,8 @@ impl Trainer {
         // put back whatever it returns.
         let mut own = std::mem::take(&mut self.sinks);
         let mut sinks = StepSinks::default();
-        if let Some(csv) = outputs.csv {
-            sinks.push(csv);
+        for log in outputs.logs {
+            sinks.push(log);
         }
         if self.is_global_zero() {
             own.iter_mut().for_each(|s| sinks.push(s.as_mut()));
@@ -296,12 +303,21 @@ impl Trainer {
             let (dir, continues) =
                 crate::run_dirs::log_dir(log_root, &self.config.run_name, recorded);
             if zero {
-                let csv = match (continues, resume) {
-                    (true, Some(c)) => MetricsCsv::resume(&dir, c.manifest().step)?,
-                    _ => MetricsCsv::create(&dir)?,
+                let plan = LogPlan {
+                    loggers: &self.config.loggers,
+                    dir: &dir,
+                    run_name: &self.config.run_name,
+                    resumed_after: resume.filter(|_| continues).map(|c| c.manifest().step),
+                    options: &self.config.run_options,
+                    mlflow: self.config.mlflow.as_ref(),
                 };
-                self.last_fit.metrics = Some(csv.path().to_path_buf());
-                out.csv = Some(csv);
+                let (logs, destinations) = plan.open()?;
+                self.last_fit.metrics = destinations
+                    .iter()
+                    .find(|d| d.logger == Logger::Csv)
+                    .map(|d| PathBuf::from(&d.location));
+                self.last_fit.logs = destinations;
+                out.logs = logs;
             }
             out.run = Some(dir.display().to_string());
         }

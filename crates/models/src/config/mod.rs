@@ -151,6 +151,33 @@ impl ModelConfig {
         units
     }
 
+    /// The model FLOPs of training on one token of a `seq`-token sample, by PaLM's
+    /// accounting (torchtitan's): 6 x the parameters that multiply, which are all but the
+    /// lookup tables a gather reads (the token embedding when the head has a weight of its
+    /// own, GPT-2's positions), plus attention's 12 x layers x heads x head_dim x `seq`
+    /// (the masked half of causal attention counted too). Under LoRA with `adapters`
+    /// trainable parameters the frozen ones count 4 x (a frozen weight's backward makes
+    /// only its input's gradient) and the adapters 6 x.
+    pub fn flops_per_token(&self, seq: usize, adapters: Option<usize>) -> f64 {
+        let (lookup, attention) = match self {
+            ModelConfig::Decoder(c) => (
+                if c.tie_word_embeddings {
+                    0
+                } else {
+                    c.vocab_size * c.hidden_size
+                },
+                c.num_hidden_layers * c.num_attention_heads * c.head_dim,
+            ),
+            ModelConfig::Gpt2(c) => (c.n_positions * c.n_embd, c.n_layer * c.n_embd),
+        };
+        let multiplying = (self.num_parameters() - lookup) as f64;
+        let weights = match adapters {
+            None => 6.0 * multiplying,
+            Some(adapters) => 4.0 * multiplying + 6.0 * adapters as f64,
+        };
+        weights + 12.0 * (attention * seq) as f64
+    }
+
     /// Every parameter's Hugging Face name and shape, in the order wick creates them.
     pub fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
         let mut out = Vec::new();

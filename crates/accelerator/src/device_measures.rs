@@ -1,0 +1,109 @@
+//! What a rank's device can tell about a stretch of work: its peak memory (a step's, for
+//! the loggers' `peak_memory_gib`) and the rate of its matrix products (the peak the
+//! loggers' model FLOPs utilisation is taken over; torchtitan reads a GPU's from a table,
+//! but a CPU's depends on its cores and vector ISA, so it is measured).
+//!
+//! On the CPU the memory is the process's peak resident size (Linux's `VmHWM` in
+//! `/proc/self/status`, reset to the current size by writing `5` to
+//! `/proc/self/clear_refs`): every rank that is a thread of the process counts in it. On a
+//! CUDA GPU it is the peak of the device's default memory pool ([`cuda_memory_peak`]).
+//! Where neither can be read there is no figure.
+
+#[cfg(feature = "cuda")]
+use crate::device::{cuda_memory_peak, reset_cuda_memory_peak};
+use candle_core::{DType, Device, Result, Tensor};
+use std::time::Instant;
+
+/// Starts a new memory peak of `device`: from now on the peak counts from what is in use.
+pub fn reset_memory_peak(device: &Device) {
+    match device {
+        // A process may always write its own clear_refs; where it cannot, the peak stays
+        // the process's so far, still an upper bound of the step's.
+        Device::Cpu => {
+            let _ = std::fs::write("/proc/self/clear_refs", "5");
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => {
+            if let candle_core::DeviceLocation::Cuda { gpu_id } = device.location() {
+                let _ = reset_cuda_memory_peak(gpu_id);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The peak bytes of `device`'s memory in use since the last [`reset_memory_peak`] (or
+/// the process's start), if it can be read.
+pub fn memory_peak(device: &Device) -> Option<u64> {
+    match device {
+        Device::Cpu => {
+            let status = std::fs::read_to_string("/proc/self/status").ok()?;
+            let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => match device.location() {
+            candle_core::DeviceLocation::Cuda { gpu_id } => {
+                cuda_memory_peak(gpu_id).ok().map(|b| b as u64)
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The best f32 rate of Candle's matmul on `device`, in FLOP/s, as a model's layers run it
+/// (on the CPU in the calling thread's rayon pool: a rank's thread budget): square
+/// products of two sizes (1024 and 2048 on the CPU, 4096 and 8192 on a GPU), the best of
+/// three each, the device synchronized around each. About 0.3 s on 2 CPU cores.
+pub fn matmul_peak_flops(device: &Device) -> Result<f64> {
+    let sizes = match device {
+        Device::Cpu => [1024usize, 2048],
+        _ => [4096, 8192],
+    };
+    let mut best = 0f64;
+    for n in sizes {
+        let a = Tensor::ones((n, n), DType::F32, device)?;
+        for _ in 0..3 {
+            device.synchronize()?;
+            let start = Instant::now();
+            let product = a.matmul(&a)?;
+            device.synchronize()?;
+            let seconds = start.elapsed().as_secs_f64().max(1e-9);
+            drop(product);
+            best = best.max(2.0 * (n * n * n) as f64 / seconds);
+        }
+    }
+    Ok(best)
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cpu_peak_follows_a_buffer_and_resets_below_it() {
+        let cpu = Device::Cpu;
+        reset_memory_peak(&cpu);
+        let before = memory_peak(&cpu).unwrap();
+        let big = vec![1u8; 256 << 20];
+        std::hint::black_box(&big);
+        let with = memory_peak(&cpu).unwrap();
+        assert!(with >= before + (200 << 20), "{before} -> {with}");
+        drop(big);
+        reset_memory_peak(&cpu);
+        let after = memory_peak(&cpu).unwrap();
+        assert!(
+            after + (200 << 20) <= with,
+            "{with} -> {after} after the reset"
+        );
+    }
+
+    #[test]
+    fn the_matmul_peak_is_a_rate_a_cpu_can_have() {
+        let flops = matmul_peak_flops(&Device::Cpu).unwrap();
+        // Above a scalar core's, below what 2 sockets of AVX-512 cores could do.
+        assert!(flops > 1e9 && flops < 1e14, "{flops}");
+    }
+}
