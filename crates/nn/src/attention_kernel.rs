@@ -11,7 +11,7 @@
 //! gradients are written batch-major, `[batch, time, heads, head_dim]`, the order the
 //! output projection reads.
 
-use crate::gemm::{matmul, Threads::One};
+use crate::gemm::Threads::One;
 use crate::vector_math;
 use candle_core::{Layout, Result};
 use rayon::prelude::*;
@@ -114,7 +114,7 @@ pub(crate) fn forward(
                 let (q_b, k_b) = (q.1.block(q.0, b, head), k.1.block(k.0, b, kv));
                 probabilities(q_b, k_b, n, &mut p, &mut tanh);
                 let v = v.1.block(v.0, b, kv);
-                matmul(
+                One.matmul(
                     t,
                     d,
                     t,
@@ -123,7 +123,6 @@ pub(crate) fn forward(
                     (&p, t, 1),
                     (v.0, v.1, 1),
                     1.0,
-                    One,
                 );
             }
         });
@@ -164,7 +163,7 @@ pub(crate) fn backward(
                 probabilities(q_b, k_b, n, &mut p, &mut tanh);
                 // dV += Pᵀ dO; dP = dO Vᵀ (into `ds`).
                 let dv_b = (&mut dv[kv * d..], hkv * d);
-                matmul(
+                One.matmul(
                     t,
                     d,
                     t,
@@ -173,10 +172,9 @@ pub(crate) fn backward(
                     (&p, 1, t),
                     (dout_b.0, dout_b.1, 1),
                     1.0,
-                    One,
                 );
                 let (ds_all, ds_rs) = (&mut ds[..], t);
-                matmul(
+                One.matmul(
                     t,
                     t,
                     d,
@@ -185,7 +183,6 @@ pub(crate) fn backward(
                     (dout_b.0, dout_b.1, 1),
                     (v_b.0, 1, v_b.1),
                     1.0,
-                    One,
                 );
                 // dS_ij = scale p_ij (dP_ij - sum_k p_ik dP_ik): zero where p is; times
                 // 1 - tanh² under a soft cap.
@@ -202,29 +199,9 @@ pub(crate) fn backward(
                 }
                 // dQ = dS K; dK += dSᵀ Q.
                 let dq_b = (&mut dq[head * d..], h * d);
-                matmul(
-                    t,
-                    d,
-                    t,
-                    dq_b,
-                    false,
-                    (&ds, t, 1),
-                    (k_b.0, k_b.1, 1),
-                    1.0,
-                    One,
-                );
+                One.matmul(t, d, t, dq_b, false, (&ds, t, 1), (k_b.0, k_b.1, 1), 1.0);
                 let dk_b = (&mut dk[kv * d..], hkv * d);
-                matmul(
-                    t,
-                    d,
-                    t,
-                    dk_b,
-                    true,
-                    (&ds, 1, t),
-                    (q_b.0, q_b.1, 1),
-                    1.0,
-                    One,
-                );
+                One.matmul(t, d, t, dk_b, true, (&ds, 1, t), (q_b.0, q_b.1, 1), 1.0);
             }
         }
     });
@@ -237,7 +214,7 @@ pub(crate) fn backward(
 fn probabilities(q: (&[f32], usize), k: (&[f32], usize), n: Dims, p: &mut [f32], tanh: &mut [f32]) {
     let Dims { t, d, scores, .. } = n;
     // p = scale q kᵀ: k is read transposed through its strides.
-    matmul(
+    One.matmul(
         t,
         t,
         d,
@@ -246,7 +223,6 @@ fn probabilities(q: (&[f32], usize), k: (&[f32], usize), n: Dims, p: &mut [f32],
         (q.0, q.1, 1),
         (k.0, 1, k.1),
         scores.scale,
-        One,
     );
     for (i, row) in p.chunks_exact_mut(t).enumerate() {
         let live = scores.live(i);

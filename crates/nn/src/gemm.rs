@@ -19,61 +19,64 @@ pub(crate) enum Threads {
     Pool,
 }
 
-/// `dst (m x n) = scale a b (+ dst when accumulate)`, `a` `m x k` and `b` `k x n` read
-/// through their strides, `dst` written as `(slice, row stride)` with unit columns.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn matmul(
-    m: usize,
-    n: usize,
-    k: usize,
-    (dst, dst_rs): (&mut [f32], usize),
-    accumulate: bool,
-    (a, a_rs, a_cs): Strided,
-    (b, b_rs, b_cs): Strided,
-    scale: f32,
-    threads: Threads,
-) {
-    let parallelism = match (threads, rayon::current_num_threads()) {
-        (Threads::One, _) | (Threads::Pool, 0 | 1) => gemm::Parallelism::None,
-        (Threads::Pool, pool) => gemm::Parallelism::Rayon(pool),
-    };
-    if m == 0 || n == 0 {
-        return;
-    }
-    let last = |rs: usize, cs: usize, rows: usize, cols: usize| {
-        (rows.max(1) - 1) * rs + (cols.max(1) - 1) * cs
-    };
-    assert!(
-        last(dst_rs, 1, m, n) < dst.len(),
-        "matmul: destination too short"
-    );
-    assert!(
-        k == 0 || (last(a_rs, a_cs, m, k) < a.len() && last(b_rs, b_cs, k, n) < b.len()),
-        "matmul: an operand too short for its strides"
-    );
-    // SAFETY: every index the product reads or writes was checked against its slice above;
-    // `dst` is exclusively borrowed and overlaps neither operand.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            dst_rs as isize,
-            accumulate,
-            a.as_ptr(),
-            a_cs as isize,
-            a_rs as isize,
-            b.as_ptr(),
-            b_cs as isize,
-            b_rs as isize,
-            1.0,
-            scale,
-            false,
-            false,
-            false,
-            parallelism,
+impl Threads {
+    /// `dst (m x n) = scale a b (+ dst when accumulate)`, `a` `m x k` and `b` `k x n` read
+    /// through their strides, `dst` written as `(slice, row stride)` with unit columns, its
+    /// blocks run as `self` says.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul(
+        self,
+        m: usize,
+        n: usize,
+        k: usize,
+        (dst, dst_rs): (&mut [f32], usize),
+        accumulate: bool,
+        (a, a_rs, a_cs): Strided,
+        (b, b_rs, b_cs): Strided,
+        scale: f32,
+    ) {
+        let parallelism = match (self, rayon::current_num_threads()) {
+            (Threads::One, _) | (Threads::Pool, 0 | 1) => gemm::Parallelism::None,
+            (Threads::Pool, pool) => gemm::Parallelism::Rayon(pool),
+        };
+        if m == 0 || n == 0 {
+            return;
+        }
+        let last = |rs: usize, cs: usize, rows: usize, cols: usize| {
+            (rows.max(1) - 1) * rs + (cols.max(1) - 1) * cs
+        };
+        assert!(
+            last(dst_rs, 1, m, n) < dst.len(),
+            "matmul: destination too short"
         );
+        assert!(
+            k == 0 || (last(a_rs, a_cs, m, k) < a.len() && last(b_rs, b_cs, k, n) < b.len()),
+            "matmul: an operand too short for its strides"
+        );
+        // SAFETY: every index the product reads or writes was checked against its slice above;
+        // `dst` is exclusively borrowed and overlaps neither operand.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                dst.as_mut_ptr(),
+                1,
+                dst_rs as isize,
+                accumulate,
+                a.as_ptr(),
+                a_cs as isize,
+                a_rs as isize,
+                b.as_ptr(),
+                b_cs as isize,
+                b_rs as isize,
+                1.0,
+                scale,
+                false,
+                false,
+                false,
+                parallelism,
+            );
+        }
     }
 }

@@ -15,7 +15,7 @@
 use crate::cpu::{f32_inputs, fused, rows_per_task, u32s};
 use crate::cross_entropy::{counted, cross_entropy, log_sum_exp};
 use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
-use crate::gemm::{matmul, Threads::Pool};
+use crate::gemm::Threads::Pool;
 use crate::vector_math;
 use candle_core::{CpuStorage, DType, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -214,16 +214,16 @@ impl<'a> Kernel<'a> {
             let x = &self.x[start * h..(start + r) * h];
             // z = x weightᵀ: weightᵀ is the weight read with its strides swapped.
             let w = self.weight;
-            matmul(r, v, h, (z, v), false, (x, h, 1), (w, 1, h), 1.0, Pool);
+            Pool.matmul(r, v, h, (z, v), false, (x, h, 1), (w, 1, h), 1.0);
             let targets = &self.targets[start..start + r];
             total += self.rows(z, targets, scale, grads_wanted);
             if wanted.x {
                 let dx = &mut dx[start * h..(start + r) * h];
-                matmul(r, h, v, (dx, h), false, (z, v, 1), (w, h, 1), 1.0, Pool);
+                Pool.matmul(r, h, v, (dx, h), false, (z, v, 1), (w, h, 1), 1.0);
             }
             if wanted.weight {
                 // dweight += dzᵀ x, the chunks' terms added in chunk order.
-                matmul(v, h, r, (dw, h), start > 0, (z, 1, v), (x, h, 1), 1.0, Pool);
+                Pool.matmul(v, h, r, (dw, h), start > 0, (z, 1, v), (x, h, 1), 1.0);
             }
         }
         ((total * scale as f64) as f32, grads)

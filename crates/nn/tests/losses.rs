@@ -1,0 +1,168 @@
+//! The fused losses against the composite Candle ops of the same loss: the loss and every
+//! input's gradient within 1e-5 (f32), ignored targets, chunks of rows, frozen weights.
+
+mod common;
+
+use candle_core::{Device, Tensor};
+use common::{check, max_diff, var, TOLERANCE};
+use wick_nn::{
+    cross_entropy, cross_entropy_composite, linear_cross_entropy, linear_cross_entropy_composite,
+    IGNORE_INDEX,
+};
+
+#[test]
+fn cross_entropy_matches_the_composite() {
+    for (rows, classes, seed) in [(37, 11, 10), (1, 3, 11), (256, 96, 12)] {
+        let targets: Vec<u32> = (0..rows)
+            .map(|i| ((i * 7 + seed) % classes) as u32)
+            .collect();
+        let targets = Tensor::new(targets, &Device::Cpu).unwrap();
+        check(
+            &format!("cross_entropy {rows}x{classes}"),
+            &[var(&[rows, classes], seed as u64, 3.0)],
+            |t| cross_entropy(&t[0], &targets),
+            |t| cross_entropy_composite(&t[0], &targets),
+        );
+    }
+}
+
+#[test]
+fn cross_entropy_counts_only_targets_that_are_not_ignored() {
+    // Every third row ignored (a prompt's labels): the mean over the rest, and their
+    // gradient alone, fused and composite alike.
+    let (rows, classes) = (37, 11);
+    let ids: Vec<u32> = (0..rows)
+        .map(|i| match i % 3 {
+            0 => IGNORE_INDEX,
+            _ => ((i * 5) % classes) as u32,
+        })
+        .collect();
+    let targets = Tensor::new(ids.clone(), &Device::Cpu).unwrap();
+    let logits = var(&[rows, classes], 70, 3.0);
+    check(
+        "cross_entropy with ignored rows",
+        std::slice::from_ref(&logits),
+        |t| cross_entropy(&t[0], &targets),
+        |t| cross_entropy_composite(&t[0], &targets),
+    );
+    // Equal to the mean over the counted rows alone.
+    let kept: Vec<u32> = (0..rows as u32)
+        .filter(|&i| ids[i as usize] != IGNORE_INDEX)
+        .collect();
+    let kept_idx = Tensor::new(kept.clone(), &Device::Cpu).unwrap();
+    let kept_targets: Vec<u32> = kept.iter().map(|&i| ids[i as usize]).collect();
+    let alone = cross_entropy(
+        &logits.as_tensor().index_select(&kept_idx, 0).unwrap(),
+        &Tensor::new(kept_targets, &Device::Cpu).unwrap(),
+    )
+    .unwrap();
+    let masked = cross_entropy(logits.as_tensor(), &targets).unwrap();
+    assert!(max_diff(&alone, &masked) <= 1e-6);
+    // Every row ignored: 0, and no gradient.
+    let none = Tensor::new(vec![IGNORE_INDEX; rows], &Device::Cpu).unwrap();
+    let loss = cross_entropy(logits.as_tensor(), &none).unwrap();
+    assert_eq!(loss.to_scalar::<f32>().unwrap(), 0.0);
+    let grads = loss.backward().unwrap();
+    let g = grads.get(logits.as_tensor()).unwrap();
+    assert_eq!(
+        g.abs()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap(),
+        0.0
+    );
+}
+
+/// Targets for `rows` rows of `classes`, every `ignore_every`-th row (from 0) ignored.
+fn some_ignored(rows: usize, classes: usize, ignore_every: usize) -> Tensor {
+    let ids: Vec<u32> = (0..rows)
+        .map(|i| match i % ignore_every {
+            0 => IGNORE_INDEX,
+            _ => ((i * 7919) % classes) as u32,
+        })
+        .collect();
+    Tensor::new(ids, &Device::Cpu).unwrap()
+}
+
+#[test]
+fn linear_cross_entropy_matches_the_composite() {
+    // (rows, hidden, vocab): one chunk; a vocabulary so large that 300 rows take three
+    // chunks of 100; a single row.
+    for (rows, hidden, vocab, seed) in [(37, 16, 11, 20), (300, 24, 70_001, 21), (1, 8, 5, 22)] {
+        for softcap in [None, Some(3.0)] {
+            let targets = some_ignored(rows, vocab, 4);
+            check(
+                &format!("linear_cross_entropy {rows}x{hidden}x{vocab} cap {softcap:?}"),
+                &[
+                    var(&[rows, hidden], seed, 1.0),
+                    var(&[vocab, hidden], seed + 100, 1.0),
+                ],
+                |t| linear_cross_entropy(&t[0], &t[1], &targets, softcap),
+                |t| linear_cross_entropy_composite(&t[0], &t[1], &targets, softcap),
+            );
+        }
+    }
+}
+
+#[test]
+fn linear_cross_entropy_leaves_a_frozen_weight_alone_and_makes_late_gradients_alike() {
+    let (rows, hidden, vocab) = (300, 24, 70_001);
+    let targets = some_ignored(rows, vocab, 5);
+    let x = var(&[rows, hidden], 30, 1.0);
+    let w = var(&[vocab, hidden], 31, 1.0);
+    let frozen = w.as_tensor().detach();
+    // A frozen weight (not a variable): the input's gradient only, as the composite's.
+    let fused = linear_cross_entropy(x.as_tensor(), &frozen, &targets, None).unwrap();
+    let composite = linear_cross_entropy_composite(x.as_tensor(), &frozen, &targets, None).unwrap();
+    let (gf, gc) = (fused.backward().unwrap(), composite.backward().unwrap());
+    assert!(gf.get(&frozen).is_none());
+    assert!(max_diff(gf.get(&x).unwrap(), gc.get(&x).unwrap()) <= TOLERANCE);
+    // A forward under no_grad keeps no gradients; a backward after it makes them then,
+    // scaled by the loss's incoming gradient, the same as a forward that kept them.
+    let late = wick_core::no_grad(|| {
+        linear_cross_entropy(x.as_tensor(), w.as_tensor(), &targets, Some(2.0)).unwrap()
+    });
+    let kept = linear_cross_entropy(x.as_tensor(), w.as_tensor(), &targets, Some(2.0)).unwrap();
+    assert_eq!(
+        late.to_scalar::<f32>().unwrap(),
+        kept.to_scalar::<f32>().unwrap()
+    );
+    let (gl, gk) = (
+        late.affine(0.5, 0.0).unwrap().backward().unwrap(),
+        kept.affine(0.5, 0.0).unwrap().backward().unwrap(),
+    );
+    for v in [&x, &w] {
+        assert_eq!(max_diff(gl.get(v).unwrap(), gk.get(v).unwrap()), 0.0);
+    }
+    // The same bits on one thread and on two.
+    let on = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let loss = linear_cross_entropy(x.as_tensor(), w.as_tensor(), &targets, None).unwrap();
+            let grads = loss.backward().unwrap();
+            let dw = grads.get(&w).unwrap().flatten_all().unwrap();
+            (
+                loss.to_scalar::<f32>().unwrap(),
+                dw.to_vec1::<f32>().unwrap(),
+            )
+        })
+    };
+    assert!(
+        on(1) == on(2),
+        "the result depends on the number of threads"
+    );
+    // Out-of-range targets and shapes that do not fit are errors.
+    let bad = Tensor::new(vec![vocab as u32; rows], &Device::Cpu).unwrap();
+    let e = linear_cross_entropy(x.as_tensor(), w.as_tensor(), &bad, None).unwrap_err();
+    assert!(
+        e.to_string().contains("is not below the 70001 classes"),
+        "{e}"
+    );
+    let e = linear_cross_entropy(w.as_tensor(), x.as_tensor(), &targets, None).unwrap_err();
+    assert!(e.to_string().contains("do not fit"), "{e}");
+}
