@@ -203,7 +203,7 @@ mod tests {
             };
             let lr = 0.001 * (1.0 - step as f64 / 120.0);
             let norm = 2.0 / step as f64;
-            text += &format!("{step},0,{loss},{val},{lr},0,1000.0,0.5,0.0,{norm},0.1\n");
+            text += &format!("{step},0,{loss},{val},{lr},0,1000.0,0.5,0.0,{norm},0.1,0.5\n");
         }
         std::fs::write(&path, text).unwrap();
         path
