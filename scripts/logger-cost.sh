@@ -2,7 +2,10 @@
 # What the loggers cost the main job: `wick fit --no-progress` (400 steps, the defaults)
 # with --logger csv against --logger csv,tensorboard,mlflow (a local mlflow server),
 # alternating, ROUNDS rounds (default 3), after one uncounted run; prints each run's wall seconds and the ratio of
-# the medians. Usage: scripts/logger-cost.sh PYTHON_WITH_MLFLOW [ROUNDS]
+# the medians. The server shares the machine's cores with the training; SERVER_NICE=19 runs
+# it at the lowest priority, to stand for a tracking server on another machine (what is then
+# left is wick's own cost). Usage: [SERVER_NICE=N] scripts/logger-cost.sh PYTHON_WITH_MLFLOW
+# [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=$1
@@ -12,7 +15,7 @@ tmp=$(mktemp -d)
 server=
 trap '[ -n "$server" ] && kill "$server"; rm -rf "$tmp"' EXIT
 port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$(dirname "$py")/mlflow" server --host 127.0.0.1 --port "$port" --workers 1 \
+${SERVER_NICE:+nice -n "$SERVER_NICE"} "$(dirname "$py")/mlflow" server --host 127.0.0.1 --port "$port" --workers 1 \
   --backend-store-uri "sqlite:///$tmp/mlflow.db" --default-artifact-root "$tmp/artifacts" \
   > "$tmp/mlflow.log" 2>&1 &
 server=$!
