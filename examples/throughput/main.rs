@@ -153,9 +153,7 @@ impl Callback for StepClock {
 
 /// A quiet trainer of `WARMUP + MEASURED` steps with `callback`.
 fn quiet_trainer(
-    accelerator: Accelerator,
-    strategy: Box<dyn Strategy>,
-    callback: impl Callback + 'static,
+    accelerator: Accelerator, strategy: Box<dyn Strategy>, callback: impl Callback + 'static,
 ) -> anyhow::Result<Trainer> {
     Ok(Trainer::builder()
         .accelerator(accelerator)
@@ -171,8 +169,7 @@ fn quiet_trainer(
 
 /// A quiet trainer that records each step's time.
 fn timed_trainer(
-    accelerator: Accelerator,
-    strategy: Box<dyn Strategy>,
+    accelerator: Accelerator, strategy: Box<dyn Strategy>,
 ) -> anyhow::Result<(Trainer, StepClock)> {
     let clock = StepClock::default();
     Ok((quiet_trainer(accelerator, strategy, clock.clone())?, clock))
@@ -180,10 +177,7 @@ fn timed_trainer(
 
 /// wick's seconds per step for `strategy` at `world` ranks as threads with `budget`.
 fn wick_step(
-    c: GptConfig,
-    strategy: Box<dyn Strategy>,
-    world: usize,
-    budget: ThreadBudget,
+    c: GptConfig, strategy: Box<dyn Strategy>, world: usize, budget: ThreadBudget,
 ) -> anyhow::Result<f64> {
     let (mut trainer, clock) = timed_trainer(
         Accelerator::cpu(world)?.with_thread_budget(budget),
@@ -380,8 +374,7 @@ fn random_windows(vocab: u64, seq: usize, batch: usize, seed: u64) -> DataLoader
 
 /// The Llama's seconds per step and parameters under `strategy` on `accelerator`'s ranks.
 fn llama_step(
-    strategy: Box<dyn Strategy>,
-    accelerator: Accelerator,
+    strategy: Box<dyn Strategy>, accelerator: Accelerator,
 ) -> anyhow::Result<(f64, usize)> {
     let (mut trainer, clock) = timed_trainer(accelerator, strategy)?;
     let mut model = Attached::new(llama_model()?);
@@ -426,9 +419,7 @@ fn strategy(name: &str) -> anyhow::Result<Box<dyn Strategy>> {
 /// `model`'s tokens per step, median seconds per step and parameters under `name` on
 /// `accelerator`'s ranks (the rows are rank 0's).
 fn measure(
-    model: &str,
-    name: &str,
-    accelerator: Accelerator,
+    model: &str, name: &str, accelerator: Accelerator,
 ) -> anyhow::Result<(usize, f64, usize)> {
     if model == "llama" {
         let (step, params) = llama_step(strategy(name)?, accelerator)?;

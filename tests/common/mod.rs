@@ -141,9 +141,7 @@ impl TrainModule for Mlp {
     }
 
     fn validation_step(
-        &mut self,
-        batch: &Self::Batch,
-        _: usize,
+        &mut self, batch: &Self::Batch, _: usize,
     ) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(self.loss(batch)?))
     }
@@ -219,9 +217,7 @@ impl TrainModule for RankedMlp {
     }
 
     fn validation_step(
-        &mut self,
-        batch: &Self::Batch,
-        b: usize,
+        &mut self, batch: &Self::Batch, b: usize,
     ) -> candle_core::Result<Option<Tensor>> {
         let Some(script) = self.val_script else {
             return self.mlp.validation_step(batch, b);
@@ -304,18 +300,14 @@ pub fn quiet_trainer(devices: usize, strategy: &str, steps: usize) -> Trainer {
 
 /// [`quiet_trainer`] with a strategy instance (non-default options).
 pub fn quiet_trainer_with(
-    devices: usize,
-    strategy: Box<dyn wick::core::Strategy>,
-    steps: usize,
+    devices: usize, strategy: Box<dyn wick::core::Strategy>, steps: usize,
 ) -> Trainer {
     quiet_builder(devices, strategy, steps).build().unwrap()
 }
 
 /// The options of [`quiet_trainer_with`], to add to.
 pub fn quiet_builder(
-    devices: usize,
-    strategy: Box<dyn wick::core::Strategy>,
-    steps: usize,
+    devices: usize, strategy: Box<dyn wick::core::Strategy>, steps: usize,
 ) -> wick::trainer::TrainerBuilder {
     Trainer::builder()
         .devices(devices)
@@ -334,10 +326,7 @@ pub fn loader() -> DataLoader<Regression> {
 
 /// Trains a fresh MLP and returns its parameters, in full, in registration order.
 pub fn train(
-    devices: usize,
-    strategy: &str,
-    optimizer: OptimizerConfig,
-    steps: usize,
+    devices: usize, strategy: &str, optimizer: OptimizerConfig, steps: usize,
 ) -> Vec<Vec<f32>> {
     let mut model = Attached::new(Mlp::new(optimizer));
     let mut trainer = quiet_trainer(devices, strategy, steps);

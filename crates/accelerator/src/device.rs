@@ -96,42 +96,19 @@ pub(crate) fn rank_device(kind: DeviceKind, ordinal: usize) -> Result<Device> {
 /// supports stream-ordered allocation (cudarc then allocates with `cuMemAllocAsync`).
 #[cfg(feature = "cuda")]
 pub fn cuda_memory_peak(ordinal: usize) -> Result<usize> {
-    use candle_core::cuda_backend::cudarc::driver::sys::CUmemPool_attribute;
-    let mut peak: u64 = 0;
-    mem_pool_attribute(ordinal, |pool| unsafe {
-        // SAFETY: USED_MEM_HIGH is a cuuint64_t, written through the pointer given.
-        candle_core::cuda_backend::cudarc::driver::sys::cuMemPoolGetAttribute(
-            pool,
-            CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-            (&mut peak as *mut u64).cast(),
-        )
-    })?;
-    Ok(peak as usize)
+    used_mem_high(ordinal, false).map(|bytes| bytes as usize)
 }
 
 /// Starts a new peak for [`cuda_memory_peak`] at the bytes in use now.
 #[cfg(feature = "cuda")]
 pub fn reset_cuda_memory_peak(ordinal: usize) -> Result<()> {
-    use candle_core::cuda_backend::cudarc::driver::sys::CUmemPool_attribute;
-    let mut zero: u64 = 0;
-    mem_pool_attribute(ordinal, |pool| unsafe {
-        // SAFETY: setting USED_MEM_HIGH takes a cuuint64_t that must be 0 (a reset).
-        candle_core::cuda_backend::cudarc::driver::sys::cuMemPoolSetAttribute(
-            pool,
-            CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-            (&mut zero as *mut u64).cast(),
-        )
-    })
+    used_mem_high(ordinal, true).map(drop)
 }
 
-/// Runs `f` on GPU `ordinal`'s default memory pool.
+/// GPU `ordinal`'s default memory pool's high-water mark (`USED_MEM_HIGH`): read, or with
+/// `reset` set to 0, which the driver takes as "start again from the bytes in use".
 #[cfg(feature = "cuda")]
-fn mem_pool_attribute(
-    ordinal: usize,
-    f: impl FnOnce(
-        candle_core::cuda_backend::cudarc::driver::sys::CUmemoryPool,
-    ) -> candle_core::cuda_backend::cudarc::driver::sys::CUresult,
-) -> Result<()> {
+fn used_mem_high(ordinal: usize, reset: bool) -> Result<u64> {
     use candle_core::cuda_backend::cudarc::driver::{result, sys};
     let fail = |what: &str, e: sys::CUresult| {
         Error::config(
@@ -143,7 +120,10 @@ fn mem_pool_attribute(
     result::init().map_err(|e| fail("cuInit", e.0))?;
     let mut device: sys::CUdevice = 0;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: out-pointers to locals of the types the driver writes.
+    let mut value: u64 = 0;
+    let high = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+    // SAFETY: out-pointers to locals of the types the driver writes; USED_MEM_HIGH is a
+    // cuuint64_t, and setting it takes 0.
     unsafe {
         match sys::cuDeviceGet(&mut device, ordinal as i32) {
             r if r == ok => {}
@@ -153,9 +133,16 @@ fn mem_pool_attribute(
             r if r == ok => {}
             e => return Err(fail("cuDeviceGetDefaultMemPool", e)),
         }
-    }
-    match f(pool) {
-        r if r == ok => Ok(()),
-        e => Err(fail("the memory pool query", e)),
+        let at = (&mut value as *mut u64).cast();
+        match reset {
+            false => match sys::cuMemPoolGetAttribute(pool, high, at) {
+                r if r == ok => Ok(value),
+                e => Err(fail("cuMemPoolGetAttribute", e)),
+            },
+            true => match sys::cuMemPoolSetAttribute(pool, high, at) {
+                r if r == ok => Ok(0),
+                e => Err(fail("cuMemPoolSetAttribute", e)),
+            },
+        }
     }
 }

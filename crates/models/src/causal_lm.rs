@@ -3,6 +3,7 @@
 
 use crate::config::ModelConfig;
 use crate::decoder::Decoder;
+use crate::error::read_text;
 use crate::gpt2::Gpt2;
 use crate::lora::{
     DropoutKey, LoraConfig, PeftNames, WithAdapters, ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE,
@@ -87,10 +88,7 @@ impl CausalLm {
     /// (born sharded, from the counter-based init, with Hugging Face's standard deviations).
     pub fn from_config(path: impl AsRef<Path>) -> std::result::Result<Self, ModelError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Missing {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        let text = read_text(path)?;
         Self::from_config_json(text, path)
     }
 
@@ -164,10 +162,7 @@ impl CausalLm {
     pub fn with_peft_adapter(self, dir: impl AsRef<Path>) -> std::result::Result<Self, ModelError> {
         let dir = dir.as_ref();
         let config_path = dir.join(ADAPTER_CONFIG_FILE);
-        let text = std::fs::read_to_string(&config_path).map_err(|e| ModelError::Missing {
-            path: config_path.clone(),
-            message: e.to_string(),
-        })?;
+        let text = read_text(&config_path)?;
         let (lora, _) = LoraConfig::from_peft_json(&text, &config_path)?;
         let weights = PretrainedWeights::open(&[dir.join(ADAPTER_WEIGHTS_FILE)])?;
         self.with_adapters(lora, Arc::new(PeftNames(weights)))
@@ -176,9 +171,7 @@ impl CausalLm {
     /// LoRA with adapters read from `adapters` under wick's names (a checkpoint's
     /// `into_weights`), the rest of the model from its own weights.
     pub fn with_adapters(
-        self,
-        lora: LoraConfig,
-        adapters: Arc<dyn WeightSource>,
+        self, lora: LoraConfig, adapters: Arc<dyn WeightSource>,
     ) -> std::result::Result<Self, ModelError> {
         let mut lm = self.with_lora(lora)?;
         lm.adapters = Some(adapters);
@@ -263,10 +256,7 @@ impl CausalLm {
     }
 
     fn loss_with(
-        &self,
-        ids: &Tensor,
-        targets: &Tensor,
-        dropout: Option<DropoutKey>,
+        &self, ids: &Tensor, targets: &Tensor, dropout: Option<DropoutKey>,
     ) -> Result<Tensor> {
         match self.net_for(ids)? {
             Net::Decoder(m) => m.loss(ids, targets, dropout),
@@ -343,9 +333,7 @@ impl TrainModule for CausalLm {
     }
 
     fn validation_step(
-        &mut self,
-        (ids, targets): &Self::Batch,
-        _: usize,
+        &mut self, (ids, targets): &Self::Batch, _: usize,
     ) -> Result<Option<Tensor>> {
         self.loss(ids, targets).map(Some)
     }

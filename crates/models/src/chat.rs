@@ -13,6 +13,7 @@
 //! writes its own, as `apply_chat_template` tokenizes. Each example ends with the end-of-text
 //! token, so packed examples are separated by it.
 
+use crate::error::read_text;
 use crate::{ModelError, TextTokenizer};
 use serde_json::Value;
 use std::path::Path;
@@ -77,10 +78,7 @@ impl ChatTemplate {
             path: path.to_path_buf(),
             message,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Missing {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        let text = read_text(path)?;
         let config: Value =
             serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
         let source = match config.get("chat_template") {
@@ -112,9 +110,7 @@ impl ChatTemplate {
     /// `messages` rendered as `apply_chat_template(messages, tokenize=False,
     /// add_generation_prompt=...)` renders them.
     pub fn render(
-        &self,
-        messages: &[Value],
-        add_generation_prompt: bool,
+        &self, messages: &[Value], add_generation_prompt: bool,
     ) -> Result<String, String> {
         let template = self
             .env
@@ -232,10 +228,7 @@ impl Example {
     /// end-of-text token `eos` (when given) closes it, counted unless the example is a
     /// conversation (whose template closes each turn itself).
     pub fn encode(
-        &self,
-        tokenizer: &TextTokenizer,
-        template: Option<&ChatTemplate>,
-        eos: Option<u32>,
+        &self, tokenizer: &TextTokenizer, template: Option<&ChatTemplate>, eos: Option<u32>,
     ) -> Result<(Vec<u32>, Vec<bool>), String> {
         let err = |e: candle_core::Error| e.to_string();
         let (mut ids, mut counted) = match self {
@@ -274,9 +267,7 @@ impl Example {
 /// the text between the conversation before it (with the generation prompt) and the
 /// conversation through it, as the template renders both.
 fn conversation(
-    tokenizer: &TextTokenizer,
-    template: &ChatTemplate,
-    messages: &[Value],
+    tokenizer: &TextTokenizer, template: &ChatTemplate, messages: &[Value],
 ) -> Result<(Vec<u32>, Vec<bool>), String> {
     let full = template.render(messages, false)?;
     let mut spans = Vec::new();

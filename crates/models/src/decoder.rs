@@ -54,10 +54,7 @@ pub(crate) struct DecoderLayer {
 
 impl DecoderLayer {
     fn new(
-        vb: VarBuilder,
-        c: &DecoderConfig,
-        index: usize,
-        lora: Option<&LoraConfig>,
+        vb: VarBuilder, c: &DecoderConfig, index: usize, lora: Option<&LoraConfig>,
     ) -> Result<Self> {
         let (h, std, d) = (c.hidden_size, c.initializer_range, c.head_dim);
         let (q, kv) = (c.num_attention_heads * d, c.num_key_value_heads * d);
@@ -125,11 +122,7 @@ impl DecoderLayer {
     /// The heads of `projection` (`[b, t, n * head_dim]`) as `[b, n, t, head_dim]`, each
     /// normed first where the family norms them, then rotated.
     fn rotated(
-        &self,
-        projection: &Tensor,
-        n: usize,
-        norm: Option<&RmsNorm>,
-        rope: &RotaryEmbedding,
+        &self, projection: &Tensor, n: usize, norm: Option<&RmsNorm>, rope: &RotaryEmbedding,
     ) -> Result<Tensor> {
         let split = match norm {
             None => heads(projection, n, self.head_dim)?,
@@ -144,25 +137,14 @@ impl DecoderLayer {
 
     /// The layer's output; `dropout` draws LoRA's masks (training only).
     fn forward(
-        &self,
-        x: &Tensor,
-        rope: &RotaryEmbedding,
-        dropout: Option<DropoutKey>,
+        &self, x: &Tensor, rope: &RotaryEmbedding, dropout: Option<DropoutKey>,
     ) -> Result<Tensor> {
         let h = self.input_layernorm.forward(x)?;
         let norms = self.qk_norm.as_ref();
-        let q = self.rotated(
-            &self.q_proj.forward(&h, dropout)?,
-            self.heads,
-            norms.map(|n| &n.0),
-            rope,
-        )?;
-        let k = self.rotated(
-            &self.k_proj.forward(&h, dropout)?,
-            self.kv_heads,
-            norms.map(|n| &n.1),
-            rope,
-        )?;
+        let q = self.q_proj.forward(&h, dropout)?;
+        let q = self.rotated(&q, self.heads, norms.map(|n| &n.0), rope)?;
+        let k = self.k_proj.forward(&h, dropout)?;
+        let k = self.rotated(&k, self.kv_heads, norms.map(|n| &n.1), rope)?;
         let v = self.v_proj.forward(&h, dropout)?;
         let v = heads(&v, self.kv_heads, self.head_dim)?;
         let attended = merge_heads(&causal_attention_with(&q, &k, &v, &self.attention)?)?;
@@ -213,9 +195,7 @@ impl Decoder {
     /// Creates the model's parameters through `ctx`, under Hugging Face's names (and
     /// PEFT's for `lora`'s adapters).
     pub(crate) fn new(
-        ctx: &ShardedContext,
-        c: &DecoderConfig,
-        lora: Option<&LoraConfig>,
+        ctx: &ShardedContext, c: &DecoderConfig, lora: Option<&LoraConfig>,
     ) -> Result<Self> {
         let (vocab, h, std) = (c.vocab_size, c.hidden_size, c.initializer_range);
         let embed_tokens = ctx.wrap("model.embed_tokens", move |vb| {
@@ -292,10 +272,7 @@ impl Decoder {
     /// not counted) under the logits of `ids`, by [`wick_nn::linear_cross_entropy`]: the
     /// output projection and the loss in one op, so the logits never exist whole.
     pub(crate) fn loss(
-        &self,
-        ids: &Tensor,
-        targets: &Tensor,
-        dropout: Option<DropoutKey>,
+        &self, ids: &Tensor, targets: &Tensor, dropout: Option<DropoutKey>,
     ) -> Result<Tensor> {
         let (x, targets) = loss_rows(&self.hidden(ids, dropout)?, targets)?;
         let cap = self.final_logit_softcapping;

@@ -1,6 +1,6 @@
 //! Why a model, its config or its tokenizer could not be read.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use crate::config::ConfigError;
 
@@ -32,4 +32,13 @@ pub enum ModelError {
         /// The tokenizers crate's error.
         message: String,
     },
+}
+
+/// The text of the file at `path`; where it cannot be read, [`ModelError::Missing`] naming
+/// it and why.
+pub(crate) fn read_text(path: &Path) -> Result<String, ModelError> {
+    std::fs::read_to_string(path).map_err(|e| ModelError::Missing {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
 }

@@ -2,6 +2,7 @@
 //! what wick needs of it: ids in and text out, its vocabulary size, its end-of-text token,
 //! and a hash that names it (token files record which tokenizer made them).
 
+use crate::error::read_text;
 use crate::ModelError;
 use sha2::{Digest, Sha256};
 use std::path::Path;
@@ -33,10 +34,7 @@ impl TextTokenizer {
     /// Loads `tokenizer.json` at `path`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ModelError> {
         let path = path.as_ref();
-        let json = std::fs::read_to_string(path).map_err(|e| ModelError::Missing {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        let json = read_text(path)?;
         Self::from_json(json, path)
     }
 

@@ -14,14 +14,29 @@ pub(crate) fn f32s<'a>(op: &str, storage: &'a CpuStorage, layout: &Layout) -> Re
 
 /// [`f32s`] of several inputs at once, in order.
 pub(crate) fn f32_inputs<'a, const N: usize>(
-    op: &str,
-    inputs: [(&'a CpuStorage, &Layout); N],
+    op: &str, inputs: [(&'a CpuStorage, &Layout); N],
 ) -> Result<[&'a [f32]; N]> {
     let mut out = [&[][..]; N];
     for (slot, (storage, layout)) in out.iter_mut().zip(inputs) {
         *slot = f32s(op, storage, layout)?;
     }
     Ok(out)
+}
+
+/// Elements per parallel task of an element-wise kernel.
+pub(crate) const ELEMENTWISE_CHUNK: usize = 32 * 1024;
+
+/// `kernel(out, a, b)` over equal chunks of `a` and `b` (of one length), in parallel tasks;
+/// returns the output.
+pub(crate) fn map_pairs(a: &[f32], b: &[f32], kernel: fn(&mut [f32], &[f32], &[f32])) -> Vec<f32> {
+    let mut y = vec![0f32; a.len()];
+    y.par_chunks_mut(ELEMENTWISE_CHUNK)
+        .zip(
+            a.par_chunks(ELEMENTWISE_CHUNK)
+                .zip(b.par_chunks(ELEMENTWISE_CHUNK)),
+        )
+        .for_each(|(y, (a, b))| kernel(y, a, b));
+    y
 }
 
 /// `f(row, out)` for every row of `c` elements of `x`, rows shared out in parallel tasks
@@ -93,10 +108,7 @@ pub(crate) fn norm_width(op: &str, x: &Layout, w: &Layout) -> Result<usize> {
 /// parallel tasks; each task's partial sums are added in task order, so the result has the
 /// same bits on any number of threads. Returns `dx` followed by the summed partials.
 pub(crate) fn norm_backward(
-    x: &[f32],
-    dy: &[f32],
-    c: usize,
-    partial_len: usize,
+    x: &[f32], dy: &[f32], c: usize, partial_len: usize,
     row: impl Fn(&[f32], &[f32], &mut [f32], &mut [f32]) + Sync,
 ) -> Vec<f32> {
     let mut dx = vec![0f32; x.len()];
@@ -152,10 +164,7 @@ impl<K: NormRowGrad> CpuOp<3> for NormBackward<K> {
 /// The gradients of a norm of `x` by weight `w` for `grad`, from one [`NormBackward`]: `x`'s,
 /// then the `N - 1` (`K::WEIGHT_GRADS`) weight-shaped ones.
 pub(crate) fn norm_grads<K: NormRowGrad, const N: usize>(
-    kernel: K,
-    x: &Tensor,
-    w: &Tensor,
-    grad: &Tensor,
+    kernel: K, x: &Tensor, w: &Tensor, grad: &Tensor,
 ) -> GradsOf<N> {
     debug_assert_eq!(N, 1 + K::WEIGHT_GRADS);
     let all = x.apply_op3_no_bwd(w, &grad.contiguous()?, &Fused(NormBackward(kernel)))?;

@@ -1,14 +1,11 @@
 //! `Gelu`: the tanh approximation of GELU (what Candle's `Tensor::gelu` computes), with a
 //! fused backward.
 
-use crate::cpu::{f32_inputs, fused};
+use crate::cpu::{f32_inputs, fused, map_pairs, ELEMENTWISE_CHUNK};
 use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
 use crate::vector_math;
 use candle_core::{CpuStorage, Module, Result, Shape, Tensor};
 use rayon::prelude::*;
-
-/// Elements per parallel task.
-const CHUNK: usize = 32 * 1024;
 
 /// GELU, tanh approximation, as a layer. Fused on the CPU in f32; `Tensor::gelu` elsewhere.
 #[derive(Clone, Copy, Debug, Default)]
@@ -36,8 +33,8 @@ impl CpuOp<1> for Forward {
     fn cpu(&self, inputs: [Input<'_>; 1]) -> Result<(CpuStorage, Shape)> {
         let [x] = f32_inputs(Self::NAME, inputs)?;
         let mut y = vec![0f32; x.len()];
-        y.par_chunks_mut(CHUNK)
-            .zip(x.par_chunks(CHUNK))
+        y.par_chunks_mut(ELEMENTWISE_CHUNK)
+            .zip(x.par_chunks(ELEMENTWISE_CHUNK))
             .for_each(|(y, x)| vector_math::gelu(y, x));
         Ok((CpuStorage::F32(y), inputs[0].1.shape().clone()))
     }
@@ -57,10 +54,7 @@ impl CpuOp<2> for Backward {
 
     fn cpu(&self, inputs: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
         let [x, g] = f32_inputs(Self::NAME, inputs)?;
-        let mut dx = vec![0f32; x.len()];
-        dx.par_chunks_mut(CHUNK)
-            .zip(x.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))
-            .for_each(|(dx, (x, g))| vector_math::gelu_backward(dx, x, g));
+        let dx = map_pairs(x, g, vector_math::gelu_backward);
         Ok((CpuStorage::F32(dx), inputs[0].1.shape().clone()))
     }
 }

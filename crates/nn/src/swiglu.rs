@@ -1,14 +1,11 @@
 //! `swiglu`: Llama's gated MLP activation, `silu(gate) * up`, one op forward and one op
 //! backward, where Candle runs a unary op, a product and their backward's four more.
 
-use crate::cpu::{f32_inputs, fused};
+use crate::cpu::{f32_inputs, fused, map_pairs, ELEMENTWISE_CHUNK};
 use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
 use crate::vector_math;
 use candle_core::{CpuStorage, Result, Shape, Tensor};
 use rayon::prelude::*;
-
-/// Elements per parallel task.
-const CHUNK: usize = 32 * 1024;
 
 /// `silu(gate) * up`, element-wise, for `gate` and `up` of one shape (`silu(x) = x *
 /// sigmoid(x)`). Fused on the CPU in f32; Candle's `silu` and product elsewhere.
@@ -40,10 +37,7 @@ impl CpuOp<2> for Forward {
 
     fn cpu(&self, inputs: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
         let [g, u] = f32_inputs(Self::NAME, inputs)?;
-        let mut y = vec![0f32; g.len()];
-        y.par_chunks_mut(CHUNK)
-            .zip(g.par_chunks(CHUNK).zip(u.par_chunks(CHUNK)))
-            .for_each(|(y, (g, u))| vector_math::swiglu(y, g, u));
+        let y = map_pairs(g, u, vector_math::swiglu);
         Ok((CpuStorage::F32(y), inputs[0].1.shape().clone()))
     }
 
@@ -68,10 +62,13 @@ impl CpuOp<3> for Backward {
         let n = g.len();
         let mut both = vec![0f32; 2 * n];
         let (dg, du) = both.split_at_mut(n);
-        dg.par_chunks_mut(CHUNK)
-            .zip(du.par_chunks_mut(CHUNK))
-            .zip(g.par_chunks(CHUNK).zip(u.par_chunks(CHUNK)))
-            .zip(dy.par_chunks(CHUNK))
+        dg.par_chunks_mut(ELEMENTWISE_CHUNK)
+            .zip(du.par_chunks_mut(ELEMENTWISE_CHUNK))
+            .zip(
+                g.par_chunks(ELEMENTWISE_CHUNK)
+                    .zip(u.par_chunks(ELEMENTWISE_CHUNK)),
+            )
+            .zip(dy.par_chunks(ELEMENTWISE_CHUNK))
             .for_each(|(((dg, du), (g, u)), dy)| vector_math::swiglu_backward(dg, du, g, u, dy));
         Ok((CpuStorage::F32(both), Shape::from(2 * n)))
     }

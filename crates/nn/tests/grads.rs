@@ -57,27 +57,6 @@ fn swiglu_matches_the_composite() {
 }
 
 #[test]
-fn causal_attention_matches_the_composite() {
-    for (shape, seed) in [
-        (vec![2, 3, 17, 8], 7),
-        (vec![1, 1, 1, 4], 8),
-        (vec![1, 4, 64, 32], 9),
-    ] {
-        let inputs = [
-            var(&shape, seed, 1.0),
-            var(&shape, seed + 1, 1.0),
-            var(&shape, seed + 2, 1.0),
-        ];
-        check(
-            &format!("attention {shape:?}"),
-            &inputs,
-            |t| causal_attention(&t[0], &t[1], &t[2]),
-            |t| causal_attention_composite(&t[0], &t[1], &t[2]),
-        );
-    }
-}
-
-#[test]
 fn windowed_scaled_and_capped_attention_matches_the_composite() {
     // Mistral's window (shorter than the sequence, and longer), Gemma 2's scale and cap
     // together, over grouped-query heads.
@@ -164,10 +143,14 @@ fn attention_reads_strided_heads_and_packed_projections() {
 }
 
 #[test]
-fn grouped_query_attention_matches_the_composite() {
-    // (batch, query heads, key/value heads, time, head_dim): 2 and 3 query heads per key/
-    // value head, one key/value head for all, and a batch of one.
+fn causal_and_grouped_query_attention_match_the_composite() {
+    // (batch, query heads, key/value heads, time, head_dim): as many key/value heads as
+    // query heads (one position, and a 64-long sequence among them), 2 and 3 query heads
+    // per key/value head, one key/value head for all, and a batch of one.
     for (b, h, hkv, t, d, seed) in [
+        (2, 3, 3, 17, 8, 7),
+        (1, 1, 1, 1, 4, 8),
+        (1, 4, 4, 64, 32, 9),
         (2, 4, 2, 13, 8, 21),
         (1, 6, 2, 9, 4, 22),
         (3, 3, 1, 5, 6, 23),
@@ -267,10 +250,7 @@ fn tables(d: usize, t: usize, theta: f32) -> (Tensor, Tensor) {
 
 /// LoRA's parts over frozen `w` and `bias`, with `t` = [x, A, B].
 fn lora_parts<'a>(
-    t: &'a [Tensor],
-    w: &'a Tensor,
-    bias: &'a Tensor,
-    mask: Option<&'a Tensor>,
+    t: &'a [Tensor], w: &'a Tensor, bias: &'a Tensor, mask: Option<&'a Tensor>,
 ) -> LoraParts<'a> {
     LoraParts {
         weight: w,

@@ -10,9 +10,7 @@ use wick_core::{Collective, ReduceOp, Result};
 /// `shards_over`: the world whose ranks hold disjoint parts of the gradients (shards); the
 /// squares are summed over it. `None` when every rank holds whole gradients.
 pub(crate) fn clip_grad_norm(
-    grads: &mut [Tensor],
-    max_norm: Option<f64>,
-    shards_over: Option<&dyn Collective>,
+    grads: &mut [Tensor], max_norm: Option<f64>, shards_over: Option<&dyn Collective>,
 ) -> Result<f64> {
     // The sum of squares stays on the gradients' device; one scalar is read back.
     let mut squares = match grads {

@@ -4,7 +4,7 @@
 //! right-padded to a multiple of the world size W; rank r owns elements [r*S, (r+1)*S) with
 //! S = padded / W. Uneven sizes are the normal case: a 7x13 weight on 4 ranks spans ranks.
 
-use candle_core::Shape;
+use candle_core::{Shape, Tensor};
 use std::ops::Range;
 
 /// Rank r's contiguous range of a padded flat buffer.
@@ -49,6 +49,12 @@ impl FlatEntry {
     pub fn range(&self) -> Range<usize> {
         self.offset..self.offset + self.numel()
     }
+
+    /// The parameter's view of the (gathered) flat buffer `flat`, in its own shape.
+    pub fn view(&self, flat: &Tensor) -> candle_core::Result<Tensor> {
+        flat.narrow(0, self.offset, self.numel())?
+            .reshape(self.shape.clone())
+    }
 }
 
 /// Where every parameter of a unit lives in its flat buffer, and who owns what.
@@ -88,6 +94,12 @@ impl FlatLayout {
         &self.entries
     }
 
+    /// Every parameter's view of the gathered flat buffer `flat`, with its name.
+    pub fn views(&self, flat: &Tensor) -> candle_core::Result<Vec<(String, Tensor)>> {
+        let view = |e: &FlatEntry| Ok((e.name.clone(), e.view(flat)?));
+        self.entries.iter().map(view).collect()
+    }
+
     /// The parameter called `name`.
     pub fn entry(&self, name: &str) -> Option<&FlatEntry> {
         self.entries.iter().find(|e| e.name == name)
@@ -125,8 +137,7 @@ impl FlatLayout {
     /// For each parameter that overlaps rank `rank`'s shard, in order: its index, its entry,
     /// the overlapping elements within the parameter, and where they start within the shard.
     pub fn pieces(
-        &self,
-        rank: usize,
+        &self, rank: usize,
     ) -> impl Iterator<Item = (usize, &FlatEntry, Range<usize>, usize)> + '_ {
         let shard = self.shard(rank);
         self.pieces_in(shard.start..shard.end)
@@ -135,8 +146,7 @@ impl FlatLayout {
     /// As [`FlatLayout::pieces`], for any range of the flat buffer: positions are relative
     /// to `range.start`.
     pub fn pieces_in(
-        &self,
-        range: Range<usize>,
+        &self, range: Range<usize>,
     ) -> impl Iterator<Item = (usize, &FlatEntry, Range<usize>, usize)> + '_ {
         self.entries.iter().enumerate().filter_map(move |(i, e)| {
             let start = e.offset.max(range.start);

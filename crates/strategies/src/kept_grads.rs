@@ -65,10 +65,7 @@ impl KeptGrads {
     /// Issues the reduce-scatter (mean over ranks, in `grad`'s dtype) of a unit's full flat
     /// gradient into a gradient for `shard`, which [`KeptGrads::finish`] hands out.
     pub(crate) fn reduce_scatter(
-        &self,
-        world: &dyn Collective,
-        shard: &Tensor,
-        grad: &Tensor,
+        &self, world: &dyn Collective, shard: &Tensor, grad: &Tensor,
     ) -> Result<()> {
         let shard_grad = Tensor::zeros(shard.elem_count(), grad.dtype(), grad.device())?;
         let work = world

@@ -31,9 +31,7 @@ pub(crate) fn first_nonfinite(grads: &[Tensor]) -> Result<Option<usize>> {
 /// hold inf or NaN, where `flat` holds `range` of the layout's flat buffer (a rank's shard,
 /// or the whole).
 pub(crate) fn first_nonfinite_in(
-    layout: &FlatLayout,
-    range: Range<usize>,
-    flat: &Tensor,
+    layout: &FlatLayout, range: Range<usize>, flat: &Tensor,
 ) -> Result<Option<usize>> {
     if !holds_nonfinite(flat)? {
         return Ok(None);
@@ -54,11 +52,8 @@ pub(crate) fn first_nonfinite_in(
 /// [`OnNonFinite::Skip`]). Under [`OnNonFinite::Error`] every rank returns the same
 /// [`Error::NonFinite`], naming the first rank with one and that rank's first parameter.
 pub(crate) fn agree_finite(
-    local: Option<usize>,
-    shards_over: Option<&dyn Collective>,
-    device: &Device,
-    policy: OnNonFinite,
-    name_of: impl Fn(usize) -> String,
+    local: Option<usize>, shards_over: Option<&dyn Collective>, device: &Device,
+    policy: OnNonFinite, name_of: impl Fn(usize) -> String,
 ) -> Result<bool> {
     let Some(world) = shards_over else {
         return match (local, policy) {

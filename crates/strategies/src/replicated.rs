@@ -81,10 +81,7 @@ impl ParamSource for ReplicatedParams {
     }
 
     fn recompute_unit(
-        &self,
-        _unit: usize,
-        input: &Tensor,
-        run: RecomputeFn,
+        &self, _unit: usize, input: &Tensor, run: RecomputeFn,
     ) -> candle_core::Result<Tensor> {
         self.recomputed.apply(input, run, None)
     }
@@ -148,10 +145,7 @@ impl ReplicatedState {
     }
 
     pub(crate) fn sharded_context(
-        &mut self,
-        strategy: &str,
-        seed: u64,
-        activation_checkpointing: ActivationCheckpointing,
+        &mut self, strategy: &str, seed: u64, activation_checkpointing: ActivationCheckpointing,
     ) -> Result<ShardedContext> {
         let world = self.world(strategy)?.clone();
         let device = self.device(strategy)?;
@@ -193,9 +187,7 @@ impl ReplicatedState {
     }
 
     pub(crate) fn configure_optimizer(
-        &mut self,
-        config: &OptimizerConfig,
-        options: StepOptions,
+        &mut self, config: &OptimizerConfig, options: StepOptions,
     ) -> Result<()> {
         if self.params.is_empty() {
             return Err(Error::NoParameters);
@@ -213,10 +205,7 @@ impl ReplicatedState {
     /// a `plan` (the last backward before a step, under ddp and zero1-2) each bucket's
     /// reduction is issued while backward runs; [`Self::averaged_grads`] waits for them.
     pub(crate) fn backward(
-        &mut self,
-        strategy: &str,
-        loss: &Tensor,
-        plan: Option<BucketPlan>,
+        &mut self, strategy: &str, loss: &Tensor, plan: Option<BucketPlan>,
     ) -> Result<BackwardReport> {
         let mut unused = std::mem::take(&mut self.find_unused).then(|| {
             let handed = self.params.iter().zip(&self.names);
@@ -266,9 +255,7 @@ impl ReplicatedState {
     /// A recomputed unit's parameters are in its own graph, not the loss's: those its
     /// backward reached are not unused.
     fn keep_reached(
-        &self,
-        recomputed: &[candle_core::backprop::GradStore],
-        unused: &mut Option<Vec<String>>,
+        &self, recomputed: &[candle_core::backprop::GradStore], unused: &mut Option<Vec<String>>,
     ) {
         let Some(unused) = unused else { return };
         for store in recomputed {
@@ -298,9 +285,7 @@ impl ReplicatedState {
     /// rank's shard of them): what backward reduced as it ran, plus the reduction by `plan`
     /// of what is still local. `plan` must be the one backward reduced with, if any.
     pub(crate) fn averaged_grads(
-        &mut self,
-        strategy: &str,
-        plan: BucketPlan,
+        &mut self, strategy: &str, plan: BucketPlan,
     ) -> Result<Vec<Tensor>> {
         self.settle_reduced()?;
         let reduced = match (self.reduced.take(), self.grads.is_empty()) {
@@ -332,10 +317,7 @@ impl ReplicatedState {
     /// with an inf or NaN gradient, `shards_over` the world whose ranks hold the other parts
     /// of the gradients (`None` when every rank holds them all). Records a skip.
     pub(crate) fn finite(
-        &mut self,
-        strategy: &str,
-        local: Option<usize>,
-        shards_over: Option<&dyn Collective>,
+        &mut self, strategy: &str, local: Option<usize>, shards_over: Option<&dyn Collective>,
     ) -> Result<bool> {
         let device = self.device(strategy)?;
         let names = &self.names;
@@ -354,9 +336,7 @@ impl ReplicatedState {
     /// Keeps the global norm of `grads` for the step's report, then clips them to the norm
     /// asked for, if any. `shards_over` as in [`Self::finite`].
     pub(crate) fn clip(
-        &mut self,
-        grads: &mut [Tensor],
-        shards_over: Option<&dyn Collective>,
+        &mut self, grads: &mut [Tensor], shards_over: Option<&dyn Collective>,
     ) -> Result<()> {
         let max_norm = self.options.clip_grad_norm;
         self.grad_norm = Some(clip_grad_norm(grads, max_norm, shards_over)?);
@@ -452,10 +432,7 @@ impl ReplicatedState {
 
     /// Reads back what [`ReplicatedState::save_state`] saved (at any world size).
     pub(crate) fn load_state(
-        &mut self,
-        strategy: &str,
-        reader: &dyn StateReader,
-        flat_optimizer: bool,
+        &mut self, strategy: &str, reader: &dyn StateReader, flat_optimizer: bool,
     ) -> Result<()> {
         let layout = self.layout(strategy)?.clone();
         let rank = self.world(strategy)?.rank();

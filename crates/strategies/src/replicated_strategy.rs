@@ -118,9 +118,7 @@ impl<R: GradReduce> StrategySetup for Replicated<R> {
     }
 
     fn configure_optimizer(
-        &mut self,
-        config: &OptimizerConfig,
-        options: StepOptions,
+        &mut self, config: &OptimizerConfig, options: StepOptions,
     ) -> Result<()> {
         self.state.configure_optimizer(config, options)
     }

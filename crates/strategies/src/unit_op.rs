@@ -16,7 +16,7 @@
 //! gather.
 
 use crate::flat_grad::flatten_consuming;
-use crate::flat_layout::FlatLayout;
+use crate::flat_layout::{FlatEntry, FlatLayout};
 use crate::gather_op::reduce_to_shard;
 use crate::kept_grads::KeptGrads;
 use crate::op_tensors::{host_storage, host_tensor, input_var};
@@ -108,32 +108,15 @@ impl UnitOp {
         let (Some(part), Some(flat)) = (&self.frozen, frozen) else {
             return Ok(Vec::new());
         };
-        part.layout
-            .entries()
-            .iter()
-            .map(|e| {
-                let view = flat
-                    .narrow(0, e.offset, e.numel())?
-                    .reshape(e.shape.clone())?;
-                Ok((e.name.clone(), view))
-            })
-            .collect()
+        part.layout.views(flat)
     }
 
     /// One variable per parameter, copied out of the gathered buffer (which is dropped at
     /// once): back-propagating into views of one flat variable would make candle build a
     /// full-size padded gradient per parameter.
     fn param_vars(&self, full: &Tensor) -> Result<Vec<(String, Var)>> {
-        self.layout
-            .entries()
-            .iter()
-            .map(|e| {
-                let view = full
-                    .narrow(0, e.offset, e.numel())?
-                    .reshape(e.shape.clone())?;
-                Ok((e.name.clone(), Var::from_tensor(&view)?))
-            })
-            .collect()
+        let var = |e: &FlatEntry| Ok((e.name.clone(), Var::from_tensor(&e.view(full)?)?));
+        self.layout.entries().iter().map(var).collect()
     }
 
     /// The graph backward runs through: the kept one, its parameters gathered again; or
@@ -175,10 +158,7 @@ impl UnitOp {
 
     /// Runs the unit with a graph over `params` (and the frozen buffer's views) and `input`.
     fn run_graph(
-        &self,
-        params: &[(String, Var)],
-        frozen: Option<&Tensor>,
-        input: &Tensor,
+        &self, params: &[(String, Var)], frozen: Option<&Tensor>, input: &Tensor,
     ) -> Result<Tensor> {
         let mut tensors: std::collections::HashMap<String, Tensor> = params
             .iter()
@@ -267,22 +247,15 @@ impl CustomOp2 for UnitOp {
     }
 
     fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
+        &self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         host_storage(&self.forward(&host_tensor(s1, l1)?, &host_tensor(s2, l2)?)?)
     }
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
-        &self,
-        s1: &candle_core::cuda_backend::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::cuda_backend::CudaStorage,
-        l2: &Layout,
+        &self, s1: &candle_core::cuda_backend::CudaStorage, l1: &Layout,
+        s2: &candle_core::cuda_backend::CudaStorage, l2: &Layout,
     ) -> Result<(candle_core::cuda_backend::CudaStorage, Shape)> {
         use crate::device_storage::{storage_of, tensor_of};
         let out = self.forward(&tensor_of(s1, l1)?, &tensor_of(s2, l2)?)?;
@@ -290,11 +263,7 @@ impl CustomOp2 for UnitOp {
     }
 
     fn bwd(
-        &self,
-        input: &Tensor,
-        shard: &Tensor,
-        _res: &Tensor,
-        grad_out: &Tensor,
+        &self, input: &Tensor, shard: &Tensor, _res: &Tensor, grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let KeptGraph {
             input: x,

@@ -221,9 +221,7 @@ impl StrategySetup for Zero3 {
     }
 
     fn configure_optimizer(
-        &mut self,
-        config: &OptimizerConfig,
-        options: StepOptions,
+        &mut self, config: &OptimizerConfig, options: StepOptions,
     ) -> Result<()> {
         if self.shards.is_empty() {
             return Err(Error::NoParameters);
@@ -347,13 +345,7 @@ impl StrategyState for Zero3 {
         for (layout, shard) in trainable.chain(frozen) {
             let full = Tensor::zeros(layout.padded(), DType::F32, shard.device())?;
             world.all_gather_into(shard, &full)?;
-            for e in layout.entries() {
-                out.push((
-                    e.name.clone(),
-                    full.narrow(0, e.offset, e.numel())?
-                        .reshape(e.shape.clone())?,
-                ));
-            }
+            out.extend(layout.views(&full)?);
         }
         Ok(out)
     }

@@ -68,9 +68,7 @@ impl<'f> CheckpointManager<'f> {
     /// The checkpoints of a fit saving under `rules`, resumed from `resumed` at `step`
     /// (which already holds the state of that step) or starting afresh.
     pub(crate) fn new(
-        rules: Option<&'f ModelCheckpoint>,
-        run: Option<&'f str>,
-        resumed: Option<&Checkpoint>,
+        rules: Option<&'f ModelCheckpoint>, run: Option<&'f str>, resumed: Option<&Checkpoint>,
         step: usize,
     ) -> Self {
         CheckpointManager {
@@ -85,9 +83,7 @@ impl<'f> CheckpointManager<'f> {
     /// commits a save whose files are all written (no collective), and the step is saved if
     /// the rules say it is due, in the background when they ask for that.
     pub(crate) fn step_end<M: TrainModule>(
-        &mut self,
-        rank: &RankRun<'_, M>,
-        basis: &SaveBasis,
+        &mut self, rank: &RankRun<'_, M>, basis: &SaveBasis,
     ) -> Result<(), TrainerError> {
         if let Some(pending) = &mut self.pending {
             pending.poll()?;
@@ -105,9 +101,7 @@ impl<'f> CheckpointManager<'f> {
     /// the directory of a whole checkpoint of this step returned (saved now, before this
     /// returns, unless the step was saved already); `None` when the fit saves nothing.
     pub(crate) fn preempted<M: TrainModule>(
-        &mut self,
-        rank: &RankRun<'_, M>,
-        basis: &SaveBasis,
+        &mut self, rank: &RankRun<'_, M>, basis: &SaveBasis,
     ) -> Result<Option<PathBuf>, TrainerError> {
         self.finish(rank)?;
         let step = rank.state.global_step;
@@ -121,9 +115,7 @@ impl<'f> CheckpointManager<'f> {
     /// The fit ended: the save in flight is finished, and the last step saved (before this
     /// returns) when the rules save at the end and it was not saved already.
     pub(crate) fn fit_end<M: TrainModule>(
-        &mut self,
-        rank: &RankRun<'_, M>,
-        basis: &SaveBasis,
+        &mut self, rank: &RankRun<'_, M>, basis: &SaveBasis,
     ) -> Result<(), TrainerError> {
         self.finish(rank)?;
         let step = rank.state.global_step;
@@ -141,10 +133,7 @@ impl<'f> CheckpointManager<'f> {
     /// in the background if `background` ([`PendingSave`]), otherwise before this returns,
     /// when `last` names it. Returns its directory.
     fn save<M: TrainModule>(
-        &mut self,
-        rules: &ModelCheckpoint,
-        rank: &RankRun<'_, M>,
-        basis: &SaveBasis,
+        &mut self, rules: &ModelCheckpoint, rank: &RankRun<'_, M>, basis: &SaveBasis,
         background: bool,
     ) -> Result<PathBuf, TrainerError> {
         self.finish(rank)?;

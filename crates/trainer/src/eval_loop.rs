@@ -10,9 +10,7 @@ impl<M: TrainModule> RankRun<'_, M> {
     /// One pass over `data`; returns the loss averaged over batches and ranks, if the module
     /// reports one.
     pub(crate) fn evaluate<D: Dataset<Batch = M::Batch>>(
-        &mut self,
-        data: &DataLoader<D>,
-        kind: Eval,
+        &mut self, data: &DataLoader<D>, kind: Eval,
     ) -> Result<Option<f64>, TrainerError> {
         if let Eval::Validation = kind {
             self.callbacks(|cb, s| cb.on_validation_start(s))?;
@@ -69,8 +67,7 @@ impl<M: TrainModule> RankRun<'_, M> {
     }
 
     pub(crate) fn predict<D: Dataset<Batch = M::Batch>>(
-        &mut self,
-        data: &DataLoader<D>,
+        &mut self, data: &DataLoader<D>,
     ) -> Result<Vec<Tensor>, TrainerError> {
         let out = self.each_batch(data, |module, batch, b| Ok(module.predict_step(batch, b)?))?;
         self.callbacks(|cb, s| cb.on_predict_end(s))?;
@@ -95,9 +92,7 @@ impl<M: TrainModule> RankRun<'_, M> {
     /// short batch) are left out. Types other than f32, bf16 and f16 travel as f32, exactly
     /// for integers below 2^24 (class ids, token ids).
     fn gather_to_rank0(
-        &self,
-        part: &Tensor,
-        rows: &[(usize, usize)],
+        &self, part: &Tensor, rows: &[(usize, usize)],
     ) -> Result<Option<Tensor>, TrainerError> {
         let world = &self.env.world;
         let rank = self.env.rank;
@@ -160,8 +155,7 @@ impl<M: TrainModule> RankRun<'_, M> {
     /// batch's result with the number of this rank's samples that count
     /// ([`DataLoader::eval_slice`]).
     fn each_batch<D: Dataset<Batch = M::Batch>, T>(
-        &mut self,
-        data: &DataLoader<D>,
+        &mut self, data: &DataLoader<D>,
         mut step: impl FnMut(&mut M, &M::Batch, usize) -> Result<T, TrainerError>,
     ) -> Result<Vec<(T, usize)>, TrainerError> {
         let order = data.epoch_order(self.config.seed, 0);

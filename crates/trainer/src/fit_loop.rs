@@ -44,8 +44,7 @@ impl Flops {
     /// device's rate at once (ranks that share a host's cores each in their own share) and
     /// the world adds them up.
     fn measure<M: TrainModule>(
-        rank: &RankRun<'_, M>,
-        tokens_per_sample: usize,
+        rank: &RankRun<'_, M>, tokens_per_sample: usize,
     ) -> Result<Option<Self>, TrainerError> {
         let Some(per_token) = rank.module.flops_per_token(tokens_per_sample) else {
             return Ok(None);
@@ -71,9 +70,7 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
     /// The fit of `input` on `rank`: its optimizer configured, the checkpoint it resumes
     /// from (if any) restored, the training bar added to the sinks.
     pub(crate) fn new<M: TrainModule<Batch = D::Batch>>(
-        rank: &mut RankRun<'_, M>,
-        train: &'f DataLoader<D>,
-        val: Option<&'f DataLoader<D>>,
+        rank: &mut RankRun<'_, M>, train: &'f DataLoader<D>, val: Option<&'f DataLoader<D>>,
         input: &StageInput<'f, D>,
     ) -> Result<Self, TrainerError> {
         let mut optimizer = rank.module.configure_optimizers();
@@ -131,8 +128,7 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
 
     /// Runs the fit to its end on `rank`; returns how a preemption stopped it, if one did.
     pub(crate) fn run<M: TrainModule<Batch = D::Batch>>(
-        mut self,
-        rank: &mut RankRun<'_, M>,
+        mut self, rank: &mut RankRun<'_, M>,
     ) -> Result<Option<Interruption>, TrainerError> {
         rank.callbacks(|cb, s| cb.on_fit_start(s))?;
         rank.module.on_fit_start()?;
@@ -177,11 +173,7 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
     /// `epoch_start`): the step, its metrics and callbacks, validation when due, the record
     /// to the sinks, and a checkpoint when due.
     fn step<M: TrainModule<Batch = D::Batch>>(
-        &mut self,
-        rank: &mut RankRun<'_, M>,
-        order: &[usize],
-        b: usize,
-        epoch_start: Instant,
+        &mut self, rank: &mut RankRun<'_, M>, order: &[usize], b: usize, epoch_start: Instant,
     ) -> Result<(), TrainerError> {
         let (step_start, waited_before) = (Instant::now(), rank.clock.waited());
         let logs = rank.env.rank == 0;
@@ -241,10 +233,7 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
 impl<M: TrainModule> RankRun<'_, M> {
     /// Fits on `train`; returns how a preemption stopped it, if one did.
     pub(crate) fn fit<D: Dataset<Batch = M::Batch>>(
-        &mut self,
-        train: &DataLoader<D>,
-        val: Option<&DataLoader<D>>,
-        input: &StageInput<'_, D>,
+        &mut self, train: &DataLoader<D>, val: Option<&DataLoader<D>>, input: &StageInput<'_, D>,
     ) -> Result<Option<Interruption>, TrainerError> {
         FitLoop::new(self, train, val, input)?.run(self)
     }

@@ -74,8 +74,7 @@ pub(crate) enum Eval {
 impl<M: TrainModule> RankRun<'_, M> {
     /// Runs `hook` on every callback in order.
     pub(crate) fn callbacks(
-        &mut self,
-        mut hook: impl FnMut(&mut dyn Callback, &RunState) -> candle_core::Result<()>,
+        &mut self, mut hook: impl FnMut(&mut dyn Callback, &RunState) -> candle_core::Result<()>,
     ) -> Result<(), TrainerError> {
         for cb in self.callbacks.iter_mut() {
             hook(cb.as_mut(), &self.state)?;
@@ -88,9 +87,7 @@ impl<M: TrainModule> RankRun<'_, M> {
 
     /// Runs `stage` on this rank, in docs/design.md's order.
     pub(crate) fn run<D: Dataset<Batch = M::Batch>>(
-        mut self,
-        stage: Stage,
-        loaders: &StageInput<'_, D>,
+        mut self, stage: Stage, loaders: &StageInput<'_, D>,
     ) -> Result<RankOutput, TrainerError> {
         self.strategy
             .connect(self.env.world.clone(), self.env.device.clone())?;

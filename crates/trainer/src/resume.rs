@@ -12,10 +12,7 @@ impl<M: TrainModule> RankRun<'_, M> {
     /// (replacing the module's if they differ, as Lightning restores a scheduler); returns
     /// the seed of the data order to continue with.
     pub(crate) fn restore<D: Dataset<Batch = M::Batch>>(
-        &mut self,
-        checkpoint: &Checkpoint,
-        train: &DataLoader<D>,
-        optimizer: &mut OptimizerConfig,
+        &mut self, checkpoint: &Checkpoint, train: &DataLoader<D>, optimizer: &mut OptimizerConfig,
     ) -> Result<u64, TrainerError> {
         let dir = checkpoint.dir();
         checkpoint.check_model(&self.strategy.parameter_shapes())?;

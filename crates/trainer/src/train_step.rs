@@ -9,11 +9,7 @@ impl<M: TrainModule> RankRun<'_, M> {
     /// Runs step `b` of the epoch whose sample order is `order`; returns the training loss
     /// averaged over its micro-batches and the ranks, and what the optimizer step did.
     pub(crate) fn train_step<D: Dataset<Batch = M::Batch>>(
-        &mut self,
-        train: &DataLoader<D>,
-        order: &[usize],
-        b: usize,
-        optimizer: &OptimizerConfig,
+        &mut self, train: &DataLoader<D>, order: &[usize], b: usize, optimizer: &OptimizerConfig,
     ) -> Result<(f64, StepReport), TrainerError> {
         let (rank, world_size) = (self.env.rank, self.env.world_size);
         let accumulate = self.config.accumulate_grad_batches;

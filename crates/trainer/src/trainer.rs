@@ -61,11 +61,8 @@ struct FitDirs {
 impl Trainer {
     /// A trainer of options `TrainerBuilder` checked.
     pub(crate) fn new(
-        config: Config,
-        accelerator: Accelerator,
-        strategy: Box<dyn Strategy>,
-        callbacks: Vec<Box<dyn Callback>>,
-        sinks: Vec<Box<dyn StepSink>>,
+        config: Config, accelerator: Accelerator, strategy: Box<dyn Strategy>,
+        callbacks: Vec<Box<dyn Callback>>, sinks: Vec<Box<dyn StepSink>>,
     ) -> Self {
         // Never reused within the process: 2^64 trainers is more than any run makes.
         static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -116,8 +113,7 @@ impl Trainer {
     /// the shards under sharding strategies), once this trainer configured it. It may be
     /// called any number of times, before or after the other stages.
     pub fn full_parameters<M>(
-        &mut self,
-        module: &mut Attached<M>,
+        &mut self, module: &mut Attached<M>,
     ) -> Result<Vec<(String, Tensor)>, TrainerError> {
         let Some(session) = module.parts_for(self.id).1 else {
             return Err(TrainerError::config(
@@ -158,16 +154,9 @@ impl Trainer {
     }
 
     /// Trains `module` on `train`, validating on `val` as configured; returns the last metrics.
-    pub fn fit<M, D>(
-        &mut self,
-        module: &mut Attached<M>,
-        train: &DataLoader<D>,
-        val: Option<&DataLoader<D>>,
-    ) -> Result<Metrics, TrainerError>
-    where
-        M: Replicate,
-        D: Dataset<Batch = M::Batch>,
-    {
+    pub fn fit<M: Replicate, D: Dataset<Batch = M::Batch>>(
+        &mut self, module: &mut Attached<M>, train: &DataLoader<D>, val: Option<&DataLoader<D>>,
+    ) -> Result<Metrics, TrainerError> {
         self.fit_inner(module, train, val, None)
     }
 
@@ -177,17 +166,10 @@ impl Trainer {
     /// are restored, at this trainer's world size whatever the checkpoint's. At the same
     /// world size the run continues bit-identically to one that was never interrupted, and
     /// its metrics file continues the run's (see [`TrainerBuilder::run_name`](crate::TrainerBuilder::run_name)).
-    pub fn fit_from<M, D>(
-        &mut self,
-        module: &mut Attached<M>,
-        train: &DataLoader<D>,
-        val: Option<&DataLoader<D>>,
+    pub fn fit_from<M: Replicate, D: Dataset<Batch = M::Batch>>(
+        &mut self, module: &mut Attached<M>, train: &DataLoader<D>, val: Option<&DataLoader<D>>,
         checkpoint: impl AsRef<Path>,
-    ) -> Result<Metrics, TrainerError>
-    where
-        M: Replicate,
-        D: Dataset<Batch = M::Batch>,
-    {
+    ) -> Result<Metrics, TrainerError> {
         // Opened and checked whole once per process, before any rank starts: a bad path is
         // this call's error, not a rank's.
         let checkpoint = Checkpoint::open(checkpoint)?;
@@ -199,16 +181,9 @@ impl Trainer {
     /// one: the one call a requeued job makes on its first start and on every later one.
     /// Without a `last` file it starts fresh and says so on rank 0; a `last` that names a
     /// missing or damaged checkpoint is an error, never a fresh start.
-    pub fn fit_or_resume<M, D>(
-        &mut self,
-        module: &mut Attached<M>,
-        train: &DataLoader<D>,
-        val: Option<&DataLoader<D>>,
-    ) -> Result<Metrics, TrainerError>
-    where
-        M: Replicate,
-        D: Dataset<Batch = M::Batch>,
-    {
+    pub fn fit_or_resume<M: Replicate, D: Dataset<Batch = M::Batch>>(
+        &mut self, module: &mut Attached<M>, train: &DataLoader<D>, val: Option<&DataLoader<D>>,
+    ) -> Result<Metrics, TrainerError> {
         let root = match &self.config.checkpoint {
             Some(mc) => mc.root().to_path_buf(),
             None => {
@@ -229,17 +204,10 @@ impl Trainer {
         self.fit_inner(module, train, val, checkpoint.as_ref())
     }
 
-    fn fit_inner<M, D>(
-        &mut self,
-        module: &mut Attached<M>,
-        train: &DataLoader<D>,
-        val: Option<&DataLoader<D>>,
+    fn fit_inner<M: Replicate, D: Dataset<Batch = M::Batch>>(
+        &mut self, module: &mut Attached<M>, train: &DataLoader<D>, val: Option<&DataLoader<D>>,
         resume: Option<&Checkpoint>,
-    ) -> Result<Metrics, TrainerError>
-    where
-        M: Replicate,
-        D: Dataset<Batch = M::Batch>,
-    {
+    ) -> Result<Metrics, TrainerError> {
         train.check(self.world_size())?;
         let accumulate = self.config.accumulate_grad_batches;
         if train.batches_per_epoch() == 0 {
@@ -333,57 +301,32 @@ impl Trainer {
     }
 
     /// One validation pass; returns `val_loss` (if the module reports one).
-    pub fn validate<M, D>(
-        &mut self,
-        module: &mut Attached<M>,
-        data: &DataLoader<D>,
-    ) -> Result<Metrics, TrainerError>
-    where
-        M: Replicate,
-        D: Dataset<Batch = M::Batch>,
-    {
+    pub fn validate<M: Replicate>(
+        &mut self, module: &mut Attached<M>, data: &DataLoader<impl Dataset<Batch = M::Batch>>,
+    ) -> Result<Metrics, TrainerError> {
         Ok(self.eval_stage(module, Stage::Validate, data)?.metrics)
     }
 
     /// One test pass; returns `test_loss` (if the module reports one).
-    pub fn test<M, D>(
-        &mut self,
-        module: &mut Attached<M>,
-        data: &DataLoader<D>,
-    ) -> Result<Metrics, TrainerError>
-    where
-        M: Replicate,
-        D: Dataset<Batch = M::Batch>,
-    {
+    pub fn test<M: Replicate>(
+        &mut self, module: &mut Attached<M>, data: &DataLoader<impl Dataset<Batch = M::Batch>>,
+    ) -> Result<Metrics, TrainerError> {
         Ok(self.eval_stage(module, Stage::Test, data)?.metrics)
     }
 
     /// Predictions for every global batch of `data`, in dataset order: the ranks' slices,
     /// gathered over the world to rank 0. Under a launcher, the process of rank 0 gets them
     /// and the others get an empty list.
-    pub fn predict<M, D>(
-        &mut self,
-        module: &mut Attached<M>,
-        data: &DataLoader<D>,
-    ) -> Result<Vec<Tensor>, TrainerError>
-    where
-        M: Replicate,
-        D: Dataset<Batch = M::Batch>,
-    {
+    pub fn predict<M: Replicate>(
+        &mut self, module: &mut Attached<M>, data: &DataLoader<impl Dataset<Batch = M::Batch>>,
+    ) -> Result<Vec<Tensor>, TrainerError> {
         Ok(self.eval_stage(module, Stage::Predict, data)?.predictions)
     }
 
     /// A validate, test or predict stage over `data`: this process's first rank's output.
-    fn eval_stage<M, D>(
-        &mut self,
-        module: &mut Attached<M>,
-        stage: Stage,
-        data: &DataLoader<D>,
-    ) -> Result<RankOutput, TrainerError>
-    where
-        M: Replicate,
-        D: Dataset<Batch = M::Batch>,
-    {
+    fn eval_stage<M: Replicate, D: Dataset<Batch = M::Batch>>(
+        &mut self, module: &mut Attached<M>, stage: Stage, data: &DataLoader<D>,
+    ) -> Result<RankOutput, TrainerError> {
         let loaders = StageInput::eval(data);
         Ok(self
             .launch()

@@ -44,9 +44,7 @@ pub fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
 /// Runs `fused` and `composite` on the same variables, back-propagates sum(out * r) for a
 /// random r through both, and compares outputs and gradients.
 pub fn check(
-    what: &str,
-    inputs: &[Var],
-    fused: impl Fn(&[Tensor]) -> Result<Tensor>,
+    what: &str, inputs: &[Var], fused: impl Fn(&[Tensor]) -> Result<Tensor>,
     composite: impl Fn(&[Tensor]) -> Result<Tensor>,
 ) {
     let ts: Vec<Tensor> = inputs.iter().map(|v| v.as_tensor().clone()).collect();

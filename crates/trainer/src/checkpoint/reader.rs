@@ -160,11 +160,7 @@ impl Checkpoint {
 
     /// Copies elements `range` of group `g`'s state `kind` into `out`.
     fn read_group(
-        &self,
-        g: usize,
-        kind: &str,
-        range: Range<usize>,
-        out: &mut Vec<f32>,
+        &self, g: usize, kind: &str, range: Range<usize>, out: &mut Vec<f32>,
     ) -> Result<(), FileError> {
         let group = &self.manifest.groups[g];
         let tensor = format!("{}.{kind}", group.name);
@@ -179,7 +175,6 @@ impl Checkpoint {
     }
 }
 
-/// Opens a rank file after checking its length and checksum against the manifest.
 /// The file `record` names, checked whole (length and checksum) and opened.
 fn open_checked(path: &Path, record: &FileRecord) -> Result<SafetensorsFile, CheckpointError> {
     check_recorded(path, record)?;
@@ -188,31 +183,22 @@ fn open_checked(path: &Path, record: &FileRecord) -> Result<SafetensorsFile, Che
 
 /// Checks that the file at `path` has the length and checksum `record` gives.
 fn check_recorded(path: &Path, record: &FileRecord) -> Result<(), CheckpointError> {
+    let refuse = |why: String| Err(FileError::new(path, None, why).into());
     let len = std::fs::metadata(path)
         .map_err(|e| FileError::new(path, None, format!("cannot read: {e}")))?
         .len();
     if len != record.bytes {
-        return Err(FileError::new(
-            path,
-            None,
-            format!(
-                "{len} bytes, the manifest says {} (truncated or replaced)",
-                record.bytes
-            ),
-        )
-        .into());
+        let recorded = record.bytes;
+        return refuse(format!(
+            "{len} bytes, the manifest says {recorded} (truncated or replaced)"
+        ));
     }
     let (_, crc32) = checksum(path)?;
     if crc32 != record.crc32 {
-        return Err(FileError::new(
-            path,
-            None,
-            format!(
-                "checksum {crc32:08x}, the manifest says {:08x} (corrupted)",
-                record.crc32
-            ),
-        )
-        .into());
+        let recorded = record.crc32;
+        return refuse(format!(
+            "checksum {crc32:08x}, the manifest says {recorded:08x} (corrupted)"
+        ));
     }
     Ok(())
 }
@@ -220,9 +206,7 @@ fn check_recorded(path: &Path, record: &FileRecord) -> Result<(), CheckpointErro
 /// Each piece's file holds `<group>.<kind>` for every kind, f32, of the piece's length, and
 /// records the same range in its header.
 fn check_pieces(
-    group: &GroupRecord,
-    files: &[SafetensorsFile],
-    recorded: &[BTreeMap<String, Range<usize>>],
+    group: &GroupRecord, files: &[SafetensorsFile], recorded: &[BTreeMap<String, Range<usize>>],
     kinds: &[&str],
 ) -> Result<(), CheckpointError> {
     for piece in group.pieces.iter().filter(|p| p.end > p.start) {
@@ -265,10 +249,7 @@ struct CheckpointWeights(Checkpoint);
 
 impl WeightSource for CheckpointWeights {
     fn read(
-        &self,
-        name: &str,
-        shape: &Shape,
-        range: Range<usize>,
+        &self, name: &str, shape: &Shape, range: Range<usize>,
     ) -> candle_core::Result<Vec<f32>> {
         let params = [(name.to_string(), shape.clone())];
         self.0.read(PARAM_KIND, &params, range)?.to_vec1()
@@ -285,10 +266,7 @@ impl Checkpoint {
 
 impl StateReader for Checkpoint {
     fn read(
-        &self,
-        kind: &str,
-        params: &[(String, Shape)],
-        range: Range<usize>,
+        &self, kind: &str, params: &[(String, Shape)], range: Range<usize>,
     ) -> candle_core::Result<Tensor> {
         if kind != PARAM_KIND
             && !self
