@@ -9,7 +9,7 @@
 //! `configure_sharded_model` inside it. Process-wide settings for CPU training (Candle's
 //! element-wise pool, glibc's malloc) are a program's explicit choice, one call:
 //! [`tune_host_process`]. What a device can tell of a step (its peak memory, its measured
-//! matmul rate) is here too ([`memory_peak`], [`matmul_peak_flops`]). It knows wick-core only; strategies meet it through
+//! matmul rate) is here too ([`memory_peak`], [`matmul_peak_flops`], [`rank_peak_flops`]). It knows wick-core only; strategies meet it through
 //! core's `Strategy` and `Collective` traits.
 
 mod accelerator;
@@ -24,7 +24,7 @@ pub use accelerator::{Accelerator, RankEnv};
 pub use device::{cuda_device_count, DeviceKind};
 #[cfg(feature = "cuda")]
 pub use device::{cuda_memory_peak, reset_cuda_memory_peak};
-pub use device_measures::{matmul_peak_flops, memory_peak, reset_memory_peak};
+pub use device_measures::{matmul_peak_flops, memory_peak, rank_peak_flops, reset_memory_peak};
 pub use host_tuning::{tune_host_process, HostTuning};
 pub use launcher::{LaunchEnv, Launcher};
 /// rsmpi, the MPI bindings `MpiWorld` uses, for code that calls MPI itself on the same

@@ -41,15 +41,17 @@ struct Flops {
 
 impl Flops {
     /// The world's peak for `module`'s FLOPs, if it gives them: every rank measures its own
-    /// device's rate at once (ranks that share a host's cores each in their own share) and
-    /// the world adds them up.
+    /// device's rate at once (ranks that share a host's cores each in their own share; once
+    /// per process for a shape, [`wick_accelerator::rank_peak_flops`]) and the world adds
+    /// them up.
     fn measure<M: TrainModule>(
         rank: &RankRun<'_, M>, tokens_per_sample: usize,
     ) -> Result<Option<Self>, TrainerError> {
         let Some(per_token) = rank.module.flops_per_token(tokens_per_sample) else {
             return Ok(None);
         };
-        let own = wick_accelerator::matmul_peak_flops(&rank.env.device)?;
+        let world_size = rank.env.world.world_size();
+        let own = wick_accelerator::rank_peak_flops(&rank.env.device, world_size)?;
         let world_peak = rank
             .env
             .world
