@@ -34,6 +34,14 @@ impl TrainModule for Failing {
 }
 
 fn fit_with_failure(panic: bool) {
+    // zero3's and fsdp's collectives run inside Candle ops: the peer's failure reaches the
+    // others wrapped in the op's error, and must still be recognised as the peer's.
+    for strategy in ["ddp", "zero1", "zero2", "zero3", "fsdp"] {
+        fit_with_failure_under(strategy, panic);
+    }
+}
+
+fn fit_with_failure_under(strategy: &str, panic: bool) {
     let world = 3;
     let mut module = Attached::new(Failing {
         inner: Mlp::new(OptimizerConfig::sgd(0.1)),
@@ -44,7 +52,7 @@ fn fit_with_failure(panic: bool) {
         panic,
     });
     let start = Instant::now();
-    let err = quiet_trainer(world, "ddp", 8)
+    let err = quiet_trainer(world, strategy, 8)
         .fit(&mut module, &loader(), None)
         .unwrap_err();
     // The others learn of the failure from the failing rank, not from the collective
@@ -65,7 +73,7 @@ fn fit_with_failure(panic: bool) {
             message,
             ranks,
         } => {
-            assert_eq!(*rank, 1, "{err}");
+            assert_eq!(*rank, 1, "{strategy}: {err}");
             assert!(message.contains(injected), "{message}");
             assert_eq!(ranks.len(), world, "every rank's fit failed: {ranks:?}");
             for (r, m) in ranks {

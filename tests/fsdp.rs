@@ -411,3 +411,67 @@ fn an_auto_wrap_policy_picks_the_units_without_model_changes() {
     let policy = || Fsdp::new(FsdpSharding::ShardGradOp).with_auto_wrap(vec!["l1".into()]);
     assert_eq!(gathers_per_step_of(policy), (2, 0));
 }
+
+/// A unit whose closure keeps a clone of its layer's weight and uses it after the unit's
+/// forward, when full_shard has released the gathered weight (its activations are kept):
+/// every use reads an error naming the release, never the memory behind it.
+#[derive(Clone)]
+struct KeepsAClone {
+    layer: Option<Wrapped<Linear>>,
+    out: Option<Wrapped<Linear>>,
+    kept: Arc<std::sync::Mutex<Option<Tensor>>>,
+    errors: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl TrainModule for KeepsAClone {
+    type Batch = (Tensor, Tensor);
+    fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> candle_core::Result<()> {
+        self.layer = Some(ctx.wrap("layer", |vb| candle_nn::linear(5, 5, vb))?);
+        self.out = Some(ctx.wrap("out", |vb| candle_nn::linear(5, 1, vb))?);
+        Ok(())
+    }
+    fn configure_optimizers(&self) -> OptimizerConfig {
+        adamw()
+    }
+    fn training_step(&mut self, (x, y): &Self::Batch, _: usize) -> candle_core::Result<Tensor> {
+        let kept = self.kept.clone();
+        let h = self.layer.as_ref().unwrap().apply(x, move |l, x| {
+            *kept.lock().unwrap() = Some(l.weight().clone());
+            l.forward(x)
+        })?;
+        let pred = self.out.as_ref().unwrap().apply(&h, |l, x| l.forward(x))?;
+        let weight = self.kept.lock().unwrap().clone().unwrap();
+        for outcome in [
+            x.matmul(&weight.t()?).map(|_| ()),
+            weight.sum_all().map(|_| ()),
+            weight.to_vec2::<f32>().map(|_| ()),
+        ] {
+            let e = match outcome {
+                Ok(()) => panic!("a released weight was read: {weight}"),
+                Err(e) => e,
+            };
+            self.errors.lock().unwrap().push(e.to_string());
+        }
+        (pred - y)?.sqr()?.mean_all()
+    }
+}
+
+#[test]
+fn a_clone_of_a_released_parameter_reads_an_error_not_freed_memory() {
+    for w in [1, 2] {
+        let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let module = KeepsAClone {
+            layer: None,
+            out: None,
+            kept: Arc::default(),
+            errors: errors.clone(),
+        };
+        let mut trainer = fsdp_trainer(w, FsdpSharding::FullShard);
+        let mut model = Attached::new(module);
+        trainer.fit(&mut model, &loader(), None).unwrap();
+        let errors = errors.lock().unwrap();
+        // Three reads per step on every rank, each refused.
+        assert_eq!(errors.len(), 3 * STEPS * w, "W={w}");
+        assert!(errors.iter().all(|e| e.contains("released")), "{errors:?}");
+    }
+}

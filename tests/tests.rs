@@ -9,6 +9,8 @@ mod equivalence;
 mod hooks;
 // Failing ranks and bad input end in clear errors, never hangs.
 mod failures;
+// A rank failing or stalling at a drawn collective call: named, never a hang.
+mod fault_injection;
 // ZeRO-3: born-sharded init, collective order in backward, what it refuses.
 mod zero3;
 // Gradient clipping and accumulation equal their single-device meaning.

@@ -51,6 +51,28 @@ pub struct Accelerator {
     /// The devices of this process's ranks, opened once so that every launch sees the same
     /// Candle devices (tensors of one launch are used by the next).
     devices: Vec<Device>,
+    layer: Option<WorldLayer>,
+}
+
+/// What every rank's collectives go through on their way to its world: a recorder, a
+/// counter, or a test's fault injector. It is given each rank's world (its rank and size
+/// are the world's) and returns the world the rank uses.
+#[derive(Clone)]
+pub struct WorldLayer(Arc<dyn Fn(Arc<dyn Collective>) -> Arc<dyn Collective> + Send + Sync>);
+
+impl WorldLayer {
+    /// A layer that wraps each rank's world with `wrap`.
+    pub fn new(
+        wrap: impl Fn(Arc<dyn Collective>) -> Arc<dyn Collective> + Send + Sync + 'static,
+    ) -> Self {
+        WorldLayer(Arc::new(wrap))
+    }
+}
+
+impl std::fmt::Debug for WorldLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WorldLayer")
+    }
 }
 
 impl Accelerator {
@@ -73,6 +95,7 @@ impl Accelerator {
             budget: ThreadBudget::Auto,
             kind: DeviceKind::Cpu,
             devices: vec![Device::Cpu; local],
+            layer: None,
         }
     }
 
@@ -181,6 +204,12 @@ impl Accelerator {
     /// threads; under a launcher a rank that dies ends the job instead).
     pub fn with_collective_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Makes every rank's collectives go through `layer` (see [`WorldLayer`]).
+    pub fn with_world_layer(mut self, layer: WorldLayer) -> Self {
+        self.layer = Some(layer);
         self
     }
 
@@ -351,7 +380,10 @@ impl Accelerator {
     /// A rank's environment: its device, and the world its collectives use, made from the
     /// host world (`ThreadComm` or `MpiWorld`) the launch set up.
     fn rank_env(&self, host: Arc<dyn Collective>, device: Device) -> Result<RankEnv> {
-        let world = self.device_world(host, &device)?;
+        let mut world = self.device_world(host, &device)?;
+        if let Some(WorldLayer(wrap)) = &self.layer {
+            world = wrap(world);
+        }
         Ok(RankEnv {
             rank: world.rank(),
             world_size: world.world_size(),

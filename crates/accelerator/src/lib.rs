@@ -20,7 +20,7 @@ mod launcher;
 mod thread_budget;
 mod worlds;
 
-pub use accelerator::{Accelerator, RankEnv};
+pub use accelerator::{Accelerator, RankEnv, WorldLayer};
 pub use device::{cuda_device_count, DeviceKind};
 #[cfg(feature = "cuda")]
 pub use device::{cuda_memory_peak, reset_cuda_memory_peak};

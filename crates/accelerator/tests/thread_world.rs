@@ -409,3 +409,46 @@ fn half_precision_collectives_gather_and_reduce_in_f32() {
         }
     }
 }
+
+#[test]
+fn colors_split_apart_however_large() {
+    // As f32 the two colors would be one number (2^24 + 1 rounds to 2^24).
+    let got = ok(ThreadWorld::new(2).run(|c| {
+        let group = c.split((1 << 24) + c.rank())?;
+        Ok(group.world_size())
+    }));
+    assert_eq!(got, vec![1, 1]);
+}
+
+#[test]
+fn a_failure_outside_a_sub_world_lets_its_members_finish_their_call() {
+    let outcomes = ThreadWorld::new(4).run(|c| {
+        let group = c.split(c.rank() / 2)?;
+        if c.rank() == 3 {
+            return Err(CollectiveError::Mismatch {
+                rank: 3,
+                op: "test",
+                message: "boom".into(),
+            });
+        }
+        if c.rank() < 2 {
+            // Group {0, 1} does not contain rank 3: its gather completes, with the right
+            // values, however soon rank 3 fails.
+            let shard = tensor(vec![c.rank() as f32; 1000]);
+            let full = Tensor::zeros(2000, candle_core::DType::F32, &Device::Cpu).unwrap();
+            for _ in 0..50 {
+                group.all_gather_into(&shard, &full)?;
+            }
+            let got = full.to_vec1::<f32>().unwrap();
+            assert!(got[..1000].iter().all(|&v| v == 0.0) && got[1000..].iter().all(|&v| v == 1.0));
+        }
+        c.barrier()
+    });
+    for rank in [0, 1, 2] {
+        let e = outcomes[rank].as_ref().unwrap_err().to_string();
+        assert!(
+            e.contains("rank 3 failed") && e.contains("boom"),
+            "rank {rank}: {e}"
+        );
+    }
+}

@@ -29,9 +29,26 @@ pub enum ReduceOp {
 ///
 /// Worlds that complete calls at once return [`Work::done`]; asynchronous worlds return a
 /// handle whose [`Work::wait`] blocks until the output tensor is filled.
+///
+/// Dropping a `Work` without waiting completes the call first (its outcome is dropped):
+/// a started call's buffers are in use by the engine (MPI's progress, a CUDA stream) until
+/// then, and an early return (an error in backward while reductions are in flight) must
+/// not free them under it. The world's own completion runs, so it blocks as `wait` would.
 #[must_use = "a collective's output is only valid after wait()"]
 pub struct Work {
     pending: Option<Box<dyn FnOnce() -> Result<(), CollectiveError> + Send>>,
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        if let Some(complete) = self.pending.take() {
+            // Whoever dropped it did not ask for the outcome; an error here is that of a
+            // call the caller already abandoned, usually after a failure of its own.
+            if let Err(e) = complete() {
+                log::debug!("a dropped collective call completed with an error: {e}");
+            }
+        }
+    }
 }
 
 impl Work {
@@ -48,8 +65,8 @@ impl Work {
     }
 
     /// Blocks until the call completed, returning its outcome.
-    pub fn wait(self) -> Result<(), CollectiveError> {
-        match self.pending {
+    pub fn wait(mut self) -> Result<(), CollectiveError> {
+        match self.pending.take() {
             Some(wait) => wait(),
             None => Ok(()),
         }
@@ -195,5 +212,31 @@ impl<C: Collective + ?Sized> Collective for Arc<C> {
     }
     fn split(&self, color: usize) -> Result<Arc<dyn Collective>, CollectiveError> {
         (**self).split(color)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn a_dropped_work_completes_its_call_once() {
+        let completed = Arc::new(AtomicUsize::new(0));
+        let counter = completed.clone();
+        drop(Work::pending(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }));
+        assert_eq!(completed.load(Ordering::SeqCst), 1);
+        let counter = completed.clone();
+        Work::pending(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+        .wait()
+        .unwrap();
+        // Waited on, it does not run again when dropped.
+        assert_eq!(completed.load(Ordering::SeqCst), 2);
     }
 }

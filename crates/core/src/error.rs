@@ -48,7 +48,10 @@ pub enum CollectiveError {
         message: String,
     },
     /// No progress for longer than the world's timeout.
-    #[error("rank {rank}: {op} timed out after {seconds} s waiting for the other ranks")]
+    #[error(
+        "rank {rank}: {op} timed out after {seconds} s waiting for {}",
+        waited_for(missing)
+    )]
     Timeout {
         /// The rank that gave up.
         rank: usize,
@@ -56,6 +59,9 @@ pub enum CollectiveError {
         op: &'static str,
         /// The timeout.
         seconds: u64,
+        /// The ranks that had not arrived, where the world can tell (empty otherwise):
+        /// the ones that stalled, not the ones that gave up waiting.
+        missing: Vec<usize>,
     },
     /// The tensors passed cannot be used by this world (dtype, device, layout).
     #[error("rank {rank}: {op}: {message}")]
@@ -67,6 +73,72 @@ pub enum CollectiveError {
         /// What is not supported.
         message: String,
     },
+}
+
+fn waited_for(missing: &[usize]) -> String {
+    match missing {
+        [] => "the other ranks".into(),
+        [one] => format!("rank {one}"),
+        more => format!("ranks {more:?}"),
+    }
+}
+
+impl CollectiveError {
+    /// The rank whose failure this error only reports, if it is such a report: the rank
+    /// that failed first ([`CollectiveError::PeerFailed`]), or the first rank a timeout
+    /// waited for in vain (it stalled; the rank that timed out did not).
+    pub fn blames(&self) -> Option<usize> {
+        match self {
+            CollectiveError::PeerFailed { rank, .. } => Some(*rank),
+            CollectiveError::Timeout { missing, .. } => missing.first().copied(),
+            _ => None,
+        }
+    }
+
+    /// The first `CollectiveError` in `error`'s chain: itself, what wraps it in a
+    /// `candle_core::Error` (a collective run inside an op, as zero3's and fsdp's are) or
+    /// in wick's [`Error`], and their sources.
+    pub fn find_in<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a Self> {
+        if let Some(found) = error.downcast_ref::<CollectiveError>() {
+            return Some(found);
+        }
+        // `#[error(transparent)]` variants hand over their inner error's source, not the
+        // inner error: look inside them by hand.
+        let inner: Option<&(dyn std::error::Error + 'static)> =
+            if let Some(e) = error.downcast_ref::<candle_core::Error>() {
+                match e {
+                    candle_core::Error::Io(io) => match io.get_ref() {
+                        Some(inner) => Some(inner),
+                        None => return None,
+                    },
+                    candle_core::Error::WrappedContext { wrapped, .. } => Some(wrapped.as_ref()),
+                    candle_core::Error::WithBacktrace { inner, .. }
+                    | candle_core::Error::Context { inner, .. }
+                    | candle_core::Error::WithPath { inner, .. } => Some(inner.as_ref()),
+                    _ => error.source(),
+                }
+            } else if let Some(e) = error.downcast_ref::<Error>() {
+                match e {
+                    Error::Collective(c) => return Some(c),
+                    Error::Candle(c) => Some(c),
+                    _ => error.source(),
+                }
+            } else {
+                error.source()
+            };
+        inner.and_then(Self::find_in)
+    }
+}
+
+/// A collective's error carried through a Candle op (zero3's and fsdp's collectives run
+/// inside custom ops, whose error type is `candle_core::Error`). Candle's `Error::Wrapped`
+/// keeps only a `Display`, so the type would be lost; its `Io` variant keeps a
+/// `std::error::Error` and prints it as it is, so [`CollectiveError::find_in`] finds it
+/// again, typed, and the message reads as the collective's own.
+impl From<CollectiveError> for candle_core::Error {
+    fn from(e: CollectiveError) -> Self {
+        candle_core::Error::Io(std::io::Error::other(e))
+    }
 }
 
 /// Errors of wick's libraries.

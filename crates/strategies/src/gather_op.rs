@@ -38,7 +38,7 @@ fn gather_vec<T: Copy + Default>(
     };
     world
         .all_gather_host(shard, bytes)
-        .map_err(candle_core::Error::wrap)?;
+        .map_err(candle_core::Error::from)?;
     Ok(full)
 }
 

@@ -70,7 +70,7 @@ impl KeptGrads {
         let shard_grad = Tensor::zeros(shard.elem_count(), grad.dtype(), grad.device())?;
         let work = world
             .reduce_scatter_start(grad, &shard_grad, ReduceOp::Mean)
-            .map_err(candle_core::Error::wrap)?;
+            .map_err(candle_core::Error::from)?;
         lock(&self.in_flight).push(InFlight {
             shard: shard.clone(),
             grad: shard_grad,

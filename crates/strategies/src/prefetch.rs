@@ -13,8 +13,9 @@ use std::sync::{Arc, Mutex};
 use wick_core::{lock, Collective, Work};
 
 /// A gather in flight: for each of a unit's parts, the buffer it fills and the call to
-/// wait on (none for an empty part); or why it failed.
-type Pending = std::result::Result<Vec<(Tensor, Option<Work>)>, String>;
+/// wait on (none for an empty part); or why it failed, typed, so that a peer's failure
+/// inside it is still recognised as one (`CollectiveError::find_in`).
+type Pending = Result<Vec<(Tensor, Option<Work>)>>;
 
 /// A unit's flat parts to gather: each part's shard and padded length (the trainable part
 /// first, then the frozen one, if any).
@@ -83,27 +84,26 @@ impl Prefetcher {
                 let work = self
                     .world
                     .all_gather_start(&shard, &full)
-                    .map_err(candle_core::Error::wrap)?;
+                    .map_err(candle_core::Error::from)?;
                 Ok((full, Some(work)))
             })
             .collect::<Result<Vec<_>>>();
-        pending.insert(unit, started.map_err(|e| e.to_string()));
+        pending.insert(unit, started);
     }
 
     /// The gathered buffers of `unit`'s parts if it was prefetched (waiting for them if
     /// still in flight).
     pub(crate) fn take(&self, unit: usize) -> Option<Result<Vec<Tensor>>> {
         let started = self.pending().remove(&unit)?;
-        Some(match started {
-            Ok(parts) => parts
+        Some(started.and_then(|parts| {
+            parts
                 .into_iter()
                 .map(|(full, work)| match work {
-                    Some(work) => work.wait().map(|()| full).map_err(candle_core::Error::wrap),
+                    Some(work) => work.wait().map(|()| full).map_err(candle_core::Error::from),
                     None => Ok(full),
                 })
-                .collect(),
-            Err(e) => Err(candle_core::Error::Msg(e)),
-        })
+                .collect()
+        }))
     }
 
     /// Waits for every gather in flight and drops the results (before the shards change).
@@ -137,7 +137,7 @@ pub(crate) fn gather(
     let shard = shard.contiguous()?.to_dtype(dtype)?;
     world
         .all_gather_into(&shard, &full)
-        .map_err(candle_core::Error::wrap)?;
+        .map_err(candle_core::Error::from)?;
     Ok(full)
 }
 

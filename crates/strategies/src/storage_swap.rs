@@ -12,23 +12,17 @@ use candle_core::{Result, Tensor};
 /// Whether this build's candle-core can release and refill a tensor's storage.
 pub(crate) const AVAILABLE: bool = cfg!(candle_swap_storage);
 
-/// Gives `tensor`'s memory back (every view of it too); its layout stays.
-///
-/// # Safety
-///
-/// Until [`refill`] gives it back a storage, nothing may read or write `tensor` or any
-/// tensor that shares its storage (views, the tensors a graph holds): Candle's ops trust
-/// the layout to lie inside the storage, and reading past an empty one is undefined
-/// behaviour, not an error (see `Tensor::swap_storage`).
-pub(crate) unsafe fn release(tensor: &Tensor) -> Result<()> {
-    // SAFETY: the caller keeps every sharer of the released storage unread until refilled.
-    unsafe { swap(tensor, &Tensor::zeros(0, tensor.dtype(), tensor.device())?) }
+/// Gives `tensor`'s memory back (every view of it too); its layout stays. Until [`refill`]
+/// gives it a storage again, every op that reads or writes `tensor` or a tensor sharing its
+/// storage (a view, a clone a closure kept, the graph that holds it) is an error: the
+/// vendored candle-core checks each operand's layout against its storage where it
+/// dispatches an op.
+pub(crate) fn release(tensor: &Tensor) -> Result<()> {
+    swap(tensor, &Tensor::zeros(0, tensor.dtype(), tensor.device())?)
 }
 
 /// Puts `values` (a contiguous tensor of `tensor`'s shape, dtype and device, used for
-/// nothing else) behind `tensor` and every view of it. Safe: the shape check makes the
-/// storage hold `tensor`'s layout, and `values`, now holding the released empty storage,
-/// is read by no one.
+/// nothing else) behind `tensor` and every view of it.
 pub(crate) fn refill(tensor: &Tensor, values: &Tensor) -> Result<()> {
     if values.shape() != tensor.shape() || !values.is_contiguous() {
         candle_core::bail!(
@@ -37,23 +31,16 @@ pub(crate) fn refill(tensor: &Tensor, values: &Tensor) -> Result<()> {
             tensor.shape()
         )
     }
-    // SAFETY: `values` has `tensor`'s shape and is contiguous, so the storage put behind
-    // `tensor` holds its layout; `values` is the caller's to drop, unread.
-    unsafe { swap(tensor, values) }
+    swap(tensor, values)
 }
 
-/// # Safety
-///
-/// As `Tensor::swap_storage`: no sharer of either storage is read while its layout reaches
-/// past the storage it now has.
 #[cfg(candle_swap_storage)]
-unsafe fn swap(a: &Tensor, b: &Tensor) -> Result<()> {
-    // SAFETY: passed on to the caller.
-    unsafe { a.swap_storage(b) }
+fn swap(a: &Tensor, b: &Tensor) -> Result<()> {
+    a.swap_storage(b)
 }
 
 #[cfg(not(candle_swap_storage))]
-unsafe fn swap(_: &Tensor, _: &Tensor) -> Result<()> {
+fn swap(_: &Tensor, _: &Tensor) -> Result<()> {
     candle_core::bail!(
         "this candle-core cannot swap a tensor's storage (wick's vendored copy adds \
          Tensor::swap_storage; see vendor/README.md)"
@@ -91,8 +78,10 @@ mod tests {
         let want_grad = grad_of(&loss_of(&w).unwrap()).unwrap();
         let loss = loss_of(&w).unwrap();
         let saved = w.as_tensor().copy().unwrap();
-        // SAFETY: only the storage's length is looked at before the refill.
-        unsafe { release(&w).unwrap() };
+        release(&w).unwrap();
+        // A clone kept from before the release reads an error, not past the end.
+        let e = w.as_tensor().clone().exp().unwrap_err().to_string();
+        assert!(e.contains("released"), "{e}");
         // A view (as the graph holds `w.t()`) sees the release too: no elements behind it.
         let elements = |t: &Tensor| match &*t.storage_and_layout().0 {
             candle_core::Storage::Cpu(s) => s.as_slice::<f32>().unwrap().len(),
@@ -107,8 +96,7 @@ mod tests {
             &Tensor::zeros(3, candle_core::DType::F32, &Device::Cpu).unwrap(),
         );
         assert!(e.unwrap_err().to_string().contains("shape"));
-        // SAFETY: refused before anything is swapped.
-        let e = unsafe { w.as_tensor().swap_storage(&w.t().unwrap()) }.unwrap_err();
+        let e = w.as_tensor().swap_storage(&w.t().unwrap()).unwrap_err();
         assert!(e.to_string().contains("share one storage"), "{e}");
     }
 }

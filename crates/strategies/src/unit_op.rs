@@ -214,11 +214,10 @@ impl UnitOp {
             let out = self.run_graph(&params, frozen.as_ref(), &x_tensor)?;
             let released = params.iter().map(|(_, p)| p.as_tensor()).chain(&frozen);
             for tensor in released {
-                // SAFETY: the released tensors are held only by the kept graph (the
-                // unit's output is a copy in the op's own storage), which nothing reads
-                // until `bwd` refills them before it runs backward through it; a graph
-                // dropped unused is never read.
-                unsafe { storage_swap::release(tensor)? };
+                // Held by the kept graph (the unit's output is a copy in the op's own
+                // storage), which `bwd` refills before it runs backward through it; a
+                // clone the unit's closure kept reads an error until then.
+                storage_swap::release(tensor)?;
             }
             *lock(&self.kept) = Some(KeptGraph {
                 input: x,

@@ -86,13 +86,13 @@ impl TrainerError {
         TrainerError::Wick(wick_core::Error::config(option, message))
     }
 
-    /// Whether this error only reports that another rank failed first.
-    pub(crate) fn is_consequence(&self) -> bool {
-        use wick_core::{CollectiveError, Error};
-        matches!(
-            self,
-            TrainerError::Wick(Error::Collective(CollectiveError::PeerFailed { .. }))
-        )
+    /// The collective error this error is or carries, however deep: a collective run
+    /// inside a Candle op (zero3's and fsdp's) arrives wrapped in the op's error.
+    pub(crate) fn collective(&self) -> Option<&wick_core::CollectiveError> {
+        match self {
+            TrainerError::Wick(e) => wick_core::CollectiveError::find_in(e),
+            other => wick_core::CollectiveError::find_in(other),
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use crate::rank_run::{RankOutput, RankRun, StageInput};
 use crate::sinks::StepSinks;
 use crate::{Attached, Dataset, Replicate, TrainerError};
 use wick_accelerator::{Accelerator, RankError};
-use wick_core::{BlockingWorld, Callback, RunState, Stage, Strategy, WaitClock};
+use wick_core::{BlockingWorld, Callback, CollectiveError, RunState, Stage, Strategy, WaitClock};
 
 /// What a stage's launch reads of its trainer.
 pub(crate) struct Launch<'a> {
@@ -162,13 +162,36 @@ pub(crate) fn collect_ranks<T>(
         }
         unreachable!("every error was checked to be a rank's own");
     }
-    let caused_by_peer =
-        |e: &RankError<TrainerError>| matches!(e, RankError::Failed(t) if t.is_consequence());
-    let (rank, message) = errors
+    let collective = |e: &RankError<TrainerError>| match e {
+        RankError::Failed(t) => t.collective().cloned(),
+        RankError::Panicked(_) => None,
+    };
+    // The rank to blame: the first whose error is its own (not a report of a peer's
+    // failure); else, when the failure was a stall, the rank a timeout waited for in vain
+    // (with the timeout's message); else the first.
+    let own = errors
         .iter()
-        .find(|(_, _, e)| !caused_by_peer(e))
-        .or(errors.first())
-        .map(|(r, m, _)| (*r, m.clone()))
+        .find(|(_, _, e)| collective(e).and_then(|c| c.blames()).is_none())
+        .map(|(r, m, _)| (*r, m.clone()));
+    // A rank that stalled is missing from every timeout; a rank that only came late to
+    // one call (waiting in another, or giving up itself) is not.
+    let stalled = || {
+        let timeouts: Vec<(Vec<usize>, &String)> = errors
+            .iter()
+            .filter_map(|(_, m, e)| match collective(e)? {
+                CollectiveError::Timeout { missing, .. } => Some((missing, m)),
+                _ => None,
+            })
+            .collect();
+        let (first, message) = timeouts.first()?;
+        first
+            .iter()
+            .find(|r| timeouts.iter().all(|(missing, _)| missing.contains(r)))
+            .map(|&r| (r, (*message).clone()))
+    };
+    let (rank, message) = own
+        .or_else(stalled)
+        .or_else(|| errors.first().map(|(r, m, _)| (*r, m.clone())))
         .expect("some rank failed");
     Err(TrainerError::RankFailed {
         rank,

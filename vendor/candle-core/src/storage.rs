@@ -20,6 +20,7 @@ pub type StorageMutRef<'a> = RwLockWriteGuard<'a, Storage>;
 
 impl Storage {
     pub fn try_clone(&self, layout: &Layout) -> Result<Self> {
+        self.holds(layout, "copy")?;
         match self {
             Self::Cpu(storage) => Ok(Self::Cpu(storage.clone())),
             Self::Cuda(storage) => {
@@ -81,6 +82,7 @@ impl Storage {
 
     pub(crate) fn const_set(&mut self, v: Scalar, l: &Layout) -> Result<()> {
         let _profiled = crate::op_profile::op("elementwise");
+        self.holds(l, "const_set")?;
         match self {
             Storage::Cpu(storage) => storage.const_set(v, l),
             Storage::Cuda(storage) => storage.const_set(v, l),
@@ -90,6 +92,7 @@ impl Storage {
 
     pub(crate) fn affine(&self, layout: &Layout, mul: f64, add: f64) -> Result<Self> {
         let _profiled = crate::op_profile::op("elementwise");
+        self.holds(layout, "affine")?;
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.affine(layout, mul, add)?;
@@ -108,6 +111,7 @@ impl Storage {
 
     pub(crate) fn powf(&self, layout: &Layout, alpha: f64) -> Result<Self> {
         let _profiled = crate::op_profile::op("elementwise");
+        self.holds(layout, "powf")?;
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.powf(layout, alpha)?;
@@ -126,6 +130,7 @@ impl Storage {
 
     pub(crate) fn elu(&self, layout: &Layout, alpha: f64) -> Result<Self> {
         let _profiled = crate::op_profile::op("elementwise");
+        self.holds(layout, "elu")?;
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.elu(layout, alpha)?;
@@ -150,6 +155,8 @@ impl Storage {
         rhs_layout: &Layout,
     ) -> Result<Self> {
         let _profiled = crate::op_profile::op("elementwise");
+        self.holds(lhs_layout, "cmp")?;
+        rhs.holds(rhs_layout, "cmp")?;
         self.same_device(rhs, "cmp")?;
         self.same_dtype(rhs, "cmp")?;
         match (self, rhs) {
@@ -180,6 +187,7 @@ impl Storage {
 
     pub(crate) fn reduce_op(&self, op: ReduceOp, layout: &Layout, s: &[usize]) -> Result<Self> {
         let _profiled = crate::op_profile::op("reduce");
+        self.holds(layout, "reduce")?;
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.reduce_op(op, layout, s)?;
@@ -198,6 +206,7 @@ impl Storage {
 
     pub(crate) fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Self> {
         let _profiled = crate::op_profile::op("elementwise");
+        self.holds(layout, "to_dtype")?;
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.to_dtype(layout, dtype)?;
@@ -216,6 +225,7 @@ impl Storage {
 
     pub(crate) fn apply_op1(&self, l: &Layout, c: &dyn CustomOp1) -> Result<(Self, Shape)> {
         let _profiled = crate::op_profile::op(c.name());
+        self.holds(l, c.name())?;
         match self {
             Self::Cpu(storage) => {
                 let (storage, shape) = c.cpu_fwd(storage, l)?;
@@ -240,6 +250,8 @@ impl Storage {
         c: &dyn CustomOp2,
     ) -> Result<(Self, Shape)> {
         let _profiled = crate::op_profile::op(c.name());
+        self.holds(l1, c.name())?;
+        t2.holds(l2, c.name())?;
         self.same_device(t2, c.name())?;
         match (self, t2) {
             (Self::Cpu(s1), Self::Cpu(s2)) => {
@@ -268,6 +280,9 @@ impl Storage {
         c: &dyn CustomOp3,
     ) -> Result<(Self, Shape)> {
         let _profiled = crate::op_profile::op(c.name());
+        self.holds(l1, c.name())?;
+        t2.holds(l2, c.name())?;
+        t3.holds(l3, c.name())?;
         self.same_device(t2, c.name())?;
         self.same_device(t3, c.name())?;
         match (self, t2, t3) {
@@ -299,6 +314,13 @@ impl Storage {
         c: &C,
     ) -> Result<()> {
         let _profiled = crate::op_profile::op("custom_inplace");
+        self.holds(dst_l, c.name())?;
+        for (s, l) in srcs.iter() {
+            match s {
+                Src::Distinct(s) => s.holds(l, c.name())?,
+                Src::Aliased(_) => self.holds(l, c.name())?,
+            }
+        }
         // Aliased sources are `self`. Only distinct needs checking.
         for (s, _) in srcs.iter() {
             if let Src::Distinct(s) = s {
@@ -336,6 +358,7 @@ impl Storage {
 
     pub(crate) fn unary_impl<B: op::UnaryOpT>(&self, layout: &Layout) -> Result<Self> {
         let _profiled = crate::op_profile::op("elementwise");
+        self.holds(layout, B::NAME)?;
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.unary_impl::<B>(layout)?;
@@ -359,6 +382,8 @@ impl Storage {
         rhs_layout: &Layout,
     ) -> Result<Self> {
         let _profiled = crate::op_profile::op("elementwise");
+        self.holds(lhs_layout, B::NAME)?;
+        rhs.holds(rhs_layout, B::NAME)?;
         self.same_device(rhs, B::NAME)?;
         self.same_dtype(rhs, B::NAME)?;
         match (self, rhs) {
@@ -395,6 +420,8 @@ impl Storage {
         params: &crate::conv::ParamsConv1D,
     ) -> Result<Self> {
         let _profiled = crate::op_profile::op("conv");
+        self.holds(l, "conv1d")?;
+        kernel.holds(kernel_l, "conv1d")?;
         self.same_device(kernel, "conv1d")?;
         self.same_dtype(kernel, "conv1d")?;
         match (self, &kernel) {
@@ -427,6 +454,8 @@ impl Storage {
         params: &crate::conv::ParamsConvTranspose1D,
     ) -> Result<Self> {
         let _profiled = crate::op_profile::op("conv");
+        self.holds(l, "conv_transpose1d")?;
+        kernel.holds(kernel_l, "conv_transpose1d")?;
         self.same_device(kernel, "conv-transpose1d")?;
         self.same_dtype(kernel, "conv-transpose1d")?;
         match (self, &kernel) {
@@ -459,6 +488,8 @@ impl Storage {
         params: &crate::conv::ParamsConv2D,
     ) -> Result<Self> {
         let _profiled = crate::op_profile::op("conv");
+        self.holds(l, "conv2d")?;
+        kernel.holds(kernel_l, "conv2d")?;
         self.same_device(kernel, "conv2d")?;
         self.same_dtype(kernel, "conv2d")?;
         match (self, &kernel) {
@@ -491,6 +522,8 @@ impl Storage {
         params: &crate::conv::ParamsConvTranspose2D,
     ) -> Result<Self> {
         let _profiled = crate::op_profile::op("conv");
+        self.holds(l, "conv_transpose2d")?;
+        kernel.holds(kernel_l, "conv_transpose2d")?;
         self.same_device(kernel, "conv_transpose2d")?;
         self.same_dtype(kernel, "conv_transpose2d")?;
         match (self, &kernel) {
@@ -522,6 +555,7 @@ impl Storage {
         stride: (usize, usize),
     ) -> Result<Self> {
         let _profiled = crate::op_profile::op("conv");
+        self.holds(layout, "avg_pool2d")?;
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.avg_pool2d(layout, kernel_size, stride)?;
@@ -545,6 +579,7 @@ impl Storage {
         stride: (usize, usize),
     ) -> Result<Self> {
         let _profiled = crate::op_profile::op("conv");
+        self.holds(layout, "max_pool2d")?;
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.max_pool2d(layout, kernel_size, stride)?;
@@ -563,6 +598,7 @@ impl Storage {
 
     pub(crate) fn upsample_nearest1d(&self, layout: &Layout, sz: usize) -> Result<Self> {
         let _profiled = crate::op_profile::op("conv");
+        self.holds(layout, "upsample_nearest1d")?;
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.upsample_nearest1d(layout, sz)?;
@@ -581,6 +617,7 @@ impl Storage {
 
     pub(crate) fn upsample_nearest2d(&self, layout: &Layout, h: usize, w: usize) -> Result<Self> {
         let _profiled = crate::op_profile::op("conv");
+        self.holds(layout, "upsample_nearest2d")?;
         match self {
             Storage::Cpu(storage) => {
                 let storage = storage.upsample_nearest2d(layout, h, w)?;
@@ -607,6 +644,7 @@ impl Storage {
         scale_w: Option<f64>,
     ) -> Result<Self> {
         let _profiled = crate::op_profile::op("conv");
+        self.holds(layout, "upsample_bilinear2d")?;
         match self {
             Storage::Cpu(storage) => {
                 let storage =
@@ -635,6 +673,9 @@ impl Storage {
         layout_f: &Layout,
     ) -> Result<Self> {
         let _profiled = crate::op_profile::op("elementwise");
+        self.holds(layout, "where_cond")?;
+        t.holds(layout_t, "where_cond")?;
+        f.holds(layout_f, "where_cond")?;
         self.same_device(t, "where")?;
         self.same_device(f, "where")?;
         t.same_dtype(f, "where")?;
@@ -668,6 +709,8 @@ impl Storage {
         d: usize,
     ) -> Result<Self> {
         let _profiled = crate::op_profile::op("index");
+        self.holds(l, "gather")?;
+        indexes.holds(indexes_l, "gather")?;
         self.same_device(indexes, "index-add")?;
         match (self, indexes) {
             (Self::Cpu(s), Self::Cpu(indexes)) => {
@@ -696,6 +739,9 @@ impl Storage {
         d: usize,
     ) -> Result<()> {
         let _profiled = crate::op_profile::op("index");
+        self.holds(l, "scatter_set")?;
+        indexes.holds(indexes_l, "scatter_set")?;
+        source.holds(source_l, "scatter_set")?;
         self.same_device(indexes, "scatter-set")?;
         self.same_device(source, "scatter-set")?;
         match (self, indexes, source) {
@@ -723,6 +769,9 @@ impl Storage {
         d: usize,
     ) -> Result<()> {
         let _profiled = crate::op_profile::op("index");
+        self.holds(l, "scatter_add")?;
+        indexes.holds(indexes_l, "scatter_add")?;
+        source.holds(source_l, "scatter_add")?;
         self.same_device(indexes, "scatter-add")?;
         self.same_device(source, "scatter-add")?;
         match (self, indexes, source) {
@@ -750,6 +799,9 @@ impl Storage {
         d: usize,
     ) -> Result<Self> {
         let _profiled = crate::op_profile::op("index");
+        self.holds(l, "index_add")?;
+        indexes.holds(indexes_l, "index_add")?;
+        source.holds(source_l, "index_add")?;
         self.same_device(indexes, "index-add")?;
         self.same_device(source, "index-add")?;
         match (self, indexes, source) {
@@ -777,6 +829,8 @@ impl Storage {
         d: usize,
     ) -> Result<Self> {
         let _profiled = crate::op_profile::op("index");
+        self.holds(lhs_l, "index_select")?;
+        rhs.holds(rhs_l, "index_select")?;
         self.same_device(rhs, "index-select")?;
         match (self, rhs) {
             (Self::Cpu(lhs), Self::Cpu(rhs)) => {
@@ -808,6 +862,8 @@ impl Storage {
         rhs_layout: &Layout,
     ) -> Result<Self> {
         let _profiled = crate::op_profile::op(crate::op_profile::matmul_class());
+        self.holds(lhs_layout, "matmul")?;
+        rhs.holds(rhs_layout, "matmul")?;
         self.same_device(rhs, "matmul")?;
         self.same_dtype(rhs, "matmul")?;
         match (self, rhs) {
@@ -840,6 +896,8 @@ impl Storage {
         src_l: &Layout,
     ) -> Result<()> {
         let _profiled = crate::op_profile::op("copy");
+        self.holds(src_l, "copy")?;
+        dst.holds_span(dst_offset, src_l.shape().elem_count(), "copy")?;
         match (self, dst) {
             (Self::Cpu(src), Self::Cpu(dst)) => src.copy_strided_src(dst, dst_offset, src_l),
             (Self::Cuda(src), Self::Cuda(dst)) => Ok(src.copy_strided_src(dst, dst_offset, src_l)?),
@@ -867,6 +925,10 @@ impl Storage {
         dst_o: usize,
     ) -> Result<()> {
         let _profiled = crate::op_profile::op("copy");
+        if d1 > 0 && d2 > 0 {
+            self.holds_span(src_o + (d1 - 1) * src_s, d2, "copy2d")?;
+            dst.holds_span(dst_o + (d1 - 1) * dst_s, d2, "copy2d")?;
+        }
         match (self, dst) {
             (Self::Cpu(src), Self::Cpu(dst)) => src.copy2d(dst, d1, d2, src_s, dst_s, src_o, dst_o),
             (Self::Cuda(src), Self::Cuda(dst)) => {
@@ -883,4 +945,82 @@ impl Storage {
             .bt()),
         }
     }
+}
+
+impl Storage {
+    /// The number of elements the storage holds, where the backend and dtype say it plainly
+    /// (the packed sub-byte dtypes and Metal do not).
+    fn capacity(&self) -> Option<usize> {
+        match self {
+            Self::Cpu(s) => match s {
+                CpuStorage::U8(v) => Some(v.len()),
+                CpuStorage::U32(v) => Some(v.len()),
+                CpuStorage::I16(v) => Some(v.len()),
+                CpuStorage::I32(v) => Some(v.len()),
+                CpuStorage::I64(v) => Some(v.len()),
+                CpuStorage::BF16(v) => Some(v.len()),
+                CpuStorage::F16(v) => Some(v.len()),
+                CpuStorage::F32(v) => Some(v.len()),
+                CpuStorage::F64(v) => Some(v.len()),
+                CpuStorage::F8E4M3(v) => Some(v.len()),
+                CpuStorage::F6E2M3(_)
+                | CpuStorage::F6E3M2(_)
+                | CpuStorage::F4(_)
+                | CpuStorage::F8E8M0(_) => None,
+            },
+            Self::Cuda(s) => cuda_capacity(s),
+            Self::Metal(_) => None,
+        }
+    }
+
+    /// Whether every element `layout` reaches lies inside this storage: the kernels below
+    /// trust it (the CPU matmul hands raw pointers to gemm, strided maps index unchecked),
+    /// and a storage can be smaller than a layout over it since `Tensor::swap_storage`
+    /// can put an empty one behind a tensor. An error, not a read past the end.
+    pub(crate) fn holds(&self, layout: &Layout, op: &'static str) -> Result<()> {
+        let dims = layout.dims();
+        if dims.iter().any(|&d| d == 0) {
+            return Ok(());
+        }
+        let last = dims
+            .iter()
+            .zip(layout.stride())
+            .fold(layout.start_offset(), |at, (&d, &s)| at + (d - 1) * s);
+        self.holds_span(last, 1, op)
+    }
+
+    /// Whether elements `start..start + len` lie inside this storage (see [`Self::holds`]).
+    pub(crate) fn holds_span(&self, start: usize, len: usize, op: &'static str) -> Result<()> {
+        match self.capacity() {
+            Some(capacity) if len > 0 && start + len > capacity => crate::bail!(
+                "{op}: the tensor reaches element {} of a storage of {capacity} elements \
+                 (a storage released by Tensor::swap_storage and not refilled)",
+                start + len - 1
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_capacity(s: &CudaStorage) -> Option<usize> {
+    use crate::cuda_backend::CudaStorageSlice as S;
+    match &s.slice {
+        S::U8(v) => Some(v.len()),
+        S::U32(v) => Some(v.len()),
+        S::I16(v) => Some(v.len()),
+        S::I32(v) => Some(v.len()),
+        S::I64(v) => Some(v.len()),
+        S::BF16(v) => Some(v.len()),
+        S::F16(v) => Some(v.len()),
+        S::F32(v) => Some(v.len()),
+        S::F64(v) => Some(v.len()),
+        S::F8E4M3(v) => Some(v.len()),
+        S::F6E2M3(_) | S::F6E3M2(_) | S::F4(_) | S::F8E8M0(_) => None,
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_capacity(_: &CudaStorage) -> Option<usize> {
+    None
 }

@@ -674,7 +674,9 @@ impl Tensor {
             let data = S::cpu_storage_as_slice(cpu_storage)?;
             Ok::<_, Error>(data[self.layout().start_offset()])
         };
-        match &*self.storage() {
+        let storage = self.storage();
+        storage.holds(self.layout(), "to_scalar")?;
+        match &*storage {
             Storage::Cpu(cpu_storage) => from_cpu_storage(cpu_storage),
             Storage::Cuda(storage) => from_cpu_storage(&storage.to_cpu_storage()?),
             Storage::Metal(storage) => from_cpu_storage(&storage.to_cpu_storage()?),
@@ -1972,7 +1974,9 @@ impl Tensor {
             };
             Ok::<Vec<_>, Error>(data)
         };
-        match &*self.storage() {
+        let storage = self.storage();
+        storage.holds(self.layout(), "to_vec1")?;
+        match &*storage {
             Storage::Cpu(storage) => from_cpu_storage(storage),
             Storage::Cuda(storage) => from_cpu_storage(&storage.to_cpu_storage()?),
             Storage::Metal(storage) => from_cpu_storage(&storage.to_cpu_storage()?),
@@ -2003,7 +2007,9 @@ impl Tensor {
             }
             Ok(rows)
         };
-        match &*self.storage() {
+        let storage = self.storage();
+        storage.holds(self.layout(), "to_vec2")?;
+        match &*storage {
             Storage::Cpu(storage) => from_cpu_storage(storage),
             Storage::Cuda(storage) => from_cpu_storage(&storage.to_cpu_storage()?),
             Storage::Metal(storage) => from_cpu_storage(&storage.to_cpu_storage()?),
@@ -2044,7 +2050,9 @@ impl Tensor {
             }
             Ok(top_rows)
         };
-        match &*self.storage() {
+        let storage = self.storage();
+        storage.holds(self.layout(), "to_vec3")?;
+        match &*storage {
             Storage::Cpu(storage) => from_cpu_storage(storage),
             Storage::Cuda(storage) => from_cpu_storage(&storage.to_cpu_storage()?),
             Storage::Metal(storage) => from_cpu_storage(&storage.to_cpu_storage()?),
@@ -2807,17 +2815,12 @@ impl Tensor {
     /// order of their addresses, so two threads swapping the same pair in opposite
     /// directions cannot deadlock.
     ///
-    /// # Safety
-    ///
-    /// Candle's ops trust a tensor's layout to lie inside its storage: the CPU matmul hands
-    /// raw pointers to `gemm`, and the strided maps index with `get_unchecked`. After the
-    /// swap, every tensor that shares either storage has the other one behind its
-    /// unchanged layout. Until each such tensor whose layout reaches past the end of its
-    /// new storage (an empty one, say) is given back a storage that holds its layout, the
-    /// caller must make sure that no op, on any thread, reads or writes it, nor any view
-    /// of it: not the forward of an op, not a backward through a graph that holds it, not
-    /// `to_vec`, `copy` or `Display`. Such a read is undefined behaviour, not an error.
-    pub unsafe fn swap_storage(&self, other: &Self) -> Result<()> {
+    /// After the swap a tensor's layout may reach past its new storage (an empty one, say).
+    /// Every op checks, where the storage dispatches it, that each operand's layout lies
+    /// inside its storage, so using such a tensor (or a view of it, or a graph that holds
+    /// it) is an error naming the op until it is given back a storage that holds its
+    /// layout, never a read past the end.
+    pub fn swap_storage(&self, other: &Self) -> Result<()> {
         if self.dtype() != other.dtype() {
             Err(Error::DTypeMismatchBinaryOp {
                 lhs: self.dtype(),

@@ -21,8 +21,13 @@ pub(super) fn address(bytes: &[u8]) -> *const std::ffi::c_void {
 }
 
 /// A nonblocking MPI call in flight, with everything MPI reads or writes until it completes.
+///
+/// Dropped before [`InFlight::wait`], it waits for the call itself before its buffers go:
+/// MPI may still read and write them (MPI cannot cancel a collective). `Work`'s drop
+/// already completes a started call; this holds for any other path that drops one.
 pub(super) struct InFlight {
-    request: mpi::ffi::MPI_Request,
+    /// `None` once waited for.
+    request: Option<mpi::ffi::MPI_Request>,
     /// Count arrays and buffers (tensors, byte vectors) MPI reads or writes until then.
     _keep: Box<dyn std::any::Any + Send>,
     rank: usize,
@@ -46,7 +51,7 @@ impl InFlight {
             });
         }
         Ok(InFlight {
-            request,
+            request: Some(request),
             _keep: Box::new(keep),
             rank,
             op,
@@ -54,9 +59,17 @@ impl InFlight {
     }
 
     pub(super) fn wait(mut self) -> Result<(), CollectiveError> {
+        self.complete()
+    }
+
+    fn complete(&mut self) -> Result<(), CollectiveError> {
+        let Some(mut request) = self.request.take() else {
+            return Ok(());
+        };
         let _guard = mpi_lock();
-        // SAFETY: `request` came from a nonblocking collective and is waited on once.
-        let code = unsafe { mpi::ffi::MPI_Wait(&mut self.request, mpi::ffi::RSMPI_STATUS_IGNORE) };
+        // SAFETY: `request` came from a nonblocking collective and is waited on once (it
+        // was taken out of `self.request`).
+        let code = unsafe { mpi::ffi::MPI_Wait(&mut request, mpi::ffi::RSMPI_STATUS_IGNORE) };
         if code != 0 {
             return Err(CollectiveError::Unsupported {
                 rank: self.rank,
@@ -65,6 +78,16 @@ impl InFlight {
             });
         }
         Ok(())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        // Runs before the fields drop, so `_keep` (and an `Exchange`'s `received`, a later
+        // field) outlive MPI's use of them.
+        if let Err(e) = self.complete() {
+            log::debug!("a dropped MPI call completed with an error: {e}");
+        }
     }
 }
 

@@ -9,10 +9,10 @@ use super::shared::{Published, Shared};
 use crate::worlds::call::{CallHeader, Headers, Op};
 use crate::worlds::host_calls::{run_on_host, HostEngine};
 use crate::worlds::reduce::reduce_ranks;
-use candle_core::{DType, Tensor};
+use candle_core::DType;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use wick_core::{lock, Call, Collective, CollectiveError, ReduceOp, Work};
+use wick_core::{Call, Collective, CollectiveError, ReduceOp, Work};
 
 /// One rank's handle on a [`ThreadWorld`](super::ThreadWorld); implements [`Collective`] for f32, bf16 and f16
 /// CPU tensors.
@@ -47,18 +47,17 @@ impl ThreadComm {
 
     /// Publishes this rank's buffers, waits for all ranks, checks they agree on the call,
     /// runs `work` (which reads peers through [`ThreadComm::peer`]), and waits until every
-    /// rank is done with every buffer.
+    /// rank is done with every buffer: also when `work` fails or panics, since the closing
+    /// wait is the guard's drop (see `barrier.rs`).
     fn exchange(
         &self, mine: Published, op: Op, work: impl FnOnce() -> Result<(), CollectiveError>,
     ) -> Result<(), CollectiveError> {
         let shared = &*self.shared;
         shared.slots[self.rank].publish(mine);
-        shared.barrier.wait(self.rank, op.name())?;
+        let _closing = shared.barrier.open(self.rank, op.name())?;
         // Every rank evaluates the same check on the same published data, so either all
         // ranks run `work` or all return the same mismatch.
-        let outcome = self.check_agreement(op).and_then(|()| work());
-        shared.barrier.wait(self.rank, op.name())?;
-        outcome
+        self.check_agreement(op).and_then(|()| work())
     }
 
     /// Every rank's header of the call in progress, for the checks all ranks run.
@@ -249,29 +248,20 @@ impl Collective for ThreadComm {
     fn split(&self, color: usize) -> Result<Arc<dyn Collective>, CollectiveError> {
         let call = self.splits.fetch_add(1, Ordering::SeqCst);
         let size = self.shared.size;
-        let mine = Tensor::new(&[color as f32], &candle_core::Device::Cpu)
-            .map_err(|e| self.mismatch(Op::AllGather, e.to_string()))?;
-        let mut colors = [0u8; 4].repeat(size);
-        self.all_gather_host(&mine, &mut colors)?;
-        let colors: Vec<usize> = colors
-            .chunks_exact(4)
-            .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]) as usize)
+        // Each color's 8 bytes travel as they are (the gather copies bits; F32 names only
+        // the element size), so colors never collide, however large.
+        let mut colors = vec![0u8; 8 * size];
+        self.gather_bytes(DType::F32, &(color as u64).to_le_bytes(), &mut colors)?;
+        let colors: Vec<u64> = colors
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
             .collect();
-        let members: Vec<usize> = (0..size).filter(|&r| colors[r] == color).collect();
+        let members: Vec<usize> = (0..size).filter(|&r| colors[r] == color as u64).collect();
         let sub_rank = members
             .iter()
             .position(|&r| r == self.rank)
             .expect("this rank has its own color");
-        let world = {
-            let mut children = lock(&self.shared.children);
-            let (_, world) = children.entry((call, color)).or_insert_with(|| {
-                (
-                    members.clone(),
-                    Shared::new(members.len(), self.shared.timeout),
-                )
-            });
-            world.clone()
-        };
+        let world = self.shared.child((call, color), members);
         Ok(Arc::new(ThreadComm::new(sub_rank, world)))
     }
 }

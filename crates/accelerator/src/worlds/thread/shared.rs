@@ -6,7 +6,7 @@ use crate::worlds::call::{CallHeader, Op};
 use candle_core::DType;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use wick_core::lock;
 
@@ -68,12 +68,13 @@ pub(crate) struct Shared {
     pub(crate) barrier: RankBarrier,
     pub(crate) timeout: Duration,
     /// Worlds split from this one, keyed by (split call, color), with their members' ranks
-    /// here: a failure or departure here is passed on to them.
+    /// here: a failure or departure of a member is passed on to them. Held weakly: a
+    /// split world lives while its members' handles do.
     pub(crate) children: Mutex<HashMap<(u64, usize), Child>>,
 }
 
 /// A world split from another: its members' ranks in the parent, and its shared state.
-pub(crate) type Child = (Vec<usize>, Arc<Shared>);
+pub(crate) type Child = (Vec<usize>, Weak<Shared>);
 
 impl Published {
     /// A call of `op` that reads `src` and writes `dst`, bytes of `dtype`.
@@ -125,17 +126,43 @@ impl Published {
 impl Shared {
     /// The state of a new world of `size` ranks whose waits give up after `timeout`.
     pub(crate) fn new(size: usize, timeout: Duration) -> Arc<Self> {
+        Self::named((0..size).collect(), timeout)
+    }
+
+    /// A world whose ranks errors name `names` (their ranks in the world split first).
+    fn named(names: Vec<usize>, timeout: Duration) -> Arc<Self> {
+        let size = names.len();
         Arc::new(Shared {
             size,
             slots: (0..size).map(|_| Slot::default()).collect(),
-            barrier: RankBarrier::new(size, timeout),
+            barrier: RankBarrier::new(names, timeout),
             timeout,
             children: Mutex::default(),
         })
     }
 
-    fn children(&self) -> Vec<Child> {
-        lock(&self.children).values().cloned().collect()
+    /// The live worlds split from this one, each with this world's ranks of its members.
+    fn children(&self) -> Vec<(Vec<usize>, Arc<Shared>)> {
+        let mut children = lock(&self.children);
+        children.retain(|_, (_, child)| child.strong_count() > 0);
+        children
+            .values()
+            .filter_map(|(members, child)| Some((members.clone(), child.upgrade()?)))
+            .collect()
+    }
+
+    /// The world that split call `key.0` made for color `key.1`, made by whichever of its
+    /// `members` asks first.
+    pub(crate) fn child(&self, key: (u64, usize), members: Vec<usize>) -> Arc<Shared> {
+        let mut children = lock(&self.children);
+        children.retain(|_, (_, child)| child.strong_count() > 0);
+        if let Some(world) = children.get(&key).and_then(|(_, child)| child.upgrade()) {
+            return world;
+        }
+        let names = members.iter().map(|&m| self.barrier.name(m)).collect();
+        let world = Shared::named(names, self.timeout);
+        children.insert(key, (members, Arc::downgrade(&world)));
+        world
     }
 
     /// Records that `rank` finished; worlds split from this one see it leave too.
@@ -148,11 +175,43 @@ impl Shared {
         }
     }
 
-    /// Records that `rank` failed, here and in every world split from this one.
-    pub(crate) fn fail(&self, rank: usize, reason: String) {
-        self.barrier.fail(rank, reason.clone());
-        for (_, child) in self.children() {
-            child.fail(rank, reason.clone());
+    /// Records that `rank` (of this world) failed, here and in every world split from this
+    /// one that it is a member of; `reported` is the rank named in the errors (its rank in
+    /// the world it failed in). A world it is not in goes on: its members finish the call
+    /// they are in, and hear of the failure at their next call in a world shared with it.
+    pub(crate) fn fail(&self, rank: usize, reported: usize, reason: String) {
+        self.barrier.fail(reported, reason.clone());
+        for (members, child) in self.children() {
+            if let Some(sub) = members.iter().position(|&m| m == rank) {
+                child.fail(sub, reported, reason.clone());
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_reaches_only_the_split_worlds_of_its_rank() {
+        let world = Shared::new(4, Duration::from_secs(1));
+        let low = world.child((0, 0), vec![0, 1]);
+        let high = world.child((0, 1), vec![2, 3]);
+        world.fail(3, 3, "boom".into());
+        assert!(low.barrier.failure().is_none());
+        let failed = high.barrier.failure();
+        // Rank 3 of the parent is rank 1 of its group, named by its parent rank.
+        assert_eq!(failed.map(|(rank, _)| rank), Some(3));
+    }
+
+    #[test]
+    fn a_split_world_lives_while_its_handles_do() {
+        let world = Shared::new(2, Duration::from_secs(1));
+        let child = world.child((0, 0), vec![0, 1]);
+        assert!(Arc::ptr_eq(&child, &world.child((0, 0), vec![0, 1])));
+        drop(child);
+        assert!(world.children().is_empty());
+        assert!(lock(&world.children).is_empty());
     }
 }

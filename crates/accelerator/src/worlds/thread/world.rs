@@ -60,7 +60,7 @@ impl ThreadWorld {
     /// Records that `rank` failed: every pending and later collective of the other ranks
     /// returns an error naming it.
     pub fn fail(&self, rank: usize, reason: impl Into<String>) {
-        self.shared.fail(rank, reason.into());
+        self.shared.fail(rank, rank, reason.into());
     }
 
     /// Runs `f` on every rank, each on its own thread, and returns each rank's outcome in
