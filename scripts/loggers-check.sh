@@ -45,6 +45,11 @@ if "$wick" fit --max-steps 12 --no-checkpoints --run-name boom --lr 1e30 --logge
   echo "the run with --lr 1e30 did not fail"; exit 1
 fi
 "$py" scripts/loggers_check.py mlflow-failed "$uri" boom
+# NaN steps skipped, the run goes on: MLflow stores the NaN losses as NaN (not 0 or a
+# refused batch), and the steps after them arrive.
+"$wick" fit --max-steps 12 --no-checkpoints --run-name nan --lr 1e30 --on-nonfinite skip \
+  --logger csv,mlflow --mlflow-uri "$uri" "${common[@]}" > /dev/null
+"$py" scripts/loggers_check.py mlflow-nan "$uri" "$tmp/runs/nan" nan
 
 # A server that is down: the run trains to its end, says so once, and reports what it kept.
 kill "$server"; wait "$server" 2> /dev/null || true; server=

@@ -2,6 +2,7 @@
 
   loggers_check.py tensorboard RUN_DIR       TensorBoard's EventAccumulator against metrics.csv
   loggers_check.py mlflow URI RUN_DIR NAME   the MLflow run NAME, through the server's REST API
+  loggers_check.py mlflow-nan URI RUN_DIR NAME  NaN losses stored as NaN, later steps sent
   loggers_check.py mlflow-failed URI NAME    the run NAME is marked FAILED
 """
 import csv
@@ -91,6 +92,23 @@ def mlflow(uri, run_dir, name):
           f"train/loss equal to metrics.csv's")
 
 
+def mlflow_nan(uri, run_dir, name):
+    run = run_named(uri, name)
+    assert run["info"]["status"] == "FINISHED", run["info"]
+    history = rest(uri, "metrics/get-history",
+                   query={"run_id": run["info"]["run_id"], "metric_key": "train/loss"})["metrics"]
+    got = {m["step"]: float(m["value"]) for m in history}
+    want = {int(r["step"]): float(r["train_loss"]) for r in csv_rows(run_dir)}
+    nan = [s for s, v in want.items() if not math.isfinite(v)]
+    assert nan, f"no NaN or infinite loss in metrics.csv: {want}"
+    assert sorted(got) == sorted(want), f"steps {sorted(got)} != metrics.csv's {sorted(want)}"
+    for step, value in want.items():
+        same = math.isnan(value) and math.isnan(got[step]) or got[step] == value
+        assert same, f"step {step}: mlflow {got[step]} != metrics.csv {value}"
+    print(f"mlflow: run {name} FINISHED with {len(nan)} non-finite losses stored as they are, "
+          f"{len(got)} steps in all")
+
+
 def mlflow_failed(uri, name):
     status = run_named(uri, name)["info"]["status"]
     assert status == "FAILED", status
@@ -99,4 +117,5 @@ def mlflow_failed(uri, name):
 
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    {"tensorboard": tensorboard, "mlflow": mlflow, "mlflow-failed": mlflow_failed}[command](*args)
+    {"tensorboard": tensorboard, "mlflow": mlflow, "mlflow-nan": mlflow_nan,
+     "mlflow-failed": mlflow_failed}[command](*args)

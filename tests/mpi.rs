@@ -21,13 +21,25 @@ const STEPS: usize = 10;
 /// The argument that makes the ranks train with rank 1 failing at step 3.
 const FAIL_RANK: &str = "fail-rank-1";
 
+/// The argument that runs only the dropped calls (scripts/memcheck.sh runs them under
+/// valgrind).
+const DROPPED_CALLS: &str = "dropped-calls";
+
 fn main() {
     // The failing rank's "rank R of W failed" is logged, as the program prints it.
     wick::TerminalLog::install();
     let failing = std::env::args().any(|a| a == FAIL_RANK);
+    let dropped_only = std::env::args().any(|a| a == DROPPED_CALLS);
     match LaunchEnv::detect().expect("a readable launcher environment") {
         None => launch_self(),
         Some(_) if failing => fail_rank_1(),
+        Some(_) if dropped_only => {
+            let world = MpiWorld::process_world().expect("joining the MPI world");
+            dropped_calls(&world);
+            if world.rank() == 0 {
+                println!("np {}: dropped calls completed", world.world_size());
+            }
+        }
         Some(_) => run_rank(),
     }
 }

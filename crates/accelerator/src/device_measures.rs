@@ -3,26 +3,65 @@
 //! loggers' model FLOPs utilisation is taken over; torchtitan reads a GPU's from a table,
 //! but a CPU's depends on its cores and vector ISA, so it is measured).
 //!
-//! On the CPU the memory is the process's peak resident size (Linux's `VmHWM` in
-//! `/proc/self/status`, reset to the current size by writing `5` to
-//! `/proc/self/clear_refs`): every rank that is a thread of the process counts in it. On a
-//! CUDA GPU it is the peak of the device's default memory pool ([`cuda_memory_peak`]).
-//! Where neither can be read there is no figure.
+//! On the CPU the memory is the process's resident size at its largest since the last
+//! reset, as a sampler thread sees it (every [`SAMPLE_EVERY`], and at each reading): every
+//! rank that is a thread of the process counts in it. It does not touch the kernel's own
+//! peak (`VmHWM`, which `/usr/bin/time` and a host program read): resetting that
+//! (`/proc/self/clear_refs`) would change what the whole process reports. On a CUDA GPU it
+//! is the peak of the device's default memory pool ([`cuda_memory_peak`]). Where neither
+//! can be read there is no figure.
 
 #[cfg(feature = "cuda")]
 use crate::device::{cuda_memory_peak, reset_cuda_memory_peak};
 use candle_core::{DType, Device, Result, Tensor};
 use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Instant;
+
+/// How often the CPU's resident size is sampled for a step's peak: a step's allocations
+/// live far longer than this (a unit's gathered parameters, its activations).
+pub const SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// This process's resident size now (`VmRSS` in `/proc/self/status`).
+fn resident_bytes() -> Option<u64> {
+    status_bytes("VmRSS:")
+}
+
+/// A size `/proc/self/status` gives in kB, as bytes.
+fn status_bytes(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The largest resident size seen since the last reset, kept up by a sampler thread that
+/// starts with the first use (none where the size cannot be read).
+fn resident_peak() -> Option<&'static AtomicU64> {
+    static PEAK: OnceLock<Option<&'static AtomicU64>> = OnceLock::new();
+    *PEAK.get_or_init(|| {
+        let peak: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(resident_bytes()?)));
+        std::thread::Builder::new()
+            .name("wick-rss-sampler".into())
+            .spawn(move || loop {
+                std::thread::sleep(SAMPLE_EVERY);
+                if let Some(now) = resident_bytes() {
+                    peak.fetch_max(now, Ordering::Relaxed);
+                }
+            })
+            .ok()?;
+        Some(peak)
+    })
+}
 
 /// Starts a new memory peak of `device`: from now on the peak counts from what is in use.
 pub fn reset_memory_peak(device: &Device) {
     match device {
-        // A process may always write its own clear_refs; where it cannot, the peak stays
-        // the process's so far, still an upper bound of the step's.
         Device::Cpu => {
-            let _ = std::fs::write("/proc/self/clear_refs", "5");
+            if let (Some(peak), Some(now)) = (resident_peak(), resident_bytes()) {
+                peak.store(now, Ordering::Relaxed);
+            }
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => {
@@ -35,14 +74,14 @@ pub fn reset_memory_peak(device: &Device) {
 }
 
 /// The peak bytes of `device`'s memory in use since the last [`reset_memory_peak`] (or
-/// the process's start), if it can be read.
+/// the first use), if it can be read.
 pub fn memory_peak(device: &Device) -> Option<u64> {
     match device {
         Device::Cpu => {
-            let status = std::fs::read_to_string("/proc/self/status").ok()?;
-            let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kib * 1024)
+            let now = resident_bytes()?;
+            Some(
+                resident_peak().map_or(now, |peak| peak.fetch_max(now, Ordering::Relaxed).max(now)),
+            )
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => match device.location() {
@@ -112,11 +151,19 @@ mod tests {
         let with = memory_peak(&cpu).unwrap();
         assert!(with >= before + (200 << 20), "{before} -> {with}");
         drop(big);
+        let kernel_peak = || status_bytes("VmHWM:").unwrap();
+        let process_peak = kernel_peak();
         reset_memory_peak(&cpu);
         let after = memory_peak(&cpu).unwrap();
         assert!(
             after + (200 << 20) <= with,
             "{with} -> {after} after the reset"
+        );
+        // The process's own peak, which a host program or /usr/bin/time reads, is not reset.
+        assert!(
+            kernel_peak() >= process_peak && process_peak + (200 << 20) > with,
+            "the kernel's VmHWM was reset: {process_peak} -> {}",
+            kernel_peak()
         );
     }
 

@@ -42,12 +42,18 @@ impl Threads {
             last(dst_rs, 1, m, n) < dst.len(),
             "matmul: destination too short"
         );
+        // Rows that overlap would be written by two of the product's blocks at once, a
+        // data race under the pool and a wrong sum anyway.
+        assert!(
+            m == 1 || dst_rs >= n,
+            "matmul: destination rows overlap (row stride {dst_rs} < {n} columns)"
+        );
         assert!(
             k == 0 || (last(a_rs, a_cs, m, k) < a.len() && last(b_rs, b_cs, k, n) < b.len()),
             "matmul: an operand too short for its strides"
         );
         // SAFETY: every index the product reads or writes was checked against its slice above;
-        // `dst` is exclusively borrowed and overlaps neither operand.
+        // `dst` is exclusively borrowed, overlaps neither operand, and its rows are disjoint.
         unsafe {
             gemm::gemm(
                 m,
@@ -71,5 +77,27 @@ impl Threads {
                 parallelism,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_product_writes_rows_at_their_stride() {
+        let a = [1f32, 2., 3., 4.];
+        let b = [1f32, 0., 0., 1.];
+        let mut dst = [0f32; 6];
+        Threads::One.matmul(2, 2, 2, (&mut dst, 3), false, (&a, 2, 1), (&b, 2, 1), 1.0);
+        assert_eq!(dst, [1., 2., 0., 3., 4., 0.]);
+    }
+
+    #[test]
+    #[should_panic(expected = "destination rows overlap")]
+    fn overlapping_destination_rows_are_refused() {
+        let a = [1f32; 4];
+        let mut dst = [0f32; 4];
+        Threads::Pool.matmul(2, 2, 2, (&mut dst, 1), false, (&a, 2, 1), (&a, 2, 1), 1.0);
     }
 }

@@ -13,9 +13,8 @@ use std::sync::{Arc, Mutex};
 use wick_core::{lock, Collective, Work};
 
 /// A gather in flight: for each of a unit's parts, the buffer it fills and the call to
-/// wait on (none for an empty part); or why it failed, typed, so that a peer's failure
-/// inside it is still recognised as one (`CollectiveError::find_in`).
-type Pending = Result<Vec<(Tensor, Option<Work>)>>;
+/// wait on (none for an empty part).
+type Pending = Vec<(Tensor, Option<Work>)>;
 
 /// A unit's flat parts to gather: each part's shard and padded length (the trainable part
 /// first, then the frozen one, if any).
@@ -60,18 +59,20 @@ impl Prefetcher {
     /// Starts gathering `unit` while unit `beside` is gathered, unless it is out of range,
     /// already asked for, or the two together would pass the bound on live parameters
     /// (then `unit` is gathered when it runs, as without prefetch). Every rank decides
-    /// alike: the sizes are the same on all.
-    pub(crate) fn request(&self, unit: usize, beside: usize) {
+    /// alike: the sizes are the same on all. A gather that cannot start is this rank's
+    /// error now, typed (a peer's failure stays one, `CollectiveError::find_in`): kept for
+    /// later, the rank would go on to a different collective than its peers.
+    pub(crate) fn request(&self, unit: usize, beside: usize) -> Result<()> {
         let Some(parts) = self.units.get(unit) else {
-            return;
+            return Ok(());
         };
         let live = unit_len(parts) + self.units.get(beside).map_or(0, unit_len);
         if self.max_live.is_some_and(|max| live > max) {
-            return;
+            return Ok(());
         }
         let mut pending = self.pending();
         if pending.contains_key(&unit) {
-            return;
+            return Ok(());
         }
         let started = parts
             .iter()
@@ -87,33 +88,32 @@ impl Prefetcher {
                     .map_err(candle_core::Error::from)?;
                 Ok((full, Some(work)))
             })
-            .collect::<Result<Vec<_>>>();
+            .collect::<Result<Vec<_>>>()?;
         pending.insert(unit, started);
+        Ok(())
     }
 
     /// The gathered buffers of `unit`'s parts if it was prefetched (waiting for them if
     /// still in flight).
     pub(crate) fn take(&self, unit: usize) -> Option<Result<Vec<Tensor>>> {
         let started = self.pending().remove(&unit)?;
-        Some(started.and_then(|parts| {
-            parts
+        Some(
+            started
                 .into_iter()
                 .map(|(full, work)| match work {
                     Some(work) => work.wait().map(|()| full).map_err(candle_core::Error::from),
                     None => Ok(full),
                 })
-                .collect()
-        }))
+                .collect(),
+        )
     }
 
     /// Waits for every gather in flight and drops the results (before the shards change).
     pub(crate) fn drain(&self) {
         let pending: Vec<_> = self.pending().drain().collect();
         for (_, started) in pending {
-            for (_, work) in started.into_iter().flatten() {
-                if let Some(work) = work {
-                    let _ = work.wait();
-                }
+            for work in started.into_iter().filter_map(|(_, work)| work) {
+                let _ = work.wait();
             }
         }
     }
@@ -159,8 +159,8 @@ mod tests {
     #[test]
     fn a_prefetch_beyond_the_live_bound_is_not_made() {
         let bounded = prefetcher(Some(12));
-        bounded.request(1, 0); // 4 + 6 <= 12: gathered ahead
-        bounded.request(2, 1); // 6 + 10 > 12: left to its turn
+        bounded.request(1, 0).unwrap(); // 4 + 6 <= 12: gathered ahead
+        bounded.request(2, 1).unwrap(); // 6 + 10 > 12: left to its turn
         let full = bounded.take(1).expect("prefetched").unwrap();
         assert_eq!(full[0].to_vec1::<f32>().unwrap(), vec![1.0; 6]);
         assert!(
@@ -168,7 +168,7 @@ mod tests {
             "unit 2 was prefetched past the bound"
         );
         let free = prefetcher(None);
-        free.request(2, 1);
+        free.request(2, 1).unwrap();
         assert!(free.take(2).is_some(), "no bound: prefetched");
     }
 }

@@ -126,13 +126,13 @@ impl UnitOp {
         let kept = lock(&self.kept).take();
         if let Some(kept) = kept {
             self.refill(&kept, shard)?;
-            self.prefetch(self.unit.checked_sub(1));
+            self.prefetch(self.unit.checked_sub(1))?;
             return Ok(kept);
         }
         let gathered = self.gather(shard)?;
         let params = self.param_vars(&gathered.trainable)?;
         let frozen = gathered.frozen;
-        self.prefetch(self.unit.checked_sub(1));
+        self.prefetch(self.unit.checked_sub(1))?;
         let (x, x_tensor) = input_var(input)?;
         let out = self.run_graph(&params, frozen.as_ref(), &x_tensor)?;
         Ok(KeptGraph {
@@ -175,7 +175,7 @@ impl UnitOp {
         // Only called for a unit without trainable parameters: its shard is empty.
         let shard = Tensor::zeros(0, DType::F32, &self.device)?;
         let gathered = self.gather(&shard)?;
-        self.prefetch(Some(self.unit + 1));
+        self.prefetch(Some(self.unit + 1))?;
         self.run_plain(gathered, input)
     }
 
@@ -209,7 +209,7 @@ impl UnitOp {
             let params = self.param_vars(&gathered.trainable)?;
             let frozen = gathered.frozen;
             drop(gathered.trainable);
-            self.prefetch(Some(self.unit + 1));
+            self.prefetch(Some(self.unit + 1))?;
             let (x, x_tensor) = input_var(input)?;
             let out = self.run_graph(&params, frozen.as_ref(), &x_tensor)?;
             let released = params.iter().map(|(_, p)| p.as_tensor()).chain(&frozen);
@@ -228,14 +228,15 @@ impl UnitOp {
             return Ok(out);
         }
         let gathered = self.gather(shard)?;
-        self.prefetch(Some(self.unit + 1));
+        self.prefetch(Some(self.unit + 1))?;
         self.run_plain(gathered, input)
     }
 
     /// Starts gathering `next`, the unit this pass visits after this one.
-    fn prefetch(&self, next: Option<usize>) {
-        if let (Some(p), Some(next)) = (&self.prefetch, next) {
-            p.request(next, self.unit);
+    fn prefetch(&self, next: Option<usize>) -> Result<()> {
+        match (&self.prefetch, next) {
+            (Some(p), Some(next)) => p.request(next, self.unit),
+            _ => Ok(()),
         }
     }
 }

@@ -135,13 +135,18 @@ impl StepSink for MlflowLog {
         let metrics = scalars(record)
             .into_iter()
             .map(|(key, value)| {
-                json!({"key": key, "value": value, "timestamp": timestamp, "step": record.step})
+                json!({"key": key, "value": metric_value(value), "timestamp": timestamp, "step": record.step})
             })
             .collect();
         if let Some(to_client) = &self.to_client {
             // A thread that ended (it never does before `End`) has nothing to lose here.
             let _ = to_client.send(Message::Metrics(metrics));
         }
+        Ok(())
+    }
+
+    fn fail(&mut self) -> Result<(), TrainerError> {
+        self.end("FAILED");
         Ok(())
     }
 
@@ -182,7 +187,7 @@ struct MlflowClient {
     params: VecDeque<(String, String)>,
     /// Metrics not sent yet, oldest first.
     backlog: VecDeque<Value>,
-    /// Metrics dropped from a full backlog.
+    /// Metrics dropped from a full backlog, or refused by the server.
     dropped: usize,
     /// When the last request failed: the next waits [`SEND_EVERY`] after it.
     failed_at: Option<Instant>,
@@ -266,21 +271,27 @@ impl MlflowClient {
         }
     }
 
-    fn post(&self, endpoint: &str, body: &Value) -> Result<Value, String> {
+    fn post(&self, endpoint: &str, body: &Value) -> Result<Value, PostError> {
         let url = format!("{}/api/2.0/mlflow/{endpoint}", self.target.uri);
-        let mut response = self
-            .agent
-            .post(&url)
-            .send_json(body)
-            .map_err(|e| format!("POST {url}: {e}"))?;
+        let mut response = self.agent.post(&url).send_json(body).map_err(|e| {
+            let message = format!("POST {url}: {e}");
+            match e {
+                // The server read the request and refused what it holds: sending it again
+                // would be refused again, and hold up everything after it.
+                ureq::Error::StatusCode(code) if (400..500).contains(&code) => {
+                    PostError::Refused(message)
+                }
+                _ => PostError::Unreachable(message),
+            }
+        })?;
         response
             .body_mut()
             .read_json::<Value>()
-            .map_err(|e| format!("POST {url}: the answer is not JSON: {e}"))
+            .map_err(|e| PostError::Unreachable(format!("POST {url}: the answer is not JSON: {e}")))
     }
 
     /// Reports `failure` the first time only: a down server is said once, not every step.
-    fn failed(&mut self, failure: String) {
+    fn failed(&mut self, failure: impl std::fmt::Display) {
         self.failed_at = Some(Instant::now());
         if !self.warned {
             self.warned = true;
@@ -310,7 +321,11 @@ impl MlflowClient {
                 answer["run"]["info"]["run_id"]
                     .as_str()
                     .map(str::to_string)
-                    .ok_or_else(|| format!("runs/create answered without a run_id: {answer}"))
+                    .ok_or_else(|| {
+                        PostError::Unreachable(format!(
+                            "runs/create answered without a run_id: {answer}"
+                        ))
+                    })
             });
             match created {
                 Ok(id) => self.run_id = Some(id),
@@ -350,9 +365,16 @@ impl MlflowClient {
             let n = self.backlog.len().min(BATCH);
             let metrics: Vec<Value> = self.backlog.range(..n).cloned().collect();
             let body = json!({"run_id": self.run_id, "metrics": metrics});
-            if let Err(e) = self.post("runs/log-batch", &body) {
-                self.failed(e);
-                return;
+            match self.post("runs/log-batch", &body) {
+                Ok(_) => {}
+                Err(PostError::Refused(e)) => {
+                    log::warn!("mlflow refused {n} metrics, which are dropped: {e}");
+                    self.dropped += n;
+                }
+                Err(e) => {
+                    self.failed(e);
+                    return;
+                }
             }
             self.backlog.drain(..n);
         }
@@ -374,6 +396,35 @@ impl MlflowClient {
     }
 }
 
+/// Why a request did not go through.
+enum PostError {
+    /// The server answered that the request is wrong (4xx): never sent again.
+    Refused(String),
+    /// No answer, or one to try again later (a server that is down or failing).
+    Unreachable(String),
+}
+
+impl std::fmt::Display for PostError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PostError::Refused(m) | PostError::Unreachable(m) => f.write_str(m),
+        }
+    }
+}
+
+/// A metric's value as MLflow's REST API takes it: a JSON number, or for a value JSON has no
+/// number for, the strings of protobuf's JSON mapping ("NaN", "Infinity", "-Infinity"),
+/// which MLflow stores as those values (serde_json would send `null`, refused or stored as
+/// 0).
+fn metric_value(value: f64) -> Value {
+    match value {
+        v if v.is_nan() => json!("NaN"),
+        v if v == f64::INFINITY => json!("Infinity"),
+        v if v == f64::NEG_INFINITY => json!("-Infinity"),
+        v => json!(v),
+    }
+}
+
 /// Milliseconds since the Unix epoch, MLflow's timestamps.
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -384,6 +435,14 @@ fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_finite_values_go_as_mlflow_reads_them() {
+        assert_eq!(metric_value(f64::NAN), json!("NaN"));
+        assert_eq!(metric_value(f64::INFINITY), json!("Infinity"));
+        assert_eq!(metric_value(f64::NEG_INFINITY), json!("-Infinity"));
+        assert_eq!(metric_value(0.25), json!(0.25));
+    }
 
     #[test]
     fn a_tracking_uri_must_be_a_server() {

@@ -56,6 +56,14 @@ pub trait StepSink: Send {
     fn finish(&mut self) -> Result<(), TrainerError> {
         Ok(())
     }
+
+    /// The fit failed (an error or a panic on this rank, or a peer's): write out what is
+    /// buffered and record the failure where the sink can. It runs before the rank reports
+    /// its error, so also under a launcher, whose job ends at that report. The default
+    /// writes out what is buffered, as [`StepSink::finish`] does.
+    fn fail(&mut self) -> Result<(), TrainerError> {
+        self.finish()
+    }
 }
 
 impl<S: StepSink + ?Sized> StepSink for &mut S {
@@ -65,6 +73,9 @@ impl<S: StepSink + ?Sized> StepSink for &mut S {
 
     fn finish(&mut self) -> Result<(), TrainerError> {
         (**self).finish()
+    }
+    fn fail(&mut self) -> Result<(), TrainerError> {
+        (**self).fail()
     }
 }
 
@@ -76,25 +87,89 @@ impl<S: StepSink + ?Sized> StepSink for Box<S> {
     fn finish(&mut self) -> Result<(), TrainerError> {
         (**self).finish()
     }
+    fn fail(&mut self) -> Result<(), TrainerError> {
+        (**self).fail()
+    }
 }
 
 /// The sinks of one fit, in the order they are called: empty on ranks other than 0.
+/// Dropped before [`StepSinks::finish`] (the fit returned an error or unwinds from a
+/// panic), they fail every sink.
 #[derive(Default)]
-pub(crate) struct StepSinks<'a>(Vec<Box<dyn StepSink + 'a>>);
+pub(crate) struct StepSinks<'a> {
+    sinks: Vec<Box<dyn StepSink + 'a>>,
+    finished: bool,
+}
+
+impl Drop for StepSinks<'_> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        for sink in &mut self.sinks {
+            if let Err(e) = sink.fail() {
+                log::warn!("a step sink could not record the failed fit: {e}");
+            }
+        }
+    }
+}
 
 impl<'a> StepSinks<'a> {
     /// Adds `sink` after the others.
     pub(crate) fn push(&mut self, sink: impl StepSink + 'a) {
-        self.0.push(Box::new(sink));
+        self.sinks.push(Box::new(sink));
     }
 
     /// A step ended with `record`: every sink is told.
     pub(crate) fn step_end(&mut self, record: &StepRecord) -> Result<(), TrainerError> {
-        self.0.iter_mut().try_for_each(|s| s.step_end(record))
+        self.sinks.iter_mut().try_for_each(|s| s.step_end(record))
     }
 
     /// The fit ended: every sink finishes.
     pub(crate) fn finish(&mut self) -> Result<(), TrainerError> {
-        self.0.iter_mut().try_for_each(|s| s.finish())
+        self.finished = true;
+        self.sinks.iter_mut().try_for_each(|s| s.finish())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts what it is told: (steps, finishes, failures).
+    #[derive(Default)]
+    struct Tally(usize, usize, usize);
+
+    impl StepSink for Tally {
+        fn step_end(&mut self, _: &StepRecord) -> Result<(), TrainerError> {
+            self.0 += 1;
+            Ok(())
+        }
+        fn finish(&mut self) -> Result<(), TrainerError> {
+            self.1 += 1;
+            Ok(())
+        }
+        fn fail(&mut self) -> Result<(), TrainerError> {
+            self.2 += 1;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn sinks_dropped_unfinished_are_failed_and_finished_ones_are_not() {
+        let mut failed = Tally::default();
+        let mut finished = Tally::default();
+        {
+            let mut sinks = StepSinks::default();
+            sinks.push(&mut failed);
+            // An error returned through the fit, or a panic unwinding it, drops them here.
+        }
+        {
+            let mut sinks = StepSinks::default();
+            sinks.push(&mut finished);
+            sinks.finish().unwrap();
+        }
+        assert_eq!((failed.1, failed.2), (0, 1));
+        assert_eq!((finished.1, finished.2), (1, 0));
     }
 }

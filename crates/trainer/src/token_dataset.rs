@@ -98,6 +98,18 @@ pub fn write_token_file<'a>(
             "both splits have one or neither",
         ));
     }
+    for (name, split) in [("train", &train), ("val", &val)] {
+        if let Some(at) = split.ids.iter().position(|&id| id as usize >= vocab_size) {
+            // Narrowed to u16 it would wrap to another token, silently.
+            return Err(TrainerError::config(
+                "vocab-size",
+                format!(
+                    "{name} token {at} is id {}, not below the vocabulary's {vocab_size}",
+                    split.ids[at]
+                ),
+            ));
+        }
+    }
     let narrow = vocab_size <= 1 << 16;
     let bytes = |ids: &[u32]| -> Vec<u8> {
         match narrow {
@@ -374,5 +386,24 @@ mod tests {
                 .unwrap(),
             [[70_000, 1]]
         );
+    }
+
+    #[test]
+    fn an_id_outside_the_vocabulary_is_refused_and_nothing_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.safetensors");
+        // 65 536 as a u16 would be token 0.
+        let e = write_token_file(&path, &[1, 65_536, 2], &[3], "abc", 1 << 16)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("train token 1 is id 65536") && e.contains("65536"),
+            "{e}"
+        );
+        let e = write_token_file(&path, &[1], &[300], "abc", 300)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("val token 0 is id 300"), "{e}");
+        assert!(!path.exists());
     }
 }

@@ -20,11 +20,27 @@ use std::path::PathBuf;
 use std::thread::JoinHandle;
 use wick_core::{Collective, CollectiveError, ReduceOp};
 
+/// A rank's writer: its thread, or why none could be started (an error at the join, as a
+/// failed write is, so the ranks still agree on the save).
+enum Writer {
+    Thread(JoinHandle<Result<(), CheckpointError>>),
+    NotStarted(std::io::Error),
+}
+
+impl Writer {
+    fn is_finished(&self) -> bool {
+        match self {
+            Writer::Thread(thread) => thread.is_finished(),
+            Writer::NotStarted(_) => true,
+        }
+    }
+}
+
 /// A save in flight on one rank.
 pub(crate) struct PendingSave {
     dir: PathBuf,
     /// This rank's writer, until its outcome is taken.
-    writer: Option<JoinHandle<Result<(), CheckpointError>>>,
+    writer: Option<Writer>,
     /// Rank 0's commit, until it is done.
     commit: Option<Commit>,
 }
@@ -32,10 +48,13 @@ pub(crate) struct PendingSave {
 impl PendingSave {
     /// Starts writing `write` on a thread of its own.
     pub(crate) fn start(write: RankWrite, commit: Option<Commit>, dir: PathBuf) -> Self {
-        let writer = std::thread::Builder::new()
+        let writer = match std::thread::Builder::new()
             .name("wick-checkpoint-writer".into())
             .spawn(move || write.write())
-            .expect("a thread can be started");
+        {
+            Ok(thread) => Writer::Thread(thread),
+            Err(cause) => Writer::NotStarted(cause),
+        };
         PendingSave {
             dir,
             writer: Some(writer),
@@ -46,7 +65,7 @@ impl PendingSave {
     /// At a step boundary (no collective): this rank's failed write is its error now; rank
     /// 0 commits once every rank's file is whole.
     pub(crate) fn poll(&mut self) -> Result<(), TrainerError> {
-        if self.writer.as_ref().is_some_and(JoinHandle::is_finished) {
+        if self.writer.as_ref().is_some_and(Writer::is_finished) {
             self.join()?;
         }
         if self.writer.is_none() && self.commit.as_ref().is_some_and(Commit::ready) {
@@ -88,13 +107,19 @@ impl PendingSave {
 
     /// Waits for this rank's writer, once; its outcome.
     fn join(&mut self) -> Result<(), CheckpointError> {
+        let failed = |cause| CheckpointError::Io {
+            path: self.dir.clone(),
+            cause,
+        };
         match self.writer.take() {
-            Some(writer) => writer.join().unwrap_or_else(|_| {
-                Err(CheckpointError::Io {
-                    path: self.dir.clone(),
-                    cause: std::io::Error::other("the checkpoint writer panicked"),
-                })
+            Some(Writer::Thread(writer)) => writer.join().unwrap_or_else(|_| {
+                Err(failed(std::io::Error::other(
+                    "the checkpoint writer panicked",
+                )))
             }),
+            Some(Writer::NotStarted(cause)) => Err(failed(std::io::Error::other(format!(
+                "no thread could be started to write it: {cause}"
+            )))),
             None => Ok(()),
         }
     }
