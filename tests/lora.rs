@@ -3,6 +3,7 @@
 //! dropout masks the same however a unit runs, a resume bit-identical.
 
 use crate::checkpoint::saved_state;
+use crate::common::relative_update_error;
 use crate::models::{fixtures, max_diff, on_one_cpu, trainer, Windows};
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
@@ -183,9 +184,23 @@ fn lora_trains_only_its_adapters_and_every_strategy_matches_one_device() {
         .unwrap()
         .build();
     let (got, _) = train(2, bf16, 0.0, 3);
+    // The B adapters start at zero: their update is their value. Bounded relative to its
+    // size (a tenth), the bound sits far below what the reference moved; 16-bit compute
+    // must show (not the f32 bits).
+    let update_error = relative_update_error(
+        got.iter().filter(|(n, _)| n.contains(".lora_B.")),
+        |n| single.get(n).cloned(),
+        |n| single.get(n).map(|t| t.zeros_like().unwrap()),
+    );
     let diff = worst(&got, &single);
-    println!("lora fsdp full_shard bf16-mixed W=2: within {diff:e} of one device in f32");
-    assert!(diff <= 1e-2 && diff > 0.0, "bf16-mixed: {diff}");
+    println!(
+        "lora fsdp full_shard bf16-mixed W=2: the B adapters' update within {update_error:e} \
+         of its size, parameters within {diff:e} of one device in f32"
+    );
+    assert!(
+        update_error <= 0.1 && diff > 0.0,
+        "bf16-mixed: {update_error}, {diff}"
+    );
     for (n, value) in got.iter().filter(|(n, _)| !LoraConfig::is_adapter(n)) {
         assert_eq!(max_diff(value, &base[n]), 0.0, "bf16-mixed: {n} moved");
     }

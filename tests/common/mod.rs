@@ -1,7 +1,7 @@
 //! Shared test fixtures: a small regression data set and an MLP whose layer sizes divide by
 //! none of 2, 3 and 4.
 
-use candle_core::{Device, Tensor, D};
+use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{Linear, Module};
 use wick::core::Wrapped;
 use wick::core::{
@@ -432,4 +432,35 @@ impl Collective for Recording {
         // Sub-worlds are not recorded: the log shows this channel's calls only.
         self.inner.split(color)
     }
+}
+
+/// How far the parameters `got` ended from `want`, relative to how far `want` moved from
+/// `init`: the norm of `got - want` over the norm of `want - init`, over every parameter
+/// all three hold. A bound on it bounds the error of the update itself, whatever the
+/// learning rate and number of steps, so the reference always moves far more than the
+/// tolerance (a bound of 0.1 is a tenth of the movement). Per-element bounds cannot do
+/// that for 16-bit compute under Adam, whose near-zero gradients flip sign with rounding
+/// and move an element a full learning rate either way.
+pub fn relative_update_error<'a>(
+    got: impl IntoIterator<Item = (&'a String, &'a Tensor)>, want: impl Fn(&str) -> Option<Tensor>,
+    init: impl Fn(&str) -> Option<Tensor>,
+) -> f32 {
+    let squared = |a: &Tensor, b: &Tensor| -> f64 {
+        let d = (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap()).unwrap();
+        d.sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap() as f64
+    };
+    let (mut error, mut moved) = (0f64, 0f64);
+    for (name, p) in got {
+        if let (Some(w), Some(i)) = (want(name), init(name)) {
+            error += squared(p, &w);
+            moved += squared(&w, &i);
+        }
+    }
+    assert!(moved > 0.0, "the reference did not move");
+    (error / moved).sqrt() as f32
 }

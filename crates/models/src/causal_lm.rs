@@ -250,7 +250,8 @@ impl CausalLm {
     /// The mean cross-entropy of `targets` (`[batch, time]`, u32) under the logits of `ids`,
     /// over the targets that are not [`wick_nn::IGNORE_INDEX`] (`transformers`' -100 labels).
     /// The output projection and the loss are one op ([`wick_nn::linear_cross_entropy`]),
-    /// so the `[batch, time, vocab]` logits are never made whole.
+    /// so on the CPU the `[batch, time, vocab]` logits are never made whole (on CUDA its
+    /// composite makes them).
     pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
         self.loss_with(ids, targets, None)
     }

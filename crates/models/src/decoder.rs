@@ -270,7 +270,7 @@ impl Decoder {
 
     /// The mean cross-entropy of `targets` (`[batch, time]`, u32; [`wick_nn::IGNORE_INDEX`]
     /// not counted) under the logits of `ids`, by [`wick_nn::linear_cross_entropy`]: the
-    /// output projection and the loss in one op, so the logits never exist whole.
+    /// output projection and the loss in one op, so on the CPU the logits never exist whole.
     pub(crate) fn loss(
         &self, ids: &Tensor, targets: &Tensor, dropout: Option<DropoutKey>,
     ) -> Result<Tensor> {

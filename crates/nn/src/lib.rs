@@ -17,7 +17,8 @@
 //! - [`cross_entropy`]: mean negative log-likelihood from logits, over the targets that are
 //!   not [`IGNORE_INDEX`];
 //! - [`linear_cross_entropy`]: a language model's output projection and its loss in one
-//!   op, a chunk of rows at a time, so that the whole logits never exist;
+//!   op, a chunk of rows at a time, so that the whole logits never exist (16-bit inputs
+//!   are multiplied in f32; on CUDA its composite makes the whole logits);
 //! - [`Linear`] ([`linear`]): candle-nn's linear layer, its bias added by one op whose
 //!   backward sums the bias gradient row by row;
 //! - [`swiglu`]: Llama's gated activation `silu(gate) * up`.

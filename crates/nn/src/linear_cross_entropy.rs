@@ -31,8 +31,11 @@ const CHUNK_ELEMENTS: usize = 8 << 20;
 /// `[n, hidden]`, `weight` `[vocab, hidden]`), soft-capped first to `cap tanh(z / cap)`
 /// when `softcap` is given (Gemma 2's final logits), over the rows whose target is not
 /// [`IGNORE_INDEX`]: the same loss as [`cross_entropy`] of those logits, without making
-/// them whole. Fused on the CPU for f32 inputs and u32 targets;
-/// [`linear_cross_entropy_composite`] elsewhere.
+/// them whole. Fused on the CPU for f32, bf16 and f16 inputs and u32 targets (16-bit
+/// inputs are multiplied in f32, as torch's autocast computes a loss: each is cast once,
+/// its own size, and the logits are still made a chunk at a time); the loss is f32.
+/// [`linear_cross_entropy_composite`] elsewhere (CUDA, other dtypes), which makes the
+/// whole logits.
 pub fn linear_cross_entropy(
     x: &Tensor, weight: &Tensor, targets: &Tensor, softcap: Option<f64>,
 ) -> Result<Tensor> {
@@ -45,6 +48,14 @@ pub fn linear_cross_entropy(
             weight.dims(),
             targets.dims()
         )
+    }
+    let sixteen_bit = |t: &Tensor| matches!(t.dtype(), DType::BF16 | DType::F16);
+    let on_cpu = x.device().is_cpu() && weight.device().is_cpu();
+    if on_cpu && targets.dtype() == DType::U32 && (sixteen_bit(x) || sixteen_bit(weight)) {
+        // The casts are ops of the graph: their backward hands each input its gradient in
+        // its own dtype.
+        let (x, weight) = (x.to_dtype(DType::F32)?, weight.to_dtype(DType::F32)?);
+        return linear_cross_entropy(&x, &weight, targets, softcap);
     }
     if !(fused(&[x, weight]) && targets.dtype() == DType::U32) {
         return linear_cross_entropy_composite(x, weight, targets, softcap);

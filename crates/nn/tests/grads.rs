@@ -9,6 +9,7 @@ use wick_nn::{
     swiglu, swiglu_composite, AttentionOptions, LayerNorm, LoraParts, RmsNorm, RotaryEmbedding,
 };
 
+#[allow(dead_code)] // what the other test binary uses
 mod common;
 
 use common::{check, max_diff, values, var};

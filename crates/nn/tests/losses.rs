@@ -1,10 +1,11 @@
 //! The fused losses against the composite Candle ops of the same loss: the loss and every
-//! input's gradient within 1e-5 (f32), ignored targets, chunks of rows, frozen weights.
+//! input's gradient within 1e-5 of each tensor's size (f32), ignored targets, chunks of rows, frozen weights.
 
+#[allow(dead_code)] // what the other test binary uses
 mod common;
 
-use candle_core::{Device, Tensor};
-use common::{check, max_diff, var, TOLERANCE};
+use candle_core::{DType, Device, Tensor, Var};
+use common::{assert_close, check_within, max_diff, var, Bound};
 use wick_nn::{
     cross_entropy, cross_entropy_composite, linear_cross_entropy, linear_cross_entropy_composite,
     IGNORE_INDEX,
@@ -17,11 +18,12 @@ fn cross_entropy_matches_the_composite() {
             .map(|i| ((i * 7 + seed) % classes) as u32)
             .collect();
         let targets = Tensor::new(targets, &Device::Cpu).unwrap();
-        check(
+        check_within(
             &format!("cross_entropy {rows}x{classes}"),
             &[var(&[rows, classes], seed as u64, 3.0)],
             |t| cross_entropy(&t[0], &targets),
             |t| cross_entropy_composite(&t[0], &targets),
+            Bound::Relative,
         );
     }
 }
@@ -39,11 +41,12 @@ fn cross_entropy_counts_only_targets_that_are_not_ignored() {
         .collect();
     let targets = Tensor::new(ids.clone(), &Device::Cpu).unwrap();
     let logits = var(&[rows, classes], 70, 3.0);
-    check(
+    check_within(
         "cross_entropy with ignored rows",
         std::slice::from_ref(&logits),
         |t| cross_entropy(&t[0], &targets),
         |t| cross_entropy_composite(&t[0], &targets),
+        Bound::Relative,
     );
     // Equal to the mean over the counted rows alone.
     let kept: Vec<u32> = (0..rows as u32)
@@ -93,7 +96,7 @@ fn linear_cross_entropy_matches_the_composite() {
     for (rows, hidden, vocab, seed) in [(37, 16, 11, 20), (300, 24, 70_001, 21), (1, 8, 5, 22)] {
         for softcap in [None, Some(3.0)] {
             let targets = some_ignored(rows, vocab, 4);
-            check(
+            check_within(
                 &format!("linear_cross_entropy {rows}x{hidden}x{vocab} cap {softcap:?}"),
                 &[
                     var(&[rows, hidden], seed, 1.0),
@@ -101,6 +104,7 @@ fn linear_cross_entropy_matches_the_composite() {
                 ],
                 |t| linear_cross_entropy(&t[0], &t[1], &targets, softcap),
                 |t| linear_cross_entropy_composite(&t[0], &t[1], &targets, softcap),
+                Bound::Relative,
             );
         }
     }
@@ -118,7 +122,12 @@ fn linear_cross_entropy_leaves_a_frozen_weight_alone_and_makes_late_gradients_al
     let composite = linear_cross_entropy_composite(x.as_tensor(), &frozen, &targets, None).unwrap();
     let (gf, gc) = (fused.backward().unwrap(), composite.backward().unwrap());
     assert!(gf.get(&frozen).is_none());
-    assert!(max_diff(gf.get(&x).unwrap(), gc.get(&x).unwrap()) <= TOLERANCE);
+    assert_close(
+        "the input's gradient",
+        gf.get(&x).unwrap(),
+        gc.get(&x).unwrap(),
+        Bound::Relative,
+    );
     // A forward under no_grad keeps no gradients; a backward after it makes them then,
     // scaled by the loss's incoming gradient, the same as a forward that kept them.
     let late = wick_core::no_grad(|| {
@@ -165,4 +174,47 @@ fn linear_cross_entropy_leaves_a_frozen_weight_alone_and_makes_late_gradients_al
     );
     let e = linear_cross_entropy(w.as_tensor(), x.as_tensor(), &targets, None).unwrap_err();
     assert!(e.to_string().contains("do not fit"), "{e}");
+}
+
+#[test]
+fn linear_cross_entropy_fuses_16_bit_inputs_multiplied_in_f32() {
+    // bf16-mixed and 16-mixed hand the loss 16-bit activations and weights: the fused op
+    // multiplies them in f32 (the reference: the composite over the same values in f32),
+    // returns an f32 loss, and hands each input its gradient in its own dtype.
+    let (rows, hidden, vocab) = (64, 16, 5000);
+    let targets = some_ignored(rows, vocab, 5);
+    for (dtype, ulp) in [(DType::BF16, 1.0 / 128.0), (DType::F16, 1.0 / 1024.0)] {
+        for softcap in [None, Some(3.0)] {
+            let sixteen = |v: Var| Var::from_tensor(&v.to_dtype(dtype).unwrap()).unwrap();
+            let (x, w) = (
+                sixteen(var(&[rows, hidden], 30, 1.0)),
+                sixteen(var(&[vocab, hidden], 31, 1.0)),
+            );
+            let f32_of = |v: &Var| Var::from_tensor(&v.to_dtype(DType::F32).unwrap()).unwrap();
+            let (xr, wr) = (f32_of(&x), f32_of(&w));
+            let fused = linear_cross_entropy(&x, &w, &targets, softcap).unwrap();
+            let reference = linear_cross_entropy_composite(&xr, &wr, &targets, softcap).unwrap();
+            assert_eq!(fused.dtype(), DType::F32);
+            let what = format!("{dtype:?} cap {softcap:?}");
+            assert_close(
+                &format!("{what}: the loss"),
+                &fused,
+                &reference,
+                Bound::Relative,
+            );
+            let (gf, gr) = (fused.backward().unwrap(), reference.backward().unwrap());
+            for (input, input_f32, name) in [(&x, &xr, "x"), (&w, &wr, "weight")] {
+                let got = gf.get(input).unwrap();
+                assert_eq!(got.dtype(), dtype, "{what}: {name}'s gradient");
+                let want = gr.get(input_f32).unwrap();
+                // Both are the f32 gradient; the fused one is rounded to 16 bits once.
+                let diff = max_diff(&got.to_dtype(DType::F32).unwrap(), want);
+                let size = common::max_abs(want);
+                assert!(
+                    diff <= ulp * size,
+                    "{what}: {name}'s gradient differs by {diff} of {size}"
+                );
+            }
+        }
+    }
 }

@@ -173,8 +173,8 @@ pub(crate) fn collect_ranks<T>(
         .iter()
         .find(|(_, _, e)| collective(e).and_then(|c| c.blames()).is_none())
         .map(|(r, m, _)| (*r, m.clone()));
-    // A rank that stalled is missing from every timeout; a rank that only came late to
-    // one call (waiting in another, or giving up itself) is not.
+    // A stall: the timeouts name the ranks that were in no collective when they fired.
+    // Those that timed out themselves only gave up later; of the rest, the rank named most.
     let stalled = || {
         let timeouts: Vec<(Vec<usize>, &String)> = errors
             .iter()
@@ -183,11 +183,24 @@ pub(crate) fn collect_ranks<T>(
                 _ => None,
             })
             .collect();
-        let (first, message) = timeouts.first()?;
-        first
+        let timed_out = |r: usize| {
+            errors.iter().any(|(q, _, e)| {
+                *q == r && matches!(collective(e), Some(CollectiveError::Timeout { .. }))
+            })
+        };
+        let named = |r: usize| {
+            timeouts
+                .iter()
+                .filter(|(missing, _)| missing.contains(&r))
+                .count()
+        };
+        let (_, message) = timeouts.first()?;
+        timeouts
             .iter()
-            .find(|r| timeouts.iter().all(|(missing, _)| missing.contains(r)))
-            .map(|&r| (r, (*message).clone()))
+            .flat_map(|(missing, _)| missing.iter().copied())
+            .filter(|&r| !timed_out(r))
+            .max_by_key(|&r| (named(r), std::cmp::Reverse(r)))
+            .map(|r| (r, (*message).clone()))
     };
     let (rank, message) = own
         .or_else(stalled)

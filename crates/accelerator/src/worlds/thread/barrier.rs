@@ -12,7 +12,8 @@
 //!   would return to a caller that frees buffers a peer is still copying from. The
 //!   [`Closing`] guard arrives on drop, so a panic inside the copies arrives too.
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use wick_core::{lock, CollectiveError};
 
@@ -26,8 +27,6 @@ struct State {
     open_generation: u64,
     /// Bumped each time every rank passed the closing wait.
     close_generation: u64,
-    /// Which ranks wait at the opening wait now, for a timeout to name the others.
-    present: Vec<bool>,
     failure: Option<(usize, String)>,
     left: Vec<bool>,
 }
@@ -38,6 +37,10 @@ pub(crate) struct RankBarrier {
     size: usize,
     /// Each rank's name in errors: its rank in the world the split worlds come from.
     names: Vec<usize>,
+    /// Whether each rank of that first world waits in an opening wait, of this world or
+    /// of any split from the same first world: a timeout names the ranks in none (they
+    /// stalled), not those blocked in another world's call.
+    waiting: Arc<[AtomicBool]>,
     state: Mutex<State>,
     wake: Condvar,
     timeout: Duration,
@@ -56,14 +59,15 @@ impl Drop for Closing<'_> {
 }
 
 impl RankBarrier {
-    /// The waits of ranks that errors name `names` (one each).
-    pub(crate) fn new(names: Vec<usize>, timeout: Duration) -> Self {
+    /// The waits of ranks that errors name `names` (one each), which `waiting` flags (by
+    /// name) while they wait.
+    pub(crate) fn new(names: Vec<usize>, waiting: Arc<[AtomicBool]>, timeout: Duration) -> Self {
         let size = names.len();
         RankBarrier {
             size,
             names,
+            waiting,
             state: Mutex::new(State {
-                present: vec![false; size],
                 left: vec![false; size],
                 ..State::default()
             }),
@@ -98,10 +102,12 @@ impl RankBarrier {
             return Err(e);
         }
         state.opened += 1;
-        state.present[rank] = true;
+        self.set_waiting(rank, true);
         if state.opened == self.size {
             state.opened = 0;
-            state.present.fill(false);
+            self.names
+                .iter()
+                .for_each(|&n| self.waiting[n].store(false, Ordering::SeqCst));
             state.open_generation = state.open_generation.wrapping_add(1);
             self.wake.notify_all();
             return Ok(Closing { barrier: self });
@@ -118,9 +124,10 @@ impl RankBarrier {
                     rank: self.names[rank],
                     op,
                     seconds: self.timeout.as_secs(),
-                    missing: (0..self.size)
-                        .filter(|&r| !state.present[r])
-                        .map(|r| self.names[r])
+                    missing: (0..self.waiting.len())
+                        .filter(|&r| {
+                            r != self.names[rank] && !self.waiting[r].load(Ordering::SeqCst)
+                        })
                         .collect(),
                 })
             });
@@ -128,11 +135,15 @@ impl RankBarrier {
                 // Withdrawn under the same lock that completes a generation: the ranks
                 // still waiting can no longer pass without this one.
                 state.opened -= 1;
-                state.present[rank] = false;
+                self.set_waiting(rank, false);
                 return Err(error);
             }
             state = self.wait_timeout(state, deadline - now);
         }
+    }
+
+    fn set_waiting(&self, rank: usize, on: bool) {
+        self.waiting[self.names[rank]].store(on, Ordering::SeqCst);
     }
 
     /// Why the ranks can no longer all meet: a failure, or a rank that left.
@@ -183,9 +194,30 @@ impl RankBarrier {
         self.wake.notify_all();
     }
 
+    /// The wait flags this world shares with the worlds split from the same first one.
+    pub(crate) fn waiting(&self) -> Arc<[AtomicBool]> {
+        self.waiting.clone()
+    }
+
     /// How errors name `rank`.
     pub(crate) fn name(&self, rank: usize) -> usize {
         self.names[rank]
+    }
+
+    /// Records in `child` (a world of `members`, ranks here) the failure here if one of
+    /// them failed, and which of them left.
+    pub(crate) fn pass_on(&self, child: &RankBarrier, members: &[usize]) {
+        let state = self.lock();
+        if let Some((failed, reason)) = &state.failure {
+            if members.iter().any(|&m| self.names[m] == *failed) {
+                child.fail(*failed, reason.clone());
+            }
+        }
+        for (sub, &m) in members.iter().enumerate() {
+            if state.left[m] {
+                child.leave(sub);
+            }
+        }
     }
 
     /// The failure recorded, if any.
@@ -206,11 +238,18 @@ impl RankBarrier {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
+
+    fn flags(n: usize) -> Arc<[AtomicBool]> {
+        (0..n).map(|_| AtomicBool::new(false)).collect()
+    }
 
     #[test]
     fn a_failure_does_not_end_the_closing_wait_while_a_peer_copies() {
-        let barrier = Arc::new(RankBarrier::new(vec![0, 1], Duration::from_millis(50)));
+        let barrier = Arc::new(RankBarrier::new(
+            vec![0, 1],
+            flags(2),
+            Duration::from_millis(50),
+        ));
         let copied = Arc::new(AtomicBool::new(false));
         let peer = {
             let (barrier, copied) = (barrier.clone(), copied.clone());
@@ -237,7 +276,7 @@ mod tests {
 
     #[test]
     fn a_timed_out_opening_wait_withdraws_its_arrival() {
-        let barrier = RankBarrier::new(vec![0, 1], Duration::from_millis(50));
+        let barrier = RankBarrier::new(vec![0, 1], flags(2), Duration::from_millis(50));
         let e = barrier.open(0, "test").err().unwrap().to_string();
         assert!(
             e.contains("timed out") && e.contains("waiting for rank 1"),
@@ -251,7 +290,11 @@ mod tests {
 
     #[test]
     fn a_panic_inside_the_copies_still_arrives_at_the_closing_wait() {
-        let barrier = Arc::new(RankBarrier::new(vec![0, 1], Duration::from_secs(600)));
+        let barrier = Arc::new(RankBarrier::new(
+            vec![0, 1],
+            flags(2),
+            Duration::from_secs(600),
+        ));
         let peer = {
             let barrier = barrier.clone();
             std::thread::spawn(move || {

@@ -5,7 +5,7 @@ use super::barrier::RankBarrier;
 use crate::worlds::call::{CallHeader, Op};
 use candle_core::DType;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use wick_core::lock;
@@ -126,16 +126,18 @@ impl Published {
 impl Shared {
     /// The state of a new world of `size` ranks whose waits give up after `timeout`.
     pub(crate) fn new(size: usize, timeout: Duration) -> Arc<Self> {
-        Self::named((0..size).collect(), timeout)
+        let waiting = (0..size).map(|_| AtomicBool::new(false)).collect();
+        Self::named((0..size).collect(), waiting, timeout)
     }
 
-    /// A world whose ranks errors name `names` (their ranks in the world split first).
-    fn named(names: Vec<usize>, timeout: Duration) -> Arc<Self> {
+    /// A world whose ranks errors name `names` (their ranks in the world split first),
+    /// flagged in that world's `waiting`.
+    fn named(names: Vec<usize>, waiting: Arc<[AtomicBool]>, timeout: Duration) -> Arc<Self> {
         let size = names.len();
         Arc::new(Shared {
             size,
             slots: (0..size).map(|_| Slot::default()).collect(),
-            barrier: RankBarrier::new(names, timeout),
+            barrier: RankBarrier::new(names, waiting, timeout),
             timeout,
             children: Mutex::default(),
         })
@@ -160,7 +162,10 @@ impl Shared {
             return world;
         }
         let names = members.iter().map(|&m| self.barrier.name(m)).collect();
-        let world = Shared::named(names, self.timeout);
+        let world = Shared::named(names, self.barrier.waiting(), self.timeout);
+        // A member may have failed or left before this world was made (the world its
+        // first member made may be gone with that member's handle): it hears of it now.
+        self.barrier.pass_on(&world.barrier, &members);
         children.insert(key, (members, Arc::downgrade(&world)));
         world
     }
