@@ -1,29 +1,62 @@
 #!/usr/bin/env bash
-# The real-size rows in one run: a model of SmolLM2-135M's shape (or any decoder directory)
-# fine-tuned under fsdp full_shard at W=2, full and with LoRA of rank 16, each with the
-# blocks' activations kept and recomputed, by wick (`throughput --hf`, ranks as threads)
-# and by transformers + peft under FSDP2 (`torch_baseline.py --hf`, ranks as processes over
-# gloo, fused AdamW, wick's malloc thresholds), alternating row by row so that the machine's
-# drift falls on both alike. One process per row, so each row's peak memory is its own.
-# Prints the CPU and its vector ISA, then each row of both.
+# The real-size rows, like for like: a model of SmolLM2-135M's shape (or any decoder
+# directory) fine-tuned under fsdp full_shard at W=2, fully and with LoRA of rank 16, each
+# with the blocks' activations kept and recomputed, by
+# - wick with its two ranks as threads of one process (`throughput --hf`),
+# - wick with its two ranks as two processes under `mpirun -np 2` (`throughput --hf
+#   --processes`, a build with `--features mpi`), each in a pool of cores / 2 threads,
+# - transformers + peft under FSDP2, two processes over gloo (`torch_baseline.py --hf`):
+#   fused AdamW, cores / 2 threads a process, the model made on the meta device and
+#   materialised shard by shard (torchtitan's way),
+# all with wick's malloc thresholds, alternating row by row for ROUNDS rounds so that the
+# machine's drift falls on all alike. Every row's memory is measured from outside, the
+# same way for all (`scripts/rss_peak.py`: each rank process's largest resident size, and
+# the largest sum of the ranks' sizes at one moment). Prints the CPU and its vector ISA,
+# each row as it comes, then the table (`scripts/real_size_table.py`): tokens/s and peaks
+# as the median [min-max] of the rounds.
 #
-# usage: scripts/real-size-rows.sh THROUGHPUT DIR PYTHON
-#   THROUGHPUT  cargo build --release --example throughput
-#   DIR         python scripts/hf_fixtures.py --smollm2-135m DIR
-#   PYTHON      a python with torch, transformers and peft (not in CI)
+# usage: scripts/real-size-rows.sh THROUGHPUT THROUGHPUT_MPI DIR PYTHON [ROUNDS] [CONFIGS]
+#   THROUGHPUT      cargo build --release --example throughput
+#   THROUGHPUT_MPI  the same with --features mpi, copied aside
+#   DIR             python scripts/hf_fixtures.py --smollm2-135m DIR
+#   PYTHON          a python with torch, transformers, peft and safetensors (not in CI)
+#   ROUNDS          default 5
+#   CONFIGS         default "full full+ac lora lora+ac"
 set -euo pipefail
 bin=$(realpath "$1")
-dir=$2
-py=$3
-malloc=(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=134217728)
+bin_mpi=$(realpath "$2")
+dir=$3
+py=$4
+rounds=${5:-5}
+configs=${6:-full full+ac lora lora+ac}
+here=$(dirname "$0")
+export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=134217728
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 isa=$(grep -m1 '^flags' /proc/cpuinfo | grep -qw avx512f && echo AVX-512 || \
   (grep -m1 '^flags' /proc/cpuinfo | grep -qw avx2 && echo AVX2 || echo 'no AVX2'))
 echo "cpu: $cpu, $(nproc) cores, $isa"
-for lora in "" 16; do
-  for ac in "" --checkpoint-activations; do
-    "$bin" --hf "$dir" ${lora:+--lora-rank $lora} $ac | grep '^impl=wick'
-    env "${malloc[@]}" "$py" scripts/torch_baseline.py --d-model --worlds 2 \
-      --strategies fsdp_full_shard --hf "$dir" ${lora:+--lora $lora} $ac | grep '^impl=torch'
+log=$(mktemp)
+# One row: its line (impl=...) and its sampled peak, labelled with the config.
+row() {
+  local config=$1 ranks=$2
+  shift 2
+  "$py" "$here/rss_peak.py" "$ranks" -- "$@" | grep -E '^(impl=(wick|torch) model|rss_peak)' \
+    | sed "s/^/config=$config /" | tee -a "$log"
+}
+for round in $(seq "$rounds"); do
+  echo "round $round"
+  for config in $configs; do
+    lora=
+    ac=
+    case $config in lora*) lora=16 ;; esac
+    case $config in *+ac) ac=--checkpoint-activations ;; esac
+    wick=(--hf "$dir" ${lora:+--lora-rank $lora} $ac)
+    row "$config" '^\S*/throughput ' "$bin" "${wick[@]}"
+    row "$config" '^\S*/throughput ' mpirun --allow-run-as-root --oversubscribe --bind-to none \
+      -np 2 -x MALLOC_MMAP_THRESHOLD_ -x MALLOC_TRIM_THRESHOLD_ "$bin_mpi" "${wick[@]}" --processes
+    row "$config" 'spawn_main' "$py" "$here/torch_baseline.py" --d-model --worlds 2 \
+      --strategies fsdp_full_shard --hf "$dir" ${lora:+--lora $lora} $ac
   done
 done
+"$py" "$here/real_size_table.py" "$log"
+rm -f "$log"

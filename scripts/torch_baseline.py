@@ -27,8 +27,10 @@ sequence 256, global batch 8 (`model=hf:DIR`), and with `--lora R` peft's LoRA o
 on it (`model=hf:DIR+loraR`: alpha 2R, every linear layer of a block; only the adapters in
 the optimizer). `--checkpoint-activations` recomputes each block in backward, torchtitan's
 way (`checkpoint_wrapper` around each block before `fully_shard`; rows labelled
-`activation_checkpointing=full`). Each row's `peak_rss_mb` is the sum over its ranks of each
-process's peak resident memory.
+`activation_checkpointing=full`). Under FSDP2 the `--hf` model is made on the meta device and
+materialised shard by shard, the weights broadcast from rank 0 (torchtitan's way). Each row's
+`peak_rss_mb` is the sum over its ranks of each process's peak resident memory, as the
+process sees it; `scripts/rss_peak.py` measures both sides the same way from outside.
 
 Needs torch (and, for --llama and --hf, transformers; for --lora, peft); CI does not run it.
 """
@@ -96,14 +98,23 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 class Pretrained(nn.Module):
     """A Hugging Face directory's model (`AutoModelForCausalLM`, f32, sdpa attention), with
     peft's LoRA of rank `lora` (alpha 2r, every linear layer of a block, no dropout) if
-    given, as the example's `--hf DIR --lora-rank R` trains it."""
+    given, as the example's `--hf DIR --lora-rank R` trains it. With `meta`, made on the
+    meta device, as FSDP2 users build a model (torchtitan): no process ever holds it whole;
+    `materialize` then makes each rank's shards and loads the weights into them."""
 
-    def __init__(self, path, lora=None):
+    def __init__(self, path, lora=None, meta=False):
         super().__init__()
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        self.lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                       attn_implementation="sdpa")
+        self.path = path
+        if meta:
+            config = AutoConfig.from_pretrained(path)
+            with torch.device("meta"):
+                self.lm = AutoModelForCausalLM.from_config(
+                    config, dtype=torch.float32, attn_implementation="sdpa")
+        else:
+            self.lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                           attn_implementation="sdpa")
         self.blocks = self.lm.model.layers
         if lora:
             from peft import LoraConfig, get_peft_model
@@ -115,6 +126,39 @@ class Pretrained(nn.Module):
     def forward(self, ids, targets):
         logits = self.lm(input_ids=ids).logits
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def materialize(self, rank):
+        """After `fully_shard` on a meta model: each rank's shards made on the CPU, the
+        weights read by rank 0 (bf16 as stored, cast to f32) and broadcast into them
+        (`set_model_state_dict`, torchtitan's way), the rotary tables made again (buffers
+        that are not in the file), and LoRA's adapters set (A to 1/r, B to 0: values that
+        do not change a step's cost)."""
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                               set_model_state_dict)
+
+        self.to_empty(device="cpu")
+        full = {}
+        if rank == 0:
+            stored = load_file(os.path.join(self.path, "model.safetensors"))
+            for name in self.state_dict():
+                key = (name.removeprefix("lm.").removeprefix("base_model.model.")
+                       .replace("._checkpoint_wrapped_module", "").replace(".base_layer.", "."))
+                if key in stored:
+                    full[name] = stored[key].to(torch.float32)
+        set_model_state_dict(self, full, options=StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=True, strict=False))
+        for module in self.modules():
+            if hasattr(module, "inv_freq") and hasattr(module, "config"):
+                fresh = type(module)(config=module.config)
+                module.inv_freq = fresh.inv_freq
+                if hasattr(module, "original_inv_freq"):
+                    module.original_inv_freq = fresh.original_inv_freq
+            if hasattr(module, "lora_A"):
+                for a in module.lora_A.values():
+                    a.weight.data.fill_(1.0 / a.weight.shape[0])
+                for b in module.lora_B.values():
+                    b.weight.data.zero_()
 
 
 class Llama(nn.Module):
@@ -154,7 +198,9 @@ def run(rank, world, model_name, strategy, threads, port, compiled, recompute, o
         dist.init_process_group("gloo", rank=rank, world_size=world)
     if model_name.startswith("hf:"):
         path, _, lora = model_name.removeprefix("hf:").partition("+lora")
-        model = Pretrained(path, int(lora) if lora else None)
+        # FSDP2 users build the model on the meta device and shard it before it has memory.
+        meta = strategy == "fsdp_full_shard"
+        model = Pretrained(path, int(lora) if lora else None, meta=meta)
         vocab, (batch, seq) = model.lm.config.vocab_size, HF_SHAPE
     elif model_name == "llama":
         model, vocab, batch, seq = Llama(), LLAMA["vocab_size"], LLAMA_BATCH, LLAMA_SEQ
@@ -175,6 +221,8 @@ def run(rank, world, model_name, strategy, threads, port, compiled, recompute, o
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)
+        if isinstance(model, Pretrained) and model_name.startswith("hf:"):
+            model.materialize(rank)
     step_model = torch.compile(model) if compiled else model
     # Frozen weights (LoRA's base) have no optimizer state.
     params = [p for p in model.parameters() if p.requires_grad]

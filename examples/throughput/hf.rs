@@ -1,12 +1,13 @@
-//! `--hf DIR [--lora-rank R] [--checkpoint-activations]`: the model of a Hugging Face
-//! directory (for the real-size row, the SmolLM2-135M-shaped one `scripts/hf_fixtures.py
-//! --smollm2-135m DIR` writes) under fsdp full_shard at W=2 with the ranks as threads,
-//! sequence 256, global batch 8, fully fine-tuned or with LoRA of rank R (alpha 2R, every
-//! linear layer of a block, no dropout), each block keeping its activations or (with
-//! `--checkpoint-activations`) recomputing them in backward. One run per process, so that
-//! the row's `peak_rss_mb` (the process's peak resident memory, both ranks together) is
-//! that run's. `scripts/torch_baseline.py --hf DIR [--lora R] [--checkpoint-activations]`
-//! prints the same row for transformers (and peft) with FSDP2.
+//! `--hf DIR [--lora-rank R] [--checkpoint-activations] [--processes]`: the model of a
+//! Hugging Face directory (for the real-size row, the SmolLM2-135M-shaped one
+//! `scripts/hf_fixtures.py --smollm2-135m DIR` writes) under fsdp full_shard at W=2, the
+//! ranks as threads or (`--processes`, under `mpirun -np 2`) as processes, sequence 256,
+//! global batch 8, fully fine-tuned or with LoRA of rank R (alpha 2R, every linear layer of
+//! a block, no dropout), each block keeping its activations or (with
+//! `--checkpoint-activations`) recomputing them in backward. Its peak memory is measured
+//! from outside the process, the same way as PyTorch's (`scripts/rss_peak.py`).
+//! `scripts/torch_baseline.py --hf DIR [--lora R] [--checkpoint-activations]` prints the
+//! same row for transformers (and peft) with FSDP2.
 //!
 //! The model FLOPs per token are the model's own (`ModelConfig::flops_per_token`, what the
 //! loggers' `mfu` uses): PaLM's 6 x the parameters that multiply (the embedding table too
@@ -25,18 +26,15 @@ use wick::trainer::Attached;
 const SEQ: usize = 256;
 const BATCH: usize = 8;
 
-/// The process's peak resident memory in MB (Linux's `VmHWM`), if known.
-fn peak_rss_mb() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024.0 / 1e6)
-}
-
 /// The row of `dir`'s model under fsdp full_shard at W=2, with LoRA of `rank` if given and
-/// every block recomputed in backward if `recompute`; `peak` is the measured GEMM peak the
-/// utilisation is taken over.
-pub fn hf_row(dir: &Path, rank: Option<usize>, recompute: bool, peak: f64) -> anyhow::Result<()> {
+/// every block recomputed in backward if `recompute`, over `ranks` (two ranks, and the
+/// transport they are named by); `peak` is the measured GEMM peak the utilisation is taken
+/// over, if measured. Rank 0 prints the row.
+pub fn hf_row(
+    dir: &Path, rank: Option<usize>, recompute: bool, ranks: (Accelerator, &str),
+    peak: Option<f64>,
+) -> anyhow::Result<()> {
+    let (accelerator, transport) = ranks;
     let load = std::time::Instant::now();
     let mut model = CausalLm::from_pretrained(dir)?;
     let vocab = model.config().vocab_size() as u64;
@@ -65,20 +63,25 @@ pub fn hf_row(dir: &Path, rank: Option<usize>, recompute: bool, peak: f64) -> an
     let strategy = Fsdp::new(FsdpSharding::FullShard)
         .with_activation_checkpointing(ac)
         .build();
-    let (mut trainer, clock) = timed_trainer(Accelerator::cpu(2)?, strategy)?;
+    let rank0 = accelerator.local_ranks().start == 0;
+    let world = accelerator.world_size();
+    let (mut trainer, clock) = timed_trainer(accelerator, strategy)?;
     let mut model = Attached::new(model);
     trainer.fit(&mut model, &random_windows(vocab, SEQ, BATCH, 11), None)?;
     let step = median_step(&clock.0.lock().unwrap());
     let trainable = model.num_parameters().unwrap_or(0);
     let frozen = model.num_frozen_parameters().unwrap_or(0);
+    if !rank0 {
+        return Ok(());
+    }
     let tps = (BATCH * SEQ) as f64 / step;
     let gflops = tps * per_token / 1e9;
-    let rss = peak_rss_mb().map_or(String::new(), |mb| format!(" peak_rss_mb={mb:.0}"));
     println!(
-        "impl=wick model={name} strategy=fsdp_full_shard{ac_label} world=2 \
-         transport=threads parameters={trainable} frozen={frozen} flops_per_token={per_token:.0} \
-         tokens_per_s={tps:.1} gflops={gflops:.1} mfu={:.3}{rss} run_s={:.0}",
-        gflops / peak,
+        "impl=wick model={name} strategy=fsdp_full_shard{ac_label} world={world} \
+         transport={transport} parameters={trainable} frozen={frozen} \
+         flops_per_token={per_token:.0} tokens_per_s={tps:.1} gflops={gflops:.1}{} \
+         run_s={:.0}",
+        peak.map_or(String::new(), |p| format!(" mfu={:.3}", gflops / p)),
         load.elapsed().as_secs_f64()
     );
     Ok(())

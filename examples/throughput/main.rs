@@ -42,9 +42,10 @@
 //! Like the `wick` program, it makes wick's process-wide settings for CPU training first
 //! (`tune_host_process`); the plain Candle loop's child process runs without them.
 //!
-//! `--hf DIR [--lora-rank R] [--checkpoint-activations]` is the real-size row (`hf.rs`): a
-//! Hugging Face directory's model under fsdp full_shard at W=2, fully fine-tuned or with
-//! LoRA, keeping or recomputing activations, with its peak memory.
+//! `--hf DIR [--lora-rank R] [--checkpoint-activations] [--processes]` is the real-size row
+//! (`hf.rs`): a Hugging Face directory's model under fsdp full_shard at W=2, fully
+//! fine-tuned or with LoRA, keeping or recomputing activations, its ranks as threads or
+//! (`--processes`, under `mpirun -np 2`) as processes.
 //!
 //! `--profile` prints where a step's time goes (`profile.rs`): for the GPT at d_model 512
 //! (single, fsdp full_shard and ddp at W=2) and the Llama (single, full_shard at W=2),
@@ -353,6 +354,19 @@ enum Ranks {
     Mpi,
 }
 
+/// This process as one of the ranks `mpirun` started, in a pool of `cores / W` threads (as
+/// each of PyTorch's processes runs `cores / W`).
+fn process_accelerator() -> anyhow::Result<Accelerator> {
+    let accelerator = Accelerator::from_env(None)?;
+    anyhow::ensure!(
+        accelerator.launcher().is_some(),
+        "--processes needs mpirun (and a build with --features mpi)"
+    );
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per_rank = (cores / accelerator.world_size()).max(1);
+    Ok(accelerator.with_thread_budget(ThreadBudget::per_rank(per_rank)?))
+}
+
 /// The `--compare` rows: `models` under single, ddp at W=2 and fsdp full_shard at W=2 as
 /// threads, or, started by `mpirun` (`--processes`), ddp and fsdp full_shard with this
 /// process as one rank; in the format `scripts/torch_baseline.py` prints PyTorch's, with
@@ -379,16 +393,7 @@ fn compare_rows(models: &[String], processes: bool) -> anyhow::Result<()> {
             let accelerator = match ranks {
                 Ranks::One => Accelerator::cpu(1)?,
                 Ranks::Threads => Accelerator::cpu(2)?,
-                Ranks::Mpi => {
-                    let accelerator = Accelerator::from_env(None)?;
-                    anyhow::ensure!(
-                        accelerator.launcher().is_some(),
-                        "--processes needs mpirun (and a build with --features mpi)"
-                    );
-                    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                    let per_rank = (cores / accelerator.world_size()).max(1);
-                    accelerator.with_thread_budget(ThreadBudget::per_rank(per_rank)?)
-                }
+                Ranks::Mpi => process_accelerator()?,
             };
             let world = accelerator.world_size();
             let rank0 = accelerator.local_ranks().start == 0;
@@ -439,10 +444,19 @@ fn main() -> anyhow::Result<()> {
     };
     if let Some(dir) = value("--hf") {
         let rank = value("--lora-rank").map(|r| r.parse()).transpose()?;
-        let peak = peak_gflops()?;
-        println!("peak_gflops={peak:.1}");
         let recompute = flag("--checkpoint-activations");
-        return hf::hf_row(std::path::Path::new(&dir), rank, recompute, peak);
+        // The GEMM peak is measured on all cores: where the ranks are processes, both
+        // would measure at once, so the row has no utilisation (as `--compare --processes`).
+        let (accelerator, transport, peak) = match flag("--processes") {
+            true => (process_accelerator()?, "mpi", None),
+            false => {
+                let peak = peak_gflops()?;
+                println!("peak_gflops={peak:.1}");
+                (Accelerator::cpu(2)?, "threads", Some(peak))
+            }
+        };
+        let dir = std::path::Path::new(&dir);
+        return hf::hf_row(dir, rank, recompute, (accelerator, transport), peak);
     }
     if flag("--compare") {
         let models = match args.iter().position(|a| a == "--models") {
