@@ -81,7 +81,10 @@ impl Collective for Faulty {
     }
 }
 
-fn strategies() -> Vec<(&'static str, fn() -> Box<dyn Strategy>)> {
+/// A strategy made fresh for each run.
+type Make = fn() -> Box<dyn Strategy>;
+
+fn strategies() -> Vec<(&'static str, Make)> {
     fn named(name: &str) -> Box<dyn Strategy> {
         wick::strategies::strategy_by_name(name).unwrap()
     }
@@ -176,7 +179,7 @@ fn draws(count: usize, seed: u64) {
         let (name, make) = &strategies[which];
         let rank = (next(&mut state) % RANKS as u64) as usize;
         let at = 1 + (next(&mut state) % calls[which][rank] as u64) as usize;
-        let kind = if next(&mut state) % 4 == 0 {
+        let kind = if next(&mut state).is_multiple_of(4) {
             Fault::Stall
         } else {
             Fault::Fail

@@ -58,7 +58,10 @@ pub struct Accelerator {
 /// counter, or a test's fault injector. It is given each rank's world (its rank and size
 /// are the world's) and returns the world the rank uses.
 #[derive(Clone)]
-pub struct WorldLayer(Arc<dyn Fn(Arc<dyn Collective>) -> Arc<dyn Collective> + Send + Sync>);
+pub struct WorldLayer(Arc<WrapWorld>);
+
+/// What a [`WorldLayer`] does to each rank's world.
+type WrapWorld = dyn Fn(Arc<dyn Collective>) -> Arc<dyn Collective> + Send + Sync;
 
 impl WorldLayer {
     /// A layer that wraps each rank's world with `wrap`.

@@ -28,7 +28,7 @@ impl ActivationCheckpointing {
         match self {
             ActivationCheckpointing::None => false,
             ActivationCheckpointing::Full => true,
-            ActivationCheckpointing::Every(k) => (unit + 1) % k.max(1) == 0,
+            ActivationCheckpointing::Every(k) => (unit + 1).is_multiple_of(k.max(1)),
         }
     }
 }

@@ -342,7 +342,7 @@ impl SimpleBackend for GuardedSource {
             Some(weights) if !fresh => ParamInit::Weights(weights.clone()),
             _ => ParamInit::Init(init),
         };
-        let trainable = lock(&self.trainable).as_ref().map_or(true, |f| f(name));
+        let trainable = lock(&self.trainable).as_ref().is_none_or(|f| f(name));
         self.source.get_or_create(ParamRequest {
             name,
             shape: &shape,

@@ -173,7 +173,7 @@ impl CausalSelfAttention {
     /// Attention over `d_model` wide inputs with `n_head` heads; weights `qkv` and `proj`
     /// from `vb` (as candle-nn's `linear` makes them).
     pub fn new(d_model: usize, n_head: usize, vb: VarBuilder) -> Result<Self> {
-        if n_head == 0 || d_model % n_head != 0 {
+        if n_head == 0 || !d_model.is_multiple_of(n_head) {
             candle_core::bail!("attention: {n_head} heads do not divide width {d_model}")
         }
         Ok(CausalSelfAttention {

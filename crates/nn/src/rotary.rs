@@ -20,7 +20,7 @@ impl RotaryEmbedding {
     /// `theta` (`rope_theta`): frequency i is `theta^(-2i / head_dim)`. Computed in f32, as
     /// `transformers` computes them, so the angles round alike.
     pub fn new(head_dim: usize, max_positions: usize, theta: f64, device: &Device) -> Result<Self> {
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             candle_core::bail!("rotary embedding: head_dim {head_dim} must be even and positive")
         }
         let theta = theta as f32;

@@ -156,7 +156,7 @@ impl StrategySetup for Zero3 {
 
     fn check_world_size(&self, world_size: usize) -> Result<()> {
         match self.options.group_size {
-            Some(g) if g == 0 || world_size % g != 0 => Err(Error::config(
+            Some(g) if g == 0 || !world_size.is_multiple_of(g) => Err(Error::config(
                 "group size",
                 format!("hybrid_shard needs the {world_size} ranks to split into groups of {g}"),
             )),

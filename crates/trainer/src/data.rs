@@ -112,7 +112,7 @@ impl<D: Dataset> DataLoader<D> {
                 "must be at least 1, got 0",
             ));
         }
-        if self.batch_size % world_size != 0 {
+        if !self.batch_size.is_multiple_of(world_size) {
             return Err(TrainerError::config(
                 "batch size",
                 format!(

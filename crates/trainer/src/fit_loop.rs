@@ -207,7 +207,7 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
 
         let validate_now = self.val.is_some()
             && match rank.config.val_check_interval {
-                Some(n) => rank.state.global_step % n == 0,
+                Some(n) => rank.state.global_step.is_multiple_of(n),
                 None => b + 1 == self.per_epoch,
             };
         let val_loss = match self.val {

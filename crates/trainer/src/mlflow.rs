@@ -261,7 +261,7 @@ impl MlflowClient {
             }
             let due =
                 self.backlog.len() >= BATCH || oldest.is_some_and(|t| t.elapsed() >= SEND_EVERY);
-            let may_retry = self.failed_at.map_or(true, |t| t.elapsed() >= SEND_EVERY);
+            let may_retry = self.failed_at.is_none_or(|t| t.elapsed() >= SEND_EVERY);
             if due && may_retry {
                 self.send();
                 if self.backlog.is_empty() {

@@ -177,7 +177,9 @@ fn heads(
     let default_head_dim = match family {
         Family::Qwen3 => Some(128),
         Family::Gemma2 => Some(256),
-        _ if hidden_size % num_attention_heads == 0 => Some(hidden_size / num_attention_heads),
+        _ if hidden_size.is_multiple_of(num_attention_heads) => {
+            Some(hidden_size / num_attention_heads)
+        }
         _ => None,
     };
     let head_dim = match f.usize("head_dim")?.or(default_head_dim) {
@@ -347,7 +349,7 @@ fn windows(
         (Family::Mistral, _) => true,
         (_, Some(types)) => types[i],
         (Family::Qwen2 | Family::Qwen3, None) => i >= max_window_layers.unwrap_or(28),
-        (Family::Gemma2, None) => i % 2 == 0,
+        (Family::Gemma2, None) => i.is_multiple_of(2),
         (Family::Llama, None) => false,
     };
     Ok((0..layers).map(|i| window.filter(|_| sliding(i))).collect())

@@ -144,7 +144,7 @@ impl ModelCheckpoint {
 
     /// Whether a save is due after optimizer step `step`.
     pub(crate) fn due(&self, step: usize) -> bool {
-        self.every_n_steps.is_some_and(|n| step % n == 0)
+        self.every_n_steps.is_some_and(|n| step.is_multiple_of(n))
     }
 
     pub(crate) fn saves_at_end(&self) -> bool {

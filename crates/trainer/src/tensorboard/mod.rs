@@ -134,7 +134,7 @@ mod tests {
             step,
             epoch: 0,
             train_loss: 3.0 - step as f64 / 10.0,
-            val_loss: (step % 2 == 0).then_some(2.0),
+            val_loss: step.is_multiple_of(2).then_some(2.0),
             lr: 0.01,
             skipped_steps: 0,
             tokens_per_s: 100.0,
