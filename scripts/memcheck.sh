@@ -24,20 +24,21 @@ command -v valgrind > /dev/null || {
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
-# The test binary of `target` built by `cargo test --no-run` with the given arguments.
-binary() {
-  local kind=$1 name=$2
-  shift 2
-  cargo test --no-run --quiet --message-format=json "$@" 2> /dev/null \
-    | python3 -c '
+# The test binaries `cargo test --no-run` builds with the given arguments, as lines of
+# "kind name path" (the README's test command has built them: nothing new is compiled).
+binaries() {
+  cargo test --no-run --quiet --message-format=json "$@" 2> /dev/null | python3 -c '
 import json, sys
-kind, name = sys.argv[1], sys.argv[2]
 for line in sys.stdin:
     m = json.loads(line)
     t = m.get("target", {})
-    if m.get("executable") and t.get("name") == name and kind in t.get("kind", []):
-        print(m["executable"])
-' "$kind" "$name" | tail -1
+    if m.get("executable"):
+        print(t["kind"][0], t["name"], m["executable"])
+'
+}
+# The path of the binary of kind $1 and name $2 in the list $3.
+binary() {
+  awk -v kind="$1" -v name="$2" '$1 == kind && $2 == name { print $3 }' <<< "$3" | tail -1
 }
 
 failed=0
@@ -64,10 +65,11 @@ check() {
   fi
 }
 
-accelerator_lib=$(binary lib wick_accelerator -p wick-accelerator --lib)
-thread_world=$(binary test thread_world -p wick-accelerator --test thread_world)
-core_lib=$(binary lib wick_core -p wick-core --lib)
-tests=$(binary test tests --test tests)
+built=$(binaries --workspace)
+accelerator_lib=$(binary lib wick_accelerator "$built")
+thread_world=$(binary test thread_world "$built")
+core_lib=$(binary lib wick_core "$built")
+tests=$(binary test tests "$built")
 
 check barrier "$accelerator_lib" worlds::thread
 check thread_world "$thread_world"
@@ -76,7 +78,7 @@ check failures "$tests" failures::a_rank_that
 check released_clone "$tests" fsdp::a_clone_of_a_released
 
 if [ "${MPI:-0}" = 1 ]; then
-  mpi=$(binary test mpi --features mpi --test mpi)
+  mpi=$(binary test mpi "$(binaries --features mpi --test mpi)")
   log="$logs/mpi.log"
   start=$SECONDS
   mpirun --allow-run-as-root --oversubscribe -np 2 \
