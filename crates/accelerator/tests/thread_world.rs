@@ -350,17 +350,22 @@ fn split_makes_independent_sub_worlds() {
     );
 }
 
+/// Rank 3's own error in the split-world tests.
+fn boom() -> CollectiveError {
+    CollectiveError::Mismatch {
+        rank: 3,
+        op: "test",
+        message: "boom".into(),
+    }
+}
+
 #[test]
 fn a_failure_reaches_ranks_waiting_in_a_sub_world() {
     let start = Instant::now();
     let outcomes = ThreadWorld::new(4).run(|c| {
         let group = c.split(c.rank() / 2)?;
         if c.rank() == 3 {
-            return Err(CollectiveError::Mismatch {
-                rank: 3,
-                op: "test",
-                message: "boom".into(),
-            });
+            return Err(boom());
         }
         // Rank 2 waits in its group for rank 3, which never comes.
         group.barrier()?;
@@ -425,11 +430,7 @@ fn a_failure_outside_a_sub_world_lets_its_members_finish_their_call() {
     let outcomes = ThreadWorld::new(4).run(|c| {
         let group = c.split(c.rank() / 2)?;
         if c.rank() == 3 {
-            return Err(CollectiveError::Mismatch {
-                rank: 3,
-                op: "test",
-                message: "boom".into(),
-            });
+            return Err(boom());
         }
         if c.rank() < 2 {
             // Group {0, 1} does not contain rank 3: its gather completes, with the right

@@ -70,18 +70,10 @@ pub fn max_abs(t: &Tensor) -> f32 {
         .unwrap()
 }
 
+/// The largest difference between `a` and `b`, elementwise.
 pub fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims());
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
+    max_abs(&(a - b).unwrap())
 }
 
 /// Runs `fused` and `composite` on the same variables, back-propagates sum(out * r) for a
