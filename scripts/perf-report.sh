@@ -16,15 +16,21 @@
 # round; torch.mm's own peak, measured the same way, beside it).
 #
 # usage: [MODELS=gpt-d512,llama] scripts/perf-report.sh THROUGHPUT THROUGHPUT_MPI PYTHON [ROUNDS]
+#          [THROUGHPUT_MKL THROUGHPUT_MKL_MPI]
 #   (from the repository's root; MODELS defaults to gpt-d128,gpt-d512,llama, ROUNDS to 5)
 #   THROUGHPUT      cargo build --release --example throughput
 #   THROUGHPUT_MPI  the same with --features mpi (copied aside: both build to one path)
 #   PYTHON          a python with torch and transformers (not in CI)
+#   THROUGHPUT_MKL, THROUGHPUT_MKL_MPI  optional: the same two built with --features mkl
+#                   (eval "$(scripts/mkl-env.sh)" first), run in the same rounds as more
+#                   columns (Candle's matmul on Intel MKL)
 set -euo pipefail
 bin=$(realpath "$1")
 mpi_bin=$(realpath "$2")
 py=$3
 rounds=${4:-5}
+mkl_bin=${5:+$(realpath "$5")}
+mkl_mpi_bin=${6:+$(realpath "$6")}
 models=${MODELS:-gpt-d128,gpt-d512,llama}
 # The same models for torch_baseline.py: the GPTs' widths, and --llama.
 torch_models=(--d-model $(tr ',' '\n' <<< "$models" | sed -n 's/^gpt-d//p'))
@@ -38,6 +44,10 @@ for round in $(seq "$rounds"); do
   echo "round $round of $rounds" >&2
   "$bin" --compare --models "$models" >> "$rows"
   "${mpirun[@]}" "$mpi_bin" --compare --processes --models "$models" >> "$rows"
+  if [ -n "$mkl_bin" ]; then
+    "$mkl_bin" --compare --models "$models" >> "$rows"
+    "${mpirun[@]}" "$mkl_mpi_bin" --compare --processes --models "$models" >> "$rows"
+  fi
   env "${malloc[@]}" "$py" scripts/torch_baseline.py "${torch_models[@]}" --compile >> "$rows"
 done
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
@@ -54,6 +64,8 @@ for line in open(sys.argv[1]):
     if "peak_gflops" in fields:
         peaks.append(float(fields["peak_gflops"]))
         continue
+    if "impl" not in fields:
+        continue
     if "mm_peak_gflops" in fields:
         torch_peaks.append(float(fields["mm_peak_gflops"]))
         continue
@@ -61,6 +73,8 @@ for line in open(sys.argv[1]):
     who = f"{fields['impl']}-{fields.get('mode', fields['transport'])}"
     if who == "wick-none":
         who = "wick-threads"  # W=1: one rank, the same process either way
+    if fields.get("matmul") == "mkl":
+        who += "-mkl"
     key = (fields["model"], fields["strategy"], int(fields["world"]))
     rows.setdefault(key, {}).setdefault(who, []).append(float(fields["tokens_per_s"]))
     if fields["impl"] == "wick":
@@ -73,14 +87,15 @@ print(f"rounds: {sys.argv[2]}")
 for name, values in [("gemm_peak_gflops", peaks), ("torch_mm_peak_gflops", torch_peaks)]:
     print(f"{name} median {statistics.median(values):.1f} "
           f"(min {min(values):.1f}, max {max(values):.1f})")
-cols = ["wick-threads", "wick-mpi", "torch-eager", "torch-compiled"]
+cols = ["wick-threads", "wick-mpi", "wick-threads-mkl", "wick-mpi-mkl", "torch-eager",
+        "torch-compiled"]
 for key in sorted(rows):
     model, strategy, world = key
     by = rows[key]
     med = {c: statistics.median(by[c]) for c in cols if c in by}
     cells = [f"{c}={med[c]:.0f}[{min(by[c]):.0f}-{max(by[c]):.0f}]" for c in cols if c in by]
     ratios = []
-    for wick in ("wick-threads", "wick-mpi"):
+    for wick in ("wick-threads", "wick-mpi", "wick-threads-mkl", "wick-mpi-mkl"):
         for torch in ("torch-eager", "torch-compiled"):
             if wick in med and torch in med:
                 ratios.append(f"{wick}/{torch}={med[wick] / med[torch]:.3f}")

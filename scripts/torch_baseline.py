@@ -9,7 +9,8 @@ What a PyTorch expert gives it: AdamW with `fused=True` (its one fused CPU kerne
 is refused, `foreach=True`, and the row says which), the processes' threads set to
 `cores / W` as wick's ranks get, and, from `scripts/perf-report.sh`, glibc's malloc
 thresholds in the environment as wick sets them for itself. `--compile` adds the same runs
-with the model under `torch.compile` (inductor, default mode) for W=1, where the first
+with the model under `torch.compile` (inductor, default mode) for W=1, and for `--hf`'s
+model at every W (compiled after `fully_shard`, as FSDP2's users compile), where the first
 steps compile and the warm-up steps absorb that.
 
 First `impl=torch mm_peak_gflops=<g>`: torch.mm's best rate on square 1024 and 2048
@@ -23,14 +24,15 @@ AdamW betas 0.9/0.95, weight decay 0.01): token and position embeddings, pre-nor
 approximation), a final norm and a linear head. The Llama is `transformers`'
 `LlamaForCausalLM` of the example's config (20.2M parameters), sequence 256, global batch 8.
 `--hf DIR` adds the model of a Hugging Face directory (`AutoModelForCausalLM`, f32) at
-sequence 256, global batch 8 (`model=hf:DIR`), and with `--lora R` peft's LoRA of rank R
+sequence 256, global batch 8 (`model=hf:DIR`), the median step of 4 after 2 warm-up steps, and with `--lora R` peft's LoRA of rank R
 on it (`model=hf:DIR+loraR`: alpha 2R, every linear layer of a block; only the adapters in
 the optimizer). `--checkpoint-activations` recomputes each block in backward, torchtitan's
 way (`checkpoint_wrapper` around each block before `fully_shard`; rows labelled
 `activation_checkpointing=full`). Under FSDP2 the `--hf` model is made on the meta device and
 materialised shard by shard, the weights broadcast from rank 0 (torchtitan's way). Each row's
 `peak_rss_mb` is the sum over its ranks of each process's peak resident memory, as the
-process sees it; `scripts/rss_peak.py` measures both sides the same way from outside.
+process sees it; `scripts/rss_peak.py` measures both sides the same way from outside, and
+rank 0 prints `rss_peak steady` as the measured steps begin, for its steady-state peak.
 
 Needs torch (and, for --llama and --hf, transformers; for --lora, peft); CI does not run it.
 """
@@ -48,6 +50,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 WARMUP, MEASURED = 3, 10
+HF_WARMUP, HF_MEASURED = 2, 4  # --hf: as the example's --hf row (steps of seconds each)
+STEADY = "rss_peak steady"  # rank 0's line when the measured steps begin (scripts/rss_peak.py)
 GPT_BATCH, GPT_BLOCK, GPT_VOCAB, GPT_LAYERS, GPT_HEADS = 16, 64, 96, 4, 4
 LLAMA_BATCH, LLAMA_SEQ = 8, 256
 HF_SHAPE = (8, 256)  # --hf: global batch and sequence, as `wick fit --batch-size 8 --seq 256`
@@ -124,7 +128,9 @@ class Pretrained(nn.Module):
                 bias="none", task_type="CAUSAL_LM"))
 
     def forward(self, ids, targets):
-        logits = self.lm(input_ids=ids).logits
+        # No KV cache in training (as transformers' Trainer runs it): it is never read, and
+        # under torch.compile its per-layer updates recompile the graph.
+        logits = self.lm(input_ids=ids, use_cache=False).logits
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
     def materialize(self, rank):
@@ -171,7 +177,7 @@ class Llama(nn.Module):
         self.blocks = self.lm.model.layers
 
     def forward(self, ids, targets):
-        logits = self.lm(input_ids=ids).logits
+        logits = self.lm(input_ids=ids, use_cache=False).logits  # as in Pretrained
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
@@ -196,12 +202,14 @@ def run(rank, world, model_name, strategy, threads, port, compiled, recompute, o
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
+    warmup, measured = WARMUP, MEASURED
     if model_name.startswith("hf:"):
         path, _, lora = model_name.removeprefix("hf:").partition("+lora")
         # FSDP2 users build the model on the meta device and shard it before it has memory.
         meta = strategy == "fsdp_full_shard"
         model = Pretrained(path, int(lora) if lora else None, meta=meta)
         vocab, (batch, seq) = model.lm.config.vocab_size, HF_SHAPE
+        warmup, measured = HF_WARMUP, HF_MEASURED
     elif model_name == "llama":
         model, vocab, batch, seq = Llama(), LLAMA["vocab_size"], LLAMA_BATCH, LLAMA_SEQ
     else:
@@ -231,7 +239,9 @@ def run(rank, world, model_name, strategy, threads, port, compiled, recompute, o
     except (RuntimeError, ValueError):
         opt, optimizer = adamw(params, fused=False), "foreach"
     times = []
-    for ids, targets in batches(vocab, batch, seq, WARMUP + MEASURED, rank, world):
+    for ids, targets in batches(vocab, batch, seq, warmup + measured, rank, world):
+        if rank == 0 and len(times) == warmup and model_name.startswith("hf:"):
+            print(STEADY, flush=True)
         start = time.perf_counter()
         loss = step_model(ids, targets)
         loss.backward()
@@ -248,7 +258,7 @@ def run(rank, world, model_name, strategy, threads, port, compiled, recompute, o
         times.append(time.perf_counter() - start)
     # Peak resident memory of this rank's process, in bytes (Linux reports KiB).
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    out.put((rank, (batch * seq) / statistics.median(times[WARMUP:]), optimizer, peak))
+    out.put((rank, (batch * seq) / statistics.median(times[warmup:]), optimizer, peak))
     if world > 1:
         dist.destroy_process_group()
 
@@ -274,7 +284,9 @@ def main():
     p.add_argument("--llama", action="store_true")
     p.add_argument("--worlds", type=int, nargs="*", default=[1, 2])
     p.add_argument("--compile", action="store_true",
-                   help="also the W=1 runs under torch.compile (inductor)")
+                   help="also the W=1 runs (and --hf's at every W) under torch.compile")
+    p.add_argument("--compiled-only", action="store_true",
+                   help="the compiled runs of --compile without the eager ones")
     p.add_argument("--hf", metavar="DIR",
                    help="also a Hugging Face directory's model (global batch 8, sequence 256)")
     p.add_argument("--lora", type=int, metavar="R",
@@ -294,7 +306,12 @@ def main():
     for model in models:
         for world in args.worlds:
             strategies = ["single"] if world == 1 else args.strategies
-            modes = [False, True] if args.compile and world == 1 else [False]
+            # Compiled FSDP2 is run for --hf's model only (the GPT's and Llama's W=2 rows
+            # stay eager, as they always were).
+            compile_here = world == 1 or model.startswith("hf:")
+            modes = [False, True] if args.compile and compile_here else [False]
+            if args.compiled_only:
+                modes = [True] if compile_here else []
             for strategy in strategies:
                 for compiled in modes:
                     out = ctx.Queue()

@@ -151,21 +151,40 @@ fn gradient_collectives_are_issued_during_backward_and_waited_for_in_order_befor
                 "{name} W={w}: {step:?}"
             );
             // The last layer's gradient was issued while backward had the first layer
-            // still to run, and none was waited for before backward was done.
-            let first_issue = step.iter().position(|e| e.starts_with(call)).unwrap();
+            // still to run.
+            let positions = |prefix: &str| -> Vec<usize> {
+                (0..step.len())
+                    .filter(|&i| step[i].starts_with(prefix))
+                    .collect()
+            };
+            let issues = positions(call);
+            let waits = positions(&format!("wait:{call}"));
             let first_layer = step.iter().position(|e| e == "backward:0").unwrap();
             assert!(
-                first_issue < first_layer,
+                issues[0] < first_layer,
                 "{name} W={w}: issued after backward: {step:?}"
             );
-            let first_wait = step
-                .iter()
-                .position(|e| e.starts_with(&format!("wait:{call}")))
-                .unwrap();
-            assert!(
-                first_layer < first_wait,
-                "{name} W={w}: waited inside backward: {step:?}"
-            );
+            if call == "reduce_scatter_start" {
+                // At most one unit's reduction in flight, as FSDP2 keeps it: each is waited
+                // for once the next unit's is issued (so it overlapped that unit's
+                // backward), never before, and the last once backward is done.
+                for (k, wait) in waits[..waits.len() - 1].iter().enumerate() {
+                    assert!(
+                        issues[k + 1] < *wait && *wait < issues.get(k + 2).map_or(usize::MAX, |&i| i),
+                        "{name} W={w}: call {k} not waited for right after the next issue: {step:?}"
+                    );
+                }
+                assert!(
+                    first_layer < *waits.last().unwrap(),
+                    "{name} W={w}: the last reduction waited for inside backward: {step:?}"
+                );
+            } else {
+                // Buckets are waited for only once backward is done.
+                assert!(
+                    first_layer < waits[0],
+                    "{name} W={w}: waited inside backward: {step:?}"
+                );
+            }
         }
     }
 }

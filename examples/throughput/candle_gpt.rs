@@ -3,7 +3,7 @@
 //! process with Candle's default settings.
 
 use crate::char_gpt::GptConfig;
-use crate::{data, median_step, BATCH, LR, MEASURED, WARMUP};
+use crate::{data, median_step, BATCH, LR, STEPS};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear, Optimizer, VarBuilder, VarMap};
 use std::time::Instant;
@@ -92,11 +92,11 @@ pub(crate) fn candle_step(c: GptConfig) -> anyhow::Result<f64> {
     )?;
     let data = data(&c);
     let mut times = vec![Instant::now()];
-    for step in 0..WARMUP + MEASURED {
+    for step in 0..STEPS.total() {
         let indices: Vec<usize> = (step * BATCH..(step + 1) * BATCH).collect();
         let (ids, targets) = wick::trainer::Dataset::batch(&data, &indices, &Device::Cpu)?;
         opt.backward_step(&model.loss(&ids, &targets)?)?;
         times.push(Instant::now());
     }
-    Ok(median_step(&times[1..]))
+    Ok(median_step(&times[1..], STEPS.warmup))
 }

@@ -5,7 +5,9 @@
 //! global batch 8, fully fine-tuned or with LoRA of rank R (alpha 2R, every linear layer of
 //! a block, no dropout), each block keeping its activations or (with
 //! `--checkpoint-activations`) recomputing them in backward. Its peak memory is measured
-//! from outside the process, the same way as PyTorch's (`scripts/rss_peak.py`).
+//! from outside the process, the same way as PyTorch's (`scripts/rss_peak.py`); rank 0
+//! prints `rss_peak steady` when the 4 measured steps begin, after 2 warm-up steps, for
+//! the steady-state peak.
 //! `scripts/torch_baseline.py --hf DIR [--lora R] [--checkpoint-activations]` prints the
 //! same row for transformers (and peft) with FSDP2.
 //!
@@ -15,7 +17,7 @@
 //! head_dim x sequence. Under LoRA a frozen weight's backward computes only its input's
 //! gradient: 4 x the frozen parameters that multiply, 6 x the adapters.
 
-use crate::{median_step, random_windows, timed_trainer};
+use crate::{random_windows, timed_trainer, StepClock, Steps};
 use std::path::Path;
 use wick::accelerator::Accelerator;
 use wick::core::{ActivationCheckpointing, TrainModule};
@@ -25,6 +27,12 @@ use wick::trainer::Attached;
 
 const SEQ: usize = 256;
 const BATCH: usize = 8;
+/// Fewer steps than the small rows': each takes seconds, and the rows run 5 rounds. As
+/// `scripts/torch_baseline.py --hf` runs them.
+const STEPS: Steps = Steps {
+    warmup: 2,
+    measured: 4,
+};
 
 /// The row of `dir`'s model under fsdp full_shard at W=2, with LoRA of `rank` if given and
 /// every block recomputed in backward if `recompute`, over `ranks` (two ranks, and the
@@ -64,10 +72,11 @@ pub fn hf_row(
         .build();
     let rank0 = accelerator.local_ranks().start == 0;
     let world = accelerator.world_size();
-    let (mut trainer, clock) = timed_trainer(accelerator, strategy)?;
+    let clock = StepClock::announcing(STEPS);
+    let mut trainer = timed_trainer(accelerator, strategy, &clock)?;
     let mut model = Attached::new(model);
     trainer.fit(&mut model, &random_windows(vocab, SEQ, BATCH, 11), None)?;
-    let step = median_step(&clock.0.lock().unwrap());
+    let step = clock.median_step();
     let trainable = model.num_parameters().unwrap_or(0);
     let frozen = model.num_frozen_parameters().unwrap_or(0);
     if !rank0 {

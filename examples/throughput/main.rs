@@ -77,11 +77,31 @@ mod char_corpus;
 mod char_gpt;
 
 const BATCH: usize = 16;
-const WARMUP: usize = 3;
-const MEASURED: usize = 10;
+/// The GPT's and Llama's rows: 3 untimed steps, then 10 timed.
+const STEPS: Steps = Steps {
+    warmup: 3,
+    measured: 10,
+};
 const LR: f64 = 1e-3;
+/// What Candle's CPU matmul runs on in this build: the `gemm` crate, or Intel MKL with the
+/// `mkl` feature (`matmul=` in the `--compare` rows).
+const MATMUL: &str = if cfg!(feature = "mkl") { "mkl" } else { "gemm" };
 /// Rounds of the full_shard rows (see [`FSDP_ROWS`]).
 const ROUNDS: usize = 3;
+
+/// A row's steps: the first `warmup` untimed (first allocations, the optimizer's state),
+/// then `measured` timed.
+#[derive(Clone, Copy)]
+struct Steps {
+    warmup: usize,
+    measured: usize,
+}
+
+impl Steps {
+    fn total(self) -> usize {
+        self.warmup + self.measured
+    }
+}
 
 /// Builds a fresh strategy for one run of a row.
 type MakeStrategy = fn() -> wick::core::Result<Box<dyn Strategy>>;
@@ -115,7 +135,7 @@ fn config(d_model: usize) -> GptConfig {
 /// Token ids from a fixed 64-bit LCG: the benchmark is about speed, not learning.
 fn data(c: &GptConfig) -> CharWindows {
     let mut s = 42u64;
-    let ids = (0..(WARMUP + MEASURED + 2) * BATCH * c.block + c.block + 1)
+    let ids = (0..(STEPS.total() + 2) * BATCH * c.block + c.block + 1)
         .map(|_| {
             s = s
                 .wrapping_mul(6364136223846793005)
@@ -126,39 +146,77 @@ fn data(c: &GptConfig) -> CharWindows {
     CharWindows::new(ids, c.block, c.block)
 }
 
-/// The median of the step times after the warm-up; NaN without any (a process that is not
-/// rank 0 records none).
-fn median_step(times: &[Instant]) -> f64 {
+/// The median of the step times after the `warmup` steps (`times` are the steps' ends);
+/// NaN without any (a process that is not rank 0 records none).
+fn median_step(times: &[Instant], warmup: usize) -> f64 {
     let mut steps: Vec<f64> = times
         .windows(2)
-        .skip(WARMUP - 1)
+        .skip(warmup - 1)
         .map(|w| (w[1] - w[0]).as_secs_f64())
         .collect();
     steps.sort_by(f64::total_cmp);
     steps.get(steps.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// The end time of every step, on rank 0.
-#[derive(Clone, Default)]
-struct StepClock(Arc<Mutex<Vec<Instant>>>);
+/// The end time of every step, on rank 0, which also prints [`STEADY`] as the measured
+/// steps begin if asked to.
+#[derive(Clone)]
+struct StepClock {
+    ends: Arc<Mutex<Vec<Instant>>>,
+    steps: Steps,
+    announce: bool,
+}
+
+/// The line that tells `scripts/rss_peak.py` the measured steps begin (its steady-state
+/// peak is taken from there on), as `scripts/torch_baseline.py` prints it too.
+const STEADY: &str = "rss_peak steady";
+
+impl StepClock {
+    fn new(steps: Steps) -> Self {
+        StepClock {
+            ends: Arc::default(),
+            steps,
+            announce: false,
+        }
+    }
+
+    /// A clock that prints [`STEADY`] after the warm-up steps.
+    fn announcing(steps: Steps) -> Self {
+        StepClock {
+            announce: true,
+            ..StepClock::new(steps)
+        }
+    }
+
+    /// The median time of the measured steps.
+    fn median_step(&self) -> f64 {
+        median_step(&self.ends.lock().unwrap(), self.steps.warmup)
+    }
+}
 
 impl Callback for StepClock {
     fn on_train_batch_end(&mut self, state: &RunState) -> Result<()> {
         if state.rank == 0 {
-            self.0.lock().unwrap().push(Instant::now());
+            let mut ends = self.ends.lock().unwrap();
+            ends.push(Instant::now());
+            if self.announce && ends.len() == self.steps.warmup {
+                println!("{STEADY}");
+                std::io::Write::flush(&mut std::io::stdout())?;
+            }
         }
         Ok(())
     }
 }
 
-/// A quiet trainer of `WARMUP + MEASURED` steps with `callback`.
+/// A quiet trainer of `steps` steps with `callback`.
 fn quiet_trainer(
-    accelerator: Accelerator, strategy: Box<dyn Strategy>, callback: impl Callback + 'static,
+    accelerator: Accelerator, strategy: Box<dyn Strategy>, steps: usize,
+    callback: impl Callback + 'static,
 ) -> anyhow::Result<Trainer> {
     Ok(Trainer::builder()
         .accelerator(accelerator)
         .strategy(strategy)
-        .max_steps(WARMUP + MEASURED)
+        .max_steps(steps)
         .seed(1)
         .no_logger()
         .progress(false)
@@ -167,26 +225,26 @@ fn quiet_trainer(
         .build()?)
 }
 
-/// A quiet trainer that records each step's time.
+/// A quiet trainer that records each step's time on `clock`.
 fn timed_trainer(
-    accelerator: Accelerator, strategy: Box<dyn Strategy>,
-) -> anyhow::Result<(Trainer, StepClock)> {
-    let clock = StepClock::default();
-    Ok((quiet_trainer(accelerator, strategy, clock.clone())?, clock))
+    accelerator: Accelerator, strategy: Box<dyn Strategy>, clock: &StepClock,
+) -> anyhow::Result<Trainer> {
+    quiet_trainer(accelerator, strategy, clock.steps.total(), clock.clone())
 }
 
 /// wick's seconds per step for `strategy` at `world` ranks as threads with `budget`.
 fn wick_step(
     c: GptConfig, strategy: Box<dyn Strategy>, world: usize, budget: ThreadBudget,
 ) -> anyhow::Result<f64> {
-    let (mut trainer, clock) = timed_trainer(
+    let clock = StepClock::new(STEPS);
+    let mut trainer = timed_trainer(
         Accelerator::cpu(world)?.with_thread_budget(budget),
         strategy,
+        &clock,
     )?;
     let mut model = Attached::new(CharGpt::new(c, LR));
     trainer.fit(&mut model, &DataLoader::new(data(&c), BATCH), None)?;
-    let times = clock.0.lock().unwrap().clone();
-    Ok(median_step(&times))
+    Ok(clock.median_step())
 }
 
 /// The Llama of `--llama`, as a Hugging Face config.
@@ -269,7 +327,7 @@ fn llama_data() -> DataLoader<CharWindows> {
 /// every step, in global batches of `batch`.
 fn random_windows(vocab: u64, seq: usize, batch: usize, seed: u64) -> DataLoader<CharWindows> {
     let mut s = seed;
-    let ids = (0..(WARMUP + MEASURED + 2) * batch * (seq + 1))
+    let ids = (0..(STEPS.total() + 2) * batch * (seq + 1))
         .map(|_| {
             s = s
                 .wrapping_mul(6364136223846793005)
@@ -284,12 +342,12 @@ fn random_windows(vocab: u64, seq: usize, batch: usize, seed: u64) -> DataLoader
 fn llama_step(
     strategy: Box<dyn Strategy>, accelerator: Accelerator,
 ) -> anyhow::Result<(f64, usize)> {
-    let (mut trainer, clock) = timed_trainer(accelerator, strategy)?;
+    let clock = StepClock::new(STEPS);
+    let mut trainer = timed_trainer(accelerator, strategy, &clock)?;
     let mut model = Attached::new(llama_model()?);
     trainer.fit(&mut model, &llama_data(), None)?;
     let params = model.num_parameters().unwrap_or(0);
-    let times = clock.0.lock().unwrap().clone();
-    Ok((median_step(&times), params))
+    Ok((clock.median_step(), params))
 }
 
 /// The model FLOPs of one token of `model`, the model's own
@@ -334,12 +392,12 @@ fn measure(
         return Ok((LLAMA_BATCH * LLAMA_SEQ, step, params));
     }
     let c = config(gpt_width(model)?);
-    let (mut trainer, clock) = timed_trainer(accelerator, strategy(name)?)?;
+    let clock = StepClock::new(STEPS);
+    let mut trainer = timed_trainer(accelerator, strategy(name)?, &clock)?;
     let mut model = Attached::new(CharGpt::new(c, LR));
     trainer.fit(&mut model, &DataLoader::new(data(&c), BATCH), None)?;
-    let times = clock.0.lock().unwrap().clone();
     let params = model.num_parameters().unwrap_or(0);
-    Ok((BATCH * c.block, median_step(&times), params))
+    Ok((BATCH * c.block, clock.median_step(), params))
 }
 
 /// How the `--compare` ranks are run: `transport=` in each row.
@@ -412,8 +470,8 @@ fn compare_rows(models: &[String], processes: bool) -> anyhow::Result<()> {
             let mfu = peak.map_or(String::new(), |p| format!(" mfu={:.3}", gflops / p));
             println!(
                 "impl=wick model={model} strategy={name} world={world} transport={transport} \
-                 parameters={params} flops_per_token={per_token:.0} tokens_per_s={tps:.0} \
-                 gflops={gflops:.1}{mfu}"
+                 matmul={MATMUL} parameters={params} flops_per_token={per_token:.0} \
+                 tokens_per_s={tps:.0} gflops={gflops:.1}{mfu}"
             );
         }
     }

@@ -8,7 +8,7 @@
 //! is given per step and per rank, and `other` is the step's time that no class holds (the
 //! trainer, allocation, the sharding ops' own work).
 
-use crate::{config, llama_data, llama_model, CharGpt, BATCH, LR, MEASURED, WARMUP};
+use crate::{config, llama_data, llama_model, CharGpt, BATCH, LR, STEPS};
 use candle_core::op_profile;
 use candle_core::{Device, Tensor};
 use std::sync::{Arc, Mutex};
@@ -71,11 +71,11 @@ impl Callback for ProfileWindow {
         if state.rank != 0 {
             return Ok(());
         }
-        if state.global_step == WARMUP {
+        if state.global_step == STEPS.warmup {
             op_profile::take();
             op_profile::set_enabled(true);
             *self.started.lock().unwrap() = Some(Instant::now());
-        } else if state.global_step == WARMUP + MEASURED {
+        } else if state.global_step == STEPS.total() {
             op_profile::set_enabled(false);
             let start = self.started.lock().unwrap().take().expect("started");
             *self.result.lock().unwrap() = Some((start.elapsed(), op_profile::take()));
@@ -90,7 +90,12 @@ fn profiled<M: wick::trainer::Replicate + 'static>(
     strategy: Box<dyn Strategy>, world: usize,
 ) -> anyhow::Result<Window> {
     let window = ProfileWindow::default();
-    let mut trainer = crate::quiet_trainer(Accelerator::cpu(world)?, strategy, window.clone())?;
+    let mut trainer = crate::quiet_trainer(
+        Accelerator::cpu(world)?,
+        strategy,
+        STEPS.total(),
+        window.clone(),
+    )?;
     trainer.fit(&mut Attached::new(model), data, None)?;
     let result = window.result.lock().unwrap().take();
     result.ok_or_else(|| anyhow::anyhow!("the profiled steps did not run"))
@@ -98,7 +103,7 @@ fn profiled<M: wick::trainer::Replicate + 'static>(
 
 /// Prints a profiled run: the step, then each class per step and rank.
 fn report(model: &str, strategy: &str, world: usize, (wall, classes): Window) {
-    let per_step = |d: Duration| d.as_secs_f64() * 1e3 / MEASURED as f64;
+    let per_step = |d: Duration| d.as_secs_f64() * 1e3 / STEPS.measured as f64;
     let step = per_step(wall);
     println!("profile model={model} strategy={strategy} world={world} step_ms={step:.1}");
     let per_rank = |d: Duration| per_step(d) / world as f64;
@@ -127,7 +132,7 @@ fn report(model: &str, strategy: &str, world: usize, (wall, classes): Window) {
             format!(
                 "{c}:{:.1}ms/{}",
                 per_rank(*t),
-                *n as usize / MEASURED / world
+                *n as usize / STEPS.measured / world
             )
         })
         .collect();

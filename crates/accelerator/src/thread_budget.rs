@@ -13,6 +13,11 @@
 //!
 //! Candle's own element-wise pool is a process-wide setting, left to the program: see
 //! [`crate::tune_host_process`].
+//!
+//! With the `mkl` feature, Candle's matmul calls Intel MKL, whose OpenMP threads know
+//! nothing of rayon's pools either: a rank with a budget also sets MKL's thread count for
+//! its own thread (`MKL_Set_Num_Threads_Local`), so W ranks never start W teams of
+//! `cores` threads each.
 
 use wick_core::{Error, Result};
 
@@ -64,9 +69,33 @@ pub(crate) fn run_within<T: Send>(threads: Option<usize>, f: impl FnOnce() -> T 
             .build()
             .ok()
     });
-    match pool {
-        Some(pool) => pool.install(f),
-        None => f(),
+    match (pool, threads) {
+        (Some(pool), Some(n)) => pool.install(|| {
+            mkl::set_threads_of_this_thread(n);
+            f()
+        }),
+        _ => f(),
+    }
+}
+
+/// MKL's per-thread thread count (with the `mkl` feature; nothing without).
+mod mkl {
+    #[cfg(feature = "mkl")]
+    extern "C" {
+        /// mkl_service.h: the threads MKL uses for calls from the calling thread (0 resets
+        /// to the global setting); returns the previous value.
+        fn MKL_Set_Num_Threads_Local(nth: std::ffi::c_int) -> std::ffi::c_int;
+    }
+
+    /// Makes MKL calls from this thread use at most `n` threads.
+    pub(super) fn set_threads_of_this_thread(n: usize) {
+        #[cfg(feature = "mkl")]
+        // SAFETY: a plain setter of MKL's thread-local state, linked in by Candle's `mkl`
+        // feature (intel-mkl-src); any positive count is valid.
+        unsafe {
+            MKL_Set_Num_Threads_Local(n.clamp(1, i32::MAX as usize) as std::ffi::c_int);
+        }
+        let _ = n;
     }
 }
 
