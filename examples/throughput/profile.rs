@@ -19,7 +19,7 @@ use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
 use wick::trainer::{Attached, DataLoader};
 
 /// The classes a step is reported in, and the profiler's classes each holds.
-const GROUPS: [(&str, &[&str]); 7] = [
+const GROUPS: [(&str, &[&str]); 8] = [
     ("matmul_forward", &["matmul"]),
     ("matmul_backward", &["matmul_backward"]),
     ("copies", &["copy"]),
@@ -34,6 +34,8 @@ const GROUPS: [(&str, &[&str]); 7] = [
             "wick-column-sums",
             "wick-gelu",
             "wick-gelu-backward",
+            "wick-swiglu",
+            "wick-swiglu-backward",
         ],
     ),
     (
@@ -50,6 +52,8 @@ const GROUPS: [(&str, &[&str]); 7] = [
             "wick-cross-entropy-backward",
         ],
     ),
+    // The output projection and the loss in one op (its matmuls inside).
+    ("output_and_loss", &["wick-linear-cross-entropy"]),
     ("optimizer", &["optimizer"]),
     ("collectives", &["collective"]),
 ];
