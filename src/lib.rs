@@ -6,6 +6,9 @@
 //! program and the main job's model live in this package too, as the binary's own modules.
 //!
 //! The README follows; its example is compiled and run as a doctest.
+
+// Functions of at most 80 lines (clippy.toml), in library code; tests may run longer.
+#![warn(clippy::too_many_lines)]
 #![doc = include_str!("../README.md")]
 
 pub use wick_accelerator as accelerator;

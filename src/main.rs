@@ -4,6 +4,9 @@
 //! `wick inspect` shows a checkpoint, `wick sample` generates text from one, `wick estimate`
 //! says what each strategy holds per rank. `wick --help` lists them.
 
+// Functions of at most 80 lines (clippy.toml), in library code; tests may run longer.
+#![warn(clippy::too_many_lines)]
+
 mod char_corpus;
 mod char_gpt;
 mod cli;

@@ -12,6 +12,9 @@
 //! matmul rate) is here too ([`memory_peak`], [`matmul_peak_flops`], [`rank_peak_flops`]). It knows wick-core only; strategies meet it through
 //! core's `Strategy` and `Collective` traits.
 
+// Functions of at most 80 lines (clippy.toml), in library code; tests may run longer.
+#![warn(clippy::too_many_lines)]
+
 mod accelerator;
 mod device;
 mod device_measures;

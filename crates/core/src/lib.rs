@@ -7,6 +7,9 @@
 //! [`StateReader`]), and the error types. It knows no other wick crate
 //! and no device or collective engine.
 
+// Functions of at most 80 lines (clippy.toml), in library code; tests may run longer.
+#![warn(clippy::too_many_lines)]
+
 mod activation_checkpointing;
 mod blocking_world;
 mod call;

@@ -33,6 +33,9 @@
 //! inputs as torch's autocast does: they compute in f32 and round the output once. Layers are built from a candle-nn
 //! `VarBuilder`, like candle-nn's own.
 
+// Functions of at most 80 lines (clippy.toml), in library code; tests may run longer.
+#![warn(clippy::too_many_lines)]
+
 mod attention;
 mod attention_kernel;
 mod cpu;

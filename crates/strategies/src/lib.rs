@@ -11,6 +11,9 @@
 //! world (threads, MPI, NCCL) without knowing which, and on any device: the autograd ops that
 //! move data have a CUDA forward with the `cuda` feature.
 
+// Functions of at most 80 lines (clippy.toml), in library code; tests may run longer.
+#![warn(clippy::too_many_lines)]
+
 mod bucket_reduce;
 mod clip;
 mod ddp;

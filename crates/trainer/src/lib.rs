@@ -12,6 +12,9 @@
 //! crate, to whatever logger the program installs (the `wick` program's prints them as
 //! before).
 
+// Functions of at most 80 lines (clippy.toml), in library code; tests may run longer.
+#![warn(clippy::too_many_lines)]
+
 mod attached;
 mod builder;
 mod callbacks;
