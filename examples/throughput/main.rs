@@ -478,11 +478,47 @@ fn compare_rows(models: &[String], processes: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The example's flags (its module text says what each run measures).
+#[derive(clap::Parser)]
+#[command(about = "tokens per second of wick's strategies, beside Candle and PyTorch")]
+struct Args {
+    /// The plain Candle loop alone, with Candle's defaults (the default run starts it as a
+    /// child process).
+    #[arg(long, hide = true)]
+    candle_baseline: bool,
+    /// Where a step's time goes, by class of op.
+    #[arg(long)]
+    profile: bool,
+    /// `--compare --models llama`.
+    #[arg(long)]
+    llama: bool,
+    /// The rows `scripts/torch_baseline.py` prints for PyTorch.
+    #[arg(long)]
+    compare: bool,
+    /// The models of `--compare`.
+    #[arg(long, value_delimiter = ',', default_value = "gpt-d128,gpt-d512,llama")]
+    models: Vec<String>,
+    /// This process is one rank of `mpirun -np 2` (`--compare`, `--hf`).
+    #[arg(long)]
+    processes: bool,
+    /// The real-size row of a Hugging Face directory's model.
+    #[arg(long, value_name = "DIR")]
+    hf: Option<std::path::PathBuf>,
+    /// `--hf`'s model with LoRA of this rank.
+    #[arg(long, value_name = "R", requires = "hf")]
+    lora_rank: Option<usize>,
+    /// `--hf`'s blocks recomputed in backward.
+    #[arg(long, requires = "hf")]
+    checkpoint_activations: bool,
+    /// Also step time against width and W.
+    #[arg(long)]
+    table: bool,
+}
+
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let flag = |name: &str| args.iter().any(|a| a == name);
+    let args = <Args as clap::Parser>::parse();
     let c = config(128);
-    if flag("--candle-baseline") {
+    if args.candle_baseline {
         // Candle's own defaults: no process settings of wick's.
         println!("{}", candle_gpt::candle_step(c)?);
         return Ok(());
@@ -490,22 +526,16 @@ fn main() -> anyhow::Result<()> {
     // The settings the `wick` program makes for CPU training, made here the same way.
     // SAFETY: first in main, before any thread, so no one else touches the environment.
     let tuning = unsafe { wick::accelerator::tune_host_process() };
-    if flag("--profile") {
+    if args.profile {
         return profile::profile_rows(peak_gflops()?);
     }
-    if flag("--llama") {
-        return compare_rows(&["llama".to_string()], flag("--processes"));
+    if args.llama {
+        return compare_rows(&["llama".to_string()], args.processes);
     }
-    let value = |name: &str| {
-        let i = args.iter().position(|a| a == name)?;
-        args.get(i + 1).cloned()
-    };
-    if let Some(dir) = value("--hf") {
-        let rank = value("--lora-rank").map(|r| r.parse()).transpose()?;
-        let recompute = flag("--checkpoint-activations");
+    if let Some(dir) = &args.hf {
         // The GEMM peak is measured on all cores: where the ranks are processes, both
         // would measure at once, so the row has no utilisation (as `--compare --processes`).
-        let (accelerator, transport, peak) = match flag("--processes") {
+        let (accelerator, transport, peak) = match args.processes {
             true => (process_accelerator()?, "mpi", None),
             false => {
                 let peak = peak_gflops()?;
@@ -513,18 +543,19 @@ fn main() -> anyhow::Result<()> {
                 (Accelerator::cpu(2)?, "threads", Some(peak))
             }
         };
-        let dir = std::path::Path::new(&dir);
-        return hf::hf_row(dir, rank, recompute, (accelerator, transport), peak);
+        let ranks = (accelerator, transport);
+        return hf::hf_row(
+            dir,
+            args.lora_rank,
+            args.checkpoint_activations,
+            ranks,
+            peak,
+        );
     }
-    if flag("--compare") {
-        let models = match args.iter().position(|a| a == "--models") {
-            Some(i) => args.get(i + 1).map_or(String::new(), String::clone),
-            None => "gpt-d128,gpt-d512,llama".into(),
-        };
-        let models: Vec<String> = models.split(',').map(str::to_string).collect();
-        return compare_rows(&models, flag("--processes"));
+    if args.compare {
+        return compare_rows(&args.models, args.processes);
     }
-    let table = flag("--table");
+    let table = args.table;
     let tokens = (BATCH * c.block) as f64;
     let row = |imp: &str, strategy: &str, world: usize, step: f64| {
         let tps = tokens / step;
