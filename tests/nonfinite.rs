@@ -6,7 +6,7 @@ use crate::common::{adamw, full_parameters, loader, max_diff, quiet_builder, Mlp
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use wick::core::{OnNonFinite, OptimizerConfig, ShardedContext, TrainModule};
 use wick::strategies::strategy_by_name;
-use wick::trainer::{Attached, TrainerError};
+use wick::trainer::{Attached, Checkpoint, ModelCheckpoint, TrainerError};
 
 /// An identity whose backward hands back NaN: a finite loss with non-finite gradients.
 struct NanGrad;
@@ -146,4 +146,32 @@ fn skipped_steps_change_nothing_and_are_counted() {
             assert!(max_diff(&after, &later) > 0.0, "{strategy} W={w}");
         }
     }
+}
+
+#[test]
+fn the_skipped_count_is_a_typed_field_of_the_checkpoint_and_survives_a_resume() {
+    let root = tempfile::TempDir::new().unwrap();
+    let poisoned = || Poisoned {
+        mlp: Mlp::new(adamw()),
+        rank: 0,
+        at: (1, 3),
+        poison: Poison::Grad,
+    };
+    let builder = |steps| {
+        quiet_builder(2, strategy_by_name("zero2").unwrap(), steps)
+            .on_nonfinite(OnNonFinite::Skip)
+            .checkpoint(ModelCheckpoint::new(root.path()).every_n_steps(4))
+    };
+    let mut trainer = builder(4).build().unwrap();
+    trainer
+        .fit(&mut Attached::new(poisoned()), &loader(), None)
+        .unwrap();
+    let saved = Checkpoint::open(root.path().join("step-00000004")).unwrap();
+    assert_eq!(saved.manifest().skipped_steps, 1);
+    // The resumed fit starts from that count: step 4 is not run again.
+    let mut trainer = builder(6).build().unwrap();
+    let metrics = trainer
+        .fit_from(&mut Attached::new(poisoned()), &loader(), None, saved.dir())
+        .unwrap();
+    assert_eq!(metrics["skipped_steps"], 1.0);
 }

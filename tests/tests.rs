@@ -19,6 +19,8 @@ mod step_options;
 mod fsdp;
 // Gradient collectives issued during backward, waited for in order before the step.
 mod overlap;
+// The small all-reduces of a step: the loss, the stop vote, a sharded gradients' verdict.
+mod step_collectives;
 // Checkpoints: resume, reshard, consolidate, pretrained init, keeping rules, crash safety.
 mod checkpoint;
 mod checkpoint_async;

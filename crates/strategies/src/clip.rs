@@ -3,17 +3,10 @@
 use candle_core::{DType, Tensor};
 use wick_core::{Collective, ReduceOp, Result};
 
-/// The global L2 norm of `grads` (what a step reports); with a `max_norm`, `grads` are
-/// then scaled in place so that their norm is at most that, the way torch's
-/// `clip_grad_norm_` does (coefficient `max_norm / (norm + 1e-6)`, never above 1).
-///
-/// `shards_over`: the world whose ranks hold disjoint parts of the gradients (shards); the
-/// squares are summed over it. `None` when every rank holds whole gradients.
-pub(crate) fn clip_grad_norm(
-    grads: &mut [Tensor], max_norm: Option<f64>, shards_over: Option<&dyn Collective>,
-) -> Result<f64> {
-    // The sum of squares stays on the gradients' device; one scalar is read back.
-    let mut squares = match grads {
+/// The sum of the squares of every element of `grads`, this rank's part of the squared
+/// global norm. It stays on the gradients' device; one scalar is read back.
+pub(crate) fn sum_of_squares(grads: &[Tensor]) -> Result<f64> {
+    Ok(match grads {
         [] => 0.0,
         _ => {
             let per_grad = grads
@@ -22,13 +15,15 @@ pub(crate) fn clip_grad_norm(
                 .collect::<candle_core::Result<Vec<_>>>()?;
             Tensor::stack(&per_grad, 0)?.sum_all()?.to_scalar::<f64>()?
         }
-    };
-    if let Some(world) = shards_over {
-        squares = world.all_reduce_scalar(squares as f32, ReduceOp::Sum)? as f64;
-    }
-    let norm = squares.sqrt();
+    })
+}
+
+/// Scales `grads` in place so that their global norm, `norm`, is at most `max_norm`, the
+/// way torch's `clip_grad_norm_` does (coefficient `max_norm / (norm + 1e-6)`, never above
+/// 1); nothing without a `max_norm`.
+pub(crate) fn clip_to(grads: &mut [Tensor], norm: f64, max_norm: Option<f64>) -> Result<()> {
     let Some(max_norm) = max_norm else {
-        return Ok(norm);
+        return Ok(());
     };
     let coefficient = max_norm / (norm + 1e-6);
     if coefficient < 1.0 {
@@ -36,5 +31,22 @@ pub(crate) fn clip_grad_norm(
             *g = g.affine(coefficient, 0.0)?;
         }
     }
+    Ok(())
+}
+
+/// The global L2 norm of `grads` (what a step reports), which are then clipped to
+/// `max_norm` ([`clip_to`]).
+///
+/// `shards_over`: the world whose ranks hold disjoint parts of the gradients (shards); the
+/// squares are summed over it. `None` when every rank holds whole gradients.
+pub(crate) fn clip_grad_norm(
+    grads: &mut [Tensor], max_norm: Option<f64>, shards_over: Option<&dyn Collective>,
+) -> Result<f64> {
+    let mut squares = sum_of_squares(grads)?;
+    if let Some(world) = shards_over {
+        squares = world.all_reduce_scalar(squares as f32, ReduceOp::Sum)? as f64;
+    }
+    let norm = squares.sqrt();
+    clip_to(grads, norm, max_norm)?;
     Ok(norm)
 }

@@ -1,15 +1,16 @@
-//! Inf and NaN in a step's reduced gradients: found on each rank, agreed on by the ranks,
-//! then either an error naming the first rank and parameter or a step skipped everywhere
-//! ([`OnNonFinite`]).
+//! Inf and NaN in a step's reduced gradients: found on each rank, agreed on by the ranks
+//! in the same all-reduce as the gradients' norm, then either an error naming the first
+//! rank and parameter or a step skipped everywhere ([`OnNonFinite`]).
 //!
 //! A tensor holds inf or NaN exactly when its sum does (finite gradients do not overflow
 //! f32 when summed), so the check is one reduction per tensor; the pieces of a flat buffer
 //! are looked at one by one only once that sum says something is there.
 
+use crate::clip::{clip_to, sum_of_squares};
 use crate::flat_layout::FlatLayout;
 use candle_core::{DType, Device, Tensor};
 use std::ops::Range;
-use wick_core::{Collective, Error, OnNonFinite, ReduceOp, Result};
+use wick_core::{Collective, Error, OnNonFinite, ReduceOp, Result, StepOptions};
 
 /// Whether `t` holds inf or NaN.
 fn holds_nonfinite(t: &Tensor) -> Result<bool> {
@@ -45,37 +46,56 @@ pub(crate) fn first_nonfinite_in(
     Ok(None)
 }
 
-/// Whether to step, given `local`: this rank's first parameter with a non-finite gradient
-/// (an index `name_of` names). The ranks of `shards_over` hold disjoint parts of the
-/// gradients and decide together with one scalar all-reduce; `None` when every rank holds
-/// the same gradients, so each decides alone. `Ok(false)`: skip the step (under
-/// [`OnNonFinite::Skip`]). Under [`OnNonFinite::Error`] every rank returns the same
+/// The step's verdict on its reduced `grads`: `Some(norm)`, their global L2 norm, to step
+/// (with `grads` then clipped as `options` ask, [`clip_to`]), or `None` to skip it (inf or
+/// NaN somewhere under [`OnNonFinite::Skip`]). `local` is this rank's first parameter with
+/// a non-finite gradient (an index `name_of` names).
+///
+/// The ranks of `shards_over` hold disjoint parts of the gradients: one small all-reduce
+/// over them carries both what each found and its sum of squares, so the check and the
+/// norm cost one collective. `None` when every rank holds the same gradients, so each
+/// decides alone. Under [`OnNonFinite::Error`] every rank returns the same
 /// [`Error::NonFinite`], naming the first rank with one and that rank's first parameter.
-pub(crate) fn agree_finite(
-    local: Option<usize>, shards_over: Option<&dyn Collective>, device: &Device,
-    policy: OnNonFinite, name_of: impl Fn(usize) -> String,
-) -> Result<bool> {
+pub(crate) fn check_and_clip(
+    grads: &mut [Tensor], local: Option<usize>, shards_over: Option<&dyn Collective>,
+    options: &StepOptions, name_of: impl Fn(usize) -> String,
+) -> Result<Option<f64>> {
+    let mut squares = sum_of_squares(grads)?;
+    let mut found = local.is_some();
+    if let Some(world) = shards_over {
+        let both = Tensor::new(&[f32::from(u8::from(found)), squares as f32], &Device::Cpu)?;
+        world.all_reduce_in_place(&both, ReduceOp::Sum)?;
+        let both = both.to_vec1::<f32>()?;
+        found = both[0] > 0.0;
+        squares = both[1] as f64;
+    }
+    match (found, options.on_nonfinite) {
+        (false, _) => {
+            let norm = squares.sqrt();
+            clip_to(grads, norm, options.clip_grad_norm)?;
+            Ok(Some(norm))
+        }
+        (true, OnNonFinite::Skip) => Ok(None),
+        (true, OnNonFinite::Error) => Err(blame(local, shards_over, name_of)?),
+    }
+}
+
+/// The error of a step with inf or NaN under [`OnNonFinite::Error`]: the first rank that
+/// found one (every rank learns which, in one more all-reduce) and its first parameter.
+fn blame(
+    local: Option<usize>, shards_over: Option<&dyn Collective>, name_of: impl Fn(usize) -> String,
+) -> Result<Error> {
     let Some(world) = shards_over else {
-        return match (local, policy) {
-            (None, _) => Ok(true),
-            (Some(_), OnNonFinite::Skip) => Ok(false),
-            (Some(i), OnNonFinite::Error) => Err(Error::NonFinite {
-                rank: 0,
-                parameter: name_of(i),
-            }),
-        };
+        let index = local.expect("this rank found one");
+        return Ok(Error::NonFinite {
+            rank: 0,
+            parameter: name_of(index),
+        });
     };
-    let found = world.all_reduce_scalar(f32::from(u8::from(local.is_some())), ReduceOp::Sum)?;
-    if found == 0.0 {
-        return Ok(true);
-    }
-    if policy == OnNonFinite::Skip {
-        return Ok(false);
-    }
     // Which ranks found one, and where: one slot per rank, its parameter's index + 1.
     let mut slots = vec![0f32; world.world_size()];
     slots[world.rank()] = local.map_or(0.0, |i| (i + 1) as f32);
-    let slots = Tensor::from_vec(slots, world.world_size(), device)?;
+    let slots = Tensor::from_vec(slots, world.world_size(), &Device::Cpu)?;
     world.all_reduce_in_place(&slots, ReduceOp::Sum)?;
     let slots = slots.to_vec1::<f32>()?;
     let (rank, index) = slots
@@ -84,7 +104,7 @@ pub(crate) fn agree_finite(
         .find(|(_, &v)| v > 0.0)
         .map(|(r, &v)| (r, v as usize - 1))
         .expect("some rank reported one");
-    Err(Error::NonFinite {
+    Ok(Error::NonFinite {
         rank,
         parameter: name_of(index),
     })
@@ -119,17 +139,31 @@ mod tests {
         assert_eq!(first_nonfinite_in(&layout, 0..8, &whole).unwrap(), Some(0));
         let fine = Tensor::new(&[1f32, 2.0, 3.0, 4.0], &Device::Cpu).unwrap();
         assert_eq!(first_nonfinite(&[fine.clone(), shard]).unwrap(), Some(1));
-        let err = agree_finite(Some(1), None, &Device::Cpu, OnNonFinite::Error, |i| {
-            ["a", "b"][i].to_string()
-        })
+        let options = |on_nonfinite| StepOptions {
+            clip_grad_norm: None,
+            on_nonfinite,
+            find_unused_parameters: false,
+        };
+        let name_of = |i: usize| ["a", "b"][i].to_string();
+        let mut grads = [Tensor::new(&[3f32, 4.0], &Device::Cpu).unwrap()];
+        let err = check_and_clip(
+            &mut grads,
+            Some(1),
+            None,
+            &options(OnNonFinite::Error),
+            name_of,
+        )
         .unwrap_err()
         .to_string();
         assert!(err.contains("'b'"), "{err}");
-        assert!(
-            !agree_finite(Some(1), None, &Device::Cpu, OnNonFinite::Skip, |_| {
-                String::new()
-            })
-            .unwrap()
+        let skip = options(OnNonFinite::Skip);
+        assert_eq!(
+            check_and_clip(&mut grads, Some(1), None, &skip, name_of).unwrap(),
+            None
+        );
+        assert_eq!(
+            check_and_clip(&mut grads, None, None, &skip, name_of).unwrap(),
+            Some(5.0)
         );
     }
 }

@@ -2,11 +2,10 @@
 //! [`Replicated`](crate::Replicated) strategies (single, ddp, zero1, zero2).
 
 use crate::bucket_reduce::{backward_handing_over, reduce_buckets, BucketPlan, BucketReduction};
-use crate::clip::clip_grad_norm;
 use crate::flat_layout::FlatLayout;
 use crate::grads::GradAccumulator;
 use crate::init::param_values;
-use crate::nonfinite::{agree_finite, first_nonfinite};
+use crate::nonfinite::{check_and_clip, first_nonfinite};
 use crate::optim::Optimizer;
 use crate::param_request::{check_asked_again, check_dtype};
 use crate::param_use::unreached;
@@ -313,43 +312,28 @@ impl ReplicatedState {
             .ok_or_else(|| Self::not_ready(strategy, "optimizer_step before configure_optimizer"))
     }
 
-    /// Whether to step (see [`agree_finite`]): `local` is this rank's first parameter
-    /// with an inf or NaN gradient, `shards_over` the world whose ranks hold the other parts
-    /// of the gradients (`None` when every rank holds them all). Records a skip.
-    pub(crate) fn finite(
-        &mut self, strategy: &str, local: Option<usize>, shards_over: Option<&dyn Collective>,
+    /// Whether to step with the reduced `grads` (see [`check_and_clip`], which clips them
+    /// when it says yes): `local` is this rank's first parameter with an inf or NaN
+    /// gradient, `shards_over` the world whose ranks hold the other parts of the gradients
+    /// (`None` when every rank holds them all). Records a skip, or the norm.
+    pub(crate) fn check(
+        &mut self, grads: &mut [Tensor], local: Option<usize>, shards_over: Option<&dyn Collective>,
     ) -> Result<bool> {
-        let device = self.device(strategy)?;
         let names = &self.names;
-        let step = agree_finite(
-            local,
-            shards_over,
-            &device,
-            self.options.on_nonfinite,
-            |i| names[i].clone(),
-        )?;
-        self.skipped = !step;
-        self.grad_norm = None;
-        Ok(step)
-    }
-
-    /// Keeps the global norm of `grads` for the step's report, then clips them to the norm
-    /// asked for, if any. `shards_over` as in [`Self::finite`].
-    pub(crate) fn clip(
-        &mut self, grads: &mut [Tensor], shards_over: Option<&dyn Collective>,
-    ) -> Result<()> {
-        let max_norm = self.options.clip_grad_norm;
-        self.grad_norm = Some(clip_grad_norm(grads, max_norm, shards_over)?);
-        Ok(())
+        self.grad_norm = check_and_clip(grads, local, shards_over, &self.options, |i| {
+            names[i].clone()
+        })?;
+        self.skipped = self.grad_norm.is_none();
+        Ok(!self.skipped)
     }
 
     /// Clips (if asked) and steps every full parameter with its reduced gradient, unless
     /// one holds inf or NaN.
     pub(crate) fn apply(&mut self, strategy: &str, mut grads: Vec<Tensor>) -> Result<()> {
-        if !self.finite(strategy, first_nonfinite(&grads)?, None)? {
+        let local = first_nonfinite(&grads)?;
+        if !self.check(&mut grads, local, None)? {
             return Ok(());
         }
-        self.clip(&mut grads, None)?;
         self.grad_bytes = grads.iter().map(tensor_bytes).sum();
         let params = self.params.clone();
         self.optimizer(strategy)?.step(&params, &grads)?;

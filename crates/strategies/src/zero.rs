@@ -173,14 +173,13 @@ impl ZeroReduce {
         let flat_grad = flatten_consuming(grads, layout, DType::F32, &device)?;
         // Every rank holds the whole averaged gradient: each decides alone.
         let whole = 0..flat_grad.elem_count();
-        if !state.finite(name, first_nonfinite_in(layout, whole, &flat_grad)?, None)? {
+        let local = first_nonfinite_in(layout, whole, &flat_grad)?;
+        let mut whole = [flat_grad];
+        if !state.check(&mut whole, local, None)? {
             return Ok(());
         }
-        let shard = param_shard(layout, rank, &state.params)?;
-        // Every rank holds the whole averaged gradient: the norm needs no collective.
-        let mut whole = [flat_grad];
-        state.clip(&mut whole, None)?;
         let [flat_grad] = whole;
+        let shard = param_shard(layout, rank, &state.params)?;
         state.grad_bytes = tensor_bytes(&flat_grad);
         let shard_grad = flat_grad.narrow(0, range.start, range.len())?;
         state
@@ -210,13 +209,12 @@ impl ZeroReduce {
                     message: "no gradient shard was reduced".into(),
                 })?;
         let local = first_nonfinite_in(layout, range.start..range.end, &shard_grad)?;
-        if !state.finite(name, local, Some(world))? {
+        let mut shard_grads = [shard_grad];
+        if !state.check(&mut shard_grads, local, Some(world))? {
             return Ok(());
         }
-        let shard = param_shard(layout, rank, &state.params)?;
-        let mut shard_grads = [shard_grad];
-        state.clip(&mut shard_grads, Some(world))?;
         let [shard_grad] = shard_grads;
+        let shard = param_shard(layout, rank, &state.params)?;
         state.grad_bytes = tensor_bytes(&shard_grad);
         state
             .optimizer(name)?

@@ -14,7 +14,7 @@ use crate::clip::clip_grad_norm;
 use crate::flat_layout::FlatLayout;
 use crate::grad_scaler::GradScaler;
 use crate::grads::GradAccumulator;
-use crate::nonfinite::{agree_finite, first_nonfinite_in};
+use crate::nonfinite::{check_and_clip, first_nonfinite_in};
 use crate::optim::Optimizer;
 use crate::precision::Precision;
 use crate::replicated::tensor_bytes;
@@ -93,13 +93,14 @@ impl Zero3 {
             .ok_or_else(|| self.not_ready("no world connected"))
     }
 
-    /// Whether to step with the shards' reduced `grads` (see [`agree_finite`]): the ranks
-    /// of the sharding group hold disjoint parts and decide together.
-    fn grads_finite(&self, world: &dyn Collective, grads: &[Tensor]) -> Result<bool> {
+    /// The step's verdict on the shards' reduced `grads` (see [`check_and_clip`]): their
+    /// norm, with `grads` clipped, to step, or `None` to skip. The ranks of the sharding
+    /// group hold disjoint parts and decide together.
+    fn check_grads(&self, world: &dyn Collective, grads: &mut [Tensor]) -> Result<Option<f64>> {
         let rank = world.rank();
         let mut local = None;
         let mut before = 0;
-        for (layout, g) in self.layouts.iter().zip(grads) {
+        for (layout, g) in self.layouts.iter().zip(grads.iter()) {
             let shard = layout.shard(rank);
             if let Some(i) = first_nonfinite_in(layout, shard.start..shard.end, g)? {
                 local = Some(before + i);
@@ -109,13 +110,7 @@ impl Zero3 {
         }
         let names = || self.layouts.iter().flat_map(|l| l.entries());
         let name_of = |i: usize| names().nth(i).map(|e| e.name.clone()).unwrap_or_default();
-        agree_finite(
-            local,
-            Some(world),
-            &self.device()?,
-            self.step_options.on_nonfinite,
-            name_of,
-        )
+        check_and_clip(grads, local, Some(world), &self.step_options, name_of)
     }
 
     /// Records the parameters the next forward hands out, for the backward after it to
@@ -299,26 +294,30 @@ impl StrategyStep for Zero3 {
         }
         let world = self.world()?.clone();
         // Inf or NaN on some rank: the scaler's to skip under 16-mixed, otherwise as
-        // `on_nonfinite` says; every rank skips alike.
-        let step = match &mut self.scaler {
+        // `on_nonfinite` says; every rank skips alike. The norm comes with the verdict.
+        let grad_norm = match &mut self.scaler {
             Some(scaler) => {
                 let mut worlds: Vec<&dyn Collective> = vec![world.as_ref()];
                 worlds.extend(self.replicas.as_deref());
-                scaler.unscale(&mut grads, &worlds)?
+                match scaler.unscale(&mut grads, &worlds)? {
+                    true => {
+                        let max_norm = self.step_options.clip_grad_norm;
+                        Some(clip_grad_norm(&mut grads, max_norm, Some(world.as_ref()))?)
+                    }
+                    false => None,
+                }
             }
-            None => self.grads_finite(world.as_ref(), &grads)?,
+            None => self.check_grads(world.as_ref(), &mut grads)?,
         };
-        let mut report = StepReport {
-            skipped: !step,
-            grad_norm: None,
+        let report = StepReport {
+            skipped: grad_norm.is_none(),
+            grad_norm,
             loss_scale: self.scaler.as_ref().map(GradScaler::state),
         };
-        if !step {
+        if report.skipped {
             self.release_gathered();
             return Ok(report);
         }
-        let max_norm = self.step_options.clip_grad_norm;
-        report.grad_norm = Some(clip_grad_norm(&mut grads, max_norm, Some(world.as_ref()))?);
         self.grad_bytes = grads.iter().map(tensor_bytes).sum();
         let optimizer = self.optimizer.as_mut().ok_or_else(|| {
             not_ready(

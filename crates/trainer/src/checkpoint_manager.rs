@@ -5,7 +5,7 @@
 //! loop only tells it where the fit stands: after a step, on a preemption, at the end.
 
 use crate::checkpoint::{DataPosition, PendingSave, SaveInfo};
-use crate::rank_run::RankRun;
+use crate::loops::{FitProgress, RankContext};
 use crate::{Checkpoint, DataLoader, Dataset, ModelCheckpoint, TrainerError};
 use std::path::PathBuf;
 use wick_core::{OptimizerConfig, TrainModule};
@@ -83,14 +83,14 @@ impl<'f> CheckpointManager<'f> {
     /// commits a save whose files are all written (no collective), and the step is saved if
     /// the rules say it is due, in the background when they ask for that.
     pub(crate) fn step_end<M: TrainModule>(
-        &mut self, rank: &RankRun<'_, M>, basis: &SaveBasis,
+        &mut self, ctx: &RankContext<'_, M>, basis: &SaveBasis, progress: FitProgress,
     ) -> Result<(), TrainerError> {
         if let Some(pending) = &mut self.pending {
             pending.poll()?;
         }
         match self.rules {
-            Some(rules) if rules.due(rank.state.global_step) => {
-                self.save(rules, rank, basis, rules.is_async())?;
+            Some(rules) if rules.due(progress.step) => {
+                self.save(rules, ctx, basis, progress, rules.is_async())?;
                 Ok(())
             }
             _ => Ok(()),
@@ -101,28 +101,28 @@ impl<'f> CheckpointManager<'f> {
     /// the directory of a whole checkpoint of this step returned (saved now, before this
     /// returns, unless the step was saved already); `None` when the fit saves nothing.
     pub(crate) fn preempted<M: TrainModule>(
-        &mut self, rank: &RankRun<'_, M>, basis: &SaveBasis,
+        &mut self, ctx: &RankContext<'_, M>, basis: &SaveBasis, progress: FitProgress,
     ) -> Result<Option<PathBuf>, TrainerError> {
-        self.finish(rank)?;
-        let step = rank.state.global_step;
+        self.finish(ctx)?;
+        let step = progress.step;
         match (self.rules, &self.last) {
             (None, _) => Ok(None),
             (Some(_), Some((saved, dir))) if *saved == step => Ok(Some(dir.clone())),
-            (Some(rules), _) => self.save(rules, rank, basis, false).map(Some),
+            (Some(rules), _) => self.save(rules, ctx, basis, progress, false).map(Some),
         }
     }
 
     /// The fit ended: the save in flight is finished, and the last step saved (before this
     /// returns) when the rules save at the end and it was not saved already.
     pub(crate) fn fit_end<M: TrainModule>(
-        &mut self, rank: &RankRun<'_, M>, basis: &SaveBasis,
+        &mut self, ctx: &RankContext<'_, M>, basis: &SaveBasis, progress: FitProgress,
     ) -> Result<(), TrainerError> {
-        self.finish(rank)?;
-        let step = rank.state.global_step;
+        self.finish(ctx)?;
+        let step = progress.step;
         let saved_last = self.last.as_ref().map(|(s, _)| *s);
         match self.rules {
             Some(rules) if rules.saves_at_end() && saved_last != Some(step) => {
-                self.save(rules, rank, basis, false)?;
+                self.save(rules, ctx, basis, progress, false)?;
                 Ok(())
             }
             _ => Ok(()),
@@ -133,24 +133,25 @@ impl<'f> CheckpointManager<'f> {
     /// in the background if `background` ([`PendingSave`]), otherwise before this returns,
     /// when `last` names it. Returns its directory.
     fn save<M: TrainModule>(
-        &mut self, rules: &ModelCheckpoint, rank: &RankRun<'_, M>, basis: &SaveBasis,
-        background: bool,
+        &mut self, rules: &ModelCheckpoint, ctx: &RankContext<'_, M>, basis: &SaveBasis,
+        progress: FitProgress, background: bool,
     ) -> Result<PathBuf, TrainerError> {
-        self.finish(rank)?;
-        let step = rank.state.global_step;
+        self.finish(ctx)?;
+        let step = progress.step;
         let dir = rules.dir_for(step);
         let data = basis.data.at(step);
         let info = SaveInfo {
             step,
             epoch: data.epoch,
+            skipped_steps: progress.skipped_steps,
             seed: basis.seed,
             optimizer: &basis.optimizer,
             data,
-            metrics: rank.state.metrics.clone(),
+            metrics: ctx.callbacks.state.metrics.clone(),
             run: self.run.map(str::to_string),
             attachments: rules.attachments(),
         };
-        let (world, strategy) = (rank.env.world.as_ref(), &*rank.strategy);
+        let (world, strategy) = (ctx.env.world.as_ref(), &*ctx.strategy);
         if background {
             let (write, commit) = crate::checkpoint::begin(world, strategy, &dir, &info, rules)?;
             self.pending = Some(PendingSave::start(write, commit, dir.clone()));
@@ -162,9 +163,9 @@ impl<'f> CheckpointManager<'f> {
     }
 
     /// Waits for the save in flight, if any, until its checkpoint is whole (a collective).
-    fn finish<M: TrainModule>(&mut self, rank: &RankRun<'_, M>) -> Result<(), TrainerError> {
+    fn finish<M: TrainModule>(&mut self, ctx: &RankContext<'_, M>) -> Result<(), TrainerError> {
         match self.pending.take() {
-            Some(pending) => pending.finish(rank.env.world.as_ref(), &rank.env.device),
+            Some(pending) => pending.finish(ctx.env.world.as_ref(), &ctx.env.device),
             None => Ok(()),
         }
     }

@@ -23,23 +23,18 @@ mod checkpoint_manager;
 mod config;
 mod data;
 mod error;
-mod eval_loop;
-mod fit_loop;
 mod loggers;
+mod loops;
 mod metrics_csv;
 mod mlflow;
 mod preemption;
 mod progress;
-mod rank_run;
 mod ranks;
 mod replicate;
-mod resume;
 mod run_dirs;
 mod sinks;
-mod summary;
 mod tensorboard;
 mod token_dataset;
-mod train_step;
 mod trainer;
 
 pub use attached::Attached;
@@ -49,11 +44,11 @@ pub use checkpoint::{consolidate, Checkpoint, CheckpointError, Mode, ModelCheckp
 pub use data::{DataLoader, Dataset};
 pub use error::TrainerError;
 pub use loggers::{LogDestination, Logger};
+pub use loops::Metrics;
 pub use mlflow::MlflowTarget;
 pub use preemption::Preemption;
 #[cfg(unix)]
 pub use preemption::PREEMPTION_SIGNALS;
-pub use rank_run::Metrics;
 pub use replicate::Replicate;
 pub use sinks::{StepRecord, StepSink};
 pub use token_dataset::{

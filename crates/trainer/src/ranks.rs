@@ -4,12 +4,12 @@
 
 use crate::attached::Session;
 use crate::config::Config;
+use crate::loops::{run_stage, CallbackList, RankContext, RankOutput, StageInput};
 use crate::progress::Progress;
-use crate::rank_run::{RankOutput, RankRun, StageInput};
 use crate::sinks::StepSinks;
 use crate::{Attached, Dataset, Replicate, TrainerError};
 use wick_accelerator::{Accelerator, RankError};
-use wick_core::{BlockingWorld, Callback, CollectiveError, RunState, Stage, Strategy, WaitClock};
+use wick_core::{BlockingWorld, Callback, CollectiveError, Stage, Strategy, WaitClock};
 
 /// What a stage's launch reads of its trainer.
 pub(crate) struct Launch<'a> {
@@ -63,26 +63,23 @@ impl Launch<'_> {
         let config = self.config;
         let outcomes = self.accelerator.launch_each(inputs, |mut env, input| {
             let (module, strategy, callbacks, sinks) = input;
-            let state = RunState::new(env.rank, env.world_size);
             if !config.overlap_comm {
                 env.world = BlockingWorld::over(env.world.clone());
             }
             // Every collective of the stage, the strategy's and the trainer's, is timed.
             let clock = WaitClock::over(env.world.clone());
             env.world = clock.clone();
-            let progress = Progress::new_if_terminal(env.rank == 0 && config.progress);
-            RankRun {
+            let ctx = RankContext {
+                bars: Progress::new_if_terminal(env.rank == 0 && config.progress),
+                callbacks: CallbackList::new(callbacks, env.rank, env.world_size),
                 env,
                 clock,
-                progress,
                 sinks,
                 module,
                 strategy: strategy.as_mut(),
-                callbacks,
                 config,
-                state,
-            }
-            .run(stage, loaders)
+            };
+            run_stage(ctx, stage, loaders)
         });
         let idled = idle(self.accelerator, &mut session.strategies);
         let outputs = collect_ranks(self.accelerator.local_ranks().start, outcomes)?;

@@ -3,7 +3,7 @@
 
 use crate::config::Config;
 use crate::loggers::{LogDestination, LogPlan, Logger};
-use crate::rank_run::{Metrics, RankOutput, StageInput};
+use crate::loops::{Metrics, RankOutput, StageInput};
 use crate::ranks::{collect_ranks, idle, Launch};
 use crate::sinks::{StepSink, StepSinks};
 use crate::{Attached, Checkpoint, DataLoader, Dataset, ModelCheckpoint, Replicate, TrainerError};
@@ -238,7 +238,7 @@ impl Trainer {
             eval: val,
             resume,
             checkpoint: outputs.checkpoint.as_ref(),
-            run: outputs.run.as_deref(),
+            log_dir: outputs.run.as_deref(),
         };
         // Rank 0's sinks: the metrics file, then the program's own, lent for this fit and
         // put back whatever it returns.

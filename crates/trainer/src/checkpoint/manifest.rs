@@ -25,6 +25,9 @@ pub struct Manifest {
     pub step: usize,
     /// The epoch the next step belongs to.
     pub epoch: usize,
+    /// Steps skipped for inf or NaN gradients before it (written when there were any).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_steps: usize,
     /// Ranks that saved it.
     pub world_size: usize,
     /// The strategy that saved it.
@@ -50,6 +53,11 @@ pub struct Manifest {
     /// such as a model's `config.json` and `tokenizer.json`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<FileRecord>,
+}
+
+/// Whether a count is 0, to leave it out of the manifest.
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// A file of the checkpoint: its name in the checkpoint directory, length and checksum, so
@@ -218,6 +226,13 @@ pub struct PieceRecord {
 }
 
 impl Manifest {
+    /// The steps skipped for inf or NaN gradients before this checkpoint: its typed field,
+    /// or for a manifest written before that field existed, the count among its metrics.
+    pub fn skipped_steps_before(&self) -> usize {
+        let in_metrics = self.metrics.get("skipped_steps").map_or(0, |&n| n as usize);
+        self.skipped_steps.max(in_metrics)
+    }
+
     /// Reads and checks `dir/manifest.json`: format, version, and that each group's
     /// parameters and pieces describe its elements exactly once.
     pub fn read(dir: &Path) -> Result<Manifest, CheckpointError> {

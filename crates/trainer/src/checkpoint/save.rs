@@ -26,6 +26,7 @@ use wick_core::{
 pub(crate) struct SaveInfo<'a> {
     pub(crate) step: usize,
     pub(crate) epoch: usize,
+    pub(crate) skipped_steps: usize,
     pub(crate) seed: u64,
     pub(crate) optimizer: &'a OptimizerConfig,
     pub(crate) data: DataPosition,
@@ -349,6 +350,7 @@ fn draft_manifest(
         format_version: FORMAT_VERSION,
         step: info.step,
         epoch: info.epoch,
+        skipped_steps: info.skipped_steps,
         world_size,
         strategy: strategy.name().to_string(),
         optimizer: optimizer_record(info.optimizer, state, state_kinds),

@@ -2,9 +2,9 @@
 //! parameters (and how many are frozen), and model-state bytes per rank beside the ZeRO
 //! formula.
 
-use crate::rank_run::RankRun;
+use super::RankContext;
 use std::fmt::Write;
-use wick_core::{Sharding, Strategy, TrainModule};
+use wick_core::{Sharding, Strategy};
 
 /// The formula's terms as text, e.g. `4Ψ + 12Ψ/W`.
 fn formula_text(s: Sharding) -> String {
@@ -74,19 +74,18 @@ pub(crate) fn model_summary(strategy: &dyn Strategy, world_size: usize) -> Strin
     out
 }
 
-impl<M: TrainModule> RankRun<'_, M> {
-    /// The model summary, on rank 0 if asked for: logged at info level under the target
-    /// [`SUMMARY_TARGET`](crate::SUMMARY_TARGET), with the bars suspended meanwhile.
-    pub(crate) fn log_model_summary(&self) {
-        if self.env.rank != 0 || !self.config.model_summary {
-            return;
-        }
-        let summary = model_summary(&*self.strategy, self.env.world_size);
-        let log = || log::info!(target: crate::SUMMARY_TARGET, "{summary}");
-        match &self.progress {
-            Some(p) => p.suspend(log),
-            None => log(),
-        }
+/// The model summary of `ctx`'s strategy, on rank 0 if asked for: logged at info level
+/// under the target [`SUMMARY_TARGET`](crate::SUMMARY_TARGET), with the bars suspended
+/// meanwhile.
+pub(crate) fn log_model_summary<M>(ctx: &RankContext<'_, M>) {
+    if ctx.env.rank != 0 || !ctx.config.model_summary {
+        return;
+    }
+    let summary = model_summary(&*ctx.strategy, ctx.env.world_size);
+    let log = || log::info!(target: crate::SUMMARY_TARGET, "{summary}");
+    match &ctx.bars {
+        Some(p) => p.suspend(log),
+        None => log(),
     }
 }
 

@@ -1,0 +1,81 @@
+//! One rank's part of a stage: the hook sequence of docs/design.md around the stage's loop.
+
+use super::{EvalKind, EvalLoop, FitLoop, PredictLoop, RankContext};
+use crate::preemption::Interruption;
+use crate::{Checkpoint, DataLoader, Dataset, ModelCheckpoint, TrainerError};
+use candle_core::Tensor;
+use wick_accelerator::Accelerator;
+use wick_core::{Stage, TrainModule};
+
+/// Metric name to value, averaged over ranks (`train_loss`, `val_loss`, `test_loss`).
+pub type Metrics = std::collections::BTreeMap<String, f64>;
+
+/// What a stage runs over: its data, and for fit the checkpoint it resumes from, where it
+/// saves, and the name of its log directory (recorded in its checkpoints).
+pub(crate) struct StageInput<'a, D> {
+    pub(crate) train: Option<&'a DataLoader<D>>,
+    pub(crate) eval: Option<&'a DataLoader<D>>,
+    pub(crate) resume: Option<&'a Checkpoint>,
+    pub(crate) checkpoint: Option<&'a ModelCheckpoint>,
+    /// The run's log directory as the run names it (such as `runs/char-gpt-v1`).
+    pub(crate) log_dir: Option<&'a str>,
+}
+
+impl<'a, D> StageInput<'a, D> {
+    /// An evaluation or prediction pass over `data`.
+    pub(crate) fn eval(data: &'a DataLoader<D>) -> Self {
+        StageInput {
+            train: None,
+            eval: Some(data),
+            resume: None,
+            checkpoint: None,
+            log_dir: None,
+        }
+    }
+}
+
+/// What a rank brings back from a stage.
+pub(crate) struct RankOutput {
+    pub(crate) metrics: Metrics,
+    pub(crate) predictions: Vec<Tensor>,
+    /// How a preemption stopped a fit (the stage's teardown hooks still ran).
+    pub(crate) interrupted: Option<Interruption>,
+}
+
+/// Runs `stage` on `ctx`'s rank, in docs/design.md's order.
+pub(crate) fn run_stage<M: TrainModule, D: Dataset<Batch = M::Batch>>(
+    mut ctx: RankContext<'_, M>, stage: Stage, input: &StageInput<'_, D>,
+) -> Result<RankOutput, TrainerError> {
+    ctx.strategy
+        .connect(ctx.env.world.clone(), ctx.env.device.clone())?;
+    ctx.callbacks.call(|cb, s| cb.setup(s, stage))?;
+    ctx.module.setup(stage)?;
+    if Accelerator::setup(ctx.strategy, ctx.module, ctx.config.seed)? {
+        ctx.callbacks
+            .call(|cb, s| cb.on_configure_sharded_model(s))?;
+    }
+    let mut predictions = Vec::new();
+    let mut interrupted = None;
+    match (stage, input.train, input.eval) {
+        (Stage::Fit, Some(train), val) => {
+            interrupted = FitLoop::new(&mut ctx, train, val, input)?.run(&mut ctx)?;
+        }
+        (Stage::Validate, _, Some(data)) => {
+            let kind = EvalKind::Validation;
+            EvalLoop { data, kind }.run(&mut ctx)?;
+        }
+        (Stage::Test, _, Some(data)) => {
+            let kind = EvalKind::Test;
+            EvalLoop { data, kind }.run(&mut ctx)?;
+        }
+        (Stage::Predict, _, Some(data)) => predictions = PredictLoop { data }.run(&mut ctx)?,
+        _ => unreachable!("the trainer passes the loaders each stage needs"),
+    }
+    ctx.callbacks.call(|cb, s| cb.teardown(s, stage))?;
+    ctx.module.teardown(stage)?;
+    Ok(RankOutput {
+        metrics: ctx.callbacks.state.metrics,
+        predictions,
+        interrupted,
+    })
+}
