@@ -152,7 +152,11 @@ mod mpi {
             "raw-mpi-all-gather"
         }
         fn cpu_fwd(
-            &self, full: &mut CpuStorage, full_l: &Layout, shard: &CpuStorage, shard_l: &Layout,
+            &self,
+            full: &mut CpuStorage,
+            full_l: &Layout,
+            shard: &CpuStorage,
+            shard_l: &Layout,
         ) -> candle_core::Result<()> {
             let (Some((a, b)), Some((c, d))) =
                 (full_l.contiguous_offsets(), shard_l.contiguous_offsets())

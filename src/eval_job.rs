@@ -69,7 +69,10 @@ pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
 
 /// Runs `pass` of `model` over `data`.
 fn evaluate<M, D>(
-    pass: Pass, trainer: &mut Trainer, model: M, data: &DataLoader<D>,
+    pass: Pass,
+    trainer: &mut Trainer,
+    model: M,
+    data: &DataLoader<D>,
 ) -> anyhow::Result<wick_trainer::Metrics>
 where
     M: wick_trainer::Replicate + 'static,

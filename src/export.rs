@@ -115,7 +115,9 @@ fn read(weights: &dyn WeightSource, name: &str, shape: &[usize]) -> anyhow::Resu
 
 /// The adapters a LoRA checkpoint holds, by wick's names (those of its manifest).
 fn read_adapters(
-    ck: &Checkpoint, lora: &LoraConfig, config: &Path,
+    ck: &Checkpoint,
+    lora: &LoraConfig,
+    config: &Path,
 ) -> anyhow::Result<HashMap<String, Tensor>> {
     let shapes: Vec<(String, Vec<usize>)> = ck
         .parameters()
@@ -147,7 +149,10 @@ fn read_adapters(
 /// Every base parameter of `config`'s model from `base`, each adapted weight replaced by
 /// W + (alpha / r) B A, in f32.
 fn merge(
-    ck: &Checkpoint, lora: &LoraConfig, base: &Path, config: &Path,
+    ck: &Checkpoint,
+    lora: &LoraConfig,
+    base: &Path,
+    config: &Path,
 ) -> anyhow::Result<HashMap<String, Tensor>> {
     let adapters = read_adapters(ck, lora, config)?;
     let base_model = wick_models::CausalLm::from_pretrained(base)

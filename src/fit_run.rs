@@ -120,7 +120,11 @@ impl Run {
 
     /// Fits `model` on `train`, validating on `val` (resuming when `args` says so).
     pub fn fit<M, D>(
-        mut self, args: &FitArgs, model: M, train: &DataLoader<D>, val: &DataLoader<D>,
+        mut self,
+        args: &FitArgs,
+        model: M,
+        train: &DataLoader<D>,
+        val: &DataLoader<D>,
     ) -> anyhow::Result<FitReport>
     where
         M: wick_trainer::Replicate + 'static,

@@ -80,7 +80,10 @@ pub fn lora_of(checkpoint: &Checkpoint) -> anyhow::Result<Option<(LoraConfig, Pa
 /// Split `split` of the token file `data` in windows of `seq`, checked against `lm`'s
 /// tokenizer and vocabulary.
 pub fn tokens(
-    lm: &CausalLm, data: &Path, split: Split, seq: usize,
+    lm: &CausalLm,
+    data: &Path,
+    split: Split,
+    seq: usize,
 ) -> anyhow::Result<TokenDataset> {
     let max = lm.config().max_positions();
     anyhow::ensure!(

@@ -101,7 +101,10 @@ pub fn draw(panels: &[(&str, Vec<Curve>)], title: &str, out: &Path) -> anyhow::R
 
 /// One panel: `curves` against step on `area`, the y axis named `y_desc`.
 fn draw_panel<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>, y_desc: &str, curves: &[Curve], x_max: f64,
+    area: &DrawingArea<DB, Shift>,
+    y_desc: &str,
+    curves: &[Curve],
+    x_max: f64,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     let points = curves.iter().flat_map(|c| &c.points);
     let (y_min, y_max) = points.fold((f64::MAX, f64::MIN), |(lo, hi), p| {

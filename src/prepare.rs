@@ -76,7 +76,9 @@ pub fn run(args: &PrepareArgs) -> anyhow::Result<String> {
 
 /// Text files, one document each, joined by the end-of-text token.
 fn texts(
-    tokenizer: &TextTokenizer, paths: &[std::path::PathBuf], tick: impl Fn(),
+    tokenizer: &TextTokenizer,
+    paths: &[std::path::PathBuf],
+    tick: impl Fn(),
 ) -> anyhow::Result<Vec<u32>> {
     let end = tokenizer.end_of_text();
     let mut ids = Vec::new();
@@ -94,7 +96,9 @@ fn texts(
 
 /// JSON Lines of examples: their ids one after another, whether each counts, how many.
 fn jsonl(
-    tokenizer: &TextTokenizer, args: &PrepareArgs, tick: impl Fn(),
+    tokenizer: &TextTokenizer,
+    args: &PrepareArgs,
+    tick: impl Fn(),
 ) -> anyhow::Result<(Vec<u32>, Vec<bool>, usize)> {
     let beside = args.tokenizer.with_file_name("tokenizer_config.json");
     let config = match &args.chat_template {

@@ -57,7 +57,9 @@ pub fn sample(args: &SampleArgs) -> anyhow::Result<String> {
 /// `args.tokens` ids after `prompt`, each drawn from the logits `logits` gives for the last
 /// `context` ids (`[1, time]` in, `[1, time, vocab]` out); returns the new ids only.
 fn generate(
-    args: &SampleArgs, mut ids: Vec<u32>, context: usize,
+    args: &SampleArgs,
+    mut ids: Vec<u32>,
+    context: usize,
     logits: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
 ) -> anyhow::Result<Vec<u32>> {
     anyhow::ensure!(!ids.is_empty(), "--prompt must not be empty");

@@ -17,7 +17,10 @@ use wick::trainer::checkpoint::{Mode, SavePoint};
 use wick::trainer::{consolidate, Attached, Checkpoint, DataLoader, ModelCheckpoint, Trainer};
 
 pub(crate) fn trainer(
-    devices: usize, strategy: Box<dyn Strategy>, steps: usize, checkpoint: Option<ModelCheckpoint>,
+    devices: usize,
+    strategy: Box<dyn Strategy>,
+    steps: usize,
+    checkpoint: Option<ModelCheckpoint>,
 ) -> Trainer {
     let builder = quiet_builder(devices, strategy, steps);
     match checkpoint {
@@ -39,8 +42,11 @@ fn step_dir(root: &Path, step: usize) -> PathBuf {
 /// Trains to `steps` (resuming from `from` if given, saving into `checkpoint` if given) and
 /// returns the final parameters.
 pub(crate) fn fit(
-    data: &DataLoader<Regression>, (devices, strategy): (usize, Box<dyn Strategy>),
-    optimizer: OptimizerConfig, steps: usize, from: Option<&Path>,
+    data: &DataLoader<Regression>,
+    (devices, strategy): (usize, Box<dyn Strategy>),
+    optimizer: OptimizerConfig,
+    steps: usize,
+    from: Option<&Path>,
     checkpoint: Option<ModelCheckpoint>,
 ) -> Vec<Vec<f32>> {
     let mut model = Attached::new(Mlp::new(optimizer));
@@ -244,7 +250,10 @@ struct Counting {
 
 impl WeightSource for Counting {
     fn read(
-        &self, name: &str, shape: &candle_core::Shape, range: std::ops::Range<usize>,
+        &self,
+        name: &str,
+        shape: &candle_core::Shape,
+        range: std::ops::Range<usize>,
     ) -> candle_core::Result<Vec<f32>> {
         self.read.lock().unwrap().push((
             std::thread::current().id(),

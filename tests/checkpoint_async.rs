@@ -61,7 +61,9 @@ impl Callback for StepsDone {
 /// save) held back after it is written until rank 0 has finished step 3, for at most
 /// `patience`; the fit's outcome and the ranks whose file was held.
 fn fit_holding_the_first_save(
-    root: &Path, async_save: bool, patience: Duration,
+    root: &Path,
+    async_save: bool,
+    patience: Duration,
 ) -> (Result<(), String>, Vec<usize>) {
     let done = StepsDone::default();
     let held = Arc::new(Mutex::new(HashSet::new()));

@@ -37,7 +37,9 @@ impl Callback for Steps {
 /// Fits `script` on `devices` ranks under ddp for at most 40 steps, validating every step,
 /// with `stopping`; returns the last step each rank finished.
 fn last_steps(
-    devices: usize, script: fn(usize, usize) -> f64, stopping: EarlyStopping,
+    devices: usize,
+    script: fn(usize, usize) -> f64,
+    stopping: EarlyStopping,
 ) -> Vec<usize> {
     let steps = Steps::default();
     let mut t = quiet_builder(devices, strategy_by_name("ddp").unwrap(), 40)

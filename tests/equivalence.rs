@@ -68,7 +68,8 @@ struct Watched {
 impl wick::core::TrainModule for Watched {
     type Batch = (candle_core::Tensor, candle_core::Tensor);
     fn configure_sharded_model(
-        &mut self, ctx: &wick::core::ShardedContext,
+        &mut self,
+        ctx: &wick::core::ShardedContext,
     ) -> candle_core::Result<()> {
         self.rank = ctx.rank();
         self.inner.configure_sharded_model(ctx)
@@ -77,7 +78,9 @@ impl wick::core::TrainModule for Watched {
         self.inner.optimizer.clone()
     }
     fn training_step(
-        &mut self, batch: &Self::Batch, _: usize,
+        &mut self,
+        batch: &Self::Batch,
+        _: usize,
     ) -> candle_core::Result<candle_core::Tensor> {
         self.seen
             .lock()

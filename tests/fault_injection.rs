@@ -116,7 +116,9 @@ fn strategies() -> Vec<(&'static str, Make)> {
 /// Fits the MLP on 8 ranks with `fault` at rank `rank`'s call (if any); returns the fit's
 /// outcome and every rank's number of calls.
 fn fit(
-    strategy: Box<dyn Strategy>, rank: usize, fault: Option<(usize, Fault)>,
+    strategy: Box<dyn Strategy>,
+    rank: usize,
+    fault: Option<(usize, Fault)>,
 ) -> (Result<(), TrainerError>, Vec<usize>) {
     let counts: Arc<Vec<Arc<AtomicUsize>>> = Arc::new((0..RANKS).map(|_| Arc::default()).collect());
     let layer = {

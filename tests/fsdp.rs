@@ -14,7 +14,9 @@ fn fsdp_trainer(devices: usize, sharding: FsdpSharding) -> Trainer {
 }
 
 fn train_fsdp<M: TrainModule<Batch = (Tensor, Tensor)> + Clone + 'static>(
-    devices: usize, sharding: FsdpSharding, model: M,
+    devices: usize,
+    sharding: FsdpSharding,
+    model: M,
 ) -> Vec<Vec<f32>> {
     let mut trainer = fsdp_trainer(devices, sharding);
     let mut model = Attached::new(model);
@@ -45,7 +47,10 @@ fn every_sharding_strategy_matches_single_device() {
 /// Fits a fresh MLP with `trainer`; checks that its units' forwards ran `runs_per_step`
 /// times a step over all ranks, and that training ends at single-device `reference`.
 fn fit_counting_forwards(
-    mut trainer: Trainer, runs_per_step: usize, reference: &[Vec<f32>], what: &str,
+    mut trainer: Trainer,
+    runs_per_step: usize,
+    reference: &[Vec<f32>],
+    what: &str,
 ) {
     let model = Mlp::new(adamw());
     let runs = model.runs.clone();

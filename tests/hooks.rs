@@ -142,7 +142,9 @@ impl TrainModule for Recorded {
     }
 
     fn validation_step(
-        &mut self, batch: &Self::Batch, i: usize,
+        &mut self,
+        batch: &Self::Batch,
+        i: usize,
     ) -> candle_core::Result<Option<Tensor>> {
         self.rec("m.validation_step");
         self.inner.validation_step(batch, i)

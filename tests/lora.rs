@@ -48,7 +48,10 @@ fn loader() -> DataLoader<Windows> {
 
 /// The parameters after `steps` steps on `devices` ranks, and the trained module.
 fn train(
-    devices: usize, strategy: Box<dyn Strategy>, dropout: f64, steps: usize,
+    devices: usize,
+    strategy: Box<dyn Strategy>,
+    dropout: f64,
+    steps: usize,
 ) -> (HashMap<String, Tensor>, Attached<CausalLm>) {
     let mut t = trainer(devices, strategy, steps);
     let mut m = Attached::new(model(dropout));

@@ -19,7 +19,10 @@ fn named(name: &str) -> Box<dyn Strategy> {
 /// Trains `steps` steps of the MLP with `optimizer` and returns the trainer.
 /// The parameters after `steps` steps of `strategy` on `devices` ranks.
 fn trained(
-    devices: usize, strategy: &str, optimizer: OptimizerConfig, steps: usize,
+    devices: usize,
+    strategy: &str,
+    optimizer: OptimizerConfig,
+    steps: usize,
 ) -> Vec<Vec<f32>> {
     let mut t = quiet_builder(devices, named(strategy), steps)
         .build()

@@ -110,7 +110,10 @@ const DEEP_WIDTH: usize = 512;
 /// The deep model's units (linear layers, with biases if `bias`), created under `s`
 /// connected to `world`, with `optimizer` configured.
 fn deep_model(
-    s: &mut dyn Strategy, world: &Arc<dyn Collective>, bias: bool, optimizer: OptimizerConfig,
+    s: &mut dyn Strategy,
+    world: &Arc<dyn Collective>,
+    bias: bool,
+    optimizer: OptimizerConfig,
 ) -> wick::core::Result<Vec<Wrapped<candle_nn::Linear>>> {
     s.connect(world.clone(), candle_core::Device::Cpu)?;
     let ctx = s.sharded_context(0)?;
@@ -132,7 +135,8 @@ fn deep_model(
 
 /// The deep model's loss on a batch of `rows` rows of ones.
 fn deep_loss(
-    units: &[Wrapped<candle_nn::Linear>], rows: usize,
+    units: &[Wrapped<candle_nn::Linear>],
+    rows: usize,
 ) -> wick::core::Result<candle_core::Tensor> {
     let mut h = candle_core::Tensor::ones(
         (rows, DEEP_WIDTH),
@@ -149,7 +153,10 @@ fn deep_loss(
 
 /// One training step at rate `lr` of the deep model on a batch of `rows` rows of ones.
 fn deep_step(
-    s: &mut dyn Strategy, units: &[Wrapped<candle_nn::Linear>], lr: f64, rows: usize,
+    s: &mut dyn Strategy,
+    units: &[Wrapped<candle_nn::Linear>],
+    lr: f64,
+    rows: usize,
 ) -> wick::core::Result<()> {
     s.backward(&deep_loss(units, rows)?, GradSync::Reduce)?;
     s.optimizer_step(lr).map(drop)
@@ -164,7 +171,9 @@ const STEP_ROWS: usize = 256;
 /// process: what the heap holds after every rank's forward, and its peak growth over the
 /// step.
 fn sharded_step_growth(
-    strategy: &str, prefetch: bool, ac: ActivationCheckpointing,
+    strategy: &str,
+    prefetch: bool,
+    ac: ActivationCheckpointing,
 ) -> (usize, usize) {
     let outcomes = ThreadWorld::new(2).run(|comm| {
         let world: Arc<dyn Collective> = Arc::new(comm);

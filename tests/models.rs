@@ -206,7 +206,9 @@ fn strategies() -> Vec<(String, usize, Box<dyn Strategy>)> {
 
 /// Trains `family` 10 steps; returns the losses and the final parameters by name.
 fn ten_steps(
-    family: &str, devices: usize, strategy: Box<dyn Strategy>,
+    family: &str,
+    devices: usize,
+    strategy: Box<dyn Strategy>,
 ) -> (Vec<f64>, Vec<(String, Tensor)>) {
     let r = reference(family);
     let losses = Losses::default();

@@ -71,7 +71,12 @@ impl TrainModule for Poisoned {
 /// Fits `steps` steps under `strategy` at `w` ranks, poisoned at batch 3 (step 4) of rank
 /// `rank`; returns the final parameters and `skipped_steps`, or the error.
 fn fit(
-    w: usize, strategy: &str, steps: usize, rank: usize, poison: Poison, policy: OnNonFinite,
+    w: usize,
+    strategy: &str,
+    steps: usize,
+    rank: usize,
+    poison: Poison,
+    policy: OnNonFinite,
 ) -> Result<(Vec<Vec<f32>>, f64), TrainerError> {
     let mut trainer = quiet_builder(w, strategy_by_name(strategy).unwrap(), steps)
         .on_nonfinite(policy)

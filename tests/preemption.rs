@@ -32,7 +32,11 @@ impl Callback for PreemptAt {
 /// `preempt_at` by rank `w - 1` if given, resuming from `last` when `auto`. Returns the
 /// final parameters, or the error.
 fn fit(
-    w: usize, strategy: &str, root: &Path, preempt_at: Option<usize>, auto: bool,
+    w: usize,
+    strategy: &str,
+    root: &Path,
+    preempt_at: Option<usize>,
+    auto: bool,
 ) -> Result<Vec<Vec<f32>>, TrainerError> {
     let preemption = Preemption::manual();
     let mut builder = quiet_builder(w, strategy_by_name(strategy).unwrap(), STEPS)

@@ -6,7 +6,11 @@ use wick::trainer::{Attached, DataLoader, Trainer};
 
 /// Trains the MLP with the given options and returns its full parameters.
 fn run(
-    devices: usize, strategy: &str, batch: usize, accumulate: usize, clip: Option<f64>,
+    devices: usize,
+    strategy: &str,
+    batch: usize,
+    accumulate: usize,
+    clip: Option<f64>,
     steps: usize,
 ) -> Vec<Vec<f32>> {
     let mut builder = Trainer::builder()
@@ -60,7 +64,9 @@ fn four_micro_batches_equal_one_batch_four_times_larger() {
 
 /// Two wrapped 3x3 linear layers under `s`, connected to `world`, with AdamW and `options`.
 fn two_layers(
-    s: &mut dyn wick::core::Strategy, world: std::sync::Arc<dyn Collective>, options: StepOptions,
+    s: &mut dyn wick::core::Strategy,
+    world: std::sync::Arc<dyn Collective>,
+    options: StepOptions,
 ) -> wick::core::Result<Vec<wick::core::Wrapped<candle_nn::Linear>>> {
     s.connect(world, Device::Cpu)?;
     let ctx = s.sharded_context(1)?;

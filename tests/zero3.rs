@@ -97,7 +97,8 @@ fn a_parameter_outside_a_unit_is_refused_under_zero3() {
     impl wick::core::TrainModule for Bare {
         type Batch = (Tensor, Tensor);
         fn configure_sharded_model(
-            &mut self, ctx: &wick::core::ShardedContext,
+            &mut self,
+            ctx: &wick::core::ShardedContext,
         ) -> candle_core::Result<()> {
             candle_nn::linear(5, 1, ctx.var_builder().pp("bare"))?;
             Ok(())

@@ -39,7 +39,11 @@ const STEPS: Steps = Steps {
 /// transport they are named by); `peak` is the measured GEMM peak the utilisation is taken
 /// over, if measured. Rank 0 prints the row.
 pub fn hf_row(
-    dir: &Path, rank: Option<usize>, recompute: bool, ranks: (Accelerator, &str), peak: Option<f64>,
+    dir: &Path,
+    rank: Option<usize>,
+    recompute: bool,
+    ranks: (Accelerator, &str),
+    peak: Option<f64>,
 ) -> anyhow::Result<()> {
     let (accelerator, transport) = ranks;
     let load = std::time::Instant::now();

@@ -210,7 +210,9 @@ impl Callback for StepClock {
 
 /// A quiet trainer of `steps` steps with `callback`.
 fn quiet_trainer(
-    accelerator: Accelerator, strategy: Box<dyn Strategy>, steps: usize,
+    accelerator: Accelerator,
+    strategy: Box<dyn Strategy>,
+    steps: usize,
     callback: impl Callback + 'static,
 ) -> anyhow::Result<Trainer> {
     Ok(Trainer::builder()
@@ -227,14 +229,19 @@ fn quiet_trainer(
 
 /// A quiet trainer that records each step's time on `clock`.
 fn timed_trainer(
-    accelerator: Accelerator, strategy: Box<dyn Strategy>, clock: &StepClock,
+    accelerator: Accelerator,
+    strategy: Box<dyn Strategy>,
+    clock: &StepClock,
 ) -> anyhow::Result<Trainer> {
     quiet_trainer(accelerator, strategy, clock.steps.total(), clock.clone())
 }
 
 /// wick's seconds per step for `strategy` at `world` ranks as threads with `budget`.
 fn wick_step(
-    c: GptConfig, strategy: Box<dyn Strategy>, world: usize, budget: ThreadBudget,
+    c: GptConfig,
+    strategy: Box<dyn Strategy>,
+    world: usize,
+    budget: ThreadBudget,
 ) -> anyhow::Result<f64> {
     let clock = StepClock::new(STEPS);
     let mut trainer = timed_trainer(
@@ -340,7 +347,8 @@ fn random_windows(vocab: u64, seq: usize, batch: usize, seed: u64) -> DataLoader
 
 /// The Llama's seconds per step and parameters under `strategy` on `accelerator`'s ranks.
 fn llama_step(
-    strategy: Box<dyn Strategy>, accelerator: Accelerator,
+    strategy: Box<dyn Strategy>,
+    accelerator: Accelerator,
 ) -> anyhow::Result<(f64, usize)> {
     let clock = StepClock::new(STEPS);
     let mut trainer = timed_trainer(accelerator, strategy, &clock)?;
@@ -385,7 +393,9 @@ fn strategy(name: &str) -> anyhow::Result<Box<dyn Strategy>> {
 /// `model`'s tokens per step, median seconds per step and parameters under `name` on
 /// `accelerator`'s ranks (the rows are rank 0's).
 fn measure(
-    model: &str, name: &str, accelerator: Accelerator,
+    model: &str,
+    name: &str,
+    accelerator: Accelerator,
 ) -> anyhow::Result<(usize, f64, usize)> {
     if model == "llama" {
         let (step, params) = llama_step(strategy(name)?, accelerator)?;

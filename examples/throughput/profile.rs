@@ -90,8 +90,10 @@ impl Callback for ProfileWindow {
 
 /// Profiles `fit` under `strategy` at `world` ranks as threads.
 fn profiled<M: wick::trainer::Replicate + 'static>(
-    model: M, data: &DataLoader<impl wick::trainer::Dataset<Batch = M::Batch>>,
-    strategy: Box<dyn Strategy>, world: usize,
+    model: M,
+    data: &DataLoader<impl wick::trainer::Dataset<Batch = M::Batch>>,
+    strategy: Box<dyn Strategy>,
+    world: usize,
 ) -> anyhow::Result<Window> {
     let window = ProfileWindow::default();
     let mut trainer = crate::quiet_trainer(
@@ -162,7 +164,10 @@ fn best(mut f: impl FnMut() -> candle_core::Result<()>) -> anyhow::Result<f64> {
 /// candle's backward runs them), at `rows` rows: GFLOP/s each and over the peak; returns
 /// the seconds all of them take per step.
 fn matmuls_alone(
-    model: &str, rows: usize, linears: &[(usize, usize, usize)], peak: f64,
+    model: &str,
+    rows: usize,
+    linears: &[(usize, usize, usize)],
+    peak: f64,
 ) -> anyhow::Result<f64> {
     let mut total = 0.0;
     for &(input, output, count) in linears {

@@ -141,7 +141,9 @@ impl TrainModule for Mlp {
     }
 
     fn validation_step(
-        &mut self, batch: &Self::Batch, _: usize,
+        &mut self,
+        batch: &Self::Batch,
+        _: usize,
     ) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(self.loss(batch)?))
     }
@@ -217,7 +219,9 @@ impl TrainModule for RankedMlp {
     }
 
     fn validation_step(
-        &mut self, batch: &Self::Batch, b: usize,
+        &mut self,
+        batch: &Self::Batch,
+        b: usize,
     ) -> candle_core::Result<Option<Tensor>> {
         let Some(script) = self.val_script else {
             return self.mlp.validation_step(batch, b);
@@ -300,14 +304,18 @@ pub fn quiet_trainer(devices: usize, strategy: &str, steps: usize) -> Trainer {
 
 /// [`quiet_trainer`] with a strategy instance (non-default options).
 pub fn quiet_trainer_with(
-    devices: usize, strategy: Box<dyn wick::core::Strategy>, steps: usize,
+    devices: usize,
+    strategy: Box<dyn wick::core::Strategy>,
+    steps: usize,
 ) -> Trainer {
     quiet_builder(devices, strategy, steps).build().unwrap()
 }
 
 /// The options of [`quiet_trainer_with`], to add to.
 pub fn quiet_builder(
-    devices: usize, strategy: Box<dyn wick::core::Strategy>, steps: usize,
+    devices: usize,
+    strategy: Box<dyn wick::core::Strategy>,
+    steps: usize,
 ) -> wick::trainer::TrainerBuilder {
     Trainer::builder()
         .devices(devices)
@@ -326,7 +334,10 @@ pub fn loader() -> DataLoader<Regression> {
 
 /// Trains a fresh MLP and returns its parameters, in full, in registration order.
 pub fn train(
-    devices: usize, strategy: &str, optimizer: OptimizerConfig, steps: usize,
+    devices: usize,
+    strategy: &str,
+    optimizer: OptimizerConfig,
+    steps: usize,
 ) -> Vec<Vec<f32>> {
     let mut model = Attached::new(Mlp::new(optimizer));
     let mut trainer = quiet_trainer(devices, strategy, steps);
@@ -442,7 +453,8 @@ impl Collective for Recording {
 /// that for 16-bit compute under Adam, whose near-zero gradients flip sign with rounding
 /// and move an element a full learning rate either way.
 pub fn relative_update_error<'a>(
-    got: impl IntoIterator<Item = (&'a String, &'a Tensor)>, want: impl Fn(&str) -> Option<Tensor>,
+    got: impl IntoIterator<Item = (&'a String, &'a Tensor)>,
+    want: impl Fn(&str) -> Option<Tensor>,
     init: impl Fn(&str) -> Option<Tensor>,
 ) -> f32 {
     let squared = |a: &Tensor, b: &Tensor| -> f64 {

@@ -290,7 +290,9 @@ impl Accelerator {
     /// # Panics
     /// When `inputs` does not hold one input per local rank.
     pub fn launch_each<I, T, E, F>(
-        &self, inputs: Vec<I>, f: F,
+        &self,
+        inputs: Vec<I>,
+        f: F,
     ) -> Vec<std::result::Result<T, RankError<E>>>
     where
         I: Send,
@@ -364,7 +366,9 @@ impl Accelerator {
     /// the first time only: returns `false` without calling the hook when the strategy
     /// already holds this module's parameters.
     pub fn setup<M: TrainModule + ?Sized>(
-        strategy: &mut dyn Strategy, module: &mut M, seed: u64,
+        strategy: &mut dyn Strategy,
+        module: &mut M,
+        seed: u64,
     ) -> Result<bool> {
         if strategy.is_configured() {
             return Ok(false);
@@ -397,7 +401,9 @@ impl Accelerator {
 
     /// NCCL for ranks on distinct GPUs (the `nccl` feature); the host world otherwise.
     fn device_world(
-        &self, host: Arc<dyn Collective>, device: &Device,
+        &self,
+        host: Arc<dyn Collective>,
+        device: &Device,
     ) -> Result<Arc<dyn Collective>> {
         let distinct_gpus = NcclWorld::ENABLED
             && device.is_cuda()

@@ -84,7 +84,11 @@ impl Call<'_> {
 /// bytes on the wire, not the slowest rank's time, since the owner of the longest part
 /// receives as much either way. The host worlds take uneven parts as they are.
 pub fn reduce_scatter_padded<C: Collective + ?Sized>(
-    world: &C, full: &Tensor, shard: &Tensor, parts: &[usize], op: ReduceOp,
+    world: &C,
+    full: &Tensor,
+    shard: &Tensor,
+    parts: &[usize],
+    op: ReduceOp,
 ) -> Result<Work, CollectiveError> {
     let rank = world.rank();
     let len = check_parts(rank, full, shard, parts, world.world_size())?;
@@ -130,7 +134,9 @@ pub fn reduce_scatter_padded<C: Collective + ?Sized>(
 /// Runs [`Call::AllGatherHost`] on a world whose tensors are not host memory: a gather
 /// into a tensor on `shard`'s device, then one copy out.
 pub fn all_gather_through_tensor<C: Collective + ?Sized>(
-    world: &C, shard: &Tensor, full: &mut [u8],
+    world: &C,
+    shard: &Tensor,
+    full: &mut [u8],
 ) -> Result<(), CollectiveError> {
     let fail = |e: candle_core::Error| CollectiveError::Unsupported {
         rank: world.rank(),
@@ -152,7 +158,9 @@ pub fn all_gather_through_tensor<C: Collective + ?Sized>(
 
 /// Writes `values`' bytes into `out`, element by element.
 fn write_ne<T, const N: usize>(
-    out: &mut [u8], values: candle_core::Result<Vec<T>>, bytes: impl Fn(T) -> [u8; N],
+    out: &mut [u8],
+    values: candle_core::Result<Vec<T>>,
+    bytes: impl Fn(T) -> [u8; N],
 ) -> candle_core::Result<()> {
     for (dst, v) in out.chunks_exact_mut(N).zip(values?) {
         dst.copy_from_slice(&bytes(v));
@@ -163,7 +171,11 @@ fn write_ne<T, const N: usize>(
 /// Checks a [`Call::ReduceScatterParts`]' parts against the world and the tensors;
 /// returns this rank's part length.
 fn check_parts(
-    rank: usize, full: &Tensor, shard: &Tensor, parts: &[usize], world_size: usize,
+    rank: usize,
+    full: &Tensor,
+    shard: &Tensor,
+    parts: &[usize],
+    world_size: usize,
 ) -> Result<usize, CollectiveError> {
     let mismatch = |message: String| CollectiveError::Mismatch {
         rank,

@@ -135,7 +135,10 @@ pub trait Collective: Send + Sync {
     /// Reduces `full` over the ranks and writes this rank's part of the result into
     /// `shard` ([`Call::ReduceScatter`]).
     fn reduce_scatter_into(
-        &self, full: &Tensor, shard: &Tensor, op: ReduceOp,
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        op: ReduceOp,
     ) -> Result<(), CollectiveError> {
         self.run(Call::ReduceScatter { full, shard, op })
     }
@@ -143,7 +146,10 @@ pub trait Collective: Send + Sync {
     /// [`Call::ReduceScatter`], started (a gradient's reduction overlapped with the rest
     /// of backward).
     fn reduce_scatter_start(
-        &self, full: &Tensor, shard: &Tensor, op: ReduceOp,
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        op: ReduceOp,
     ) -> Result<Work, CollectiveError> {
         self.start(Call::ReduceScatter { full, shard, op })
     }
@@ -151,7 +157,11 @@ pub trait Collective: Send + Sync {
     /// [`Call::ReduceScatterParts`], started: parts that may differ in length between
     /// ranks.
     fn reduce_scatter_parts_start(
-        &self, full: &Tensor, shard: &Tensor, parts: &[usize], op: ReduceOp,
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        parts: &[usize],
+        op: ReduceOp,
     ) -> Result<Work, CollectiveError> {
         self.start(Call::ReduceScatterParts {
             full,

@@ -72,7 +72,10 @@ pub struct UnitRuns {
 /// when gathered per use, recomputed in backward when it recomputes, else directly. The
 /// default of [`ParamSource::apply_unit`], and what a strategy's own `apply_unit` wraps.
 pub fn run_by_plan<S: ParamSource + ?Sized>(
-    source: &S, unit: usize, input: &Tensor, runs: UnitRuns,
+    source: &S,
+    unit: usize,
+    input: &Tensor,
+    runs: UnitRuns,
 ) -> candle_core::Result<Tensor> {
     match source.unit_plan(unit) {
         UnitPlan::GatheredPerUse => source.run_unit(unit, input, runs.over),
@@ -134,7 +137,10 @@ pub trait ParamSource: Send + Sync {
     /// plan ([`run_by_plan`]); a strategy with a policy around every unit (mixed precision's
     /// casts) wraps that.
     fn apply_unit(
-        &self, unit: usize, input: &Tensor, runs: UnitRuns,
+        &self,
+        unit: usize,
+        input: &Tensor,
+        runs: UnitRuns,
     ) -> candle_core::Result<Tensor> {
         run_by_plan(self, unit, input, runs)
     }
@@ -150,7 +156,10 @@ pub trait ParamSource: Send + Sync {
     /// keeps no activations: its forward runs without keeping a graph, and its backward
     /// runs it again with one. Only called for a unit whose plan [`UnitPlan::recomputes`].
     fn recompute_unit(
-        &self, unit: usize, input: &Tensor, run: RecomputeFn,
+        &self,
+        unit: usize,
+        input: &Tensor,
+        run: RecomputeFn,
     ) -> candle_core::Result<Tensor> {
         let _ = (unit, input, run);
         candle_core::bail!("this strategy does not recompute units")
@@ -182,7 +191,9 @@ pub struct ShardedContext {
 impl ShardedContext {
     /// A closed context over `source`; [`ShardedContext::enter`] opens it.
     pub fn new(
-        source: Arc<dyn ParamSource>, world: Arc<dyn Collective>, device: Device,
+        source: Arc<dyn ParamSource>,
+        world: Arc<dyn Collective>,
+        device: Device,
         strategy: impl Into<String>,
     ) -> Self {
         ShardedContext {
@@ -328,7 +339,12 @@ struct GuardedSource {
 
 impl SimpleBackend for GuardedSource {
     fn get(
-        &self, shape: Shape, name: &str, init: Init, dtype: DType, dev: &Device,
+        &self,
+        shape: Shape,
+        name: &str,
+        init: Init,
+        dtype: DType,
+        dev: &Device,
     ) -> candle_core::Result<Tensor> {
         if !self.open.load(Ordering::SeqCst) {
             candle_core::bail!(

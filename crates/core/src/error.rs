@@ -213,7 +213,9 @@ pub struct FileError {
 impl FileError {
     /// An error about `file` (and `tensor`).
     pub fn new(
-        file: impl AsRef<std::path::Path>, tensor: Option<&str>, message: impl Into<String>,
+        file: impl AsRef<std::path::Path>,
+        tensor: Option<&str>,
+        message: impl Into<String>,
     ) -> Self {
         FileError {
             file: file.as_ref().to_path_buf(),

@@ -66,7 +66,9 @@ pub trait TrainModule: Send {
     /// trainer weights each batch by its samples, and a pass covers every sample, the short
     /// last batch included); `None` skips validation.
     fn validation_step(
-        &mut self, _batch: &Self::Batch, _batch_idx: usize,
+        &mut self,
+        _batch: &Self::Batch,
+        _batch_idx: usize,
     ) -> Result<Option<Tensor>> {
         Ok(None)
     }

@@ -70,7 +70,11 @@ impl SafetensorsFile {
     /// The bytes of elements `range` of tensor `name`, whose dtype must be one of `dtypes`
     /// (named `expected` in the error); returns them with the dtype.
     fn bytes(
-        &self, name: &str, range: Range<usize>, dtypes: &[Dtype], expected: &str,
+        &self,
+        name: &str,
+        range: Range<usize>,
+        dtypes: &[Dtype],
+        expected: &str,
     ) -> Result<(&[u8], Dtype), FileError> {
         let info = self.info(name)?;
         let numel: usize = info.shape.iter().product();

@@ -71,7 +71,10 @@ pub trait StateReader {
     /// padding) for state `kind`, as a 1-D f32 tensor. Errors name the parameter and file
     /// when a parameter is missing, has another shape, or a file does not hold its elements.
     fn read(
-        &self, kind: &str, params: &[(String, Shape)], range: Range<usize>,
+        &self,
+        kind: &str,
+        params: &[(String, Shape)],
+        range: Range<usize>,
     ) -> candle_core::Result<Tensor>;
 
     /// The state kinds saved besides `param` (empty before the first optimizer step).

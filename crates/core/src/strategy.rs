@@ -235,7 +235,10 @@ impl Sharding {
     /// (LoRA's base weights), which have no gradient and no optimizer state: they count in
     /// the parameters' bytes only.
     pub fn adamw_formula_with_frozen(
-        &self, params: usize, frozen: usize, world_size: usize,
+        &self,
+        params: usize,
+        frozen: usize,
+        world_size: usize,
     ) -> StateBytes {
         let part = |sharded: bool, bytes: usize, count: usize| {
             if sharded {

@@ -35,7 +35,8 @@ impl WaitClock {
 
     /// A started call, its start timed now and its wait when it comes.
     fn started(
-        &self, start: impl FnOnce() -> Result<Work, CollectiveError>,
+        &self,
+        start: impl FnOnce() -> Result<Work, CollectiveError>,
     ) -> Result<Work, CollectiveError> {
         let work = self.timed(start)?;
         let nanos = self.nanos.clone();

@@ -45,7 +45,10 @@ impl PretrainedWeights {
 
 impl WeightSource for PretrainedWeights {
     fn read(
-        &self, name: &str, shape: &Shape, range: Range<usize>,
+        &self,
+        name: &str,
+        shape: &Shape,
+        range: Range<usize>,
     ) -> candle_core::Result<Vec<f32>> {
         let Some(file) = self.files.iter().find(|f| f.shape(name).is_ok()) else {
             let files: Vec<_> = self.files.iter().map(|f| f.path().display()).collect();

@@ -171,7 +171,9 @@ impl CausalLm {
     /// LoRA with adapters read from `adapters` under wick's names (a checkpoint's
     /// `into_weights`), the rest of the model from its own weights.
     pub fn with_adapters(
-        self, lora: LoraConfig, adapters: Arc<dyn WeightSource>,
+        self,
+        lora: LoraConfig,
+        adapters: Arc<dyn WeightSource>,
     ) -> std::result::Result<Self, ModelError> {
         let mut lm = self.with_lora(lora)?;
         lm.adapters = Some(adapters);
@@ -257,7 +259,10 @@ impl CausalLm {
     }
 
     fn loss_with(
-        &self, ids: &Tensor, targets: &Tensor, dropout: Option<DropoutKey>,
+        &self,
+        ids: &Tensor,
+        targets: &Tensor,
+        dropout: Option<DropoutKey>,
     ) -> Result<Tensor> {
         match self.net_for(ids)? {
             Net::Decoder(m) => m.loss(ids, targets, dropout),
@@ -334,7 +339,9 @@ impl TrainModule for CausalLm {
     }
 
     fn validation_step(
-        &mut self, (ids, targets): &Self::Batch, _: usize,
+        &mut self,
+        (ids, targets): &Self::Batch,
+        _: usize,
     ) -> Result<Option<Tensor>> {
         self.loss(ids, targets).map(Some)
     }

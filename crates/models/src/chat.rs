@@ -110,7 +110,9 @@ impl ChatTemplate {
     /// `messages` rendered as `apply_chat_template(messages, tokenize=False,
     /// add_generation_prompt=...)` renders them.
     pub fn render(
-        &self, messages: &[Value], add_generation_prompt: bool,
+        &self,
+        messages: &[Value],
+        add_generation_prompt: bool,
     ) -> Result<String, String> {
         let template = self
             .env
@@ -228,7 +230,10 @@ impl Example {
     /// end-of-text token `eos` (when given) closes it, counted unless the example is a
     /// conversation (whose template closes each turn itself).
     pub fn encode(
-        &self, tokenizer: &TextTokenizer, template: Option<&ChatTemplate>, eos: Option<u32>,
+        &self,
+        tokenizer: &TextTokenizer,
+        template: Option<&ChatTemplate>,
+        eos: Option<u32>,
     ) -> Result<(Vec<u32>, Vec<bool>), String> {
         let err = |e: candle_core::Error| e.to_string();
         let (mut ids, mut counted) = match self {
@@ -267,7 +272,9 @@ impl Example {
 /// the text between the conversation before it (with the generation prompt) and the
 /// conversation through it, as the template renders both.
 fn conversation(
-    tokenizer: &TextTokenizer, template: &ChatTemplate, messages: &[Value],
+    tokenizer: &TextTokenizer,
+    template: &ChatTemplate,
+    messages: &[Value],
 ) -> Result<(Vec<u32>, Vec<bool>), String> {
     let full = template.render(messages, false)?;
     let mut spans = Vec::new();

@@ -54,7 +54,10 @@ pub(crate) struct DecoderLayer {
 
 impl DecoderLayer {
     fn new(
-        vb: VarBuilder, c: &DecoderConfig, index: usize, lora: Option<&LoraConfig>,
+        vb: VarBuilder,
+        c: &DecoderConfig,
+        index: usize,
+        lora: Option<&LoraConfig>,
     ) -> Result<Self> {
         let (h, std, d) = (c.hidden_size, c.initializer_range, c.head_dim);
         let (q, kv) = (c.num_attention_heads * d, c.num_key_value_heads * d);
@@ -122,7 +125,11 @@ impl DecoderLayer {
     /// The heads of `projection` (`[b, t, n * head_dim]`) as `[b, n, t, head_dim]`, each
     /// normed first where the family norms them, then rotated.
     fn rotated(
-        &self, projection: &Tensor, n: usize, norm: Option<&RmsNorm>, rope: &RotaryEmbedding,
+        &self,
+        projection: &Tensor,
+        n: usize,
+        norm: Option<&RmsNorm>,
+        rope: &RotaryEmbedding,
     ) -> Result<Tensor> {
         let split = match norm {
             None => heads(projection, n, self.head_dim)?,
@@ -137,7 +144,10 @@ impl DecoderLayer {
 
     /// The layer's output; `dropout` draws LoRA's masks (training only).
     fn forward(
-        &self, x: &Tensor, rope: &RotaryEmbedding, dropout: Option<DropoutKey>,
+        &self,
+        x: &Tensor,
+        rope: &RotaryEmbedding,
+        dropout: Option<DropoutKey>,
     ) -> Result<Tensor> {
         let h = self.input_layernorm.forward(x)?;
         let norms = self.qk_norm.as_ref();
@@ -195,7 +205,9 @@ impl Decoder {
     /// Creates the model's parameters through `ctx`, under Hugging Face's names (and
     /// PEFT's for `lora`'s adapters).
     pub(crate) fn new(
-        ctx: &ShardedContext, c: &DecoderConfig, lora: Option<&LoraConfig>,
+        ctx: &ShardedContext,
+        c: &DecoderConfig,
+        lora: Option<&LoraConfig>,
     ) -> Result<Self> {
         let (vocab, h, std) = (c.vocab_size, c.hidden_size, c.initializer_range);
         let embed_tokens = ctx.wrap("model.embed_tokens", move |vb| {
@@ -272,7 +284,10 @@ impl Decoder {
     /// not counted) under the logits of `ids`, by [`wick_nn::linear_cross_entropy`]: the
     /// output projection and the loss in one op, so on the CPU the logits never exist whole.
     pub(crate) fn loss(
-        &self, ids: &Tensor, targets: &Tensor, dropout: Option<DropoutKey>,
+        &self,
+        ids: &Tensor,
+        targets: &Tensor,
+        dropout: Option<DropoutKey>,
     ) -> Result<Tensor> {
         let (x, targets) = loss_rows(&self.hidden(ids, dropout)?, targets)?;
         let cap = self.final_logit_softcapping;

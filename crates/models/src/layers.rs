@@ -15,7 +15,10 @@ pub(crate) fn normal(std: f64) -> Init {
 
 /// A linear layer with `weight` `[out, in]` (and `bias` `[out]` when `bias`).
 pub(crate) fn linear(
-    vb: &VarBuilder, dims: (usize, usize), bias: bool, std: f64,
+    vb: &VarBuilder,
+    dims: (usize, usize),
+    bias: bool,
+    std: f64,
 ) -> Result<Linear> {
     let (in_dim, out_dim) = dims;
     let weight = vb.get_with_hints((out_dim, in_dim), "weight", normal(std))?;

@@ -159,7 +159,8 @@ impl LoraConfig {
     /// its `base_model_name_or_path`. What wick does not build (another `peft_type`, a
     /// bias, rsLoRA, DoRA, per-layer ranks, extra trained modules) is refused by name.
     pub fn from_peft_json(
-        text: &str, path: &Path,
+        text: &str,
+        path: &Path,
     ) -> std::result::Result<(Self, Option<String>), ModelError> {
         let bad = |message: String| ModelError::Missing {
             path: path.to_path_buf(),
@@ -269,8 +270,12 @@ impl Projection {
     /// The layer `base` at `vb`, adapted by `lora` if it names the layer (`module`; `salt`
     /// is the layer's place in the model).
     pub(crate) fn new(
-        base: Linear, vb: &VarBuilder, module: &str, dims: (usize, usize),
-        lora: Option<&LoraConfig>, salt: u64,
+        base: Linear,
+        vb: &VarBuilder,
+        module: &str,
+        dims: (usize, usize),
+        lora: Option<&LoraConfig>,
+        salt: u64,
     ) -> Result<Self> {
         let Some(lora) = lora.filter(|l| l.adapts(module)) else {
             return Ok(Projection {

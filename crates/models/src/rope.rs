@@ -20,7 +20,10 @@ fn base_frequencies(theta: f64, dim: usize) -> Vec<f32> {
 /// The inverse frequencies of `rope` for heads `dim` wide and the attention factor of cos
 /// and sin, for a model of `max_positions` positions run on `seq_len` tokens.
 pub(crate) fn frequencies(
-    rope: &Rope, dim: usize, max_positions: usize, seq_len: usize,
+    rope: &Rope,
+    dim: usize,
+    max_positions: usize,
+    seq_len: usize,
 ) -> (Vec<f32>, f32) {
     let inv = base_frequencies(rope.theta, dim);
     match rope.scaling {
@@ -69,7 +72,10 @@ pub(crate) fn frequencies(
 /// length `old` over `high_freq_factor` kept, longer than it over `low_freq_factor` divided
 /// by `factor`, and a smooth blend between.
 fn llama3(
-    inv: &[f32], factor: f64, (low_freq_factor, high_freq_factor): (f64, f64), old: f64,
+    inv: &[f32],
+    factor: f64,
+    (low_freq_factor, high_freq_factor): (f64, f64),
+    old: f64,
 ) -> Vec<f32> {
     let (low_wavelen, high_wavelen) = (
         (old / low_freq_factor) as f32,
@@ -96,7 +102,11 @@ fn llama3(
 /// correction range the betas give over the original length `old`, interpolated by
 /// `factor` below it, ramped between.
 fn yarn(
-    theta: f64, dim: usize, factor: f64, old: f64, (beta_fast, beta_slow): (f64, f64),
+    theta: f64,
+    dim: usize,
+    factor: f64,
+    old: f64,
+    (beta_fast, beta_slow): (f64, f64),
     truncate: bool,
 ) -> Vec<f32> {
     let d = dim as f64;

@@ -50,7 +50,10 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
 
 /// [`causal_attention`] with its scores scaled, windowed or capped as `options` say.
 pub fn causal_attention_with(
-    q: &Tensor, k: &Tensor, v: &Tensor, options: &AttentionOptions,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    options: &AttentionOptions,
 ) -> Result<Tensor> {
     let (b, h, t, d) = q.dims4()?;
     let kv_dims = k.dims4()?;
@@ -137,7 +140,10 @@ pub fn causal_attention_composite(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<
 /// [`causal_attention_with`] from Candle's basic ops, in `transformers`' eager order:
 /// scale, cap, mask, softmax.
 pub fn causal_attention_composite_with(
-    q: &Tensor, k: &Tensor, v: &Tensor, options: &AttentionOptions,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    options: &AttentionOptions,
 ) -> Result<Tensor> {
     // Candle's batched matmul takes standard layouts only (a head of a packed projection
     // is not one).

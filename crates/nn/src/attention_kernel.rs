@@ -97,7 +97,10 @@ impl Dims {
 
 /// The attention's output, batch-major (`[b, t, h, d]`).
 pub(crate) fn forward(
-    q: (&[f32], Heads), k: (&[f32], Heads), v: (&[f32], Heads), n: Dims,
+    q: (&[f32], Heads),
+    k: (&[f32], Heads),
+    v: (&[f32], Heads),
+    n: Dims,
 ) -> Vec<f32> {
     let Dims { h, t, d, .. } = n;
     let mut out = vec![0f32; n.b * t * h * d];
@@ -129,7 +132,11 @@ pub(crate) fn forward(
 /// The gradients of `q`, `k` and `v` given the output's (`dout`), each batch-major:
 /// `[b, t, h, d]`, `[b, t, hkv, d]`, `[b, t, hkv, d]`, end to end in one buffer.
 pub(crate) fn backward(
-    q: (&[f32], Heads), k: (&[f32], Heads), v: (&[f32], Heads), dout: (&[f32], Heads), n: Dims,
+    q: (&[f32], Heads),
+    k: (&[f32], Heads),
+    v: (&[f32], Heads),
+    dout: (&[f32], Heads),
+    n: Dims,
 ) -> Vec<f32> {
     let Dims { h, hkv, t, d, .. } = n;
     let (len_q, len_kv) = (n.b * t * h * d, n.b * t * hkv * d);

@@ -14,7 +14,8 @@ pub(crate) fn f32s<'a>(op: &str, storage: &'a CpuStorage, layout: &Layout) -> Re
 
 /// [`f32s`] of several inputs at once, in order.
 pub(crate) fn f32_inputs<'a, const N: usize>(
-    op: &str, inputs: [(&'a CpuStorage, &Layout); N],
+    op: &str,
+    inputs: [(&'a CpuStorage, &Layout); N],
 ) -> Result<[&'a [f32]; N]> {
     let mut out = [&[][..]; N];
     for (slot, (storage, layout)) in out.iter_mut().zip(inputs) {
@@ -108,7 +109,10 @@ pub(crate) fn norm_width(op: &str, x: &Layout, w: &Layout) -> Result<usize> {
 /// parallel tasks; each task's partial sums are added in task order, so the result has the
 /// same bits on any number of threads. Returns `dx` followed by the summed partials.
 pub(crate) fn norm_backward(
-    x: &[f32], dy: &[f32], c: usize, partial_len: usize,
+    x: &[f32],
+    dy: &[f32],
+    c: usize,
+    partial_len: usize,
     row: impl Fn(&[f32], &[f32], &mut [f32], &mut [f32]) + Sync,
 ) -> Vec<f32> {
     let mut dx = vec![0f32; x.len()];
@@ -164,7 +168,10 @@ impl<K: NormRowGrad> CpuOp<3> for NormBackward<K> {
 /// The gradients of a norm of `x` by weight `w` for `grad`, from one [`NormBackward`]: `x`'s,
 /// then the `N - 1` (`K::WEIGHT_GRADS`) weight-shaped ones.
 pub(crate) fn norm_grads<K: NormRowGrad, const N: usize>(
-    kernel: K, x: &Tensor, w: &Tensor, grad: &Tensor,
+    kernel: K,
+    x: &Tensor,
+    w: &Tensor,
+    grad: &Tensor,
 ) -> GradsOf<N> {
     debug_assert_eq!(N, 1 + K::WEIGHT_GRADS);
     let all = x.apply_op3_no_bwd(w, &grad.contiguous()?, &Fused(NormBackward(kernel)))?;

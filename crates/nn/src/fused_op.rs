@@ -52,13 +52,21 @@ impl<K: CpuOp<2>> CustomOp2 for Fused<K> {
     }
 
     fn cpu_fwd(
-        &self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout,
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         self.0.cpu([(s1, l1), (s2, l2)])
     }
 
     fn bwd(
-        &self, a: &Tensor, b: &Tensor, res: &Tensor, grad: &Tensor,
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let [da, db] = self.0.grads([a, b], res, grad)?;
         Ok((da, db))
@@ -71,14 +79,24 @@ impl<K: CpuOp<3>> CustomOp3 for Fused<K> {
     }
 
     fn cpu_fwd(
-        &self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout, s3: &CpuStorage,
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         self.0.cpu([(s1, l1), (s2, l2), (s3, l3)])
     }
 
     fn bwd(
-        &self, a: &Tensor, b: &Tensor, c: &Tensor, res: &Tensor, grad: &Tensor,
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        c: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let [da, db, dc] = self.0.grads([a, b, c], res, grad)?;
         Ok((da, db, dc))

@@ -25,8 +25,15 @@ impl Threads {
     /// blocks run as `self` says.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul(
-        self, m: usize, n: usize, k: usize, (dst, dst_rs): (&mut [f32], usize), accumulate: bool,
-        (a, a_rs, a_cs): Strided, (b, b_rs, b_cs): Strided, scale: f32,
+        self,
+        m: usize,
+        n: usize,
+        k: usize,
+        (dst, dst_rs): (&mut [f32], usize),
+        accumulate: bool,
+        (a, a_rs, a_cs): Strided,
+        (b, b_rs, b_cs): Strided,
+        scale: f32,
     ) {
         let parallelism = match (self, rayon::current_num_threads()) {
             (Threads::One, _) | (Threads::Pool, 0 | 1) => gemm::Parallelism::None,

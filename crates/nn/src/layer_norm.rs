@@ -58,7 +58,10 @@ impl Module for LayerNorm {
 
 /// The same layer norm from Candle's basic ops (the fallback, and the reference in tests).
 pub fn layer_norm_composite(
-    x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64,
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
 ) -> Result<Tensor> {
     let centered = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
     let var = centered.sqr()?.mean_keepdim(D::Minus1)?;

@@ -37,7 +37,10 @@ const CHUNK_ELEMENTS: usize = 8 << 20;
 /// [`linear_cross_entropy_composite`] elsewhere (CUDA, other dtypes), which makes the
 /// whole logits.
 pub fn linear_cross_entropy(
-    x: &Tensor, weight: &Tensor, targets: &Tensor, softcap: Option<f64>,
+    x: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    softcap: Option<f64>,
 ) -> Result<Tensor> {
     let ((n, hidden), (_, w_hidden)) = (x.dims2()?, weight.dims2()?);
     if hidden != w_hidden || targets.dims() != [n] {
@@ -76,7 +79,10 @@ pub fn linear_cross_entropy(
 /// The same loss from Candle's ops: the whole logits, capped, in f32, then
 /// [`cross_entropy`] (the fallback, and the reference in tests).
 pub fn linear_cross_entropy_composite(
-    x: &Tensor, weight: &Tensor, targets: &Tensor, softcap: Option<f64>,
+    x: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    softcap: Option<f64>,
 ) -> Result<Tensor> {
     let logits = x.matmul(&weight.t()?)?;
     let logits = match softcap {
@@ -118,7 +124,10 @@ impl CpuOp<3> for Forward {
     }
 
     fn grads(
-        &self, [x, weight, targets]: [&Tensor; 3], _res: &Tensor, grad: &Tensor,
+        &self,
+        [x, weight, targets]: [&Tensor; 3],
+        _res: &Tensor,
+        grad: &Tensor,
     ) -> GradsOf<3> {
         let (mut grads, wanted) = match self.take_grads() {
             Some(grads) => (grads, self.wanted),

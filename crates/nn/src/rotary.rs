@@ -35,7 +35,10 @@ impl RotaryEmbedding {
     /// cos and sin both times `attention_factor` (YaRN's; 1 otherwise), in f32 as
     /// `transformers` computes them.
     pub fn from_frequencies(
-        inv_freq: &[f32], max_positions: usize, attention_factor: f32, device: &Device,
+        inv_freq: &[f32],
+        max_positions: usize,
+        attention_factor: f32,
+        device: &Device,
     ) -> Result<Self> {
         if inv_freq.is_empty() {
             candle_core::bail!("rotary embedding: no frequencies")

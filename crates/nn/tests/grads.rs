@@ -251,7 +251,10 @@ fn tables(d: usize, t: usize, theta: f32) -> (Tensor, Tensor) {
 
 /// LoRA's parts over frozen `w` and `bias`, with `t` = [x, A, B].
 fn lora_parts<'a>(
-    t: &'a [Tensor], w: &'a Tensor, bias: &'a Tensor, mask: Option<&'a Tensor>,
+    t: &'a [Tensor],
+    w: &'a Tensor,
+    bias: &'a Tensor,
+    mask: Option<&'a Tensor>,
 ) -> LoraParts<'a> {
     LoraParts {
         weight: w,

@@ -146,7 +146,10 @@ impl BucketReduction {
     /// Takes `var`'s complete gradient of this backward, and issues every bucket now full:
     /// backward's hook. A failure is kept for [`Self::failure`].
     pub(crate) fn ready(
-        &mut self, world: &dyn Collective, var: &Tensor, grad: Tensor,
+        &mut self,
+        world: &dyn Collective,
+        var: &Tensor,
+        grad: Tensor,
     ) -> candle_core::Result<()> {
         self.issue_full(world, var, grad).map_err(|e| {
             let message = e.to_string();
@@ -229,7 +232,9 @@ impl BucketReduction {
     /// Adds what backward left in `store` and in the recomputed units' stores, then issues
     /// every bucket not yet issued.
     pub(crate) fn issue_rest(
-        &mut self, world: &dyn Collective, stores: impl IntoIterator<Item = GradStore>,
+        &mut self,
+        world: &dyn Collective,
+        stores: impl IntoIterator<Item = GradStore>,
     ) -> Result<()> {
         for mut store in stores {
             for p in self.params.clone() {
@@ -286,7 +291,11 @@ impl BucketReduction {
 /// Rank `rank`'s range of the flat layout, from its part of each bucket (`parts`, in
 /// bucket order); zeros where no bucket reaches (the padding).
 fn assemble_shard(
-    layout: &FlatLayout, rank: usize, buckets: &[Vec<usize>], parts: Vec<Tensor>, device: &Device,
+    layout: &FlatLayout,
+    rank: usize,
+    buckets: &[Vec<usize>],
+    parts: Vec<Tensor>,
+    device: &Device,
 ) -> Result<Tensor> {
     let own = layout.shard(rank);
     let shard = Tensor::zeros(own.len(), DType::F32, device)?;
@@ -303,7 +312,8 @@ fn assemble_shard(
 /// where the candle-core this builds against can (see the module's doc); otherwise every
 /// gradient stays in the returned store.
 pub(crate) fn backward_handing_over(
-    loss: &Tensor, ready: &mut dyn FnMut(&Tensor, Tensor) -> candle_core::Result<()>,
+    loss: &Tensor,
+    ready: &mut dyn FnMut(&Tensor, Tensor) -> candle_core::Result<()>,
 ) -> candle_core::Result<GradStore> {
     #[cfg(candle_backward_with_ready)]
     return loss.backward_with_ready(ready);
@@ -316,7 +326,10 @@ pub(crate) fn backward_handing_over(
 
 /// Every bucket's reduction by `plan` at once, blocking: for gradients no backward reduced.
 pub(crate) fn reduce_buckets(
-    world: &dyn Collective, params: &[Var], plan: BucketPlan, grads: Vec<Tensor>,
+    world: &dyn Collective,
+    params: &[Var],
+    plan: BucketPlan,
+    grads: Vec<Tensor>,
 ) -> Result<Vec<Tensor>> {
     let mut reduction = BucketReduction::new(params, plan, grads.into_iter().map(Some).collect());
     reduction.issue_rest(world, [])?;

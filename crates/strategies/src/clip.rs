@@ -40,7 +40,9 @@ pub(crate) fn clip_to(grads: &mut [Tensor], norm: f64, max_norm: Option<f64>) ->
 /// `shards_over`: the world whose ranks hold disjoint parts of the gradients (shards); the
 /// squares are summed over it. `None` when every rank holds whole gradients.
 pub(crate) fn clip_grad_norm(
-    grads: &mut [Tensor], max_norm: Option<f64>, shards_over: Option<&dyn Collective>,
+    grads: &mut [Tensor],
+    max_norm: Option<f64>,
+    shards_over: Option<&dyn Collective>,
 ) -> Result<f64> {
     let mut squares = sum_of_squares(grads)?;
     if let Some(world) = shards_over {

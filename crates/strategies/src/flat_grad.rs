@@ -15,7 +15,9 @@ const BLOCK: usize = 1 << 16;
 /// `None` leaves its parameter's range at zero. Each gradient is dropped as soon as it is
 /// copied, so the peak is the flat buffer plus what is left to copy.
 pub(crate) fn flatten_consuming(
-    grads: impl IntoIterator<Item = Option<Tensor>>, layout: &FlatLayout, dtype: DType,
+    grads: impl IntoIterator<Item = Option<Tensor>>,
+    layout: &FlatLayout,
+    dtype: DType,
     device: &Device,
 ) -> Result<Tensor> {
     let flat = Tensor::zeros(layout.padded(), dtype, device)?;

@@ -137,7 +137,8 @@ impl FlatLayout {
     /// For each parameter that overlaps rank `rank`'s shard, in order: its index, its entry,
     /// the overlapping elements within the parameter, and where they start within the shard.
     pub fn pieces(
-        &self, rank: usize,
+        &self,
+        rank: usize,
     ) -> impl Iterator<Item = (usize, &FlatEntry, Range<usize>, usize)> + '_ {
         let shard = self.shard(rank);
         self.pieces_in(shard.start..shard.end)
@@ -146,7 +147,8 @@ impl FlatLayout {
     /// As [`FlatLayout::pieces`], for any range of the flat buffer: positions are relative
     /// to `range.start`.
     pub fn pieces_in(
-        &self, range: Range<usize>,
+        &self,
+        range: Range<usize>,
     ) -> impl Iterator<Item = (usize, &FlatEntry, Range<usize>, usize)> + '_ {
         self.entries.iter().enumerate().filter_map(move |(i, e)| {
             let start = e.offset.max(range.start);

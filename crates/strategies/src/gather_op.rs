@@ -26,7 +26,9 @@ pub(crate) struct GatherOp {
 
 /// `len` elements of `T` filled by an all-gather of `shard` straight into their bytes.
 fn gather_vec<T: Copy + Default>(
-    world: &dyn Collective, shard: &Tensor, len: usize,
+    world: &dyn Collective,
+    shard: &Tensor,
+    len: usize,
 ) -> Result<Vec<T>> {
     let mut full = vec![T::default(); len];
     // SAFETY: plain floats: the collective writes whole elements' bytes.
@@ -44,7 +46,10 @@ fn gather_vec<T: Copy + Default>(
 
 /// A CPU storage of `dtype` with `len` elements gathered from every rank's `shard`.
 pub(crate) fn gather_storage(
-    world: &dyn Collective, shard: &Tensor, dtype: DType, len: usize,
+    world: &dyn Collective,
+    shard: &Tensor,
+    dtype: DType,
+    len: usize,
 ) -> Result<CpuStorage> {
     let shard = shard.to_dtype(dtype)?;
     Ok(match dtype {
@@ -73,7 +78,9 @@ impl CustomOp1 for GatherOp {
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
-        &self, storage: &candle_core::cuda_backend::CudaStorage, layout: &Layout,
+        &self,
+        storage: &candle_core::cuda_backend::CudaStorage,
+        layout: &Layout,
     ) -> Result<(candle_core::cuda_backend::CudaStorage, Shape)> {
         use crate::device_storage::{storage_of, tensor_of};
         let shard = tensor_of(storage, layout)?;
@@ -100,7 +107,11 @@ impl CustomOp1 for GatherOp {
 /// gradient into `shard`'s gradient, left in flight in `sync` (the strategy collects it after
 /// backward); or keeps the gradient local while accumulating micro-batches.
 pub(crate) fn reduce_to_shard(
-    world: &dyn Collective, sync: &KeptGrads, unit: usize, grad: &Tensor, reduce_dtype: DType,
+    world: &dyn Collective,
+    sync: &KeptGrads,
+    unit: usize,
+    grad: &Tensor,
+    reduce_dtype: DType,
     shard: &Tensor,
 ) -> Result<()> {
     match sync.settle(unit, grad.to_dtype(reduce_dtype)?.contiguous()?)? {

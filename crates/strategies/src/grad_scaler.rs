@@ -56,7 +56,9 @@ impl GradScaler {
     /// rank of `worlds`, whether to step: `false` if any rank's gradients hold inf or NaN.
     /// Updates the scale either way.
     pub(crate) fn unscale(
-        &mut self, grads: &mut [Tensor], worlds: &[&dyn Collective],
+        &mut self,
+        grads: &mut [Tensor],
+        worlds: &[&dyn Collective],
     ) -> Result<bool> {
         let mut finite = true;
         for g in grads.iter_mut() {

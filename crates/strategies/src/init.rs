@@ -58,7 +58,11 @@ impl ParamRng {
 /// The values of elements `range` (row-major) of parameter `name`: drawn from its
 /// initializer, or read from pretrained weights.
 pub fn param_values(
-    init: &ParamInit, seed: u64, name: &str, shape: &Shape, range: Range<usize>,
+    init: &ParamInit,
+    seed: u64,
+    name: &str,
+    shape: &Shape,
+    range: Range<usize>,
 ) -> candle_core::Result<Vec<f32>> {
     match init {
         ParamInit::Init(init) => Ok(init_values(init, seed, name, shape, range)),
@@ -68,7 +72,11 @@ pub fn param_values(
 
 /// The values of elements `range` (row-major) of parameter `name` with `shape` and `init`.
 pub fn init_values(
-    init: &Init, seed: u64, name: &str, shape: &Shape, range: Range<usize>,
+    init: &Init,
+    seed: u64,
+    name: &str,
+    shape: &Shape,
+    range: Range<usize>,
 ) -> Vec<f32> {
     let rng = ParamRng::new(seed, name);
     let idx = range.map(|i| i as u64);

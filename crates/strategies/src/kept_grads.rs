@@ -106,7 +106,10 @@ impl KeptGrads {
     /// gradient into a gradient for `shard`, which [`KeptGrads::finish`] hands out. Waits
     /// first for the oldest call if [`MAX_IN_FLIGHT`] are in flight.
     pub(crate) fn reduce_scatter(
-        &self, world: &dyn Collective, shard: &Tensor, grad: &Tensor,
+        &self,
+        world: &dyn Collective,
+        shard: &Tensor,
+        grad: &Tensor,
     ) -> Result<()> {
         let shard_grad = Tensor::zeros(shard.elem_count(), grad.dtype(), grad.device())?;
         let work = world

@@ -32,7 +32,9 @@ pub(crate) fn first_nonfinite(grads: &[Tensor]) -> Result<Option<usize>> {
 /// hold inf or NaN, where `flat` holds `range` of the layout's flat buffer (a rank's shard,
 /// or the whole).
 pub(crate) fn first_nonfinite_in(
-    layout: &FlatLayout, range: Range<usize>, flat: &Tensor,
+    layout: &FlatLayout,
+    range: Range<usize>,
+    flat: &Tensor,
 ) -> Result<Option<usize>> {
     if !holds_nonfinite(flat)? {
         return Ok(None);
@@ -57,8 +59,11 @@ pub(crate) fn first_nonfinite_in(
 /// decides alone. Under [`OnNonFinite::Error`] every rank returns the same
 /// [`Error::NonFinite`], naming the first rank with one and that rank's first parameter.
 pub(crate) fn check_and_clip(
-    grads: &mut [Tensor], local: Option<usize>, shards_over: Option<&dyn Collective>,
-    options: &StepOptions, name_of: impl Fn(usize) -> String,
+    grads: &mut [Tensor],
+    local: Option<usize>,
+    shards_over: Option<&dyn Collective>,
+    options: &StepOptions,
+    name_of: impl Fn(usize) -> String,
 ) -> Result<Option<f64>> {
     let mut squares = sum_of_squares(grads)?;
     let mut found = local.is_some();
@@ -83,7 +88,9 @@ pub(crate) fn check_and_clip(
 /// The error of a step with inf or NaN under [`OnNonFinite::Error`]: the first rank that
 /// found one (every rank learns which, in one more all-reduce) and its first parameter.
 fn blame(
-    local: Option<usize>, shards_over: Option<&dyn Collective>, name_of: impl Fn(usize) -> String,
+    local: Option<usize>,
+    shards_over: Option<&dyn Collective>,
+    name_of: impl Fn(usize) -> String,
 ) -> Result<Error> {
     let Some(world) = shards_over else {
         let index = local.expect("this rank found one");

@@ -18,7 +18,9 @@ pub(crate) fn check_dtype(request: &ParamRequest<'_>) -> Result<()> {
 /// A parameter asked for again must be asked for with the shape it was created with, and
 /// be trainable or frozen as it was created.
 pub(crate) fn check_asked_again(
-    request: &ParamRequest<'_>, created_shape: &Shape, created_trainable: bool,
+    request: &ParamRequest<'_>,
+    created_shape: &Shape,
+    created_trainable: bool,
 ) -> Result<()> {
     let name = request.name;
     if request.shape != created_shape {

@@ -82,7 +82,9 @@ impl ParamUse {
     /// reach: those handed out but not in its graph, those a unit's backward missed, and
     /// those never handed out at all (a unit the forward never applied).
     pub(crate) fn finish<'a>(
-        &self, loss: &Tensor, all: impl IntoIterator<Item = &'a str>,
+        &self,
+        loss: &Tensor,
+        all: impl IntoIterator<Item = &'a str>,
     ) -> Vec<String> {
         self.looking.store(false, Ordering::SeqCst);
         let handed = std::mem::take(&mut *lock(&self.handed));
@@ -120,7 +122,8 @@ impl ParamUse {
 /// The names whose tensors are not in `loss`'s graph (or are `None`: known unreached), in
 /// the order given, each once.
 pub(crate) fn unreached<'a>(
-    loss: &Tensor, handed: impl IntoIterator<Item = (Option<TensorId>, &'a [String])>,
+    loss: &Tensor,
+    handed: impl IntoIterator<Item = (Option<TensorId>, &'a [String])>,
 ) -> Vec<String> {
     let reached: HashSet<TensorId> = loss.sorted_nodes().iter().map(|t| t.id()).collect();
     let mut seen = HashSet::new();

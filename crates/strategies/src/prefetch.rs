@@ -41,7 +41,10 @@ impl Prefetcher {
     /// Prefetches `units` over `world`, gathering in `dtype`, at most `max_live` elements
     /// gathered at once.
     pub(crate) fn new(
-        world: Arc<dyn Collective>, units: Vec<UnitParts>, dtype: DType, max_live: Option<usize>,
+        world: Arc<dyn Collective>,
+        units: Vec<UnitParts>,
+        dtype: DType,
+        max_live: Option<usize>,
     ) -> Self {
         Prefetcher {
             world,
@@ -128,7 +131,10 @@ impl Drop for Prefetcher {
 /// The full flat buffer of a unit's part: every rank's shard, in `dtype` (no collective
 /// for an empty part: every rank's is empty alike).
 pub(crate) fn gather(
-    world: &dyn Collective, shard: &Tensor, padded: usize, dtype: DType,
+    world: &dyn Collective,
+    shard: &Tensor,
+    padded: usize,
+    dtype: DType,
 ) -> Result<Tensor> {
     let full = Tensor::zeros(padded, dtype, shard.device())?;
     if padded == 0 {

@@ -46,7 +46,10 @@ impl RecomputedGrads {
     /// tracks; its parameters' gradients come here. `uses`: the record of which
     /// parameters backward reached, if the strategy keeps one.
     pub(crate) fn apply(
-        self: &Arc<Self>, input: &Tensor, run: RecomputeFn, uses: Option<Arc<ParamUse>>,
+        self: &Arc<Self>,
+        input: &Tensor,
+        run: RecomputeFn,
+        uses: Option<Arc<ParamUse>>,
     ) -> Result<Tensor> {
         let tracked = match input.device() {
             Device::Cpu => self.tracked.as_tensor().clone(),
@@ -85,15 +88,22 @@ impl CustomOp2 for RecomputeOp {
     }
 
     fn cpu_fwd(
-        &self, storage: &CpuStorage, layout: &Layout, _: &CpuStorage, _: &Layout,
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         host_storage(&self.forward(&host_tensor(storage, layout)?)?)
     }
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
-        &self, storage: &candle_core::cuda_backend::CudaStorage, layout: &Layout,
-        _: &candle_core::cuda_backend::CudaStorage, _: &Layout,
+        &self,
+        storage: &candle_core::cuda_backend::CudaStorage,
+        layout: &Layout,
+        _: &candle_core::cuda_backend::CudaStorage,
+        _: &Layout,
     ) -> Result<(candle_core::cuda_backend::CudaStorage, Shape)> {
         use crate::device_storage::{storage_of, tensor_of};
         let out = self.forward(&tensor_of(storage, layout)?)?;
@@ -101,7 +111,11 @@ impl CustomOp2 for RecomputeOp {
     }
 
     fn bwd(
-        &self, input: &Tensor, _tracked: &Tensor, _res: &Tensor, grad_out: &Tensor,
+        &self,
+        input: &Tensor,
+        _tracked: &Tensor,
+        _res: &Tensor,
+        grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (x, x_tensor) = input_var(input)?;
         let out = (self.run)(&x_tensor)?;

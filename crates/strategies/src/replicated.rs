@@ -80,7 +80,10 @@ impl ParamSource for ReplicatedParams {
     }
 
     fn recompute_unit(
-        &self, _unit: usize, input: &Tensor, run: RecomputeFn,
+        &self,
+        _unit: usize,
+        input: &Tensor,
+        run: RecomputeFn,
     ) -> candle_core::Result<Tensor> {
         self.recomputed.apply(input, run, None)
     }
@@ -144,7 +147,10 @@ impl ReplicatedState {
     }
 
     pub(crate) fn sharded_context(
-        &mut self, strategy: &str, seed: u64, activation_checkpointing: ActivationCheckpointing,
+        &mut self,
+        strategy: &str,
+        seed: u64,
+        activation_checkpointing: ActivationCheckpointing,
     ) -> Result<ShardedContext> {
         let world = self.world(strategy)?.clone();
         let device = self.device(strategy)?;
@@ -186,7 +192,9 @@ impl ReplicatedState {
     }
 
     pub(crate) fn configure_optimizer(
-        &mut self, config: &OptimizerConfig, options: StepOptions,
+        &mut self,
+        config: &OptimizerConfig,
+        options: StepOptions,
     ) -> Result<()> {
         if self.params.is_empty() {
             return Err(Error::NoParameters);
@@ -204,7 +212,10 @@ impl ReplicatedState {
     /// a `plan` (the last backward before a step, under ddp and zero1-2) each bucket's
     /// reduction is issued while backward runs; [`Self::averaged_grads`] waits for them.
     pub(crate) fn backward(
-        &mut self, strategy: &str, loss: &Tensor, plan: Option<BucketPlan>,
+        &mut self,
+        strategy: &str,
+        loss: &Tensor,
+        plan: Option<BucketPlan>,
     ) -> Result<BackwardReport> {
         let mut unused = std::mem::take(&mut self.find_unused).then(|| {
             let handed = self.params.iter().zip(&self.names);
@@ -254,7 +265,9 @@ impl ReplicatedState {
     /// A recomputed unit's parameters are in its own graph, not the loss's: those its
     /// backward reached are not unused.
     fn keep_reached(
-        &self, recomputed: &[candle_core::backprop::GradStore], unused: &mut Option<Vec<String>>,
+        &self,
+        recomputed: &[candle_core::backprop::GradStore],
+        unused: &mut Option<Vec<String>>,
     ) {
         let Some(unused) = unused else { return };
         for store in recomputed {
@@ -284,7 +297,9 @@ impl ReplicatedState {
     /// rank's shard of them): what backward reduced as it ran, plus the reduction by `plan`
     /// of what is still local. `plan` must be the one backward reduced with, if any.
     pub(crate) fn averaged_grads(
-        &mut self, strategy: &str, plan: BucketPlan,
+        &mut self,
+        strategy: &str,
+        plan: BucketPlan,
     ) -> Result<Vec<Tensor>> {
         self.settle_reduced()?;
         let reduced = match (self.reduced.take(), self.grads.is_empty()) {
@@ -317,7 +332,10 @@ impl ReplicatedState {
     /// gradient, `shards_over` the world whose ranks hold the other parts of the gradients
     /// (`None` when every rank holds them all). Records a skip, or the norm.
     pub(crate) fn check(
-        &mut self, grads: &mut [Tensor], local: Option<usize>, shards_over: Option<&dyn Collective>,
+        &mut self,
+        grads: &mut [Tensor],
+        local: Option<usize>,
+        shards_over: Option<&dyn Collective>,
     ) -> Result<bool> {
         let names = &self.names;
         self.grad_norm = check_and_clip(grads, local, shards_over, &self.options, |i| {
@@ -416,7 +434,10 @@ impl ReplicatedState {
 
     /// Reads back what [`ReplicatedState::save_state`] saved (at any world size).
     pub(crate) fn load_state(
-        &mut self, strategy: &str, reader: &dyn StateReader, flat_optimizer: bool,
+        &mut self,
+        strategy: &str,
+        reader: &dyn StateReader,
+        flat_optimizer: bool,
     ) -> Result<()> {
         let layout = self.layout(strategy)?.clone();
         let rank = self.world(strategy)?.rank();

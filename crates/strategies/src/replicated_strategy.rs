@@ -118,7 +118,9 @@ impl<R: GradReduce> StrategySetup for Replicated<R> {
     }
 
     fn configure_optimizer(
-        &mut self, config: &OptimizerConfig, options: StepOptions,
+        &mut self,
+        config: &OptimizerConfig,
+        options: StepOptions,
     ) -> Result<()> {
         self.state.configure_optimizer(config, options)
     }

@@ -20,7 +20,9 @@ pub(crate) fn flat_group(name: String, layout: &FlatLayout) -> FlatGroup {
 
 /// Elements `range` of the concatenation of whole per-parameter `tensors` (one per entry).
 pub(crate) fn concat_range(
-    layout: &FlatLayout, tensors: &[Tensor], range: Range<usize>,
+    layout: &FlatLayout,
+    tensors: &[Tensor],
+    range: Range<usize>,
 ) -> Result<Tensor> {
     let parts = layout
         .pieces_in(range)
@@ -44,7 +46,10 @@ pub(crate) fn shard_prefix(shard: &Tensor, len: usize) -> Result<Tensor> {
 /// Rank `rank`'s padded shard of `layout` (saved as `group`) for state `kind`, read back:
 /// the elements it owns, zero-padded (padding is zero in every buffer wick keeps).
 pub(crate) fn read_shard(
-    reader: &dyn StateReader, kind: &str, (layout, group): (&FlatLayout, &FlatGroup), rank: usize,
+    reader: &dyn StateReader,
+    kind: &str,
+    (layout, group): (&FlatLayout, &FlatGroup),
+    rank: usize,
     device: &Device,
 ) -> Result<Tensor> {
     let owned = layout.owned(rank);
@@ -59,7 +64,10 @@ pub(crate) fn read_shard(
 
 /// Every parameter of `group` read back whole, in its shape.
 pub(crate) fn read_whole(
-    reader: &dyn StateReader, kind: &str, group: &FlatGroup, device: &Device,
+    reader: &dyn StateReader,
+    kind: &str,
+    group: &FlatGroup,
+    device: &Device,
 ) -> Result<Vec<Tensor>> {
     group
         .params
@@ -81,7 +89,8 @@ pub(crate) fn read_whole(
 /// was saved before the first step. A checkpoint with other kinds was saved by another
 /// optimizer.
 pub(crate) fn kinds_to_restore(
-    reader: &dyn StateReader, expected: &'static [&'static str],
+    reader: &dyn StateReader,
+    expected: &'static [&'static str],
 ) -> Result<&'static [&'static str]> {
     let saved = reader.optimizer_kinds();
     if saved.is_empty() {

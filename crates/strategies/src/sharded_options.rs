@@ -73,7 +73,8 @@ macro_rules! sharded_builder_methods {
         /// sharding releases only a unit's gathered parameters after its forward and
         /// gathers them again for its backward.
         pub fn with_activation_checkpointing(
-            mut self, ac: wick_core::ActivationCheckpointing,
+            mut self,
+            ac: wick_core::ActivationCheckpointing,
         ) -> Self {
             self.options.activation_checkpointing = ac;
             self

@@ -117,7 +117,10 @@ impl ShardedParams {
     /// `reshard_after_forward`: units run through the unit op (full sharding) instead of
     /// being gathered once per step and kept until backward.
     pub(crate) fn new(
-        seed: u64, world: Arc<dyn Collective>, device: Device, options: &ShardedOptions,
+        seed: u64,
+        world: Arc<dyn Collective>,
+        device: Device,
+        options: &ShardedOptions,
     ) -> Self {
         ShardedParams {
             seed,
@@ -345,7 +348,10 @@ impl wick_core::ParamSource for ShardedParams {
     /// Mixed precision: the unit computes in its parameters' dtype; what leaves it is f32
     /// again, the dtype of the master parameters and of the rest of the model.
     fn apply_unit(
-        &self, unit: usize, input: &Tensor, runs: UnitRuns,
+        &self,
+        unit: usize,
+        input: &Tensor,
+        runs: UnitRuns,
     ) -> candle_core::Result<Tensor> {
         if !self.precision.is_mixed() {
             return run_by_plan(self, unit, input, runs);
@@ -407,7 +413,10 @@ impl wick_core::ParamSource for ShardedParams {
     }
 
     fn recompute_unit(
-        &self, _unit: usize, input: &Tensor, run: RecomputeFn,
+        &self,
+        _unit: usize,
+        input: &Tensor,
+        run: RecomputeFn,
     ) -> candle_core::Result<Tensor> {
         self.recomputed
             .apply(input, run, Some(self.param_use.clone()))

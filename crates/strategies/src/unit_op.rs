@@ -158,7 +158,10 @@ impl UnitOp {
 
     /// Runs the unit with a graph over `params` (and the frozen buffer's views) and `input`.
     fn run_graph(
-        &self, params: &[(String, Var)], frozen: Option<&Tensor>, input: &Tensor,
+        &self,
+        params: &[(String, Var)],
+        frozen: Option<&Tensor>,
+        input: &Tensor,
     ) -> Result<Tensor> {
         let mut tensors: std::collections::HashMap<String, Tensor> = params
             .iter()
@@ -247,15 +250,22 @@ impl CustomOp2 for UnitOp {
     }
 
     fn cpu_fwd(
-        &self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout,
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         host_storage(&self.forward(&host_tensor(s1, l1)?, &host_tensor(s2, l2)?)?)
     }
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
-        &self, s1: &candle_core::cuda_backend::CudaStorage, l1: &Layout,
-        s2: &candle_core::cuda_backend::CudaStorage, l2: &Layout,
+        &self,
+        s1: &candle_core::cuda_backend::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::cuda_backend::CudaStorage,
+        l2: &Layout,
     ) -> Result<(candle_core::cuda_backend::CudaStorage, Shape)> {
         use crate::device_storage::{storage_of, tensor_of};
         let out = self.forward(&tensor_of(s1, l1)?, &tensor_of(s2, l2)?)?;
@@ -263,7 +273,11 @@ impl CustomOp2 for UnitOp {
     }
 
     fn bwd(
-        &self, input: &Tensor, shard: &Tensor, _res: &Tensor, grad_out: &Tensor,
+        &self,
+        input: &Tensor,
+        shard: &Tensor,
+        _res: &Tensor,
+        grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let KeptGraph {
             input: x,

@@ -32,7 +32,10 @@ pub(crate) struct GatheredPart {
 /// A `VarBuilder` (at the root of the names) whose parameters are views of unit `name`'s
 /// gathered `parts`; each view of a counted part handed out is recorded in `uses`, if given.
 pub(crate) fn unit_var_builder(
-    name: &str, parts: Vec<GatheredPart>, device: &Device, uses: Option<Arc<ParamUse>>,
+    name: &str,
+    parts: Vec<GatheredPart>,
+    device: &Device,
+    uses: Option<Arc<ParamUse>>,
 ) -> VarBuilder<'static> {
     // The VarBuilder casts what it hands out to its dtype: keep the buffers' (mixed precision).
     let dtype = parts.first().map_or(DType::F32, |p| p.flat.dtype());
@@ -60,7 +63,10 @@ impl UnitViews {
 
     /// Parameter `name`'s view of its part's flat buffer.
     fn view(
-        &self, name: &str, part: &GatheredPart, entry: &FlatEntry,
+        &self,
+        name: &str,
+        part: &GatheredPart,
+        entry: &FlatEntry,
     ) -> candle_core::Result<Tensor> {
         let view = entry.view(&part.flat)?;
         if let (Some(uses), true) = (&self.uses, part.counted) {
@@ -72,7 +78,12 @@ impl UnitViews {
 
 impl SimpleBackend for UnitViews {
     fn get(
-        &self, shape: Shape, name: &str, _: Init, _: DType, _: &Device,
+        &self,
+        shape: Shape,
+        name: &str,
+        _: Init,
+        _: DType,
+        _: &Device,
     ) -> candle_core::Result<Tensor> {
         let (part, entry) = self.find(name).ok_or_else(|| {
             candle_core::Error::Msg(format!(

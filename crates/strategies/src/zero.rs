@@ -100,7 +100,11 @@ fn flat_views(tensors: impl Iterator<Item = Tensor>) -> Result<Vec<Tensor>> {
 /// All-gathers the updated shards straight into the replicated parameters, round by round,
 /// so no full flat buffer is ever allocated.
 fn gather_into_params(
-    world: &dyn Collective, chunk: usize, layout: &FlatLayout, shard: &Tensor, params: &[Var],
+    world: &dyn Collective,
+    chunk: usize,
+    layout: &FlatLayout,
+    shard: &Tensor,
+    params: &[Var],
 ) -> Result<()> {
     let (s, w) = (layout.shard_len(), layout.world_size());
     // Contiguous parameters: their flat views share the parameters' storage.
@@ -122,7 +126,10 @@ fn gather_into_params(
 /// This rank's range of the flat concatenation of `tensors`, copied out piece by piece
 /// (never the whole concatenation), zero-padded to the shard length.
 pub(crate) fn shard_of(
-    layout: &FlatLayout, rank: usize, tensors: &[Tensor], device: &Device,
+    layout: &FlatLayout,
+    rank: usize,
+    tensors: &[Tensor],
+    device: &Device,
 ) -> Result<Tensor> {
     let mut parts = Vec::new();
     let mut filled = 0;
@@ -164,7 +171,11 @@ impl ZeroReduce {
     /// Stage 1's step: the full averaged gradient is kept through the step (stage 1 shards
     /// only the optimizer state); its buffer then receives the gathered update.
     fn step_whole_grads(
-        &self, name: &str, state: &mut ReplicatedState, layout: &FlatLayout, world: &dyn Collective,
+        &self,
+        name: &str,
+        state: &mut ReplicatedState,
+        layout: &FlatLayout,
+        world: &dyn Collective,
     ) -> Result<()> {
         let (device, rank) = (state.params[0].device().clone(), world.rank());
         let range = layout.shard(rank);
@@ -195,7 +206,11 @@ impl ZeroReduce {
     /// Stage 2's step: each rank steps the gradient shard reduced to it, the full gradients
     /// gone before the parameter shard is copied out.
     fn step_sharded_grads(
-        &self, name: &str, state: &mut ReplicatedState, layout: &FlatLayout, world: &dyn Collective,
+        &self,
+        name: &str,
+        state: &mut ReplicatedState,
+        layout: &FlatLayout,
+        world: &dyn Collective,
     ) -> Result<()> {
         let rank = world.rank();
         let range = layout.shard(rank);

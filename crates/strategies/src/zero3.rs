@@ -216,7 +216,9 @@ impl StrategySetup for Zero3 {
     }
 
     fn configure_optimizer(
-        &mut self, config: &OptimizerConfig, options: StepOptions,
+        &mut self,
+        config: &OptimizerConfig,
+        options: StepOptions,
     ) -> Result<()> {
         if self.shards.is_empty() {
             return Err(Error::NoParameters);

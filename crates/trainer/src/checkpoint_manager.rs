@@ -68,7 +68,9 @@ impl<'f> CheckpointManager<'f> {
     /// The checkpoints of a fit saving under `rules`, resumed from `resumed` at `step`
     /// (which already holds the state of that step) or starting afresh.
     pub(crate) fn new(
-        rules: Option<&'f ModelCheckpoint>, run: Option<&'f str>, resumed: Option<&Checkpoint>,
+        rules: Option<&'f ModelCheckpoint>,
+        run: Option<&'f str>,
+        resumed: Option<&Checkpoint>,
         step: usize,
     ) -> Self {
         CheckpointManager {
@@ -83,7 +85,10 @@ impl<'f> CheckpointManager<'f> {
     /// commits a save whose files are all written (no collective), and the step is saved if
     /// the rules say it is due, in the background when they ask for that.
     pub(crate) fn step_end<M: TrainModule>(
-        &mut self, ctx: &RankContext<'_, M>, basis: &SaveBasis, progress: FitProgress,
+        &mut self,
+        ctx: &RankContext<'_, M>,
+        basis: &SaveBasis,
+        progress: FitProgress,
     ) -> Result<(), TrainerError> {
         if let Some(pending) = &mut self.pending {
             pending.poll()?;
@@ -101,7 +106,10 @@ impl<'f> CheckpointManager<'f> {
     /// the directory of a whole checkpoint of this step returned (saved now, before this
     /// returns, unless the step was saved already); `None` when the fit saves nothing.
     pub(crate) fn preempted<M: TrainModule>(
-        &mut self, ctx: &RankContext<'_, M>, basis: &SaveBasis, progress: FitProgress,
+        &mut self,
+        ctx: &RankContext<'_, M>,
+        basis: &SaveBasis,
+        progress: FitProgress,
     ) -> Result<Option<PathBuf>, TrainerError> {
         self.finish(ctx)?;
         let step = progress.step;
@@ -115,7 +123,10 @@ impl<'f> CheckpointManager<'f> {
     /// The fit ended: the save in flight is finished, and the last step saved (before this
     /// returns) when the rules save at the end and it was not saved already.
     pub(crate) fn fit_end<M: TrainModule>(
-        &mut self, ctx: &RankContext<'_, M>, basis: &SaveBasis, progress: FitProgress,
+        &mut self,
+        ctx: &RankContext<'_, M>,
+        basis: &SaveBasis,
+        progress: FitProgress,
     ) -> Result<(), TrainerError> {
         self.finish(ctx)?;
         let step = progress.step;
@@ -133,8 +144,12 @@ impl<'f> CheckpointManager<'f> {
     /// in the background if `background` ([`PendingSave`]), otherwise before this returns,
     /// when `last` names it. Returns its directory.
     fn save<M: TrainModule>(
-        &mut self, rules: &ModelCheckpoint, ctx: &RankContext<'_, M>, basis: &SaveBasis,
-        progress: FitProgress, background: bool,
+        &mut self,
+        rules: &ModelCheckpoint,
+        ctx: &RankContext<'_, M>,
+        basis: &SaveBasis,
+        progress: FitProgress,
+        background: bool,
     ) -> Result<PathBuf, TrainerError> {
         self.finish(ctx)?;
         let step = progress.step;

@@ -84,7 +84,11 @@ impl<D: Dataset> DataLoader<D> {
     /// sample runs the batch's last one and counts none, so that every rank runs the same
     /// steps, and with them the same collectives.
     pub fn eval_slice<'o>(
-        &self, order: &'o [usize], batch: usize, rank: usize, world_size: usize,
+        &self,
+        order: &'o [usize],
+        batch: usize,
+        rank: usize,
+        world_size: usize,
     ) -> (&'o [usize], usize) {
         let start = batch * self.batch_size;
         let n = self.batch_size.min(order.len() - start);
@@ -141,7 +145,11 @@ impl<D: Dataset> DataLoader<D> {
 
     /// Rank `rank`'s slice of global batch `batch` of `order`.
     pub fn rank_slice<'o>(
-        &self, order: &'o [usize], batch: usize, rank: usize, world_size: usize,
+        &self,
+        order: &'o [usize],
+        batch: usize,
+        rank: usize,
+        world_size: usize,
     ) -> &'o [usize] {
         let per_rank = self.batch_size / world_size;
         let start = batch * self.batch_size + rank * per_rank;

@@ -71,7 +71,8 @@ impl MetricsCsv {
     /// temporary name, now, so that a path that cannot be written fails before training;
     /// keeps it open for appending.
     fn open(
-        dir: &Path, kept: impl FnOnce(&Path) -> std::io::Result<String>,
+        dir: &Path,
+        kept: impl FnOnce(&Path) -> std::io::Result<String>,
     ) -> Result<Self, TrainerError> {
         let path = dir.join("metrics.csv");
         let io = |cause| TrainerError::Io {

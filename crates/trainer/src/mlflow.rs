@@ -93,7 +93,9 @@ impl MlflowLog {
     /// that its address is known; a server that does not answer is reported and tried
     /// again later) and the thread that logs to it, which sends the params.
     pub(crate) fn start(
-        target: &MlflowTarget, run_name: &str, params: &[(String, String)],
+        target: &MlflowTarget,
+        run_name: &str,
+        params: &[(String, String)],
     ) -> Result<Self, TrainerError> {
         let mut client = MlflowClient::new(target, run_name, params);
         // The run now, for its address; its params from the logging thread.

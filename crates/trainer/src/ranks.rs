@@ -35,7 +35,10 @@ impl Launch<'_> {
     /// Runs `stage` on this process's ranks; `sinks`, the fit's step sinks, go to its first
     /// (rank 0's, when this process runs it).
     pub(crate) fn run_stage<M, D>(
-        &self, module: &mut Attached<M>, stage: Stage, loaders: &StageInput<'_, D>,
+        &self,
+        module: &mut Attached<M>,
+        stage: Stage,
+        loaders: &StageInput<'_, D>,
         sinks: StepSinks<'_>,
     ) -> Result<Vec<RankOutput>, TrainerError>
     where
@@ -111,7 +114,8 @@ impl Launch<'_> {
 /// sharded module used outside the trainer says what to call instead of waiting on ranks
 /// that left, and whatever the stage gathered is freed.
 pub(crate) fn idle(
-    accelerator: &Accelerator, strategies: &mut [Box<dyn Strategy>],
+    accelerator: &Accelerator,
+    strategies: &mut [Box<dyn Strategy>],
 ) -> Result<(), TrainerError> {
     let first = accelerator.local_ranks().start;
     for (rank, strategy) in (first..).zip(strategies.iter_mut()) {
@@ -135,7 +139,8 @@ pub(crate) fn no_replica() -> TrainerError {
 /// missing file, a wrong option), otherwise [`TrainerError::RankFailed`] naming the rank
 /// that failed first.
 pub(crate) fn collect_ranks<T>(
-    first: usize, outcomes: Vec<Result<T, RankError<TrainerError>>>,
+    first: usize,
+    outcomes: Vec<Result<T, RankError<TrainerError>>>,
 ) -> Result<Vec<T>, TrainerError> {
     let count = outcomes.len();
     let mut values = Vec::with_capacity(count);

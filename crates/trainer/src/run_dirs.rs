@@ -77,7 +77,9 @@ fn version_at(recorded: &Path, base: &Path) -> Option<PathBuf> {
 /// directory the checkpoint resumed from records; when it is `<log_root>/<run_name>` or a
 /// version of it, the fit continues that directory's metrics.
 pub(crate) fn log_dir(
-    log_root: &Path, run_name: &str, resumed_run: Option<&Path>,
+    log_root: &Path,
+    run_name: &str,
+    resumed_run: Option<&Path>,
 ) -> (PathBuf, bool) {
     let base = log_root.join(run_name);
     match resumed_run.and_then(|run| version_at(run, &base)) {

@@ -83,8 +83,11 @@ impl<'a, const N: usize> From<&'a [u32; N]> for TokenSplit<'a> {
 /// the tokenizer's hash and vocabulary size. Written under a temporary name and renamed, so
 /// a failed write leaves nothing.
 pub fn write_token_file<'a>(
-    path: &Path, train: impl Into<TokenSplit<'a>>, val: impl Into<TokenSplit<'a>>,
-    tokenizer_hash: &str, vocab_size: usize,
+    path: &Path,
+    train: impl Into<TokenSplit<'a>>,
+    val: impl Into<TokenSplit<'a>>,
+    tokenizer_hash: &str,
+    vocab_size: usize,
 ) -> Result<(), TrainerError> {
     let (train, val) = (train.into(), val.into());
     for split in [&train, &val] {

@@ -61,8 +61,11 @@ struct FitDirs {
 impl Trainer {
     /// A trainer of options `TrainerBuilder` checked.
     pub(crate) fn new(
-        config: Config, accelerator: Accelerator, strategy: Box<dyn Strategy>,
-        callbacks: Vec<Box<dyn Callback>>, sinks: Vec<Box<dyn StepSink>>,
+        config: Config,
+        accelerator: Accelerator,
+        strategy: Box<dyn Strategy>,
+        callbacks: Vec<Box<dyn Callback>>,
+        sinks: Vec<Box<dyn StepSink>>,
     ) -> Self {
         // Never reused within the process: 2^64 trainers is more than any run makes.
         static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -113,7 +116,8 @@ impl Trainer {
     /// the shards under sharding strategies), once this trainer configured it. It may be
     /// called any number of times, before or after the other stages.
     pub fn full_parameters<M>(
-        &mut self, module: &mut Attached<M>,
+        &mut self,
+        module: &mut Attached<M>,
     ) -> Result<Vec<(String, Tensor)>, TrainerError> {
         let Some(session) = module.parts_for(self.id).1 else {
             return Err(TrainerError::config(
@@ -155,7 +159,10 @@ impl Trainer {
 
     /// Trains `module` on `train`, validating on `val` as configured; returns the last metrics.
     pub fn fit<M: Replicate, D: Dataset<Batch = M::Batch>>(
-        &mut self, module: &mut Attached<M>, train: &DataLoader<D>, val: Option<&DataLoader<D>>,
+        &mut self,
+        module: &mut Attached<M>,
+        train: &DataLoader<D>,
+        val: Option<&DataLoader<D>>,
     ) -> Result<Metrics, TrainerError> {
         self.fit_inner(module, train, val, None)
     }
@@ -167,7 +174,10 @@ impl Trainer {
     /// world size the run continues bit-identically to one that was never interrupted, and
     /// its metrics file continues the run's (see [`TrainerBuilder::run_name`](crate::TrainerBuilder::run_name)).
     pub fn fit_from<M: Replicate, D: Dataset<Batch = M::Batch>>(
-        &mut self, module: &mut Attached<M>, train: &DataLoader<D>, val: Option<&DataLoader<D>>,
+        &mut self,
+        module: &mut Attached<M>,
+        train: &DataLoader<D>,
+        val: Option<&DataLoader<D>>,
         checkpoint: impl AsRef<Path>,
     ) -> Result<Metrics, TrainerError> {
         // Opened and checked whole once per process, before any rank starts: a bad path is
@@ -182,7 +192,10 @@ impl Trainer {
     /// Without a `last` file it starts fresh and says so on rank 0; a `last` that names a
     /// missing or damaged checkpoint is an error, never a fresh start.
     pub fn fit_or_resume<M: Replicate, D: Dataset<Batch = M::Batch>>(
-        &mut self, module: &mut Attached<M>, train: &DataLoader<D>, val: Option<&DataLoader<D>>,
+        &mut self,
+        module: &mut Attached<M>,
+        train: &DataLoader<D>,
+        val: Option<&DataLoader<D>>,
     ) -> Result<Metrics, TrainerError> {
         let root = match &self.config.checkpoint {
             Some(mc) => mc.root().to_path_buf(),
@@ -205,7 +218,10 @@ impl Trainer {
     }
 
     fn fit_inner<M: Replicate, D: Dataset<Batch = M::Batch>>(
-        &mut self, module: &mut Attached<M>, train: &DataLoader<D>, val: Option<&DataLoader<D>>,
+        &mut self,
+        module: &mut Attached<M>,
+        train: &DataLoader<D>,
+        val: Option<&DataLoader<D>>,
         resume: Option<&Checkpoint>,
     ) -> Result<Metrics, TrainerError> {
         train.check(self.world_size())?;
@@ -302,14 +318,18 @@ impl Trainer {
 
     /// One validation pass; returns `val_loss` (if the module reports one).
     pub fn validate<M: Replicate>(
-        &mut self, module: &mut Attached<M>, data: &DataLoader<impl Dataset<Batch = M::Batch>>,
+        &mut self,
+        module: &mut Attached<M>,
+        data: &DataLoader<impl Dataset<Batch = M::Batch>>,
     ) -> Result<Metrics, TrainerError> {
         Ok(self.eval_stage(module, Stage::Validate, data)?.metrics)
     }
 
     /// One test pass; returns `test_loss` (if the module reports one).
     pub fn test<M: Replicate>(
-        &mut self, module: &mut Attached<M>, data: &DataLoader<impl Dataset<Batch = M::Batch>>,
+        &mut self,
+        module: &mut Attached<M>,
+        data: &DataLoader<impl Dataset<Batch = M::Batch>>,
     ) -> Result<Metrics, TrainerError> {
         Ok(self.eval_stage(module, Stage::Test, data)?.metrics)
     }
@@ -318,14 +338,19 @@ impl Trainer {
     /// gathered over the world to rank 0. Under a launcher, the process of rank 0 gets them
     /// and the others get an empty list.
     pub fn predict<M: Replicate>(
-        &mut self, module: &mut Attached<M>, data: &DataLoader<impl Dataset<Batch = M::Batch>>,
+        &mut self,
+        module: &mut Attached<M>,
+        data: &DataLoader<impl Dataset<Batch = M::Batch>>,
     ) -> Result<Vec<Tensor>, TrainerError> {
         Ok(self.eval_stage(module, Stage::Predict, data)?.predictions)
     }
 
     /// A validate, test or predict stage over `data`: this process's first rank's output.
     fn eval_stage<M: Replicate, D: Dataset<Batch = M::Batch>>(
-        &mut self, module: &mut Attached<M>, stage: Stage, data: &DataLoader<D>,
+        &mut self,
+        module: &mut Attached<M>,
+        stage: Stage,
+        data: &DataLoader<D>,
     ) -> Result<RankOutput, TrainerError> {
         let loaders = StageInput::eval(data);
         Ok(self

@@ -131,7 +131,8 @@ impl<F: Fn(usize) -> CallHeader> Headers<F> {
 
     /// The length `len` reads from a header, when every rank passed the same.
     pub(crate) fn same_length(
-        &self, len: impl Fn(CallHeader) -> usize,
+        &self,
+        len: impl Fn(CallHeader) -> usize,
     ) -> Result<usize, CollectiveError> {
         let first = len((self.of)(0));
         if (0..self.size).any(|s| len((self.of)(s)) != first) {
@@ -142,7 +143,9 @@ impl<F: Fn(usize) -> CallHeader> Headers<F> {
 
     /// The ranks' shards (`shard` of each header) add up to the full buffer's `total`.
     pub(crate) fn shards_add_up(
-        &self, shard: impl Fn(CallHeader) -> usize, total: usize,
+        &self,
+        shard: impl Fn(CallHeader) -> usize,
+        total: usize,
     ) -> Result<(), CollectiveError> {
         let sum: usize = (0..self.size).map(|s| shard((self.of)(s))).sum();
         if sum != total {
@@ -159,7 +162,8 @@ impl<F: Fn(usize) -> CallHeader> Headers<F> {
 /// Each word travels as two f32 whose bits are its halves, since host worlds copy bytes.
 #[cfg_attr(not(any(feature = "nccl", test)), allow(dead_code))]
 pub(crate) fn gather_headers(
-    world: &dyn Collective, mine: CallHeader,
+    world: &dyn Collective,
+    mine: CallHeader,
 ) -> Result<Vec<CallHeader>, CollectiveError> {
     let halves: Vec<f32> = mine
         .to_words()

@@ -95,7 +95,8 @@ fn bytes<'a>(storage: &'a CpuStorage, layout: &Layout) -> candle_core::Result<&'
 }
 
 fn bytes_mut<'a>(
-    storage: &'a mut CpuStorage, layout: &Layout,
+    storage: &'a mut CpuStorage,
+    layout: &Layout,
 ) -> candle_core::Result<&'a mut [u8]> {
     match storage {
         CpuStorage::F32(v) => as_bytes_mut(v, layout),
@@ -141,7 +142,11 @@ impl<F: FnOnce(&mut [u8], &[u8])> InplaceOp2 for Mutate<F> {
         "wick-host-mutate-from"
     }
     fn cpu_fwd(
-        &self, dst: &mut CpuStorage, dst_l: &Layout, src: &CpuStorage, src_l: &Layout,
+        &self,
+        dst: &mut CpuStorage,
+        dst_l: &Layout,
+        src: &CpuStorage,
+        src_l: &Layout,
     ) -> candle_core::Result<()> {
         let src = bytes(src, src_l)?;
         let data = bytes_mut(dst, dst_l)?;
@@ -157,7 +162,8 @@ impl<F: FnOnce(&mut [u8], &[u8])> InplaceOp2 for Mutate<F> {
 /// The tensor's storage is written for everyone holding it: only use it on buffers this
 /// code owns (collective outputs, flat gradient buckets).
 pub(crate) fn with_bytes_mut<R>(
-    t: &Tensor, f: impl FnOnce(&mut [u8]) -> R,
+    t: &Tensor,
+    f: impl FnOnce(&mut [u8]) -> R,
 ) -> Result<R, HostAccessError> {
     check(t)?;
     if let Some(host) = staged(t)? {
@@ -178,7 +184,9 @@ pub(crate) fn with_bytes_mut<R>(
 /// Runs `f` on `dst`'s bytes (mutably) and `src`'s bytes; the two must have the same dtype
 /// and must not share storage.
 pub(crate) fn with_bytes_mut_from<R>(
-    dst: &Tensor, src: &Tensor, f: impl FnOnce(&mut [u8], &[u8]) -> R,
+    dst: &Tensor,
+    src: &Tensor,
+    f: impl FnOnce(&mut [u8], &[u8]) -> R,
 ) -> Result<R, HostAccessError> {
     check(dst)?;
     check(src)?;

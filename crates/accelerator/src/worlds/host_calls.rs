@@ -19,15 +19,25 @@ pub(crate) trait HostEngine {
         -> Result<(), CollectiveError>;
     /// `src` reduced over the ranks, this rank's part into `dst`.
     fn reduce_scatter_bytes(
-        &self, dtype: DType, src: &[u8], dst: &mut [u8], op: ReduceOp,
+        &self,
+        dtype: DType,
+        src: &[u8],
+        dst: &mut [u8],
+        op: ReduceOp,
     ) -> Result<(), CollectiveError>;
     /// `buf` reduced over the ranks, in place.
     fn all_reduce_bytes(
-        &self, dtype: DType, buf: &mut [u8], op: ReduceOp,
+        &self,
+        dtype: DType,
+        buf: &mut [u8],
+        op: ReduceOp,
     ) -> Result<(), CollectiveError>;
     /// `buf` overwritten with the root's (`root` is a rank of this world).
     fn broadcast_bytes(
-        &self, dtype: DType, buf: &mut [u8], root: usize,
+        &self,
+        dtype: DType,
+        buf: &mut [u8],
+        root: usize,
     ) -> Result<(), CollectiveError>;
     /// Returns once every rank made it.
     fn barrier(&self) -> Result<(), CollectiveError>;

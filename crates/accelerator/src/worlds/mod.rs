@@ -19,7 +19,8 @@ macro_rules! stand_in_collective {
             }
 
             fn start(
-                &self, _: wick_core::Call<'_>,
+                &self,
+                _: wick_core::Call<'_>,
             ) -> Result<wick_core::Work, wick_core::CollectiveError> {
                 match self.never {}
             }

@@ -91,7 +91,11 @@ struct Run<'a> {
 
 impl Run<'_> {
     fn two<T: CudaDType + NcclType>(
-        &self, dst: &mut CudaStorage, dst_l: &Layout, src: &CudaStorage, src_l: &Layout,
+        &self,
+        dst: &mut CudaStorage,
+        dst_l: &Layout,
+        src: &CudaStorage,
+        src_l: &Layout,
     ) -> candle_core::Result<()> {
         let src_slice = T::as_cuda_slice(src)?.slice(range(src_l)?);
         let dst_full = T::as_cuda_slice_mut(dst)?;
@@ -108,7 +112,9 @@ impl Run<'_> {
     }
 
     fn one<T: CudaDType + NcclType>(
-        &self, buf: &mut CudaStorage, layout: &Layout,
+        &self,
+        buf: &mut CudaStorage,
+        layout: &Layout,
     ) -> candle_core::Result<()> {
         let full = T::as_cuda_slice_mut(buf)?;
         let mut slice = full.slice_mut(range(layout)?);
@@ -136,12 +142,20 @@ impl InplaceOp2 for Run<'_> {
         "wick-nccl"
     }
     fn cpu_fwd(
-        &self, _: &mut CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout,
+        &self,
+        _: &mut CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
     ) -> candle_core::Result<()> {
         Err(host_only(self.call.name()))
     }
     fn cuda_fwd(
-        &self, dst: &mut CudaStorage, dst_l: &Layout, src: &CudaStorage, src_l: &Layout,
+        &self,
+        dst: &mut CudaStorage,
+        dst_l: &Layout,
+        src: &CudaStorage,
+        src_l: &Layout,
     ) -> candle_core::Result<()> {
         match dst.dtype() {
             DType::F32 => self.two::<f32>(dst, dst_l, src, src_l),
@@ -171,7 +185,10 @@ impl InplaceOp1 for Run<'_> {
 
 /// Makes `compute` wait for the work issued on `comm_stream` so far (rank `rank`'s `call`).
 fn compute_waits(
-    compute: &CudaStream, comm_stream: &CudaStream, rank: usize, call: NcclCall,
+    compute: &CudaStream,
+    comm_stream: &CudaStream,
+    rank: usize,
+    call: NcclCall,
 ) -> Result<(), CollectiveError> {
     compute
         .join(comm_stream)
@@ -282,7 +299,10 @@ impl NcclWorld {
     /// Issues `call` on the communication stream, after the compute stream's work so far.
     /// The caller makes the compute stream wait (at once, or in a `Work`).
     fn issue(
-        &self, call: NcclCall, dst: &Tensor, src: Option<&Tensor>,
+        &self,
+        call: NcclCall,
+        dst: &Tensor,
+        src: Option<&Tensor>,
     ) -> Result<(), CollectiveError> {
         self.check_device(call, dst)?;
         let comm = lock(&self.comm);
@@ -304,7 +324,10 @@ impl NcclWorld {
     }
 
     fn equal_chunks(
-        &self, call: NcclCall, shard: &Tensor, full: &Tensor,
+        &self,
+        call: NcclCall,
+        shard: &Tensor,
+        full: &Tensor,
     ) -> Result<(), CollectiveError> {
         if full.elem_count() != shard.elem_count() * self.size {
             return Err(CollectiveError::Mismatch {
@@ -364,7 +387,10 @@ impl NcclWorld {
     /// or length) all return the same `Mismatch` instead of hanging inside NCCL. One small
     /// host all-gather a call; release builds skip it.
     fn check_agreement(
-        &self, call: NcclCall, input: &Tensor, output: usize,
+        &self,
+        call: NcclCall,
+        input: &Tensor,
+        output: usize,
     ) -> Result<(), CollectiveError> {
         if !cfg!(debug_assertions) {
             return Ok(());

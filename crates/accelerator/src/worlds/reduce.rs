@@ -48,7 +48,11 @@ impl Elem for f16 {
 /// Every source pointer must be valid for `len` element reads and `dst` for `len` element
 /// writes of `dtype`, with no other thread writing these ranges during the call.
 pub(crate) unsafe fn reduce_ranks(
-    dtype: DType, dst: *mut u8, len: usize, n_ranks: usize, srcs: impl Fn(usize) -> *const u8,
+    dtype: DType,
+    dst: *mut u8,
+    len: usize,
+    n_ranks: usize,
+    srcs: impl Fn(usize) -> *const u8,
     op: ReduceOp,
 ) {
     match dtype {
@@ -59,7 +63,11 @@ pub(crate) unsafe fn reduce_ranks(
 }
 
 unsafe fn reduce_typed<T: Elem>(
-    dst: *mut T, len: usize, n_ranks: usize, srcs: impl Fn(usize) -> *const T, op: ReduceOp,
+    dst: *mut T,
+    len: usize,
+    n_ranks: usize,
+    srcs: impl Fn(usize) -> *const T,
+    op: ReduceOp,
 ) {
     let scale = match op {
         ReduceOp::Sum => 1.0,

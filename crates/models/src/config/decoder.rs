@@ -162,7 +162,9 @@ impl DecoderConfig {
 /// The attention heads of a decoder of `family` `hidden_size` wide: query heads, key/value
 /// heads (dividing them) and the head width (even, for rotary embeddings).
 fn heads(
-    f: &mut Fields, family: Family, hidden_size: usize,
+    f: &mut Fields,
+    family: Family,
+    hidden_size: usize,
 ) -> Result<(usize, usize, usize), ConfigError> {
     let num_attention_heads = f.required("num_attention_heads")?;
     let num_key_value_heads = f
@@ -216,7 +218,8 @@ fn refuse_unbuilt(f: &mut Fields) -> Result<(), ConfigError> {
 
 /// Reads a decoder of `family` from `f`.
 pub(crate) fn decoder(
-    mut f: Fields, family: Family,
+    mut f: Fields,
+    family: Family,
 ) -> Result<(DecoderConfig, Vec<String>), ConfigError> {
     let gemma = family == Family::Gemma2;
     let vocab_size = f.required("vocab_size")?;
@@ -303,7 +306,9 @@ fn activation(f: &mut Fields, gemma: bool) -> Result<Activation, ConfigError> {
 /// Each layer's attention window, from `layer_types` where the config has it, and as
 /// `transformers` fills it in for the family where it does not.
 fn windows(
-    f: &mut Fields, family: Family, layers: usize,
+    f: &mut Fields,
+    family: Family,
+    layers: usize,
 ) -> Result<Vec<Option<usize>>, ConfigError> {
     let window = f.usize("sliding_window")?;
     let use_sliding = f.bool("use_sliding_window", false)?;

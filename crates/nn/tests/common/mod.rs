@@ -79,7 +79,9 @@ pub fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
 /// Runs `fused` and `composite` on the same variables, back-propagates sum(out * r) for a
 /// random r through both, and compares outputs and gradients.
 pub fn check(
-    what: &str, inputs: &[Var], fused: impl Fn(&[Tensor]) -> Result<Tensor>,
+    what: &str,
+    inputs: &[Var],
+    fused: impl Fn(&[Tensor]) -> Result<Tensor>,
     composite: impl Fn(&[Tensor]) -> Result<Tensor>,
 ) {
     check_within(what, inputs, fused, composite, Bound::Absolute)
@@ -87,8 +89,11 @@ pub fn check(
 
 /// [`check`] with the given bound.
 pub fn check_within(
-    what: &str, inputs: &[Var], fused: impl Fn(&[Tensor]) -> Result<Tensor>,
-    composite: impl Fn(&[Tensor]) -> Result<Tensor>, bound: Bound,
+    what: &str,
+    inputs: &[Var],
+    fused: impl Fn(&[Tensor]) -> Result<Tensor>,
+    composite: impl Fn(&[Tensor]) -> Result<Tensor>,
+    bound: Bound,
 ) {
     let ts: Vec<Tensor> = inputs.iter().map(|v| v.as_tensor().clone()).collect();
     let (a, b) = (fused(&ts).unwrap(), composite(&ts).unwrap());

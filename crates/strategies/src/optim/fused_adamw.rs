@@ -25,7 +25,11 @@ pub(super) fn applies(tensors: &[&Tensor]) -> bool {
 
 /// Updates `p`, `m` and `v` in place from `g` (all flat, of one length).
 pub(super) fn step(
-    p: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, c: &AdamWConstants,
+    p: &Tensor,
+    g: &Tensor,
+    m: &Tensor,
+    v: &Tensor,
+    c: &AdamWConstants,
 ) -> Result<()> {
     m.inplace_op2(
         g,
@@ -73,7 +77,11 @@ impl InplaceOp2 for Moment {
     }
 
     fn cpu_fwd(
-        &self, ms: &mut CpuStorage, ml: &Layout, gs: &CpuStorage, gl: &Layout,
+        &self,
+        ms: &mut CpuStorage,
+        ml: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
     ) -> Result<()> {
         let (beta, rest) = (self.beta as f32, (1.0 - self.beta) as f32);
         let g = slice(gs, gl)?;
@@ -92,7 +100,12 @@ impl InplaceOp3 for AdamWConstants {
     }
 
     fn cpu_fwd(
-        &self, ps: &mut CpuStorage, pl: &Layout, ms: &CpuStorage, ml: &Layout, vs: &CpuStorage,
+        &self,
+        ps: &mut CpuStorage,
+        pl: &Layout,
+        ms: &CpuStorage,
+        ml: &Layout,
+        vs: &CpuStorage,
         vl: &Layout,
     ) -> Result<()> {
         let (m, v) = (slice(ms, ml)?, slice(vs, vl)?);

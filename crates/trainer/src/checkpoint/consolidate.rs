@@ -14,7 +14,9 @@ use wick_core::{StateReader, PARAM_KIND};
 /// reading one parameter at a time (peak memory about the largest parameter). Returns the
 /// files written.
 pub fn consolidate(
-    dir: impl AsRef<Path>, out: impl AsRef<Path>, with_optimizer: bool,
+    dir: impl AsRef<Path>,
+    out: impl AsRef<Path>,
+    with_optimizer: bool,
 ) -> Result<Vec<PathBuf>, CheckpointError> {
     let checkpoint = Checkpoint::open(dir)?;
     let out = out.as_ref();
@@ -62,7 +64,9 @@ pub fn consolidate(
 
 /// One parameter's state `kind`, whole.
 fn read_whole(
-    checkpoint: &Checkpoint, kind: &str, (name, shape): &(String, Vec<usize>),
+    checkpoint: &Checkpoint,
+    kind: &str,
+    (name, shape): &(String, Vec<usize>),
 ) -> Result<Vec<f32>, CheckpointError> {
     let shape = Shape::from(shape.clone());
     let numel = shape.elem_count();

@@ -60,7 +60,9 @@ impl CheckpointError {
     }
 
     pub(crate) fn manifest(
-        path: impl Into<PathBuf>, field: impl Into<String>, message: impl Into<String>,
+        path: impl Into<PathBuf>,
+        field: impl Into<String>,
+        message: impl Into<String>,
     ) -> Self {
         CheckpointError::Manifest {
             path: path.into(),

@@ -46,7 +46,8 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
 
 /// Writes `path` atomically: `write` fills a temporary file, which is synced and renamed.
 pub(crate) fn write_atomic(
-    path: &Path, write: impl FnOnce(&mut BufWriter<File>) -> Result<(), CheckpointError>,
+    path: &Path,
+    write: impl FnOnce(&mut BufWriter<File>) -> Result<(), CheckpointError>,
 ) -> Result<(), CheckpointError> {
     let tmp = temporary(path);
     let file = File::create(&tmp).map_err(CheckpointError::io(&tmp))?;
@@ -106,7 +107,9 @@ fn write_f32(out: &mut impl Write, values: &[f32]) -> std::io::Result<()> {
 /// so at most one tensor is in memory. Any safetensors reader (candle, Python) reads it.
 /// Returns the file's length and CRC-32, computed as it was written.
 pub(crate) fn write_safetensors(
-    path: &Path, tensors: &[(String, Vec<usize>)], metadata: &BTreeMap<String, String>,
+    path: &Path,
+    tensors: &[(String, Vec<usize>)],
+    metadata: &BTreeMap<String, String>,
     mut data: impl FnMut(usize) -> Result<Vec<f32>, CheckpointError>,
 ) -> Result<(u64, u32), CheckpointError> {
     let mut header = Map::new();

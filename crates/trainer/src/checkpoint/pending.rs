@@ -78,7 +78,9 @@ impl PendingSave {
     /// it, `device` being its world's) and commits: the checkpoint is whole and `last`
     /// names it when this returns.
     pub(crate) fn finish(
-        mut self, world: &dyn Collective, device: &Device,
+        mut self,
+        world: &dyn Collective,
+        device: &Device,
     ) -> Result<(), TrainerError> {
         let own = self.join();
         // One slot per rank: which ranks could not write their file.

@@ -160,7 +160,11 @@ impl Checkpoint {
 
     /// Copies elements `range` of group `g`'s state `kind` into `out`.
     fn read_group(
-        &self, g: usize, kind: &str, range: Range<usize>, out: &mut Vec<f32>,
+        &self,
+        g: usize,
+        kind: &str,
+        range: Range<usize>,
+        out: &mut Vec<f32>,
     ) -> Result<(), FileError> {
         let group = &self.manifest.groups[g];
         let tensor = format!("{}.{kind}", group.name);
@@ -206,7 +210,9 @@ fn check_recorded(path: &Path, record: &FileRecord) -> Result<(), CheckpointErro
 /// Each piece's file holds `<group>.<kind>` for every kind, f32, of the piece's length, and
 /// records the same range in its header.
 fn check_pieces(
-    group: &GroupRecord, files: &[SafetensorsFile], recorded: &[BTreeMap<String, Range<usize>>],
+    group: &GroupRecord,
+    files: &[SafetensorsFile],
+    recorded: &[BTreeMap<String, Range<usize>>],
     kinds: &[&str],
 ) -> Result<(), CheckpointError> {
     for piece in group.pieces.iter().filter(|p| p.end > p.start) {
@@ -249,7 +255,10 @@ struct CheckpointWeights(Checkpoint);
 
 impl WeightSource for CheckpointWeights {
     fn read(
-        &self, name: &str, shape: &Shape, range: Range<usize>,
+        &self,
+        name: &str,
+        shape: &Shape,
+        range: Range<usize>,
     ) -> candle_core::Result<Vec<f32>> {
         let params = [(name.to_string(), shape.clone())];
         self.0.read(PARAM_KIND, &params, range)?.to_vec1()
@@ -266,7 +275,10 @@ impl Checkpoint {
 
 impl StateReader for Checkpoint {
     fn read(
-        &self, kind: &str, params: &[(String, Shape)], range: Range<usize>,
+        &self,
+        kind: &str,
+        params: &[(String, Shape)],
+        range: Range<usize>,
     ) -> candle_core::Result<Tensor> {
         if kind != PARAM_KIND
             && !self

@@ -47,7 +47,9 @@ const RANGES_KEY: &str = "wick.ranges";
 /// Calls `fault` at `point`, where `path` is the file or directory being saved: an `Err`
 /// from it is an error of `path`, as a real failure there would be.
 fn fault_at(
-    fault: Option<&SaveFault>, point: SavePoint, path: &Path,
+    fault: Option<&SaveFault>,
+    point: SavePoint,
+    path: &Path,
 ) -> Result<(), CheckpointError> {
     match fault.map(|f| f(point)) {
         Some(Err(message)) => Err(CheckpointError::Io {
@@ -64,7 +66,10 @@ fn fault_at(
 /// ([`RankWrite::write`], here or on a thread of its own) and, on rank 0, the manifest to
 /// write once every rank's file is whole ([`Commit::commit`]).
 pub(crate) fn begin(
-    world: &dyn Collective, strategy: &dyn Strategy, dir: &Path, info: &SaveInfo<'_>,
+    world: &dyn Collective,
+    strategy: &dyn Strategy,
+    dir: &Path,
+    info: &SaveInfo<'_>,
     checkpoints: &ModelCheckpoint,
 ) -> Result<(RankWrite, Option<Commit>), TrainerError> {
     let rank = world.rank();
@@ -99,7 +104,10 @@ pub(crate) fn begin(
 /// Saves the checkpoint `dir` from every rank, all of it before returning (a collective),
 /// and points `last` at it.
 pub(crate) fn save(
-    world: &dyn Collective, strategy: &dyn Strategy, dir: &Path, info: &SaveInfo<'_>,
+    world: &dyn Collective,
+    strategy: &dyn Strategy,
+    dir: &Path,
+    info: &SaveInfo<'_>,
     checkpoints: &ModelCheckpoint,
 ) -> Result<(), TrainerError> {
     let (write, commit) = begin(world, strategy, dir, info, checkpoints)?;
@@ -130,7 +138,10 @@ impl RankWrite {
     /// `state`'s tensors copied out, with each group's range; `fault` is called once the
     /// file is written ([`SavePoint::RankFile`]).
     fn of(
-        tmp: &Path, rank: usize, state: &RankState, fault: Option<&SaveFault>,
+        tmp: &Path,
+        rank: usize,
+        state: &RankState,
+        fault: Option<&SaveFault>,
     ) -> Result<Self, TrainerError> {
         let path = tmp.join(rank_file(rank));
         let mut tensors = Vec::new();
@@ -304,7 +315,10 @@ pub(crate) fn rank_ranges(
 /// The manifest of the state being saved, without the rank files and their pieces: those
 /// come from the ranks' records when the save commits.
 fn draft_manifest(
-    strategy: &dyn Strategy, world_size: usize, state: &RankState, info: &SaveInfo<'_>,
+    strategy: &dyn Strategy,
+    world_size: usize,
+    state: &RankState,
+    info: &SaveInfo<'_>,
 ) -> Manifest {
     let groups = state
         .groups
@@ -365,7 +379,9 @@ fn draft_manifest(
 }
 
 fn optimizer_record(
-    config: &OptimizerConfig, state: &RankState, state_kinds: Vec<String>,
+    config: &OptimizerConfig,
+    state: &RankState,
+    state_kinds: Vec<String>,
 ) -> OptimizerRecord {
     OptimizerRecord {
         kind: config.kind().into(),

@@ -26,7 +26,8 @@ impl CallbackList {
 
     /// Runs `hook` on every callback in order.
     pub(crate) fn call(
-        &mut self, mut hook: impl FnMut(&mut dyn Callback, &RunState) -> candle_core::Result<()>,
+        &mut self,
+        mut hook: impl FnMut(&mut dyn Callback, &RunState) -> candle_core::Result<()>,
     ) -> Result<(), TrainerError> {
         for cb in self.callbacks.iter_mut() {
             hook(cb.as_mut(), &self.state)?;

@@ -40,7 +40,8 @@ impl<D: Dataset> EvalLoop<'_, D> {
     /// Runs the pass on `ctx`'s rank; returns the loss averaged over samples and ranks, if
     /// the module reports one (also in the callbacks' metrics).
     pub(crate) fn run<M: TrainModule<Batch = D::Batch>>(
-        self, ctx: &mut RankContext<'_, M>,
+        self,
+        ctx: &mut RankContext<'_, M>,
     ) -> Result<Option<f64>, TrainerError> {
         let kind = self.kind;
         if let EvalKind::Validation = kind {
@@ -96,7 +97,8 @@ impl<D: Dataset> EvalLoop<'_, D> {
 /// result with the number of this rank's samples that count
 /// ([`DataLoader::eval_slice`]).
 pub(super) fn each_batch<M: TrainModule, D: Dataset<Batch = M::Batch>, T>(
-    ctx: &mut RankContext<'_, M>, data: &DataLoader<D>,
+    ctx: &mut RankContext<'_, M>,
+    data: &DataLoader<D>,
     mut step: impl FnMut(&mut M, &M::Batch, usize) -> Result<T, TrainerError>,
 ) -> Result<Vec<(T, usize)>, TrainerError> {
     let order = data.epoch_order(ctx.config.seed, 0);

@@ -49,7 +49,8 @@ impl Flops {
     /// per process for a shape, [`wick_accelerator::rank_peak_flops`]) and the world adds
     /// them up.
     fn measure<M: TrainModule>(
-        ctx: &RankContext<'_, M>, tokens_per_sample: usize,
+        ctx: &RankContext<'_, M>,
+        tokens_per_sample: usize,
     ) -> Result<Option<Self>, TrainerError> {
         let Some(per_token) = ctx.module.flops_per_token(tokens_per_sample) else {
             return Ok(None);
@@ -73,7 +74,9 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
     /// The fit of `input` on `ctx`'s rank: its optimizer configured, the checkpoint it
     /// resumes from (if any) restored, the training bar added to the sinks.
     pub(crate) fn new<M: TrainModule<Batch = D::Batch>>(
-        ctx: &mut RankContext<'_, M>, train: &'f DataLoader<D>, val: Option<&'f DataLoader<D>>,
+        ctx: &mut RankContext<'_, M>,
+        train: &'f DataLoader<D>,
+        val: Option<&'f DataLoader<D>>,
         input: &StageInput<'f, D>,
     ) -> Result<Self, TrainerError> {
         let mut optimizer = ctx.module.configure_optimizers();
@@ -137,7 +140,8 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
     /// Runs the fit to its end on `ctx`'s rank; returns how a preemption stopped it, if one
     /// did.
     pub(crate) fn run<M: TrainModule<Batch = D::Batch>>(
-        mut self, ctx: &mut RankContext<'_, M>,
+        mut self,
+        ctx: &mut RankContext<'_, M>,
     ) -> Result<Option<Interruption>, TrainerError> {
         ctx.callbacks.call(|cb, s| cb.on_fit_start(s))?;
         ctx.module.on_fit_start()?;
@@ -184,7 +188,11 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
     /// `epoch_start`): the step, its metrics and callbacks, validation when due, the record
     /// to the sinks, and a checkpoint when due.
     fn step<M: TrainModule<Batch = D::Batch>>(
-        &mut self, ctx: &mut RankContext<'_, M>, order: &[usize], b: usize, epoch_start: Instant,
+        &mut self,
+        ctx: &mut RankContext<'_, M>,
+        order: &[usize],
+        b: usize,
+        epoch_start: Instant,
     ) -> Result<(), TrainerError> {
         let (step_start, waited_before) = (Instant::now(), ctx.clock.waited());
         let logs = ctx.env.rank == 0;

@@ -17,7 +17,8 @@ impl<D: Dataset> PredictLoop<'_, D> {
     /// Runs the pass on `ctx`'s rank; returns every sample's prediction on rank 0, in
     /// sample order, and nothing on the others.
     pub(crate) fn run<M: TrainModule<Batch = D::Batch>>(
-        self, ctx: &mut RankContext<'_, M>,
+        self,
+        ctx: &mut RankContext<'_, M>,
     ) -> Result<Vec<Tensor>, TrainerError> {
         let data = self.data;
         let out = each_batch(ctx, data, |module, batch, b| {
@@ -47,7 +48,9 @@ impl<D: Dataset> PredictLoop<'_, D> {
 /// short batch) are left out. Types other than f32, bf16 and f16 travel as f32, exactly
 /// for integers below 2^24 (class ids, token ids).
 fn gather_to_rank0(
-    env: &RankEnv, part: &Tensor, rows: &[(usize, usize)],
+    env: &RankEnv,
+    part: &Tensor,
+    rows: &[(usize, usize)],
 ) -> Result<Option<Tensor>, TrainerError> {
     let world = &env.world;
     let rank = env.rank;

@@ -44,7 +44,9 @@ pub(crate) struct RankOutput {
 
 /// Runs `stage` on `ctx`'s rank, in docs/design.md's order.
 pub(crate) fn run_stage<M: TrainModule, D: Dataset<Batch = M::Batch>>(
-    mut ctx: RankContext<'_, M>, stage: Stage, input: &StageInput<'_, D>,
+    mut ctx: RankContext<'_, M>,
+    stage: Stage,
+    input: &StageInput<'_, D>,
 ) -> Result<RankOutput, TrainerError> {
     ctx.strategy
         .connect(ctx.env.world.clone(), ctx.env.device.clone())?;

@@ -17,7 +17,9 @@ pub(crate) struct Resumed {
 /// `ctx`'s rank, and the learning-rate schedule, which continues from the checkpoint's step
 /// (replacing the module's if they differ, as Lightning restores a scheduler).
 pub(crate) fn restore<M: TrainModule, D: Dataset<Batch = M::Batch>>(
-    ctx: &mut RankContext<'_, M>, checkpoint: &Checkpoint, train: &DataLoader<D>,
+    ctx: &mut RankContext<'_, M>,
+    checkpoint: &Checkpoint,
+    train: &DataLoader<D>,
     optimizer: &mut OptimizerConfig,
 ) -> Result<Resumed, TrainerError> {
     let dir = checkpoint.dir();

@@ -27,7 +27,8 @@ pub(crate) struct StepOutcome {
 impl<D: Dataset> TrainStep<'_, D> {
     /// Runs the step on `ctx`'s rank.
     pub(crate) fn run<M: TrainModule<Batch = D::Batch>>(
-        self, ctx: &mut RankContext<'_, M>,
+        self,
+        ctx: &mut RankContext<'_, M>,
     ) -> Result<StepOutcome, TrainerError> {
         let (rank, world_size) = (ctx.env.rank, ctx.env.world_size);
         let accumulate = ctx.config.accumulate_grad_batches;
@@ -97,7 +98,8 @@ impl<D: Dataset> TrainStep<'_, D> {
 /// terms, as one device on the global batch. A step without a counted term anywhere gets
 /// factors of 0.
 fn loss_weights<M: TrainModule>(
-    ctx: &RankContext<'_, M>, batches: &[M::Batch],
+    ctx: &RankContext<'_, M>,
+    batches: &[M::Batch],
 ) -> Result<Option<Vec<f64>>, TrainerError> {
     let terms: Option<Vec<usize>> = batches.iter().map(|b| ctx.module.loss_terms(b)).collect();
     let Some(terms) = terms else {
@@ -125,7 +127,8 @@ fn loss_weights<M: TrainModule>(
 /// as a warning; or, with `error_on_unused_parameters`, as an error on every rank (all
 /// ranks find the same ones, so they stop together).
 fn report_unused_parameters<M>(
-    ctx: &RankContext<'_, M>, names: Vec<String>,
+    ctx: &RankContext<'_, M>,
+    names: Vec<String>,
 ) -> Result<(), TrainerError> {
     if names.is_empty() {
         return Ok(());

@@ -22,7 +22,9 @@ impl TensorBoardLog {
     /// A new event file in `dir`, its readers told that the run continues after step
     /// `resumed_after` if it does, with `options` (name, value) as the run's text.
     pub(crate) fn open(
-        dir: &Path, resumed_after: Option<usize>, options: &[(String, String)],
+        dir: &Path,
+        resumed_after: Option<usize>,
+        options: &[(String, String)],
     ) -> Result<Self, TrainerError> {
         let (file, path) = EventFile::create(dir).map_err(|cause| TrainerError::Io {
             path: dir.join("events.out.tfevents.*"),

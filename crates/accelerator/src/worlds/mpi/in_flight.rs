@@ -40,7 +40,10 @@ unsafe impl Send for InFlight {}
 impl InFlight {
     /// Checks the code a nonblocking call returned and keeps `keep` alive until its wait.
     pub(super) fn new(
-        code: i32, request: mpi::ffi::MPI_Request, keep: impl std::any::Any + Send, rank: usize,
+        code: i32,
+        request: mpi::ffi::MPI_Request,
+        keep: impl std::any::Any + Send,
+        rank: usize,
         op: Op,
     ) -> Result<Self, CollectiveError> {
         if code != 0 {
@@ -103,7 +106,11 @@ impl Exchange {
     /// Waits for every chunk and sums them in rank order into `out` (`mine` bytes), with
     /// the same code as the blocking calls, so both give the same bits.
     pub(super) fn reduce_into(
-        self, dtype: DType, n: usize, out: &mut [u8], op: ReduceOp,
+        self,
+        dtype: DType,
+        n: usize,
+        out: &mut [u8],
+        op: ReduceOp,
     ) -> Result<(), CollectiveError> {
         let Exchange {
             call,

@@ -70,7 +70,10 @@ impl MpiWorld {
     /// [len*s/n, len*(s+1)/n), then every rank gathers them. Returns the parts' byte counts
     /// and offsets.
     fn all_reduce_parts(
-        &self, dtype: DType, len: usize, reduce: ReduceOp,
+        &self,
+        dtype: DType,
+        len: usize,
+        reduce: ReduceOp,
     ) -> Result<(Vec<i32>, Vec<i32>), CollectiveError> {
         let op = Op::AllReduce;
         let n = self.size;
@@ -92,7 +95,9 @@ impl MpiWorld {
     }
 
     fn counts(
-        &self, op: Op, bytes: impl Iterator<Item = usize>,
+        &self,
+        op: Op,
+        bytes: impl Iterator<Item = usize>,
     ) -> Result<Vec<i32>, CollectiveError> {
         bytes.map(|b| self.count(op, b)).collect()
     }
@@ -103,7 +108,12 @@ impl MpiWorld {
     /// rank takes the same branch afterwards. Also a synchronization point: no rank leaves
     /// before every rank entered.
     fn agree(
-        &self, op: Op, dtype: DType, arg: usize, a: usize, b: usize,
+        &self,
+        op: Op,
+        dtype: DType,
+        arg: usize,
+        a: usize,
+        b: usize,
     ) -> Result<Vec<CallHeader>, CollectiveError> {
         let mine = CallHeader::new(op, dtype, arg, a, b).to_words();
         let mut all = vec![0u64; mine.len() * self.size];
@@ -121,7 +131,9 @@ impl MpiWorld {
 
     /// The checks every rank runs on the headers it received.
     fn headers<'a>(
-        &self, op: Op, headers: &'a [CallHeader],
+        &self,
+        op: Op,
+        headers: &'a [CallHeader],
     ) -> Headers<impl Fn(usize) -> CallHeader + 'a> {
         Headers {
             rank: self.rank,
@@ -135,7 +147,12 @@ impl MpiWorld {
     /// reduce-scatter): every rank passed the same full length, and the shards add up to
     /// it. Returns each rank's shard as byte counts and byte offsets.
     fn shard_layout(
-        &self, op: Op, dtype: DType, arg: usize, shard_bytes: usize, full_bytes: usize,
+        &self,
+        op: Op,
+        dtype: DType,
+        arg: usize,
+        shard_bytes: usize,
+        full_bytes: usize,
     ) -> Result<(Vec<i32>, Vec<i32>), CollectiveError> {
         let elem = dtype.size_in_bytes();
         // The header's lengths: this rank's shard, then the full buffer.
@@ -153,8 +170,13 @@ impl MpiWorld {
     /// when `dst` is `None`, into the scratch buffer after the received chunks. Returns the
     /// scratch buffer, locked.
     fn reduce_chunks(
-        &self, dtype: DType, src: &[u8], send: (&[i32], &[i32]), mine: usize,
-        dst: Option<&mut [u8]>, op: ReduceOp,
+        &self,
+        dtype: DType,
+        src: &[u8],
+        send: (&[i32], &[i32]),
+        mine: usize,
+        dst: Option<&mut [u8]>,
+        op: ReduceOp,
     ) -> MutexGuard<'_, Vec<u8>> {
         let n = self.size;
         let mut scratch = lock(&self.scratch);
@@ -246,7 +268,10 @@ impl HostEngine for MpiWorld {
 
     /// All-gather on host bytes of `dtype`: every rank's `src`, in rank order, into `dst`.
     fn gather_bytes(
-        &self, dtype: DType, src: &[u8], dst: &mut [u8],
+        &self,
+        dtype: DType,
+        src: &[u8],
+        dst: &mut [u8],
     ) -> Result<(), CollectiveError> {
         let (counts, displs) = self.shard_layout(Op::AllGather, dtype, 0, src.len(), dst.len())?;
         let (spare_in, mut spare_out) = ([0u8], [0u8]);
@@ -264,7 +289,11 @@ impl HostEngine for MpiWorld {
     }
 
     fn reduce_scatter_bytes(
-        &self, dtype: DType, src: &[u8], dst: &mut [u8], reduce: ReduceOp,
+        &self,
+        dtype: DType,
+        src: &[u8],
+        dst: &mut [u8],
+        reduce: ReduceOp,
     ) -> Result<(), CollectiveError> {
         let op = Op::ReduceScatter;
         let (send, offsets) =
@@ -274,7 +303,10 @@ impl HostEngine for MpiWorld {
     }
 
     fn all_reduce_bytes(
-        &self, dtype: DType, buf: &mut [u8], reduce: ReduceOp,
+        &self,
+        dtype: DType,
+        buf: &mut [u8],
+        reduce: ReduceOp,
     ) -> Result<(), CollectiveError> {
         let n = self.size;
         let (counts, offsets) =
@@ -290,7 +322,10 @@ impl HostEngine for MpiWorld {
     }
 
     fn broadcast_bytes(
-        &self, dtype: DType, buf: &mut [u8], root: usize,
+        &self,
+        dtype: DType,
+        buf: &mut [u8],
+        root: usize,
     ) -> Result<(), CollectiveError> {
         let op = Op::Broadcast;
         let elem = dtype.size_in_bytes();

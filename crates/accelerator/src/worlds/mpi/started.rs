@@ -22,7 +22,9 @@ impl MpiWorld {
     /// exchange happens now, the data moves until [`Work::wait`]. `full` must not be read
     /// before then.
     pub(super) fn all_gather_started(
-        &self, shard: &Tensor, full: &Tensor,
+        &self,
+        shard: &Tensor,
+        full: &Tensor,
     ) -> Result<Work, CollectiveError> {
         if !on_host(&[shard, full]) {
             return self
@@ -75,7 +77,10 @@ impl MpiWorld {
     /// The all-to-all of [`Self::reduce_scatter`] as `MPI_Ialltoallv`; the local sum
     /// in rank order runs in [`Work::wait`].
     pub(super) fn reduce_scatter_started(
-        &self, full: &Tensor, shard: &Tensor, reduce: ReduceOp,
+        &self,
+        full: &Tensor,
+        shard: &Tensor,
+        reduce: ReduceOp,
     ) -> Result<Work, CollectiveError> {
         if !on_host(&[full, shard]) {
             let call = Call::ReduceScatter {
@@ -104,7 +109,9 @@ impl MpiWorld {
     /// The all-to-all of [`Self::all_reduce`] as `MPI_Ialltoallv`; the sum of this
     /// rank's part and the all-gather of every rank's part run in [`Work::wait`].
     pub(super) fn all_reduce_started(
-        &self, tensor: &Tensor, reduce: ReduceOp,
+        &self,
+        tensor: &Tensor,
+        reduce: ReduceOp,
     ) -> Result<Work, CollectiveError> {
         if !on_host(&[tensor]) {
             let call = Call::AllReduce { tensor, op: reduce };
@@ -142,7 +149,12 @@ impl MpiWorld {
     /// [`Self::reduce_chunks`]'s all-to-all, nonblocking (`MPI_Ialltoallv`), into a buffer of
     /// its own; `keep` holds `src`'s storage until the call completes.
     fn start_exchange(
-        &self, op: Op, src: &[u8], send: (Vec<i32>, Vec<i32>), mine: usize, keep: Tensor,
+        &self,
+        op: Op,
+        src: &[u8],
+        send: (Vec<i32>, Vec<i32>),
+        mine: usize,
+        keep: Tensor,
     ) -> Result<Exchange, CollectiveError> {
         let n = self.size;
         // Never empty, so that its address is a real one (see `real`).

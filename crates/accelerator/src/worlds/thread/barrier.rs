@@ -83,7 +83,9 @@ impl RankBarrier {
     }
 
     fn wait_timeout<'a>(
-        &self, state: MutexGuard<'a, State>, left: Duration,
+        &self,
+        state: MutexGuard<'a, State>,
+        left: Duration,
     ) -> MutexGuard<'a, State> {
         self.wake
             .wait_timeout(state, left)
@@ -95,7 +97,9 @@ impl RankBarrier {
     /// arrival) when a rank failed, left or time ran out. On success the returned guard
     /// must live until this rank's copies are done.
     pub(crate) fn open(
-        &self, rank: usize, op: &'static str,
+        &self,
+        rank: usize,
+        op: &'static str,
     ) -> Result<Closing<'_>, CollectiveError> {
         let mut state = self.lock();
         if let Some(e) = self.gone(&state, rank, op) {

@@ -50,7 +50,10 @@ impl ThreadComm {
     /// rank is done with every buffer: also when `work` fails or panics, since the closing
     /// wait is the guard's drop (see `barrier.rs`).
     fn exchange(
-        &self, mine: Published, op: Op, work: impl FnOnce() -> Result<(), CollectiveError>,
+        &self,
+        mine: Published,
+        op: Op,
+        work: impl FnOnce() -> Result<(), CollectiveError>,
     ) -> Result<(), CollectiveError> {
         let shared = &*self.shared;
         shared.slots[self.rank].publish(mine);
@@ -75,13 +78,18 @@ impl ThreadComm {
     }
 
     fn same_lengths(
-        &self, op: Op, len: impl Fn(CallHeader) -> usize,
+        &self,
+        op: Op,
+        len: impl Fn(CallHeader) -> usize,
     ) -> Result<usize, CollectiveError> {
         self.headers(op).same_length(len)
     }
 
     fn offsets_check(
-        &self, op: Op, lens: impl Fn(CallHeader) -> usize, total: usize,
+        &self,
+        op: Op,
+        lens: impl Fn(CallHeader) -> usize,
+        total: usize,
     ) -> Result<(), CollectiveError> {
         self.headers(op).shards_add_up(lens, total)
     }
@@ -99,7 +107,10 @@ impl HostEngine for ThreadComm {
 
     /// All-gather on host bytes of `dtype`: every rank's `src`, in rank order, into `dst`.
     fn gather_bytes(
-        &self, dtype: DType, src: &[u8], dst: &mut [u8],
+        &self,
+        dtype: DType,
+        src: &[u8],
+        dst: &mut [u8],
     ) -> Result<(), CollectiveError> {
         let op = Op::AllGather;
         let elem = dtype.size_in_bytes();
@@ -127,7 +138,11 @@ impl HostEngine for ThreadComm {
     }
 
     fn reduce_scatter_bytes(
-        &self, dtype: DType, src: &[u8], dst: &mut [u8], reduce: ReduceOp,
+        &self,
+        dtype: DType,
+        src: &[u8],
+        dst: &mut [u8],
+        reduce: ReduceOp,
     ) -> Result<(), CollectiveError> {
         let op = Op::ReduceScatter;
         let elem = dtype.size_in_bytes();
@@ -153,7 +168,10 @@ impl HostEngine for ThreadComm {
     }
 
     fn all_reduce_bytes(
-        &self, dtype: DType, buf: &mut [u8], reduce: ReduceOp,
+        &self,
+        dtype: DType,
+        buf: &mut [u8],
+        reduce: ReduceOp,
     ) -> Result<(), CollectiveError> {
         let op = Op::AllReduce;
         let elem = dtype.size_in_bytes();
@@ -198,7 +216,10 @@ impl HostEngine for ThreadComm {
     }
 
     fn broadcast_bytes(
-        &self, dtype: DType, buf: &mut [u8], root: usize,
+        &self,
+        dtype: DType,
+        buf: &mut [u8],
+        root: usize,
     ) -> Result<(), CollectiveError> {
         let op = Op::Broadcast;
         let mine = Published::in_place(op, root, dtype, buf);

@@ -95,7 +95,10 @@ impl Published {
     }
 
     fn at(
-        op: Op, arg: usize, dtype: DType, (src, src_bytes): (*const u8, usize),
+        op: Op,
+        arg: usize,
+        dtype: DType,
+        (src, src_bytes): (*const u8, usize),
         (dst, dst_bytes): (*mut u8, usize),
     ) -> Self {
         let elem = dtype.size_in_bytes();

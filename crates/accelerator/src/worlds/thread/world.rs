@@ -112,7 +112,9 @@ impl ThreadWorld {
     }
 
     fn run_rank<T, E: std::fmt::Display>(
-        &self, rank: usize, f: impl FnOnce() -> Result<T, E>,
+        &self,
+        rank: usize,
+        f: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, RankError<E>> {
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
         match outcome {
