@@ -18,6 +18,7 @@
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
 use wick::accelerator::ThreadWorld;
+use wick::core::CollectiveExt;
 use wick::core::{Collective, ReduceOp};
 
 const SIZES: [usize; 3] = [1 << 20, 16 << 20, 64 << 20];

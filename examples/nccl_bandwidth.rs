@@ -14,7 +14,7 @@
 use candle_core::{DType, Tensor};
 use std::time::Instant;
 use wick::accelerator::{cuda_device_count, Accelerator};
-use wick::core::ReduceOp;
+use wick::core::{CollectiveExt, ReduceOp};
 
 const SIZES: [usize; 2] = [64 << 20, 1 << 30];
 const REPEATS: usize = 20;

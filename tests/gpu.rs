@@ -126,7 +126,7 @@ fn too_many_ranks_for_the_gpus_is_an_error() {
 mod nccl {
     use super::*;
     use candle_core::{DType, Device, Tensor};
-    use wick::core::{Collective, ReduceOp};
+    use wick::core::{Collective, CollectiveExt, ReduceOp};
 
     /// Every collective of `world` (a rank of an NCCL world on `device`) in `dtype`,
     /// checked against what it must give.

@@ -1,6 +1,7 @@
 use crate::common::{loader, Mlp, Regression};
 use candle_core::Tensor;
 use std::sync::{Arc, Mutex};
+use wick::core::CollectiveExt;
 use wick::core::{
     sharding_context_active, Callback, OptimizerConfig, ReduceOp, RunState, ShardedContext, Stage,
     TrainModule,

@@ -20,6 +20,7 @@ mod counting_allocator;
 use counting_allocator as heap;
 use std::sync::Arc;
 use wick::accelerator::ThreadWorld;
+use wick::core::CollectiveExt;
 use wick::core::{
     ActivationCheckpointing, Collective, GradSync, OptimizerConfig, StepOptions, Strategy, Wrapped,
 };

@@ -4,6 +4,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use wick_accelerator::{Collective, CollectiveError, ReduceOp, ThreadWorld};
+use wick_core::CollectiveExt;
 
 fn main() {
     let outcomes = ThreadWorld::new(4).run(|comm| {

@@ -9,6 +9,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use wick_accelerator::{Accelerator, Error, LaunchEnv, ReduceOp};
+use wick_core::CollectiveExt;
 
 fn main() -> Result<(), Error> {
     let accelerator = match LaunchEnv::detect()? {

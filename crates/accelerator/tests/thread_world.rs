@@ -3,6 +3,7 @@
 use candle_core::{Device, Tensor};
 use std::time::{Duration, Instant};
 use wick_accelerator::{RankError, ThreadWorld};
+use wick_core::CollectiveExt;
 use wick_core::{reduce_scatter_padded, Call, Collective, CollectiveError, ReduceOp, Work};
 
 /// Rank r's shard length: uneven on purpose (r + 3 elements).

@@ -41,6 +41,7 @@ impl Collective for BlockingWorld {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::CollectiveExt;
     use crate::ReduceOp;
     use candle_core::Tensor;
     use std::sync::Mutex;

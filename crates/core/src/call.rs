@@ -1,6 +1,7 @@
-//! [`Call`]: one collective call, as a world receives it through [`Collective::start`]; and
-//! the two ways to run a call in terms of others, for worlds that cannot run it as it is.
+//! [`Call`]: one collective call, as a world receives it through [`Collective::start`],
+//! and [`CallKind`], which collective it is; and the two ways to run a call in terms of others, for worlds that cannot run it as it is.
 
+use crate::CollectiveExt;
 use crate::{Collective, CollectiveError, ReduceOp, Work};
 use candle_core::{DType, Tensor};
 
@@ -67,14 +68,80 @@ pub enum Call<'a> {
 }
 
 impl Call<'_> {
+    /// Which collective this is, with its argument.
+    pub fn kind(&self) -> CallKind {
+        match *self {
+            Call::AllGather { .. } | Call::AllGatherHost { .. } => CallKind::AllGather,
+            Call::ReduceScatter { op, .. } | Call::ReduceScatterParts { op, .. } => {
+                CallKind::ReduceScatter(op)
+            }
+            Call::AllReduce { op, .. } => CallKind::AllReduce(op),
+            Call::Broadcast { root, .. } => CallKind::Broadcast(root),
+            Call::Barrier => CallKind::Barrier,
+        }
+    }
+
     /// The collective's name, as errors give it.
     pub fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+}
+
+/// Which collective a call is, with its argument (the reduction, the broadcast's root):
+/// the one name every world gives a call, in its errors, in the headers its ranks compare
+/// to check that they made the same call, and in an engine's dispatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    /// [`Call::AllGather`] and [`Call::AllGatherHost`].
+    AllGather,
+    /// [`Call::ReduceScatter`] and [`Call::ReduceScatterParts`].
+    ReduceScatter(ReduceOp),
+    /// [`Call::AllReduce`].
+    AllReduce(ReduceOp),
+    /// [`Call::Broadcast`] from this root.
+    Broadcast(usize),
+    /// [`Call::Barrier`].
+    Barrier,
+    /// [`Collective::split`], where a world agrees on it as on a call.
+    Split,
+}
+
+impl CallKind {
+    /// The collective's name, as errors give it (`all_gather`, `reduce_scatter`, ...).
+    pub fn name(self) -> &'static str {
         match self {
-            Call::AllGather { .. } | Call::AllGatherHost { .. } => "all_gather",
-            Call::ReduceScatter { .. } | Call::ReduceScatterParts { .. } => "reduce_scatter",
-            Call::AllReduce { .. } => "all_reduce",
-            Call::Broadcast { .. } => "broadcast",
-            Call::Barrier => "barrier",
+            CallKind::AllGather => "all_gather",
+            CallKind::ReduceScatter(_) => "reduce_scatter",
+            CallKind::AllReduce(_) => "all_reduce",
+            CallKind::Broadcast(_) => "broadcast",
+            CallKind::Barrier => "barrier",
+            CallKind::Split => "split",
+        }
+    }
+
+    /// The collective as a number from 1, whatever its argument: what a call header
+    /// carries, so that ranks compare it as an integer.
+    pub fn code(self) -> usize {
+        match self {
+            CallKind::AllGather => 1,
+            CallKind::ReduceScatter(_) => 2,
+            CallKind::AllReduce(_) => 3,
+            CallKind::Broadcast(_) => 4,
+            CallKind::Barrier => 5,
+            CallKind::Split => 6,
+        }
+    }
+
+    /// The argument as a number for a call header: the reduction (`Sum` 0, `Mean` 1), the
+    /// broadcast's root, 0 for the others.
+    pub fn arg(self) -> usize {
+        match self {
+            CallKind::ReduceScatter(op) | CallKind::AllReduce(op) => match op {
+                ReduceOp::Sum => 0,
+                ReduceOp::Mean => 1,
+            },
+            CallKind::Broadcast(root) => root,
+            CallKind::AllGather | CallKind::Barrier | CallKind::Split => 0,
         }
     }
 }

@@ -3,7 +3,8 @@
 //! A world implements one call, [`Collective::start`], over the [`Call`] enum, and may
 //! give [`Collective::run`], the same call waited for where it is made, a faster path
 //! (a blocking MPI collective). The named forms (`all_gather_into`, `reduce_scatter_start`
-//! and the rest) and the scalar reduction are provided on top of those two. So a world that
+//! and the rest) and the scalar reduction are [`CollectiveExt`]'s, on top of those two, for
+//! every world and overridable by none. So a world that
 //! wraps another (a clock, a recorder, one that completes calls at once) forwards `start`
 //! and `run` and nothing else, and a collective added to `Call` cannot slip past it.
 //!
@@ -116,7 +117,32 @@ pub trait Collective: Send + Sync {
             message: "this world cannot be split".into(),
         })
     }
+}
 
+impl<C: Collective + ?Sized> Collective for Arc<C> {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn world_size(&self) -> usize {
+        (**self).world_size()
+    }
+    fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
+        (**self).start(call)
+    }
+    fn run(&self, call: Call<'_>) -> Result<(), CollectiveError> {
+        (**self).run(call)
+    }
+    fn split(&self, color: usize) -> Result<Arc<dyn Collective>, CollectiveError> {
+        (**self).split(color)
+    }
+}
+
+/// The named forms of [`Collective::start`] and [`Collective::run`] (`all_gather_into`,
+/// `reduce_scatter_start`, ...) and the scalar all-reduce, for every world. They live in an
+/// extension trait implemented for every [`Collective`] and nowhere else, so no world can
+/// make a named form behave unlike the [`Call`] it names: a world that wraps another
+/// forwards `start` and `run`, and every call passes through them.
+pub trait CollectiveExt: Collective {
     /// Writes every rank's `shard`, in rank order, into `full` ([`Call::AllGather`]).
     fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
         self.run(Call::AllGather { shard, full })
@@ -207,23 +233,7 @@ pub trait Collective: Send + Sync {
     }
 }
 
-impl<C: Collective + ?Sized> Collective for Arc<C> {
-    fn rank(&self) -> usize {
-        (**self).rank()
-    }
-    fn world_size(&self) -> usize {
-        (**self).world_size()
-    }
-    fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
-        (**self).start(call)
-    }
-    fn run(&self, call: Call<'_>) -> Result<(), CollectiveError> {
-        (**self).run(call)
-    }
-    fn split(&self, color: usize) -> Result<Arc<dyn Collective>, CollectiveError> {
-        (**self).split(color)
-    }
-}
+impl<C: Collective + ?Sized> CollectiveExt for C {}
 
 #[cfg(test)]
 mod tests {

@@ -32,9 +32,9 @@ mod weights;
 
 pub use activation_checkpointing::ActivationCheckpointing;
 pub use blocking_world::BlockingWorld;
-pub use call::{all_gather_through_tensor, reduce_scatter_padded, Call};
+pub use call::{all_gather_through_tensor, reduce_scatter_padded, Call, CallKind};
 pub use callback::{Callback, CallbackClone, RunState};
-pub use collective::{Collective, ReduceOp, Work};
+pub use collective::{Collective, CollectiveExt, ReduceOp, Work};
 pub use context::{
     run_by_plan, sharding_context_active, ContextGuard, ParamRequest, ParamSource, RecomputeFn,
     ShardedContext, UnitFn, UnitPlan, UnitRuns, Wrapped,

@@ -69,6 +69,7 @@ impl Collective for SoloWorld {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::CollectiveExt;
     use crate::ReduceOp;
     use candle_core::{DType, Device};
 

@@ -81,6 +81,7 @@ impl Collective for WaitClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::CollectiveExt;
     use crate::ReduceOp;
     use candle_core::Tensor;
 

@@ -25,6 +25,7 @@ use crate::flat_layout::FlatLayout;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, TensorId, Var};
 use std::collections::HashMap;
+use wick_core::CollectiveExt;
 use wick_core::{Collective, ReduceOp, Result, Work};
 
 /// PyTorch DDP's default bucket size.

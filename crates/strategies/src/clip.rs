@@ -1,6 +1,7 @@
 //! Gradient clipping by global norm, across shards.
 
 use candle_core::{DType, Tensor};
+use wick_core::CollectiveExt;
 use wick_core::{Collective, ReduceOp, Result};
 
 /// The sum of the squares of every element of `grads`, this rank's part of the squared

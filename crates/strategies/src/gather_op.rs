@@ -12,6 +12,7 @@ use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, T
 use half::{bf16, f16};
 use std::sync::Arc;
 use wick_core::Collective;
+use wick_core::CollectiveExt;
 
 /// Gathers a shard of `padded / world_size` elements into `padded` elements.
 pub(crate) struct GatherOp {

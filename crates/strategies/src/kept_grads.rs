@@ -15,6 +15,7 @@ use candle_core::{DType, Result, Tensor};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use wick_core::CollectiveExt;
 use wick_core::{lock, Collective, GradSync, ReduceOp, Work};
 
 /// How many reduce-scatters may be in flight at once: one, as FSDP2 keeps, which still

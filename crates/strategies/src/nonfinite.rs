@@ -10,6 +10,7 @@ use crate::clip::{clip_to, sum_of_squares};
 use crate::flat_layout::FlatLayout;
 use candle_core::{DType, Device, Tensor};
 use std::ops::Range;
+use wick_core::CollectiveExt;
 use wick_core::{Collective, Error, OnNonFinite, ReduceOp, Result, StepOptions};
 
 /// Whether `t` holds inf or NaN.

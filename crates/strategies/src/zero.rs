@@ -16,6 +16,7 @@ use crate::nonfinite::first_nonfinite_in;
 use crate::replicated::{tensor_bytes, ReplicatedState};
 use crate::replicated_strategy::{GradReduce, Replicated};
 use candle_core::{DType, Device, Tensor, Var};
+use wick_core::CollectiveExt;
 use wick_core::{Collective, Error, Result, Sharding};
 
 /// Which state ZeRO shards.

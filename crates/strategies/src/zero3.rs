@@ -24,6 +24,7 @@ use crate::sharded_params::ShardedParams;
 use crate::unit_views::FrozenPart;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
+use wick_core::CollectiveExt;
 use wick_core::{
     BackwardReport, Collective, Error, GradSync, GroupRange, OptimizerConfig, RankState, ReduceOp,
     Result, ShardedContext, Sharding, StateBytes, StateReader, StepOptions, StepReport, Strategy,

@@ -5,34 +5,8 @@
 //! `Mismatch`.
 
 use candle_core::DType;
-use wick_core::{Collective, CollectiveError};
-
-/// A collective, as every world names it in errors and agreement checks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(usize)]
-pub(crate) enum Op {
-    AllGather = 1,
-    ReduceScatter,
-    AllReduce,
-    Broadcast,
-    Barrier,
-    /// Only `MpiWorld` names it: `ThreadComm` splits through an all-gather of colors.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-    Split,
-}
-
-impl Op {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Op::AllGather => "all_gather",
-            Op::ReduceScatter => "reduce_scatter",
-            Op::AllReduce => "all_reduce",
-            Op::Broadcast => "broadcast",
-            Op::Barrier => "barrier",
-            Op::Split => "split",
-        }
-    }
-}
+use wick_core::CollectiveExt;
+use wick_core::{CallKind, Collective, CollectiveError};
 
 /// The element types worlds move, as codes ranks exchange.
 const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
@@ -57,12 +31,12 @@ pub(crate) struct CallHeader {
 }
 
 impl CallHeader {
-    /// The header of `op` over `src_len` and `dst_len` elements of `dtype`.
-    pub(crate) fn new(op: Op, dtype: DType, arg: usize, src_len: usize, dst_len: usize) -> Self {
+    /// The header of a call of `kind` over `src_len` and `dst_len` elements of `dtype`.
+    pub(crate) fn new(kind: CallKind, dtype: DType, src_len: usize, dst_len: usize) -> Self {
         CallHeader {
-            op: op as usize,
+            op: kind.code(),
             dtype: dtype_code(dtype),
-            arg,
+            arg: kind.arg(),
             src_len,
             dst_len,
         }
@@ -92,7 +66,7 @@ impl CallHeader {
 pub(crate) struct Headers<F: Fn(usize) -> CallHeader> {
     pub(crate) rank: usize,
     pub(crate) size: usize,
-    pub(crate) op: Op,
+    pub(crate) op: CallKind,
     /// Rank s's header.
     pub(crate) of: F,
 }
@@ -111,7 +85,7 @@ impl<F: Fn(usize) -> CallHeader> Headers<F> {
         let first = (self.of)(0);
         for s in 0..self.size {
             let h = (self.of)(s);
-            if h.op != self.op as usize {
+            if h.op != self.op.code() {
                 return Err(self.mismatch(format!(
                     "rank {s} called a different collective at the same point"
                 )));
@@ -194,17 +168,18 @@ pub(crate) fn gather_headers(
 mod tests {
     use super::*;
     use crate::ThreadWorld;
+    use wick_core::ReduceOp;
 
     #[test]
     fn headers_gathered_over_a_host_world_catch_a_rank_that_made_another_call() {
         let outcomes = ThreadWorld::new(3).run(|c| {
             // Rank 2 broadcasts from root 1 where the others all-reduce; lengths past 2^32
             // check that both halves of a word travel.
-            let (op, arg) = match c.rank() {
-                2 => (Op::Broadcast, 1),
-                _ => (Op::AllReduce, 0),
+            let op = match c.rank() {
+                2 => CallKind::Broadcast(1),
+                _ => CallKind::AllReduce(ReduceOp::Sum),
             };
-            let mine = CallHeader::new(op, DType::BF16, arg, (1 << 33) + c.rank(), 7);
+            let mine = CallHeader::new(op, DType::BF16, (1 << 33) + c.rank(), 7);
             let headers = gather_headers(&c, mine)?;
             assert_eq!(headers[2].src_len, (1 << 33) + 2);
             assert_eq!(headers[1].dtype, dtype_code(DType::BF16));

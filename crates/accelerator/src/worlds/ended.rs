@@ -51,6 +51,7 @@ impl Collective for EndedWorld {
 mod tests {
     use super::*;
     use candle_core::{DType, Device, Tensor};
+    use wick_core::CollectiveExt;
 
     #[test]
     fn every_call_fails_at_once_saying_what_to_use() {

@@ -15,7 +15,7 @@
 //! NCCL moves equal chunks: an all-gather's or reduce-scatter's full buffer must be
 //! `world_size` times the shard (the strategies' flat layouts pad to that).
 
-use crate::worlds::call::{gather_headers, CallHeader, Headers, Op};
+use crate::worlds::call::{gather_headers, CallHeader, Headers};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::CudaStream;
 use candle_core::cuda_backend::cudarc::nccl::safe::{Comm, Id, NcclType, ReduceOp as NcclOp};
@@ -24,8 +24,8 @@ use candle_core::{CpuStorage, DType, Device, InplaceOp1, InplaceOp2, Layout, Ten
 use half::{bf16, f16};
 use std::sync::{Arc, Mutex};
 use wick_core::{
-    all_gather_through_tensor, lock, reduce_scatter_padded, Call, Collective, CollectiveError,
-    ReduceOp, Work,
+    all_gather_through_tensor, lock, reduce_scatter_padded, Call, CallKind, Collective,
+    CollectiveError, CollectiveExt, ReduceOp, Work,
 };
 
 /// An NCCL communicator, used by one call at a time.
@@ -48,26 +48,6 @@ pub struct NcclWorld {
     size: usize,
 }
 
-/// What one NCCL call does.
-#[derive(Clone, Copy)]
-enum NcclCall {
-    AllGather,
-    ReduceScatter(ReduceOp),
-    AllReduce(ReduceOp),
-    Broadcast(usize),
-}
-
-impl NcclCall {
-    fn name(self) -> &'static str {
-        match self {
-            NcclCall::AllGather => "all_gather",
-            NcclCall::ReduceScatter(_) => "reduce_scatter",
-            NcclCall::AllReduce(_) => "all_reduce",
-            NcclCall::Broadcast(_) => "broadcast",
-        }
-    }
-}
-
 fn nccl_op(op: ReduceOp) -> NcclOp {
     match op {
         ReduceOp::Sum => NcclOp::Sum,
@@ -86,7 +66,7 @@ fn range(layout: &Layout) -> candle_core::Result<std::ops::Range<usize>> {
 /// A call bound to a communicator, run by Candle as an in-place op on the output's storage.
 struct Run<'a> {
     comm: &'a Comm,
-    call: NcclCall,
+    call: CallKind,
 }
 
 impl Run<'_> {
@@ -101,8 +81,8 @@ impl Run<'_> {
         let dst_full = T::as_cuda_slice_mut(dst)?;
         let mut dst_slice = dst_full.slice_mut(range(dst_l)?);
         let status = match self.call {
-            NcclCall::AllGather => self.comm.all_gather(&src_slice, &mut dst_slice),
-            NcclCall::ReduceScatter(op) => {
+            CallKind::AllGather => self.comm.all_gather(&src_slice, &mut dst_slice),
+            CallKind::ReduceScatter(op) => {
                 self.comm
                     .reduce_scatter(&src_slice, &mut dst_slice, &nccl_op(op))
             }
@@ -119,8 +99,8 @@ impl Run<'_> {
         let full = T::as_cuda_slice_mut(buf)?;
         let mut slice = full.slice_mut(range(layout)?);
         let status = match self.call {
-            NcclCall::AllReduce(op) => self.comm.all_reduce_in_place(&mut slice, &nccl_op(op)),
-            NcclCall::Broadcast(root) => self.comm.broadcast_in_place(&mut slice, root as i32),
+            CallKind::AllReduce(op) => self.comm.all_reduce_in_place(&mut slice, &nccl_op(op)),
+            CallKind::Broadcast(root) => self.comm.broadcast_in_place(&mut slice, root as i32),
             _ => unreachable!("calls with an input run through two()"),
         };
         status.map(drop).map_err(nccl_error)
@@ -188,7 +168,7 @@ fn compute_waits(
     compute: &CudaStream,
     comm_stream: &CudaStream,
     rank: usize,
-    call: NcclCall,
+    call: CallKind,
 ) -> Result<(), CollectiveError> {
     compute
         .join(comm_stream)
@@ -274,7 +254,7 @@ impl NcclWorld {
         })
     }
 
-    fn error(&self, call: NcclCall, message: String) -> CollectiveError {
+    fn error(&self, call: CallKind, message: String) -> CollectiveError {
         CollectiveError::Unsupported {
             rank: self.rank,
             op: call.name(),
@@ -282,7 +262,7 @@ impl NcclWorld {
         }
     }
 
-    fn check_device(&self, call: NcclCall, t: &Tensor) -> Result<(), CollectiveError> {
+    fn check_device(&self, call: CallKind, t: &Tensor) -> Result<(), CollectiveError> {
         if !t.device().same_device(&self.device) {
             return Err(self.error(
                 call,
@@ -300,7 +280,7 @@ impl NcclWorld {
     /// The caller makes the compute stream wait (at once, or in a `Work`).
     fn issue(
         &self,
-        call: NcclCall,
+        call: CallKind,
         dst: &Tensor,
         src: Option<&Tensor>,
     ) -> Result<(), CollectiveError> {
@@ -325,7 +305,7 @@ impl NcclWorld {
 
     fn equal_chunks(
         &self,
-        call: NcclCall,
+        call: CallKind,
         shard: &Tensor,
         full: &Tensor,
     ) -> Result<(), CollectiveError> {
@@ -349,7 +329,7 @@ impl NcclWorld {
     /// in [`Work::wait`], so that it overlaps whatever the rank computes meanwhile. The
     /// call's tensors live until then: freed earlier, their memory could be handed to the
     /// compute stream while NCCL still reads or writes it.
-    fn joined_on_wait<const N: usize>(&self, call: NcclCall, tensors: [&Tensor; N]) -> Work {
+    fn joined_on_wait<const N: usize>(&self, call: CallKind, tensors: [&Tensor; N]) -> Work {
         let (compute, comm_stream, rank) =
             (self.compute.clone(), self.comm_stream.clone(), self.rank);
         let kept: Vec<Tensor> = tensors.into_iter().cloned().collect();
@@ -361,7 +341,7 @@ impl NcclWorld {
     }
 
     /// An in-place call (all-reduce, broadcast) on a device tensor, joined in the wait.
-    fn in_place(&self, call: NcclCall, tensor: &Tensor) -> Result<Work, CollectiveError> {
+    fn in_place(&self, call: CallKind, tensor: &Tensor) -> Result<Work, CollectiveError> {
         self.check_agreement(call, tensor, 0)?;
         self.issue(call, tensor, None)?;
         Ok(self.joined_on_wait(call, [tensor]))
@@ -370,7 +350,7 @@ impl NcclWorld {
     /// An all-reduce of a host tensor: copied to this rank's GPU, reduced there, and
     /// copied back into `tensor`'s own storage.
     fn staged(&self, tensor: &Tensor, op: ReduceOp) -> Result<(), CollectiveError> {
-        let call = NcclCall::AllReduce(op);
+        let call = CallKind::AllReduce(op);
         let fail = |e: candle_core::Error| self.error(call, e.to_string());
         let on_gpu = tensor.to_device(&self.device).map_err(fail)?;
         self.in_place(call, &on_gpu)?.wait()?;
@@ -388,25 +368,19 @@ impl NcclWorld {
     /// host all-gather a call; release builds skip it.
     fn check_agreement(
         &self,
-        call: NcclCall,
+        call: CallKind,
         input: &Tensor,
         output: usize,
     ) -> Result<(), CollectiveError> {
         if !cfg!(debug_assertions) {
             return Ok(());
         }
-        let (op, arg) = match call {
-            NcclCall::AllGather => (Op::AllGather, 0),
-            NcclCall::ReduceScatter(op) => (Op::ReduceScatter, op as usize),
-            NcclCall::AllReduce(op) => (Op::AllReduce, op as usize),
-            NcclCall::Broadcast(root) => (Op::Broadcast, root),
-        };
-        let mine = CallHeader::new(op, input.dtype(), arg, input.elem_count(), output);
+        let mine = CallHeader::new(call, input.dtype(), input.elem_count(), output);
         let headers = gather_headers(&*self.control, mine)?;
         let checks = Headers {
             rank: self.rank,
             size: self.size,
-            op,
+            op: call,
             of: |s| headers[s],
         };
         checks.agree()?;
@@ -419,7 +393,7 @@ impl NcclWorld {
     pub fn device_memory_used(&self) -> Result<usize, CollectiveError> {
         let (free, total) =
             self.compute.context().mem_get_info().map_err(|e| {
-                self.error(NcclCall::AllGather, format!("cuMemGetInfo failed: {e:?}"))
+                self.error(CallKind::AllGather, format!("cuMemGetInfo failed: {e:?}"))
             })?;
         Ok(total - free)
     }
@@ -440,7 +414,7 @@ impl Collective for NcclWorld {
     fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
         match call {
             Call::AllGather { shard, full } => {
-                let call = NcclCall::AllGather;
+                let call = CallKind::AllGather;
                 self.equal_chunks(call, shard, full)?;
                 self.check_agreement(call, shard, full.elem_count())?;
                 self.issue(call, full, Some(shard))?;
@@ -450,7 +424,7 @@ impl Collective for NcclWorld {
                 all_gather_through_tensor(self, shard, full).map(|()| Work::done())
             }
             Call::ReduceScatter { full, shard, op } => {
-                let call = NcclCall::ReduceScatter(op);
+                let call = CallKind::ReduceScatter(op);
                 self.equal_chunks(call, shard, full)?;
                 self.check_agreement(call, full, shard.elem_count())?;
                 self.issue(call, shard, Some(full))?;
@@ -465,9 +439,9 @@ impl Collective for NcclWorld {
             Call::AllReduce { tensor, op } if tensor.device().is_cpu() => {
                 self.staged(tensor, op).map(|()| Work::done())
             }
-            Call::AllReduce { tensor, op } => self.in_place(NcclCall::AllReduce(op), tensor),
+            Call::AllReduce { tensor, op } => self.in_place(CallKind::AllReduce(op), tensor),
             Call::Broadcast { tensor, root } => {
-                let call = NcclCall::Broadcast(root);
+                let call = CallKind::Broadcast(root);
                 if root >= self.size {
                     return Err(CollectiveError::Mismatch {
                         rank: self.rank,

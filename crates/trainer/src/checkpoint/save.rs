@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use wick_core::CollectiveExt;
 use wick_core::{
     Collective, LrSchedule, OptimizerConfig, RankState, SafetensorsFile, Strategy, PARAM_KIND,
 };

@@ -12,6 +12,7 @@ use crate::preemption::Interruption;
 use crate::sinks::StepRecord;
 use crate::{DataLoader, Dataset, TrainerError};
 use std::time::Instant;
+use wick_core::CollectiveExt;
 use wick_core::{ReduceOp, StepOptions, TrainModule};
 
 /// One rank's fit: set up by [`FitLoop::new`] (optimizer, resumed state), run by

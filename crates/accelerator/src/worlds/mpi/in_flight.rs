@@ -2,10 +2,9 @@
 //! reads or writes until its wait, and a reduction's all-to-all waiting to be summed.
 
 use super::setup::mpi_lock;
-use crate::worlds::call::Op;
 use crate::worlds::reduce::reduce_ranks;
 use candle_core::DType;
-use wick_core::{CollectiveError, ReduceOp};
+use wick_core::{CallKind, CollectiveError, ReduceOp};
 
 /// The address of `bytes` for a raw MPI call: for an empty buffer an aligned dangling one,
 /// never 1 (see `real` in `mod.rs`); MPI reads no byte of an empty buffer.
@@ -31,7 +30,7 @@ pub(super) struct InFlight {
     /// Count arrays and buffers (tensors, byte vectors) MPI reads or writes until then.
     _keep: Box<dyn std::any::Any + Send>,
     rank: usize,
-    op: Op,
+    op: CallKind,
 }
 
 // SAFETY: the request and the buffers are touched only by `wait`, under `MPI_LOCK`.
@@ -44,7 +43,7 @@ impl InFlight {
         request: mpi::ffi::MPI_Request,
         keep: impl std::any::Any + Send,
         rank: usize,
-        op: Op,
+        op: CallKind,
     ) -> Result<Self, CollectiveError> {
         if code != 0 {
             return Err(CollectiveError::Mismatch {

@@ -12,7 +12,7 @@
 //! its end, and the lock that serializes every call; `in_flight.rs` a nonblocking call
 //! until its wait.
 
-use crate::worlds::call::{CallHeader, Headers, Op};
+use crate::worlds::call::{CallHeader, Headers};
 use crate::worlds::host::HostAccessError;
 use crate::worlds::host_calls::{run_on_host, HostEngine};
 use crate::worlds::reduce::reduce_ranks;
@@ -26,7 +26,7 @@ mod started;
 
 use setup::{mpi_lock, Comm};
 use std::sync::{Arc, Mutex, MutexGuard};
-use wick_core::{lock, Call, Collective, CollectiveError, ReduceOp, Work};
+use wick_core::{lock, Call, CallKind, Collective, CollectiveError, ReduceOp, Work};
 
 /// One rank's collectives over an MPI communicator; implements [`Collective`] for f32,
 /// bf16 and f16 CPU tensors.
@@ -40,7 +40,7 @@ pub struct MpiWorld {
 }
 
 impl MpiWorld {
-    fn mismatch(&self, op: Op, message: String) -> CollectiveError {
+    fn mismatch(&self, op: CallKind, message: String) -> CollectiveError {
         CollectiveError::Mismatch {
             rank: self.rank,
             op: op.name(),
@@ -48,7 +48,7 @@ impl MpiWorld {
         }
     }
 
-    fn unsupported(&self, op: Op) -> impl Fn(HostAccessError) -> CollectiveError + '_ {
+    fn unsupported(&self, op: CallKind) -> impl Fn(HostAccessError) -> CollectiveError + '_ {
         move |e| CollectiveError::Unsupported {
             rank: self.rank,
             op: op.name(),
@@ -57,7 +57,10 @@ impl MpiWorld {
     }
 
     /// [`Self::unsupported`] as a value a pending call can own.
-    fn host_error(&self, op: Op) -> impl Fn(HostAccessError) -> CollectiveError + Send + 'static {
+    fn host_error(
+        &self,
+        op: CallKind,
+    ) -> impl Fn(HostAccessError) -> CollectiveError + Send + 'static {
         let rank = self.rank;
         move |e| CollectiveError::Unsupported {
             rank,
@@ -75,9 +78,9 @@ impl MpiWorld {
         len: usize,
         reduce: ReduceOp,
     ) -> Result<(Vec<i32>, Vec<i32>), CollectiveError> {
-        let op = Op::AllReduce;
+        let op = CallKind::AllReduce(reduce);
         let n = self.size;
-        let headers = self.agree(op, dtype, reduce_code(reduce), len, 0)?;
+        let headers = self.agree(op, dtype, len, 0)?;
         self.headers(op, &headers).same_length(|h| h.src_len)?;
         let elem = dtype.size_in_bytes();
         let counts = self.counts(op, (0..n).map(|s| (len * (s + 1) / n - len * s / n) * elem))?;
@@ -86,7 +89,7 @@ impl MpiWorld {
     }
 
     /// An MPI count of `bytes`, or an error for buffers past MPI's `int` counts.
-    fn count(&self, op: Op, bytes: usize) -> Result<i32, CollectiveError> {
+    fn count(&self, op: CallKind, bytes: usize) -> Result<i32, CollectiveError> {
         i32::try_from(bytes).map_err(|_| CollectiveError::Unsupported {
             rank: self.rank,
             op: op.name(),
@@ -96,7 +99,7 @@ impl MpiWorld {
 
     fn counts(
         &self,
-        op: Op,
+        op: CallKind,
         bytes: impl Iterator<Item = usize>,
     ) -> Result<Vec<i32>, CollectiveError> {
         bytes.map(|b| self.count(op, b)).collect()
@@ -109,13 +112,12 @@ impl MpiWorld {
     /// before every rank entered.
     fn agree(
         &self,
-        op: Op,
+        op: CallKind,
         dtype: DType,
-        arg: usize,
         a: usize,
         b: usize,
     ) -> Result<Vec<CallHeader>, CollectiveError> {
-        let mine = CallHeader::new(op, dtype, arg, a, b).to_words();
+        let mine = CallHeader::new(op, dtype, a, b).to_words();
         let mut all = vec![0u64; mine.len() * self.size];
         {
             let _guard = mpi_lock();
@@ -132,7 +134,7 @@ impl MpiWorld {
     /// The checks every rank runs on the headers it received.
     fn headers<'a>(
         &self,
-        op: Op,
+        op: CallKind,
         headers: &'a [CallHeader],
     ) -> Headers<impl Fn(usize) -> CallHeader + 'a> {
         Headers {
@@ -148,15 +150,14 @@ impl MpiWorld {
     /// it. Returns each rank's shard as byte counts and byte offsets.
     fn shard_layout(
         &self,
-        op: Op,
+        op: CallKind,
         dtype: DType,
-        arg: usize,
         shard_bytes: usize,
         full_bytes: usize,
     ) -> Result<(Vec<i32>, Vec<i32>), CollectiveError> {
         let elem = dtype.size_in_bytes();
         // The header's lengths: this rank's shard, then the full buffer.
-        let headers = self.agree(op, dtype, arg, shard_bytes / elem, full_bytes / elem)?;
+        let headers = self.agree(op, dtype, shard_bytes / elem, full_bytes / elem)?;
         let checks = self.headers(op, &headers);
         let total = checks.same_length(|h| h.dst_len)?;
         checks.shards_add_up(|h| h.src_len, total)?;
@@ -245,13 +246,6 @@ fn displacements(counts: &[i32]) -> Vec<i32> {
         .collect()
 }
 
-fn reduce_code(op: ReduceOp) -> usize {
-    match op {
-        ReduceOp::Sum => 0,
-        ReduceOp::Mean => 1,
-    }
-}
-
 /// The calls, blocking (`run` in [`Collective`]) and started (`start`).
 impl MpiWorld {}
 
@@ -273,7 +267,8 @@ impl HostEngine for MpiWorld {
         src: &[u8],
         dst: &mut [u8],
     ) -> Result<(), CollectiveError> {
-        let (counts, displs) = self.shard_layout(Op::AllGather, dtype, 0, src.len(), dst.len())?;
+        let (counts, displs) =
+            self.shard_layout(CallKind::AllGather, dtype, src.len(), dst.len())?;
         let (spare_in, mut spare_out) = ([0u8], [0u8]);
         let (src, dst) = (real(src, &spare_in), real_mut(dst, &mut spare_out));
         let _guard = mpi_lock();
@@ -295,9 +290,8 @@ impl HostEngine for MpiWorld {
         dst: &mut [u8],
         reduce: ReduceOp,
     ) -> Result<(), CollectiveError> {
-        let op = Op::ReduceScatter;
-        let (send, offsets) =
-            self.shard_layout(op, dtype, reduce_code(reduce), dst.len(), src.len())?;
+        let op = CallKind::ReduceScatter(reduce);
+        let (send, offsets) = self.shard_layout(op, dtype, dst.len(), src.len())?;
         drop(self.reduce_chunks(dtype, src, (&offsets, &send), dst.len(), Some(dst), reduce));
         Ok(())
     }
@@ -327,9 +321,9 @@ impl HostEngine for MpiWorld {
         buf: &mut [u8],
         root: usize,
     ) -> Result<(), CollectiveError> {
-        let op = Op::Broadcast;
+        let op = CallKind::Broadcast(root);
         let elem = dtype.size_in_bytes();
-        let headers = self.agree(op, dtype, root, buf.len() / elem, 0)?;
+        let headers = self.agree(op, dtype, buf.len() / elem, 0)?;
         let root_len = headers[root].src_len;
         if headers[self.rank].src_len != root_len {
             return Err(self.mismatch(
@@ -354,7 +348,7 @@ impl HostEngine for MpiWorld {
     fn barrier(&self) -> Result<(), CollectiveError> {
         // The header exchange is itself a synchronization, and a barrier facing another
         // collective is reported as a mismatch, as in ThreadWorld.
-        self.agree(Op::Barrier, DType::F32, 0, 0, 0).map(|_| ())
+        self.agree(CallKind::Barrier, DType::F32, 0, 0).map(|_| ())
     }
 }
 
@@ -389,9 +383,9 @@ impl Collective for MpiWorld {
     }
 
     fn split(&self, color: usize) -> Result<Arc<dyn Collective>, CollectiveError> {
-        let op = Op::Split;
+        let op = CallKind::Split;
         // Agreed as a call of its own, so a split facing another collective is a mismatch.
-        self.agree(op, DType::F32, 0, 0, 0)?;
+        self.agree(op, DType::F32, 0, 0)?;
         let value = i32::try_from(color)
             .map_err(|_| self.mismatch(op, format!("split color {color} is too large")))?;
         let _guard = mpi_lock();

@@ -4,13 +4,12 @@
 
 use super::in_flight::{address, Exchange, InFlight};
 use super::setup::mpi_lock;
-use super::{displacements, equal, real_mut, reduce_code, MpiWorld};
-use crate::worlds::call::Op;
+use super::{displacements, equal, real_mut, MpiWorld};
 use crate::worlds::host::{with_bytes, with_bytes_mut, with_bytes_mut_from};
 use candle_core::Tensor;
 use mpi::datatype::PartitionMut;
 use mpi::traits::*;
-use wick_core::{Call, Collective, CollectiveError, ReduceOp, Work};
+use wick_core::{Call, CallKind, Collective, CollectiveError, ReduceOp, Work};
 
 /// Whether every tensor lives in host memory.
 fn on_host(tensors: &[&Tensor]) -> bool {
@@ -34,7 +33,7 @@ impl MpiWorld {
         let dtype = shard.dtype();
         let started = with_bytes_mut_from(full, shard, |dst, src| {
             let (counts, displs) =
-                self.shard_layout(Op::AllGather, dtype, 0, src.len(), dst.len())?;
+                self.shard_layout(CallKind::AllGather, dtype, src.len(), dst.len())?;
             let byte = u8::equivalent_datatype().as_raw();
             let _guard = mpi_lock();
             // SAFETY: MPI is given a null request to fill, buffers and count
@@ -68,9 +67,9 @@ impl MpiWorld {
                 }
             };
             let keep = (counts, displs, shard.clone(), full.clone());
-            InFlight::new(code, request, keep, self.rank, Op::AllGather)
+            InFlight::new(code, request, keep, self.rank, CallKind::AllGather)
         })
-        .map_err(self.unsupported(Op::AllGather))??;
+        .map_err(self.unsupported(CallKind::AllGather))??;
         Ok(Work::pending(move || started.wait()))
     }
 
@@ -90,12 +89,11 @@ impl MpiWorld {
             };
             return self.run(call).map(|()| Work::done());
         }
-        let op = Op::ReduceScatter;
+        let op = CallKind::ReduceScatter(reduce);
         let dtype = full.dtype();
         let mine = shard.elem_count() * dtype.size_in_bytes();
         let exchange = with_bytes(full, |src| {
-            let (send, offsets) =
-                self.shard_layout(op, dtype, reduce_code(reduce), mine, src.len())?;
+            let (send, offsets) = self.shard_layout(op, dtype, mine, src.len())?;
             self.start_exchange(op, src, (offsets, send), mine, full.clone())
         })
         .map_err(self.unsupported(op))??;
@@ -117,7 +115,7 @@ impl MpiWorld {
             let call = Call::AllReduce { tensor, op: reduce };
             return self.run(call).map(|()| Work::done());
         }
-        let op = Op::AllReduce;
+        let op = CallKind::AllReduce(reduce);
         let dtype = tensor.dtype();
         let n = self.size;
         let (counts, offsets) = self.all_reduce_parts(dtype, tensor.elem_count(), reduce)?;
@@ -150,7 +148,7 @@ impl MpiWorld {
     /// its own; `keep` holds `src`'s storage until the call completes.
     fn start_exchange(
         &self,
-        op: Op,
+        op: CallKind,
         src: &[u8],
         send: (Vec<i32>, Vec<i32>),
         mine: usize,

@@ -6,13 +6,13 @@
 //! all peers are done reading it.
 
 use super::shared::{Published, Shared};
-use crate::worlds::call::{CallHeader, Headers, Op};
+use crate::worlds::call::{CallHeader, Headers};
 use crate::worlds::host_calls::{run_on_host, HostEngine};
 use crate::worlds::reduce::reduce_ranks;
 use candle_core::DType;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use wick_core::{Call, Collective, CollectiveError, ReduceOp, Work};
+use wick_core::{Call, CallKind, Collective, CollectiveError, ReduceOp, Work};
 
 /// One rank's handle on a [`ThreadWorld`](super::ThreadWorld); implements [`Collective`] for f32, bf16 and f16
 /// CPU tensors.
@@ -32,7 +32,7 @@ impl ThreadComm {
         }
     }
 
-    fn mismatch(&self, op: Op, message: String) -> CollectiveError {
+    fn mismatch(&self, op: CallKind, message: String) -> CollectiveError {
         CollectiveError::Mismatch {
             rank: self.rank,
             op: op.name(),
@@ -52,7 +52,7 @@ impl ThreadComm {
     fn exchange(
         &self,
         mine: Published,
-        op: Op,
+        op: CallKind,
         work: impl FnOnce() -> Result<(), CollectiveError>,
     ) -> Result<(), CollectiveError> {
         let shared = &*self.shared;
@@ -64,7 +64,7 @@ impl ThreadComm {
     }
 
     /// Every rank's header of the call in progress, for the checks all ranks run.
-    fn headers(&self, op: Op) -> Headers<impl Fn(usize) -> CallHeader + '_> {
+    fn headers(&self, op: CallKind) -> Headers<impl Fn(usize) -> CallHeader + '_> {
         Headers {
             rank: self.rank,
             size: self.shared.size,
@@ -73,13 +73,13 @@ impl ThreadComm {
         }
     }
 
-    fn check_agreement(&self, op: Op) -> Result<(), CollectiveError> {
+    fn check_agreement(&self, op: CallKind) -> Result<(), CollectiveError> {
         self.headers(op).agree()
     }
 
     fn same_lengths(
         &self,
-        op: Op,
+        op: CallKind,
         len: impl Fn(CallHeader) -> usize,
     ) -> Result<usize, CollectiveError> {
         self.headers(op).same_length(len)
@@ -87,7 +87,7 @@ impl ThreadComm {
 
     fn offsets_check(
         &self,
-        op: Op,
+        op: CallKind,
         lens: impl Fn(CallHeader) -> usize,
         total: usize,
     ) -> Result<(), CollectiveError> {
@@ -112,9 +112,9 @@ impl HostEngine for ThreadComm {
         src: &[u8],
         dst: &mut [u8],
     ) -> Result<(), CollectiveError> {
-        let op = Op::AllGather;
+        let op = CallKind::AllGather;
         let elem = dtype.size_in_bytes();
-        let mine = Published::new(op, 0, dtype, src, dst);
+        let mine = Published::new(op, dtype, src, dst);
         self.exchange(mine, op, || {
             let total = self.same_lengths(op, |p| p.dst_len)?;
             self.offsets_check(op, |p| p.src_len, total)?;
@@ -144,9 +144,9 @@ impl HostEngine for ThreadComm {
         dst: &mut [u8],
         reduce: ReduceOp,
     ) -> Result<(), CollectiveError> {
-        let op = Op::ReduceScatter;
+        let op = CallKind::ReduceScatter(reduce);
         let elem = dtype.size_in_bytes();
-        let mine = Published::new(op, reduce as usize, dtype, src, dst);
+        let mine = Published::new(op, dtype, src, dst);
         self.exchange(mine, op, || {
             let total = self.same_lengths(op, |p| p.src_len)?;
             self.offsets_check(op, |p| p.dst_len, total)?;
@@ -173,10 +173,10 @@ impl HostEngine for ThreadComm {
         buf: &mut [u8],
         reduce: ReduceOp,
     ) -> Result<(), CollectiveError> {
-        let op = Op::AllReduce;
+        let op = CallKind::AllReduce(reduce);
         let elem = dtype.size_in_bytes();
         let len = buf.len() / elem;
-        let mine = Published::in_place(op, reduce as usize, dtype, buf);
+        let mine = Published::in_place(op, dtype, buf);
         let n = self.shared.size;
         let chunk = |r: usize| (r * len / n, (r + 1) * len / n);
         self.exchange(mine, op, || {
@@ -221,8 +221,8 @@ impl HostEngine for ThreadComm {
         buf: &mut [u8],
         root: usize,
     ) -> Result<(), CollectiveError> {
-        let op = Op::Broadcast;
-        let mine = Published::in_place(op, root, dtype, buf);
+        let op = CallKind::Broadcast(root);
+        let mine = Published::in_place(op, dtype, buf);
         self.exchange(mine, op, || {
             let from = self.peer(root);
             if from.src_len != mine.dst_len {
@@ -244,8 +244,8 @@ impl HostEngine for ThreadComm {
 
     fn barrier(&self) -> Result<(), CollectiveError> {
         // Published like any call, so a barrier facing another collective is a mismatch.
-        let mine = Published::in_place(Op::Barrier, 0, DType::F32, &mut []);
-        self.exchange(mine, Op::Barrier, || Ok(()))
+        let mine = Published::in_place(CallKind::Barrier, DType::F32, &mut []);
+        self.exchange(mine, CallKind::Barrier, || Ok(()))
     }
 }
 

@@ -2,13 +2,14 @@
 //! barrier, and the worlds split from it, which hear of every failure and departure.
 
 use super::barrier::RankBarrier;
-use crate::worlds::call::{CallHeader, Op};
+use crate::worlds::call::CallHeader;
 use candle_core::DType;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use wick_core::lock;
+use wick_core::CallKind;
 
 /// What one rank published for the call in progress. Written by its owner before the first
 /// barrier and read by peers after it; the barrier's lock orders the accesses.
@@ -78,10 +79,9 @@ pub(crate) type Child = (Vec<usize>, Weak<Shared>);
 
 impl Published {
     /// A call of `op` that reads `src` and writes `dst`, bytes of `dtype`.
-    pub(crate) fn new(op: Op, arg: usize, dtype: DType, src: &[u8], dst: &mut [u8]) -> Self {
+    pub(crate) fn new(op: CallKind, dtype: DType, src: &[u8], dst: &mut [u8]) -> Self {
         Self::at(
             op,
-            arg,
             dtype,
             (src.as_ptr(), src.len()),
             (dst.as_mut_ptr(), dst.len()),
@@ -89,20 +89,19 @@ impl Published {
     }
 
     /// A call of `op` that reads and overwrites `buf`, bytes of `dtype`.
-    pub(crate) fn in_place(op: Op, arg: usize, dtype: DType, buf: &mut [u8]) -> Self {
+    pub(crate) fn in_place(op: CallKind, dtype: DType, buf: &mut [u8]) -> Self {
         let (at, len) = (buf.as_mut_ptr(), buf.len());
-        Self::at(op, arg, dtype, (at.cast_const(), len), (at, len))
+        Self::at(op, dtype, (at.cast_const(), len), (at, len))
     }
 
     fn at(
-        op: Op,
-        arg: usize,
+        op: CallKind,
         dtype: DType,
         (src, src_bytes): (*const u8, usize),
         (dst, dst_bytes): (*mut u8, usize),
     ) -> Self {
         let elem = dtype.size_in_bytes();
-        let h = CallHeader::new(op, dtype, arg, src_bytes / elem, dst_bytes / elem);
+        let h = CallHeader::new(op, dtype, src_bytes / elem, dst_bytes / elem);
         Published {
             op: h.op,
             arg: h.arg,
