@@ -6,6 +6,8 @@ const STEPS: usize = 10;
 
 /// `strategy` at W = 1..4 ends where `single` ends, with AdamW and with SGD + momentum.
 fn matches_single(strategy: &str) {
+    // Parameters are made in configure_sharded_model, not before.
+    assert!(!Mlp::new(adamw()).is_built());
     for optimizer in [adamw(), sgd_momentum()] {
         let reference = train(1, "single", optimizer.clone(), STEPS);
         for w in 1..=4 {
@@ -19,25 +21,10 @@ fn matches_single(strategy: &str) {
     }
 }
 
-#[test]
-fn ddp_matches_single_device_at_w_1_to_4() {
-    assert!(!Mlp::new(adamw()).is_built());
-    matches_single("ddp");
-}
-
-#[test]
-fn zero1_matches_single_device_at_w_1_to_4() {
-    matches_single("zero1");
-}
-
-#[test]
-fn zero2_matches_single_device_at_w_1_to_4() {
-    matches_single("zero2");
-}
-
-#[test]
-fn zero3_matches_single_device_at_w_1_to_4() {
-    matches_single("zero3");
+/// Every strategy at W = 1..4 matches one device (`fsdp`: its default, `full_shard`;
+/// the other shardings are `tests/fsdp.rs`'s).
+mod matches_single_device_at_w_1_to_4 {
+    crate::per_strategy!(super::matches_single: ddp, zero1, zero2, zero3, fsdp);
 }
 
 #[test]

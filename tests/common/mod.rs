@@ -476,3 +476,19 @@ pub fn relative_update_error<'a>(
     assert!(moved > 0.0, "the reference did not move");
     (error / moved).sqrt() as f32
 }
+
+/// One `#[test]` per strategy from one body, as candle's `test_device!` makes one per
+/// device: `per_strategy!(body: ddp, zero1)` defines the tests `ddp` and `zero1`, each
+/// calling `body` with its strategy's name. Put it in a module named for what the body
+/// checks, so that a failure reads `matches_single::zero2`.
+#[macro_export]
+macro_rules! per_strategy {
+    ($body:path: $($strategy:ident),+ $(,)?) => {
+        $(
+            #[test]
+            fn $strategy() {
+                $body(stringify!($strategy));
+            }
+        )+
+    };
+}
