@@ -14,50 +14,25 @@
 // Functions of at most 80 lines (clippy.toml), in library code; tests may run longer.
 #![warn(clippy::too_many_lines)]
 
-mod bucket_reduce;
-mod clip;
-mod ddp;
-#[cfg(feature = "cuda")]
-mod device_storage;
-mod flat_grad;
-pub mod flat_layout;
-mod fsdp;
-mod gather_op;
-mod grad_scaler;
-mod grads;
-pub mod init;
-mod kept_grads;
-mod nonfinite;
-mod op_tensors;
+mod layout;
 pub mod optim;
-mod param_request;
-mod param_use;
-mod precision;
-mod prefetch;
-mod recompute_op;
-mod registry;
 mod replicated;
-mod replicated_strategy;
-mod saved_state;
-mod sharded_options;
-mod sharded_params;
-mod single;
+mod sharded;
 mod spec;
-mod storage_swap;
-mod unit_op;
-mod unit_views;
-mod zero;
-mod zero3;
+mod step;
+mod units;
 
-pub use ddp::{BucketedAllReduce, Ddp};
-pub use fsdp::{Fsdp, FsdpSharding};
-pub use precision::Precision;
-pub use registry::strategy_by_name;
-pub use replicated_strategy::Replicated;
-pub use single::{NoReduce, SingleDevice};
-pub use spec::{FsdpSpec, StrategyKind, StrategySpec};
-pub use zero::{Zero, ZeroReduce};
-pub use zero3::Zero3;
+pub use layout::{flat_layout, init};
+
+pub use replicated::ddp::{BucketedAllReduce, Ddp};
+pub use replicated::replicated_strategy::Replicated;
+pub use replicated::single::{NoReduce, SingleDevice};
+pub use replicated::zero::{Zero, ZeroReduce};
+pub use sharded::fsdp::{Fsdp, FsdpSharding};
+pub use sharded::zero3::Zero3;
+pub use spec::registry::strategy_by_name;
+pub use spec::strategy_spec::{FsdpSpec, StrategyKind, StrategySpec};
+pub use step::precision::Precision;
 
 // What a crate that uses wick-strategies alone (a hand-written loop) needs from wick-core;
 // the rest of it is reachable as `wick_strategies::wick_core`.

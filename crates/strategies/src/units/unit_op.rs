@@ -6,7 +6,7 @@
 //! two, a unit either keeps its activations or recomputes them:
 //! - kept (PyTorch FSDP's way, the default): forward runs with a graph over one variable
 //!   per parameter, then releases those variables' memory while the graph stays
-//!   ([`crate::storage_swap`]); backward gathers again into the same variables and
+//!   ([`crate::units::storage_swap`]); backward gathers again into the same variables and
 //!   back-propagates through the kept graph. The unit's forward runs once per step.
 //! - recomputed (activation checkpointing, and the fallback on stock candle-core):
 //!   forward runs without a graph; backward gathers again and reruns the unit with one.
@@ -15,15 +15,15 @@
 //! in backward, the unit's parameters, its gradients and the previous unit's prefetched
 //! gather.
 
-use crate::flat_grad::flatten_consuming;
-use crate::flat_layout::{FlatEntry, FlatLayout};
-use crate::gather_op::reduce_to_shard;
-use crate::kept_grads::KeptGrads;
-use crate::op_tensors::{host_storage, host_tensor, input_var};
-use crate::param_use::ParamUse;
-use crate::prefetch::{gather, Prefetcher};
-use crate::storage_swap;
-use crate::unit_views::{unit_var_builder, FrozenPart, GatheredPart};
+use crate::layout::flat_grad::flatten_consuming;
+use crate::layout::flat_layout::{FlatEntry, FlatLayout};
+use crate::units::gather_op::reduce_to_shard;
+use crate::units::kept_grads::KeptGrads;
+use crate::units::op_tensors::{host_storage, host_tensor, input_var};
+use crate::units::param_use::ParamUse;
+use crate::units::prefetch::{gather, Prefetcher};
+use crate::units::storage_swap;
+use crate::units::unit_views::{unit_var_builder, FrozenPart, GatheredPart};
 use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor, Var};
 use candle_nn::VarBuilder;
 use std::sync::{Arc, Mutex};
@@ -267,7 +267,7 @@ impl CustomOp2 for UnitOp {
         s2: &candle_core::cuda_backend::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::cuda_backend::CudaStorage, Shape)> {
-        use crate::device_storage::{storage_of, tensor_of};
+        use crate::units::device_storage::{storage_of, tensor_of};
         let out = self.forward(&tensor_of(s1, l1)?, &tensor_of(s2, l2)?)?;
         Ok((storage_of(&out)?, out.shape().clone()))
     }

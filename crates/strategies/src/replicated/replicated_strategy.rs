@@ -5,8 +5,8 @@
 //! written here once; a [`GradReduce`] says only what differs: the world sizes it accepts,
 //! what it shards and the step itself.
 
-use crate::bucket_reduce::BucketPlan;
-use crate::replicated::ReplicatedState;
+use crate::replicated::bucket_reduce::BucketPlan;
+use crate::replicated::replicated_state::ReplicatedState;
 use candle_core::{Device, Shape, Tensor};
 use std::sync::Arc;
 use wick_core::{

@@ -5,7 +5,7 @@
 //! transpose of the matmul's). Such a gradient is copied in row blocks, so flattening never
 //! holds a second full-size copy of it.
 
-use crate::flat_layout::FlatLayout;
+use crate::layout::flat_layout::FlatLayout;
 use candle_core::{DType, Device, Result, Tensor};
 
 /// Elements copied at a time out of a strided gradient (256 KiB in f32).

@@ -1,7 +1,7 @@
 //! `SingleDevice`: one rank, no communication. The reference every other strategy must match.
 
-use crate::replicated::ReplicatedState;
-use crate::replicated_strategy::{GradReduce, Replicated};
+use crate::replicated::replicated_state::ReplicatedState;
+use crate::replicated::replicated_strategy::{GradReduce, Replicated};
 use wick_core::{Error, Result, Sharding};
 
 /// Trains on one device.

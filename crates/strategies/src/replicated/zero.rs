@@ -9,12 +9,12 @@
 //! state, then all-gathers, in rounds that never build the full flat buffer, hand every
 //! rank the updated parameters.
 
-use crate::bucket_reduce::{buckets, BucketPlan, DEFAULT_BUCKET_CAP_BYTES};
-use crate::flat_grad::flatten_consuming;
-use crate::flat_layout::FlatLayout;
-use crate::nonfinite::first_nonfinite_in;
-use crate::replicated::{tensor_bytes, ReplicatedState};
-use crate::replicated_strategy::{GradReduce, Replicated};
+use crate::layout::flat_grad::flatten_consuming;
+use crate::layout::flat_layout::FlatLayout;
+use crate::replicated::bucket_reduce::{buckets, BucketPlan, DEFAULT_BUCKET_CAP_BYTES};
+use crate::replicated::replicated_state::{tensor_bytes, ReplicatedState};
+use crate::replicated::replicated_strategy::{GradReduce, Replicated};
+use crate::step::nonfinite::first_nonfinite_in;
 use candle_core::{DType, Device, Tensor, Var};
 use wick_core::CollectiveExt;
 use wick_core::{Collective, Error, Result, Sharding};

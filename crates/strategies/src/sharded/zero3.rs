@@ -1,27 +1,27 @@
 //! ZeRO stage 3: parameters, gradients and optimizer state all sharded.
 //!
-//! Parameters are born sharded inside wrapped units ([`crate::sharded_params`]). As
+//! Parameters are born sharded inside wrapped units ([`crate::sharded::sharded_params`]). As
 //! DeepSpeed's stage 3 does, each unit is gathered just before its forward and released
 //! after it, gathered again just before its backward and released after that, with an
 //! optional prefetch of the next unit under a bound on the parameters alive at once
 //! ([`Zero3::with_prefetch`], [`Zero3::with_max_live_parameters`]); the unit's backward
 //! reduce-scatters its gradient straight into the shard's. This is FSDP's `full_shard`
-//! (the unit op, [`crate::unit_op`]): the two differ only in name. FSDP's
+//! (the unit op, [`crate::units::unit_op`]): the two differ only in name. FSDP's
 //! `shard_grad_op` is this type too, gathering each unit once per step and keeping it
 //! from forward to backward.
 
-use crate::clip::clip_grad_norm;
-use crate::flat_layout::FlatLayout;
-use crate::grad_scaler::GradScaler;
-use crate::grads::GradAccumulator;
-use crate::nonfinite::{check_and_clip, first_nonfinite_in};
+use crate::layout::flat_layout::FlatLayout;
+use crate::layout::saved_state::{flat_group, kinds_to_restore, read_shard, shard_prefix};
 use crate::optim::Optimizer;
-use crate::precision::Precision;
-use crate::replicated::tensor_bytes;
-use crate::saved_state::{flat_group, kinds_to_restore, read_shard, shard_prefix};
-use crate::sharded_options::{sharded_builder_methods, ShardedOptions};
-use crate::sharded_params::ShardedParams;
-use crate::unit_views::FrozenPart;
+use crate::replicated::replicated_state::tensor_bytes;
+use crate::sharded::sharded_options::{sharded_builder_methods, ShardedOptions};
+use crate::sharded::sharded_params::ShardedParams;
+use crate::step::clip::clip_grad_norm;
+use crate::step::grad_scaler::GradScaler;
+use crate::step::grads::GradAccumulator;
+use crate::step::nonfinite::{check_and_clip, first_nonfinite_in};
+use crate::step::precision::Precision;
+use crate::units::unit_views::FrozenPart;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
 use wick_core::CollectiveExt;

@@ -6,19 +6,19 @@
 //! the counter-based init: the full parameter never exists. At each step the unit is
 //! gathered once (an autograd op) and the model's block is rebuilt over views of it.
 
-use crate::flat_layout::FlatLayout;
-use crate::gather_op::GatherOp;
-use crate::init::param_values;
-use crate::kept_grads::KeptGrads;
-use crate::param_request::{check_asked_again, check_dtype};
-use crate::param_use::ParamUse;
-use crate::precision::Precision;
-use crate::prefetch::{gather, Prefetcher, UnitParts};
-use crate::recompute_op::RecomputedGrads;
-use crate::sharded_options::ShardedOptions;
-use crate::storage_swap;
-use crate::unit_op::UnitOp;
-use crate::unit_views::{unit_var_builder, FrozenPart, GatheredPart};
+use crate::layout::flat_layout::FlatLayout;
+use crate::layout::init::param_values;
+use crate::sharded::sharded_options::ShardedOptions;
+use crate::step::precision::Precision;
+use crate::units::gather_op::GatherOp;
+use crate::units::kept_grads::KeptGrads;
+use crate::units::param_request::{check_asked_again, check_dtype};
+use crate::units::param_use::ParamUse;
+use crate::units::prefetch::{gather, Prefetcher, UnitParts};
+use crate::units::recompute_op::RecomputedGrads;
+use crate::units::storage_swap;
+use crate::units::unit_op::UnitOp;
+use crate::units::unit_views::{unit_var_builder, FrozenPart, GatheredPart};
 use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::VarBuilder;
 use std::sync::{Arc, Mutex, MutexGuard};

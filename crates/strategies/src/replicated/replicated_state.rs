@@ -1,18 +1,20 @@
 //! Replicated parameters: every rank holds every parameter in full. The state of the
 //! [`Replicated`](crate::Replicated) strategies (single, ddp, zero1, zero2).
 
-use crate::bucket_reduce::{backward_handing_over, reduce_buckets, BucketPlan, BucketReduction};
-use crate::flat_layout::FlatLayout;
-use crate::grads::GradAccumulator;
-use crate::init::param_values;
-use crate::nonfinite::{check_and_clip, first_nonfinite};
-use crate::optim::Optimizer;
-use crate::param_request::{check_asked_again, check_dtype};
-use crate::param_use::unreached;
-use crate::recompute_op::RecomputedGrads;
-use crate::saved_state::{
+use crate::layout::flat_layout::FlatLayout;
+use crate::layout::init::param_values;
+use crate::layout::saved_state::{
     concat_range, flat_group, kinds_to_restore, read_shard, read_whole, shard_prefix,
 };
+use crate::optim::Optimizer;
+use crate::replicated::bucket_reduce::{
+    backward_handing_over, reduce_buckets, BucketPlan, BucketReduction,
+};
+use crate::step::grads::GradAccumulator;
+use crate::step::nonfinite::{check_and_clip, first_nonfinite};
+use crate::units::param_request::{check_asked_again, check_dtype};
+use crate::units::param_use::unreached;
+use crate::units::recompute_op::RecomputedGrads;
 use candle_core::{Device, Tensor, Var};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

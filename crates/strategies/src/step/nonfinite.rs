@@ -6,8 +6,8 @@
 //! f32 when summed), so the check is one reduction per tensor; the pieces of a flat buffer
 //! are looked at one by one only once that sum says something is there.
 
-use crate::clip::{clip_to, sum_of_squares};
-use crate::flat_layout::FlatLayout;
+use crate::layout::flat_layout::FlatLayout;
+use crate::step::clip::{clip_to, sum_of_squares};
 use candle_core::{DType, Device, Tensor};
 use std::ops::Range;
 use wick_core::CollectiveExt;

@@ -5,9 +5,9 @@
 //! the shard's gradient, issued and left in flight ([`KeptGrads`]). Backward issues these
 //! in the order it visits the graph, which is the same on every rank for the same graph.
 
-use crate::kept_grads::KeptGrads;
+use crate::units::kept_grads::KeptGrads;
 #[cfg(feature = "cuda")]
-use crate::prefetch::gather;
+use crate::units::prefetch::gather;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor};
 use half::{bf16, f16};
 use std::sync::Arc;
@@ -83,7 +83,7 @@ impl CustomOp1 for GatherOp {
         storage: &candle_core::cuda_backend::CudaStorage,
         layout: &Layout,
     ) -> Result<(candle_core::cuda_backend::CudaStorage, Shape)> {
-        use crate::device_storage::{storage_of, tensor_of};
+        use crate::units::device_storage::{storage_of, tensor_of};
         let shard = tensor_of(storage, layout)?;
         let full = gather(self.world.as_ref(), &shard, self.padded, self.param_dtype)?;
         Ok((storage_of(&full)?, Shape::from(self.padded)))

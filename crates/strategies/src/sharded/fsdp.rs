@@ -7,7 +7,7 @@
 //! memory within one); `no_shard` is DDP; `hybrid_shard` is `full_shard`
 //! inside groups of G ranks, replicated across the groups.
 
-use crate::sharded_options::{sharded_builder_methods, ShardedOptions};
+use crate::sharded::sharded_options::{sharded_builder_methods, ShardedOptions};
 use crate::{Ddp, Precision, Zero3};
 use wick_core::{Error, Result, Strategy};
 

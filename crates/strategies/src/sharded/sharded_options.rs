@@ -1,7 +1,7 @@
 //! The options of zero3 and FSDP's sharded modes, apart from the strategy so that the
 //! parameter store and the unit op read them without depending on the strategy.
 
-use crate::precision::Precision;
+use crate::step::precision::Precision;
 use wick_core::ActivationCheckpointing;
 
 /// The options of a sharded strategy: everything that is not built from the model. A new

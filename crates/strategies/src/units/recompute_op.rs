@@ -8,8 +8,8 @@
 //! the loss's gradients after backward. Under zero3 that graph reaches the shards through
 //! the gather op, whose backward reduce-scatters as it does without recompute.
 
-use crate::op_tensors::{host_storage, host_tensor, input_var};
-use crate::param_use::ParamUse;
+use crate::units::op_tensors::{host_storage, host_tensor, input_var};
+use crate::units::param_use::ParamUse;
 use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor, Var};
 use std::sync::{Arc, Mutex};
@@ -105,7 +105,7 @@ impl CustomOp2 for RecomputeOp {
         _: &candle_core::cuda_backend::CudaStorage,
         _: &Layout,
     ) -> Result<(candle_core::cuda_backend::CudaStorage, Shape)> {
-        use crate::device_storage::{storage_of, tensor_of};
+        use crate::units::device_storage::{storage_of, tensor_of};
         let out = self.forward(&tensor_of(storage, layout)?)?;
         Ok((storage_of(&out)?, out.shape().clone()))
     }

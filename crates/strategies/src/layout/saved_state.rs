@@ -1,7 +1,7 @@
 //! Between a strategy's buffers and a checkpoint's flat ranges ([`wick_core::RankState`]):
 //! the copies out for saving and the reads back for loading.
 
-use crate::flat_layout::FlatLayout;
+use crate::layout::flat_layout::FlatLayout;
 use candle_core::{DType, Device, Result, Tensor};
 use std::ops::Range;
 use wick_core::{FlatGroup, StateReader};

@@ -5,8 +5,8 @@
 //! frozen (LoRA's base weights), a second one of those, gathered alike but never a variable
 //! and never reduced.
 
-use crate::flat_layout::{FlatEntry, FlatLayout};
-use crate::param_use::ParamUse;
+use crate::layout::flat_layout::{FlatEntry, FlatLayout};
+use crate::units::param_use::ParamUse;
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};

@@ -3,12 +3,12 @@
 //! Gradients are copied into flat buckets of about `bucket_cap_bytes`, filled in reverse
 //! registration order (the order backward produces them, as in PyTorch's DDP), and each
 //! bucket is one all-reduce, issued during backward as soon as the bucket is full
-//! ([`crate::bucket_reduce`]). Every rank then applies the same update to the same
+//! ([`crate::replicated::bucket_reduce`]). Every rank then applies the same update to the same
 //! parameters, so replicas stay identical without a broadcast.
 
-use crate::bucket_reduce::{buckets, BucketPlan, DEFAULT_BUCKET_CAP_BYTES};
-use crate::replicated::ReplicatedState;
-use crate::replicated_strategy::{GradReduce, Replicated};
+use crate::replicated::bucket_reduce::{buckets, BucketPlan, DEFAULT_BUCKET_CAP_BYTES};
+use crate::replicated::replicated_state::ReplicatedState;
+use crate::replicated::replicated_strategy::{GradReduce, Replicated};
 use candle_core::Var;
 use wick_core::{Result, Sharding};
 

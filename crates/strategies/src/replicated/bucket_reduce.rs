@@ -21,7 +21,7 @@
 //! Every element is reduced by the same rank-order sum however the buckets fall, so the
 //! result is the same bits as one all-reduce (or reduce-scatter) of everything.
 
-use crate::flat_layout::FlatLayout;
+use crate::layout::flat_layout::FlatLayout;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, TensorId, Var};
 use std::collections::HashMap;
