@@ -19,41 +19,34 @@ mod attached;
 mod builder;
 mod callbacks;
 pub mod checkpoint;
-mod checkpoint_manager;
 mod config;
 mod data;
 mod error;
-mod loggers;
+mod logging;
 mod loops;
-mod metrics_csv;
-mod mlflow;
 mod preemption;
-mod progress;
 mod ranks;
 mod replicate;
 mod run_dirs;
-mod sinks;
-mod tensorboard;
-mod token_dataset;
 mod trainer;
 
 pub use attached::Attached;
 pub use builder::{StrategyChoice, TrainerBuilder};
 pub use callbacks::{EarlyStopping, LearningRateMonitor};
 pub use checkpoint::{consolidate, Checkpoint, CheckpointError, Mode, ModelCheckpoint};
-pub use data::{DataLoader, Dataset};
+pub use data::data_loader::{DataLoader, Dataset};
+pub use data::token_dataset::{
+    write_token_file, Split, TokenDataset, TokenSplit, TOKENIZER_KEY, VOCAB_KEY,
+};
 pub use error::TrainerError;
-pub use loggers::{LogDestination, Logger};
+pub use logging::loggers::{LogDestination, Logger};
+pub use logging::mlflow::MlflowTarget;
+pub use logging::sinks::{StepRecord, StepSink};
 pub use loops::Metrics;
-pub use mlflow::MlflowTarget;
 pub use preemption::Preemption;
 #[cfg(unix)]
 pub use preemption::PREEMPTION_SIGNALS;
 pub use replicate::Replicate;
-pub use sinks::{StepRecord, StepSink};
-pub use token_dataset::{
-    write_token_file, Split, TokenDataset, TokenSplit, TOKENIZER_KEY, VOCAB_KEY,
-};
 pub use trainer::Trainer;
 
 /// The `log` target of the model summary that rank 0 logs after the first step (a table,

@@ -4,9 +4,9 @@
 
 use crate::attached::Session;
 use crate::config::Config;
+use crate::logging::progress::Progress;
+use crate::logging::sinks::StepSinks;
 use crate::loops::{run_stage, CallbackList, RankContext, RankOutput, StageInput};
-use crate::progress::Progress;
-use crate::sinks::StepSinks;
 use crate::{Attached, Dataset, Replicate, TrainerError};
 use wick_accelerator::{Accelerator, RankError};
 use wick_core::{BlockingWorld, Callback, CollectiveError, Stage, Strategy, WaitClock};

@@ -2,10 +2,10 @@
 //! tells about its run. Its options are `config.rs`'s, its ranks `ranks.rs`'s.
 
 use crate::config::Config;
-use crate::loggers::{LogDestination, LogPlan, Logger};
+use crate::logging::loggers::{LogDestination, LogPlan, Logger};
+use crate::logging::sinks::{StepSink, StepSinks};
 use crate::loops::{Metrics, RankOutput, StageInput};
 use crate::ranks::{collect_ranks, idle, Launch};
-use crate::sinks::{StepSink, StepSinks};
 use crate::{Attached, Checkpoint, DataLoader, Dataset, ModelCheckpoint, Replicate, TrainerError};
 use candle_core::Tensor;
 use std::path::{Path, PathBuf};

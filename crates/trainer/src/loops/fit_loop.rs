@@ -7,9 +7,9 @@
 use super::model_summary::log_model_summary;
 use super::resume::{restore, Resumed};
 use super::{EvalKind, EvalLoop, FitProgress, RankContext, StageInput, Stop, StopVote, TrainStep};
-use crate::checkpoint_manager::{CheckpointManager, DataPlan, SaveBasis};
+use crate::logging::sinks::StepRecord;
+use crate::loops::checkpoint_manager::{CheckpointManager, DataPlan, SaveBasis};
 use crate::preemption::Interruption;
-use crate::sinks::StepRecord;
 use crate::{DataLoader, Dataset, TrainerError};
 use std::time::Instant;
 use wick_core::CollectiveExt;

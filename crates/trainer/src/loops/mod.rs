@@ -5,6 +5,7 @@
 //! [`PredictLoop`]).
 
 mod callback_list;
+pub(crate) mod checkpoint_manager;
 mod eval_loop;
 mod fit_loop;
 mod fit_progress;

@@ -2,8 +2,8 @@
 
 use super::CallbackList;
 use crate::config::Config;
-use crate::progress::Progress;
-use crate::sinks::StepSinks;
+use crate::logging::progress::Progress;
+use crate::logging::sinks::StepSinks;
 use std::sync::Arc;
 use wick_accelerator::RankEnv;
 use wick_core::{Strategy, WaitClock};

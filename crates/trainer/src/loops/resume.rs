@@ -2,7 +2,7 @@
 //! checking that its data position carries over (saving is `checkpoint_manager.rs`'s).
 
 use super::{FitProgress, RankContext};
-use crate::checkpoint_manager::DataPlan;
+use crate::loops::checkpoint_manager::DataPlan;
 use crate::{Checkpoint, CheckpointError, DataLoader, Dataset, TrainerError};
 use wick_core::{LrSchedule, OptimizerConfig, TrainModule};
 

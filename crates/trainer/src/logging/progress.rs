@@ -2,7 +2,7 @@
 //! runs, a validation or test bar. Drawn by rank 0 only, and only when standard output is a
 //! terminal, so logs and pipes get no control characters.
 
-use crate::sinks::{StepRecord, StepSink};
+use crate::logging::sinks::{StepRecord, StepSink};
 use crate::TrainerError;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;

@@ -7,7 +7,7 @@
 //! is written under a temporary name and takes its real one with the first new row, so a
 //! run that fails before its first step leaves the old file as it was.
 
-use crate::sinks::{StepRecord, StepSink};
+use crate::logging::sinks::{StepRecord, StepSink};
 use crate::TrainerError;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};

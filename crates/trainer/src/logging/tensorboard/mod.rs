@@ -8,7 +8,7 @@
 
 mod event_file;
 
-use crate::sinks::{StepRecord, StepSink};
+use crate::logging::sinks::{StepRecord, StepSink};
 use crate::TrainerError;
 use event_file::{wall_time, Event, EventFile, SessionLog, Summary, SummaryValue};
 use std::path::{Path, PathBuf};

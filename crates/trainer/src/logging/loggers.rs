@@ -1,10 +1,10 @@
 //! Which loggers a fit writes on rank 0 ([`Logger`]), and their opening before the ranks
 //! start: an unwritable directory or a bad tracking URI is the fit's error before any step.
 
-use crate::metrics_csv::MetricsCsv;
-use crate::mlflow::{MlflowLog, MlflowTarget};
-use crate::sinks::StepSink;
-use crate::tensorboard::TensorBoardLog;
+use crate::logging::metrics_csv::MetricsCsv;
+use crate::logging::mlflow::{MlflowLog, MlflowTarget};
+use crate::logging::sinks::StepSink;
+use crate::logging::tensorboard::TensorBoardLog;
 use crate::TrainerError;
 use std::fmt;
 use std::path::Path;

@@ -8,8 +8,8 @@
 //! batch, and the end of the run reports what was never sent. A run that fails is marked
 //! `FAILED` on the server, one that ends `FINISHED`.
 
-use crate::sinks::{StepRecord, StepSink};
-use crate::tensorboard::scalars;
+use crate::logging::sinks::{StepRecord, StepSink};
+use crate::logging::tensorboard::scalars;
 use crate::TrainerError;
 use serde_json::{json, Value};
 use std::collections::VecDeque;

@@ -1,0 +1,6 @@
+//! What a fit runs over: [`Dataset`](crate::Dataset) and [`DataLoader`](crate::DataLoader),
+//! which splits each global batch over the ranks, and token files of text tokenized once
+//! ([`TokenDataset`](crate::TokenDataset)).
+
+pub(crate) mod data_loader;
+pub(crate) mod token_dataset;
