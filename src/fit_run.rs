@@ -1,7 +1,7 @@
 //! A fit of either model the program trains (the character GPT or a Hugging Face model):
 //! the trainer that `wick fit`'s options build, and what the run reports.
 
-use crate::cli::{name_of, FitArgs};
+use crate::cli::FitArgs;
 use anyhow::Context;
 use std::sync::{Arc, Mutex};
 use wick_accelerator::{cuda_device_count, DeviceKind, LaunchEnv};
@@ -68,7 +68,7 @@ impl Run {
         let history = LossHistory::default();
         // The main job's default is 2 ranks as threads (CUDA: one per GPU); under a
         // launcher, its process count.
-        let kind = DeviceKind::parse(&name_of(args.accelerator))?;
+        let kind = args.accelerator;
         let devices = match (args.devices, LaunchEnv::detect()?, kind) {
             (None, None, DeviceKind::Cpu) => Some(2),
             (None, None, DeviceKind::Cuda) => Some(cuda_device_count()?),

@@ -4,10 +4,12 @@
 //! `--config` and `--print-config` and resolves the three layers: defaults, then the file,
 //! then the flags the command line gave.
 
-use super::{positive, positive_number, AcceleratorName, DecayName};
+use super::{positive, positive_number};
 use clap::{Args, FromArgMatches, Parser};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+use wick::accelerator::DeviceKind;
+use wick::core::Decay;
 use wick_core::{ActivationCheckpointing, OnNonFinite};
 use wick_models::LoraConfig;
 use wick_strategies::{FsdpSharding, Precision, StrategyKind};
@@ -79,8 +81,8 @@ pub struct FitArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub devices: Option<usize>,
     /// cpu, or cuda: rank r on GPU r (a build with --features cuda, or cuda,nccl).
-    #[arg(long, value_enum, default_value_t = AcceleratorName::Cpu)]
-    pub accelerator: AcceleratorName,
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    pub accelerator: DeviceKind,
     /// Compute threads of each CPU rank, a thread or a launcher's process [default: the
     /// cores shared out between threads; a process uses all its host's].
     #[arg(long, value_parser = positive, value_name = "N")]
@@ -103,8 +105,8 @@ pub struct FitArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warmup_steps: Option<usize>,
     /// How the rate falls after warmup, reaching --min-lr-ratio at --decay-steps.
-    #[arg(long, value_enum, default_value_t = DecayName::Cosine)]
-    pub lr_decay: DecayName,
+    #[arg(long, value_enum, default_value_t = Decay::Cosine)]
+    pub lr_decay: Decay,
     /// The step at which the decay reaches its floor (the rate stays there after it)
     /// [default: --max-steps].
     #[arg(long, value_parser = positive, value_name = "N")]

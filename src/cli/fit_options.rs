@@ -1,8 +1,8 @@
 //! What `wick fit`'s options mean beyond their values: their checks, the strategy, LoRA and
 //! learning-rate schedule they describe, and their TOML form.
 
-use super::{name_of, DecayName, FitArgs};
-use wick_core::{Decay, LrSchedule};
+use super::{name_of, FitArgs};
+use wick_core::LrSchedule;
 use wick_models::LoraConfig;
 use wick_strategies::{FsdpSharding, FsdpSpec, Precision, StrategyKind, StrategySpec};
 
@@ -99,14 +99,9 @@ impl FitArgs {
     /// The schedule of the options: warmup, then the decay until `decay-steps`.
     pub fn lr_schedule(&self) -> LrSchedule {
         let total = self.decay_steps.unwrap_or(self.max_steps);
-        let decay = match self.lr_decay {
-            DecayName::Cosine => Decay::Cosine,
-            DecayName::Linear => Decay::Linear,
-            DecayName::Constant => Decay::Constant,
-        };
         LrSchedule {
             warmup_steps: self.warmup_steps.unwrap_or(total / 10),
-            decay,
+            decay: self.lr_decay,
             total_steps: total,
             min_lr_ratio: self.min_lr_ratio,
         }

@@ -12,7 +12,6 @@ mod fit_options;
 #[cfg(test)]
 mod fit_tests;
 pub use fit::{FitArgs, FitCommand};
-use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use wick_strategies::{Precision, StrategyKind};
 
@@ -118,23 +117,6 @@ pub enum DataFormat {
     Text,
     /// JSON Lines of instruction data.
     Jsonl,
-}
-
-/// How the learning rate falls after warmup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DecayName {
-    Cosine,
-    Linear,
-    Constant,
-}
-
-/// Where each rank computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AcceleratorName {
-    Cpu,
-    Cuda,
 }
 
 /// The name clap and the TOML file use for a value of one of the enums above.

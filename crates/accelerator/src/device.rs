@@ -5,6 +5,9 @@ use wick_core::{Error, Result};
 
 /// The kind of device every rank of a world computes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum DeviceKind {
     /// The host's CPU (the default; needs nothing).
     #[default]
