@@ -10,8 +10,8 @@ use crate::layout::flat_layout::FlatLayout;
 use crate::layout::init::param_values;
 use crate::sharded::sharded_options::ShardedOptions;
 use crate::step::precision::Precision;
+use crate::units::backward_reduction::BackwardReduction;
 use crate::units::gather_op::GatherOp;
-use crate::units::kept_grads::KeptGrads;
 use crate::units::param_request::{check_asked_again, check_dtype};
 use crate::units::param_use::ParamUse;
 use crate::units::prefetch::{gather, Prefetcher, UnitParts};
@@ -106,7 +106,7 @@ pub(crate) struct ShardedParams {
     world: Mutex<Arc<dyn Collective>>,
     device: Device,
     state: Mutex<State>,
-    pub(crate) sync: Arc<KeptGrads>,
+    pub(crate) reduction: Arc<BackwardReduction>,
     /// The first step's record of which parameters backward reached.
     pub(crate) param_use: Arc<ParamUse>,
     /// The shard gradients of recomputed units' backward, added after the loss's.
@@ -133,7 +133,7 @@ impl ShardedParams {
             precision: options.precision,
             world: Mutex::new(world),
             device,
-            sync: Arc::default(),
+            reduction: Arc::default(),
             param_use: Arc::default(),
             recomputed: Arc::default(),
             state: Mutex::new(State {
@@ -389,7 +389,7 @@ impl wick_core::ParamSource for ShardedParams {
             layout,
             frozen,
             run,
-            sync: self.sync.clone(),
+            reduction: self.reduction.clone(),
             uses: self.param_use.clone(),
             device: self.device.clone(),
             param_dtype,
@@ -440,7 +440,7 @@ impl wick_core::ParamSource for ShardedParams {
                     world: self.world(),
                     padded: layout.padded(),
                     unit,
-                    sync: self.sync.clone(),
+                    reduction: self.reduction.clone(),
                     param_dtype,
                     reduce_dtype,
                 };

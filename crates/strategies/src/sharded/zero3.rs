@@ -237,7 +237,7 @@ impl StrategySetup for Zero3 {
 impl StrategyStep for Zero3 {
     fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<BackwardReport> {
         if let Some(source) = &self.source {
-            source.sync.set(sync);
+            source.reduction.set(sync);
         }
         let store = match &self.scaler {
             Some(scaler) => scaler.scale(loss)?.backward(),
@@ -256,7 +256,7 @@ impl StrategyStep for Zero3 {
         // Every reduce-scatter backward issued is waited for, in issue order, whether or
         // not backward succeeded.
         let source = self.source.as_ref();
-        let reduced = source.map(|s| s.sync.finish());
+        let reduced = source.map(|s| s.reduction.wait_for_all());
         self.grads.add(&self.shards, store?)?;
         for store in source.into_iter().flat_map(|s| s.recomputed.take()) {
             self.grads.add(&self.shards, store)?;
@@ -283,7 +283,7 @@ impl StrategyStep for Zero3 {
 
     fn optimizer_step(&mut self, lr: f64) -> Result<StepReport> {
         // Gradients arrive already reduce-scattered by the gather op's backward.
-        let kept = self.source.as_ref().map_or(0, |s| s.sync.kept_bytes());
+        let kept = self.source.as_ref().map_or(0, |s| s.reduction.kept_bytes());
         if kept > 0 {
             return Err(self.not_ready(&format!("optimizer_step with {kept} bytes of unreduced gradients: the last backward before a step must run with GradSync::Reduce")));
         }

@@ -2,10 +2,10 @@
 //!
 //! Forward: one all-gather of every rank's shard (in the compute dtype). Backward: one
 //! reduce-scatter (mean over ranks, in the reduce dtype) of the full buffer's gradient into
-//! the shard's gradient, issued and left in flight ([`KeptGrads`]). Backward issues these
+//! the shard's gradient, issued and left in flight ([`BackwardReduction`]). Backward issues these
 //! in the order it visits the graph, which is the same on every rank for the same graph.
 
-use crate::units::kept_grads::KeptGrads;
+use crate::units::backward_reduction::BackwardReduction;
 #[cfg(feature = "cuda")]
 use crate::units::prefetch::gather;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor};
@@ -20,7 +20,7 @@ pub(crate) struct GatherOp {
     pub(crate) padded: usize,
     /// The unit gathered (the key of its kept gradient under accumulation).
     pub(crate) unit: usize,
-    pub(crate) sync: Arc<KeptGrads>,
+    pub(crate) reduction: Arc<BackwardReduction>,
     pub(crate) param_dtype: DType,
     pub(crate) reduce_dtype: DType,
 }
@@ -90,11 +90,11 @@ impl CustomOp1 for GatherOp {
     }
 
     /// The shard's gradient is reduce-scattered while backward goes on, and reaches the
-    /// strategy through `sync`, not this op's return value.
+    /// strategy through `reduction`, not this op's return value.
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         reduce_to_shard(
             self.world.as_ref(),
-            &self.sync,
+            &self.reduction,
             self.unit,
             grad,
             self.reduce_dtype,
@@ -105,18 +105,18 @@ impl CustomOp1 for GatherOp {
 }
 
 /// Issues the reduce-scatter (mean over ranks, in `reduce_dtype`) of a unit's full flat
-/// gradient into `shard`'s gradient, left in flight in `sync` (the strategy collects it after
+/// gradient into `shard`'s gradient, left in flight in `reduction` (the strategy collects it after
 /// backward); or keeps the gradient local while accumulating micro-batches.
 pub(crate) fn reduce_to_shard(
     world: &dyn Collective,
-    sync: &KeptGrads,
+    reduction: &BackwardReduction,
     unit: usize,
     grad: &Tensor,
     reduce_dtype: DType,
     shard: &Tensor,
 ) -> Result<()> {
-    match sync.settle(unit, grad.to_dtype(reduce_dtype)?.contiguous()?)? {
-        Some(grad) => sync.reduce_scatter(world, shard, &grad),
+    match reduction.settle(unit, grad.to_dtype(reduce_dtype)?.contiguous()?)? {
+        Some(grad) => reduction.reduce_scatter(world, shard, &grad),
         None => Ok(()),
     }
 }

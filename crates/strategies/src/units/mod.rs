@@ -3,10 +3,10 @@
 //! prefetch of the next, gradient sync inside backward, which parameters a forward used,
 //! and releasing a tensor's memory once the unit is done.
 
+pub(crate) mod backward_reduction;
 #[cfg(feature = "cuda")]
 pub(crate) mod device_storage;
 pub(crate) mod gather_op;
-pub(crate) mod kept_grads;
 pub(crate) mod op_tensors;
 pub(crate) mod param_request;
 pub(crate) mod param_use;

@@ -17,8 +17,8 @@
 
 use crate::layout::flat_grad::flatten_consuming;
 use crate::layout::flat_layout::{FlatEntry, FlatLayout};
+use crate::units::backward_reduction::BackwardReduction;
 use crate::units::gather_op::reduce_to_shard;
-use crate::units::kept_grads::KeptGrads;
 use crate::units::op_tensors::{host_storage, host_tensor, input_var};
 use crate::units::param_use::ParamUse;
 use crate::units::prefetch::{gather, Prefetcher};
@@ -38,7 +38,7 @@ pub(crate) struct UnitOp {
     /// The frozen parameters, gathered with the others but never given a gradient.
     pub(crate) frozen: Option<FrozenPart>,
     pub(crate) run: UnitFn,
-    pub(crate) sync: Arc<KeptGrads>,
+    pub(crate) reduction: Arc<BackwardReduction>,
     /// Where a parameter this unit's backward gives no gradient is reported.
     pub(crate) uses: Arc<ParamUse>,
     pub(crate) device: Device,
@@ -321,10 +321,10 @@ impl CustomOp2 for UnitOp {
         }
         let flat_grad = flatten_consuming(parts, &self.layout, self.param_dtype, &self.device)?;
         // In flight while backward goes on to the units before this one; the shard's
-        // gradient reaches the strategy through `sync`, not this op's return value.
+        // gradient reaches the strategy through `reduction`, not this op's return value.
         reduce_to_shard(
             self.world.as_ref(),
-            &self.sync,
+            &self.reduction,
             self.unit,
             &flat_grad,
             self.reduce_dtype,

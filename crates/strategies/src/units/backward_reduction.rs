@@ -64,27 +64,28 @@ impl Reductions {
 
 /// Whether backward reduces now, the local gradients kept until it does, and the
 /// reductions of the current backward.
-pub(crate) struct KeptGrads {
-    sync: AtomicBool,
+pub(crate) struct BackwardReduction {
+    reduce_now: AtomicBool,
     kept: Mutex<HashMap<usize, Tensor>>,
     reductions: Mutex<Reductions>,
 }
 
-impl Default for KeptGrads {
+impl Default for BackwardReduction {
     fn default() -> Self {
-        KeptGrads {
-            sync: AtomicBool::new(true),
+        BackwardReduction {
+            reduce_now: AtomicBool::new(true),
             kept: Mutex::default(),
             reductions: Mutex::default(),
         }
     }
 }
 
-impl KeptGrads {
+impl BackwardReduction {
     /// Whether the backward starting now reduces (set by `Strategy::backward` from its
     /// argument, read by the autograd ops inside that backward).
     pub(crate) fn set(&self, sync: GradSync) {
-        self.sync.store(sync == GradSync::Reduce, Ordering::SeqCst);
+        self.reduce_now
+            .store(sync == GradSync::Reduce, Ordering::SeqCst);
     }
 
     /// Adds `grad` (unit `unit`'s full gradient) to what is kept; when syncing, returns the
@@ -95,7 +96,7 @@ impl KeptGrads {
             Some(previous) => (previous + grad)?,
             None => grad,
         };
-        if self.sync.load(Ordering::SeqCst) {
+        if self.reduce_now.load(Ordering::SeqCst) {
             Ok(Some(total))
         } else {
             kept.insert(unit, total);
@@ -104,7 +105,7 @@ impl KeptGrads {
     }
 
     /// Issues the reduce-scatter (mean over ranks, in `grad`'s dtype) of a unit's full flat
-    /// gradient into a gradient for `shard`, which [`KeptGrads::finish`] hands out. Waits
+    /// gradient into a gradient for `shard`, which [`BackwardReduction::finish`] hands out. Waits
     /// first for the oldest call if [`MAX_IN_FLIGHT`] are in flight.
     pub(crate) fn reduce_scatter(
         &self,
@@ -136,7 +137,7 @@ impl KeptGrads {
     /// on every rank), and returns the shards' f32 gradients of this backward. Waits for all
     /// of them even after one failed, so none is left writing into a buffer after this
     /// returns.
-    pub(crate) fn finish(&self) -> wick_core::Result<GradStore> {
+    pub(crate) fn wait_for_all(&self) -> wick_core::Result<GradStore> {
         let mut reductions = std::mem::take(&mut *lock(&self.reductions));
         while let Some(call) = reductions.in_flight.pop_front() {
             reductions.complete(call);
@@ -193,7 +194,7 @@ mod tests {
     #[test]
     fn at_most_one_reduction_stays_in_flight_and_every_gradient_comes_back() {
         let world = Deferred::default();
-        let sync = KeptGrads::default();
+        let sync = BackwardReduction::default();
         let shards: Vec<Tensor> = (0..5)
             .map(|i| Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap() + i as f64)
             .collect::<Result<_>>()
@@ -205,7 +206,7 @@ mod tests {
         }
         // One more than the bound, for the moment between a start and the oldest's wait.
         assert_eq!(world.most.load(Ordering::SeqCst), MAX_IN_FLIGHT + 1);
-        let store = sync.finish().unwrap();
+        let store = sync.wait_for_all().unwrap();
         assert_eq!(world.now.load(Ordering::SeqCst), 0);
         for (i, shard) in shards.iter().enumerate() {
             let grad = store.get(shard).unwrap().to_vec1::<f32>().unwrap();
