@@ -5,7 +5,7 @@
 
 use crate::char_gpt::{CharGpt, GptConfig};
 use crate::cli::EstimateArgs;
-use crate::fit_job::configure_on_one_cpu;
+use crate::main_job::configure_on_one_cpu;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use wick_core::{StateBytes, Strategy};

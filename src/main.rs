@@ -11,14 +11,14 @@ mod char_corpus;
 mod char_gpt;
 mod cli;
 mod estimate;
-mod eval_job;
+mod evaluation;
 mod export;
-mod fit_job;
-mod fit_run;
+mod hf_model;
 mod inspect;
-mod lm_job;
 mod loss_plot;
+mod main_job;
 mod prepare;
+mod program_trainer;
 mod sample;
 
 use cli::{name_of, Command};
@@ -68,7 +68,7 @@ fn run(command: Command) -> anyhow::Result<()> {
                 print!("{}", args.to_toml());
                 return Ok(());
             }
-            report_fit(&args, fit_job::run(&args)?);
+            report_fit(&args, main_job::run(&args)?);
             Ok(())
         }
         Command::Consolidate { .. } | Command::Export { .. } | Command::Prepare(_)
@@ -96,8 +96,8 @@ fn run(command: Command) -> anyhow::Result<()> {
             print!("{}", inspect::report(&checkpoint, tensors)?);
             Ok(())
         }
-        Command::Validate(args) => report_eval(eval_job::Pass::Validate, &args),
-        Command::Test(args) => report_eval(eval_job::Pass::Test, &args),
+        Command::Validate(args) => report_eval(evaluation::Pass::Validate, &args),
+        Command::Test(args) => report_eval(evaluation::Pass::Test, &args),
         Command::Sample(args) => {
             println!("{}", sample::sample(&args)?);
             Ok(())
@@ -131,7 +131,7 @@ fn run(command: Command) -> anyhow::Result<()> {
 
 /// What `wick fit` prints when it ends (on rank 0): the run's summary line, and where its
 /// logs, plot and checkpoints went, and the command that opens the TensorBoard logs.
-fn report_fit(args: &cli::FitArgs, r: fit_run::FitReport) {
+fn report_fit(args: &cli::FitArgs, r: program_trainer::FitReport) {
     if r.is_global_zero {
         println!(
             "trained to step {} with {} on {} device(s): {} parameters{}, train_loss {:.4} -> {:.4} (ratio {:.3}){}",
@@ -176,8 +176,8 @@ fn report_fit(args: &cli::FitArgs, r: fit_run::FitReport) {
 }
 
 /// Runs `wick validate` or `wick test` and prints the loss (on rank 0).
-fn report_eval(pass: eval_job::Pass, args: &cli::EvalArgs) -> anyhow::Result<()> {
-    let (loss, is_global_zero) = eval_job::run(pass, args)?;
+fn report_eval(pass: evaluation::Pass, args: &cli::EvalArgs) -> anyhow::Result<()> {
+    let (loss, is_global_zero) = evaluation::run(pass, args)?;
     if is_global_zero {
         println!("{} {loss:.6}", pass.metric());
     }

@@ -6,7 +6,7 @@
 use crate::char_corpus::Vocab;
 use crate::char_gpt::CharGpt;
 use crate::cli::SampleArgs;
-use crate::fit_job::{configure_on_one_cpu, corpus, main_job_config};
+use crate::main_job::{configure_on_one_cpu, corpus, main_job_config};
 use candle_core::{DType, Device, Tensor, D};
 use wick_trainer::Checkpoint;
 
@@ -29,8 +29,11 @@ impl XorShift {
 /// model, or, from a checkpoint of a `fit --model` run, tokens of its tokenizer.
 pub fn sample(args: &SampleArgs) -> anyhow::Result<String> {
     let checkpoint = Checkpoint::open(&args.checkpoint)?;
-    if checkpoint.attachment(crate::lm_job::CONFIG_FILE).is_some() {
-        let mut lm = crate::lm_job::from_checkpoint(checkpoint)?.expect("it has a config");
+    if checkpoint
+        .attachment(crate::hf_model::CONFIG_FILE)
+        .is_some()
+    {
+        let mut lm = crate::hf_model::from_checkpoint(checkpoint)?.expect("it has a config");
         let tokenizer = lm
             .tokenizer()
             .cloned()
@@ -94,7 +97,7 @@ mod tests {
 
     #[test]
     fn the_same_seed_gives_the_same_text_from_a_two_rank_checkpoint() {
-        let dir = crate::fit_job::trained_checkpoint(wick_strategies::StrategyKind::Zero3, 3);
+        let dir = crate::main_job::trained_checkpoint(wick_strategies::StrategyKind::Zero3, 3);
         let root = dir.path();
         let args = |seed| SampleArgs {
             checkpoint: root.join("ck/last"),

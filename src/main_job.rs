@@ -3,7 +3,7 @@
 use crate::char_corpus::{CharWindows, Vocab, BUNDLED_TEXT};
 use crate::char_gpt::{CharGpt, GptConfig};
 use crate::cli::FitArgs;
-use crate::fit_run::{FitReport, Run};
+use crate::program_trainer::{FitReport, ProgramTrainer};
 use anyhow::Context;
 use std::sync::Arc;
 use wick_strategies::StrategyKind;
@@ -81,12 +81,12 @@ pub fn split(data: Option<&std::path::Path>, batch_size: usize) -> anyhow::Resul
 /// Face model) and reports its losses.
 pub fn run(args: &FitArgs) -> anyhow::Result<FitReport> {
     if let Some(model) = &args.model {
-        return crate::lm_job::run(args, model);
+        return crate::hf_model::run(args, model);
     }
     let CharData { vocab, train, val } = split(args.data.as_deref(), args.batch_size)?;
     let config = main_job_config(vocab.len());
     let model = CharGpt::new(config, args.lr).with_schedule(args.lr_schedule());
-    let run = Run::new(args, ModelCheckpoint::new(&args.checkpoint_dir))?;
+    let run = ProgramTrainer::new(args, ModelCheckpoint::new(&args.checkpoint_dir))?;
     run.fit(args, model, &train, &val)
 }
 

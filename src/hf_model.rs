@@ -5,7 +5,7 @@
 //! adapters only, with PEFT's `adapter_config.json` naming the base model's directory.
 
 use crate::cli::FitArgs;
-use crate::fit_run::{FitReport, Run};
+use crate::program_trainer::{FitReport, ProgramTrainer};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 use wick_core::OptimizerConfig;
@@ -128,5 +128,5 @@ pub fn run(args: &FitArgs, model: &Path) -> anyhow::Result<FitReport> {
         DataLoader::new(train, args.batch_size),
         DataLoader::new(val, args.batch_size).without_shuffle(),
     );
-    Run::new(args, checkpoints)?.fit(args, lm, &train, &val)
+    ProgramTrainer::new(args, checkpoints)?.fit(args, lm, &train, &val)
 }

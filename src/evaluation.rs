@@ -4,7 +4,7 @@
 
 use crate::char_gpt::CharGpt;
 use crate::cli::EvalArgs;
-use crate::fit_job::{main_job_config, split};
+use crate::main_job::{main_job_config, split};
 use wick_trainer::{Attached, Checkpoint, DataLoader, Split, Trainer};
 
 /// Which pass to run.
@@ -41,18 +41,18 @@ pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
         builder = builder.devices(d);
     }
     let mut trainer = builder.build()?;
-    let metrics = match checkpoint.attachment(crate::lm_job::CONFIG_FILE) {
+    let metrics = match checkpoint.attachment(crate::hf_model::CONFIG_FILE) {
         Some(_) => {
-            let lm = crate::lm_job::from_checkpoint(checkpoint)?.expect("it has a config");
+            let lm = crate::hf_model::from_checkpoint(checkpoint)?.expect("it has a config");
             let data = args.data.as_deref().ok_or_else(|| {
                 anyhow::anyhow!("a checkpoint of a `fit --model` run needs --data TOKENS")
             })?;
-            let val = crate::lm_job::tokens(&lm, data, Split::Val, args.seq)?;
+            let val = crate::hf_model::tokens(&lm, data, Split::Val, args.seq)?;
             let val = DataLoader::new(val, args.batch_size).without_shuffle();
             evaluate(pass, &mut trainer, lm, &val)?
         }
         None => {
-            let crate::fit_job::CharData { vocab, val, .. } =
+            let crate::main_job::CharData { vocab, val, .. } =
                 split(args.data.as_deref(), args.batch_size)?;
             let model = CharGpt::new(main_job_config(vocab.len()), 1e-3)
                 .with_weights(checkpoint.into_weights());
@@ -92,7 +92,7 @@ mod tests {
 
     #[test]
     fn a_checkpoint_evaluates_the_same_at_any_world_size() {
-        let dir = crate::fit_job::trained_checkpoint(StrategyKind::Fsdp, 2);
+        let dir = crate::main_job::trained_checkpoint(StrategyKind::Fsdp, 2);
         let root = dir.path();
         let args = |devices, strategy| EvalArgs {
             checkpoint: root.join("ck/last"),

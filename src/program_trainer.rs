@@ -56,15 +56,15 @@ pub struct FitReport {
 
 /// A trainer built from the options of `wick fit`, and the callback that records the losses
 /// the program reports: what the character job and the Hugging Face job share.
-pub struct Run {
+pub struct ProgramTrainer {
     trainer: Trainer,
     history: LossHistory,
 }
 
-impl Run {
+impl ProgramTrainer {
     /// The trainer of `args` (strategy, devices, steps, logging), saving with `checkpoints`'
     /// extra settings (attachments) under the options' rules, unless `--no-checkpoints`.
-    pub fn new(args: &FitArgs, checkpoints: ModelCheckpoint) -> anyhow::Result<Run> {
+    pub fn new(args: &FitArgs, checkpoints: ModelCheckpoint) -> anyhow::Result<ProgramTrainer> {
         let history = LossHistory::default();
         // The main job's default is 2 ranks as threads (CUDA: one per GPU); under a
         // launcher, its process count.
@@ -112,7 +112,7 @@ impl Run {
                     .async_save(args.async_save),
             );
         }
-        Ok(Run {
+        Ok(ProgramTrainer {
             trainer: builder.build()?,
             history,
         })
