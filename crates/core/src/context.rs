@@ -63,9 +63,10 @@ impl UnitPlan {
 pub struct UnitRuns {
     /// The block built over a `VarBuilder` the strategy hands in, for a unit the strategy
     /// runs itself ([`ParamSource::run_unit`]).
-    pub over: UnitFn,
-    /// The block over this step's parameters ([`Wrapped::get`]).
-    pub whole: RecomputeFn,
+    pub in_strategy: UnitFn,
+    /// The block over this step's parameters ([`Wrapped::get`]), run directly or
+    /// recomputed in backward.
+    pub on_params: RecomputeFn,
 }
 
 /// Runs unit `unit` of `source` on `input` as its [`UnitPlan`] says: inside the strategy
@@ -78,9 +79,9 @@ pub fn run_by_plan<S: ParamSource + ?Sized>(
     runs: UnitRuns,
 ) -> candle_core::Result<Tensor> {
     match source.unit_plan(unit) {
-        UnitPlan::GatheredPerUse => source.run_unit(unit, input, runs.over),
-        plan if plan.recomputes() => source.recompute_unit(unit, input, runs.whole),
-        _ => (runs.whole)(input),
+        UnitPlan::GatheredPerUse => source.run_unit(unit, input, runs.in_strategy),
+        plan if plan.recomputes() => source.recompute_unit(unit, input, runs.on_params),
+        _ => (runs.on_params)(input),
     }
 }
 
@@ -424,14 +425,20 @@ impl<T: Clone> Wrapped<T> {
     {
         let (build, name) = (self.build.clone(), self.name.clone());
         let f = Arc::new(f);
-        let over: UnitFn = {
+        let in_strategy: UnitFn = {
             let f = f.clone();
             Arc::new(move |vb, x| f(&build(vb.pp(&name))?, x))
         };
         let unit = self.clone();
-        let whole: RecomputeFn = Arc::new(move |x| f(&unit.get()?, x));
-        self.source
-            .apply_unit(self.unit, input, UnitRuns { over, whole })
+        let on_params: RecomputeFn = Arc::new(move |x| f(&unit.get()?, x));
+        self.source.apply_unit(
+            self.unit,
+            input,
+            UnitRuns {
+                in_strategy,
+                on_params,
+            },
+        )
     }
 
     /// The unit's name.

@@ -25,9 +25,9 @@ mod error;
 mod logging;
 mod loops;
 mod preemption;
-mod ranks;
 mod replicate;
 mod run_dirs;
+mod stage_launcher;
 mod trainer;
 
 pub use attached::Attached;

@@ -5,7 +5,7 @@ use crate::config::Config;
 use crate::logging::loggers::{LogDestination, LogPlan, Logger};
 use crate::logging::sinks::{StepSink, StepSinks};
 use crate::loops::{Metrics, RankOutput, StageInput};
-use crate::ranks::{collect_ranks, idle, Launch};
+use crate::stage_launcher::{collect_ranks, idle, StageLauncher};
 use crate::{Attached, Checkpoint, DataLoader, Dataset, ModelCheckpoint, Replicate, TrainerError};
 use candle_core::Tensor;
 use std::path::{Path, PathBuf};
@@ -81,8 +81,8 @@ impl Trainer {
     }
 
     /// What a stage's launch reads of this trainer.
-    fn launch(&self) -> Launch<'_> {
-        Launch {
+    fn launch(&self) -> StageLauncher<'_> {
+        StageLauncher {
             trainer: self.id,
             accelerator: &self.accelerator,
             strategy: self.strategy.as_ref(),

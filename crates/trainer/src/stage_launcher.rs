@@ -11,8 +11,8 @@ use crate::{Attached, Dataset, Replicate, TrainerError};
 use wick_accelerator::{Accelerator, RankError};
 use wick_core::{BlockingWorld, Callback, CollectiveError, Stage, Strategy, WaitClock};
 
-/// What a stage's launch reads of its trainer.
-pub(crate) struct Launch<'a> {
+/// What launching a stage on this process's ranks reads of its trainer.
+pub(crate) struct StageLauncher<'a> {
     /// The trainer's identity, which the module's session is kept under.
     pub(crate) trainer: u64,
     pub(crate) accelerator: &'a Accelerator,
@@ -31,7 +31,7 @@ type RankInput<'a, 's, M> = (
     StepSinks<'s>,
 );
 
-impl Launch<'_> {
+impl StageLauncher<'_> {
     /// Runs `stage` on this process's ranks; `sinks`, the fit's step sinks, go to its first
     /// (rank 0's, when this process runs it).
     pub(crate) fn run_stage<M, D>(
