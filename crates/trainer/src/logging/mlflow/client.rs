@@ -1,23 +1,14 @@
-//! The MLflow logger: a run on an MLflow tracking server, over its REST API
-//! (`runs/create`, `runs/log-batch` for params and metrics, and `runs/update` for the status
-//! at the end, what the Python client's `set_terminated` sends).
-//!
-//! Metrics are sent in batches, not one request a step. A server that is down or answers
-//! errors never stops training: the first failure is reported once, what could not be sent
-//! waits in a bounded backlog (the oldest dropped beyond it) and is tried again with the next
-//! batch, and the end of the run reports what was never sent. A run that fails is marked
-//! `FAILED` on the server, one that ends `FINISHED`.
+//! The logging thread's side of an MLflow run: the REST calls, the batches, the backlog
+//! kept while the server does not answer, and what it is told over its channel.
 
-use crate::logging::sinks::{StepRecord, StepSink};
-use crate::logging::tensorboard::scalars;
-use crate::TrainerError;
+use super::target::MlflowTarget;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// Metrics kept for a server that does not answer; older ones are dropped past it.
-const BACKLOG: usize = 100_000;
+pub(super) const BACKLOG: usize = 100_000;
 /// Metrics per `log-batch` request (the server's limit is 1000).
 const BATCH: usize = 1000;
 /// Params per `log-batch` request (the server's limit).
@@ -25,57 +16,8 @@ const PARAMS_PER_BATCH: usize = 100;
 /// A batch goes at most this long after its first metric.
 const SEND_EVERY: Duration = Duration::from_secs(1);
 
-/// Where an MLflow run goes: a tracking server's `http://` address and an experiment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MlflowTarget {
-    uri: String,
-    experiment_id: String,
-}
-
-impl MlflowTarget {
-    /// The tracking server at `uri` (`http://host:port`, MLflow's `--mlflow-uri` or
-    /// `MLFLOW_TRACKING_URI`), experiment `0` (the server's default). Refused: another
-    /// scheme (`https` needs TLS, which this client leaves out; `file:` and `databricks`
-    /// are stores, not servers), or no host.
-    pub fn new(uri: &str) -> Result<Self, TrainerError> {
-        let bad = |why: &str| TrainerError::config("mlflow-uri", format!("'{uri}': {why}"));
-        let rest = uri.strip_prefix("http://").ok_or_else(|| {
-            bad("wick's MLflow client talks to a tracking server at http://host:port")
-        })?;
-        let host = rest.split(['/', ':']).next().unwrap_or_default();
-        if host.is_empty() {
-            return Err(bad("no host"));
-        }
-        Ok(MlflowTarget {
-            uri: uri.trim_end_matches('/').to_string(),
-            experiment_id: "0".into(),
-        })
-    }
-
-    /// The same server, logging under experiment `id` (MLflow's `MLFLOW_EXPERIMENT_ID`).
-    pub fn with_experiment_id(mut self, id: impl Into<String>) -> Self {
-        self.experiment_id = id.into();
-        self
-    }
-
-    /// The server's address.
-    pub fn uri(&self) -> &str {
-        &self.uri
-    }
-}
-
-/// An MLflow run being logged: the steps' metrics go to a thread of its own, which talks
-/// to the server, so that training never waits on it.
-pub(crate) struct MlflowLog {
-    to_client: Option<mpsc::Sender<Message>>,
-    client: Option<std::thread::JoinHandle<Unsent>>,
-    address: String,
-    run_name: String,
-    uri: String,
-}
-
 /// What the logging thread is told.
-enum Message {
+pub(super) enum Message {
     /// One step's metrics.
     Metrics(Vec<Value>),
     /// The run ended with this status: send what is left, terminate the run, report.
@@ -83,108 +25,18 @@ enum Message {
 }
 
 /// What never reached the server.
-struct Unsent {
-    metrics: usize,
-    terminated: bool,
-}
-
-impl MlflowLog {
-    /// Starts a run called `run_name` with `params` on `target`'s server (created here, so
-    /// that its address is known; a server that does not answer is reported and tried
-    /// again later) and the thread that logs to it, which sends the params.
-    pub(crate) fn start(
-        target: &MlflowTarget,
-        run_name: &str,
-        params: &[(String, String)],
-    ) -> Result<Self, TrainerError> {
-        let mut client = MlflowClient::new(target, run_name, params);
-        // The run now, for its address; its params from the logging thread.
-        client.create_run();
-        let address = client.run_address();
-        let (to_client, messages) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("wick-mlflow".into())
-            .spawn(move || client.run(messages))
-            .map_err(|cause| TrainerError::Io {
-                path: "the mlflow logger's thread".into(),
-                cause,
-            })?;
-        Ok(MlflowLog {
-            to_client: Some(to_client),
-            client: Some(thread),
-            address,
-            run_name: run_name.to_string(),
-            uri: target.uri.clone(),
-        })
-    }
-
-    /// The run's address on the server, or the server's while the run is not created.
-    pub(crate) fn run_address(&self) -> String {
-        self.address.clone()
-    }
-
-    /// Tells the thread the run ended as `status` and waits for its report.
-    fn end(&mut self, status: &'static str) -> Option<Unsent> {
-        let to_client = self.to_client.take()?;
-        let _ = to_client.send(Message::End(status));
-        self.client.take()?.join().ok()
-    }
-}
-
-impl StepSink for MlflowLog {
-    fn step_end(&mut self, record: &StepRecord) -> Result<(), TrainerError> {
-        let timestamp = now_ms();
-        let metrics = scalars(record)
-            .into_iter()
-            .map(|(key, value)| {
-                json!({"key": key, "value": metric_value(value), "timestamp": timestamp, "step": record.step})
-            })
-            .collect();
-        if let Some(to_client) = &self.to_client {
-            // A thread that ended (it never does before `End`) has nothing to lose here.
-            let _ = to_client.send(Message::Metrics(metrics));
-        }
-        Ok(())
-    }
-
-    fn fail(&mut self) -> Result<(), TrainerError> {
-        self.end("FAILED");
-        Ok(())
-    }
-
-    fn finish(&mut self) -> Result<(), TrainerError> {
-        if let Some(unsent) = self.end("FINISHED") {
-            if unsent.metrics > 0 || !unsent.terminated {
-                log::warn!(
-                    "mlflow: {} metric value(s) of run '{}' were not sent to {}{}",
-                    unsent.metrics,
-                    self.run_name,
-                    self.uri,
-                    match unsent.terminated {
-                        true => "",
-                        false => ", and the run was not marked FINISHED",
-                    }
-                );
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for MlflowLog {
-    /// A run that ends without `finish` failed: the server is told so, if it answers.
-    fn drop(&mut self) {
-        self.end("FAILED");
-    }
+pub(super) struct Unsent {
+    pub(super) metrics: usize,
+    pub(super) terminated: bool,
 }
 
 /// The logging thread's side: the server, the run, and what waits to be sent.
-struct MlflowClient {
+pub(super) struct MlflowClient {
     target: MlflowTarget,
     agent: ureq::Agent,
     run_name: String,
     /// `None` until the server created the run (it may be down at the start).
-    run_id: Option<String>,
+    pub(super) run_id: Option<String>,
     /// Params not sent yet.
     params: VecDeque<(String, String)>,
     /// Metrics not sent yet, oldest first.
@@ -194,11 +46,11 @@ struct MlflowClient {
     /// When the last request failed: the next waits [`SEND_EVERY`] after it.
     failed_at: Option<Instant>,
     /// The first failure was reported.
-    warned: bool,
+    pub(super) warned: bool,
 }
 
 impl MlflowClient {
-    fn new(target: &MlflowTarget, run_name: &str, params: &[(String, String)]) -> Self {
+    pub(super) fn new(target: &MlflowTarget, run_name: &str, params: &[(String, String)]) -> Self {
         let config = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_secs(5)))
             .build();
@@ -215,7 +67,7 @@ impl MlflowClient {
         }
     }
 
-    fn run_address(&self) -> String {
+    pub(super) fn run_address(&self) -> String {
         match &self.run_id {
             Some(id) => format!(
                 "{}/#/experiments/{}/runs/{id}",
@@ -227,7 +79,7 @@ impl MlflowClient {
 
     /// Takes messages until the run ends; sends a batch when it is full or
     /// [`SEND_EVERY`] old, and everything at the end.
-    fn run(mut self, messages: mpsc::Receiver<Message>) -> Unsent {
+    pub(super) fn run(mut self, messages: mpsc::Receiver<Message>) -> Unsent {
         if self.run_id.is_some() {
             self.send_params();
         }
@@ -306,12 +158,12 @@ impl MlflowClient {
 
     /// Creates the run and sends its params, if not done yet; false while the server does
     /// not answer.
-    fn connect(&mut self) -> bool {
+    pub(super) fn connect(&mut self) -> bool {
         self.create_run() && self.send_params()
     }
 
     /// Creates the run, if not done yet; false while the server does not answer.
-    fn create_run(&mut self) -> bool {
+    pub(super) fn create_run(&mut self) -> bool {
         if self.run_id.is_none() {
             let body = json!({
                 "experiment_id": self.target.experiment_id,
@@ -418,7 +270,7 @@ impl std::fmt::Display for PostError {
 /// number for, the strings of protobuf's JSON mapping ("NaN", "Infinity", "-Infinity"),
 /// which MLflow stores as those values (serde_json would send `null`, refused or stored as
 /// 0).
-fn metric_value(value: f64) -> Value {
+pub(super) fn metric_value(value: f64) -> Value {
     match value {
         v if v.is_nan() => json!("NaN"),
         v if v == f64::INFINITY => json!("Infinity"),
@@ -428,7 +280,7 @@ fn metric_value(value: f64) -> Value {
 }
 
 /// Milliseconds since the Unix epoch, MLflow's timestamps.
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -444,74 +296,5 @@ mod tests {
         assert_eq!(metric_value(f64::INFINITY), json!("Infinity"));
         assert_eq!(metric_value(f64::NEG_INFINITY), json!("-Infinity"));
         assert_eq!(metric_value(0.25), json!(0.25));
-    }
-
-    #[test]
-    fn a_tracking_uri_must_be_a_server() {
-        let ok = MlflowTarget::new("http://127.0.0.1:5000/").unwrap();
-        assert_eq!(ok.uri(), "http://127.0.0.1:5000");
-        for bad in [
-            "https://mlflow.example.com",
-            "file:///tmp/mlruns",
-            "databricks",
-            "http://",
-        ] {
-            let e = MlflowTarget::new(bad).unwrap_err().to_string();
-            assert!(e.contains("mlflow-uri") && e.contains(bad), "{e}");
-        }
-    }
-
-    #[test]
-    fn a_server_that_is_down_stops_nothing_and_the_backlog_is_bounded() {
-        // A port nobody listens on: every request fails at once.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        drop(listener);
-        let target = MlflowTarget::new(&format!("http://127.0.0.1:{port}")).unwrap();
-        let mut client = MlflowClient::new(&target, "down", &[("lr".into(), "0.1".into())]);
-        assert!(!client.connect());
-        assert!(client.warned && client.run_id.is_none());
-        assert!(client.run_address().contains("not created"));
-        let (to_client, messages) = mpsc::channel();
-        let metric = json!({"key": "train/loss", "value": 1.0, "timestamp": 0, "step": 1});
-        for _ in 0..(BACKLOG / 100 + 3) {
-            to_client
-                .send(Message::Metrics(vec![metric.clone(); 100]))
-                .unwrap();
-        }
-        to_client.send(Message::End("FINISHED")).unwrap();
-        let unsent = client.run(messages);
-        assert_eq!(
-            unsent.metrics,
-            BACKLOG + 300,
-            "all kept or counted as dropped"
-        );
-        assert!(!unsent.terminated);
-        // The logger's side never waits on the server.
-        let mut log = MlflowLog::start(&target, "down", &[]).unwrap();
-        let start = Instant::now();
-        for step in 1..=1000 {
-            log.step_end(&StepRecord {
-                step,
-                epoch: 0,
-                train_loss: 2.0,
-                val_loss: None,
-                lr: 0.1,
-                skipped_steps: 0,
-                tokens_per_s: 1.0,
-                epoch_time_s: 0.1,
-                comm_wait_s: 0.0,
-                grad_norm: Some(1.0),
-                peak_memory_bytes: None,
-                mfu: None,
-            })
-            .unwrap();
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(2),
-            "{:?}",
-            start.elapsed()
-        );
-        log.finish().unwrap();
     }
 }
