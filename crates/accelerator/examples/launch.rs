@@ -8,8 +8,7 @@
 //! ```
 
 use candle_core::{DType, Device, Tensor};
-use wick_accelerator::{Accelerator, Error, LaunchEnv, ReduceOp};
-use wick_core::CollectiveExt;
+use wick_accelerator::{Accelerator, CollectiveExt, Error, LaunchEnv, ReduceOp};
 
 fn main() -> Result<(), Error> {
     let accelerator = match LaunchEnv::detect()? {

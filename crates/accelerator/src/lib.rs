@@ -41,6 +41,6 @@ pub use worlds::{EndedWorld, MpiWorld, NcclWorld, RankError, ThreadComm, ThreadW
 // `Accelerator::setup`; the rest of wick-core is reachable as `wick_accelerator::wick_core`.
 pub use wick_core;
 pub use wick_core::{
-    Collective, CollectiveError, Error, ReduceOp, ShardedContext, SoloWorld, Strategy, TrainModule,
-    Work,
+    Collective, CollectiveError, CollectiveExt, Error, ReduceOp, ShardedContext, SoloWorld,
+    Strategy, TrainModule, Work,
 };

@@ -38,7 +38,7 @@ pub use step::precision::Precision;
 // the rest of it is reachable as `wick_strategies::wick_core`.
 pub use wick_core;
 pub use wick_core::{
-    Algorithm, BackwardReport, Collective, Error, GradSync, LrSchedule, OptimizerConfig, ReduceOp,
-    ShardedContext, SoloWorld, StepOptions, StepReport, Strategy, StrategySetup, StrategyState,
-    StrategyStep, TrainModule, Wrapped,
+    Algorithm, BackwardReport, Collective, CollectiveExt, Error, GradSync, LrSchedule,
+    OptimizerConfig, ReduceOp, ShardedContext, SoloWorld, StepOptions, StepReport, Strategy,
+    StrategySetup, StrategyState, StrategyStep, TrainModule, Wrapped,
 };
