@@ -27,11 +27,16 @@ pub fn main_job_config(vocab: usize) -> GptConfig {
 /// for the commands that use the model outside a trainer; the strategy holds them.
 pub fn configure_on_one_cpu<M: wick_core::TrainModule>(
     model: &mut M,
-) -> anyhow::Result<Box<dyn wick_core::Strategy>> {
-    let mut strategy = wick_strategies::StrategySpec::new(StrategyKind::Single).build()?;
-    strategy.connect(Arc::new(wick_core::SoloWorld), candle_core::Device::Cpu)?;
-    wick_accelerator::Accelerator::setup(strategy.as_mut(), model, 0)?;
-    Ok(strategy)
+) -> anyhow::Result<Box<dyn wick_core::RankStrategy>> {
+    let single = wick_strategies::StrategySpec::new(StrategyKind::Single).build()?;
+    let world = Arc::new(wick_core::SoloWorld);
+    Ok(wick_core::configure_rank(
+        single.as_ref(),
+        world,
+        candle_core::Device::Cpu,
+        0,
+        model,
+    )?)
 }
 
 /// The text the main job trains on: `data`'s, or the bundled corpus.

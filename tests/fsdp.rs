@@ -172,17 +172,16 @@ fn gathers_per_step(sharding: FsdpSharding) -> usize {
 fn gathers_per_step_of(make: impl Fn() -> Fsdp + Sync) -> (usize, usize) {
     let logs = ThreadWorld::new(2).run(|comm| {
         let world = Recording::over(comm);
-        let mut s = make().build();
-        s.connect(world.clone(), Device::Cpu)?;
-        let ctx = s.sharded_context(1)?;
+        let open = make().build().open(world.clone(), Device::Cpu, 1)?;
+        let ctx = open.context();
         let units = {
             let _open = ctx.enter();
             (0..3)
                 .map(|i| ctx.wrap(&format!("l{i}"), |vb| candle_nn::linear(4, 4, vb)))
                 .collect::<candle_core::Result<Vec<_>>>()?
         };
-        s.finish_sharding()?;
-        s.configure_optimizer(&adamw(), StepOptions::default())?;
+        let mut s = open.finish()?;
+        s.configure_optimizer(&adamw(), StepOptions::default());
         let mut h = Tensor::ones((2, 4), DType::F32, &Device::Cpu)?;
         for u in &units {
             h = u.apply(&h, |l, x| l.forward(x))?;
@@ -361,16 +360,16 @@ fn mixed_precision_units_take_integer_inputs_and_return_f32() {
     use wick::strategies::Precision;
     let embed = |precision: &str| {
         let outcomes = ThreadWorld::new(1).run(|comm| {
-            let mut s = Fsdp::new(FsdpSharding::FullShard)
+            let open = Fsdp::new(FsdpSharding::FullShard)
                 .with_precision(precision.parse::<Precision>()?)?
-                .build();
-            s.connect(Arc::new(comm), Device::Cpu)?;
-            let ctx = s.sharded_context(9)?;
+                .build()
+                .open(Arc::new(comm), Device::Cpu, 9)?;
+            let ctx = open.context();
             let unit = {
                 let _open = ctx.enter();
                 ctx.wrap("emb", |vb| candle_nn::embedding(5, 3, vb))?
             };
-            s.finish_sharding()?;
+            let _s = open.finish()?;
             let ids = Tensor::new(&[[0u32, 3, 4]], &Device::Cpu)?;
             let out = unit.apply(&ids, |e, ids| e.forward(ids))?;
             assert_eq!(out.dtype(), DType::F32);

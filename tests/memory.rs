@@ -22,7 +22,8 @@ use std::sync::Arc;
 use wick::accelerator::ThreadWorld;
 use wick::core::CollectiveExt;
 use wick::core::{
-    ActivationCheckpointing, Collective, GradSync, OptimizerConfig, StepOptions, Strategy, Wrapped,
+    ActivationCheckpointing, Collective, GradSync, OptimizerConfig, RankStrategy, StepOptions,
+    Strategy, Wrapped,
 };
 use wick::strategies::{Fsdp, FsdpSharding, FsdpSpec, StrategySpec, Zero3};
 
@@ -34,14 +35,17 @@ fn largest_allocation_while_creating(strategy: &str) -> usize {
     let world_size = if strategy == "single" { 1 } else { 4 };
     heap::track_largest(true);
     let outcomes = ThreadWorld::new(world_size).run(|comm| {
-        let mut s = wick::strategies::strategy_by_name(strategy)?;
-        s.connect(Arc::new(comm), candle_core::Device::Cpu)?;
-        let ctx = s.sharded_context(0)?;
+        let open = wick::strategies::strategy_by_name(strategy)?.open(
+            Arc::new(comm),
+            candle_core::Device::Cpu,
+            0,
+        )?;
+        let ctx = open.context();
         let _unit: Wrapped<candle_nn::Linear> = {
             let _open = ctx.enter();
             ctx.wrap("big", |vb| candle_nn::linear_no_bias(1024, 4096, vb))?
         };
-        s.finish_sharding()?;
+        let s = open.finish()?;
         Ok::<_, wick::core::Error>(s.num_parameters())
     });
     heap::track_largest(false);
@@ -76,15 +80,18 @@ fn sharded(name: &str, prefetch: bool, ac: ActivationCheckpointing) -> Box<dyn S
 fn held_between_forward_and_backward(strategy: &str) -> usize {
     let outcomes = ThreadWorld::new(2).run(|comm| {
         let world: Arc<dyn Collective> = Arc::new(comm);
-        let mut s = sharded(strategy, false, ActivationCheckpointing::None);
-        s.connect(world.clone(), candle_core::Device::Cpu)?;
-        let ctx = s.sharded_context(0)?;
+        let open = sharded(strategy, false, ActivationCheckpointing::None).open(
+            world.clone(),
+            candle_core::Device::Cpu,
+            0,
+        )?;
+        let ctx = open.context();
         let unit: Wrapped<candle_nn::Linear> = {
             let _open = ctx.enter();
             ctx.wrap("big", |vb| candle_nn::linear_no_bias(1024, 4096, vb))?
         };
-        s.finish_sharding()?;
-        s.configure_optimizer(&OptimizerConfig::sgd(0.1), StepOptions::default())?;
+        let mut s = open.finish()?;
+        s.configure_optimizer(&OptimizerConfig::sgd(0.1), StepOptions::default());
         let x = candle_core::Tensor::ones(
             (2, 1024),
             candle_core::DType::F32,
@@ -108,16 +115,19 @@ const DEEP_UNITS: usize = 6;
 /// Width of each unit: one 512 x 512 weight, 1 MiB in full.
 const DEEP_WIDTH: usize = 512;
 
-/// The deep model's units (linear layers, with biases if `bias`), created under `s`
-/// connected to `world`, with `optimizer` configured.
+/// The deep model's units, and the rank's strategy that holds them.
+type DeepModel = (Vec<Wrapped<candle_nn::Linear>>, Box<dyn RankStrategy>);
+
+/// The deep model's units (linear layers, with biases if `bias`), created under `s` on
+/// `world`, and the rank's strategy holding them with `optimizer`.
 fn deep_model(
-    s: &mut dyn Strategy,
+    s: &dyn Strategy,
     world: &Arc<dyn Collective>,
     bias: bool,
     optimizer: OptimizerConfig,
-) -> wick::core::Result<Vec<Wrapped<candle_nn::Linear>>> {
-    s.connect(world.clone(), candle_core::Device::Cpu)?;
-    let ctx = s.sharded_context(0)?;
+) -> wick::core::Result<DeepModel> {
+    let open = s.open(world.clone(), candle_core::Device::Cpu, 0)?;
+    let ctx = open.context();
     let units = {
         let _open = ctx.enter();
         (0..DEEP_UNITS)
@@ -129,9 +139,9 @@ fn deep_model(
             })
             .collect::<candle_core::Result<_>>()?
     };
-    s.finish_sharding()?;
-    s.configure_optimizer(&optimizer, StepOptions::default())?;
-    Ok(units)
+    let mut s = open.finish()?;
+    s.configure_optimizer(&optimizer, StepOptions::default());
+    Ok((units, s))
 }
 
 /// The deep model's loss on a batch of `rows` rows of ones.
@@ -154,7 +164,7 @@ fn deep_loss(
 
 /// One training step at rate `lr` of the deep model on a batch of `rows` rows of ones.
 fn deep_step(
-    s: &mut dyn Strategy,
+    s: &mut dyn RankStrategy,
     units: &[Wrapped<candle_nn::Linear>],
     lr: f64,
     rows: usize,
@@ -178,8 +188,8 @@ fn sharded_step_growth(
 ) -> (usize, usize) {
     let outcomes = ThreadWorld::new(2).run(|comm| {
         let world: Arc<dyn Collective> = Arc::new(comm);
-        let mut s = sharded(strategy, prefetch, ac);
-        let units = deep_model(s.as_mut(), &world, false, OptimizerConfig::sgd(0.1))?;
+        let s = sharded(strategy, prefetch, ac);
+        let (units, mut s) = deep_model(s.as_ref(), &world, false, OptimizerConfig::sgd(0.1))?;
         deep_step(s.as_mut(), &units, 0.1, STEP_ROWS)?;
         world.barrier()?;
         if world.rank() == 0 {
@@ -206,8 +216,8 @@ fn sharded_step_growth(
 fn held_after_evaluation_forward() -> usize {
     let outcomes = ThreadWorld::new(2).run(|comm| {
         let world: Arc<dyn Collective> = Arc::new(comm);
-        let mut s = Fsdp::new(FsdpSharding::FullShard).build();
-        let units = deep_model(s.as_mut(), &world, false, OptimizerConfig::sgd(0.1))?;
+        let s = Fsdp::new(FsdpSharding::FullShard).build();
+        let (units, mut s) = deep_model(s.as_ref(), &world, false, OptimizerConfig::sgd(0.1))?;
         world.barrier()?;
         let before = heap::current();
         let loss = wick::core::no_grad(|| deep_loss(&units, STEP_ROWS))?;
@@ -227,8 +237,8 @@ fn step_growth(strategy: &str, ac: ActivationCheckpointing, rows: usize) -> usiz
     let world_size = if strategy == "single" { 1 } else { 2 };
     let outcomes = ThreadWorld::new(world_size).run(|comm| {
         let world: Arc<dyn Collective> = Arc::new(comm);
-        let mut s = make_checkpointed(strategy, ac);
-        let units = deep_model(s.as_mut(), &world, true, OptimizerConfig::sgd(0.1))?;
+        let s = make_checkpointed(strategy, ac);
+        let (units, mut s) = deep_model(s.as_ref(), &world, true, OptimizerConfig::sgd(0.1))?;
         deep_step(s.as_mut(), &units, 0.1, rows)?;
         world.barrier()?;
         if world.rank() == 0 {
@@ -251,8 +261,8 @@ fn heap_after_each_step(strategy: &str) -> Vec<(usize, usize)> {
     let heaps = std::sync::Mutex::new(Vec::with_capacity(8));
     let outcomes = ThreadWorld::new(world_size).run(|comm| {
         let world: Arc<dyn Collective> = Arc::new(comm);
-        let mut s = make(strategy);
-        let units = deep_model(s.as_mut(), &world, true, OptimizerConfig::adamw(1e-3))?;
+        let s = make(strategy);
+        let (units, mut s) = deep_model(s.as_ref(), &world, true, OptimizerConfig::adamw(1e-3))?;
         for _ in 0..8 {
             deep_step(s.as_mut(), &units, 1e-3, 2)?;
             world.barrier()?;

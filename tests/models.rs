@@ -7,7 +7,10 @@ use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use wick::core::{Algorithm, Callback, OptimizerConfig, RunState, SoloWorld, Strategy};
+use wick::core::{
+    configure_rank, Algorithm, Callback, OptimizerConfig, RankStrategy, RunState, SoloWorld,
+    Strategy,
+};
 use wick::models::{CausalLm, TextTokenizer};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding, Precision};
 use wick::trainer::{Attached, DataLoader, Dataset, Trainer};
@@ -82,11 +85,10 @@ fn pretrained(family: &str, optimizer: OptimizerConfig) -> CausalLm {
 }
 
 /// The model's parameters made on one CPU rank, outside a trainer.
-pub(crate) fn on_one_cpu(model: &mut CausalLm) -> Box<dyn Strategy> {
-    let mut single = strategy_by_name("single").unwrap();
-    single.connect(Arc::new(SoloWorld), Device::Cpu).unwrap();
-    wick::accelerator::Accelerator::setup(single.as_mut(), model, 0).unwrap();
-    single
+pub(crate) fn on_one_cpu(model: &mut CausalLm) -> Box<dyn RankStrategy> {
+    let single = strategy_by_name("single").unwrap();
+    let world = Arc::new(SoloWorld);
+    configure_rank(single.as_ref(), world, Device::Cpu, 0, model).unwrap()
 }
 
 pub(crate) fn trainer(devices: usize, strategy: Box<dyn Strategy>, steps: usize) -> Trainer {

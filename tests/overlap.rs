@@ -39,17 +39,16 @@ impl CustomOp1 for Mark {
 fn logs(w: usize, make: &(dyn Fn() -> Box<dyn Strategy> + Sync)) -> Vec<Vec<String>> {
     let logs = ThreadWorld::new(w).run(|comm| {
         let world = Recording::over(comm);
-        let mut s = make();
-        s.connect(world.clone(), Device::Cpu)?;
-        let ctx = s.sharded_context(1)?;
+        let open = make().open(world.clone(), Device::Cpu, 1)?;
+        let ctx = open.context();
         let units = {
             let _open = ctx.enter();
             (0..3)
                 .map(|i| ctx.wrap(&format!("l{i}"), |vb| candle_nn::linear(6, 6, vb)))
                 .collect::<candle_core::Result<Vec<_>>>()?
         };
-        s.finish_sharding()?;
-        s.configure_optimizer(&adamw(), StepOptions::default())?;
+        let mut s = open.finish()?;
+        s.configure_optimizer(&adamw(), StepOptions::default());
         for _ in 0..2 {
             let mut h = Tensor::ones((2, 6), DType::F32, &Device::Cpu)?;
             for (i, u) in units.iter().enumerate() {

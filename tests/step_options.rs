@@ -62,36 +62,43 @@ fn four_micro_batches_equal_one_batch_four_times_larger() {
     }
 }
 
-/// Two wrapped 3x3 linear layers under `s`, connected to `world`, with AdamW and `options`.
+/// Two wrapped 3x3 linear layers under `s` on `world`, and the rank's strategy holding
+/// them with AdamW and `options`.
 fn two_layers(
-    s: &mut dyn wick::core::Strategy,
+    s: &dyn wick::core::Strategy,
     world: std::sync::Arc<dyn Collective>,
     options: StepOptions,
-) -> wick::core::Result<Vec<wick::core::Wrapped<candle_nn::Linear>>> {
-    s.connect(world, Device::Cpu)?;
-    let ctx = s.sharded_context(1)?;
+) -> wick::core::Result<TwoLayers> {
+    let open = s.open(world, Device::Cpu, 1)?;
+    let ctx = open.context();
     let layers = {
         let _open = ctx.enter();
         (0..2)
             .map(|i| ctx.wrap(&format!("l{i}"), |vb| candle_nn::linear(3, 3, vb)))
             .collect::<candle_core::Result<Vec<_>>>()?
     };
-    s.finish_sharding()?;
-    s.configure_optimizer(&adamw(), options)?;
-    Ok(layers)
+    let mut s = open.finish()?;
+    s.configure_optimizer(&adamw(), options);
+    Ok((layers, s))
 }
+
+/// Wrapped layers and the rank's strategy that holds them.
+type TwoLayers = (
+    Vec<wick::core::Wrapped<candle_nn::Linear>>,
+    Box<dyn wick::core::RankStrategy>,
+);
 
 /// The report of one step of two linear layers under `strategy` at `w` ranks, each rank's
 /// batch its own rows of one global batch of 12, clipping to `clip`.
 fn step_report(w: usize, strategy: &str, clip: Option<f64>) -> Vec<wick::core::StepReport> {
     let reports = ThreadWorld::new(w).run(|comm| {
         let rank = comm.rank();
-        let mut s = wick::strategies::strategy_by_name(strategy)?;
+        let s = wick::strategies::strategy_by_name(strategy)?;
         let options = StepOptions {
             clip_grad_norm: clip,
             ..StepOptions::default()
         };
-        let layers = two_layers(s.as_mut(), std::sync::Arc::new(comm), options)?;
+        let (layers, mut s) = two_layers(s.as_ref(), std::sync::Arc::new(comm), options)?;
         let rows = Tensor::arange(0f32, 36., &Device::Cpu)?.reshape((12, 3))?;
         let mut h = rows.narrow(0, rank * 12 / w, 12 / w)?;
         for l in &layers {
@@ -124,12 +131,46 @@ fn each_step_reports_the_gradient_norm_before_clipping_as_one_device_sees_it() {
 }
 
 #[test]
+fn an_optimizer_step_before_configure_optimizer_is_a_step_order_error_on_every_rank() {
+    // The rank's strategy exists from `finish` on; its optimizer only once a fit (or a
+    // hand-written loop) configures one. Stepping before that is the caller's mistake,
+    // said on every rank before any collective, whatever the strategy.
+    for strategy in ["single", "ddp", "zero1", "zero2", "zero3", "fsdp"] {
+        let w = if strategy == "single" { 1 } else { 2 };
+        let errors = ThreadWorld::new(w).run(|comm| {
+            let s = wick::strategies::strategy_by_name(strategy)?;
+            let open = s.open(std::sync::Arc::new(comm), Device::Cpu, 1)?;
+            let layer = {
+                let ctx = open.context();
+                let _inside = ctx.enter();
+                ctx.wrap("l", |vb| candle_nn::linear(3, 3, vb))?
+            };
+            let mut rank = open.finish()?;
+            let x = Tensor::ones((2, 3), DType::F32, &Device::Cpu)?;
+            let y = layer.apply(&x, |l, x| l.forward(x))?;
+            rank.backward(&y.sqr()?.mean_all()?, GradSync::Reduce)?;
+            Ok::<_, wick::core::Error>(rank.optimizer_step(0.1).map(drop))
+        });
+        for e in errors {
+            let e = e
+                .unwrap()
+                .expect_err("a step without an optimizer must fail");
+            assert!(
+                matches!(&e, wick::core::Error::StepOrder { message, .. }
+                    if message.contains("configure_optimizer")),
+                "{strategy}: {e}"
+            );
+        }
+    }
+}
+
+#[test]
 fn no_gradient_collective_runs_before_the_last_micro_batch() {
     for strategy in STRATEGIES {
         let logs = ThreadWorld::new(2).run(|comm| {
             let world = Recording::over(comm);
-            let mut s = wick::strategies::strategy_by_name(strategy)?;
-            let layers = two_layers(s.as_mut(), world.clone(), StepOptions::default())?;
+            let s = wick::strategies::strategy_by_name(strategy)?;
+            let (layers, mut s) = two_layers(s.as_ref(), world.clone(), StepOptions::default())?;
             let x = Tensor::ones((2, 3), DType::F32, &Device::Cpu)?;
             let mut marks = Vec::new();
             for micro in 0..4 {

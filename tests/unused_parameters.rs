@@ -40,17 +40,22 @@ impl TrainModule for CutByLayerNorm {
     }
 }
 
+/// Makes a strategy afresh, for each trainer of a test.
+type MakeStrategy = Box<dyn Fn() -> Box<dyn Strategy>>;
+
 /// Every strategy, at 1 and 2 ranks.
-fn strategies() -> Vec<(String, usize, Box<dyn Strategy>)> {
-    let mut all: Vec<(String, usize, Box<dyn Strategy>)> = Vec::new();
-    all.push(("single".into(), 1, strategy_by_name("single").unwrap()));
+fn strategies() -> Vec<(String, usize, MakeStrategy)> {
+    let mut all: Vec<(String, usize, MakeStrategy)> = Vec::new();
+    let by_name =
+        |name: &'static str| -> MakeStrategy { Box::new(move || strategy_by_name(name).unwrap()) };
+    all.push(("single".into(), 1, by_name("single")));
     for world in [1, 2] {
         for name in ["ddp", "zero1", "zero2", "zero3"] {
-            all.push((name.into(), world, strategy_by_name(name).unwrap()));
+            all.push((name.into(), world, by_name(name)));
         }
         for sharding in [FsdpSharding::FullShard, FsdpSharding::ShardGradOp] {
             let name = format!("fsdp {sharding:?}");
-            all.push((name, world, Fsdp::new(sharding).build()));
+            all.push((name, world, Box::new(move || Fsdp::new(sharding).build())));
         }
     }
     all
@@ -62,12 +67,10 @@ const CUT: [&str; 4] = ["first.weight", "first.bias", "norm.weight", "norm.bias"
 fn every_strategy_names_the_parameters_without_gradient() {
     for (name, world, strategy) in strategies() {
         let mut model = Attached::new(CutByLayerNorm::default());
-        let mut probe = quiet_builder(world, strategy.for_new_rank(), 2)
-            .build()
-            .unwrap();
+        let mut probe = quiet_builder(world, strategy(), 2).build().unwrap();
         // Warned, not failed: training goes on.
         probe.fit(&mut model, &loader(), None).unwrap();
-        let e = quiet_builder(world, strategy, 2)
+        let e = quiet_builder(world, strategy(), 2)
             .error_on_unused_parameters(true)
             .build()
             .unwrap()
@@ -103,7 +106,7 @@ fn every_strategy_names_the_parameters_without_gradient() {
 #[test]
 fn a_model_whose_parameters_all_train_passes_the_strict_check() {
     for (name, world, strategy) in strategies() {
-        let mut trainer = quiet_builder(world, strategy, 2)
+        let mut trainer = quiet_builder(world, strategy(), 2)
             .error_on_unused_parameters(true)
             .build()
             .unwrap();
@@ -153,12 +156,12 @@ fn a_unit_that_is_never_applied_is_reported_by_every_strategy() {
             idle: None,
         };
         // Warned, not failed.
-        quiet_builder(world, strategy.for_new_rank(), 2)
+        quiet_builder(world, strategy(), 2)
             .build()
             .unwrap()
             .fit(&mut Attached::new(idle()), &loader(), None)
             .unwrap_or_else(|e| panic!("{name} at {world}: {e}"));
-        let e = quiet_builder(world, strategy, 2)
+        let e = quiet_builder(world, strategy(), 2)
             .error_on_unused_parameters(true)
             .build()
             .unwrap()

@@ -3,7 +3,7 @@ use crate::common::{full_parameters, loader, Mlp};
 use crate::common::Recording;
 use candle_core::{DType, Device, Module, Tensor};
 use wick::accelerator::ThreadWorld;
-use wick::core::{GradSync, OptimizerConfig, StepOptions, StrategySetup, StrategyStep};
+use wick::core::{GradSync, OptimizerConfig, StepOptions, Strategy};
 use wick::strategies::Zero3;
 use wick::trainer::{Attached, Trainer};
 
@@ -37,9 +37,8 @@ fn backward_issues_the_same_collectives_in_the_same_order_on_every_rank() {
     for w in 2..=4 {
         let logs = ThreadWorld::new(w).run(|comm| {
             let world = Recording::over(comm);
-            let mut zero3 = Zero3::new();
-            zero3.connect(world.clone(), Device::Cpu)?;
-            let ctx = zero3.sharded_context(3)?;
+            let open = Zero3::new().open(world.clone(), Device::Cpu, 3)?;
+            let ctx = open.context();
             let layers = {
                 let _open = ctx.enter();
                 (0..3)
@@ -50,8 +49,8 @@ fn backward_issues_the_same_collectives_in_the_same_order_on_every_rank() {
                     })
                     .collect::<candle_core::Result<Vec<_>>>()?
             };
-            zero3.finish_sharding()?;
-            zero3.configure_optimizer(&OptimizerConfig::adamw(0.01), StepOptions::default())?;
+            let mut zero3 = open.finish()?;
+            zero3.configure_optimizer(&OptimizerConfig::adamw(0.01), StepOptions::default());
             let x = Tensor::ones((4, 5), DType::F32, &Device::Cpu)?;
             for _ in 0..2 {
                 let mut h = x.clone();

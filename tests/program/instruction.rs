@@ -102,9 +102,10 @@ fn jsonl_examples_are_tokenized_and_masked_as_transformers_does() {
         assert_eq!(t, want, "target {i}");
     }
     let mut model = CausalLm::from_pretrained(hf_fixture("llama")).unwrap();
-    let mut single = strategy_by_name("single").unwrap();
-    single.connect(Arc::new(SoloWorld), Device::Cpu).unwrap();
-    wick::accelerator::Accelerator::setup(single.as_mut(), &mut model, 0).unwrap();
+    let single = strategy_by_name("single").unwrap();
+    let world = Arc::new(SoloWorld);
+    let _rank =
+        wick::core::configure_rank(single.as_ref(), world, Device::Cpu, 0, &mut model).unwrap();
     let loss = model
         .loss(&inputs, &targets)
         .unwrap()

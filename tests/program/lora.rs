@@ -9,11 +9,10 @@ use wick::models::{CausalLm, LoraConfig, PEFT_PREFIX};
 
 /// The logits of the first 32 token ids under `model`, on one CPU rank.
 fn logits(mut model: CausalLm) -> Tensor {
-    let mut single = wick::strategies::strategy_by_name("single").unwrap();
-    single
-        .connect(std::sync::Arc::new(wick::core::SoloWorld), Device::Cpu)
-        .unwrap();
-    wick::accelerator::Accelerator::setup(single.as_mut(), &mut model, 0).unwrap();
+    let single = wick::strategies::strategy_by_name("single").unwrap();
+    let world = std::sync::Arc::new(wick::core::SoloWorld);
+    let _rank =
+        wick::core::configure_rank(single.as_ref(), world, Device::Cpu, 0, &mut model).unwrap();
     let ids: Vec<u32> = (0..32u32).map(|i| (i * 37) % 384).collect();
     model
         .logits(&Tensor::from_vec(ids, (1, 32), &Device::Cpu).unwrap())

@@ -7,7 +7,7 @@ use crate::thread_budget::{run_within, ThreadBudget};
 use crate::worlds::{panic_message, EndedWorld, MpiWorld, NcclWorld, RankError, ThreadWorld};
 use candle_core::Device;
 use std::sync::Arc;
-use wick_core::{Collective, Error, Result, SoloWorld, Strategy, TrainModule};
+use wick_core::{Collective, Error, Result, SoloWorld};
 
 /// What a rank has once its environment is set up: its place in the world and its device.
 #[derive(Clone)]
@@ -360,26 +360,6 @@ impl Accelerator {
             world.world_size()
         );
         world.abort(1)
-    }
-
-    /// Runs the module's `configure_sharded_model` inside the strategy's sharding context,
-    /// the first time only: returns `false` without calling the hook when the strategy
-    /// already holds this module's parameters.
-    pub fn setup<M: TrainModule + ?Sized>(
-        strategy: &mut dyn Strategy,
-        module: &mut M,
-        seed: u64,
-    ) -> Result<bool> {
-        if strategy.is_configured() {
-            return Ok(false);
-        }
-        let ctx = strategy.sharded_context(seed)?;
-        {
-            let _open = ctx.enter();
-            module.configure_sharded_model(&ctx)?;
-        }
-        strategy.finish_sharding()?;
-        Ok(true)
     }
 }
 

@@ -4,9 +4,9 @@
 //! each other ([`ThreadWorld`]: ranks as threads of one process, the embedded default;
 //! [`LaunchEnv`]: a launcher such as `mpirun` or `srun` started one process per rank, and
 //! with the `mpi` feature they form an [`MpiWorld`]; with `nccl`, CUDA ranks form an
-//! [`NcclWorld`]; without those features both are stand-ins that say so), and
-//! [`Accelerator::setup`], which opens a strategy's sharding context and calls the module's
-//! `configure_sharded_model` inside it. Process-wide settings for CPU training (Candle's
+//! [`NcclWorld`]; without those features both are stand-ins that say so). A rank's world
+//! and device ([`RankEnv`]) are what core's `configure_rank` opens a strategy's sharding
+//! context on; the accelerator touches no parameter. Process-wide settings for CPU training (Candle's
 //! element-wise pool, glibc's malloc) are a program's explicit choice, one call:
 //! [`tune_host_process`]. What a device can tell of a step (its peak memory, its measured
 //! matmul rate) is here too ([`memory_peak`], [`matmul_peak_flops`], [`rank_peak_flops`]). It knows wick-core only; strategies meet it through
@@ -38,9 +38,9 @@ pub use thread_budget::ThreadBudget;
 pub use worlds::{EndedWorld, MpiWorld, NcclWorld, RankError, ThreadComm, ThreadWorld};
 
 // What a crate that uses wick-accelerator alone needs from wick-core to use its worlds and
-// `Accelerator::setup`; the rest of wick-core is reachable as `wick_accelerator::wick_core`.
+// set a module up on them; the rest of wick-core is reachable as `wick_accelerator::wick_core`.
 pub use wick_core;
 pub use wick_core::{
-    Collective, CollectiveError, CollectiveExt, Error, ReduceOp, ShardedContext, SoloWorld,
-    Strategy, TrainModule, Work,
+    configure_rank, Collective, CollectiveError, CollectiveExt, Error, RankStrategy, ReduceOp,
+    ShardedContext, SoloWorld, Strategy, TrainModule, Work,
 };

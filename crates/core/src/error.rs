@@ -174,12 +174,13 @@ pub enum Error {
         /// Its first parameter with an inf or NaN gradient, by name.
         parameter: String,
     },
-    /// A step was asked of a strategy before the stage that prepares it.
+    /// The steps were called in an order the strategy cannot run (an optimizer step after a
+    /// backward that kept its gradients local).
     #[error("strategy {strategy}: {message}")]
-    NotReady {
+    StepOrder {
         /// The strategy's name.
         strategy: String,
-        /// Which preparation is missing.
+        /// What came in the wrong order, and the order that works.
         message: String,
     },
 }

@@ -50,8 +50,9 @@ pub use solo_world::SoloWorld;
 pub use stage::Stage;
 pub use state::{FlatGroup, GroupRange, LossScale, RankState, StateReader, PARAM_KIND};
 pub use strategy::{
-    BackwardReport, GradSync, OnNonFinite, Sharding, StateBytes, StepOptions, StepReport, Strategy,
-    StrategySetup, StrategyState, StrategyStep,
+    configure_rank, BackwardReport, FinishSharding, GradSync, OnNonFinite, OpenSharding,
+    RankStrategy, Sharding, StateBytes, StepOptions, StepReport, Strategy, StrategyState,
+    StrategyStep,
 };
 pub use wait_clock::WaitClock;
 pub use weights::{ParamInit, PretrainedWeights, WeightSource};

@@ -3,6 +3,7 @@
 
 use crate::{
     Collective, LossScale, OptimizerConfig, RankState, Result, ShardedContext, StateReader,
+    TrainModule,
 };
 use candle_core::{Device, Shape, Tensor};
 use std::sync::Arc;
@@ -77,7 +78,7 @@ pub struct StepReport {
 }
 
 /// What the trainer asks of every optimizer step, whatever the strategy: given with the
-/// optimizer at [`StrategySetup::configure_optimizer`], for the fit about to run.
+/// optimizer at [`RankStrategy::configure_optimizer`], for the fit about to run.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepOptions {
     /// Clip the reduced gradients to this global L2 norm before each step (as torch's
@@ -87,7 +88,7 @@ pub struct StepOptions {
     /// every step, after reduction). Under dynamic loss scaling such steps are the
     /// scaler's to skip, whatever this says.
     pub on_nonfinite: OnNonFinite,
-    /// Look, during the first forward and backward after `configure_optimizer`, for
+    /// Look, during the first forward and backward after the optimizer was given, for
     /// parameters that get no gradient; that backward's [`BackwardReport`] names them.
     pub find_unused_parameters: bool,
 }
@@ -96,38 +97,33 @@ pub struct StepOptions {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BackwardReport {
     /// The parameters this backward gave no gradient, by name, where it looked (the first
-    /// backward after a `configure_optimizer` with
+    /// backward after the optimizer was given with
     /// [`StepOptions::find_unused_parameters`]); `None` elsewhere.
     pub unused_parameters: Option<Vec<String>>,
 }
 
-/// One rank's instance of a distribution strategy: the three roles it plays, each a trait
-/// of its own, so a reader (and a wrapper) sees which calls belong to which stage.
+/// A distribution strategy as built from its options, before any world exists: what the
+/// trainer holds, shared by every rank (DeepSpeed's config, Lightning's `Strategy` object).
 ///
-/// The trainer gives each rank its own instance ([`StrategySetup::for_new_rank`]) and
-/// calls, in order:
-/// - set-up ([`StrategySetup`]): [`connect`](StrategySetup::connect) at every stage,
-///   [`sharded_context`](StrategySetup::sharded_context) and
-///   [`finish_sharding`](StrategySetup::finish_sharding) once around
-///   `configure_sharded_model`, [`configure_optimizer`](StrategySetup::configure_optimizer)
-///   at each fit;
-/// - steps ([`StrategyStep`]): [`backward`](StrategyStep::backward) once per micro-batch,
-///   then [`optimizer_step`](StrategyStep::optimizer_step), each returning its report;
-/// - state ([`StrategyState`]): sizes, full parameters, and a checkpoint's save and load.
+/// Its one job is to open a rank's sharding context ([`Strategy::open`]); the
+/// [`RankStrategy`] that context finishes into holds everything that exists only once the
+/// world is up: this rank's parameters or shards, its groups, and (from the first fit on)
+/// its optimizer state. So no call can come before the parameters exist: there is nothing
+/// to call until the rank part does.
 ///
-/// Every type with the three is a `Strategy`.
-pub trait Strategy: StrategySetup + StrategyStep + StrategyState {}
-
-impl<S: StrategySetup + StrategyStep + StrategyState + ?Sized> Strategy for S {}
-
-/// A strategy's set-up: from a fresh instance to a rank whose parameters are laid out and
-/// whose optimizer is ready.
-pub trait StrategySetup: Send {
+/// The sequence for one rank, which [`configure_rank`] writes once:
+/// - [`open`](Strategy::open) on the rank's world and device;
+/// - the module creates its parameters inside [`OpenSharding::context`]
+///   (`configure_sharded_model`);
+/// - [`finish`](OpenSharding::finish) freezes the layout (buffers, buckets, shards), giving
+///   the rank's [`RankStrategy`], which builds an optimizer at each fit
+///   ([`RankStrategy::configure_optimizer`]).
+pub trait Strategy: Send + Sync {
     /// The registry name (`single`, `ddp`, ...).
     fn name(&self) -> &str;
 
-    /// A fresh, unconfigured instance with the same options, for another rank.
-    fn for_new_rank(&self) -> Box<dyn Strategy>;
+    /// Which model state this strategy shards over the ranks.
+    fn sharding(&self) -> Sharding;
 
     /// The ranks this strategy can run on; `Err` names what is wrong with `world_size`.
     fn check_world_size(&self, world_size: usize) -> Result<()> {
@@ -135,26 +131,82 @@ pub trait StrategySetup: Send {
         Ok(())
     }
 
-    /// Attaches this rank's world for the stage about to run (a collective for strategies
-    /// that split it into groups).
-    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) -> Result<()>;
-
-    /// Opens the context in which the module creates its parameters.
-    fn sharded_context(&mut self, seed: u64) -> Result<ShardedContext>;
-
-    /// Called after `configure_sharded_model` returned and the context closed: freeze the
-    /// parameter layout (buffers, buckets, shards).
-    fn finish_sharding(&mut self) -> Result<()>;
-
-    /// Whether `configure_sharded_model` already ran for this instance.
-    fn is_configured(&self) -> bool;
-
-    /// Builds the optimizer over this rank's parameters (or their shards), with what each
-    /// step of the fit about to run does beside it.
-    fn configure_optimizer(&mut self, config: &OptimizerConfig, options: StepOptions)
-        -> Result<()>;
+    /// Opens this rank's sharding context on `world` (which strategies that shard in groups
+    /// split) and `device`; parameters created in it draw their initial values from `seed`.
+    fn open(&self, world: Arc<dyn Collective>, device: Device, seed: u64) -> Result<OpenSharding>;
 }
 
+/// One rank's sharding context while the module creates its parameters in it: what
+/// [`Strategy::open`] gives and [`OpenSharding::finish`] ends.
+pub struct OpenSharding {
+    context: ShardedContext,
+    finish: Box<FinishSharding>,
+}
+
+/// How a strategy turns the parameters created in its context into the rank's part.
+pub type FinishSharding = dyn FnOnce() -> Result<Box<dyn RankStrategy>> + Send;
+
+impl OpenSharding {
+    /// A rank's `context`, which `finish` ends (a strategy's [`Strategy::open`] makes it).
+    pub fn new(context: ShardedContext, finish: Box<FinishSharding>) -> Self {
+        OpenSharding { context, finish }
+    }
+
+    /// The context `configure_sharded_model` creates the parameters in.
+    pub fn context(&self) -> &ShardedContext {
+        &self.context
+    }
+
+    /// Freezes the parameter layout (buffers, buckets, shards) once the module created its
+    /// parameters, giving the rank's part. Fails with [`Error::NoParameters`](crate::Error)
+    /// when the module created no trainable one.
+    pub fn finish(self) -> Result<Box<dyn RankStrategy>> {
+        (self.finish)()
+    }
+}
+
+/// Creates `module`'s parameters on this rank under `strategy`: opens the sharding context on
+/// `world` and `device`, runs `configure_sharded_model` inside it, and finishes it. It
+/// touches no device of its own: the trainer calls it once per rank, on the world and device
+/// the accelerator set up.
+pub fn configure_rank<M: TrainModule + ?Sized>(
+    strategy: &dyn Strategy,
+    world: Arc<dyn Collective>,
+    device: Device,
+    seed: u64,
+    module: &mut M,
+) -> Result<Box<dyn RankStrategy>> {
+    let open = strategy.open(world, device, seed)?;
+    {
+        let ctx = open.context();
+        let _inside = ctx.enter();
+        module.configure_sharded_model(ctx)?;
+    }
+    open.finish()
+}
+
+/// One rank's part of a strategy once its parameters exist: made by
+/// [`OpenSharding::finish`], it holds this rank's parameters or shards, its groups and,
+/// once configured, its optimizer state, and plays two roles beside its own, each a trait of its own so a reader
+/// (and a wrapper) sees which calls belong where:
+/// - steps ([`StrategyStep`]): [`backward`](StrategyStep::backward) once per micro-batch,
+///   then [`optimizer_step`](StrategyStep::optimizer_step), each returning its report;
+/// - state ([`StrategyState`]): sizes, full parameters, and a checkpoint's save and load.
+pub trait RankStrategy: StrategyStep + StrategyState + Send {
+    /// The registry name of the strategy that made it.
+    fn name(&self) -> &str;
+
+    /// Attaches the world of the stage about to run (each stage brings its own; strategies
+    /// that shard in groups split it again).
+    fn connect(&mut self, world: Arc<dyn Collective>, device: Device) -> Result<()>;
+
+    /// Builds a fresh optimizer from `config` over this rank's parameters or shards (its
+    /// state empty, its step count 0), with what each step of the fit about to run does
+    /// beside it: the trainer calls it at the start of every fit, after the module's
+    /// `configure_optimizers`. An optimizer step or a checkpoint load before it is an
+    /// [`Error::StepOrder`](crate::Error::StepOrder).
+    fn configure_optimizer(&mut self, config: &OptimizerConfig, options: StepOptions);
+}
 /// A strategy's training step: backward per micro-batch, then the optimizer step.
 pub trait StrategyStep {
     /// Back-propagates `loss` and accumulates the gradients. `sync` says where this
@@ -208,7 +260,7 @@ pub trait StrategyState {
 
     /// Replaces the parameters and optimizer state (and its step count) with the saved ones
     /// `reader` serves, whatever world size saved them. Called after
-    /// [`configure_optimizer`](StrategySetup::configure_optimizer).
+    /// [`configure_optimizer`](RankStrategy::configure_optimizer).
     fn load_state(&mut self, reader: &dyn StateReader) -> Result<()>;
 }
 

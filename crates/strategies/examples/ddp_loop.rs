@@ -5,21 +5,19 @@
 
 use candle_core::{Device, Module, Tensor};
 use std::sync::Arc;
-use wick_strategies::{
-    Ddp, Error, GradSync, OptimizerConfig, SoloWorld, StepOptions, StrategySetup, StrategyState,
-    StrategyStep,
-};
+use wick_strategies::{Ddp, Error, GradSync, OptimizerConfig, SoloWorld, StepOptions, Strategy};
 
 fn main() -> Result<(), Error> {
-    let mut ddp = Ddp::new();
-    ddp.connect(Arc::new(SoloWorld), Device::Cpu)?;
-    let ctx = ddp.sharded_context(7)?;
+    // The strategy opens this rank's sharding context; the parameters are created in it,
+    // and finishing it gives the rank's part, which holds them and the optimizer.
+    let open = Ddp::new().open(Arc::new(SoloWorld), Device::Cpu, 7)?;
     let layer = {
-        let _open = ctx.enter();
+        let ctx = open.context();
+        let _inside = ctx.enter();
         candle_nn::linear(1, 1, ctx.var_builder().pp("fit"))?
     };
-    ddp.finish_sharding()?;
-    ddp.configure_optimizer(&OptimizerConfig::sgd(0.1), StepOptions::default())?;
+    let mut ddp = open.finish()?;
+    ddp.configure_optimizer(&OptimizerConfig::sgd(0.1), StepOptions::default());
 
     let x = Tensor::new(&[[0f32], [1.], [2.], [3.]], &Device::Cpu)?;
     let y = Tensor::new(&[[-1f32], [1.], [3.], [5.]], &Device::Cpu)?;

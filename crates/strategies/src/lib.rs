@@ -39,6 +39,6 @@ pub use step::precision::Precision;
 pub use wick_core;
 pub use wick_core::{
     Algorithm, BackwardReport, Collective, CollectiveExt, Error, GradSync, LrSchedule,
-    OptimizerConfig, ReduceOp, ShardedContext, SoloWorld, StepOptions, StepReport, Strategy,
-    StrategySetup, StrategyState, StrategyStep, TrainModule, Wrapped,
+    OpenSharding, OptimizerConfig, RankStrategy, ReduceOp, ShardedContext, SoloWorld, StepOptions,
+    StepReport, Strategy, StrategyState, StrategyStep, TrainModule, Wrapped,
 };

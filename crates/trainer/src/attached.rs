@@ -2,7 +2,7 @@
 //! session): the rank replicas and strategies that hold its parameters between stages.
 
 use std::ops::Deref;
-use wick_core::Strategy;
+use wick_core::RankStrategy;
 
 /// A module in the form in which [`Trainer`](crate::Trainer)'s stages take it, with what
 /// they set up for it.
@@ -31,12 +31,13 @@ pub struct Attached<M> {
     session: Option<Session<M>>,
 }
 
-/// What one trainer set up for a module: a strategy per local rank, and the modules of the
-/// local ranks after the first (whose module is the `Attached` one).
+/// What one trainer set up for a module: each local rank's strategy, made when the module
+/// created its parameters, and the modules of the local ranks after the first (whose module
+/// is the `Attached` one). It exists only once every local rank set the module up.
 pub(crate) struct Session<M> {
     /// The identity of the [`Trainer`](crate::Trainer) that set it up.
     pub(crate) trainer: u64,
-    pub(crate) strategies: Vec<Box<dyn Strategy>>,
+    pub(crate) strategies: Vec<Box<dyn RankStrategy>>,
     pub(crate) replicas: Vec<M>,
 }
 
@@ -63,11 +64,9 @@ impl<M> Attached<M> {
         self.module
     }
 
-    /// The first strategy of the session, once a trainer configured this module.
-    fn configured(&self) -> Option<&dyn Strategy> {
-        let session = self.session.as_ref()?;
-        let first = session.strategies.first()?;
-        first.is_configured().then_some(first.as_ref())
+    /// The first rank's strategy of the session, once a trainer configured this module.
+    fn configured(&self) -> Option<&dyn RankStrategy> {
+        Some(self.session.as_ref()?.strategies.first()?.as_ref())
     }
 
     /// Trainable scalar parameters, once a trainer configured this module.

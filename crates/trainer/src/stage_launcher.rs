@@ -6,27 +6,30 @@ use crate::attached::Session;
 use crate::config::Config;
 use crate::logging::progress::Progress;
 use crate::logging::sinks::StepSinks;
-use crate::loops::{run_stage, CallbackList, RankContext, RankOutput, StageInput};
+use crate::loops::{enter_stage, run_stage, CallbackList, RankContext, RankOutput, StageInput};
 use crate::{Attached, Dataset, Replicate, TrainerError};
 use wick_accelerator::{Accelerator, RankError};
-use wick_core::{BlockingWorld, Callback, CollectiveError, Stage, Strategy, WaitClock};
+use wick_core::{
+    BlockingWorld, Callback, CollectiveError, RankStrategy, Stage, Strategy, WaitClock,
+};
 
 /// What launching a stage on this process's ranks reads of its trainer.
 pub(crate) struct StageLauncher<'a> {
     /// The trainer's identity, which the module's session is kept under.
     pub(crate) trainer: u64,
     pub(crate) accelerator: &'a Accelerator,
-    /// The strategy each new rank gets a fresh copy of.
+    /// The strategy each rank sets the module up under, the first time.
     pub(crate) strategy: &'a dyn Strategy,
     pub(crate) callbacks: &'a [Box<dyn Callback>],
     pub(crate) config: &'a Config,
 }
 
-/// What rank r of a stage takes for its own: its module, its strategy, its callbacks and,
-/// on rank 0, the fit's step sinks.
+/// What rank r of a stage takes for its own: its module, its strategy (set up by an
+/// earlier stage, or to be set up by this one), its callbacks and, on rank 0, the fit's step
+/// sinks.
 type RankInput<'a, 's, M> = (
     &'a mut M,
-    &'a mut Box<dyn Strategy>,
+    &'a mut Option<Box<dyn RankStrategy>>,
     Vec<Box<dyn Callback>>,
     StepSinks<'s>,
 );
@@ -50,62 +53,85 @@ impl StageLauncher<'_> {
             loader.check(world_size)?;
         }
         let (module, kept) = module.parts_for(self.trainer);
-        let session = match kept {
-            Some(session) => session,
-            None => kept.insert(self.new_session(module)?),
+        // The ranks' strategies of an earlier stage; or none yet, and each rank sets the
+        // module up at the start of this stage.
+        let (mut replicas, mut strategies): (Vec<M>, Vec<Option<_>>) = match kept.take() {
+            Some(session) => (
+                session.replicas,
+                session.strategies.into_iter().map(Some).collect(),
+            ),
+            None => (
+                self.new_replicas(module)?,
+                self.accelerator.local_ranks().map(|_| None).collect(),
+            ),
         };
         let mut sinks = Some(sinks);
-        let inputs: Vec<RankInput<'_, '_, M>> = std::iter::once(module)
-            .chain(session.replicas.iter_mut())
-            .zip(session.strategies.iter_mut())
+        let inputs: Vec<RankInput<'_, '_, M>> = std::iter::once(&mut *module)
+            .chain(replicas.iter_mut())
+            .zip(strategies.iter_mut())
             .map(|(m, s)| {
                 let callbacks = self.callbacks.iter().map(|c| c.clone_box()).collect();
                 (m, s, callbacks, sinks.take().unwrap_or_default())
             })
             .collect();
-        let config = self.config;
+        let (config, strategy) = (self.config, self.strategy);
         let outcomes = self.accelerator.launch_each(inputs, |mut env, input| {
-            let (module, strategy, callbacks, sinks) = input;
+            let (module, slot, callbacks, sinks) = input;
             if !config.overlap_comm {
                 env.world = BlockingWorld::over(env.world.clone());
             }
             // Every collective of the stage, the strategy's and the trainer's, is timed.
             let clock = WaitClock::over(env.world.clone());
             env.world = clock.clone();
+            let mut callbacks = CallbackList::new(callbacks, env.rank, env.world_size);
+            let strategy = enter_stage(
+                &env,
+                module,
+                &mut callbacks,
+                (strategy, slot),
+                stage,
+                config.seed,
+            )?;
             let ctx = RankContext {
                 bars: Progress::new_if_terminal(env.rank == 0 && config.progress),
-                callbacks: CallbackList::new(callbacks, env.rank, env.world_size),
+                callbacks,
                 env,
                 clock,
                 sinks,
                 module,
-                strategy: strategy.as_mut(),
+                strategy,
                 config,
             };
             run_stage(ctx, stage, loaders)
         });
-        let idled = idle(self.accelerator, &mut session.strategies);
+        // Kept for the stages to come only where every local rank set the module up: a
+        // rank that failed to leaves none, and the next stage sets every rank up afresh.
+        let set_up: Option<Vec<Box<dyn RankStrategy>>> = strategies.into_iter().collect();
+        let idled = match set_up {
+            Some(mut strategies) => {
+                let idled = idle(self.accelerator, &mut strategies);
+                *kept = Some(Session {
+                    trainer: self.trainer,
+                    strategies,
+                    replicas,
+                });
+                idled
+            }
+            None => Ok(()),
+        };
         let outputs = collect_ranks(self.accelerator.local_ranks().start, outcomes)?;
         idled?;
         Ok(outputs)
     }
 
-    /// A fresh session for `module`: a strategy per local rank and, with ranks as threads,
-    /// a module for each rank after the first (a process under a launcher runs its own
-    /// rank only, on the caller's module, and clones nothing).
-    fn new_session<M: Replicate>(&self, module: &M) -> Result<Session<M>, TrainerError> {
+    /// With ranks as threads, a module for each rank after the first (a process under a
+    /// launcher runs its own rank only, on the caller's module, and clones nothing).
+    fn new_replicas<M: Replicate>(&self, module: &M) -> Result<Vec<M>, TrainerError> {
         let local = self.accelerator.local_ranks();
-        Ok(Session {
-            trainer: self.trainer,
-            strategies: local
-                .clone()
-                .map(|_| self.strategy.for_new_rank())
-                .collect(),
-            replicas: local
-                .skip(1)
-                .map(|_| module.replica().ok_or_else(no_replica))
-                .collect::<Result<Vec<M>, _>>()?,
-        })
+        local
+            .skip(1)
+            .map(|_| module.replica().ok_or_else(no_replica))
+            .collect()
     }
 }
 
@@ -115,7 +141,7 @@ impl StageLauncher<'_> {
 /// that left, and whatever the stage gathered is freed.
 pub(crate) fn idle(
     accelerator: &Accelerator,
-    strategies: &mut [Box<dyn Strategy>],
+    strategies: &mut [Box<dyn RankStrategy>],
 ) -> Result<(), TrainerError> {
     let first = accelerator.local_ranks().start;
     for (rank, strategy) in (first..).zip(strategies.iter_mut()) {

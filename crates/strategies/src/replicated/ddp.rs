@@ -7,10 +7,10 @@
 //! parameters, so replicas stay identical without a broadcast.
 
 use crate::replicated::bucket_reduce::{buckets, BucketPlan, DEFAULT_BUCKET_CAP_BYTES};
+use crate::replicated::grad_reduce::GradReduce;
 use crate::replicated::replicated_state::ReplicatedState;
-use crate::replicated::replicated_strategy::{GradReduce, Replicated};
-use candle_core::Var;
-use wick_core::{Result, Sharding};
+use crate::replicated::replicated_strategy::Replicated;
+use wick_core::{Result, Sharding, StepReport};
 
 /// Distributed data parallel.
 pub type Ddp = Replicated<BucketedAllReduce>;
@@ -40,12 +40,6 @@ impl Ddp {
         self.reduce_mut().bucket_cap_bytes = bytes.max(1);
         self
     }
-
-    /// The parameter indices of each bucket, in all-reduce order (empty before the
-    /// parameters exist).
-    pub fn buckets(&self) -> Vec<Vec<usize>> {
-        self.reduce().buckets(&self.state().params)
-    }
 }
 
 impl Default for Ddp {
@@ -55,25 +49,21 @@ impl Default for Ddp {
 }
 
 impl BucketedAllReduce {
-    /// Buckets of `params` in reverse order, each up to the cap (or one larger parameter).
-    fn buckets(&self, params: &[Var]) -> Vec<Vec<usize>> {
-        buckets(params, self.bucket_cap_bytes)
-    }
-
-    /// Every bucket all-reduced.
+    /// Every bucket all-reduced: buckets of the parameters in reverse order, each up to the
+    /// cap (or one larger parameter).
     fn plan(&self, state: &ReplicatedState) -> BucketPlan {
-        BucketPlan::whole(self.buckets(&state.params))
+        BucketPlan::whole(buckets(&state.params, self.bucket_cap_bytes))
     }
 }
 
 impl GradReduce for BucketedAllReduce {
-    fn step(&self, name: &str, state: &mut ReplicatedState) -> Result<()> {
-        let grads = state.averaged_grads(name, self.plan(state))?;
-        state.apply(name, grads)
+    fn step(&self, state: &mut ReplicatedState) -> Result<StepReport> {
+        let grads = state.averaged_grads(self.plan(state))?;
+        state.apply(grads)
     }
 
-    fn overlapped(&self, _name: &str, state: &ReplicatedState) -> Result<Option<BucketPlan>> {
-        Ok(Some(self.plan(state)))
+    fn overlapped(&self, state: &ReplicatedState) -> Option<BucketPlan> {
+        Some(self.plan(state))
     }
 
     fn sharding(&self) -> Sharding {

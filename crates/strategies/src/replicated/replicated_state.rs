@@ -11,7 +11,7 @@ use crate::replicated::bucket_reduce::{
     backward_handing_over, reduce_buckets, BucketPlan, BucketReduction,
 };
 use crate::step::grads::GradAccumulator;
-use crate::step::nonfinite::{check_and_clip, first_nonfinite};
+use crate::step::nonfinite::{check_and_clip, first_nonfinite, step_report};
 use crate::units::param_request::{check_asked_again, check_dtype};
 use crate::units::param_use::unreached;
 use crate::units::recompute_op::RecomputedGrads;
@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use wick_core::{
     lock, ActivationCheckpointing, BackwardReport, Collective, Error, GroupRange, OptimizerConfig,
-    ParamRequest, ParamSource, RankState, RecomputeFn, Result, ShardedContext, StateBytes,
-    StateReader, StepOptions, UnitPlan, PARAM_KIND,
+    ParamRequest, ParamSource, RankState, RecomputeFn, Result, StateBytes, StateReader,
+    StepOptions, StepReport, UnitPlan, PARAM_KIND,
 };
 
 /// Full parameters created on request, identical on every rank (the init is counter-based,
@@ -91,19 +91,36 @@ impl ParamSource for ReplicatedParams {
     }
 }
 
-/// One rank's replicated model state: parameters, accumulated gradients, optimizer.
-#[derive(Default)]
+impl ReplicatedParams {
+    /// An empty store whose parameters draw their values from `seed`.
+    pub(crate) fn new(seed: u64, activation_checkpointing: ActivationCheckpointing) -> Self {
+        ReplicatedParams {
+            seed,
+            params: Mutex::new(Vec::new()),
+            frozen: Mutex::new(Vec::new()),
+            units: AtomicUsize::new(0),
+            activation_checkpointing,
+            recomputed: Arc::default(),
+        }
+    }
+}
+
+/// One rank's replicated model state: parameters, accumulated gradients, optimizer. It
+/// exists once `configure_sharded_model` created the parameters.
 pub(crate) struct ReplicatedState {
-    pub(crate) world: Option<Arc<dyn Collective>>,
-    device: Option<Device>,
-    source: Option<Arc<ReplicatedParams>>,
-    /// Set when the parameters exist (see [`ReplicatedState::layout`]).
-    layout: Option<FlatLayout>,
+    /// The strategy's registry name, for its errors.
+    name: &'static str,
+    world: Arc<dyn Collective>,
+    device: Device,
+    /// All parameters laid out flat over the world: ZeRO 1-2 shard the optimizer state by
+    /// it, and checkpoints save rank r's 1/W range of it (no rank writes everything).
+    pub(crate) layout: FlatLayout,
     pub(crate) names: Vec<String>,
     pub(crate) params: Vec<Var>,
     /// Parameters without gradient or optimizer state, by name.
     frozen: Vec<(String, Tensor)>,
     grads: GradAccumulator,
+    /// Built for each fit (`configure_optimizer`): per fit, not per rank.
     optimizer: Option<Optimizer>,
     /// Bytes of the reduced gradients the last step used (set by the strategy).
     pub(crate) grad_bytes: usize,
@@ -117,97 +134,69 @@ pub(crate) struct ReplicatedState {
     in_flight: Option<BucketReduction>,
     /// Gradients already averaged by a reducing backward no step followed.
     reduced: Option<Vec<Tensor>>,
-    /// Whether the last step was skipped for them.
-    pub(crate) skipped: bool,
-    /// The last step's gradient norm before clipping, where clipping computed it.
-    pub(crate) grad_norm: Option<f64>,
 }
 
 impl ReplicatedState {
-    pub(crate) fn connect(&mut self, world: Arc<dyn Collective>, device: Device) {
-        self.world = Some(world);
-        self.device = Some(device);
-    }
-
-    fn not_ready(strategy: &str, message: &str) -> Error {
-        Error::NotReady {
-            strategy: strategy.to_string(),
-            message: message.to_string(),
-        }
-    }
-
-    fn device(&self, strategy: &str) -> Result<Device> {
-        self.device
-            .clone()
-            .ok_or_else(|| Self::not_ready(strategy, "no device connected"))
-    }
-
-    pub(crate) fn world(&self, strategy: &str) -> Result<&Arc<dyn Collective>> {
-        self.world
-            .as_ref()
-            .ok_or_else(|| Self::not_ready(strategy, "no world connected"))
-    }
-
-    pub(crate) fn sharded_context(
-        &mut self,
-        strategy: &str,
-        seed: u64,
-        activation_checkpointing: ActivationCheckpointing,
-    ) -> Result<ShardedContext> {
-        let world = self.world(strategy)?.clone();
-        let device = self.device(strategy)?;
-        let source = Arc::new(ReplicatedParams {
-            seed,
-            params: Mutex::new(Vec::new()),
-            frozen: Mutex::new(Vec::new()),
-            units: AtomicUsize::new(0),
-            activation_checkpointing,
-            recomputed: self.recomputed.clone(),
-        });
-        self.source = Some(source.clone());
-        Ok(ShardedContext::new(source, world, device, strategy))
-    }
-
-    pub(crate) fn finish_sharding(&mut self, strategy: &str) -> Result<()> {
-        let source = self
-            .source
-            .take()
-            .ok_or_else(|| Self::not_ready(strategy, "no sharding context was opened"))?;
+    /// The state of the parameters `source` created over `world`, for the strategy `name`.
+    pub(crate) fn new(
+        name: &'static str,
+        source: &ReplicatedParams,
+        world: Arc<dyn Collective>,
+        device: Device,
+    ) -> Result<Self> {
         let params = std::mem::take(&mut *source.lock());
-        (self.names, self.params) = params.into_iter().unzip();
-        self.frozen = std::mem::take(&mut *lock(&source.frozen));
-        let world_size = self.world(strategy)?.world_size();
-        self.layout = Some(FlatLayout::new(self.parameter_shapes(), world_size));
-        Ok(())
-    }
-
-    /// All parameters laid out flat over the world: ZeRO 1-2 shard the optimizer state by
-    /// it, and checkpoints save rank r's 1/W range of it (no rank writes everything).
-    pub(crate) fn layout(&self, strategy: &str) -> Result<&FlatLayout> {
-        self.layout
-            .as_ref()
-            .ok_or_else(|| Self::not_ready(strategy, "step before configure_sharded_model"))
-    }
-
-    pub(crate) fn is_configured(&self) -> bool {
-        !self.params.is_empty()
-    }
-
-    pub(crate) fn configure_optimizer(
-        &mut self,
-        config: &OptimizerConfig,
-        options: StepOptions,
-    ) -> Result<()> {
-        if self.params.is_empty() {
+        if params.is_empty() {
             return Err(Error::NoParameters);
         }
+        let (names, params): (Vec<String>, Vec<Var>) = params.into_iter().unzip();
+        let shapes = names
+            .iter()
+            .cloned()
+            .zip(params.iter().map(|p| p.shape().clone()));
+        let layout = FlatLayout::new(shapes, world.world_size());
+        Ok(ReplicatedState {
+            name,
+            world,
+            device,
+            layout,
+            names,
+            params,
+            frozen: std::mem::take(&mut *lock(&source.frozen)),
+            grads: GradAccumulator::default(),
+            optimizer: None,
+            grad_bytes: 0,
+            options: StepOptions::default(),
+            find_unused: false,
+            recomputed: source.recomputed.clone(),
+            in_flight: None,
+            reduced: None,
+        })
+    }
+
+    pub(crate) fn connect(&mut self, world: Arc<dyn Collective>, device: Device) {
+        self.world = world;
+        self.device = device;
+    }
+
+    pub(crate) fn world(&self) -> &Arc<dyn Collective> {
+        &self.world
+    }
+
+    /// The optimizer of the fit under way, or the error of a step before any fit built one.
+    pub(crate) fn optimizer(&mut self) -> Result<&mut Optimizer> {
+        let name = self.name;
+        self.optimizer.as_mut().ok_or_else(|| no_optimizer(name))
+    }
+
+    /// A fresh optimizer and step options for the fit about to run; nothing of the last
+    /// fit's step is left over.
+    pub(crate) fn configure_optimizer(&mut self, config: &OptimizerConfig, options: StepOptions) {
         self.optimizer = Some(Optimizer::new(config));
         self.options = options;
         self.find_unused = options.find_unused_parameters;
         self.grads = GradAccumulator::default();
         self.in_flight = None;
         self.reduced = None;
-        Ok(())
     }
 
     /// Back-propagates `loss`, adding the gradients to those of earlier micro-batches. With
@@ -215,7 +204,6 @@ impl ReplicatedState {
     /// reduction is issued while backward runs; [`Self::averaged_grads`] waits for them.
     pub(crate) fn backward(
         &mut self,
-        strategy: &str,
         loss: &Tensor,
         plan: Option<BucketPlan>,
     ) -> Result<BackwardReport> {
@@ -239,7 +227,7 @@ impl ReplicatedState {
                 unused_parameters: unused,
             });
         };
-        let world = self.world(strategy)?.clone();
+        let world = self.world.clone();
         let mut reduction = BucketReduction::new(&self.params, plan, self.grads.take_partial());
         let store = backward_handing_over(loss, &mut |var, grad| {
             reduction.ready(world.as_ref(), var, grad)
@@ -298,19 +286,14 @@ impl ReplicatedState {
     /// The gradients averaged over the ranks, in `plan`'s form (each parameter's, or this
     /// rank's shard of them): what backward reduced as it ran, plus the reduction by `plan`
     /// of what is still local. `plan` must be the one backward reduced with, if any.
-    pub(crate) fn averaged_grads(
-        &mut self,
-        strategy: &str,
-        plan: BucketPlan,
-    ) -> Result<Vec<Tensor>> {
+    pub(crate) fn averaged_grads(&mut self, plan: BucketPlan) -> Result<Vec<Tensor>> {
         self.settle_reduced()?;
         let reduced = match (self.reduced.take(), self.grads.is_empty()) {
             (Some(reduced), true) => return Ok(reduced),
             (reduced, _) => reduced,
         };
         let local = self.take_grads()?;
-        let world = self.world(strategy)?;
-        let averaged = reduce_buckets(world.as_ref(), &self.params, plan, local)?;
+        let averaged = reduce_buckets(self.world.as_ref(), &self.params, plan, local)?;
         Ok(match reduced {
             Some(reduced) => add_all(reduced, averaged)?,
             None => averaged,
@@ -322,42 +305,33 @@ impl ReplicatedState {
         Ok(self.grads.take(&self.params)?)
     }
 
-    /// The optimizer built by `configure_optimizer`.
-    pub(crate) fn optimizer(&mut self, strategy: &str) -> Result<&mut Optimizer> {
-        self.optimizer
-            .as_mut()
-            .ok_or_else(|| Self::not_ready(strategy, "optimizer_step before configure_optimizer"))
-    }
-
-    /// Whether to step with the reduced `grads` (see [`check_and_clip`], which clips them
-    /// when it says yes): `local` is this rank's first parameter with an inf or NaN
-    /// gradient, `shards_over` the world whose ranks hold the other parts of the gradients
-    /// (`None` when every rank holds them all). Records a skip, or the norm.
+    /// The step's verdict on the reduced `grads` (see [`check_and_clip`], which clips them
+    /// when it says to step): their norm before clipping, or `None` to skip. `local` is this
+    /// rank's first parameter with an inf or NaN gradient, `shards_over` the world whose
+    /// ranks hold the other parts of the gradients (`None` when every rank holds them all).
     pub(crate) fn check(
-        &mut self,
+        &self,
         grads: &mut [Tensor],
         local: Option<usize>,
         shards_over: Option<&dyn Collective>,
-    ) -> Result<bool> {
+    ) -> Result<Option<f64>> {
         let names = &self.names;
-        self.grad_norm = check_and_clip(grads, local, shards_over, &self.options, |i| {
+        check_and_clip(grads, local, shards_over, &self.options, |i| {
             names[i].clone()
-        })?;
-        self.skipped = self.grad_norm.is_none();
-        Ok(!self.skipped)
+        })
     }
 
     /// Clips (if asked) and steps every full parameter with its reduced gradient, unless
     /// one holds inf or NaN.
-    pub(crate) fn apply(&mut self, strategy: &str, mut grads: Vec<Tensor>) -> Result<()> {
+    pub(crate) fn apply(&mut self, mut grads: Vec<Tensor>) -> Result<StepReport> {
         let local = first_nonfinite(&grads)?;
-        if !self.check(&mut grads, local, None)? {
-            return Ok(());
+        let grad_norm = self.check(&mut grads, local, None)?;
+        if grad_norm.is_some() {
+            self.grad_bytes = grads.iter().map(tensor_bytes).sum();
+            let params = self.params.clone();
+            self.optimizer()?.step(&params, &grads)?;
         }
-        self.grad_bytes = grads.iter().map(tensor_bytes).sum();
-        let params = self.params.clone();
-        self.optimizer(strategy)?.step(&params, &grads)?;
-        Ok(())
+        Ok(step_report(grad_norm))
     }
 
     pub(crate) fn parameter_shapes(&self) -> Vec<(String, candle_core::Shape)> {
@@ -402,21 +376,18 @@ impl ReplicatedState {
         self.frozen.iter().map(|(_, t)| t.elem_count()).sum()
     }
 
-    /// This rank's range of the [`layout`](Self::layout). The optimizer state is per
+    /// This rank's range of the `layout`. The optimizer state is per
     /// parameter, or one flat shard of the layout when `flat_optimizer` (ZeRO 1-2).
-    pub(crate) fn save_state(&self, strategy: &str, flat_optimizer: bool) -> Result<RankState> {
-        let layout = self.layout(strategy)?;
-        let range = layout.owned(self.world(strategy)?.rank());
+    pub(crate) fn save_state(&self, flat_optimizer: bool) -> Result<RankState> {
+        let layout = &self.layout;
+        let range = layout.owned(self.world.rank());
         let params: Vec<Tensor> = self.params.iter().map(|p| p.as_tensor().clone()).collect();
         let mut tensors = vec![(
             PARAM_KIND.to_string(),
             concat_range(layout, &params, range.clone())?,
         )];
-        let (step, state) = self
-            .optimizer
-            .as_ref()
-            .map_or((0, Vec::new()), |o| (o.step_count(), o.state()));
-        for (kind, per_param) in state {
+        let optimizer = self.optimizer.as_ref();
+        for (kind, per_param) in optimizer.map(Optimizer::state).unwrap_or_default() {
             let t = match flat_optimizer {
                 true => shard_prefix(&per_param[0], range.len())?,
                 false => concat_range(layout, &per_param, range.clone())?,
@@ -429,7 +400,7 @@ impl ReplicatedState {
                 range,
                 tensors,
             }],
-            optimizer_step: step,
+            optimizer_step: optimizer.map_or(0, Optimizer::step_count),
             loss_scale: None,
         })
     }
@@ -437,24 +408,20 @@ impl ReplicatedState {
     /// Reads back what [`ReplicatedState::save_state`] saved (at any world size).
     pub(crate) fn load_state(
         &mut self,
-        strategy: &str,
         reader: &dyn StateReader,
         flat_optimizer: bool,
     ) -> Result<()> {
-        let layout = self.layout(strategy)?.clone();
-        let rank = self.world(strategy)?.rank();
-        let layout = &layout;
+        let kinds = kinds_to_restore(reader, self.optimizer()?.state_kinds())?;
+        let (layout, rank, device) = (&self.layout, self.world.rank(), &self.device);
         let group = flat_group("all".into(), layout);
-        let device = self.device(strategy)?;
         for (var, value) in self
             .params
             .iter()
-            .zip(read_whole(reader, PARAM_KIND, &group, &device)?)
+            .zip(read_whole(reader, PARAM_KIND, &group, device)?)
         {
             var.set(&value)?;
         }
-        let optimizer = self.optimizer(strategy)?;
-        let state = kinds_to_restore(reader, optimizer.state_kinds())?
+        let state = kinds
             .iter()
             .map(|kind| match flat_optimizer {
                 true => Ok(vec![read_shard(
@@ -462,13 +429,24 @@ impl ReplicatedState {
                     kind,
                     (layout, &group),
                     rank,
-                    &device,
+                    device,
                 )?]),
-                false => read_whole(reader, kind, &group, &device),
+                false => read_whole(reader, kind, &group, device),
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
-        optimizer.set_state(reader.optimizer_step(), state)?;
+        self.optimizer()?
+            .set_state(reader.optimizer_step(), state)?;
         Ok(())
+    }
+}
+
+/// The error of an optimizer step, or a checkpoint load, before `configure_optimizer`.
+pub(crate) fn no_optimizer(strategy: &str) -> Error {
+    Error::StepOrder {
+        strategy: strategy.into(),
+        message:
+            "no optimizer: configure_optimizer comes before an optimizer step or a checkpoint load"
+                .into(),
     }
 }
 

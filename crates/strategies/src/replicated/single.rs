@@ -1,8 +1,9 @@
 //! `SingleDevice`: one rank, no communication. The reference every other strategy must match.
 
+use crate::replicated::grad_reduce::GradReduce;
 use crate::replicated::replicated_state::ReplicatedState;
-use crate::replicated::replicated_strategy::{GradReduce, Replicated};
-use wick_core::{Error, Result, Sharding};
+use crate::replicated::replicated_strategy::Replicated;
+use wick_core::{Error, Result, Sharding, StepReport};
 
 /// Trains on one device.
 pub type SingleDevice = Replicated<NoReduce>;
@@ -15,7 +16,7 @@ impl SingleDevice {
     /// The registry name.
     pub const NAME: &'static str = "single";
 
-    /// A new, unconfigured instance.
+    /// The single-device strategy.
     pub fn new() -> Self {
         Replicated::with_reduce(Self::NAME, NoReduce)
     }
@@ -40,9 +41,9 @@ impl GradReduce for NoReduce {
         Ok(())
     }
 
-    fn step(&self, name: &str, state: &mut ReplicatedState) -> Result<()> {
+    fn step(&self, state: &mut ReplicatedState) -> Result<StepReport> {
         let grads = state.take_grads()?;
-        state.apply(name, grads)
+        state.apply(grads)
     }
 
     fn sharding(&self) -> Sharding {

@@ -12,12 +12,13 @@
 use crate::layout::flat_grad::flatten_consuming;
 use crate::layout::flat_layout::FlatLayout;
 use crate::replicated::bucket_reduce::{buckets, BucketPlan, DEFAULT_BUCKET_CAP_BYTES};
+use crate::replicated::grad_reduce::GradReduce;
 use crate::replicated::replicated_state::{tensor_bytes, ReplicatedState};
-use crate::replicated::replicated_strategy::{GradReduce, Replicated};
-use crate::step::nonfinite::first_nonfinite_in;
+use crate::replicated::replicated_strategy::Replicated;
+use crate::step::nonfinite::{first_nonfinite_in, step_report};
 use candle_core::{DType, Device, Tensor, Var};
 use wick_core::CollectiveExt;
-use wick_core::{Collective, Error, Result, Sharding};
+use wick_core::{Collective, Result, Sharding, StepReport};
 
 /// Which state ZeRO shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,15 +157,15 @@ pub(crate) fn shard_of(
 impl ZeroReduce {
     /// How a step's gradients are reduced: stage 1 all-reduces each bucket, stage 2
     /// reduce-scatters it to the owners of its elements.
-    fn plan(&self, name: &str, state: &ReplicatedState) -> Result<BucketPlan> {
+    fn plan(&self, state: &ReplicatedState) -> BucketPlan {
         let buckets = buckets(&state.params, self.bucket_cap_bytes);
-        Ok(match self.stage {
+        match self.stage {
             Stage::One => BucketPlan::whole(buckets),
             Stage::Two => {
-                let rank = state.world(name)?.rank();
-                BucketPlan::sharded(buckets, state.layout(name)?.clone(), rank)
+                let rank = state.world().rank();
+                BucketPlan::sharded(buckets, state.layout.clone(), rank)
             }
-        })
+        }
     }
 }
 
@@ -173,70 +174,64 @@ impl ZeroReduce {
     /// only the optimizer state); its buffer then receives the gathered update.
     fn step_whole_grads(
         &self,
-        name: &str,
         state: &mut ReplicatedState,
         layout: &FlatLayout,
         world: &dyn Collective,
-    ) -> Result<()> {
+    ) -> Result<StepReport> {
         let (device, rank) = (state.params[0].device().clone(), world.rank());
         let range = layout.shard(rank);
-        let plan = self.plan(name, state)?;
-        let grads = state.averaged_grads(name, plan)?.into_iter().map(Some);
+        let plan = self.plan(state);
+        let grads = state.averaged_grads(plan)?.into_iter().map(Some);
         let flat_grad = flatten_consuming(grads, layout, DType::F32, &device)?;
         // Every rank holds the whole averaged gradient: each decides alone.
         let whole = 0..flat_grad.elem_count();
         let local = first_nonfinite_in(layout, whole, &flat_grad)?;
         let mut whole = [flat_grad];
-        if !state.check(&mut whole, local, None)? {
-            return Ok(());
+        let grad_norm = state.check(&mut whole, local, None)?;
+        if grad_norm.is_none() {
+            return Ok(step_report(None));
         }
         let [flat_grad] = whole;
         let shard = param_shard(layout, rank, &state.params)?;
         state.grad_bytes = tensor_bytes(&flat_grad);
         let shard_grad = flat_grad.narrow(0, range.start, range.len())?;
         state
-            .optimizer(name)?
+            .optimizer()?
             .step(std::slice::from_ref(&shard), &[shard_grad])?;
         world.all_gather_into(shard.as_tensor(), &flat_grad)?;
         for (entry, var) in layout.entries().iter().zip(&state.params) {
             var.set(&entry.view(&flat_grad)?)?;
         }
-        Ok(())
+        Ok(step_report(grad_norm))
     }
 
     /// Stage 2's step: each rank steps the gradient shard reduced to it, the full gradients
     /// gone before the parameter shard is copied out.
     fn step_sharded_grads(
         &self,
-        name: &str,
         state: &mut ReplicatedState,
         layout: &FlatLayout,
         world: &dyn Collective,
-    ) -> Result<()> {
+    ) -> Result<StepReport> {
         let rank = world.rank();
         let range = layout.shard(rank);
-        let plan = self.plan(name, state)?;
-        let shard_grad =
-            state
-                .averaged_grads(name, plan)?
-                .pop()
-                .ok_or_else(|| Error::NotReady {
-                    strategy: name.to_string(),
-                    message: "no gradient shard was reduced".into(),
-                })?;
+        let plan = self.plan(state);
+        // A sharded plan reduces every bucket into the one flat shard of this rank.
+        let shard_grad = Tensor::cat(&state.averaged_grads(plan)?, 0)?;
         let local = first_nonfinite_in(layout, range.start..range.end, &shard_grad)?;
         let mut shard_grads = [shard_grad];
-        if !state.check(&mut shard_grads, local, Some(world))? {
-            return Ok(());
+        let grad_norm = state.check(&mut shard_grads, local, Some(world))?;
+        if grad_norm.is_none() {
+            return Ok(step_report(None));
         }
         let [shard_grad] = shard_grads;
         let shard = param_shard(layout, rank, &state.params)?;
         state.grad_bytes = tensor_bytes(&shard_grad);
         state
-            .optimizer(name)?
+            .optimizer()?
             .step(std::slice::from_ref(&shard), &[shard_grad])?;
         gather_into_params(world, self.chunk, layout, shard.as_tensor(), &state.params)?;
-        Ok(())
+        Ok(step_report(grad_norm))
     }
 }
 
@@ -249,17 +244,17 @@ fn param_shard(layout: &FlatLayout, rank: usize, params: &[Var]) -> Result<Var> 
 }
 
 impl GradReduce for ZeroReduce {
-    fn step(&self, name: &str, state: &mut ReplicatedState) -> Result<()> {
-        let layout = state.layout(name)?.clone();
-        let world = state.world(name)?.clone();
+    fn step(&self, state: &mut ReplicatedState) -> Result<StepReport> {
+        let layout = state.layout.clone();
+        let world = state.world().clone();
         match self.stage {
-            Stage::One => self.step_whole_grads(name, state, &layout, world.as_ref()),
-            Stage::Two => self.step_sharded_grads(name, state, &layout, world.as_ref()),
+            Stage::One => self.step_whole_grads(state, &layout, world.as_ref()),
+            Stage::Two => self.step_sharded_grads(state, &layout, world.as_ref()),
         }
     }
 
-    fn overlapped(&self, name: &str, state: &ReplicatedState) -> Result<Option<BucketPlan>> {
-        Ok(Some(self.plan(name, state)?))
+    fn overlapped(&self, state: &ReplicatedState) -> Option<BucketPlan> {
+        Some(self.plan(state))
     }
 
     fn sharding(&self) -> Sharding {

@@ -11,7 +11,16 @@ use crate::step::clip::{clip_to, sum_of_squares};
 use candle_core::{DType, Device, Tensor};
 use std::ops::Range;
 use wick_core::CollectiveExt;
-use wick_core::{Collective, Error, OnNonFinite, ReduceOp, Result, StepOptions};
+use wick_core::{Collective, Error, OnNonFinite, ReduceOp, Result, StepOptions, StepReport};
+
+/// The report of a step without loss scaling whose verdict was `grad_norm` (`None`: skipped).
+pub(crate) fn step_report(grad_norm: Option<f64>) -> StepReport {
+    StepReport {
+        skipped: grad_norm.is_none(),
+        grad_norm,
+        loss_scale: None,
+    }
+}
 
 /// Whether `t` holds inf or NaN.
 fn holds_nonfinite(t: &Tensor) -> Result<bool> {

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use wick_core::CollectiveExt;
 use wick_core::{
-    Collective, LrSchedule, OptimizerConfig, RankState, SafetensorsFile, Strategy, PARAM_KIND,
+    Collective, LrSchedule, OptimizerConfig, RankState, RankStrategy, SafetensorsFile, PARAM_KIND,
 };
 
 /// What the trainer records beside the strategy's state.
@@ -68,7 +68,7 @@ fn fault_at(
 /// write once every rank's file is whole ([`Commit::commit`]).
 pub(crate) fn begin(
     world: &dyn Collective,
-    strategy: &dyn Strategy,
+    strategy: &dyn RankStrategy,
     dir: &Path,
     info: &SaveInfo<'_>,
     checkpoints: &ModelCheckpoint,
@@ -106,7 +106,7 @@ pub(crate) fn begin(
 /// and points `last` at it.
 pub(crate) fn save(
     world: &dyn Collective,
-    strategy: &dyn Strategy,
+    strategy: &dyn RankStrategy,
     dir: &Path,
     info: &SaveInfo<'_>,
     checkpoints: &ModelCheckpoint,
@@ -316,7 +316,7 @@ pub(crate) fn rank_ranges(
 /// The manifest of the state being saved, without the rank files and their pieces: those
 /// come from the ranks' records when the save commits.
 fn draft_manifest(
-    strategy: &dyn Strategy,
+    strategy: &dyn RankStrategy,
     world_size: usize,
     state: &RankState,
     info: &SaveInfo<'_>,

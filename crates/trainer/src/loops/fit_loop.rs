@@ -91,7 +91,7 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
             on_nonfinite: ctx.config.on_nonfinite,
             find_unused_parameters: true,
         };
-        ctx.strategy.configure_optimizer(&optimizer, step_options)?;
+        ctx.strategy.configure_optimizer(&optimizer, step_options);
         let accumulate = ctx.config.accumulate_grad_batches;
         let per_epoch = train.batches_per_epoch() / accumulate;
         let Resumed { progress, seed } = match input.resume {

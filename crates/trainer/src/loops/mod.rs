@@ -24,7 +24,7 @@ pub(crate) use fit_progress::FitProgress;
 pub(crate) use predict_loop::PredictLoop;
 pub(crate) use rank_context::RankContext;
 pub use rank_stage::Metrics;
-pub(crate) use rank_stage::{run_stage, RankOutput, StageInput};
+pub(crate) use rank_stage::{enter_stage, run_stage, RankOutput, StageInput};
 pub(crate) use stop_vote::{Stop, StopVote};
 pub(crate) use train_step::TrainStep;
 

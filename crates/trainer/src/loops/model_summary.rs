@@ -4,7 +4,7 @@
 
 use super::RankContext;
 use std::fmt::Write;
-use wick_core::{Sharding, Strategy};
+use wick_core::{RankStrategy, Sharding};
 
 /// The formula's terms as text, e.g. `4Ψ + 12Ψ/W`.
 fn formula_text(s: Sharding) -> String {
@@ -24,7 +24,7 @@ fn formula_text(s: Sharding) -> String {
 }
 
 /// The summary table of `strategy` on `world_size` ranks.
-pub(crate) fn model_summary(strategy: &dyn Strategy, world_size: usize) -> String {
+pub(crate) fn model_summary(strategy: &dyn RankStrategy, world_size: usize) -> String {
     let shapes = strategy.parameter_shapes();
     let name_width = shapes
         .iter()

@@ -6,7 +6,7 @@ use crate::logging::progress::Progress;
 use crate::logging::sinks::StepSinks;
 use std::sync::Arc;
 use wick_accelerator::RankEnv;
-use wick_core::{Strategy, WaitClock};
+use wick_core::{RankStrategy, WaitClock};
 
 /// A rank's context for one stage, plain data: its environment, the clock of its
 /// collectives, its module and strategy, its callbacks, the trainer's configuration, and
@@ -21,7 +21,7 @@ pub(crate) struct RankContext<'a, M> {
     /// Rank 0's step sinks (the metrics file, the program's), during fit.
     pub(crate) sinks: StepSinks<'a>,
     pub(crate) module: &'a mut M,
-    pub(crate) strategy: &'a mut dyn Strategy,
+    pub(crate) strategy: &'a mut dyn RankStrategy,
     pub(crate) callbacks: CallbackList,
     pub(crate) config: &'a Config,
 }

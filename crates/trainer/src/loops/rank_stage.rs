@@ -1,11 +1,11 @@
 //! One rank's part of a stage: the hook sequence of docs/design.md around the stage's loop.
 
-use super::{EvalKind, EvalLoop, FitLoop, PredictLoop, RankContext};
+use super::{CallbackList, EvalKind, EvalLoop, FitLoop, PredictLoop, RankContext};
 use crate::preemption::Interruption;
 use crate::{Checkpoint, DataLoader, Dataset, ModelCheckpoint, TrainerError};
 use candle_core::Tensor;
-use wick_accelerator::Accelerator;
-use wick_core::{Stage, TrainModule};
+use wick_accelerator::RankEnv;
+use wick_core::{configure_rank, RankStrategy, Stage, Strategy, TrainModule};
 
 /// Metric name to value, averaged over ranks (`train_loss`, `val_loss`, `test_loss`).
 pub type Metrics = std::collections::BTreeMap<String, f64>;
@@ -42,20 +42,41 @@ pub(crate) struct RankOutput {
     pub(crate) interrupted: Option<Interruption>,
 }
 
-/// Runs `stage` on `ctx`'s rank, in docs/design.md's order.
+/// The first hooks of `stage` on a rank, in docs/design.md's order: the callbacks' and the
+/// module's `setup`, then the rank's strategy: the one an earlier stage made (`slot`),
+/// connected to this stage's world, or, the first time, a new one made by `strategy` around
+/// the module's `configure_sharded_model`, after which the callbacks hear of it.
+pub(crate) fn enter_stage<'s, M: TrainModule>(
+    env: &RankEnv,
+    module: &mut M,
+    callbacks: &mut CallbackList,
+    (strategy, slot): (&dyn Strategy, &'s mut Option<Box<dyn RankStrategy>>),
+    stage: Stage,
+    seed: u64,
+) -> Result<&'s mut dyn RankStrategy, TrainerError> {
+    callbacks.call(|cb, s| cb.setup(s, stage))?;
+    module.setup(stage)?;
+    let rank = match slot {
+        Some(rank) => {
+            rank.connect(env.world.clone(), env.device.clone())?;
+            rank
+        }
+        None => {
+            let (world, device) = (env.world.clone(), env.device.clone());
+            let rank = slot.insert(configure_rank(strategy, world, device, seed, module)?);
+            callbacks.call(|cb, s| cb.on_configure_sharded_model(s))?;
+            rank
+        }
+    };
+    Ok(rank.as_mut())
+}
+
+/// Runs `stage` on `ctx`'s rank, once [`enter_stage`] did, in docs/design.md's order.
 pub(crate) fn run_stage<M: TrainModule, D: Dataset<Batch = M::Batch>>(
     mut ctx: RankContext<'_, M>,
     stage: Stage,
     input: &StageInput<'_, D>,
 ) -> Result<RankOutput, TrainerError> {
-    ctx.strategy
-        .connect(ctx.env.world.clone(), ctx.env.device.clone())?;
-    ctx.callbacks.call(|cb, s| cb.setup(s, stage))?;
-    ctx.module.setup(stage)?;
-    if Accelerator::setup(ctx.strategy, ctx.module, ctx.config.seed)? {
-        ctx.callbacks
-            .call(|cb, s| cb.on_configure_sharded_model(s))?;
-    }
     let mut predictions = Vec::new();
     let mut interrupted = None;
     match (stage, input.train, input.eval) {
