@@ -22,7 +22,7 @@ fn strategies() -> Vec<(String, Box<dyn Strategy>)> {
         .collect();
     for sharding in FsdpSharding::ALL {
         if sharding != FsdpSharding::HybridShard {
-            let spec = StrategySpec::Fsdp(FsdpSpec {
+            let spec = StrategySpec::from(FsdpSpec {
                 sharding,
                 ..FsdpSpec::default()
             });

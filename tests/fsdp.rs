@@ -102,7 +102,7 @@ fn activation_checkpointing_under_every_strategy_matches_single_device() {
     // The choice made in the strategy's spec, as `wick fit` makes it.
     let make = |name: &str, ac: Ac| -> Box<dyn wick::core::Strategy> {
         let spec = match name.strip_prefix("fsdp ") {
-            Some(sharding) => StrategySpec::Fsdp(FsdpSpec {
+            Some(sharding) => StrategySpec::from(FsdpSpec {
                 sharding: sharding.parse().unwrap(),
                 ..FsdpSpec::default()
             }),
@@ -180,7 +180,7 @@ fn gathers_per_step_of(make: impl Fn() -> Fsdp + Sync) -> (usize, usize) {
                 .map(|i| ctx.wrap(&format!("l{i}"), |vb| candle_nn::linear(4, 4, vb)))
                 .collect::<candle_core::Result<Vec<_>>>()?
         };
-        let mut s = open.finish()?;
+        let mut s = open.close()?;
         s.configure_optimizer(&adamw(), StepOptions::default());
         let mut h = Tensor::ones((2, 4), DType::F32, &Device::Cpu)?;
         for u in &units {
@@ -369,7 +369,7 @@ fn mixed_precision_units_take_integer_inputs_and_return_f32() {
                 let _open = ctx.enter();
                 ctx.wrap("emb", |vb| candle_nn::embedding(5, 3, vb))?
             };
-            let _s = open.finish()?;
+            let _s = open.close()?;
             let ids = Tensor::new(&[[0u32, 3, 4]], &Device::Cpu)?;
             let out = unit.apply(&ids, |e, ids| e.forward(ids))?;
             assert_eq!(out.dtype(), DType::F32);

@@ -45,7 +45,7 @@ fn largest_allocation_while_creating(strategy: &str) -> usize {
             let _open = ctx.enter();
             ctx.wrap("big", |vb| candle_nn::linear_no_bias(1024, 4096, vb))?
         };
-        let s = open.finish()?;
+        let s = open.close()?;
         Ok::<_, wick::core::Error>(s.num_parameters())
     });
     heap::track_largest(false);
@@ -90,7 +90,7 @@ fn held_between_forward_and_backward(strategy: &str) -> usize {
             let _open = ctx.enter();
             ctx.wrap("big", |vb| candle_nn::linear_no_bias(1024, 4096, vb))?
         };
-        let mut s = open.finish()?;
+        let mut s = open.close()?;
         s.configure_optimizer(&OptimizerConfig::sgd(0.1), StepOptions::default());
         let x = candle_core::Tensor::ones(
             (2, 1024),
@@ -139,7 +139,7 @@ fn deep_model(
             })
             .collect::<candle_core::Result<_>>()?
     };
-    let mut s = open.finish()?;
+    let mut s = open.close()?;
     s.configure_optimizer(&optimizer, StepOptions::default());
     Ok((units, s))
 }
@@ -457,7 +457,7 @@ fn make(strategy: &str) -> Box<dyn Strategy> {
 /// `strategy` by name (or `fsdp_shard_grad_op`), recomputing the units `ac` picks.
 fn make_checkpointed(strategy: &str, ac: ActivationCheckpointing) -> Box<dyn Strategy> {
     let spec = match strategy {
-        "fsdp_shard_grad_op" => StrategySpec::Fsdp(FsdpSpec {
+        "fsdp_shard_grad_op" => StrategySpec::from(FsdpSpec {
             sharding: FsdpSharding::ShardGradOp,
             ..FsdpSpec::default()
         }),

@@ -47,7 +47,7 @@ fn logs(w: usize, make: &(dyn Fn() -> Box<dyn Strategy> + Sync)) -> Vec<Vec<Stri
                 .map(|i| ctx.wrap(&format!("l{i}"), |vb| candle_nn::linear(6, 6, vb)))
                 .collect::<candle_core::Result<Vec<_>>>()?
         };
-        let mut s = open.finish()?;
+        let mut s = open.close()?;
         s.configure_optimizer(&adamw(), StepOptions::default());
         for _ in 0..2 {
             let mut h = Tensor::ones((2, 6), DType::F32, &Device::Cpu)?;

@@ -77,7 +77,7 @@ fn two_layers(
             .map(|i| ctx.wrap(&format!("l{i}"), |vb| candle_nn::linear(3, 3, vb)))
             .collect::<candle_core::Result<Vec<_>>>()?
     };
-    let mut s = open.finish()?;
+    let mut s = open.close()?;
     s.configure_optimizer(&adamw(), options);
     Ok((layers, s))
 }
@@ -145,7 +145,7 @@ fn an_optimizer_step_before_configure_optimizer_is_a_step_order_error_on_every_r
                 let _inside = ctx.enter();
                 ctx.wrap("l", |vb| candle_nn::linear(3, 3, vb))?
             };
-            let mut rank = open.finish()?;
+            let mut rank = open.close()?;
             let x = Tensor::ones((2, 3), DType::F32, &Device::Cpu)?;
             let y = layer.apply(&x, |l, x| l.forward(x))?;
             rank.backward(&y.sqr()?.mean_all()?, GradSync::Reduce)?;

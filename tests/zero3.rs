@@ -49,7 +49,7 @@ fn backward_issues_the_same_collectives_in_the_same_order_on_every_rank() {
                     })
                     .collect::<candle_core::Result<Vec<_>>>()?
             };
-            let mut zero3 = open.finish()?;
+            let mut zero3 = open.close()?;
             zero3.configure_optimizer(&OptimizerConfig::adamw(0.01), StepOptions::default());
             let x = Tensor::ones((4, 5), DType::F32, &Device::Cpu)?;
             for _ in 0..2 {

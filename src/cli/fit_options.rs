@@ -2,9 +2,12 @@
 //! learning-rate schedule they describe, and their TOML form.
 
 use super::{name_of, FitArgs};
+use std::num::NonZeroUsize;
 use wick_core::LrSchedule;
 use wick_models::LoraConfig;
-use wick_strategies::{FsdpSharding, FsdpSpec, Precision, StrategyKind, StrategySpec};
+use wick_strategies::{
+    FsdpSharding, FsdpSpec, Precision, StrategyKind, StrategyOptions, StrategySpec,
+};
 
 impl FitArgs {
     /// What clap checks on the command line, checked again for values from a file.
@@ -65,35 +68,34 @@ impl FitArgs {
         ];
         let not_its =
             |option: &str| format!("{option} is an option of fsdp, not {}", self.strategy);
-        let spec = match self.strategy {
-            StrategyKind::Fsdp => StrategySpec::Fsdp(FsdpSpec {
+        let strategy = match self.strategy {
+            StrategyKind::Fsdp => StrategyOptions::Fsdp(FsdpSpec {
                 sharding: self.sharding,
-                group_size: self.group_size,
+                group_size: NonZeroUsize::new(self.group_size)
+                    .ok_or("group-size must be a positive integer, got 0")?,
                 precision: self.precision,
                 prefetch: self.prefetch,
                 auto_wrap: self.auto_wrap.clone(),
-                activation_checkpointing: self.activation_checkpointing,
             }),
             kind => {
                 if let Some((option, _)) = fsdp_only.iter().find(|(_, given)| *given) {
                     return Err(not_its(option));
                 }
                 match (kind, self.prefetch) {
-                    (StrategyKind::Zero3, prefetch) => StrategySpec::Zero3 {
-                        prefetch,
-                        activation_checkpointing: self.activation_checkpointing,
-                    },
+                    (StrategyKind::Zero3, prefetch) => StrategyOptions::Zero3 { prefetch },
                     (_, true) => {
                         return Err(format!(
                             "prefetch is an option of zero3 and fsdp, not {kind}"
                         ))
                     }
-                    (kind, false) => StrategySpec::new(kind)
-                        .with_activation_checkpointing(self.activation_checkpointing),
+                    (kind, false) => StrategySpec::new(kind).strategy,
                 }
             }
         };
-        Ok(spec)
+        Ok(StrategySpec {
+            strategy,
+            activation_checkpointing: self.activation_checkpointing,
+        })
     }
 
     /// The schedule of the options: warmup, then the decay until `decay-steps`.

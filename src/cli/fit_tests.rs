@@ -168,7 +168,7 @@ fn options_that_do_not_go_together_are_refused_by_name() {
         assert!(program.contains(refusal), "{line}: {program}");
     }
     // What the types let through, the library refuses when it builds the strategy.
-    let spec = StrategySpec::Fsdp(FsdpSpec {
+    let spec = StrategySpec::from(FsdpSpec {
         sharding: FsdpSharding::NoShard,
         precision: Precision::F16Mixed,
         ..FsdpSpec::default()

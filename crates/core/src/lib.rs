@@ -50,7 +50,7 @@ pub use solo_world::SoloWorld;
 pub use stage::Stage;
 pub use state::{FlatGroup, GroupRange, LossScale, RankState, StateReader, PARAM_KIND};
 pub use strategy::{
-    configure_rank, BackwardReport, FinishSharding, GradSync, OnNonFinite, OpenSharding,
+    configure_rank, BackwardReport, CloseSharding, GradSync, OnNonFinite, OpenSharding,
     RankStrategy, Sharding, StateBytes, StepOptions, StepReport, Strategy, StrategyState,
     StrategyStep,
 };

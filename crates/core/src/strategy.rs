@@ -106,7 +106,7 @@ pub struct BackwardReport {
 /// trainer holds, shared by every rank (DeepSpeed's config, Lightning's `Strategy` object).
 ///
 /// Its one job is to open a rank's sharding context ([`Strategy::open`]); the
-/// [`RankStrategy`] that context finishes into holds everything that exists only once the
+/// [`RankStrategy`] that context closes into holds everything that exists only once the
 /// world is up: this rank's parameters or shards, its groups, and (from the first fit on)
 /// its optimizer state. So no call can come before the parameters exist: there is nothing
 /// to call until the rank part does.
@@ -115,7 +115,7 @@ pub struct BackwardReport {
 /// - [`open`](Strategy::open) on the rank's world and device;
 /// - the module creates its parameters inside [`OpenSharding::context`]
 ///   (`configure_sharded_model`);
-/// - [`finish`](OpenSharding::finish) freezes the layout (buffers, buckets, shards), giving
+/// - [`close`](OpenSharding::close) freezes the layout (buffers, buckets, shards), giving
 ///   the rank's [`RankStrategy`], which builds an optimizer at each fit
 ///   ([`RankStrategy::configure_optimizer`]).
 pub trait Strategy: Send + Sync {
@@ -137,19 +137,19 @@ pub trait Strategy: Send + Sync {
 }
 
 /// One rank's sharding context while the module creates its parameters in it: what
-/// [`Strategy::open`] gives and [`OpenSharding::finish`] ends.
+/// [`Strategy::open`] gives and [`OpenSharding::close`] ends.
 pub struct OpenSharding {
     context: ShardedContext,
-    finish: Box<FinishSharding>,
+    close: Box<CloseSharding>,
 }
 
 /// How a strategy turns the parameters created in its context into the rank's part.
-pub type FinishSharding = dyn FnOnce() -> Result<Box<dyn RankStrategy>> + Send;
+pub type CloseSharding = dyn FnOnce() -> Result<Box<dyn RankStrategy>> + Send;
 
 impl OpenSharding {
-    /// A rank's `context`, which `finish` ends (a strategy's [`Strategy::open`] makes it).
-    pub fn new(context: ShardedContext, finish: Box<FinishSharding>) -> Self {
-        OpenSharding { context, finish }
+    /// A rank's `context`, which `close` ends (a strategy's [`Strategy::open`] makes it).
+    pub fn new(context: ShardedContext, close: Box<CloseSharding>) -> Self {
+        OpenSharding { context, close }
     }
 
     /// The context `configure_sharded_model` creates the parameters in.
@@ -160,13 +160,13 @@ impl OpenSharding {
     /// Freezes the parameter layout (buffers, buckets, shards) once the module created its
     /// parameters, giving the rank's part. Fails with [`Error::NoParameters`](crate::Error)
     /// when the module created no trainable one.
-    pub fn finish(self) -> Result<Box<dyn RankStrategy>> {
-        (self.finish)()
+    pub fn close(self) -> Result<Box<dyn RankStrategy>> {
+        (self.close)()
     }
 }
 
 /// Creates `module`'s parameters on this rank under `strategy`: opens the sharding context on
-/// `world` and `device`, runs `configure_sharded_model` inside it, and finishes it. It
+/// `world` and `device`, runs `configure_sharded_model` inside it, and closes it. It
 /// touches no device of its own: the trainer calls it once per rank, on the world and device
 /// the accelerator set up.
 pub fn configure_rank<M: TrainModule + ?Sized>(
@@ -182,11 +182,11 @@ pub fn configure_rank<M: TrainModule + ?Sized>(
         let _inside = ctx.enter();
         module.configure_sharded_model(ctx)?;
     }
-    open.finish()
+    open.close()
 }
 
 /// One rank's part of a strategy once its parameters exist: made by
-/// [`OpenSharding::finish`], it holds this rank's parameters or shards, its groups and,
+/// [`OpenSharding::close`], it holds this rank's parameters or shards, its groups and,
 /// once configured, its optimizer state, and plays two roles beside its own, each a trait of its own so a reader
 /// (and a wrapper) sees which calls belong where:
 /// - steps ([`StrategyStep`]): [`backward`](StrategyStep::backward) once per micro-batch,

@@ -9,14 +9,14 @@ use wick_strategies::{Ddp, Error, GradSync, OptimizerConfig, SoloWorld, StepOpti
 
 fn main() -> Result<(), Error> {
     // The strategy opens this rank's sharding context; the parameters are created in it,
-    // and finishing it gives the rank's part, which holds them and the optimizer.
+    // and closing it gives the rank's part, which holds them (and the optimizer it is given).
     let open = Ddp::new().open(Arc::new(SoloWorld), Device::Cpu, 7)?;
     let layer = {
         let ctx = open.context();
         let _inside = ctx.enter();
         candle_nn::linear(1, 1, ctx.var_builder().pp("fit"))?
     };
-    let mut ddp = open.finish()?;
+    let mut ddp = open.close()?;
     ddp.configure_optimizer(&OptimizerConfig::sgd(0.1), StepOptions::default());
 
     let x = Tensor::new(&[[0f32], [1.], [2.], [3.]], &Device::Cpu)?;

@@ -5,11 +5,11 @@
 //! ([`init`]), wick's optimizers over plain or flat buffers ([`optim`]), and the strategies:
 //! [`SingleDevice`], [`Ddp`] (bucketed gradient all-reduce) and [`Zero`] stages 1 and 2
 //! (sharded optimizer state, then gradients), one [`Replicated`] type over how gradients are
-//! reduced; [`Zero3`] (parameters born sharded, gathered per step by an autograd op), of
-//! which [`Fsdp`] builds its sharded modes. A
-//! strategy reaches other ranks only through wick-core's `Collective`, so it runs over any
-//! world (threads, MPI, NCCL) without knowing which, and on any device: the autograd ops that
-//! move data have a CUDA forward with the `cuda` feature.
+//! reduced; [`Sharded`] (parameters born sharded, gathered per step by an autograd op):
+//! ZeRO-3 as [`Zero3`], and the sharded modes [`Fsdp`] builds. A strategy reaches other
+//! ranks only through wick-core's `Collective`, so it runs over any world (threads, MPI,
+//! NCCL) without knowing which, and on any device: the autograd ops that move data have a
+//! CUDA forward with the `cuda` feature.
 
 // Functions of at most 80 lines (clippy.toml), in library code; tests may run longer.
 #![warn(clippy::too_many_lines)]
@@ -29,9 +29,9 @@ pub use replicated::replicated_strategy::Replicated;
 pub use replicated::single::{NoReduce, SingleDevice};
 pub use replicated::zero::{Zero, ZeroReduce};
 pub use sharded::fsdp::{Fsdp, FsdpSharding};
-pub use sharded::zero3::Zero3;
+pub use sharded::sharded_strategy::{Sharded, Zero3};
 pub use spec::registry::strategy_by_name;
-pub use spec::strategy_spec::{FsdpSpec, StrategyKind, StrategySpec};
+pub use spec::strategy_spec::{FsdpSpec, StrategyKind, StrategyOptions, StrategySpec};
 pub use step::precision::Precision;
 
 // What a crate that uses wick-strategies alone (a hand-written loop) needs from wick-core;

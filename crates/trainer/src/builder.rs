@@ -56,34 +56,20 @@ impl<S: Strategy + 'static> From<Box<S>> for StrategyChoice {
     }
 }
 
-/// Options of a [`Trainer`]; see [`Trainer::builder`].
+/// Options of a [`Trainer`]; see [`Trainer::builder`]. What every rank reads is its
+/// configuration, held here from the start and checked whole by [`TrainerBuilder::build`]; the
+/// rest says how to make the accelerator and the strategy, and what rank 0 writes to.
 pub struct TrainerBuilder {
     devices: Option<usize>,
     device_kind: DeviceKind,
     threads_per_rank: Option<usize>,
     accelerator: Option<Accelerator>,
     strategy: StrategyChoice,
-    max_steps: Option<usize>,
-    max_epochs: Option<usize>,
-    seed: u64,
     callbacks: Vec<Box<dyn Callback>>,
     sinks: Vec<Box<dyn StepSink>>,
-    run_name: String,
-    log_dir: Option<PathBuf>,
-    val_check_interval: Option<usize>,
-    progress: bool,
-    model_summary: bool,
-    gradient_clip_val: Option<f64>,
-    accumulate_grad_batches: usize,
     collective_timeout: Option<Duration>,
-    checkpoint: Option<ModelCheckpoint>,
-    error_on_unused_parameters: bool,
-    overlap_comm: bool,
-    preemption: Option<Preemption>,
-    on_nonfinite: OnNonFinite,
-    loggers: Vec<Logger>,
-    run_options: Vec<(String, String)>,
     mlflow_uri: Option<String>,
+    config: Config,
 }
 
 impl TrainerBuilder {
@@ -131,19 +117,19 @@ impl TrainerBuilder {
 
     /// Stop after this many optimizer steps.
     pub fn max_steps(mut self, steps: usize) -> Self {
-        self.max_steps = Some(steps);
+        self.config.max_steps = Some(steps);
         self
     }
 
     /// Stop after this many epochs (default 1 when `max_steps` is not set either).
     pub fn max_epochs(mut self, epochs: usize) -> Self {
-        self.max_epochs = Some(epochs);
+        self.config.max_epochs = Some(epochs);
         self
     }
 
     /// The seed of parameter init and data order. Default 0.
     pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = seed;
+        self.config.seed = seed;
         self
     }
 
@@ -169,13 +155,13 @@ impl TrainerBuilder {
     /// dir, with this name or a version of it: the rows up to the checkpoint's step stay,
     /// later rows are replaced.
     pub fn run_name(mut self, name: &str) -> Self {
-        self.run_name = name.to_string();
+        self.config.run_name = name.to_string();
         self
     }
 
     /// Where runs are logged. Default `runs`.
     pub fn log_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.log_dir = Some(dir.into());
+        self.config.log_dir = Some(dir.into());
         self
     }
 
@@ -183,10 +169,10 @@ impl TrainerBuilder {
     /// [`Logger::DEFAULT`]: `metrics.csv` and TensorBoard event files). Each is written
     /// once, whatever the repeats.
     pub fn loggers(mut self, loggers: impl IntoIterator<Item = Logger>) -> Self {
-        self.loggers.clear();
+        self.config.loggers.clear();
         for logger in loggers {
-            if !self.loggers.contains(&logger) {
-                self.loggers.push(logger);
+            if !self.config.loggers.contains(&logger) {
+                self.config.loggers.push(logger);
             }
         }
         self
@@ -195,7 +181,7 @@ impl TrainerBuilder {
     /// The run's options as (name, value), which TensorBoard shows as the run's text and
     /// MLflow records as its params (Lightning's `log_hyperparams`).
     pub fn run_options(mut self, options: impl IntoIterator<Item = (String, String)>) -> Self {
-        self.run_options = options.into_iter().collect();
+        self.config.run_options = options.into_iter().collect();
         self
     }
 
@@ -208,13 +194,13 @@ impl TrainerBuilder {
 
     /// Writes no metrics file and no logs.
     pub fn no_logger(mut self) -> Self {
-        self.log_dir = None;
+        self.config.log_dir = None;
         self
     }
 
     /// Validate every `steps` optimizer steps instead of at the end of each epoch.
     pub fn val_check_interval(mut self, steps: usize) -> Self {
-        self.val_check_interval = Some(steps);
+        self.config.val_check_interval = Some(steps);
         self
     }
 
@@ -223,40 +209,40 @@ impl TrainerBuilder {
     /// off, each completes where it is issued, as DeepSpeed's `overlap_comm: false`: for
     /// measuring what overlap hides (`comm_wait_s` in metrics.csv). The numbers are the same.
     pub fn overlap_comm(mut self, on: bool) -> Self {
-        self.overlap_comm = on;
+        self.config.overlap_comm = on;
         self
     }
 
     /// Draw the progress bar when standard output is a terminal. Default on.
     pub fn progress(mut self, on: bool) -> Self {
-        self.progress = on;
+        self.config.progress = on;
         self
     }
 
     /// Print the model summary (parameters, state bytes per rank) after the first step.
     /// Default on.
     pub fn model_summary(mut self, on: bool) -> Self {
-        self.model_summary = on;
+        self.config.model_summary = on;
         self
     }
 
     /// Clip gradients to this global L2 norm before each optimizer step (over all shards).
     pub fn gradient_clip_val(mut self, max_norm: f64) -> Self {
-        self.gradient_clip_val = Some(max_norm);
+        self.config.gradient_clip_val = Some(max_norm);
         self
     }
 
     /// Accumulate gradients over this many global batches per optimizer step (default 1).
     /// No gradient collective runs before the last of them.
     pub fn accumulate_grad_batches(mut self, batches: usize) -> Self {
-        self.accumulate_grad_batches = batches;
+        self.config.accumulate_grad_batches = batches;
         self
     }
 
     /// Save checkpoints during fit as `checkpoint` says (every N steps, at the end, which to
     /// keep, the `last` pointer).
     pub fn checkpoint(mut self, checkpoint: ModelCheckpoint) -> Self {
-        self.checkpoint = Some(checkpoint);
+        self.config.checkpoint = Some(checkpoint);
         self
     }
 
@@ -265,7 +251,7 @@ impl TrainerBuilder {
     /// agrees on, each rank saves a checkpoint of it (with [`TrainerBuilder::checkpoint`])
     /// and fit returns [`TrainerError::Interrupted`]. Costs one scalar all-reduce per step.
     pub fn preemption(mut self, preemption: Preemption) -> Self {
-        self.preemption = Some(preemption);
+        self.config.preemption = Some(preemption);
         self
     }
 
@@ -277,14 +263,14 @@ impl TrainerBuilder {
     /// loss scaler skips overflowing steps. The gradients are checked after their reduction,
     /// every step (one pass over them and, where ranks hold parts, one scalar all-reduce).
     pub fn on_nonfinite(mut self, policy: OnNonFinite) -> Self {
-        self.on_nonfinite = policy;
+        self.config.on_nonfinite = policy;
         self
     }
 
     /// Fails `fit` when a parameter receives no gradient at the first step, instead of the
     /// default warning on rank 0 (DDP's `find_unused_parameters`, made strict).
     pub fn error_on_unused_parameters(mut self, on: bool) -> Self {
-        self.error_on_unused_parameters = on;
+        self.config.error_on_unused_parameters = on;
         self
     }
 
@@ -321,98 +307,22 @@ impl TrainerBuilder {
             StrategyChoice::Spec(spec) => spec.build()?,
         };
         strategy.check_world_size(world_size)?;
-        self.check_options()?;
-        let mlflow = match self.loggers.contains(&Logger::Mlflow) {
+        self.config.check()?;
+        let mlflow = match self.config.loggers.contains(&Logger::Mlflow) {
             true => Some(mlflow_target(self.mlflow_uri.as_deref())?),
             false => None,
         };
+        let config = Config {
+            mlflow,
+            ..self.config
+        };
         Ok(Trainer::new(
-            Config {
-                max_steps: self.max_steps,
-                max_epochs: self.max_epochs,
-                seed: self.seed,
-                log_dir: self.log_dir,
-                run_name: self.run_name,
-                val_check_interval: self.val_check_interval,
-                progress: self.progress,
-                model_summary: self.model_summary,
-                gradient_clip_val: self.gradient_clip_val,
-                accumulate_grad_batches: self.accumulate_grad_batches,
-                checkpoint: self.checkpoint,
-                error_on_unused_parameters: self.error_on_unused_parameters,
-                overlap_comm: self.overlap_comm,
-                preemption: self.preemption,
-                on_nonfinite: self.on_nonfinite,
-                loggers: self.loggers,
-                run_options: self.run_options,
-                mlflow,
-            },
+            config,
             accelerator,
             strategy,
             self.callbacks,
             self.sinks,
         ))
-    }
-}
-
-impl TrainerBuilder {
-    /// The options that need no world or strategy to check: counts, the clip value, the
-    /// checkpoint attachments' names, the run's name.
-    fn check_options(&self) -> Result<(), TrainerError> {
-        if self.accumulate_grad_batches == 0 {
-            return Err(TrainerError::config(
-                "accumulate_grad_batches",
-                "must be at least 1, got 0",
-            ));
-        }
-        if let Some(c) = self
-            .gradient_clip_val
-            .filter(|c| !(c.is_finite() && *c > 0.0))
-        {
-            return Err(TrainerError::config(
-                "gradient_clip_val",
-                format!("must be a positive number, got {c}"),
-            ));
-        }
-        if self.val_check_interval == Some(0) {
-            return Err(TrainerError::config(
-                "val_check_interval",
-                "must be at least 1 step, got 0",
-            ));
-        }
-        if self.max_steps == Some(0) || self.max_epochs == Some(0) {
-            return Err(TrainerError::config(
-                "max_steps/max_epochs",
-                "must be at least 1, got 0",
-            ));
-        }
-        if let Some(mc) = &self.checkpoint {
-            let reserved = |n: &str| {
-                n == crate::checkpoint::MANIFEST_FILE
-                    || n == crate::checkpoint::LAST_FILE
-                    || n.starts_with("rank-")
-            };
-            if let Some((name, _)) = mc.attachments().iter().find(|(n, _)| {
-                n.is_empty() || n.contains(['/', '\\']) || n.starts_with('.') || reserved(n)
-            }) {
-                return Err(TrainerError::config(
-                    "checkpoint attachment",
-                    format!(
-                        "'{name}' must be a plain file name other than the checkpoint's own files"
-                    ),
-                ));
-            }
-        }
-        if self.run_name.is_empty() || self.run_name.contains(['/', '\\']) {
-            return Err(TrainerError::config(
-                "run name",
-                format!(
-                    "'{}' must be a non-empty name without path separators",
-                    self.run_name
-                ),
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -425,27 +335,11 @@ impl Trainer {
             threads_per_rank: None,
             accelerator: None,
             strategy: StrategyChoice::Default,
-            max_steps: None,
-            max_epochs: None,
-            seed: 0,
             callbacks: Vec::new(),
             sinks: Vec::new(),
-            run_name: "run".into(),
-            log_dir: Some(PathBuf::from("runs")),
-            val_check_interval: None,
-            progress: true,
-            model_summary: true,
-            gradient_clip_val: None,
-            accumulate_grad_batches: 1,
             collective_timeout: None,
-            checkpoint: None,
-            error_on_unused_parameters: false,
-            overlap_comm: true,
-            preemption: None,
-            on_nonfinite: OnNonFinite::Error,
-            loggers: Logger::DEFAULT.to_vec(),
-            run_options: Vec::new(),
             mlflow_uri: None,
+            config: Config::default(),
         }
     }
 }

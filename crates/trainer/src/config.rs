@@ -1,6 +1,6 @@
 //! The trainer's settings as every rank reads them, once `TrainerBuilder` has checked them.
 
-use crate::{ModelCheckpoint, Preemption};
+use crate::{ModelCheckpoint, Preemption, TrainerError};
 use std::path::PathBuf;
 use wick_core::OnNonFinite;
 
@@ -28,4 +28,92 @@ pub(crate) struct Config {
     pub(crate) run_options: Vec<(String, String)>,
     /// Where the mlflow logger goes.
     pub(crate) mlflow: Option<crate::MlflowTarget>,
+}
+
+impl Default for Config {
+    /// The trainer's defaults: one epoch, seed 0, metrics under `runs/run`, the default
+    /// loggers, bars and summary on, no clipping or accumulation, errors on inf or NaN.
+    fn default() -> Self {
+        Config {
+            max_steps: None,
+            max_epochs: None,
+            seed: 0,
+            log_dir: Some(PathBuf::from("runs")),
+            run_name: "run".into(),
+            val_check_interval: None,
+            progress: true,
+            model_summary: true,
+            gradient_clip_val: None,
+            accumulate_grad_batches: 1,
+            checkpoint: None,
+            error_on_unused_parameters: false,
+            overlap_comm: true,
+            preemption: None,
+            on_nonfinite: OnNonFinite::Error,
+            loggers: crate::Logger::DEFAULT.to_vec(),
+            run_options: Vec::new(),
+            mlflow: None,
+        }
+    }
+}
+
+impl Config {
+    /// The options that need no world or strategy to check: counts, the clip value, the
+    /// checkpoint attachments' names, the run's name.
+    pub(crate) fn check(&self) -> Result<(), TrainerError> {
+        if self.accumulate_grad_batches == 0 {
+            return Err(TrainerError::config(
+                "accumulate_grad_batches",
+                "must be at least 1, got 0",
+            ));
+        }
+        if let Some(c) = self
+            .gradient_clip_val
+            .filter(|c| !(c.is_finite() && *c > 0.0))
+        {
+            return Err(TrainerError::config(
+                "gradient_clip_val",
+                format!("must be a positive number, got {c}"),
+            ));
+        }
+        if self.val_check_interval == Some(0) {
+            return Err(TrainerError::config(
+                "val_check_interval",
+                "must be at least 1 step, got 0",
+            ));
+        }
+        if self.max_steps == Some(0) || self.max_epochs == Some(0) {
+            return Err(TrainerError::config(
+                "max_steps/max_epochs",
+                "must be at least 1, got 0",
+            ));
+        }
+        if let Some(mc) = &self.checkpoint {
+            let reserved = |n: &str| {
+                n == crate::checkpoint::MANIFEST_FILE
+                    || n == crate::checkpoint::LAST_FILE
+                    || n.starts_with("rank-")
+            };
+            if let Some((name, _)) = mc.attachments().iter().find(|(n, _)| {
+                n.is_empty() || n.contains(['/', '\\']) || n.starts_with('.') || reserved(n)
+            }) {
+                return Err(TrainerError::config(
+                    "checkpoint attachment",
+                    format!(
+                        "'{name}' must be a plain file name other than the checkpoint's own files"
+                    ),
+                ));
+            }
+        }
+        if self.run_name.is_empty() || self.run_name.contains(['/', '\\']) {
+            return Err(TrainerError::config(
+                "run name",
+                format!(
+                    "'{}' must be a non-empty name without path separators",
+                    self.run_name
+                ),
+            ));
+        }
+        Ok(())
+    }
 }

@@ -260,7 +260,7 @@ pub(crate) fn decoder(
         ),
         false => ((head_dim as f64).powf(-0.5), None, None),
     };
-    let unknown = f.finish(&[]);
+    let unknown = f.unknown_fields(&[]);
     let config = DecoderConfig {
         family,
         vocab_size,

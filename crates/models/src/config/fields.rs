@@ -113,7 +113,7 @@ impl Fields {
 
     /// Ends the reading: the metadata and `ignored` go; the names of the fields left,
     /// which wick does not know, are returned.
-    pub(crate) fn finish(mut self, ignored: &[&str]) -> Vec<String> {
+    pub(crate) fn unknown_fields(mut self, ignored: &[&str]) -> Vec<String> {
         for key in METADATA.iter().chain(ignored) {
             self.map.remove(*key);
         }

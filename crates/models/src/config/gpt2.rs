@@ -115,7 +115,7 @@ pub(crate) fn gpt2(mut f: Fields) -> Result<(Gpt2Config, Vec<String>), ConfigErr
     for dropout in ["resid_pdrop", "embd_pdrop", "attn_pdrop"] {
         f.dropout(dropout)?;
     }
-    let unknown = f.finish(GPT2_HEADS);
+    let unknown = f.unknown_fields(GPT2_HEADS);
     let config = Gpt2Config {
         vocab_size,
         n_embd,

@@ -69,11 +69,11 @@ impl<R: GradReduce> Strategy for Replicated<R> {
         let source = Arc::new(ReplicatedParams::new(seed, self.activation_checkpointing));
         let context = ShardedContext::new(source.clone(), world.clone(), device.clone(), self.name);
         let (name, reduce) = (self.name, self.reduce.clone());
-        let finish = move || {
+        let close = move || {
             let state = ReplicatedState::new(name, &source, world, device)?;
             let rank: Box<dyn RankStrategy> = Box::new(ReplicatedRank::new(name, reduce, state));
             Ok(rank)
         };
-        Ok(OpenSharding::new(context, Box::new(finish)))
+        Ok(OpenSharding::new(context, Box::new(close)))
     }
 }

@@ -8,7 +8,7 @@
 //! inside groups of G ranks, replicated across the groups.
 
 use crate::sharded::sharded_options::{sharded_builder_methods, ShardedOptions};
-use crate::{Ddp, Precision, Zero3};
+use crate::{Ddp, Precision, Sharded};
 use wick_core::{Error, Result, Strategy};
 
 /// How [`Fsdp`] shards (PyTorch FSDP's `ShardingStrategy`).
@@ -57,7 +57,7 @@ impl FsdpSharding {
 }
 
 /// Fully sharded data parallel: a builder that picks the strategy of its sharding and
-/// builds it ([`Fsdp::build`]). The sharded modes are [`Zero3`] with FSDP's options, and
+/// builds it ([`Fsdp::build`]). The sharded modes are [`Sharded`] with FSDP's options, and
 /// `no_shard` is [`Ddp`](crate::Ddp); all register as `fsdp`.
 #[derive(Debug, Clone)]
 pub struct Fsdp {
@@ -121,7 +121,7 @@ impl Fsdp {
         self.sharding
     }
 
-    /// The strategy: `no_shard` is ddp, every other sharding is [`Zero3`] with these options.
+    /// The strategy: `no_shard` is ddp, every other sharding is [`Sharded`] with these options.
     pub fn build(self) -> Box<dyn Strategy> {
         match self.sharding {
             FsdpSharding::NoShard => Box::new(
@@ -129,7 +129,7 @@ impl Fsdp {
                     .named(Self::NAME)
                     .with_activation_checkpointing(self.options.activation_checkpointing),
             ),
-            _ => Box::new(Zero3::with_options(self.options)),
+            _ => Box::new(Sharded::with_options(self.options)),
         }
     }
 }

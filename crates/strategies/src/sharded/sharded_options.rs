@@ -45,7 +45,7 @@ impl ShardedOptions {
     }
 }
 
-/// The builder methods [`Zero3`](crate::Zero3) and [`Fsdp`](crate::Fsdp) share, over their
+/// The builder methods [`Sharded`](crate::Sharded) and [`Fsdp`](crate::Fsdp) share, over their
 /// `options: ShardedOptions` field: written once, so the two cannot drift apart.
 macro_rules! sharded_builder_methods {
     () => {

@@ -208,7 +208,7 @@ impl ShardedParams {
     }
 
     /// Shards what is still open when the context closes (the auto-wrap root unit).
-    pub(crate) fn finish(&self) -> candle_core::Result<()> {
+    pub(crate) fn shard_open_units(&self) -> candle_core::Result<()> {
         let pending: Vec<usize> = {
             let state = self.lock();
             (0..state.units.len())

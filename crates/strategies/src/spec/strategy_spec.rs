@@ -4,6 +4,7 @@
 
 use crate::{Ddp, Fsdp, FsdpSharding, Precision, SingleDevice, Zero, Zero3};
 use std::fmt;
+use std::num::NonZeroUsize;
 use std::str::FromStr;
 use wick_core::{ActivationCheckpointing, Error, Result, Strategy};
 
@@ -94,22 +95,23 @@ named!(FsdpSharding, "sharding", "sharding");
 named!(Precision, "precision", "precision");
 
 /// A strategy with its own options: what `wick fit --strategy ... --sharding ...
-/// --precision ...` and its TOML config say, as one value. Each variant carries only the
-/// options its strategy has, so precision on ddp cannot be said; what the types cannot
-/// refuse (a group of 0 ranks, mixed precision without shards) [`StrategySpec::build`]
-/// refuses.
+/// --precision ...` and its TOML config say, as one value. The variant of
+/// [`StrategyOptions`] carries only the options its strategy has, so precision on ddp
+/// cannot be said; activation checkpointing, which every strategy takes, is said once
+/// beside it. What the types cannot refuse (mixed precision under `no_shard`)
+/// [`StrategySpec::build`] refuses.
 ///
 /// ```
 /// use wick_strategies::{FsdpSpec, FsdpSharding, Precision, StrategySpec};
 ///
-/// let spec = StrategySpec::Fsdp(FsdpSpec {
+/// let spec = StrategySpec::from(FsdpSpec {
 ///     sharding: FsdpSharding::ShardGradOp,
 ///     precision: Precision::Bf16Mixed,
 ///     ..FsdpSpec::default()
 /// });
 /// assert_eq!(spec.build().unwrap().name(), "fsdp");
 /// // Mixed precision needs fsdp's sharded modes.
-/// let bad = StrategySpec::Fsdp(FsdpSpec {
+/// let bad = StrategySpec::from(FsdpSpec {
 ///     sharding: FsdpSharding::NoShard,
 ///     precision: Precision::Bf16Mixed,
 ///     ..FsdpSpec::default()
@@ -117,47 +119,43 @@ named!(Precision, "precision", "precision");
 /// assert!(bad.build().is_err());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StrategySpec {
+pub struct StrategySpec {
+    /// Which strategy, with the options that are its own.
+    pub strategy: StrategyOptions,
+    /// Which wrapped units recompute their forward in backward (every strategy takes it).
+    pub activation_checkpointing: ActivationCheckpointing,
+}
+
+/// A strategy of the registry with the options that are its own (burn's
+/// `TrainingStrategy`): the variant of a [`StrategySpec`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StrategyOptions {
     /// [`SingleDevice`].
-    Single {
-        /// Which wrapped units recompute their forward in backward.
-        activation_checkpointing: ActivationCheckpointing,
-    },
+    Single,
     /// [`Ddp`].
-    Ddp {
-        /// Which wrapped units recompute their forward in backward.
-        activation_checkpointing: ActivationCheckpointing,
-    },
+    Ddp,
     /// [`Zero::stage1`].
-    Zero1 {
-        /// Which wrapped units recompute their forward in backward.
-        activation_checkpointing: ActivationCheckpointing,
-    },
+    Zero1,
     /// [`Zero::stage2`].
-    Zero2 {
-        /// Which wrapped units recompute their forward in backward.
-        activation_checkpointing: ActivationCheckpointing,
-    },
+    Zero2,
     /// [`Zero3`].
     Zero3 {
         /// Gather the next unit in the background ([`Zero3::with_prefetch`]).
         prefetch: bool,
-        /// Which wrapped units recompute their forward in backward.
-        activation_checkpointing: ActivationCheckpointing,
     },
     /// [`Fsdp`], with its options.
     Fsdp(FsdpSpec),
 }
 
-/// [`StrategySpec::Fsdp`]'s options; the default is `full_shard` in f32, every block a
-/// unit, activations kept.
+/// [`StrategyOptions::Fsdp`]'s options; the default is `full_shard` in f32, every block a
+/// unit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FsdpSpec {
     /// How it shards.
     pub sharding: FsdpSharding,
     /// `hybrid_shard`: ranks per sharding group (2 by default; the other shardings have no
     /// groups and ignore it).
-    pub group_size: usize,
+    pub group_size: NonZeroUsize,
     /// The precision of its sharded modes.
     pub precision: Precision,
     /// `full_shard` and `hybrid_shard`: gather the next unit in the background.
@@ -165,141 +163,97 @@ pub struct FsdpSpec {
     /// Only blocks whose names start with one of these prefixes are units of their own;
     /// the others share one root unit. `None`: every wrapped block is a unit.
     pub auto_wrap: Option<Vec<String>>,
-    /// Which wrapped units recompute their forward in backward.
-    pub activation_checkpointing: ActivationCheckpointing,
 }
 
 impl Default for FsdpSpec {
     fn default() -> Self {
         FsdpSpec {
             sharding: FsdpSharding::default(),
-            group_size: 2,
+            group_size: NonZeroUsize::new(2).expect("2 is not 0"),
             precision: Precision::default(),
             prefetch: false,
             auto_wrap: None,
-            activation_checkpointing: ActivationCheckpointing::None,
         }
     }
 }
 
 impl StrategySpec {
-    /// `strategy` with its default options.
+    /// `strategy` with its default options, activations kept.
     pub fn new(strategy: StrategyKind) -> Self {
-        let activation_checkpointing = ActivationCheckpointing::None;
-        match strategy {
-            StrategyKind::Single => StrategySpec::Single {
-                activation_checkpointing,
-            },
-            StrategyKind::Ddp => StrategySpec::Ddp {
-                activation_checkpointing,
-            },
-            StrategyKind::Zero1 => StrategySpec::Zero1 {
-                activation_checkpointing,
-            },
-            StrategyKind::Zero2 => StrategySpec::Zero2 {
-                activation_checkpointing,
-            },
-            StrategyKind::Zero3 => StrategySpec::Zero3 {
-                prefetch: false,
-                activation_checkpointing,
-            },
-            StrategyKind::Fsdp => StrategySpec::Fsdp(FsdpSpec::default()),
-        }
+        let strategy = match strategy {
+            StrategyKind::Single => StrategyOptions::Single,
+            StrategyKind::Ddp => StrategyOptions::Ddp,
+            StrategyKind::Zero1 => StrategyOptions::Zero1,
+            StrategyKind::Zero2 => StrategyOptions::Zero2,
+            StrategyKind::Zero3 => StrategyOptions::Zero3 { prefetch: false },
+            StrategyKind::Fsdp => StrategyOptions::Fsdp(FsdpSpec::default()),
+        };
+        StrategySpec::from(strategy)
     }
 
     /// Which strategy this is.
     pub fn kind(&self) -> StrategyKind {
-        match self {
-            StrategySpec::Single { .. } => StrategyKind::Single,
-            StrategySpec::Ddp { .. } => StrategyKind::Ddp,
-            StrategySpec::Zero1 { .. } => StrategyKind::Zero1,
-            StrategySpec::Zero2 { .. } => StrategyKind::Zero2,
-            StrategySpec::Zero3 { .. } => StrategyKind::Zero3,
-            StrategySpec::Fsdp(_) => StrategyKind::Fsdp,
+        match self.strategy {
+            StrategyOptions::Single => StrategyKind::Single,
+            StrategyOptions::Ddp => StrategyKind::Ddp,
+            StrategyOptions::Zero1 => StrategyKind::Zero1,
+            StrategyOptions::Zero2 => StrategyKind::Zero2,
+            StrategyOptions::Zero3 { .. } => StrategyKind::Zero3,
+            StrategyOptions::Fsdp(_) => StrategyKind::Fsdp,
         }
-    }
-
-    /// The activation checkpointing every variant carries.
-    pub fn activation_checkpointing(&self) -> ActivationCheckpointing {
-        *self.clone().activation_checkpointing_mut()
     }
 
     /// The same strategy with `ac` for its activation checkpointing.
     pub fn with_activation_checkpointing(mut self, ac: ActivationCheckpointing) -> Self {
-        *self.activation_checkpointing_mut() = ac;
+        self.activation_checkpointing = ac;
         self
     }
 
-    fn activation_checkpointing_mut(&mut self) -> &mut ActivationCheckpointing {
-        match self {
-            StrategySpec::Single {
-                activation_checkpointing,
-            }
-            | StrategySpec::Ddp {
-                activation_checkpointing,
-            }
-            | StrategySpec::Zero1 {
-                activation_checkpointing,
-            }
-            | StrategySpec::Zero2 {
-                activation_checkpointing,
-            }
-            | StrategySpec::Zero3 {
-                activation_checkpointing,
-                ..
-            }
-            | StrategySpec::Fsdp(FsdpSpec {
-                activation_checkpointing,
-                ..
-            }) => activation_checkpointing,
-        }
-    }
-
-    /// The strategy, or an error naming the option its types could not refuse: a hybrid
-    /// group of 0 ranks, or mixed precision under `no_shard`.
+    /// The strategy, or an error naming the option its types could not refuse: mixed
+    /// precision under `no_shard`.
     pub fn build(&self) -> Result<Box<dyn Strategy>> {
-        let ac = self.activation_checkpointing();
-        Ok(match self {
-            StrategySpec::Single { .. } => {
+        let ac = self.activation_checkpointing;
+        Ok(match &self.strategy {
+            StrategyOptions::Single => {
                 Box::new(SingleDevice::new().with_activation_checkpointing(ac))
             }
-            StrategySpec::Ddp { .. } => Box::new(Ddp::new().with_activation_checkpointing(ac)),
-            StrategySpec::Zero1 { .. } => {
-                Box::new(Zero::stage1().with_activation_checkpointing(ac))
-            }
-            StrategySpec::Zero2 { .. } => {
-                Box::new(Zero::stage2().with_activation_checkpointing(ac))
-            }
-            StrategySpec::Zero3 { prefetch, .. } => Box::new(
+            StrategyOptions::Ddp => Box::new(Ddp::new().with_activation_checkpointing(ac)),
+            StrategyOptions::Zero1 => Box::new(Zero::stage1().with_activation_checkpointing(ac)),
+            StrategyOptions::Zero2 => Box::new(Zero::stage2().with_activation_checkpointing(ac)),
+            StrategyOptions::Zero3 { prefetch } => Box::new(
                 Zero3::new()
                     .with_prefetch(*prefetch)
                     .with_activation_checkpointing(ac),
             ),
-            StrategySpec::Fsdp(spec) => spec.fsdp()?.build(),
+            StrategyOptions::Fsdp(spec) => spec.fsdp(ac)?.build(),
         })
     }
 }
 
 impl FsdpSpec {
-    /// The [`Fsdp`] builder these options describe.
-    fn fsdp(&self) -> Result<Fsdp> {
+    /// The [`Fsdp`] builder these options describe, recomputing as `ac` says.
+    fn fsdp(&self, ac: ActivationCheckpointing) -> Result<Fsdp> {
         let mut fsdp = Fsdp::new(self.sharding)
             .with_precision(self.precision)?
             .with_prefetch(self.prefetch)
-            .with_activation_checkpointing(self.activation_checkpointing);
-        if self.group_size == 0 {
-            return Err(Error::config(
-                "group-size",
-                "must be a positive integer, got 0",
-            ));
-        }
+            .with_activation_checkpointing(ac);
         if self.sharding == FsdpSharding::HybridShard {
-            fsdp = fsdp.with_group_size(self.group_size)?;
+            fsdp = fsdp.with_group_size(self.group_size.get())?;
         }
         if let Some(prefixes) = &self.auto_wrap {
             fsdp = fsdp.with_auto_wrap(prefixes.clone());
         }
         Ok(fsdp)
+    }
+}
+
+impl From<StrategyOptions> for StrategySpec {
+    /// `strategy`, activations kept.
+    fn from(strategy: StrategyOptions) -> Self {
+        StrategySpec {
+            strategy,
+            activation_checkpointing: ActivationCheckpointing::None,
+        }
     }
 }
 
@@ -310,8 +264,9 @@ impl From<StrategyKind> for StrategySpec {
 }
 
 impl From<FsdpSpec> for StrategySpec {
+    /// Fsdp with `spec`, activations kept.
     fn from(spec: FsdpSpec) -> Self {
-        StrategySpec::Fsdp(spec)
+        StrategySpec::from(StrategyOptions::Fsdp(spec))
     }
 }
 
@@ -348,55 +303,30 @@ mod tests {
 
     #[test]
     fn options_the_types_cannot_refuse_are_refused_when_built() {
-        let refused = [
-            FsdpSpec {
-                sharding: FsdpSharding::NoShard,
-                precision: Precision::F16Mixed,
-                ..FsdpSpec::default()
-            },
-            FsdpSpec {
-                group_size: 0,
-                sharding: FsdpSharding::HybridShard,
-                ..FsdpSpec::default()
-            },
-            FsdpSpec {
-                group_size: 0,
-                ..FsdpSpec::default()
-            },
-        ];
-        for spec in refused {
-            assert!(
-                StrategySpec::Fsdp(spec.clone()).build().is_err(),
-                "{spec:?}"
-            );
-        }
+        let refused = FsdpSpec {
+            sharding: FsdpSharding::NoShard,
+            precision: Precision::F16Mixed,
+            ..FsdpSpec::default()
+        };
+        assert!(StrategySpec::from(refused).build().is_err());
         let accepted = FsdpSpec {
             sharding: FsdpSharding::HybridShard,
-            group_size: 2,
+            group_size: NonZeroUsize::new(2).unwrap(),
             precision: Precision::Bf16Mixed,
             prefetch: true,
             auto_wrap: Some(vec!["blocks.".into()]),
-            activation_checkpointing: ActivationCheckpointing::Full,
         };
-        let spec = StrategySpec::from(accepted);
+        let spec = StrategySpec::from(accepted)
+            .with_activation_checkpointing(ActivationCheckpointing::Full);
         assert_eq!(spec.build().unwrap().name(), "fsdp");
-        assert_eq!(
-            spec.activation_checkpointing(),
-            ActivationCheckpointing::Full
-        );
-        let zero3 = StrategySpec::Zero3 {
-            prefetch: true,
-            activation_checkpointing: ActivationCheckpointing::None,
-        };
+        assert_eq!(spec.activation_checkpointing, ActivationCheckpointing::Full);
+        let zero3 = StrategySpec::from(StrategyOptions::Zero3 { prefetch: true });
         assert_eq!(zero3.build().unwrap().name(), "zero3");
         for kind in StrategyKind::ALL {
             let spec = StrategySpec::new(kind)
                 .with_activation_checkpointing(ActivationCheckpointing::Full);
             assert_eq!(spec.kind(), kind);
-            assert_eq!(
-                spec.activation_checkpointing(),
-                ActivationCheckpointing::Full
-            );
+            assert_eq!(spec.activation_checkpointing, ActivationCheckpointing::Full);
         }
         // Only hybrid_shard has groups, of at least one rank.
         assert!(Fsdp::new(FsdpSharding::FullShard)

@@ -105,7 +105,7 @@ impl BackwardReduction {
     }
 
     /// Issues the reduce-scatter (mean over ranks, in `grad`'s dtype) of a unit's full flat
-    /// gradient into a gradient for `shard`, which [`BackwardReduction::finish`] hands out. Waits
+    /// gradient into a gradient for `shard`, which [`BackwardReduction::wait_for_all`] hands out. Waits
     /// first for the oldest call if [`MAX_IN_FLIGHT`] are in flight.
     pub(crate) fn reduce_scatter(
         &self,

@@ -81,7 +81,7 @@ impl ParamUse {
     /// Stops recording and returns the parameters of `all` that `loss`'s backward did not
     /// reach: those handed out but not in its graph, those a unit's backward missed, and
     /// those never handed out at all (a unit the forward never applied).
-    pub(crate) fn finish<'a>(
+    pub(crate) fn take_unused<'a>(
         &self,
         loss: &Tensor,
         all: impl IntoIterator<Item = &'a str>,

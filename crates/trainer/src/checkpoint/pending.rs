@@ -7,7 +7,7 @@
 //! commits (manifest, rename, `last`) once every rank's record is there. At each later
 //! step boundary [`PendingSave::poll`] brings a failed write out as this rank's error,
 //! naming the file, and lets rank 0 commit when it can; no collective is spent. The next
-//! save, the end of fit and a preemption [`finish`](PendingSave::finish) it: every rank
+//! save, the end of fit and a preemption [`wait_and_commit`](PendingSave::wait_and_commit) it: every rank
 //! waits for its writer and the ranks agree that all files are whole before rank 0 commits.
 //! A fit that fails waits for the writer too (on drop), and rank 0 still commits a
 //! checkpoint whose every file is whole; what failed is printed, never lost.
@@ -78,7 +78,7 @@ impl PendingSave {
     /// Waits for every rank's file (a collective: every rank that started this save calls
     /// it, `device` being its world's) and commits: the checkpoint is whole and `last`
     /// names it when this returns.
-    pub(crate) fn finish(
+    pub(crate) fn wait_and_commit(
         mut self,
         world: &dyn Collective,
         device: &Device,

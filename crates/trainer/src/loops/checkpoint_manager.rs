@@ -111,7 +111,7 @@ impl<'f> CheckpointManager<'f> {
         basis: &SaveBasis,
         progress: FitProgress,
     ) -> Result<Option<PathBuf>, TrainerError> {
-        self.finish(ctx)?;
+        self.wait_for_save(ctx)?;
         let step = progress.step;
         match (self.rules, &self.last) {
             (None, _) => Ok(None),
@@ -128,7 +128,7 @@ impl<'f> CheckpointManager<'f> {
         basis: &SaveBasis,
         progress: FitProgress,
     ) -> Result<(), TrainerError> {
-        self.finish(ctx)?;
+        self.wait_for_save(ctx)?;
         let step = progress.step;
         let saved_last = self.last.as_ref().map(|(s, _)| *s);
         match self.rules {
@@ -151,7 +151,7 @@ impl<'f> CheckpointManager<'f> {
         progress: FitProgress,
         background: bool,
     ) -> Result<PathBuf, TrainerError> {
-        self.finish(ctx)?;
+        self.wait_for_save(ctx)?;
         let step = progress.step;
         let dir = rules.dir_for(step);
         let data = basis.data.at(step);
@@ -178,9 +178,12 @@ impl<'f> CheckpointManager<'f> {
     }
 
     /// Waits for the save in flight, if any, until its checkpoint is whole (a collective).
-    fn finish<M: TrainModule>(&mut self, ctx: &RankContext<'_, M>) -> Result<(), TrainerError> {
+    fn wait_for_save<M: TrainModule>(
+        &mut self,
+        ctx: &RankContext<'_, M>,
+    ) -> Result<(), TrainerError> {
         match self.pending.take() {
-            Some(pending) => pending.finish(ctx.env.world.as_ref(), &ctx.env.device),
+            Some(pending) => pending.wait_and_commit(ctx.env.world.as_ref(), &ctx.env.device),
             None => Ok(()),
         }
     }

@@ -1,4 +1,5 @@
-//! ZeRO stage 3: parameters, gradients and optimizer state all sharded.
+//! [`Sharded`]: parameters, gradients and optimizer state all sharded; ZeRO stage 3 under
+//! its defaults ([`Zero3`]), and the sharded modes of FSDP under FSDP's options.
 //!
 //! Parameters are born sharded inside wrapped units ([`crate::sharded::sharded_params`]). As
 //! DeepSpeed's stage 3 does, each unit is gathered just before its forward and released
@@ -8,13 +9,12 @@
 //! reduce-scatters its gradient straight into the shard's. This is FSDP's `full_shard`
 //! (the unit op, [`crate::units::unit_op`]): the two differ only in name. FSDP's
 //! `shard_grad_op` is this type too, gathering each unit once per step and keeping it
-//! from forward to backward. A rank's part, once its shards exist, is
-//! [`Zero3Rank`](crate::sharded::zero3_rank::Zero3Rank).
+//! from forward to backward. A rank's part, once its shards exist, is `ShardedRank`.
 
 use crate::sharded::sharded_options::{sharded_builder_methods, ShardedOptions};
 use crate::sharded::sharded_params::ShardedParams;
+use crate::sharded::sharded_rank::ShardedRank;
 use crate::sharded::sharding_groups::ShardingGroups;
-use crate::sharded::zero3_rank::Zero3Rank;
 use candle_core::Device;
 use std::sync::Arc;
 use wick_core::{
@@ -23,18 +23,24 @@ use wick_core::{
 
 impl Default for ShardedOptions {
     fn default() -> Self {
-        ShardedOptions::new(Zero3::NAME)
+        ShardedOptions::new(Sharded::NAME)
     }
 }
 
-/// ZeRO stage 3 (and the sharded modes of FSDP, which differ only in how units run).
+/// The strategy whose parameters are born sharded: ZeRO stage 3 ([`Zero3`]), and the
+/// sharded modes of FSDP (built by [`Fsdp`](crate::Fsdp), which differ only in their
+/// options: how units run, groups, precision).
 #[derive(Default)]
-pub struct Zero3 {
+pub struct Sharded {
     options: ShardedOptions,
 }
 
-impl Zero3 {
-    /// The registry name.
+/// ZeRO stage 3: [`Sharded`] with its defaults, under DeepSpeed's name.
+pub type Zero3 = Sharded;
+
+impl Sharded {
+    /// The registry name of its defaults, `zero3` (FSDP's sharded modes register as
+    /// `fsdp`).
     pub const NAME: &'static str = "zero3";
 
     /// ZeRO stage 3 with its defaults.
@@ -44,13 +50,13 @@ impl Zero3 {
 
     /// The strategy with `options`.
     pub(crate) fn with_options(options: ShardedOptions) -> Self {
-        Zero3 { options }
+        Sharded { options }
     }
 
     sharded_builder_methods!();
 }
 
-impl Strategy for Zero3 {
+impl Strategy for Sharded {
     fn name(&self) -> &str {
         self.options.name
     }
@@ -84,11 +90,11 @@ impl Strategy for Zero3 {
             &options,
         ));
         let context = ShardedContext::new(source.clone(), world, device, self.name());
-        let finish = move || {
-            source.finish()?;
-            let rank = Zero3Rank::new(options, source, groups)?;
+        let close = move || {
+            source.shard_open_units()?;
+            let rank = ShardedRank::new(options, source, groups)?;
             Ok(Box::new(rank) as Box<dyn RankStrategy>)
         };
-        Ok(OpenSharding::new(context, Box::new(finish)))
+        Ok(OpenSharding::new(context, Box::new(close)))
     }
 }

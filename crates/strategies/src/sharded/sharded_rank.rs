@@ -1,5 +1,5 @@
-//! [`Zero3Rank`]: one rank of [`Zero3`](crate::Zero3) once its shards exist: its units'
-//! flat shards, its sharding groups, its gradients and optimizer state.
+//! [`ShardedRank`]: one rank of [`Sharded`](crate::Sharded) (zero3, fsdp) once its shards
+//! exist: its units' flat shards, its sharding groups, its gradients and optimizer state.
 
 use crate::layout::flat_layout::FlatLayout;
 use crate::layout::saved_state::{flat_group, kinds_to_restore, read_shard, shard_prefix};
@@ -24,7 +24,7 @@ use wick_core::{
 };
 
 /// One rank of zero3 (or of FSDP's sharded modes).
-pub(crate) struct Zero3Rank {
+pub(crate) struct ShardedRank {
     options: ShardedOptions,
     /// The world this rank shards over (its group, under hybrid sharding).
     world: Arc<dyn Collective>,
@@ -46,7 +46,7 @@ pub(crate) struct Zero3Rank {
     scaler: Option<GradScaler>,
 }
 
-impl Zero3Rank {
+impl ShardedRank {
     /// The rank whose units `source` finished creating, sharded over `groups`.
     pub(crate) fn new(
         options: ShardedOptions,
@@ -66,7 +66,7 @@ impl Zero3Rank {
         let frozen =
             source.with_units(|units| units.iter().filter_map(|u| u.frozen.clone()).collect());
         let device = shards[0].device().clone();
-        Ok(Zero3Rank {
+        Ok(ShardedRank {
             options,
             world: groups.shard,
             replicas: groups.replicas,
@@ -118,7 +118,7 @@ impl Zero3Rank {
     }
 }
 
-impl RankStrategy for Zero3Rank {
+impl RankStrategy for ShardedRank {
     fn name(&self) -> &str {
         self.options.name
     }
@@ -143,7 +143,7 @@ impl RankStrategy for Zero3Rank {
     }
 }
 
-impl StrategyStep for Zero3Rank {
+impl StrategyStep for ShardedRank {
     fn backward(&mut self, loss: &Tensor, sync: GradSync) -> Result<BackwardReport> {
         self.source.reduction.set(sync);
         let store = match &self.scaler {
@@ -156,7 +156,7 @@ impl StrategyStep for Zero3Rank {
                 .layouts
                 .iter()
                 .flat_map(|l| l.entries().iter().map(|e| e.name.as_str()));
-            uses.finish(loss, all)
+            uses.take_unused(loss, all)
         });
         // Free the gathered parameters whether or not backward succeeded.
         self.source.release_gathered();
@@ -236,7 +236,7 @@ impl StrategyStep for Zero3Rank {
     }
 }
 
-impl StrategyState for Zero3Rank {
+impl StrategyState for ShardedRank {
     fn full_parameters(&self) -> Result<Vec<(String, Tensor)>> {
         let world = &self.world;
         let mut out = Vec::new();
