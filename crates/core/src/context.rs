@@ -22,67 +22,27 @@ pub fn sharding_context_active() -> bool {
     ACTIVE.with(Cell::get)
 }
 
-/// What a wrapped unit is under a strategy, which decides how [`Wrapped`] yields and
-/// applies its block.
+/// What becomes of the block a unit built at wrap time, as its strategy says when the unit
+/// ends ([`ParamSource::end_unit`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnitPlan {
-    /// Whole parameters that stay put: the block built at wrap time serves every step.
-    Replicated {
-        /// Recompute the unit's forward in backward instead of keeping its activations
-        /// (activation checkpointing): [`Wrapped::apply`] hands the run to
-        /// [`ParamSource::recompute_unit`].
-        recompute: bool,
-    },
-    /// Parameters gathered once per step and kept until that step's backward (zero3, fsdp
-    /// `shard_grad_op`): the block is rebuilt over them each step.
-    GatheredPerStep {
-        /// As for [`UnitPlan::Replicated`].
-        recompute: bool,
-    },
-    /// Gathered for each use and freed right after it (fsdp `full_shard`, PyTorch's
-    /// `reshard_after_forward`): [`Wrapped::apply`] runs the block inside the strategy as
-    /// one autograd unit, gathered again in backward.
-    GatheredPerUse,
-}
-
-impl UnitPlan {
-    /// Whether [`Wrapped::apply`] hands the unit to [`ParamSource::recompute_unit`].
-    pub fn recomputes(self) -> bool {
-        match self {
-            UnitPlan::Replicated { recompute } | UnitPlan::GatheredPerStep { recompute } => {
-                recompute
-            }
-            // A per-use unit recomputes or not inside `run_unit`.
-            UnitPlan::GatheredPerUse => false,
-        }
-    }
+pub enum UnitBlock {
+    /// The parameters are whole and stay put: the block built at wrap time serves every
+    /// step.
+    Kept,
+    /// The parameters are sharded: the block is rebuilt each step over the step's
+    /// parameters ([`ParamSource::unit_params`]).
+    Rebuilt,
 }
 
 /// The two forms of a unit's run that [`ParamSource::apply_unit`] picks from, both the
 /// block applied to an input.
 pub struct UnitRuns {
     /// The block built over a `VarBuilder` the strategy hands in, for a unit the strategy
-    /// runs itself ([`ParamSource::run_unit`]).
+    /// runs itself (gathered for each use, under full sharding).
     pub in_strategy: UnitFn,
     /// The block over this step's parameters ([`Wrapped::get`]), run directly or
     /// recomputed in backward.
     pub on_params: RecomputeFn,
-}
-
-/// Runs unit `unit` of `source` on `input` as its [`UnitPlan`] says: inside the strategy
-/// when gathered per use, recomputed in backward when it recomputes, else directly. The
-/// default of [`ParamSource::apply_unit`], and what a strategy's own `apply_unit` wraps.
-pub fn run_by_plan<S: ParamSource + ?Sized>(
-    source: &S,
-    unit: usize,
-    input: &Tensor,
-    runs: UnitRuns,
-) -> candle_core::Result<Tensor> {
-    match source.unit_plan(unit) {
-        UnitPlan::GatheredPerUse => source.run_unit(unit, input, runs.in_strategy),
-        plan if plan.recomputes() => source.recompute_unit(unit, input, runs.on_params),
-        _ => (runs.on_params)(input),
-    }
 }
 
 /// One parameter a module asks for inside a strategy's context: what
@@ -122,53 +82,26 @@ pub trait ParamSource: Send + Sync {
         Ok(0)
     }
 
-    /// Ends the unit `unit` (its layout is complete: a sharding strategy makes its shard now).
-    fn end_unit(&self, unit: usize) -> candle_core::Result<()> {
+    /// Ends the unit `unit` (its layout is complete: a sharding strategy makes its shard
+    /// now), saying what becomes of the block built at wrap time.
+    fn end_unit(&self, unit: usize) -> candle_core::Result<UnitBlock> {
         let _ = unit;
-        Ok(())
+        Ok(UnitBlock::Kept)
     }
 
-    /// How the strategy runs the unit: [`UnitPlan::Replicated`] unless it shards it.
-    fn unit_plan(&self, unit: usize) -> UnitPlan {
+    /// Applies unit `unit` to `input` ([`Wrapped::apply`]): the one door through which a
+    /// unit's forward enters the strategy, which runs it as it plans (directly, recomputed
+    /// in backward, or gathered for this use only) under its policy (mixed precision's
+    /// casts). The default runs the block over this step's parameters.
+    fn apply_unit(&self, unit: usize, xs: &Tensor, runs: UnitRuns) -> candle_core::Result<Tensor> {
         let _ = unit;
-        UnitPlan::Replicated { recompute: false }
-    }
-
-    /// Applies unit `unit` to `input` ([`Wrapped::apply`]). The default runs it by its
-    /// plan ([`run_by_plan`]); a strategy with a policy around every unit (mixed precision's
-    /// casts) wraps that.
-    fn apply_unit(
-        &self,
-        unit: usize,
-        input: &Tensor,
-        runs: UnitRuns,
-    ) -> candle_core::Result<Tensor> {
-        run_by_plan(self, unit, input, runs)
-    }
-
-    /// Runs `run` (build the block over a `VarBuilder`, apply it to the input) as one unit of
-    /// the autograd graph; only called for a [`UnitPlan::GatheredPerUse`] unit.
-    fn run_unit(&self, unit: usize, input: &Tensor, run: UnitFn) -> candle_core::Result<Tensor> {
-        let _ = (unit, input, run);
-        candle_core::bail!("this strategy does not run units")
-    }
-
-    /// Runs `run` (the block applied to the input) as one unit of the autograd graph that
-    /// keeps no activations: its forward runs without keeping a graph, and its backward
-    /// runs it again with one. Only called for a unit whose plan [`UnitPlan::recomputes`].
-    fn recompute_unit(
-        &self,
-        unit: usize,
-        input: &Tensor,
-        run: RecomputeFn,
-    ) -> candle_core::Result<Tensor> {
-        let _ = (unit, input, run);
-        candle_core::bail!("this strategy does not recompute units")
+        (runs.on_params)(xs)
     }
 
     /// A `VarBuilder` (at the root of the model's names) over the unit's parameters for the
-    /// current step; the handle narrows it to its own name.
-    /// Gathering is a collective, done once per step and kept until the step's backward.
+    /// current step, for a unit whose block is [`UnitBlock::Rebuilt`]; the handle narrows
+    /// it to its own name. Gathering is a collective, done once per step and kept until the
+    /// step's backward.
     fn unit_params(&self, unit: usize) -> candle_core::Result<VarBuilder<'static>> {
         let _ = unit;
         candle_core::bail!("this strategy does not gather units")
@@ -290,10 +223,8 @@ impl ShardedContext {
         }
         let unit = self.source.begin_unit(name)?;
         let built = build(self.var_builder().pp(name));
-        self.source.end_unit(unit)?;
-        let built = built?;
-        let registered =
-            matches!(self.source.unit_plan(unit), UnitPlan::Replicated { .. }).then_some(built);
+        let block = self.source.end_unit(unit)?;
+        let registered = (block == UnitBlock::Kept).then_some(built?);
         Ok(Wrapped {
             name: name.to_string(),
             unit,
@@ -383,8 +314,8 @@ impl SimpleBackend for GuardedSource {
 pub type UnitFn =
     Arc<dyn Fn(VarBuilder<'static>, &Tensor) -> candle_core::Result<Tensor> + Send + Sync>;
 
-/// A wrapped block applied to an input, run again in backward by
-/// [`ParamSource::recompute_unit`].
+/// A wrapped block applied to an input: run directly, or again in backward where the
+/// strategy recomputes the unit.
 pub type RecomputeFn = Arc<dyn Fn(&Tensor) -> candle_core::Result<Tensor> + Send + Sync>;
 
 type Build<T> = Arc<dyn Fn(VarBuilder<'static>) -> candle_core::Result<T> + Send + Sync>;

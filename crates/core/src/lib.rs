@@ -36,8 +36,8 @@ pub use call::{all_gather_through_tensor, reduce_scatter_padded, Call, CallKind}
 pub use callback::{Callback, CallbackClone, RunState};
 pub use collective::{Collective, CollectiveExt, ReduceOp, Work};
 pub use context::{
-    run_by_plan, sharding_context_active, ContextGuard, ParamRequest, ParamSource, RecomputeFn,
-    ShardedContext, UnitFn, UnitPlan, UnitRuns, Wrapped,
+    sharding_context_active, ContextGuard, ParamRequest, ParamSource, RecomputeFn, ShardedContext,
+    UnitBlock, UnitFn, UnitRuns, Wrapped,
 };
 pub use error::{CollectiveError, Error, FileError, Result};
 pub use grad_mode::{grad_enabled, no_grad};

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use wick_core::{
     lock, ActivationCheckpointing, BackwardReport, Collective, Error, GroupRange, OptimizerConfig,
-    ParamRequest, ParamSource, RankState, RecomputeFn, Result, StateBytes, StateReader,
-    StepOptions, StepReport, UnitPlan, PARAM_KIND,
+    ParamRequest, ParamSource, RankState, Result, StateBytes, StateReader, StepOptions, StepReport,
+    UnitRuns, PARAM_KIND,
 };
 
 /// Full parameters created on request, identical on every rank (the init is counter-based,
@@ -75,19 +75,13 @@ impl ParamSource for ReplicatedParams {
         Ok(self.units.fetch_add(1, Ordering::Relaxed))
     }
 
-    fn unit_plan(&self, unit: usize) -> UnitPlan {
-        UnitPlan::Replicated {
-            recompute: self.activation_checkpointing.recomputes(unit),
+    /// Runs the block over the whole parameters, recomputed in backward where activation
+    /// checkpointing picks the unit.
+    fn apply_unit(&self, unit: usize, xs: &Tensor, runs: UnitRuns) -> candle_core::Result<Tensor> {
+        match self.activation_checkpointing.recomputes(unit) {
+            true => self.recomputed.apply(xs, runs.on_params, None),
+            false => (runs.on_params)(xs),
         }
-    }
-
-    fn recompute_unit(
-        &self,
-        _unit: usize,
-        input: &Tensor,
-        run: RecomputeFn,
-    ) -> candle_core::Result<Tensor> {
-        self.recomputed.apply(input, run, None)
     }
 }
 

@@ -23,8 +23,8 @@ use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::VarBuilder;
 use std::sync::{Arc, Mutex, MutexGuard};
 use wick_core::{
-    lock, run_by_plan, ActivationCheckpointing, Collective, ParamInit, ParamRequest, RecomputeFn,
-    UnitFn, UnitPlan, UnitRuns,
+    lock, ActivationCheckpointing, Collective, ParamInit, ParamRequest, RecomputeFn, UnitBlock,
+    UnitFn, UnitRuns,
 };
 
 /// A parameter request of a unit, kept from wrap time.
@@ -253,6 +253,79 @@ impl ShardedParams {
     }
 }
 
+impl ShardedParams {
+    /// Runs unit `unit` on `input` as the options say: gathered for this use only (full
+    /// sharding), or over the step's gathered parameters, recomputed in backward where
+    /// activation checkpointing picks the unit.
+    fn run_planned(
+        &self,
+        unit: usize,
+        input: &Tensor,
+        runs: UnitRuns,
+    ) -> candle_core::Result<Tensor> {
+        if self.reshard_after_forward {
+            self.run_unit(unit, input, runs.in_strategy)
+        } else if self.activation_checkpointing.recomputes(unit) {
+            self.recompute_unit(input, runs.on_params)
+        } else {
+            (runs.on_params)(input)
+        }
+    }
+
+    /// Runs `run` (build the block over a `VarBuilder`, apply it to the input) as one unit
+    /// of the autograd graph, gathered for this use and released after it.
+    fn run_unit(&self, unit: usize, input: &Tensor, run: UnitFn) -> candle_core::Result<Tensor> {
+        let (name, layout, shard, frozen) = {
+            let state = self.lock();
+            let u = state.units.get(unit).ok_or_else(|| unknown_unit(unit))?;
+            let (layout, shard) = u.sharded()?;
+            (u.name.clone(), layout, shard, u.frozen.clone())
+        };
+        let (param_dtype, reduce_dtype) =
+            (self.precision.param_dtype(), self.precision.reduce_dtype());
+        // Only the first step's look for unused parameters needs the unit's names.
+        let names = self
+            .param_use
+            .is_looking()
+            .then(|| layout.entries().iter().map(|e| e.name.clone()).collect());
+        let op = UnitOp {
+            world: self.world(),
+            name,
+            unit,
+            layout,
+            frozen,
+            run,
+            reduction: self.reduction.clone(),
+            uses: self.param_use.clone(),
+            device: self.device.clone(),
+            param_dtype,
+            reduce_dtype,
+            prefetch: lock(&self.prefetcher).clone(),
+            keep_activations: !self.activation_checkpointing.recomputes(unit)
+                && storage_swap::can_keep_activations(),
+            kept: Mutex::default(),
+        };
+        // A unit of frozen parameters only, on an input that takes no gradient (the
+        // embedding of token ids under LoRA), has no backward: it runs plainly.
+        if op.layout.numel() == 0 && !input.track_op() {
+            return op.forward_plain(input);
+        }
+        let out = input.apply_op2(shard.as_tensor(), op)?;
+        // The unit's output stands for all its parameters: if it misses the loss, so do they.
+        if let Some(names) = names {
+            self.param_use.hand_out(&out, || names);
+        }
+        Ok(out)
+    }
+
+    /// Runs `run` (the block over this step's gathered parameters) as one unit of the
+    /// autograd graph that keeps no activations: its backward runs it again.
+    fn recompute_unit(&self, input: &Tensor, run: RecomputeFn) -> candle_core::Result<Tensor> {
+        self.recomputed
+            .apply(input, run, Some(self.param_use.clone()))
+    }
+}
+
 impl wick_core::ParamSource for ShardedParams {
     fn get_or_create(&self, request: ParamRequest<'_>) -> candle_core::Result<Tensor> {
         check_dtype(&request)?;
@@ -324,102 +397,34 @@ impl wick_core::ParamSource for ShardedParams {
         Ok(unit)
     }
 
-    fn end_unit(&self, unit: usize) -> candle_core::Result<()> {
+    fn end_unit(&self, unit: usize) -> candle_core::Result<UnitBlock> {
         let mut state = self.lock();
         state.open_unit = None;
         // The root unit keeps collecting blocks; it is sharded when the context closes.
         if state.units[unit].name == ROOT_UNIT && self.auto_wrap.is_some() {
-            return Ok(());
+            return Ok(UnitBlock::Rebuilt);
         }
         drop(state);
-        self.shard_unit(unit)
-    }
-
-    fn unit_plan(&self, unit: usize) -> UnitPlan {
-        if self.reshard_after_forward {
-            UnitPlan::GatheredPerUse
-        } else {
-            UnitPlan::GatheredPerStep {
-                recompute: self.activation_checkpointing.recomputes(unit),
-            }
-        }
+        self.shard_unit(unit)?;
+        Ok(UnitBlock::Rebuilt)
     }
 
     /// Mixed precision: the unit computes in its parameters' dtype; what leaves it is f32
     /// again, the dtype of the master parameters and of the rest of the model.
-    fn apply_unit(
-        &self,
-        unit: usize,
-        input: &Tensor,
-        runs: UnitRuns,
-    ) -> candle_core::Result<Tensor> {
+    fn apply_unit(&self, unit: usize, xs: &Tensor, runs: UnitRuns) -> candle_core::Result<Tensor> {
         if !self.precision.is_mixed() {
-            return run_by_plan(self, unit, input, runs);
+            return self.run_planned(unit, xs, runs);
         }
         let compute = self.precision.param_dtype();
-        let x = match input.dtype().is_float() && input.dtype() != compute {
-            true => input.to_dtype(compute)?,
-            false => input.clone(),
+        let x = match xs.dtype().is_float() && xs.dtype() != compute {
+            true => xs.to_dtype(compute)?,
+            false => xs.clone(),
         };
-        let out = run_by_plan(self, unit, &x, runs)?;
+        let out = self.run_planned(unit, &x, runs)?;
         match out.dtype() == compute {
             true => out.to_dtype(DType::F32),
             false => Ok(out),
         }
-    }
-
-    fn run_unit(&self, unit: usize, input: &Tensor, run: UnitFn) -> candle_core::Result<Tensor> {
-        let (name, layout, shard, frozen) = {
-            let state = self.lock();
-            let u = state.units.get(unit).ok_or_else(|| unknown_unit(unit))?;
-            let (layout, shard) = u.sharded()?;
-            (u.name.clone(), layout, shard, u.frozen.clone())
-        };
-        let (param_dtype, reduce_dtype) =
-            (self.precision.param_dtype(), self.precision.reduce_dtype());
-        // Only the first step's look for unused parameters needs the unit's names.
-        let names = self
-            .param_use
-            .is_looking()
-            .then(|| layout.entries().iter().map(|e| e.name.clone()).collect());
-        let op = UnitOp {
-            world: self.world(),
-            name,
-            unit,
-            layout,
-            frozen,
-            run,
-            reduction: self.reduction.clone(),
-            uses: self.param_use.clone(),
-            device: self.device.clone(),
-            param_dtype,
-            reduce_dtype,
-            prefetch: lock(&self.prefetcher).clone(),
-            keep_activations: !self.activation_checkpointing.recomputes(unit)
-                && storage_swap::can_keep_activations(),
-            kept: Mutex::default(),
-        };
-        // A unit of frozen parameters only, on an input that takes no gradient (the
-        // embedding of token ids under LoRA), has no backward: it runs plainly.
-        if op.layout.numel() == 0 && !input.track_op() {
-            return op.forward_plain(input);
-        }
-        let out = input.apply_op2(shard.as_tensor(), op)?;
-        // The unit's output stands for all its parameters: if it misses the loss, so do they.
-        if let Some(names) = names {
-            self.param_use.hand_out(&out, || names);
-        }
-        Ok(out)
-    }
-
-    fn recompute_unit(
-        &self,
-        _unit: usize,
-        input: &Tensor,
-        run: RecomputeFn,
-    ) -> candle_core::Result<Tensor> {
-        self.recomputed
-            .apply(input, run, Some(self.param_use.clone()))
     }
 
     fn unit_params(&self, unit: usize) -> candle_core::Result<VarBuilder<'static>> {
