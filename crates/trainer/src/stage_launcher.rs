@@ -104,21 +104,19 @@ impl StageLauncher<'_> {
             };
             run_stage(ctx, stage, loaders)
         });
+        // Every rank set up, kept or not, leaves the stage's world: the module may hold
+        // its shards' handles.
+        let idled = idle(self.accelerator, strategies.iter_mut().map(Option::as_mut));
         // Kept for the stages to come only where every local rank set the module up: a
         // rank that failed to leaves none, and the next stage sets every rank up afresh.
         let set_up: Option<Vec<Box<dyn RankStrategy>>> = strategies.into_iter().collect();
-        let idled = match set_up {
-            Some(mut strategies) => {
-                let idled = idle(self.accelerator, &mut strategies);
-                *kept = Some(Session {
-                    trainer: self.trainer,
-                    strategies,
-                    replicas,
-                });
-                idled
-            }
-            None => Ok(()),
-        };
+        if let Some(strategies) = set_up {
+            *kept = Some(Session {
+                trainer: self.trainer,
+                strategies,
+                replicas,
+            });
+        }
         let outputs = collect_ranks(self.accelerator.local_ranks().start, outcomes)?;
         idled?;
         Ok(outputs)
@@ -135,17 +133,17 @@ impl StageLauncher<'_> {
     }
 }
 
-/// Connects each rank's strategy to the world it keeps between stages
-/// ([`Accelerator::idle_world`]): with ranks as threads the launch's world has ended, so a
-/// sharded module used outside the trainer says what to call instead of waiting on ranks
-/// that left, and whatever the stage gathered is freed.
-pub(crate) fn idle(
+/// Connects each local rank's strategy (in rank order; `None` for a rank that has none) to
+/// the world it keeps between stages ([`Accelerator::idle_world`]): with ranks as threads
+/// the launch's world has ended, so a sharded module used outside the trainer says what to
+/// call instead of waiting on ranks that left, and whatever the stage gathered is freed.
+pub(crate) fn idle<'a>(
     accelerator: &Accelerator,
-    strategies: &mut [Box<dyn RankStrategy>],
+    strategies: impl IntoIterator<Item = Option<&'a mut Box<dyn RankStrategy>>>,
 ) -> Result<(), TrainerError> {
     let first = accelerator.local_ranks().start;
-    for (rank, strategy) in (first..).zip(strategies.iter_mut()) {
-        if let Some((world, device)) = accelerator.idle_world(rank) {
+    for (rank, strategy) in (first..).zip(strategies) {
+        if let (Some(strategy), Some((world, device))) = (strategy, accelerator.idle_world(rank)) {
             strategy.connect(world, device)?;
         }
     }

@@ -132,7 +132,7 @@ impl Trainer {
                 Ok::<_, TrainerError>(strategy.full_parameters()?)
             },
         );
-        idle(&self.accelerator, &mut session.strategies)?;
+        idle(&self.accelerator, session.strategies.iter_mut().map(Some))?;
         let first = self.accelerator.local_ranks().start;
         Ok(collect_ranks(first, outcomes)?.swap_remove(0))
     }
