@@ -66,31 +66,26 @@ pub trait StepSink: Send {
     }
 }
 
-impl<S: StepSink + ?Sized> StepSink for &mut S {
-    fn step_end(&mut self, record: &StepRecord) -> Result<(), TrainerError> {
-        (**self).step_end(record)
-    }
+/// A sink behind a pointer (`&mut S`, `Box<S>`) is the sink itself: each call goes to it.
+macro_rules! forward_step_sink {
+    ($($pointer:ty),+) => {$(
+        impl<S: StepSink + ?Sized> StepSink for $pointer {
+            fn step_end(&mut self, record: &StepRecord) -> Result<(), TrainerError> {
+                (**self).step_end(record)
+            }
 
-    fn finish(&mut self) -> Result<(), TrainerError> {
-        (**self).finish()
-    }
-    fn fail(&mut self) -> Result<(), TrainerError> {
-        (**self).fail()
-    }
+            fn finish(&mut self) -> Result<(), TrainerError> {
+                (**self).finish()
+            }
+
+            fn fail(&mut self) -> Result<(), TrainerError> {
+                (**self).fail()
+            }
+        }
+    )+};
 }
 
-impl<S: StepSink + ?Sized> StepSink for Box<S> {
-    fn step_end(&mut self, record: &StepRecord) -> Result<(), TrainerError> {
-        (**self).step_end(record)
-    }
-
-    fn finish(&mut self) -> Result<(), TrainerError> {
-        (**self).finish()
-    }
-    fn fail(&mut self) -> Result<(), TrainerError> {
-        (**self).fail()
-    }
-}
+forward_step_sink!(&mut S, Box<S>);
 
 /// The sinks of one fit, in the order they are called: empty on ranks other than 0.
 /// Dropped before [`StepSinks::finish`] (the fit returned an error or unwinds from a
