@@ -9,24 +9,19 @@ use crate::main_job::configure_on_one_cpu;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use wick_core::{StateBytes, Strategy};
-use wick_strategies::{FsdpSharding, FsdpSpec, StrategyKind, StrategySpec};
+use wick_strategies::{Fsdp, FsdpSharding, StrategyKind, StrategySpec};
 
 /// The strategies estimated, by the names `wick fit` takes: every one of several ranks,
 /// fsdp with each sharding but hybrid_shard (whose bytes depend on its groups).
 fn strategies() -> Vec<(String, Box<dyn Strategy>)> {
-    let build = |spec: StrategySpec| spec.build().expect("default options are valid");
     let mut all: Vec<(String, Box<dyn Strategy>)> = StrategyKind::ALL
         .into_iter()
         .filter(|k| !matches!(k, StrategyKind::Single | StrategyKind::Fsdp))
-        .map(|k| (k.to_string(), build(k.into())))
+        .map(|k| (k.to_string(), StrategySpec::new(k).build()))
         .collect();
     for sharding in FsdpSharding::ALL {
         if sharding != FsdpSharding::HybridShard {
-            let spec = StrategySpec::from(FsdpSpec {
-                sharding,
-                ..FsdpSpec::default()
-            });
-            all.push((format!("fsdp {sharding}"), build(spec)));
+            all.push((format!("fsdp {sharding}"), Fsdp::new(sharding).build()));
         }
     }
     all

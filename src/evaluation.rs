@@ -1,9 +1,11 @@
-//! `wick validate` and `wick test`: the main job's model with a checkpoint's parameters
-//! (saved at any world size and strategy), evaluated on the held-out tenth of the text at
-//! this run's `--devices` and `--strategy`.
+//! `wick validate` and `wick test`: a model evaluated at this run's `--devices` and
+//! `--strategy`. The model is a checkpoint's (saved at any world size and strategy): the
+//! main job's on the held-out tenth of its text, a `fit --model` run's on the validation
+//! tokens of `--data`. Or it is a Hugging Face directory as it is (`--model`), on those
+//! tokens: the base model's loss, before any training.
 
 use crate::char_gpt::CharGpt;
-use crate::cli::EvalArgs;
+use crate::cli::{EvalArgs, Evaluated};
 use crate::main_job::{main_job_config, split};
 use wick_trainer::{Attached, Checkpoint, DataLoader, Split, Trainer};
 
@@ -31,7 +33,6 @@ impl Pass {
 /// evaluated on the validation tokens of `--data`; one of the main job on the held-out
 /// tenth of its text.
 pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
-    let checkpoint = Checkpoint::open(&args.checkpoint)?;
     let mut builder = Trainer::builder()
         .strategy(args.strategy)
         .progress(false)
@@ -41,15 +42,17 @@ pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
         builder = builder.devices(d);
     }
     let mut trainer = builder.build()?;
+    let checkpoint = match args.evaluated() {
+        Evaluated::Model(dir) => {
+            let lm = crate::hf_model::load_model(dir, None)?;
+            return report(pass, &mut trainer, lm, args);
+        }
+        Evaluated::Checkpoint(path) => Checkpoint::open(path)?,
+    };
     let metrics = match checkpoint.attachment(crate::hf_model::CONFIG_FILE) {
         Some(_) => {
             let lm = crate::hf_model::from_checkpoint(checkpoint)?.expect("it has a config");
-            let data = args.data.as_deref().ok_or_else(|| {
-                anyhow::anyhow!("a checkpoint of a `fit --model` run needs --data TOKENS")
-            })?;
-            let val = crate::hf_model::tokens(&lm, data, Split::Val, args.seq)?;
-            let val = DataLoader::new(val, args.batch_size).without_shuffle();
-            evaluate(pass, &mut trainer, lm, &val)?
+            return report(pass, &mut trainer, lm, args);
         }
         None => {
             let crate::main_job::CharData { vocab, val, .. } =
@@ -59,6 +62,33 @@ pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
             evaluate(pass, &mut trainer, model, &val)?
         }
     };
+    loss_of(pass, &metrics, &trainer)
+}
+
+/// The loss of `pass` of the language model `lm` over the validation tokens of `--data`.
+fn report(
+    pass: Pass,
+    trainer: &mut Trainer,
+    lm: wick_models::CausalLm,
+    args: &EvalArgs,
+) -> anyhow::Result<(f64, bool)> {
+    let data = args.data.as_deref().ok_or_else(|| {
+        anyhow::anyhow!(
+            "a Hugging Face model or a `fit --model` run's checkpoint needs --data TOKENS"
+        )
+    })?;
+    let val = crate::hf_model::tokens(&lm, data, Split::Val, args.seq)?;
+    let val = DataLoader::new(val, args.batch_size).without_shuffle();
+    let metrics = evaluate(pass, trainer, lm, &val)?;
+    loss_of(pass, &metrics, trainer)
+}
+
+/// The loss `pass` reported, and whether this process reports it (rank 0).
+fn loss_of(
+    pass: Pass,
+    metrics: &wick_trainer::Metrics,
+    trainer: &Trainer,
+) -> anyhow::Result<(f64, bool)> {
     let key = pass.metric();
     let loss = metrics
         .get(key)
@@ -95,7 +125,8 @@ mod tests {
         let dir = crate::main_job::trained_checkpoint(StrategyKind::Fsdp, 2);
         let root = dir.path();
         let args = |devices, strategy| EvalArgs {
-            checkpoint: root.join("ck/last"),
+            checkpoint: Some(root.join("ck/last")),
+            model: None,
             devices: Some(devices),
             strategy,
             batch_size: 8,

@@ -111,6 +111,7 @@ fn draw_panel<DB: DrawingBackend>(
         (lo.min(p.1), hi.max(p.1))
     });
     let pad = ((y_max - y_min) * 0.05).max(y_max.abs() * 1e-3).max(1e-12);
+    let y_label = tick_label((y_min - pad, y_max + pad));
     let mut chart = ChartBuilder::on(area)
         .margin(12)
         .margin_right(32)
@@ -122,7 +123,7 @@ fn draw_panel<DB: DrawingBackend>(
         .x_desc("step")
         .y_desc(y_desc)
         .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| format!("{y:.3}"))
+        .y_label_formatter(&y_label)
         .label_style(("sans-serif", 16))
         .draw()?;
     for (i, curve) in curves.iter().enumerate() {
@@ -141,6 +142,25 @@ fn draw_panel<DB: DrawingBackend>(
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
+}
+
+/// The labels of an axis over `range` (about ten ticks): enough digits that neighbouring
+/// ticks read apart, in scientific notation where the values are small or large (a
+/// fine-tuning rate of 2e-5, tokens per second in the millions), fixed-point otherwise.
+fn tick_label((lo, hi): (f64, f64)) -> impl Fn(&f64) -> String {
+    let step = ((hi - lo) / 10.0).max(f64::MIN_POSITIVE);
+    let magnitude = lo.abs().max(hi.abs()).max(step);
+    let scientific = !(1e-2..1e5).contains(&magnitude);
+    // Digits after the point: of the mantissa when scientific, of the value otherwise.
+    let digits = match scientific {
+        true => (magnitude / step).log10().ceil(),
+        false => (-step.log10()).ceil(),
+    };
+    let digits = digits.clamp(0.0, 8.0) as usize;
+    move |y: &f64| match scientific {
+        true => format!("{y:.digits$e}"),
+        false => format!("{y:.digits$}"),
+    }
 }
 
 /// Writes `loss.png` beside the metrics CSV `csv`, titled with the run's folder name;
@@ -231,6 +251,39 @@ mod tests {
         std::fs::write(&path, "step,train_loss,val_loss\n1,2.0,\n2,x,\n").unwrap();
         let e = format!("{:#}", read_curves(&path, &["train_loss"]).unwrap_err());
         assert!(e.contains("line 3") && e.contains("`x`"), "{e}");
+    }
+
+    /// At the scales a fine-tuning run's panels have, neighbouring ticks never read alike,
+    /// and each label reads back within half a tick of its value.
+    #[test]
+    fn tick_labels_tell_neighbouring_ticks_apart_at_every_scale() {
+        for (lo, hi) in [
+            (0.0, 1e-3),      // a fine-tuning learning rate, warmup from 0
+            (0.0, 2e-5),      // TRL's full fine-tuning rate
+            (1.9e-4, 2e-4),   // a LoRA rate's slow decay
+            (2.85, 2.88),     // a real model's loss, barely moving
+            (0.1, 50.0),      // gradient norms
+            (0.0, 1.5e6),     // tokens per second
+            (-3e-3, 2e-3),    // around zero
+            (1000.0, 1000.5), // a large value over a small range
+        ] {
+            let label = tick_label((lo, hi));
+            let step = (hi - lo) / 10.0;
+            let labels: Vec<String> = (0..=10).map(|i| label(&(lo + step * i as f64))).collect();
+            for (i, pair) in labels.windows(2).enumerate() {
+                assert_ne!(pair[0], pair[1], "[{lo}, {hi}]: ticks {i} and {}", i + 1);
+            }
+            for (i, text) in labels.iter().enumerate() {
+                let read: f64 = text.parse().unwrap();
+                let value = lo + step * i as f64;
+                assert!(
+                    (read - value).abs() <= step / 2.0,
+                    "[{lo}, {hi}]: {text} for {value}"
+                );
+            }
+        }
+        // The rates read as rates, not 0.000 or 0.001.
+        assert_eq!(tick_label((0.0, 2e-5))(&1.2e-5), "1.2e-5");
     }
 
     /// The picture is a PNG of the stated size whose caption and labels were drawn: with

@@ -179,7 +179,8 @@ fn report_fit(args: &cli::FitArgs, r: program_trainer::FitReport) {
 fn report_eval(pass: evaluation::Pass, args: &cli::EvalArgs) -> anyhow::Result<()> {
     let (loss, is_global_zero) = evaluation::run(pass, args)?;
     if is_global_zero {
-        println!("{} {loss:.6}", pass.metric());
+        // Perplexity, as the language-model harnesses report it: exp of the mean token loss.
+        println!("{} {loss:.6}\nperplexity {:.4}", pass.metric(), loss.exp());
     }
     Ok(())
 }

@@ -28,7 +28,7 @@ pub fn main_job_config(vocab: usize) -> GptConfig {
 pub fn configure_on_one_cpu<M: wick_core::TrainModule>(
     model: &mut M,
 ) -> anyhow::Result<Box<dyn wick_core::RankStrategy>> {
-    let single = wick_strategies::StrategySpec::new(StrategyKind::Single).build()?;
+    let single = wick_strategies::StrategySpec::new(StrategyKind::Single).build();
     let world = Arc::new(wick_core::SoloWorld);
     Ok(wick_core::configure_rank(
         single.as_ref(),

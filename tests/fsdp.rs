@@ -4,7 +4,7 @@ use candle_nn::Linear;
 use std::sync::Arc;
 use wick::accelerator::ThreadWorld;
 use wick::core::{GradSync, OptimizerConfig, ShardedContext, StepOptions, TrainModule, Wrapped};
-use wick::strategies::{Fsdp, FsdpSharding, FsdpSpec, StrategySpec};
+use wick::strategies::{Fsdp, FsdpSharding, StrategySpec};
 use wick::trainer::{Attached, DataLoader, Trainer};
 
 const STEPS: usize = 10;
@@ -102,13 +102,10 @@ fn activation_checkpointing_under_every_strategy_matches_single_device() {
     // The choice made in the strategy's spec, as `wick fit` makes it.
     let make = |name: &str, ac: Ac| -> Box<dyn wick::core::Strategy> {
         let spec = match name.strip_prefix("fsdp ") {
-            Some(sharding) => StrategySpec::from(FsdpSpec {
-                sharding: sharding.parse().unwrap(),
-                ..FsdpSpec::default()
-            }),
+            Some(sharding) => StrategySpec::from(Fsdp::new(sharding.parse().unwrap())),
             None => StrategySpec::new(name.parse().unwrap()),
         };
-        spec.with_activation_checkpointing(ac).build().unwrap()
+        spec.with_activation_checkpointing(ac).build()
     };
     let strategies = [
         ("single", 1),

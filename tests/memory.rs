@@ -25,7 +25,7 @@ use wick::core::{
     ActivationCheckpointing, Collective, GradSync, OptimizerConfig, RankStrategy, StepOptions,
     Strategy, Wrapped,
 };
-use wick::strategies::{Fsdp, FsdpSharding, FsdpSpec, StrategySpec, Zero3};
+use wick::strategies::{Fsdp, FsdpSharding, StrategySpec, Zero3};
 
 /// One 1024 x 4096 weight: 16 MiB in full, 4 MiB per rank at W = 4.
 const FULL_BYTES: usize = 1024 * 4096 * 4;
@@ -457,11 +457,8 @@ fn make(strategy: &str) -> Box<dyn Strategy> {
 /// `strategy` by name (or `fsdp_shard_grad_op`), recomputing the units `ac` picks.
 fn make_checkpointed(strategy: &str, ac: ActivationCheckpointing) -> Box<dyn Strategy> {
     let spec = match strategy {
-        "fsdp_shard_grad_op" => StrategySpec::from(FsdpSpec {
-            sharding: FsdpSharding::ShardGradOp,
-            ..FsdpSpec::default()
-        }),
+        "fsdp_shard_grad_op" => StrategySpec::from(Fsdp::new(FsdpSharding::ShardGradOp)),
         name => StrategySpec::new(name.parse().unwrap()),
     };
-    spec.with_activation_checkpointing(ac).build().unwrap()
+    spec.with_activation_checkpointing(ac).build()
 }

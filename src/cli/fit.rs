@@ -97,8 +97,9 @@ pub struct FitArgs {
     /// Global batch size, a multiple of --devices.
     #[arg(long, value_parser = positive, value_name = "N", default_value_t = 32)]
     pub batch_size: usize,
-    /// AdamW peak learning rate (after warmup).
-    #[arg(long, value_parser = positive_number, value_name = "X", allow_hyphen_values = true, default_value_t = 1e-2)]
+    /// AdamW peak learning rate (after warmup) [default: by what the run trains: 1e-2 a new
+    /// model, 2e-5 a --model fine-tuned whole, 2e-4 its LoRA adapters (TRL's and PEFT's)].
+    #[arg(long, value_parser = positive_number, value_name = "X", allow_hyphen_values = true, default_value_t = RunKind::New.default_lr(), hide_default_value = true)]
     pub lr: f64,
     /// Steps of linear learning-rate warmup [default: a tenth of --decay-steps].
     #[arg(long, value_name = "N")]
@@ -273,6 +274,11 @@ impl FitCommand {
                 table.insert("run-name".into(), name.into());
             }
         }
+        // The rate a run gets unless told is the one its kind of run is known to want.
+        if !table.contains_key("lr") {
+            let kind = RunKind::of(&table);
+            table.insert("lr".into(), kind.default_lr().into());
+        }
         let where_from = match &self.config {
             Some(path) => format!("--config {}", path.display()),
             None => "the options".into(),
@@ -288,6 +294,43 @@ impl FitCommand {
             );
         }
         Ok(args)
+    }
+}
+
+/// What a run trains: what picks the defaults whose anchors differ between pre-training and
+/// fine-tuning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RunKind {
+    /// A new model: the character model, or a `--model` config.json.
+    New,
+    /// Every weight of a `--model` directory.
+    FineTune,
+    /// LoRA adapters beside a `--model` directory's frozen weights.
+    Lora,
+}
+
+impl RunKind {
+    /// The kind of run the options in `table` (TOML keys) describe.
+    fn of(table: &toml::Table) -> Self {
+        let model = table.get("model").and_then(|m| m.as_str());
+        match model.map(std::path::Path::new) {
+            Some(dir) if dir.is_dir() => match table.contains_key("lora-rank") {
+                true => RunKind::Lora,
+                false => RunKind::FineTune,
+            },
+            _ => RunKind::New,
+        }
+    }
+
+    /// The peak learning rate of AdamW: the main job's for a new model, and TRL's
+    /// `SFTConfig` (2e-5) and PEFT's LoRA examples (2e-4) for fine-tuning, since a
+    /// pre-training rate would wreck a trained model in a few steps.
+    const fn default_lr(self) -> f64 {
+        match self {
+            RunKind::New => 1e-2,
+            RunKind::FineTune => 2e-5,
+            RunKind::Lora => 2e-4,
+        }
     }
 }
 

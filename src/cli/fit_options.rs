@@ -2,11 +2,10 @@
 //! learning-rate schedule they describe, and their TOML form.
 
 use super::{name_of, FitArgs};
-use std::num::NonZeroUsize;
 use wick_core::LrSchedule;
 use wick_models::LoraConfig;
 use wick_strategies::{
-    FsdpSharding, FsdpSpec, Precision, StrategyKind, StrategyOptions, StrategySpec,
+    Fsdp, FsdpSharding, Precision, StrategyKind, StrategyOptions, StrategySpec, Zero3,
 };
 
 impl FitArgs {
@@ -19,11 +18,12 @@ impl FitArgs {
             ("val-every", self.val_every),
             ("seq", self.seq),
             ("keep-last", self.keep_last),
+            ("group-size", self.group_size),
         ];
         if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{key} must be a positive integer, got 0"));
         }
-        self.strategy_spec()?.build().map_err(|e| e.to_string())?;
+        self.strategy_spec()?;
         if let Some(lora) = self.lora() {
             lora.check()?;
             if self.model.is_none() {
@@ -69,20 +69,15 @@ impl FitArgs {
         let not_its =
             |option: &str| format!("{option} is an option of fsdp, not {}", self.strategy);
         let strategy = match self.strategy {
-            StrategyKind::Fsdp => StrategyOptions::Fsdp(FsdpSpec {
-                sharding: self.sharding,
-                group_size: NonZeroUsize::new(self.group_size)
-                    .ok_or("group-size must be a positive integer, got 0")?,
-                precision: self.precision,
-                prefetch: self.prefetch,
-                auto_wrap: self.auto_wrap.clone(),
-            }),
+            StrategyKind::Fsdp => StrategyOptions::Fsdp(self.fsdp().map_err(|e| e.to_string())?),
             kind => {
                 if let Some((option, _)) = fsdp_only.iter().find(|(_, given)| *given) {
                     return Err(not_its(option));
                 }
                 match (kind, self.prefetch) {
-                    (StrategyKind::Zero3, prefetch) => StrategyOptions::Zero3 { prefetch },
+                    (StrategyKind::Zero3, prefetch) => {
+                        StrategyOptions::Zero3(Zero3::new().with_prefetch(prefetch))
+                    }
                     (_, true) => {
                         return Err(format!(
                             "prefetch is an option of zero3 and fsdp, not {kind}"
@@ -96,6 +91,22 @@ impl FitArgs {
             strategy,
             activation_checkpointing: self.activation_checkpointing,
         })
+    }
+
+    /// The fsdp options these options describe, or the error of the first that does not go
+    /// with its sharding (mixed precision under `no_shard`). Only `hybrid_shard` reads the
+    /// group size.
+    fn fsdp(&self) -> wick_core::Result<Fsdp> {
+        let mut fsdp = Fsdp::new(self.sharding)
+            .with_precision(self.precision)?
+            .with_prefetch(self.prefetch);
+        if self.sharding == FsdpSharding::HybridShard {
+            fsdp = fsdp.with_group_size(self.group_size)?;
+        }
+        if let Some(prefixes) = &self.auto_wrap {
+            fsdp = fsdp.with_auto_wrap(prefixes.clone());
+        }
+        Ok(fsdp)
     }
 
     /// The schedule of the options: warmup, then the decay until `decay-steps`.

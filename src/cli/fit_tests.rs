@@ -3,7 +3,7 @@
 use crate::cli::{parse_from, Cli, Command, FitArgs};
 use std::path::PathBuf;
 use wick_core::{ActivationCheckpointing, LrSchedule};
-use wick_strategies::{FsdpSharding, FsdpSpec, Precision, StrategyKind, StrategySpec};
+use wick_strategies::{Fsdp, FsdpSharding, Precision, StrategyKind};
 
 fn parse(s: &str) -> Result<Command, String> {
     parse_from(std::iter::once("wick").chain(s.split_whitespace())).map_err(|e| e.to_string())
@@ -167,13 +167,11 @@ fn options_that_do_not_go_together_are_refused_by_name() {
         let program = fit(line).unwrap_err();
         assert!(program.contains(refusal), "{line}: {program}");
     }
-    // What the types let through, the library refuses when it builds the strategy.
-    let spec = StrategySpec::from(FsdpSpec {
-        sharding: FsdpSharding::NoShard,
-        precision: Precision::F16Mixed,
-        ..FsdpSpec::default()
-    });
-    let library = spec.build().err().unwrap().to_string();
+    // What fsdp's options refuse, the program refuses in the same words.
+    let library = Fsdp::new(FsdpSharding::NoShard)
+        .with_precision(Precision::F16Mixed)
+        .unwrap_err()
+        .to_string();
     let program = fit("fit --sharding no_shard --precision 16-mixed").unwrap_err();
     assert!(program.contains(&library), "{program} / {library}");
 }
@@ -252,4 +250,41 @@ fn the_learning_rate_schedule_options() {
     assert_eq!(a.lr_schedule(), LrSchedule::warmup_cosine(1, 12, 0.1));
     let e = fit("fit --min-lr-ratio 2").unwrap_err();
     assert!(e.contains("min_lr_ratio"), "{e}");
+}
+
+#[test]
+fn the_learning_rate_defaults_by_what_the_run_trains_and_print_config_shows_it() {
+    let model = "tests/fixtures/hf/llama";
+    for (line, lr) in [
+        ("fit".to_string(), 1e-2),
+        (
+            format!("fit --model {model}/config.json --tokenizer {model}/tokenizer.json"),
+            1e-2,
+        ),
+        (format!("fit --model {model}"), 2e-5),
+        (format!("fit --model {model} --lora-rank 8"), 2e-4),
+        (
+            format!("fit --model {model} --lora-rank 8 --lr 0.003"),
+            3e-3,
+        ),
+    ] {
+        let a = fit(&line).unwrap();
+        assert_eq!(a.lr, lr, "{line}");
+        // What --print-config prints is the rate in force, and it reads back as given.
+        let file = temp_file(&a.to_toml());
+        let printed: toml::Table = a.to_toml().parse().unwrap();
+        assert_eq!(printed["lr"].as_float(), Some(lr), "{}", a.to_toml());
+        assert_eq!(
+            fit(&format!("fit --config {}", file.path().display())).unwrap(),
+            a
+        );
+    }
+    // A file's rate stands like any option of it.
+    let file = temp_file(&format!("model = \"{model}\"\nlr = 0.5\n"));
+    assert_eq!(
+        fit(&format!("fit --config {}", file.path().display()))
+            .unwrap()
+            .lr,
+        0.5
+    );
 }

@@ -49,8 +49,9 @@ pub enum Command {
         #[arg(long)]
         tensors: bool,
     },
-    /// The main job's model from a checkpoint (of any world size), evaluated on the held-out
-    /// tenth of the text at these --devices and --strategy: prints val_loss.
+    /// A checkpoint's model (of any world size), or a Hugging Face model directory as it is
+    /// (--model), evaluated on held-out data at these --devices and --strategy: prints
+    /// val_loss and perplexity.
     Validate(EvalArgs),
     /// The same pass through `test_step`: prints test_loss.
     Test(EvalArgs),
@@ -130,8 +131,14 @@ pub fn name_of<T: ValueEnum>(value: T) -> String {
 /// `wick validate` and `wick test`'s options.
 #[derive(Debug, Args)]
 pub struct EvalArgs {
-    /// A checkpoint of the main job (directory, or a root such as checkpoints/last).
-    pub checkpoint: PathBuf,
+    /// A checkpoint (directory, or a root such as checkpoints/last): of the main job, or of
+    /// a `fit --model` run.
+    #[arg(required_unless_present = "model", conflicts_with = "model")]
+    pub checkpoint: Option<PathBuf>,
+    /// Instead of a checkpoint, a Hugging Face model directory evaluated as it is (the base
+    /// model's loss on --data's validation tokens, before any training).
+    #[arg(long, value_name = "DIR", requires = "data")]
+    pub model: Option<PathBuf>,
     /// Ranks: threads [default: 1], or the processes mpirun/srun started.
     #[arg(long, value_parser = positive, value_name = "N")]
     pub devices: Option<usize>,
@@ -145,9 +152,28 @@ pub struct EvalArgs {
     /// `fit --model` run, the token file (its validation tokens are evaluated).
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
-    /// Tokens per window, for a `fit --model` run's checkpoint.
+    /// Tokens per window, for --model or a `fit --model` run's checkpoint.
     #[arg(long, value_parser = positive, default_value_t = 128, value_name = "N")]
     pub seq: usize,
+}
+
+/// What `wick validate` and `wick test` evaluate.
+pub enum Evaluated<'a> {
+    /// A checkpoint (directory or root).
+    Checkpoint(&'a std::path::Path),
+    /// A Hugging Face model directory, as it is.
+    Model(&'a std::path::Path),
+}
+
+impl EvalArgs {
+    /// The checkpoint or the model (clap lets exactly one through).
+    pub fn evaluated(&self) -> Evaluated<'_> {
+        match (&self.model, &self.checkpoint) {
+            (Some(model), _) => Evaluated::Model(model),
+            (None, Some(checkpoint)) => Evaluated::Checkpoint(checkpoint),
+            (None, None) => unreachable!("clap requires a checkpoint unless --model is given"),
+        }
+    }
 }
 
 /// `wick sample`'s options.

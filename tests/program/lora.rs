@@ -92,7 +92,7 @@ fn a_lora_fine_tune_saves_adapters_resumes_and_exports_as_peft_and_merged() {
     fit(&["--resume", "ck/step-00000002", "--strategy", "zero3"]);
     assert_eq!(first, losses(), "a resumed LoRA run differs");
     // Validated over the base model the checkpoint names, at any world size.
-    let val = |devices, strategy| val_loss(d, "ck/last", devices, strategy);
+    let val = |devices, strategy| val_loss(d, &["ck/last"], devices, strategy);
     let (one, two) = (val("1", "single"), val("2", "fsdp"));
     assert!((one - two).abs() < 1e-5, "{one} vs {two}");
     let (ok, out, err) = wick(

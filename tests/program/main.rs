@@ -183,30 +183,37 @@ fn prepare(dir: &Path, model: &str) -> (bool, String, String) {
     )
 }
 
-/// `wick validate CK` on `dir/tokens.safetensors` in windows of 32 at `devices` ranks of
-/// `strategy`: the loss it prints.
-fn val_loss(dir: &Path, ck: &str, devices: &str, strategy: &str) -> f64 {
+/// `wick validate CK` (or `wick validate --model DIR`) on `dir/tokens.safetensors` in
+/// windows of 32 at `devices` ranks of `strategy`: the loss it prints, checked against the
+/// perplexity it prints beside it.
+fn val_loss(dir: &Path, evaluated: &[&str], devices: &str, strategy: &str) -> f64 {
+    let mut args = vec!["validate"];
+    args.extend_from_slice(evaluated);
     let (ok, out, err) = wick(
         dir,
         &[
-            "validate",
-            ck,
-            "--data",
-            "tokens.safetensors",
-            "--seq",
-            "32",
-            "--devices",
-            devices,
-            "--strategy",
-            strategy,
-        ],
+            &args[..],
+            &[
+                "--data",
+                "tokens.safetensors",
+                "--seq",
+                "32",
+                "--devices",
+                devices,
+                "--strategy",
+                strategy,
+            ],
+        ]
+        .concat(),
     );
     assert!(ok, "{out}{err}");
-    out.trim()
-        .strip_prefix("val_loss ")
-        .unwrap()
-        .parse::<f64>()
-        .unwrap()
+    let value = |key: &str| -> f64 {
+        let line = out.lines().find_map(|l| l.strip_prefix(key)).unwrap();
+        line.trim().parse().unwrap()
+    };
+    let (loss, perplexity) = (value("val_loss "), value("perplexity "));
+    assert!((perplexity / loss.exp() - 1.0).abs() < 1e-3, "{out}");
+    loss
 }
 
 /// Names, shapes and dtypes of a safetensors file's tensors.
@@ -287,9 +294,21 @@ fn a_hugging_face_model_is_prepared_for_fine_tuned_validated_sampled_and_exporte
         assert_eq!(first, again, "{family}: a resumed run differs");
 
         let ck = format!("{family}/last");
-        let val = |devices, strategy| val_loss(d, &ck, devices, strategy);
+        let val = |devices, strategy| val_loss(d, &[&ck], devices, strategy);
         let (one, three) = (val("1", "single"), val("2", "fsdp"));
         assert!((one - three).abs() < 1e-5, "{family}: {one} vs {three}");
+        // The model as it was, before the fit: the same loss at any world size, and not the
+        // fitted one.
+        let base = |devices, strategy| val_loss(d, &["--model", &model], devices, strategy);
+        let (base_one, base_two) = (base("1", "single"), base("2", "zero3"));
+        assert!(
+            (base_one - base_two).abs() < 1e-5,
+            "{family}: {base_one} vs {base_two}"
+        );
+        assert!(
+            (base_one - one).abs() > 1e-4,
+            "{family}: the fit moved nothing: {one}"
+        );
         let (ok, out, err) = wick(
             d,
             &[

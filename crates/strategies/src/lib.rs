@@ -31,7 +31,7 @@ pub use replicated::zero::{Zero, ZeroReduce};
 pub use sharded::fsdp::{Fsdp, FsdpSharding};
 pub use sharded::sharded_strategy::{Sharded, Zero3};
 pub use spec::registry::strategy_by_name;
-pub use spec::strategy_spec::{FsdpSpec, StrategyKind, StrategyOptions, StrategySpec};
+pub use spec::strategy_spec::{StrategyKind, StrategyOptions, StrategySpec};
 pub use step::precision::Precision;
 
 // What a crate that uses wick-strategies alone (a hand-written loop) needs from wick-core;

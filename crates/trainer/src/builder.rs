@@ -301,10 +301,10 @@ impl TrainerBuilder {
                     1 => StrategyKind::Single,
                     _ => StrategyKind::Ddp,
                 };
-                StrategySpec::new(kind).build()?
+                StrategySpec::new(kind).build()
             }
             StrategyChoice::Unknown(e) => return Err(e.into()),
-            StrategyChoice::Spec(spec) => spec.build()?,
+            StrategyChoice::Spec(spec) => spec.build(),
         };
         strategy.check_world_size(world_size)?;
         self.config.check()?;

@@ -56,10 +56,12 @@ impl FsdpSharding {
     }
 }
 
-/// Fully sharded data parallel: a builder that picks the strategy of its sharding and
-/// builds it ([`Fsdp::build`]). The sharded modes are [`Sharded`] with FSDP's options, and
-/// `no_shard` is [`Ddp`](crate::Ddp); all register as `fsdp`.
-#[derive(Debug, Clone)]
+/// Fully sharded data parallel: its options, which the setters check as they are said (so
+/// whatever an `Fsdp` holds builds), and the strategy they pick ([`Fsdp::build`]). The
+/// sharded modes are [`Sharded`] with FSDP's options, and `no_shard` is
+/// [`Ddp`](crate::Ddp); all register as `fsdp`. It is also what a
+/// [`StrategySpec`](crate::StrategySpec) of fsdp carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fsdp {
     sharding: FsdpSharding,
     options: ShardedOptions,

@@ -6,7 +6,7 @@ use wick_core::ActivationCheckpointing;
 
 /// The options of a sharded strategy: everything that is not built from the model. A new
 /// rank's strategy gets a clone of them whole, so no option can be left behind.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ShardedOptions {
     /// The registry name: `zero3`, or `fsdp` for FSDP's sharded modes.
     pub(crate) name: &'static str,
@@ -78,6 +78,11 @@ macro_rules! sharded_builder_methods {
         ) -> Self {
             self.options.activation_checkpointing = ac;
             self
+        }
+
+        /// Which units recompute their forward in backward.
+        pub fn activation_checkpointing(&self) -> wick_core::ActivationCheckpointing {
+            self.options.activation_checkpointing
         }
 
         /// Auto-wrap policy: a wrapped block whose name starts with one of `prefixes` is a

@@ -30,7 +30,7 @@ impl Default for ShardedOptions {
 /// The strategy whose parameters are born sharded: ZeRO stage 3 ([`Zero3`]), and the
 /// sharded modes of FSDP (built by [`Fsdp`](crate::Fsdp), which differ only in their
 /// options: how units run, groups, precision).
-#[derive(Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Sharded {
     options: ShardedOptions,
 }

@@ -7,5 +7,5 @@ use wick_core::{Result, Strategy};
 /// `zero2`, `zero3`, `fsdp`), or an error that lists the valid names. For other options,
 /// build a [`StrategySpec`].
 pub fn strategy_by_name(name: &str) -> Result<Box<dyn Strategy>> {
-    StrategySpec::new(name.parse::<StrategyKind>()?).build()
+    Ok(StrategySpec::new(name.parse::<StrategyKind>()?).build())
 }

@@ -4,7 +4,6 @@
 
 use crate::{Ddp, Fsdp, FsdpSharding, Precision, SingleDevice, Zero, Zero3};
 use std::fmt;
-use std::num::NonZeroUsize;
 use std::str::FromStr;
 use wick_core::{ActivationCheckpointing, Error, Result, Strategy};
 
@@ -96,33 +95,28 @@ named!(Precision, "precision", "precision");
 
 /// A strategy with its own options: what `wick fit --strategy ... --sharding ...
 /// --precision ...` and its TOML config say, as one value. The variant of
-/// [`StrategyOptions`] carries only the options its strategy has, so precision on ddp
-/// cannot be said; activation checkpointing, which every strategy takes, is said once
-/// beside it. What the types cannot refuse (mixed precision under `no_shard`)
-/// [`StrategySpec::build`] refuses.
+/// [`StrategyOptions`] carries its strategy's own options type ([`Zero3`], [`Fsdp`]), so
+/// precision on ddp cannot be said; activation checkpointing, which every strategy takes, is
+/// said once beside it. The options types refuse what does not go together where it is said
+/// (mixed precision under `no_shard`: [`Fsdp::with_precision`]), so a spec always builds;
+/// what is left to refuse is the world size ([`Strategy::check_world_size`]).
 ///
 /// ```
-/// use wick_strategies::{FsdpSpec, FsdpSharding, Precision, StrategySpec};
+/// use wick_strategies::{Fsdp, FsdpSharding, Precision, StrategySpec};
 ///
-/// let spec = StrategySpec::from(FsdpSpec {
-///     sharding: FsdpSharding::ShardGradOp,
-///     precision: Precision::Bf16Mixed,
-///     ..FsdpSpec::default()
-/// });
-/// assert_eq!(spec.build().unwrap().name(), "fsdp");
-/// // Mixed precision needs fsdp's sharded modes.
-/// let bad = StrategySpec::from(FsdpSpec {
-///     sharding: FsdpSharding::NoShard,
-///     precision: Precision::Bf16Mixed,
-///     ..FsdpSpec::default()
-/// });
-/// assert!(bad.build().is_err());
+/// let fsdp = Fsdp::new(FsdpSharding::ShardGradOp).with_precision(Precision::Bf16Mixed)?;
+/// assert_eq!(StrategySpec::from(fsdp).build().name(), "fsdp");
+/// // Mixed precision needs fsdp's sharded modes: refused where it is said.
+/// assert!(Fsdp::new(FsdpSharding::NoShard).with_precision(Precision::Bf16Mixed).is_err());
+/// # Ok::<(), wick_core::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StrategySpec {
     /// Which strategy, with the options that are its own.
     pub strategy: StrategyOptions,
     /// Which wrapped units recompute their forward in backward (every strategy takes it).
+    /// It is the spec's: [`StrategySpec::build`] gives it to the strategy, over what the
+    /// variant's options carried.
     pub activation_checkpointing: ActivationCheckpointing,
 }
 
@@ -138,43 +132,10 @@ pub enum StrategyOptions {
     Zero1,
     /// [`Zero::stage2`].
     Zero2,
-    /// [`Zero3`].
-    Zero3 {
-        /// Gather the next unit in the background ([`Zero3::with_prefetch`]).
-        prefetch: bool,
-    },
+    /// [`Zero3`], with its options.
+    Zero3(Zero3),
     /// [`Fsdp`], with its options.
-    Fsdp(FsdpSpec),
-}
-
-/// [`StrategyOptions::Fsdp`]'s options; the default is `full_shard` in f32, every block a
-/// unit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FsdpSpec {
-    /// How it shards.
-    pub sharding: FsdpSharding,
-    /// `hybrid_shard`: ranks per sharding group (2 by default; the other shardings have no
-    /// groups and ignore it).
-    pub group_size: NonZeroUsize,
-    /// The precision of its sharded modes.
-    pub precision: Precision,
-    /// `full_shard` and `hybrid_shard`: gather the next unit in the background.
-    pub prefetch: bool,
-    /// Only blocks whose names start with one of these prefixes are units of their own;
-    /// the others share one root unit. `None`: every wrapped block is a unit.
-    pub auto_wrap: Option<Vec<String>>,
-}
-
-impl Default for FsdpSpec {
-    fn default() -> Self {
-        FsdpSpec {
-            sharding: FsdpSharding::default(),
-            group_size: NonZeroUsize::new(2).expect("2 is not 0"),
-            precision: Precision::default(),
-            prefetch: false,
-            auto_wrap: None,
-        }
-    }
+    Fsdp(Fsdp),
 }
 
 impl StrategySpec {
@@ -185,8 +146,8 @@ impl StrategySpec {
             StrategyKind::Ddp => StrategyOptions::Ddp,
             StrategyKind::Zero1 => StrategyOptions::Zero1,
             StrategyKind::Zero2 => StrategyOptions::Zero2,
-            StrategyKind::Zero3 => StrategyOptions::Zero3 { prefetch: false },
-            StrategyKind::Fsdp => StrategyOptions::Fsdp(FsdpSpec::default()),
+            StrategyKind::Zero3 => StrategyOptions::Zero3(Zero3::new()),
+            StrategyKind::Fsdp => StrategyOptions::Fsdp(Fsdp::new(FsdpSharding::default())),
         };
         StrategySpec::from(strategy)
     }
@@ -198,7 +159,7 @@ impl StrategySpec {
             StrategyOptions::Ddp => StrategyKind::Ddp,
             StrategyOptions::Zero1 => StrategyKind::Zero1,
             StrategyOptions::Zero2 => StrategyKind::Zero2,
-            StrategyOptions::Zero3 { .. } => StrategyKind::Zero3,
+            StrategyOptions::Zero3(_) => StrategyKind::Zero3,
             StrategyOptions::Fsdp(_) => StrategyKind::Fsdp,
         }
     }
@@ -209,41 +170,21 @@ impl StrategySpec {
         self
     }
 
-    /// The strategy, or an error naming the option its types could not refuse: mixed
-    /// precision under `no_shard`.
-    pub fn build(&self) -> Result<Box<dyn Strategy>> {
+    /// The strategy, recomputing as the spec says.
+    pub fn build(&self) -> Box<dyn Strategy> {
         let ac = self.activation_checkpointing;
-        Ok(match &self.strategy {
+        match &self.strategy {
             StrategyOptions::Single => {
                 Box::new(SingleDevice::new().with_activation_checkpointing(ac))
             }
             StrategyOptions::Ddp => Box::new(Ddp::new().with_activation_checkpointing(ac)),
             StrategyOptions::Zero1 => Box::new(Zero::stage1().with_activation_checkpointing(ac)),
             StrategyOptions::Zero2 => Box::new(Zero::stage2().with_activation_checkpointing(ac)),
-            StrategyOptions::Zero3 { prefetch } => Box::new(
-                Zero3::new()
-                    .with_prefetch(*prefetch)
-                    .with_activation_checkpointing(ac),
-            ),
-            StrategyOptions::Fsdp(spec) => spec.fsdp(ac)?.build(),
-        })
-    }
-}
-
-impl FsdpSpec {
-    /// The [`Fsdp`] builder these options describe, recomputing as `ac` says.
-    fn fsdp(&self, ac: ActivationCheckpointing) -> Result<Fsdp> {
-        let mut fsdp = Fsdp::new(self.sharding)
-            .with_precision(self.precision)?
-            .with_prefetch(self.prefetch)
-            .with_activation_checkpointing(ac);
-        if self.sharding == FsdpSharding::HybridShard {
-            fsdp = fsdp.with_group_size(self.group_size.get())?;
+            StrategyOptions::Zero3(zero3) => {
+                Box::new(zero3.clone().with_activation_checkpointing(ac))
+            }
+            StrategyOptions::Fsdp(fsdp) => fsdp.clone().with_activation_checkpointing(ac).build(),
         }
-        if let Some(prefixes) = &self.auto_wrap {
-            fsdp = fsdp.with_auto_wrap(prefixes.clone());
-        }
-        Ok(fsdp)
     }
 }
 
@@ -263,10 +204,23 @@ impl From<StrategyKind> for StrategySpec {
     }
 }
 
-impl From<FsdpSpec> for StrategySpec {
-    /// Fsdp with `spec`, activations kept.
-    fn from(spec: FsdpSpec) -> Self {
-        StrategySpec::from(StrategyOptions::Fsdp(spec))
+impl From<Fsdp> for StrategySpec {
+    /// `fsdp`, its activation checkpointing made the spec's.
+    fn from(fsdp: Fsdp) -> Self {
+        StrategySpec {
+            activation_checkpointing: fsdp.activation_checkpointing(),
+            strategy: StrategyOptions::Fsdp(fsdp),
+        }
+    }
+}
+
+impl From<Zero3> for StrategySpec {
+    /// `zero3`, its activation checkpointing made the spec's.
+    fn from(zero3: Zero3) -> Self {
+        StrategySpec {
+            activation_checkpointing: zero3.activation_checkpointing(),
+            strategy: StrategyOptions::Zero3(zero3),
+        }
     }
 }
 
@@ -278,7 +232,7 @@ mod tests {
     fn every_name_parses_back_and_an_unknown_one_lists_them() {
         for kind in StrategyKind::ALL {
             assert_eq!(kind.name().parse::<StrategyKind>().unwrap(), kind);
-            assert_eq!(StrategySpec::new(kind).build().unwrap().name(), kind.name());
+            assert_eq!(StrategySpec::new(kind).build().name(), kind.name());
         }
         for sharding in FsdpSharding::ALL {
             assert_eq!(sharding.name().parse::<FsdpSharding>().unwrap(), sharding);
@@ -302,26 +256,38 @@ mod tests {
     }
 
     #[test]
-    fn options_the_types_cannot_refuse_are_refused_when_built() {
-        let refused = FsdpSpec {
-            sharding: FsdpSharding::NoShard,
-            precision: Precision::F16Mixed,
-            ..FsdpSpec::default()
-        };
-        assert!(StrategySpec::from(refused).build().is_err());
-        let accepted = FsdpSpec {
-            sharding: FsdpSharding::HybridShard,
-            group_size: NonZeroUsize::new(2).unwrap(),
-            precision: Precision::Bf16Mixed,
-            prefetch: true,
-            auto_wrap: Some(vec!["blocks.".into()]),
-        };
-        let spec = StrategySpec::from(accepted)
-            .with_activation_checkpointing(ActivationCheckpointing::Full);
-        assert_eq!(spec.build().unwrap().name(), "fsdp");
+    fn what_does_not_go_together_is_refused_where_it_is_said_and_a_spec_always_builds() {
+        // Mixed precision under no_shard (ddp) and groups outside hybrid_shard.
+        let no_shard = Fsdp::new(FsdpSharding::NoShard);
+        assert!(no_shard
+            .clone()
+            .with_precision(Precision::F16Mixed)
+            .is_err());
+        assert!(no_shard.with_precision(Precision::Full).is_ok());
+        assert!(Fsdp::new(FsdpSharding::FullShard)
+            .with_group_size(2)
+            .is_err());
+        let hybrid = Fsdp::new(FsdpSharding::HybridShard)
+            .with_group_size(2)
+            .unwrap()
+            .with_precision(Precision::Bf16Mixed)
+            .unwrap()
+            .with_prefetch(true)
+            .with_auto_wrap(vec!["blocks.".into()]);
+        let spec =
+            StrategySpec::from(hybrid).with_activation_checkpointing(ActivationCheckpointing::Full);
+        assert_eq!(spec.build().name(), "fsdp");
         assert_eq!(spec.activation_checkpointing, ActivationCheckpointing::Full);
-        let zero3 = StrategySpec::from(StrategyOptions::Zero3 { prefetch: true });
-        assert_eq!(zero3.build().unwrap().name(), "zero3");
+        // A builder's activation checkpointing becomes its spec's.
+        let zero3 = Zero3::new()
+            .with_prefetch(true)
+            .with_activation_checkpointing(ActivationCheckpointing::Full);
+        let zero3 = StrategySpec::from(zero3);
+        assert_eq!(
+            zero3.activation_checkpointing,
+            ActivationCheckpointing::Full
+        );
+        assert_eq!(zero3.build().name(), "zero3");
         for kind in StrategyKind::ALL {
             let spec = StrategySpec::new(kind)
                 .with_activation_checkpointing(ActivationCheckpointing::Full);
@@ -329,9 +295,6 @@ mod tests {
             assert_eq!(spec.activation_checkpointing, ActivationCheckpointing::Full);
         }
         // Only hybrid_shard has groups, of at least one rank.
-        assert!(Fsdp::new(FsdpSharding::FullShard)
-            .with_group_size(2)
-            .is_err());
         assert!(Fsdp::new(FsdpSharding::HybridShard)
             .with_group_size(0)
             .is_err());
