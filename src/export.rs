@@ -1,13 +1,16 @@
 //! `wick export CHECKPOINT OUT_DIR`: a checkpoint of a `fit --model` run as a Hugging Face
-//! model directory: its `config.json` and `tokenizer.json` as they came, and
-//! `model.safetensors` with every parameter whole under Hugging Face's names (f32), so that
-//! `transformers`' `from_pretrained` loads it.
+//! model directory: its `config.json` and `tokenizer.json` as they came, the tokenizer's
+//! options, chat template and generation defaults (as they came, or completed as
+//! `save_pretrained` writes them: [`crate::hf_files`]), and `model.safetensors` with every
+//! parameter whole under Hugging Face's names (f32), so that `transformers`'
+//! `from_pretrained` loads it and a chat model still chats.
 //!
 //! A LoRA run's checkpoint holds adapters only: `--adapter` writes them as PEFT saves them
 //! (`adapter_config.json`, `adapter_model.safetensors` under PEFT's names), which
 //! `peft.PeftModel.from_pretrained` loads over the base model; `--merge` writes the base
 //! model with each adapted weight replaced by W + (alpha / r) B A.
 
+use crate::hf_files::write_side_files;
 use crate::hf_model::{lora_of, CONFIG_FILE, TOKENIZER_FILE};
 use anyhow::Context;
 use candle_core::{Device, Shape, Tensor};
@@ -67,6 +70,9 @@ pub fn run(checkpoint: &Path, out: &Path, form: ExportForm) -> anyhow::Result<Ve
     }
     std::fs::create_dir_all(&tmp)?;
     let mut names = Vec::new();
+    if form != ExportForm::Adapter {
+        names.extend(write_side_files(&ck, &tmp)?);
+    }
     let mut copy = |attachment: Option<PathBuf>, name: &'static str| -> anyhow::Result<()> {
         if let Some(from) = attachment {
             std::fs::copy(&from, tmp.join(name))?;

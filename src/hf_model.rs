@@ -1,7 +1,8 @@
 //! `wick fit --model`: fine-tune a Hugging Face model directory, or pre-train a new model of
 //! a `config.json`, on the token file `wick prepare` wrote, with every option of the main
-//! job. Its checkpoints carry the model's `config.json` and `tokenizer.json`, so that
-//! `validate`, `sample` and `export` need nothing else; under `--lora-rank` they hold the
+//! job. Its checkpoints carry the model's `config.json` and `tokenizer.json` (and the
+//! tokenizer's options, chat template and generation defaults where the model has them), so
+//! that `validate`, `sample` and `export` need nothing else; under `--lora-rank` they hold the
 //! adapters only, with PEFT's `adapter_config.json` naming the base model's directory.
 
 use crate::cli::FitArgs;
@@ -118,6 +119,9 @@ pub fn run(args: &FitArgs, model: &Path) -> anyhow::Result<FitReport> {
     let mut checkpoints = ModelCheckpoint::new(&args.checkpoint_dir)
         .with_attachment(CONFIG_FILE, lm.config_json().as_bytes().to_vec())
         .with_attachment(TOKENIZER_FILE, tokenizer.json().as_bytes().to_vec());
+    for (name, bytes) in crate::hf_files::read_side_files(model, args.tokenizer.as_deref())? {
+        checkpoints = checkpoints.with_attachment(name, bytes);
+    }
     if let Some(lora) = lm.lora() {
         // The checkpoint holds the adapters; the base weights stay where they are.
         let base = std::fs::canonicalize(model)?;

@@ -13,6 +13,7 @@ mod cli;
 mod estimate;
 mod evaluation;
 mod export;
+mod hf_files;
 mod hf_model;
 mod inspect;
 mod loss_plot;

@@ -100,14 +100,12 @@ fn jsonl(
     args: &PrepareArgs,
     tick: impl Fn(),
 ) -> anyhow::Result<(Vec<u32>, Vec<bool>, usize)> {
-    let beside = args.tokenizer.with_file_name("tokenizer_config.json");
-    let config = match &args.chat_template {
-        Some(path) => Some(path.as_path()),
-        None => Some(beside.as_path()).filter(|p| p.is_file()),
-    };
-    let template = match config {
-        Some(path) => ChatTemplate::from_tokenizer_config(path)?,
-        None => None,
+    let template = match &args.chat_template {
+        Some(path) => Some(ChatTemplate::from_file(path)?),
+        None => {
+            let dir = args.tokenizer.parent().unwrap_or(std::path::Path::new("."));
+            ChatTemplate::from_dir(dir)?
+        }
     };
     let eos = template
         .as_ref()

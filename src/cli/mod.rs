@@ -63,8 +63,10 @@ pub enum Command {
     /// Tokenize text files (one document each) into a token file for `wick fit --model`,
     /// holding out a fraction for validation.
     Prepare(PrepareArgs),
-    /// Write a checkpoint of a `fit --model` run as a Hugging Face model directory
-    /// (config.json, model.safetensors, tokenizer.json) that transformers loads.
+    /// Write a checkpoint of a `fit --model` run as a Hugging Face model directory that
+    /// transformers loads: config.json, model.safetensors, tokenizer.json, and the
+    /// tokenizer_config.json, chat_template.jinja and generation_config.json a chat model
+    /// needs (as the source had them, or made as save_pretrained makes them).
     Export {
         /// A checkpoint directory, or a checkpoint root such as checkpoints/last.
         checkpoint: PathBuf,
@@ -101,9 +103,10 @@ pub struct PrepareArgs {
     /// completion's and the assistant's tokens.
     #[arg(long, value_enum, default_value_t = DataFormat::Text)]
     pub format: DataFormat,
-    /// The tokenizer_config.json whose chat_template renders `messages` (default: the one
-    /// beside --tokenizer, if any).
-    #[arg(long, value_name = "TOKENIZER_CONFIG_JSON")]
+    /// The chat template that renders `messages`: a chat_template.jinja, or a
+    /// tokenizer_config.json that holds one [default: --tokenizer's directory's
+    /// chat_template.jinja, else its tokenizer_config.json's, if any].
+    #[arg(long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
     /// UTF-8 text files, one document each, joined by the tokenizer's end-of-text token;
     /// with --format jsonl, JSON Lines files.

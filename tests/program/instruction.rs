@@ -39,7 +39,19 @@ fn reference() -> Reference {
 /// `wick prepare --format jsonl` of `files` with the chat fixture's tokenizer (and the
 /// template beside it) into `dir/out`.
 fn prepare_jsonl(dir: &Path, out: &str, files: &[&str]) -> (bool, String, String) {
-    let tokenizer = format!("{}/tokenizer.json", hf_fixture("chat"));
+    prepare_jsonl_with(&hf_fixture("chat"), &[], dir, out, files)
+}
+
+/// The same with the tokenizer (and template) of the fixture directory `tokenizer_dir`, and
+/// the options `extra`.
+fn prepare_jsonl_with(
+    tokenizer_dir: &str,
+    extra: &[&str],
+    dir: &Path,
+    out: &str,
+    files: &[&str],
+) -> (bool, String, String) {
+    let tokenizer = format!("{tokenizer_dir}/tokenizer.json");
     let args = [
         &[
             "prepare",
@@ -50,6 +62,7 @@ fn prepare_jsonl(dir: &Path, out: &str, files: &[&str]) -> (bool, String, String
             "--tokenizer",
         ][..],
         &[tokenizer.as_str(), "--output", out],
+        extra,
         files,
     ]
     .concat();
@@ -116,6 +129,170 @@ fn jsonl_examples_are_tokenized_and_masked_as_transformers_does() {
         "loss {loss} vs transformers' {}",
         r.window_loss
     );
+}
+
+/// The ids of the `train` tokens of the token file `path`.
+fn train_ids(path: &Path) -> Vec<u32> {
+    let tensors = candle_core::safetensors::load(path, &Device::Cpu).unwrap();
+    tensors["train"]
+        .to_dtype(DType::U32)
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// transformers 5 saves a tokenizer's chat template in `chat_template.jinja`, not in
+/// `tokenizer_config.json` (the fixture `chat_v5` is the chat fixture saved again by
+/// transformers 5's `save_pretrained`): wick reads either layout and renders each
+/// conversation as transformers does, and `prepare` finds the template in either.
+#[test]
+fn the_chat_template_is_read_from_either_layout_as_transformers_renders_it() {
+    use wick::models::{ChatTemplate, TextTokenizer};
+    let v5 = hf_fixture("chat_v5");
+    let text = std::fs::read_to_string(format!("{v5}/renders.json")).unwrap();
+    let renders: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let renders = renders["renders"].as_array().unwrap();
+    assert_eq!(renders.len(), 4);
+    let tokenizer = TextTokenizer::from_file(format!("{v5}/tokenizer.json")).unwrap();
+    for layout in [hf_fixture("chat"), v5.clone()] {
+        let template = ChatTemplate::from_dir(&layout)
+            .unwrap()
+            .expect("a template");
+        assert_eq!(template.eos_token(), Some("<|endoftext|>"), "{layout}");
+        for r in renders {
+            let messages = r["messages"].as_array().unwrap();
+            let prompt = r["add_generation_prompt"].as_bool().unwrap();
+            let rendered = template.render(messages, prompt).unwrap();
+            assert_eq!(rendered, r["text"].as_str().unwrap(), "{layout}");
+            let ids: Vec<u32> = r["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            assert_eq!(tokenizer.encode(&rendered).unwrap(), ids, "{layout}");
+        }
+    }
+    // `prepare` finds the template of transformers 5's layout beside the tokenizer: the
+    // same ids as transformers gave for the fixture.
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) =
+        prepare_jsonl_with(&v5, &[], dir.path(), "v5.safetensors", &[&chat_jsonl()]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(
+        train_ids(&dir.path().join("v5.safetensors")),
+        reference().ids
+    );
+    // Named with --chat-template, a .jinja file serves as well.
+    let jinja = format!("{v5}/chat_template.jinja");
+    let named = ["--chat-template", jinja.as_str()];
+    let (ok, out, err) = prepare_jsonl_with(
+        &hf_fixture("chat"),
+        &named,
+        dir.path(),
+        "named.safetensors",
+        &[&chat_jsonl()],
+    );
+    assert!(ok, "{out}{err}");
+    assert_eq!(
+        train_ids(&dir.path().join("named.safetensors")),
+        reference().ids
+    );
+}
+
+/// A chat model fine-tuned and exported comes out able to chat: its chat template, special
+/// tokens and generation defaults go into the export, from either layout of the tokenizer
+/// (the template in `tokenizer_config.json`, or in transformers 5's `chat_template.jinja`),
+/// and the export renders each conversation as transformers did. (`scripts/export-check.sh`
+/// has transformers itself read the export, in CI.)
+#[test]
+fn an_exported_chat_model_carries_its_template_special_tokens_and_generation_config() {
+    use wick::models::ChatTemplate;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let v5 = hf_fixture("chat_v5");
+    let text = std::fs::read_to_string(format!("{v5}/renders.json")).unwrap();
+    let renders: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let llama = hf_fixture("llama");
+    let (chat, jsonl) = (
+        format!("{}/tokenizer.json", hf_fixture("chat")),
+        chat_jsonl(),
+    );
+    let prepare = [
+        "prepare",
+        "--format",
+        "jsonl",
+        "--val-fraction",
+        "0.3",
+        "--tokenizer",
+        &chat,
+        "--output",
+        "chat.safetensors",
+        &jsonl,
+    ];
+    let (ok, out, err) = wick(d, &prepare);
+    assert!(ok, "{out}{err}");
+    for layout in [hf_fixture("chat"), v5.clone()] {
+        let tokenizer = format!("{layout}/tokenizer.json");
+        let name = Path::new(&layout).file_name().unwrap().to_str().unwrap();
+        let (ck, exported) = (format!("ck-{name}"), format!("{name}-hf"));
+        let args = [
+            "fit",
+            "--model",
+            &llama,
+            "--tokenizer",
+            &tokenizer,
+            "--data",
+            "chat.safetensors",
+            "--seq",
+            "8",
+            "--batch-size",
+            "2",
+            "--max-steps",
+            "1",
+            "--no-progress",
+            "--run-name",
+            name,
+            "--checkpoint-dir",
+            &ck,
+            "--val-every",
+            "1000",
+        ];
+        let (ok, out, err) = wick(d, &args);
+        assert!(ok, "{out}{err}");
+        let (ok, out, err) = wick(d, &["export", &format!("{ck}/last"), &exported]);
+        assert!(ok, "{out}{err}");
+        let exported = d.join(exported);
+        let read = |dir: &Path, f: &str| std::fs::read(dir.join(f)).unwrap();
+        // What the tokenizer's directory and the model's held, as they were.
+        assert_eq!(
+            read(&exported, "tokenizer_config.json"),
+            read(Path::new(&layout), "tokenizer_config.json"),
+            "{name}"
+        );
+        assert_eq!(
+            read(&exported, "generation_config.json"),
+            read(Path::new(&llama), "generation_config.json"),
+            "{name}"
+        );
+        // The template in transformers 5's file too, rendering as transformers did.
+        assert_eq!(
+            read(&exported, "chat_template.jinja"),
+            read(Path::new(&v5), "chat_template.jinja"),
+            "{name}"
+        );
+        let template = ChatTemplate::from_dir(&exported).unwrap().unwrap();
+        assert_eq!(template.eos_token(), Some("<|endoftext|>"));
+        for r in renders["renders"].as_array().unwrap() {
+            let messages = r["messages"].as_array().unwrap();
+            let prompt = r["add_generation_prompt"].as_bool().unwrap();
+            assert_eq!(
+                template.render(messages, prompt).unwrap(),
+                r["text"].as_str().unwrap(),
+                "{name}"
+            );
+        }
+    }
 }
 
 /// Trains the Llama fixture 3 plain SGD steps on the masked windows; its parameters.

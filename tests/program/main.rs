@@ -325,13 +325,22 @@ fn a_hugging_face_model_is_prepared_for_fine_tuned_validated_sampled_and_exporte
             tensors(&Path::new(&model).join("model.safetensors")),
             "{family}: the exported tensors are not the source model's"
         );
-        for f in ["config.json", "tokenizer.json"] {
+        for f in ["config.json", "tokenizer.json", "generation_config.json"] {
             assert_eq!(
                 std::fs::read(d.join(&exported).join(f)).unwrap(),
                 std::fs::read(Path::new(&model).join(f)).unwrap(),
                 "{family}: {f}"
             );
         }
+        // The source has no tokenizer_config.json: the export writes one, naming the
+        // special tokens of config.json's ids (0 in the fixtures), as transformers saves it.
+        let written = std::fs::read(d.join(&exported).join("tokenizer_config.json")).unwrap();
+        let written: serde_json::Value = serde_json::from_slice(&written).unwrap();
+        let tokenizer =
+            wick::models::TextTokenizer::from_file(format!("{model}/tokenizer.json")).unwrap();
+        let first = tokenizer.id_to_token(0).unwrap();
+        assert_eq!(written["eos_token"], first.as_str(), "{family}: {written}");
+        assert_eq!(written["bos_token"], first.as_str(), "{family}: {written}");
         let (ok, _, err) = wick(d, &["export", &ck, &exported]);
         assert!(!ok && err.contains("not empty"), "{err}");
         std::fs::remove_file(d.join("tokens.safetensors")).unwrap();

@@ -1,5 +1,6 @@
-//! Instruction data: a tokenizer's chat template (`tokenizer_config.json`'s
-//! `chat_template`, rendered by minijinja as `transformers` renders it with Jinja), and
+//! Instruction data: a tokenizer's chat template (`chat_template.jinja`, as transformers 5
+//! saves it, or `tokenizer_config.json`'s `chat_template`, as earlier versions did; rendered
+//! by minijinja as `transformers` renders it with Jinja), and
 //! examples of three shapes tokenized with a mask of the tokens the loss counts.
 //!
 //! - `{"text": ...}`: every token counts;
@@ -59,6 +60,36 @@ fn without_generation_blocks(source: &str) -> String {
     out
 }
 
+/// The error of a tokenizer file at `path`.
+fn tokenizer_error(path: &Path, message: String) -> ModelError {
+    ModelError::Tokenizer {
+        path: path.to_path_buf(),
+        message,
+    }
+}
+
+/// The JSON file at `path`.
+fn json_of(path: &Path) -> Result<Value, ModelError> {
+    serde_json::from_str(&read_text(path)?)
+        .map_err(|e| tokenizer_error(path, format!("not JSON: {e}")))
+}
+
+/// The chat template a `tokenizer_config.json` holds: its `chat_template`, or the one named
+/// `default` of a list of named templates.
+pub fn chat_template_of(config: &Value) -> Result<Option<String>, String> {
+    match config.get("chat_template") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Array(named)) => named
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .and_then(|t| t.get("template")?.as_str())
+            .map(|t| Some(t.to_string()))
+            .ok_or_else(|| "'chat_template' lists no template named \"default\"".into()),
+        Some(v) => Err(format!("'chat_template' must be a string, got {v}")),
+    }
+}
+
 /// A token given as a string or as an added token's `{"content": ...}`.
 fn token_text(v: Option<&Value>) -> Option<String> {
     match v? {
@@ -68,38 +99,69 @@ fn token_text(v: Option<&Value>) -> Option<String> {
     }
 }
 
+/// The file transformers 5 saves a tokenizer's chat template in, beside its
+/// `tokenizer_config.json`.
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+/// The tokenizer's options file: special tokens, and before transformers 5 the chat template.
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+
 impl ChatTemplate {
+    /// The chat template of the tokenizer in `dir`: `chat_template.jinja` where the
+    /// directory has one (transformers 5's layout), otherwise `tokenizer_config.json`'s
+    /// `chat_template`; its special tokens from `tokenizer_config.json`. `None` when neither
+    /// holds a template.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Option<Self>, ModelError> {
+        let dir = dir.as_ref();
+        let config = dir.join(TOKENIZER_CONFIG_FILE);
+        let jinja = dir.join(CHAT_TEMPLATE_FILE);
+        match (jinja.is_file(), config.is_file()) {
+            (true, _) => Self::from_file(jinja).map(Some),
+            (false, true) => Self::from_tokenizer_config(config),
+            (false, false) => Ok(None),
+        }
+    }
+
+    /// The template a file holds: a `chat_template.jinja` (its special tokens from the
+    /// `tokenizer_config.json` beside it, if any), or a `tokenizer_config.json` that must
+    /// hold one.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ModelError> {
+        let path = path.as_ref();
+        if path.extension().is_some_and(|e| e == "jinja") {
+            let beside = path.with_file_name(TOKENIZER_CONFIG_FILE);
+            let config = match beside.is_file() {
+                true => json_of(&beside)?,
+                false => Value::Null,
+            };
+            return Self::compiled(path, read_text(path)?, &config);
+        }
+        Self::from_tokenizer_config(path)?.ok_or_else(|| ModelError::Tokenizer {
+            path: path.to_path_buf(),
+            message: "holds no chat_template".into(),
+        })
+    }
+
     /// The template of `tokenizer_config.json` at `path` (its `chat_template`, or the one
     /// named `default` of a list), with its `bos_token` and `eos_token`; `None` when it has
     /// no template.
     pub fn from_tokenizer_config(path: impl AsRef<Path>) -> Result<Option<Self>, ModelError> {
         let path = path.as_ref();
-        let bad = |message: String| ModelError::Tokenizer {
-            path: path.to_path_buf(),
-            message,
-        };
-        let text = read_text(path)?;
-        let config: Value =
-            serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
-        let source = match config.get("chat_template") {
-            None | Some(Value::Null) => return Ok(None),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(named)) => named
-                .iter()
-                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
-                .and_then(|t| t.get("template")?.as_str())
-                .ok_or_else(|| bad("'chat_template' lists no template named \"default\"".into()))?
-                .to_string(),
-            Some(v) => return Err(bad(format!("'chat_template' must be a string, got {v}"))),
-        };
-        // A template that does not parse is an error now, not at the first example.
+        let config = json_of(path)?;
+        match chat_template_of(&config).map_err(|message| tokenizer_error(path, message))? {
+            Some(source) => Self::compiled(path, source, &config).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// `source` compiled, with the special tokens of `config` (a `tokenizer_config.json`).
+    /// A template that does not parse is an error now, not at the first example.
+    fn compiled(path: &Path, source: String, config: &Value) -> Result<Self, ModelError> {
         let env = environment(without_generation_blocks(&source))
-            .map_err(|e| bad(format!("chat_template: {e}")))?;
-        Ok(Some(ChatTemplate {
+            .map_err(|e| tokenizer_error(path, format!("chat_template: {e}")))?;
+        Ok(ChatTemplate {
             env,
             bos_token: token_text(config.get("bos_token")).unwrap_or_default(),
             eos_token: token_text(config.get("eos_token")).unwrap_or_default(),
-        }))
+        })
     }
 
     /// The end-of-text token the config names (`eos_token`), if any.
@@ -252,8 +314,9 @@ impl Example {
             }
             Example::Messages(messages) => {
                 let template = template.ok_or(
-                    "a 'messages' line needs the tokenizer's chat_template (tokenizer_config.json \
-                     beside tokenizer.json)",
+                    "a 'messages' line needs the tokenizer's chat template (chat_template.jinja, or \
+                     tokenizer_config.json's chat_template, beside tokenizer.json; or \
+                     --chat-template FILE)",
                 )?;
                 conversation(tokenizer, template, messages)?
             }

@@ -24,7 +24,9 @@ mod rope;
 mod tokenizer;
 
 pub use causal_lm::CausalLm;
-pub use chat::{ChatTemplate, Example};
+pub use chat::{
+    chat_template_of, ChatTemplate, Example, CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE,
+};
 pub use config::{
     Activation, ConfigError, DecoderConfig, Family, Gpt2Config, ModelConfig, Rope, RopeScaling,
 };

@@ -108,6 +108,11 @@ impl TextTokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// The token of id `id`, if the vocabulary has it.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
     /// The text of `ids`.
     pub fn decode(&self, ids: &[u32]) -> candle_core::Result<String> {
         self.inner

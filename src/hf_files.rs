@@ -1,0 +1,149 @@
+//! The files of a Hugging Face model directory beside its weights, `config.json` and
+//! `tokenizer.json`: the tokenizer's options and chat template, and the generation
+//! defaults. `fit --model` carries those of its model into each checkpoint, and `export`
+//! writes them back, completed where the source had none, as `save_pretrained` would: a
+//! chat model comes out able to chat, in the layouts of transformers 4 and 5 alike.
+
+use crate::hf_model::{CONFIG_FILE, TOKENIZER_FILE};
+use anyhow::Context;
+use serde_json::{json, Map, Value};
+use std::path::Path;
+use wick_models::{chat_template_of, TextTokenizer, CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE};
+use wick_trainer::Checkpoint;
+
+/// The generation defaults (`eos_token_id` lists every token that ends a turn).
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+/// The special tokens of tokenizers saved before transformers 5.
+pub const SPECIAL_TOKENS_MAP_FILE: &str = "special_tokens_map.json";
+
+/// The files of the tokenizer's directory that travel with it.
+const TOKENIZER_SIDE_FILES: [&str; 3] = [
+    TOKENIZER_CONFIG_FILE,
+    CHAT_TEMPLATE_FILE,
+    SPECIAL_TOKENS_MAP_FILE,
+];
+
+/// Every side file a checkpoint may carry, in the order `export` writes them.
+pub const SIDE_FILES: [&str; 4] = [
+    TOKENIZER_CONFIG_FILE,
+    CHAT_TEMPLATE_FILE,
+    SPECIAL_TOKENS_MAP_FILE,
+    GENERATION_CONFIG_FILE,
+];
+
+/// The side files of `--model` (a directory, or a `config.json` whose directory may hold a
+/// `generation_config.json`) and of its tokenizer (`--tokenizer`'s directory, or the
+/// model's), as (name, bytes), those that exist.
+pub fn read_side_files(
+    model: &Path,
+    tokenizer: Option<&Path>,
+) -> anyhow::Result<Vec<(&'static str, Vec<u8>)>> {
+    let model_dir = match model.is_dir() {
+        true => model,
+        false => model.parent().unwrap_or(Path::new(".")),
+    };
+    let tokenizer_dir = match tokenizer {
+        Some(file) => file.parent().unwrap_or(Path::new(".")),
+        None => model_dir,
+    };
+    let wanted = TOKENIZER_SIDE_FILES
+        .iter()
+        .map(|name| tokenizer_dir.join(name))
+        .chain([model_dir.join(GENERATION_CONFIG_FILE)]);
+    let mut out = Vec::new();
+    for (name, path) in SIDE_FILES.into_iter().zip(wanted) {
+        if path.is_file() {
+            let bytes =
+                std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            out.push((name, bytes));
+        }
+    }
+    Ok(out)
+}
+
+/// Writes into `dir` the side files of a `fit --model` checkpoint `ck`, completed
+/// ([`completed_side_files`]); returns their names.
+pub fn write_side_files(ck: &Checkpoint, dir: &Path) -> anyhow::Result<Vec<&'static str>> {
+    let attached = |name: &str| {
+        ck.attachment(name)
+            .with_context(|| format!("{}: holds no {name}", ck.dir().display()))
+    };
+    let (config, tokenizer) = (attached(CONFIG_FILE)?, attached(TOKENIZER_FILE)?);
+    let mut carried = Vec::new();
+    for name in SIDE_FILES {
+        if let Some(path) = ck.attachment(name) {
+            carried.push((name, std::fs::read(&path)?));
+        }
+    }
+    let mut names = Vec::new();
+    for (name, bytes) in completed_side_files(carried, &config, &tokenizer)? {
+        std::fs::write(dir.join(name), bytes)?;
+        names.push(name);
+    }
+    Ok(names)
+}
+
+/// The side files an export writes, given those `carried` and the model's `config.json`
+/// and `tokenizer.json`: what was carried, and what `save_pretrained` writes that was not:
+/// a `tokenizer_config.json` naming the special tokens of `config.json`'s ids, the chat
+/// template in `chat_template.jinja` (transformers 5's file) where only
+/// `tokenizer_config.json` held it, and a `generation_config.json` from `config.json`'s
+/// token ids (transformers' `GenerationConfig.from_model_config`).
+pub fn completed_side_files(
+    mut carried: Vec<(&'static str, Vec<u8>)>,
+    config_json: &Path,
+    tokenizer_json: &Path,
+) -> anyhow::Result<Vec<(&'static str, Vec<u8>)>> {
+    let has = |files: &[(&str, Vec<u8>)], name: &str| files.iter().any(|(n, _)| *n == name);
+    let config: Value = serde_json::from_slice(&std::fs::read(config_json)?)
+        .with_context(|| format!("{} is not JSON", config_json.display()))?;
+    let ids: Map<String, Value> = ["bos_token_id", "eos_token_id", "pad_token_id"]
+        .into_iter()
+        .filter_map(|key| {
+            Some((
+                key.to_string(),
+                config.get(key).filter(|v| !v.is_null())?.clone(),
+            ))
+        })
+        .collect();
+    if !has(&carried, TOKENIZER_CONFIG_FILE) {
+        let tokenizer = TextTokenizer::from_file(tokenizer_json)?;
+        let mut tokenizer_config = json!({ "tokenizer_class": "PreTrainedTokenizerFast" });
+        for (id_key, token_key) in [("bos_token_id", "bos_token"), ("eos_token_id", "eos_token")] {
+            // A list of end tokens names its first as the tokenizer's.
+            let id = ids
+                .get(id_key)
+                .and_then(|v| v.as_u64().or_else(|| v.get(0)?.as_u64()));
+            if let Some(token) = id.and_then(|id| tokenizer.id_to_token(u32::try_from(id).ok()?)) {
+                tokenizer_config[token_key] = Value::String(token);
+            }
+        }
+        carried.push((TOKENIZER_CONFIG_FILE, pretty(&tokenizer_config)));
+    }
+    if !has(&carried, CHAT_TEMPLATE_FILE) {
+        let (_, bytes) = carried
+            .iter()
+            .find(|(n, _)| *n == TOKENIZER_CONFIG_FILE)
+            .expect("written above");
+        let tokenizer_config: Value = serde_json::from_slice(bytes)
+            .with_context(|| format!("the carried {TOKENIZER_CONFIG_FILE} is not JSON"))?;
+        let template = chat_template_of(&tokenizer_config).map_err(anyhow::Error::msg)?;
+        if let Some(template) = template {
+            carried.push((CHAT_TEMPLATE_FILE, template.into_bytes()));
+        }
+    }
+    if !has(&carried, GENERATION_CONFIG_FILE) && !ids.is_empty() {
+        let mut generation = ids;
+        generation.insert("_from_model_config".into(), Value::Bool(true));
+        carried.push((GENERATION_CONFIG_FILE, pretty(&Value::Object(generation))));
+    }
+    carried.sort_by_key(|(name, _)| SIDE_FILES.iter().position(|n| n == name));
+    Ok(carried)
+}
+
+/// `value` as transformers writes JSON: indented, with a final newline.
+fn pretty(value: &Value) -> Vec<u8> {
+    let mut text = serde_json::to_string_pretty(value).expect("a JSON value serializes");
+    text.push('\n');
+    text.into_bytes()
+}
