@@ -5,7 +5,7 @@
 //! tokens: the base model's loss, before any training.
 
 use crate::char_gpt::CharGpt;
-use crate::cli::{EvalArgs, Evaluated};
+use crate::cli::{EvalArgs, ModelSource};
 use crate::main_job::{main_job_config, split};
 use wick_trainer::{Attached, Checkpoint, DataLoader, Split, Trainer};
 
@@ -42,12 +42,12 @@ pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
         builder = builder.devices(d);
     }
     let mut trainer = builder.build()?;
-    let checkpoint = match args.evaluated() {
-        Evaluated::Model(dir) => {
+    let checkpoint = match args.from.source() {
+        ModelSource::Model(dir) => {
             let lm = crate::hf_model::load_model(dir, None)?;
             return report(pass, &mut trainer, lm, args);
         }
-        Evaluated::Checkpoint(path) => Checkpoint::open(path)?,
+        ModelSource::Checkpoint(path) => Checkpoint::open(path)?,
     };
     let metrics = match checkpoint.attachment(crate::hf_model::CONFIG_FILE) {
         Some(_) => {
@@ -125,8 +125,10 @@ mod tests {
         let dir = crate::main_job::trained_checkpoint(StrategyKind::Fsdp, 2);
         let root = dir.path();
         let args = |devices, strategy| EvalArgs {
-            checkpoint: Some(root.join("ck/last")),
-            model: None,
+            from: crate::cli::ModelChoice {
+                checkpoint: Some(root.join("ck/last")),
+                model: None,
+            },
             devices: Some(devices),
             strategy,
             batch_size: 8,

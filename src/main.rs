@@ -9,10 +9,12 @@
 
 mod char_corpus;
 mod char_gpt;
+mod chat;
 mod cli;
 mod estimate;
 mod evaluation;
 mod export;
+mod generator;
 mod hf_files;
 mod hf_model;
 mod inspect;
@@ -99,10 +101,8 @@ fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Validate(args) => report_eval(evaluation::Pass::Validate, &args),
         Command::Test(args) => report_eval(evaluation::Pass::Test, &args),
-        Command::Sample(args) => {
-            println!("{}", sample::sample(&args)?);
-            Ok(())
-        }
+        Command::Sample(args) => sample::run(&args, &mut std::io::stdout().lock()),
+        Command::Chat(args) => chat::run(&args, std::io::stdin().lock(), &mut std::io::stdout()),
         Command::Estimate(args) => {
             print!("{}", estimate::report(&args)?);
             Ok(())

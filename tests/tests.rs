@@ -44,6 +44,8 @@ mod preemption;
 mod runs;
 // Every model family against Hugging Face transformers (tests/fixtures/hf, tests/fixtures/configs).
 mod models;
+// Generation over the KV cache: greedy tokens and logits equal transformers' generate.
+mod generation;
 // Published configs, refused and unknown fields, tied vocabularies that do not divide by W.
 mod model_configs;
 // LoRA: frozen base weights under every strategy, adapters equal to one device's, resume.

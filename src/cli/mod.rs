@@ -55,8 +55,13 @@ pub enum Command {
     Validate(EvalArgs),
     /// The same pass through `test_step`: prints test_loss.
     Test(EvalArgs),
-    /// Generate text with the main job's model from a checkpoint (of any world size).
+    /// Generate text from a checkpoint (of any world size) or a Hugging Face model directory,
+    /// streamed as it comes: a continuation of --prompt, or the answer to --chat MESSAGE.
     Sample(SampleArgs),
+    /// A conversation on the terminal with a chat model (a checkpoint of a `fit --model` run,
+    /// or a model directory): each line typed is a user message, answered as it is
+    /// generated; an empty input (Ctrl-D) ends it.
+    Chat(ChatArgs),
     /// Model-state bytes per rank for each strategy (parameters, gradients, AdamW state) and
     /// the largest unit held under full_shard: will it fit at W ranks?
     Estimate(EstimateArgs),
@@ -131,17 +136,43 @@ pub fn name_of<T: ValueEnum>(value: T) -> String {
         .unwrap_or_default()
 }
 
-/// `wick validate` and `wick test`'s options.
+/// Which model a command reads: a checkpoint, or a Hugging Face model directory as it is.
 #[derive(Debug, Args)]
-pub struct EvalArgs {
+pub struct ModelChoice {
     /// A checkpoint (directory, or a root such as checkpoints/last): of the main job, or of
     /// a `fit --model` run.
     #[arg(required_unless_present = "model", conflicts_with = "model")]
     pub checkpoint: Option<PathBuf>,
-    /// Instead of a checkpoint, a Hugging Face model directory evaluated as it is (the base
-    /// model's loss on --data's validation tokens, before any training).
-    #[arg(long, value_name = "DIR", requires = "data")]
+    /// Instead of a checkpoint, a Hugging Face model directory, as it is (before any
+    /// training).
+    #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
+}
+
+/// The model a [`ModelChoice`] names.
+pub enum ModelSource<'a> {
+    /// A checkpoint (directory or root).
+    Checkpoint(&'a std::path::Path),
+    /// A Hugging Face model directory.
+    Model(&'a std::path::Path),
+}
+
+impl ModelChoice {
+    /// The checkpoint or the model (clap lets exactly one through).
+    pub fn source(&self) -> ModelSource<'_> {
+        match (&self.model, &self.checkpoint) {
+            (Some(model), _) => ModelSource::Model(model),
+            (None, Some(checkpoint)) => ModelSource::Checkpoint(checkpoint),
+            (None, None) => unreachable!("clap requires a checkpoint unless --model is given"),
+        }
+    }
+}
+
+/// `wick validate` and `wick test`'s options.
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub from: ModelChoice,
     /// Ranks: threads [default: 1], or the processes mpirun/srun started.
     #[arg(long, value_parser = positive, value_name = "N")]
     pub devices: Option<usize>,
@@ -151,8 +182,9 @@ pub struct EvalArgs {
     /// Global batch size, a multiple of --devices.
     #[arg(long, value_parser = positive, default_value_t = 32)]
     pub batch_size: usize,
-    /// The text the model was trained on, if not the bundled corpus; for a checkpoint of a
-    /// `fit --model` run, the token file (its validation tokens are evaluated).
+    /// The text the model was trained on, if not the bundled corpus; for --model or a
+    /// checkpoint of a `fit --model` run, the token file (its validation tokens are
+    /// evaluated).
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
     /// Tokens per window, for --model or a `fit --model` run's checkpoint.
@@ -160,45 +192,56 @@ pub struct EvalArgs {
     pub seq: usize,
 }
 
-/// What `wick validate` and `wick test` evaluate.
-pub enum Evaluated<'a> {
-    /// A checkpoint (directory or root).
-    Checkpoint(&'a std::path::Path),
-    /// A Hugging Face model directory, as it is.
-    Model(&'a std::path::Path),
-}
-
-impl EvalArgs {
-    /// The checkpoint or the model (clap lets exactly one through).
-    pub fn evaluated(&self) -> Evaluated<'_> {
-        match (&self.model, &self.checkpoint) {
-            (Some(model), _) => Evaluated::Model(model),
-            (None, Some(checkpoint)) => Evaluated::Checkpoint(checkpoint),
-            (None, None) => unreachable!("clap requires a checkpoint unless --model is given"),
-        }
-    }
+/// How `wick sample` and `wick chat` draw tokens and when they stop.
+#[derive(Debug, Args)]
+pub struct SamplingArgs {
+    /// The most tokens to generate (a turn of `chat` ends earlier at an end token).
+    #[arg(long, alias = "tokens", value_name = "N", default_value_t = 200)]
+    pub max_new_tokens: usize,
+    /// Softmax temperature; 0 picks the most likely token every time (greedy).
+    #[arg(long, value_name = "T", default_value_t = 0.8)]
+    pub temperature: f64,
+    /// Draw only among the K most likely tokens [default: all].
+    #[arg(long, value_parser = positive, value_name = "K")]
+    pub top_k: Option<usize>,
+    /// Draw only among the most likely tokens whose probabilities first reach P (nucleus
+    /// sampling).
+    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    pub top_p: f64,
+    /// Seed of the draws: the same seed gives the same text.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
 }
 
 /// `wick sample`'s options.
 #[derive(Debug, Args)]
 pub struct SampleArgs {
-    /// A checkpoint of the main job (directory, or a root such as checkpoints/last).
-    pub checkpoint: PathBuf,
-    /// The text to continue (characters of the corpus).
-    #[arg(long)]
-    pub prompt: String,
-    /// Characters to generate.
-    #[arg(long, default_value_t = 200)]
-    pub tokens: usize,
-    /// Softmax temperature; 0 picks the most likely character every time.
-    #[arg(long, default_value_t = 0.8)]
-    pub temperature: f64,
-    /// Seed of the draws: the same seed gives the same text.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// The text the model was trained on, if not the bundled corpus (its vocabulary).
+    #[command(flatten)]
+    pub from: ModelChoice,
+    /// The text to continue (with the main job's model, characters of its corpus).
+    #[arg(long, required_unless_present = "chat", conflicts_with = "chat")]
+    pub prompt: Option<String>,
+    /// A user message, rendered with the model's chat template and its generation prompt:
+    /// prints the assistant's answer, which ends at an end-of-turn token.
+    #[arg(long, value_name = "MESSAGE")]
+    pub chat: Option<String>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// The main job's text, if not the bundled corpus (its vocabulary).
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
+}
+
+/// `wick chat`'s options.
+#[derive(Debug, Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub from: ModelChoice,
+    /// A system message before the conversation.
+    #[arg(long, value_name = "MESSAGE")]
+    pub system: Option<String>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
 }
 
 /// `wick estimate`'s options.

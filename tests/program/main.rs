@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
+mod generation;
 mod instruction;
 mod lora;
 #[cfg(unix)]

@@ -5,6 +5,7 @@ use crate::config::ModelConfig;
 use crate::decoder::Decoder;
 use crate::error::read_text;
 use crate::gpt2::Gpt2;
+use crate::kv_cache::KvCache;
 use crate::lora::{
     DropoutKey, LoraConfig, PeftNames, WithAdapters, ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE,
 };
@@ -223,6 +224,48 @@ impl CausalLm {
         self.logits_with(ids, None)
     }
 
+    /// An empty cache of keys and values for [`CausalLm::next_logits`]. Needs the
+    /// parameters (`configure_sharded_model`).
+    pub fn new_cache(&self) -> Result<KvCache> {
+        Ok(match self.net()? {
+            Net::Decoder(m) => m.new_cache(),
+            Net::Gpt2(m) => m.new_cache(),
+        })
+    }
+
+    /// The logits of the token after `ids` (`[batch, time]`, u32, the positions that follow
+    /// those `cache` holds): `[batch, vocab]`, f32. The cache then holds `ids`' positions
+    /// too, so that generation computes each new token's position only: the prompt once,
+    /// then one token at a time. Inference only, on a model whose units are whole on this
+    /// rank (the `single` strategy).
+    pub fn next_logits(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        let t = cache.len() + ids.dim(1)?;
+        if t > self.config.max_positions() || ids.dim(1)? == 0 {
+            candle_core::bail!(
+                "{} new tokens after {} cached: a model of {} positions takes 1 to {} more",
+                ids.dim(1)?,
+                cache.len(),
+                self.config.max_positions(),
+                self.config.max_positions().saturating_sub(cache.len())
+            )
+        }
+        let logits = match self.net()? {
+            Net::Decoder(m) => m.next_logits(ids, cache)?,
+            Net::Gpt2(m) => m.next_logits(ids, cache)?,
+        };
+        logits.to_dtype(DType::F32)
+    }
+
+    /// The model's layers, once its parameters exist.
+    fn net(&self) -> Result<&Net> {
+        match &self.net {
+            Some(net) => Ok(net),
+            None => candle_core::bail!(
+                "the model's parameters do not exist yet: run it through the trainer"
+            ),
+        }
+    }
+
     /// The model's layers, checked to take a sequence as long as `ids`'.
     fn net_for(&self, ids: &Tensor) -> Result<&Net> {
         let (_, t) = ids.dims2()?;
@@ -232,12 +275,7 @@ impl CausalLm {
                 self.config.max_positions()
             )
         }
-        match &self.net {
-            Some(net) => Ok(net),
-            None => candle_core::bail!(
-                "the model's parameters do not exist yet: run it through the trainer"
-            ),
-        }
+        self.net()
     }
 
     /// [`CausalLm::logits`], LoRA's dropout masks drawn by `dropout` (training only).

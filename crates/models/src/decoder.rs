@@ -8,6 +8,7 @@
 //! layer; the embedding, the final norm and the head are units of their own.
 
 use crate::config::{Activation, DecoderConfig};
+use crate::kv_cache::{KvCache, LayerCache};
 use crate::layers::{embed, heads, linear, loss_rows, merge_heads, normal, project};
 use crate::lora::{DropoutKey, LoraConfig, Projection};
 use crate::rope::RopeTables;
@@ -122,14 +123,15 @@ impl DecoderLayer {
         })
     }
 
-    /// The heads of `projection` (`[b, t, n * head_dim]`) as `[b, n, t, head_dim]`, each
-    /// normed first where the family norms them, then rotated.
+    /// The heads of `projection` (`[b, t, n * head_dim]`, positions `offset..offset + t`)
+    /// as `[b, n, t, head_dim]`, each normed first where the family norms them, then
+    /// rotated.
     fn rotated(
         &self,
         projection: &Tensor,
         n: usize,
         norm: Option<&RmsNorm>,
-        rope: &RotaryEmbedding,
+        (rope, offset): (&RotaryEmbedding, usize),
     ) -> Result<Tensor> {
         let split = match norm {
             None => heads(projection, n, self.head_dim)?,
@@ -139,7 +141,7 @@ impl DecoderLayer {
                     .transpose(1, 2)?
             }
         };
-        rope.apply(&split)
+        rope.apply_at(&split, offset)
     }
 
     /// The layer's output; `dropout` draws LoRA's masks (training only).
@@ -149,15 +151,44 @@ impl DecoderLayer {
         rope: &RotaryEmbedding,
         dropout: Option<DropoutKey>,
     ) -> Result<Tensor> {
+        let attention = self.attention;
+        self.forward_at(x, (rope, 0), dropout, |q, k, v| {
+            causal_attention_with(q, &k, &v, &attention)
+        })
+    }
+
+    /// The layer's output for positions after the `cache`'s, which then holds theirs too.
+    fn forward_cached(
+        &self,
+        x: &Tensor,
+        rope: &RotaryEmbedding,
+        cache: &mut LayerCache,
+        offset: usize,
+    ) -> Result<Tensor> {
+        let attention = self.attention;
+        self.forward_at(x, (rope, offset), None, |q, k, v| {
+            cache.attend(q, k, v, &attention)
+        })
+    }
+
+    /// The layer's output for positions `offset..` of `x`, its queries and the new
+    /// positions' keys and values given to `attend` (over themselves, or over a cache).
+    fn forward_at(
+        &self,
+        x: &Tensor,
+        at: (&RotaryEmbedding, usize),
+        dropout: Option<DropoutKey>,
+        attend: impl FnOnce(&Tensor, Tensor, Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
         let h = self.input_layernorm.forward(x)?;
         let norms = self.qk_norm.as_ref();
         let q = self.q_proj.forward(&h, dropout)?;
-        let q = self.rotated(&q, self.heads, norms.map(|n| &n.0), rope)?;
+        let q = self.rotated(&q, self.heads, norms.map(|n| &n.0), at)?;
         let k = self.k_proj.forward(&h, dropout)?;
-        let k = self.rotated(&k, self.kv_heads, norms.map(|n| &n.1), rope)?;
+        let k = self.rotated(&k, self.kv_heads, norms.map(|n| &n.1), at)?;
         let v = self.v_proj.forward(&h, dropout)?;
         let v = heads(&v, self.kv_heads, self.head_dim)?;
-        let attended = merge_heads(&causal_attention_with(&q, &k, &v, &self.attention)?)?;
+        let attended = merge_heads(&attend(&q, k, v)?)?;
         let attended = self.o_proj.forward(&attended, dropout)?;
         match &self.feedforward_norms {
             // Gemma: a norm after each sublayer too.
@@ -269,7 +300,38 @@ impl Decoder {
     /// `dropout` draws LoRA's masks (training only).
     pub(crate) fn logits(&self, ids: &Tensor, dropout: Option<DropoutKey>) -> Result<Tensor> {
         let x = self.hidden(ids, dropout)?;
-        let logits = self.head(&x, |w, x| project(x, w))?;
+        self.capped(self.head(&x, |w, x| project(x, w))?)
+    }
+
+    /// The logits of the last position of `ids` (`[batch, time]`, u32, the positions after
+    /// `cache`'s): `[batch, vocab]`. The cache then holds the new positions too. Inference
+    /// only: the blocks run outside the units, over this step's parameters.
+    pub(crate) fn next_logits(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        let (offset, t) = (cache.len(), ids.dim(1)?);
+        let rope = self.rope.for_len(offset + t)?;
+        let mut x = embed(&self.embed_tokens.get()?, ids)?;
+        if let Some(scale) = self.embed_scale {
+            x = x.affine(scale, 0.0)?;
+        }
+        for (layer, slot) in self.layers.iter().zip(cache.layers_mut()) {
+            x = layer.get()?.forward_cached(&x, &rope, slot, offset)?;
+        }
+        cache.advance(t);
+        let last = self.norm.get()?.forward(&x.narrow(1, t - 1, 1)?)?;
+        let weight = match &self.lm_head {
+            Some(head) => head.get()?.weight().clone(),
+            None => self.embed_tokens.get()?,
+        };
+        self.capped(project(&last, &weight)?)?.squeeze(1)
+    }
+
+    /// An empty cache for [`Decoder::next_logits`].
+    pub(crate) fn new_cache(&self) -> KvCache {
+        KvCache::new(self.layers.len())
+    }
+
+    /// `logits` soft-capped where the family caps them.
+    fn capped(&self, logits: Tensor) -> Result<Tensor> {
         match self.final_logit_softcapping {
             // cap tanh(logits / cap), dividing as torch does.
             Some(cap) => {

@@ -5,11 +5,15 @@
 //! applied twice (in and out), so the tied weight is one parameter in one unit.
 
 use crate::config::Gpt2Config;
-use crate::layers::{conv1d, embed, loss_rows, normal, project};
+use crate::kv_cache::{KvCache, LayerCache};
+use crate::layers::{conv1d, embed, heads, loss_rows, merge_heads, normal, project};
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use wick_core::{ShardedContext, Wrapped};
-use wick_nn::{causal_attention_packed, gelu, layer_norm, linear_cross_entropy, LayerNorm, Linear};
+use wick_nn::{
+    causal_attention_packed, gelu, layer_norm, linear_cross_entropy, AttentionOptions, LayerNorm,
+    Linear,
+};
 
 /// One block, `transformer.h.{i}`.
 #[derive(Clone)]
@@ -42,8 +46,23 @@ impl Block {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let qkv = self.c_attn.forward(&self.ln_1.forward(x)?)?;
-        let attended = causal_attention_packed(&qkv, self.heads)?;
-        let x = (x + self.attn_proj.forward(&attended)?)?;
+        self.after_attention(x, &causal_attention_packed(&qkv, self.heads)?)
+    }
+
+    /// The block's output for positions after the `cache`'s, which then holds theirs too.
+    fn forward_cached(&self, x: &Tensor, cache: &mut LayerCache) -> Result<Tensor> {
+        let qkv = self.c_attn.forward(&self.ln_1.forward(x)?)?;
+        let width = qkv.dim(2)? / 3;
+        let head_dim = width / self.heads;
+        let part = |i: usize| heads(&qkv.narrow(2, i * width, width)?, self.heads, head_dim);
+        let options = AttentionOptions::default();
+        let attended = merge_heads(&cache.attend(&part(0)?, part(1)?, part(2)?, &options)?)?;
+        self.after_attention(x, &attended)
+    }
+
+    /// The rest of the block after its attention gave `attended`.
+    fn after_attention(&self, x: &Tensor, attended: &Tensor) -> Result<Tensor> {
+        let x = (x + self.attn_proj.forward(attended)?)?;
         let hidden = gelu(&self.c_fc.forward(&self.ln_2.forward(&x)?)?)?;
         x + self.mlp_proj.forward(&hidden)?
     }
@@ -101,6 +120,28 @@ impl Gpt2 {
     /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`.
     pub(crate) fn logits(&self, ids: &Tensor) -> Result<Tensor> {
         self.wte.apply(&self.hidden(ids)?, |w, x| project(x, w))
+    }
+
+    /// The logits of the last position of `ids` (the positions after `cache`'s):
+    /// `[batch, vocab]`; the cache then holds the new positions too. Inference only.
+    pub(crate) fn next_logits(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        let (offset, t) = (cache.len() as u32, ids.dim(1)?);
+        let positions = Tensor::arange(offset, offset + t as u32, ids.device())?.unsqueeze(0)?;
+        let wte = self.wte.get()?;
+        let tokens = embed(&wte, ids)?;
+        let position = embed(&self.wpe.get()?, &positions)?;
+        let mut x = tokens.broadcast_add(&position.to_dtype(tokens.dtype())?)?;
+        for (block, slot) in self.blocks.iter().zip(cache.layers_mut()) {
+            x = block.get()?.forward_cached(&x, slot)?;
+        }
+        cache.advance(t);
+        let last = self.ln_f.get()?.forward(&x.narrow(1, t - 1, 1)?)?;
+        project(&last, &wte)?.squeeze(1)
+    }
+
+    /// An empty cache for [`Gpt2::next_logits`].
+    pub(crate) fn new_cache(&self) -> KvCache {
+        KvCache::new(self.blocks.len())
     }
 
     /// The mean cross-entropy of `targets` (`[batch, time]`, u32) under the logits of `ids`,

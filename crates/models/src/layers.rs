@@ -55,9 +55,7 @@ pub(crate) fn embed(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
 pub(crate) fn project(x: &Tensor, table: &Tensor) -> Result<Tensor> {
     let (b, t, c) = x.dims3()?;
     let vocab = table.dim(0)?;
-    x.reshape((b * t, c))?
-        .matmul(&table.t()?)?
-        .reshape((b, t, vocab))
+    wick_nn::matmul_wt(&x.reshape((b * t, c))?, table)?.reshape((b, t, vocab))
 }
 
 /// The final hidden states `x` (`[batch, time, width]`) and `targets` (`[batch, time]`) as

@@ -3,7 +3,7 @@
 //! training-grade layers, read from and written as Hugging Face checkpoints.
 //!
 //! It owns the families' code ([`CausalLm`]: one `ctx.wrap` unit per block, logits for
-//! every position, no KV cache), `config.json` ([`ModelConfig`]: every field read, checked
+//! every position, and for generation the next token's over a [`KvCache`]), `config.json` ([`ModelConfig`]: every field read, checked
 //! or refused by name), and `tokenizer.json` ([`TextTokenizer`], on the `tokenizers`
 //! crate). Parameters keep Hugging Face's names, so that a consolidated checkpoint is a
 //! Hugging Face state dict. It knows wick-core (the module traits) and wick-nn only: the
@@ -17,7 +17,9 @@ mod chat;
 mod config;
 mod decoder;
 mod error;
+mod generation;
 mod gpt2;
+mod kv_cache;
 mod layers;
 mod lora;
 mod rope;
@@ -31,6 +33,8 @@ pub use config::{
     Activation, ConfigError, DecoderConfig, Family, Gpt2Config, ModelConfig, Rope, RopeScaling,
 };
 pub use error::ModelError;
+pub use generation::{generate, Sampling, TokenPicker};
+pub use kv_cache::KvCache;
 pub use lora::{
     LoraConfig, ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, DECODER_TARGETS, PEFT_PREFIX,
 };

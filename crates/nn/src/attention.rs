@@ -25,7 +25,7 @@ pub struct AttentionOptions {
 }
 
 impl AttentionOptions {
-    fn scores(&self, head_dim: usize, t: usize) -> Scores {
+    pub(crate) fn scores(&self, head_dim: usize, t: usize) -> Scores {
         Scores {
             scale: self
                 .scale

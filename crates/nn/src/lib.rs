@@ -38,8 +38,10 @@
 
 mod attention;
 mod attention_kernel;
+mod cached_attention;
 mod cpu;
 mod cross_entropy;
+mod few_rows;
 mod fused_op;
 mod gelu;
 mod gemm;
@@ -57,7 +59,9 @@ pub use attention::{
     causal_attention_packed, causal_attention_with, repeat_kv, AttentionOptions,
     CausalSelfAttention,
 };
+pub use cached_attention::cached_attention;
 pub use cross_entropy::{cross_entropy, cross_entropy_composite, IGNORE_INDEX};
+pub use few_rows::{matmul_wt, FEW_ROWS};
 pub use gelu::{gelu, Gelu};
 pub use layer_norm::{layer_norm, layer_norm_composite, LayerNorm};
 pub use linear::{linear, Linear};

@@ -3,6 +3,7 @@
 //! dimensions with a strided sum, the slowest part of a small model's backward).
 
 use crate::cpu::{f32_inputs, fused, rows_per_task, sum_in_order};
+use crate::few_rows::{matmul_wt, FEW_ROWS};
 use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
 use candle_core::{CpuStorage, Module, Result, Shape, Tensor};
 use candle_nn::VarBuilder;
@@ -46,14 +47,20 @@ impl Linear {
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (w, b) = (self.inner.weight(), self.inner.bias());
-        let Some(b) = b.filter(|b| fused(&[x, w, b])) else {
-            return self.inner.forward(x);
-        };
         let (in_dim, out_dim) = (w.dim(1)?, w.dim(0)?);
+        let rows = x.elem_count() / in_dim.max(1);
+        let few = rows <= FEW_ROWS && fused(&[x, w]);
+        let b = b.filter(|b| fused(&[x, w, b]));
+        if b.is_none() && !few {
+            return self.inner.forward(x);
+        }
         let mut dims = x.dims().to_vec();
-        let rows = x.elem_count() / in_dim;
-        let y = x.reshape((rows, in_dim))?.matmul(&w.t()?)?;
-        let y = y.apply_op2(&b.contiguous()?, Fused(AddBias))?;
+        // A generated token's few rows as dot products ([`matmul_wt`]), more by Candle's gemm.
+        let y = matmul_wt(&x.reshape((rows, in_dim))?, w)?;
+        let y = match b {
+            Some(b) => y.apply_op2(&b.contiguous()?, Fused(AddBias))?,
+            None => y,
+        };
         if let Some(last) = dims.last_mut() {
             *last = out_dim;
         }

@@ -69,19 +69,31 @@ impl RotaryEmbedding {
     /// `x * cos + rotate_half(x) * sin`. Fused on the CPU in f32; composite elsewhere.
     /// 16-bit inputs are rotated in f32 and rounded once.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        self.apply_at(x, 0)
+    }
+
+    /// [`RotaryEmbedding::apply`] for positions `offset..offset + time`: the new positions
+    /// after a cache of `offset` earlier ones (generation).
+    pub fn apply_at(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
         let (_, _, t, d) = x.dims4()?;
-        if t > self.max_positions() || d != self.cos.dims()[1] {
+        if offset + t > self.max_positions() || d != self.cos.dims()[1] {
             candle_core::bail!(
-                "rotary embedding: input {:?} needs at most {} positions of width {}",
+                "rotary embedding: input {:?} at position {offset} needs at most {} positions \
+                 of width {}",
                 x.dims(),
                 self.max_positions(),
                 self.cos.dims()[1]
             )
         }
-        let (cos, sin) = (self.cos.narrow(0, 0, t)?, self.sin.narrow(0, 0, t)?);
+        let (cos, sin) = (
+            self.cos.narrow(0, offset, t)?,
+            self.sin.narrow(0, offset, t)?,
+        );
         let dtype = x.dtype();
         if dtype != DType::F32 {
-            return self.apply(&x.to_dtype(DType::F32)?)?.to_dtype(dtype);
+            return self
+                .apply_at(&x.to_dtype(DType::F32)?, offset)?
+                .to_dtype(dtype);
         }
         if !fused(&[x, &cos]) {
             return rotary_composite(x, &cos, &sin);
