@@ -5,8 +5,9 @@ use candle_core::{DType, Device, Module, Tensor, Var};
 use wick_nn::{
     causal_attention, causal_attention_composite, causal_attention_composite_with,
     causal_attention_packed, causal_attention_with, cross_entropy, gelu, layer_norm_composite,
-    lora_linear, lora_linear_composite, rms_norm_composite, rms_norm_unit_offset, rotary_composite,
-    swiglu, swiglu_composite, AttentionOptions, LayerNorm, LoraParts, RmsNorm, RotaryEmbedding,
+    lora_linear, lora_linear_composite, matmul_wt, rms_norm_composite, rms_norm_unit_offset,
+    rotary_composite, swiglu, swiglu_composite, AttentionOptions, LayerNorm, LoraParts, RmsNorm,
+    RotaryEmbedding,
 };
 
 #[allow(dead_code)] // what the other test binary uses
@@ -28,6 +29,28 @@ fn layer_norm_matches_the_composite() {
             &inputs,
             |t| LayerNorm::new(t[1].clone(), t[2].clone(), 1e-5).forward(&t[0]),
             |t| layer_norm_composite(&t[0], &t[1], &t[2], 1e-5),
+        );
+    }
+}
+
+#[test]
+fn a_few_rows_times_a_weight_match_the_matmul() {
+    // One to four rows take the blocked kernel (an odd number of weight rows: a short last
+    // block), five Candle's matmul; the weight as an embedding table is, and as wide.
+    for (rows, out, inner, seed) in [
+        (1, 77, 40, 60),
+        (3, 33, 129, 61),
+        (4, 100, 16, 62),
+        (5, 9, 7, 63),
+    ] {
+        check(
+            &format!("matmul_wt {rows}x{inner} . {out}x{inner}"),
+            &[
+                var(&[rows, inner], seed, 1.0),
+                var(&[out, inner], seed + 1, 1.0),
+            ],
+            |t| matmul_wt(&t[0], &t[1]),
+            |t| t[0].matmul(&t[1].t()?),
         );
     }
 }
