@@ -101,7 +101,8 @@ pub struct FitArgs {
     /// model, 2e-5 a --model fine-tuned whole, 2e-4 its LoRA adapters (TRL's and PEFT's)].
     #[arg(long, value_parser = positive_number, value_name = "X", allow_hyphen_values = true, default_value_t = RunKind::New.default_lr(), hide_default_value = true)]
     pub lr: f64,
-    /// Steps of linear learning-rate warmup [default: a tenth of --decay-steps].
+    /// Steps of linear learning-rate warmup [default: a tenth of --decay-steps for a new
+    /// model, none fine-tuning a --model (transformers' and TRL's)].
     #[arg(long, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warmup_steps: Option<usize>,
@@ -274,10 +275,14 @@ impl FitCommand {
                 table.insert("run-name".into(), name.into());
             }
         }
-        // The rate a run gets unless told is the one its kind of run is known to want.
+        // The rate and warmup a run gets unless told are those its kind of run is known
+        // to want.
+        let kind = RunKind::of(&table);
         if !table.contains_key("lr") {
-            let kind = RunKind::of(&table);
             table.insert("lr".into(), kind.default_lr().into());
+        }
+        if let (false, Some(steps)) = (table.contains_key("warmup-steps"), kind.default_warmup()) {
+            table.insert("warmup-steps".into(), steps.into());
         }
         let where_from = match &self.config {
             Some(path) => format!("--config {}", path.display()),
@@ -330,6 +335,16 @@ impl RunKind {
             RunKind::New => 1e-2,
             RunKind::FineTune => 2e-5,
             RunKind::Lora => 2e-4,
+        }
+    }
+
+    /// The warmup steps, where they are not the main job's tenth of the decay: none when
+    /// fine-tuning, as transformers' `TrainingArguments` and TRL's `SFTConfig` default
+    /// (`warmup_steps=0`, `warmup_ratio=0`): the trained weights need no gentle start.
+    const fn default_warmup(self) -> Option<i64> {
+        match self {
+            RunKind::New => None,
+            RunKind::FineTune | RunKind::Lora => Some(0),
         }
     }
 }

@@ -253,6 +253,30 @@ fn the_learning_rate_schedule_options() {
 }
 
 #[test]
+fn the_warmup_defaults_by_what_the_run_trains() {
+    let model = "tests/fixtures/hf/llama";
+    // A new model: a tenth of the decay; fine-tuning: none, unless told.
+    let a = fit("fit --max-steps 50").unwrap();
+    assert_eq!((a.warmup_steps, a.lr_schedule().warmup_steps), (None, 5));
+    for line in [
+        format!("fit --model {model} --max-steps 50"),
+        format!("fit --model {model} --lora-rank 4 --max-steps 50"),
+    ] {
+        let a = fit(&line).unwrap();
+        assert_eq!(
+            (a.warmup_steps, a.lr_schedule().warmup_steps),
+            (Some(0), 0),
+            "{line}"
+        );
+    }
+    let a = fit(&format!(
+        "fit --model {model} --max-steps 50 --warmup-steps 7"
+    ))
+    .unwrap();
+    assert_eq!(a.lr_schedule().warmup_steps, 7);
+}
+
+#[test]
 fn the_learning_rate_defaults_by_what_the_run_trains_and_print_config_shows_it() {
     let model = "tests/fixtures/hf/llama";
     for (line, lr) in [
