@@ -49,7 +49,7 @@ pub fn run(pass: Pass, args: &EvalArgs) -> anyhow::Result<(f64, bool)> {
         }
         ModelSource::Checkpoint(path) => Checkpoint::open(path)?,
     };
-    let metrics = match checkpoint.attachment(crate::hf_model::CONFIG_FILE) {
+    let metrics = match checkpoint.attachment(crate::hf_files::CONFIG_FILE) {
         Some(_) => {
             let lm = crate::hf_model::from_checkpoint(checkpoint)?.expect("it has a config");
             return report(pass, &mut trainer, lm, args);

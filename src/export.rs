@@ -10,8 +10,8 @@
 //! `peft.PeftModel.from_pretrained` loads over the base model; `--merge` writes the base
 //! model with each adapted weight replaced by W + (alpha / r) B A.
 
-use crate::hf_files::write_side_files;
-use crate::hf_model::{lora_of, CONFIG_FILE, TOKENIZER_FILE};
+use crate::hf_files::{write_side_files, CONFIG_FILE, TOKENIZER_FILE};
+use crate::hf_model::lora_of;
 use anyhow::Context;
 use candle_core::{Device, Shape, Tensor};
 use std::collections::HashMap;

@@ -4,13 +4,16 @@
 //! writes them back, completed where the source had none, as `save_pretrained` would: a
 //! chat model comes out able to chat, in the layouts of transformers 4 and 5 alike.
 
-use crate::hf_model::{CONFIG_FILE, TOKENIZER_FILE};
 use anyhow::Context;
 use serde_json::{json, Map, Value};
 use std::path::Path;
 use wick_models::{chat_template_of, TextTokenizer, CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE};
 use wick_trainer::Checkpoint;
 
+/// A model directory's config (and the checkpoint attachment that holds it).
+pub const CONFIG_FILE: &str = "config.json";
+/// A model directory's tokenizer (and the checkpoint attachment that holds it).
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
 /// The generation defaults (`eos_token_id` lists every token that ends a turn).
 pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 /// The special tokens of tokenizers saved before transformers 5.

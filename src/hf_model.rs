@@ -13,10 +13,7 @@ use wick_core::OptimizerConfig;
 use wick_models::{CausalLm, LoraConfig, TextTokenizer, ADAPTER_CONFIG_FILE};
 use wick_trainer::{Checkpoint, DataLoader, ModelCheckpoint, Split, TokenDataset};
 
-/// The attachment of a checkpoint that holds its model's config.
-pub const CONFIG_FILE: &str = "config.json";
-/// The attachment of a checkpoint that holds its model's tokenizer.
-pub const TOKENIZER_FILE: &str = "tokenizer.json";
+use crate::hf_files::{CONFIG_FILE, TOKENIZER_FILE};
 
 /// The model `--model` names: a Hugging Face directory (its own tokenizer, unless
 /// `tokenizer` replaces it), or a `config.json` for a new model (`tokenizer` required).
