@@ -46,6 +46,8 @@ mod runs;
 mod models;
 // Generation over the KV cache: greedy tokens and logits equal transformers' generate.
 mod generation;
+// llama.cpp's GGUF files: logits of a GGUF Llama, dequantization against the gguf package.
+mod gguf;
 // Published configs, refused and unknown fields, tied vocabularies that do not divide by W.
 mod model_configs;
 // LoRA: frozen base weights under every strategy, adapters equal to one device's, resume.

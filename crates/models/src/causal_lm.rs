@@ -135,6 +135,15 @@ impl CausalLm {
             .with_tokenizer(tokenizer))
     }
 
+    /// The model of a llama.cpp GGUF file: the config from its metadata, the weights
+    /// dequantized to f32 as the parameters are made ([`crate::GgufWeights`]). Its tokenizer
+    /// is not read yet: give one with [`CausalLm::with_tokenizer`].
+    pub fn from_gguf(path: impl AsRef<Path>) -> std::result::Result<Self, ModelError> {
+        let path = path.as_ref();
+        let (weights, config) = crate::GgufWeights::open(path)?;
+        Ok(Self::from_config_json(config, path)?.with_weights(Arc::new(weights)))
+    }
+
     /// Parameters take their values from `weights` (a Hugging Face state dict, or a wick
     /// checkpoint's `into_weights`) instead of the init.
     pub fn with_weights(mut self, weights: Arc<dyn WeightSource>) -> Self {

@@ -18,6 +18,7 @@ mod config;
 mod decoder;
 mod error;
 mod generation;
+mod gguf;
 mod gpt2;
 mod kv_cache;
 mod layers;
@@ -34,6 +35,7 @@ pub use config::{
 };
 pub use error::ModelError;
 pub use generation::{generate, Sampling, TokenPicker};
+pub use gguf::GgufWeights;
 pub use kv_cache::KvCache;
 pub use lora::{
     LoraConfig, ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, DECODER_TARGETS, PEFT_PREFIX,

@@ -1,0 +1,121 @@
+//! llama.cpp's GGUF files (tests/fixtures/gguf, the Llama fixture written by the `gguf`
+//! package as llama.cpp's converter lays it out: scripts/gguf_fixtures.py): the f32 file's
+//! logits equal `transformers`' on the same weights, and Q8_0's dequantization equals the
+//! `gguf` package's bit for bit.
+
+use crate::models::{fixtures, max_diff, on_one_cpu};
+use candle_core::{DType, Device, Tensor};
+use std::path::PathBuf;
+use wick::models::{CausalLm, GgufWeights};
+
+fn gguf(name: &str) -> PathBuf {
+    fixtures().parent().unwrap().join("gguf").join(name)
+}
+
+#[test]
+fn a_gguf_llama_gives_transformers_logits() {
+    let reference = candle_core::safetensors::load(
+        fixtures().join("llama").join("reference.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let windows = reference["windows"].to_dtype(DType::U32).unwrap();
+    let ids = windows.narrow(0, 0, 4).unwrap();
+    let ids = ids.narrow(1, 0, ids.dim(1).unwrap() - 1).unwrap();
+    let mut lm = CausalLm::from_gguf(gguf("llama-f32.gguf")).unwrap();
+    let _strategy = on_one_cpu(&mut lm);
+    let logits = lm.logits(&ids).unwrap();
+    let diff = max_diff(&logits, &reference["logits"]);
+    println!("llama-f32.gguf: logits within {diff:e} of transformers");
+    assert!(diff <= 1e-5, "logits differ by {diff}");
+    // Quantized to Q8_0, the same model is close, not equal: the file's own weights.
+    let mut q8 = CausalLm::from_gguf(gguf("llama-q8_0.gguf")).unwrap();
+    let _strategy = on_one_cpu(&mut q8);
+    let diff = max_diff(&q8.logits(&ids).unwrap(), &logits);
+    assert!(diff > 1e-6 && diff < 0.1, "Q8_0 logits moved by {diff}");
+}
+
+#[test]
+fn q8_0_dequantizes_as_the_gguf_package_does_bit_for_bit() {
+    let want =
+        candle_core::safetensors::load(gguf("llama-q8_0.safetensors"), &Device::Cpu).unwrap();
+    let (weights, _) = GgufWeights::open(&gguf("llama-q8_0.gguf")).unwrap();
+    assert_eq!(want.len(), 14);
+    for (name, want) in &want {
+        let got: Tensor = weights.dequantized(name).unwrap();
+        assert_eq!(got.dims(), want.dims(), "{name}");
+        assert_eq!(
+            bits(&got),
+            bits(want),
+            "{name}: not the gguf package's values"
+        );
+    }
+}
+
+#[test]
+fn a_gguf_file_wick_cannot_read_is_refused_by_name() {
+    use candle_core::quantized::gguf_file::{write, Value};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("phi.gguf");
+    let arch = Value::String("phi3".into());
+    write(
+        &mut std::fs::File::create(&path).unwrap(),
+        &[("general.architecture", &arch)],
+        &[],
+    )
+    .unwrap();
+    let e = CausalLm::from_gguf(&path).err().unwrap().to_string();
+    assert!(
+        e.contains("phi.gguf") && e.contains("architecture 'phi3'"),
+        "{e}"
+    );
+    let e = CausalLm::from_gguf(dir.path().join("none.gguf"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("none.gguf") && e.contains("cannot open"), "{e}");
+    std::fs::write(dir.path().join("text.gguf"), "not gguf").unwrap();
+    let e = CausalLm::from_gguf(dir.path().join("text.gguf"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("not a GGUF file"), "{e}");
+}
+
+/// Every type llama.cpp writes most (`quants.gguf`: the gguf package's quantizations, and
+/// seeded random blocks of the K-quants) dequantizes to the gguf package's values bit for
+/// bit, through the call `GgufWeights` reads every tensor with.
+#[test]
+fn every_common_type_dequantizes_as_the_gguf_package_does_bit_for_bit() {
+    use candle_core::quantized::gguf_file::Content;
+    let want = candle_core::safetensors::load(gguf("quants.safetensors"), &Device::Cpu).unwrap();
+    let mut file = std::fs::File::open(gguf("quants.gguf")).unwrap();
+    let content = Content::read(&mut file).unwrap();
+    let mut types: Vec<&String> = want.keys().collect();
+    types.sort();
+    assert_eq!(
+        types,
+        [
+            "t.BF16", "t.F16", "t.Q2_K", "t.Q3_K", "t.Q4_0", "t.Q4_1", "t.Q4_K", "t.Q5_0",
+            "t.Q5_1", "t.Q5_K", "t.Q6_K", "t.Q8_0"
+        ]
+    );
+    for (name, want) in &want {
+        let got = content
+            .tensor(&mut file, name, &Device::Cpu)
+            .unwrap()
+            .dequantize(&Device::Cpu)
+            .unwrap();
+        assert_eq!(
+            bits(&got),
+            bits(want),
+            "{name}: not the gguf package's values"
+        );
+    }
+}
+
+/// The bits of every value of `t`.
+fn bits(t: &Tensor) -> Vec<u32> {
+    let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+    v.into_iter().map(f32::to_bits).collect()
+}
