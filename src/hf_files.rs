@@ -49,12 +49,14 @@ pub fn read_side_files(
         Some(file) => file.parent().unwrap_or(Path::new(".")),
         None => model_dir,
     };
+    // Each file from the directory it belongs to: the tokenizer's, or the model's.
     let wanted = TOKENIZER_SIDE_FILES
-        .iter()
-        .map(|name| tokenizer_dir.join(name))
-        .chain([model_dir.join(GENERATION_CONFIG_FILE)]);
+        .map(|name| (name, tokenizer_dir))
+        .into_iter()
+        .chain([(GENERATION_CONFIG_FILE, model_dir)]);
     let mut out = Vec::new();
-    for (name, path) in SIDE_FILES.into_iter().zip(wanted) {
+    for (name, dir) in wanted {
+        let path = dir.join(name);
         if path.is_file() {
             let bytes =
                 std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;

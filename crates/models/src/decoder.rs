@@ -273,10 +273,7 @@ impl Decoder {
     /// `dropout` draws LoRA's masks (training only).
     fn hidden(&self, ids: &Tensor, dropout: Option<DropoutKey>) -> Result<Tensor> {
         let rope = self.rope.for_len(ids.dim(1)?)?;
-        let mut x = self.embed_tokens.apply(ids, embed)?;
-        if let Some(scale) = self.embed_scale {
-            x = x.affine(scale, 0.0)?;
-        }
+        let mut x = self.scaled(self.embed_tokens.apply(ids, embed)?)?;
         for layer in &self.layers {
             let rope = rope.clone();
             x = layer.apply(&x, move |l, x| l.forward(x, &rope, dropout))?;
@@ -309,10 +306,7 @@ impl Decoder {
     pub(crate) fn next_logits(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
         let (offset, t) = (cache.len(), ids.dim(1)?);
         let rope = self.rope.for_len(offset + t)?;
-        let mut x = embed(&self.embed_tokens.get()?, ids)?;
-        if let Some(scale) = self.embed_scale {
-            x = x.affine(scale, 0.0)?;
-        }
+        let mut x = self.scaled(embed(&self.embed_tokens.get()?, ids)?)?;
         for (layer, slot) in self.layers.iter().zip(cache.layers_mut()) {
             x = layer.get()?.forward_cached(&x, &rope, slot, offset)?;
         }
@@ -323,6 +317,14 @@ impl Decoder {
             None => self.embed_tokens.get()?,
         };
         self.capped(project(&last, &weight)?)?.squeeze(1)
+    }
+
+    /// The token embeddings `x`, scaled where the family scales them (Gemma).
+    fn scaled(&self, x: Tensor) -> Result<Tensor> {
+        match self.embed_scale {
+            Some(scale) => x.affine(scale, 0.0),
+            None => Ok(x),
+        }
     }
 
     /// An empty cache for [`Decoder::next_logits`].
