@@ -35,44 +35,134 @@ def permute(w, heads):
             .swapaxes(1, 2).reshape(w.shape))
 
 
+# llama.cpp's names of a decoder block's tensors (gguf-py's tensor_mapping.py).
+DECODER_BLOCK = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+GEMMA2_BLOCK = dict(DECODER_BLOCK, post_attention_layernorm="post_attention_norm",
+                    pre_feedforward_layernorm="ffn_norm",
+                    post_feedforward_layernorm="post_ffw_norm")
+GPT2_BLOCK = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
+              "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
+          "lm_head": "output", "transformer.wte": "token_embd", "transformer.wpe": "position_embd",
+          "transformer.ln_f": "output_norm"}
+
+
 def gguf_tensors(config, weights):
-    """(GGUF name, array) of every weight, in llama.cpp's names and layout."""
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    out = [("token_embd.weight", weights["model.embed_tokens.weight"])]
-    for i in range(config["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        names = {
-            "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj",
-            "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-            "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
-            "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-        }
-        for gguf_name, hf_name in names.items():
-            w = weights[p + hf_name + ".weight"]
-            if gguf_name == "attn_q":
-                w = permute(w, heads)
-            if gguf_name == "attn_k":
-                w = permute(w, kv_heads)
-            out.append((f"blk.{i}.{gguf_name}.weight", w))
-    out.append(("output_norm.weight", weights["model.norm.weight"]))
-    out.append(("output.weight", weights["lm_head.weight"]))
+    """(GGUF name, array) of every weight, in llama.cpp's names and layout, as its converter
+    writes them: Llama's (and Mistral's) query and key rows permuted, GPT-2's Conv1D weights
+    transposed, Gemma 2's norms stored as 1 + weight."""
+    arch = ARCH[config["model_type"]]
+    heads = config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads")
+    out = []
+    for name, w in sorted(weights.items()):
+        module, kind = name.rsplit(".", 1)
+        parts = module.split(".")
+        if parts[:2] in (["model", "layers"], ["transformer", "h"]):
+            block, rest = parts[2], ".".join(parts[3:])
+            table = {"gemma2": GEMMA2_BLOCK, "gpt2": GPT2_BLOCK}.get(arch, DECODER_BLOCK)
+            gguf = f"blk.{block}.{table[rest]}.{kind}"
+        else:
+            gguf = f"{GLOBAL[module]}.{kind}"
+        if arch == "llama" and rest_is(name, "q_proj"):
+            w = permute(w, heads)
+        if arch == "llama" and rest_is(name, "k_proj"):
+            w = permute(w, kv_heads)
+        if arch == "gpt2" and kind == "weight" and module.endswith(("c_attn", "c_proj", "c_fc")):
+            w = w.T
+        if arch == "gemma2" and name.endswith("norm.weight"):
+            w = w + 1
+        out.append((gguf, w))
     return out
 
 
-def write(path, config, tensors, quant):
-    w = GGUFWriter(path, "llama")
-    w.add_name("wick llama fixture")
+def rest_is(name, proj):
+    return f".self_attn.{proj}." in name
+
+
+# The GGUF architecture of each model_type (Mistral's files say llama).
+ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+        "gemma2": "gemma2", "gpt2": "gpt2"}
+
+
+def add_config(w, config):
+    """The architecture's metadata, as llama.cpp's converter writes it."""
+    if config["model_type"] == "gpt2":
+        w.add_context_length(config["n_positions"])
+        w.add_embedding_length(config["n_embd"])
+        w.add_block_count(config["n_layer"])
+        w.add_feed_forward_length(config.get("n_inner") or 4 * config["n_embd"])
+        w.add_head_count(config["n_head"])
+        w.add_layer_norm_eps(config["layer_norm_epsilon"])
+        return
     w.add_context_length(config["max_position_embeddings"])
     w.add_embedding_length(config["hidden_size"])
     w.add_block_count(config["num_hidden_layers"])
     w.add_feed_forward_length(config["intermediate_size"])
     w.add_head_count(config["num_attention_heads"])
     w.add_head_count_kv(config["num_key_value_heads"])
-    w.add_key_length(config["head_dim"])
-    w.add_value_length(config["head_dim"])
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
     w.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
     w.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    w.add_vocab_size(config["vocab_size"])
+    if config["model_type"] == "gemma2":
+        w.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(config["final_logit_softcapping"])
+        w.add_sliding_window(config["sliding_window"])
+
+
+def add_tokenizer(w, tokenizer_dir, config):
+    """A byte-level BPE tokenizer.json as llama.cpp's converter writes it: the tokens by id,
+    special added tokens as control tokens, the merges, GPT-2's pre-tokenizer; the chat
+    template of tokenizer_config.json or chat_template.jinja where the directory has one."""
+    t = json.load(open(os.path.join(tokenizer_dir, "tokenizer.json")))
+    vocab = dict(t["model"]["vocab"])
+    special = {a["content"] for a in t["added_tokens"] if a["special"]}
+    for a in t["added_tokens"]:
+        vocab[a["content"]] = a["id"]
+    tokens = sorted(vocab, key=vocab.get)
+    assert [vocab[x] for x in tokens] == list(range(len(tokens)))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if x in special else 1 for x in tokens])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in t["model"]["merges"]])
+    # The special tokens as gguf-py's SpecialVocab reads them: tokenizer_config.json's names
+    # (else config.json's ids), and BOS added where the post-processor adds it.
+    names = {}
+    config_path = os.path.join(tokenizer_dir, "tokenizer_config.json")
+    if os.path.exists(config_path):
+        names = json.load(open(config_path))
+    bos = vocab.get(names.get("bos_token"), config.get("bos_token_id"))
+    eos = vocab.get(names.get("eos_token"), config.get("eos_token_id"))
+    post = t.get("post_processor") or {}
+    single = post.get("single", []) if post.get("type") == "TemplateProcessing" else []
+    adds_bos = bool(single) and "SpecialToken" in single[0]
+    if adds_bos:
+        bos = vocab[single[0]["SpecialToken"]["id"]]
+    if eos is not None:
+        w.add_eos_token_id(eos)
+    if bos is not None:
+        w.add_bos_token_id(bos)
+    w.add_add_bos_token(adds_bos)
+    jinja = os.path.join(tokenizer_dir, "chat_template.jinja")
+    if os.path.exists(jinja):
+        w.add_chat_template(open(jinja).read())
+
+
+def write(path, config, tensors, quant, tokenizer_dir=None):
+    w = GGUFWriter(path, ARCH[config["model_type"]])
+    w.add_name(f"wick {config['model_type']} fixture")
+    add_config(w, config)
+    if tokenizer_dir is not None:
+        add_tokenizer(w, tokenizer_dir, config)
     w.add_file_type(0 if quant is None else 7)
     reference = {}
     for name, array in tensors:
@@ -127,6 +217,35 @@ def quants(path):
     return reference
 
 
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gpt2"]
+
+
+def transformers_logits(files, ids):
+    """Each file's logits on `ids` by transformers' own GGUF loader (which dequantizes with
+    the gguf package), given what that loader does not read from the file as llama.cpp
+    reads it: the head size (`{arch}.attention.key_length`, which it ignores where it
+    differs from the width per head), GPT-2's positions (`gpt2.context_length`), Gemma 2's soft caps
+    (`gemma2.attn_logit_softcapping`, `gemma2.final_logit_softcapping`) and its query scale (llama.cpp's: the head
+    size)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    out = {}
+    for family, name in files:
+        config = json.load(open(os.path.join("tests/fixtures/hf", family, "config.json")))
+        extra = {"head_dim": config["head_dim"]} if config.get("head_dim") else {}
+        if family == "gemma2":
+            extra["query_pre_attn_scalar"] = config["head_dim"]
+            for cap in ["attn_logit_softcapping", "final_logit_softcapping"]:
+                extra[cap] = config[cap]
+        if family == "gpt2":
+            extra["n_positions"] = config["n_positions"]
+        model = AutoModelForCausalLM.from_pretrained(OUT, gguf_file=name, dtype=torch.float32,
+                                                     **extra)
+        with torch.no_grad():
+            out[family] = model(torch.tensor(ids)).logits.float().numpy()
+    return out
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     config = json.load(open(os.path.join(SOURCE, "config.json")))
@@ -136,7 +255,25 @@ def main():
                       GGMLQuantizationType.Q8_0)
     save_file(reference, os.path.join(OUT, "llama-q8_0.safetensors"))
     save_file(quants(os.path.join(OUT, "quants.gguf")), os.path.join(OUT, "quants.safetensors"))
-    print(f"{OUT}: {len(tensors)} tensors, {len(reference)} of them Q8_0")
+    # Every family in Q8_0 with its tokenizer, and the chat model of tests/program (the
+    # Llama fixture's weights, the chat fixture's tokenizer and template) in f32.
+    files = []
+    for family in FAMILIES:
+        source = os.path.join("tests/fixtures/hf", family)
+        config = json.load(open(os.path.join(source, "config.json")))
+        weights = load_file(os.path.join(source, "model.safetensors"))
+        name = f"{family}-tok-q8_0.gguf"
+        write(os.path.join(OUT, name), config, gguf_tensors(config, weights),
+              GGMLQuantizationType.Q8_0, source)
+        files.append((family, name))
+    ids = np.random.default_rng(0).integers(0, 384, (2, 8)).astype(np.int64)
+    logits = transformers_logits(files, ids)
+    logits["ids"] = ids.astype(np.int64)
+    save_file(logits, os.path.join(OUT, "families-q8_0.logits.safetensors"))
+    config = json.load(open(os.path.join(SOURCE, "config.json")))
+    write(os.path.join(OUT, "chat-llama.gguf"), config, tensors, None, "tests/fixtures/hf/chat_v5")
+    print(f"{OUT}: {len(tensors)} tensors, {len(reference)} of them Q8_0; "
+          f"{len(files)} families with their tokenizers")
 
 
 if __name__ == "__main__":

@@ -90,11 +90,14 @@ fn counted(args: &EstimateArgs) -> anyhow::Result<Counted> {
     let mut frozen = 0;
     let (params, largest) = match (&args.model, args.params) {
         (Some(model), _) => {
-            let config = match model.is_dir() {
-                true => model.join("config.json"),
-                false => model.clone(),
+            let config = match (model.is_dir(), wick_models::is_gguf(model)) {
+                (true, _) => wick_models::ModelConfig::from_file(model.join("config.json"))?,
+                (false, true) => {
+                    let gguf = wick_models::GgufModel::open(model)?;
+                    wick_models::ModelConfig::from_json(&gguf.config, model)?
+                }
+                (false, false) => wick_models::ModelConfig::from_file(model)?,
             };
-            let config = wick_models::ModelConfig::from_file(config)?;
             let units = config.unit_sizes();
             // The first of the largest (max_by_key keeps the last).
             let largest = units.iter().rev().max_by_key(|(_, n)| *n).cloned();

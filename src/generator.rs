@@ -1,14 +1,13 @@
-//! A Hugging Face model, from a `fit --model` checkpoint or a model directory, ready to
+//! A Hugging Face model, from a `fit --model` checkpoint, a model directory or a GGUF file, ready to
 //! generate on one CPU rank: its tokenizer, its chat template and the tokens that end a
 //! turn, with the text written to the terminal as the tokens come.
 
 use crate::cli::{ModelSource, SamplingArgs};
-use crate::hf_files::GENERATION_CONFIG_FILE;
+use crate::hf_files::{chat_template, read_side_files, side_file, GENERATION_CONFIG_FILE};
 use crate::main_job::configure_on_one_cpu;
 use anyhow::Context;
 use serde_json::Value;
 use std::io::Write;
-use std::path::Path;
 use wick_core::RankStrategy;
 use wick_models::{generate, CausalLm, ChatTemplate, Sampling, TextTokenizer};
 use wick_trainer::Checkpoint;
@@ -29,7 +28,7 @@ impl Generator {
     /// `config.json`). Its side files (chat template, generation defaults) are read from
     /// the model directory, or from the checkpoint's attachments.
     pub fn open(source: ModelSource<'_>) -> anyhow::Result<Option<Self>> {
-        let (mut lm, dir) = match source {
+        let (mut lm, from) = match source {
             ModelSource::Checkpoint(path) => {
                 let checkpoint = Checkpoint::open(path)?;
                 let dir = checkpoint.dir().to_path_buf();
@@ -38,14 +37,18 @@ impl Generator {
                     None => return Ok(None),
                 }
             }
-            ModelSource::Model(dir) => (crate::hf_model::load_model(dir, None)?, dir.to_path_buf()),
+            ModelSource::Model(path) => {
+                (crate::hf_model::load_model(path, None)?, path.to_path_buf())
+            }
         };
         let tokenizer = lm
             .tokenizer()
             .cloned()
-            .with_context(|| format!("{}: holds no tokenizer.json", dir.display()))?;
-        let template = ChatTemplate::from_dir(&dir)?;
-        let stop = stop_tokens(&dir, &tokenizer, template.as_ref())?;
+            .with_context(|| format!("{}: holds no tokenizer", from.display()))?;
+        let files = read_side_files(&from, None)?;
+        let template = chat_template(&files, &from)?;
+        let generation_config = side_file(&files, GENERATION_CONFIG_FILE);
+        let stop = stop_tokens(generation_config, &tokenizer, template.as_ref())?;
         let strategy = configure_on_one_cpu(&mut lm)?;
         Ok(Some(Generator {
             lm,
@@ -114,17 +117,16 @@ impl Generator {
 }
 
 /// The tokens that end a generation: `generation_config.json`'s `eos_token_id` (one or a
-/// list) in `dir`, the chat template's `eos_token`, and the tokenizer's end of text.
+/// list), the chat template's `eos_token`, and the tokenizer's end of text.
 fn stop_tokens(
-    dir: &Path,
+    generation_config: Option<&[u8]>,
     tokenizer: &TextTokenizer,
     template: Option<&ChatTemplate>,
 ) -> anyhow::Result<Vec<u32>> {
     let mut stop = Vec::new();
-    let path = dir.join(GENERATION_CONFIG_FILE);
-    if path.is_file() {
-        let config: Value = serde_json::from_slice(&std::fs::read(&path)?)
-            .with_context(|| format!("{} is not JSON", path.display()))?;
+    if let Some(bytes) = generation_config {
+        let config: Value = serde_json::from_slice(bytes)
+            .with_context(|| format!("{GENERATION_CONFIG_FILE} is not JSON"))?;
         let ids = match &config["eos_token_id"] {
             Value::Array(list) => list.iter().filter_map(Value::as_u64).collect(),
             v => v.as_u64().into_iter().collect::<Vec<_>>(),

@@ -7,7 +7,10 @@
 use anyhow::Context;
 use serde_json::{json, Map, Value};
 use std::path::Path;
-use wick_models::{chat_template_of, TextTokenizer, CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE};
+use wick_models::{
+    chat_template_of, is_gguf, ChatTemplate, GgufTokenizer, TextTokenizer, CHAT_TEMPLATE_FILE,
+    TOKENIZER_CONFIG_FILE,
+};
 use wick_trainer::Checkpoint;
 
 /// A model directory's config (and the checkpoint attachment that holds it).
@@ -34,28 +37,42 @@ pub const SIDE_FILES: [&str; 4] = [
     GENERATION_CONFIG_FILE,
 ];
 
-/// The side files of `--model` (a directory, or a `config.json` whose directory may hold a
-/// `generation_config.json`) and of its tokenizer (`--tokenizer`'s directory, or the
-/// model's), as (name, bytes), those that exist.
+/// The side files of `--model` (a directory, a `config.json` whose directory may hold a
+/// `generation_config.json`, or a GGUF file) and of its tokenizer (`--tokenizer`'s
+/// directory or GGUF file, or the model's), as (name, bytes), those that exist.
 pub fn read_side_files(
     model: &Path,
     tokenizer: Option<&Path>,
 ) -> anyhow::Result<Vec<(&'static str, Vec<u8>)>> {
-    let model_dir = match model.is_dir() {
-        true => model,
-        false => model.parent().unwrap_or(Path::new(".")),
-    };
-    let tokenizer_dir = match tokenizer {
-        Some(file) => file.parent().unwrap_or(Path::new(".")),
-        None => model_dir,
-    };
-    // Each file from the directory it belongs to: the tokenizer's, or the model's.
-    let wanted = TOKENIZER_SIDE_FILES
-        .map(|name| (name, tokenizer_dir))
-        .into_iter()
-        .chain([(GENERATION_CONFIG_FILE, model_dir)]);
+    // Each file from where it belongs: the tokenizer's, or the model's.
+    let mut out = files_of(tokenizer.unwrap_or(model), &TOKENIZER_SIDE_FILES)?;
+    out.extend(files_of(model, &[GENERATION_CONFIG_FILE])?);
+    Ok(out)
+}
+
+/// The side files named `names` of `source`: of a directory (a model's or a checkpoint's),
+/// of a file's directory, or those a GGUF file's metadata makes.
+fn files_of(source: &Path, names: &[&'static str]) -> anyhow::Result<Vec<(&'static str, Vec<u8>)>> {
     let mut out = Vec::new();
-    for (name, dir) in wanted {
+    if source.is_file() && is_gguf(source) {
+        if let Some(t) = GgufTokenizer::open(source)? {
+            let made = [
+                (TOKENIZER_CONFIG_FILE, t.tokenizer_config),
+                (GENERATION_CONFIG_FILE, t.generation_config),
+            ];
+            out.extend(
+                made.into_iter()
+                    .filter(|(n, _)| names.contains(n))
+                    .map(|(n, text)| (n, text.into_bytes())),
+            );
+        }
+        return Ok(out);
+    }
+    let dir = match source.is_dir() {
+        true => source,
+        false => source.parent().unwrap_or(Path::new(".")),
+    };
+    for &name in names {
         let path = dir.join(name);
         if path.is_file() {
             let bytes =
@@ -64,6 +81,30 @@ pub fn read_side_files(
         }
     }
     Ok(out)
+}
+
+/// The side file `name` among `files`, as text.
+pub fn side_file<'a>(files: &'a [(&str, Vec<u8>)], name: &str) -> Option<&'a [u8]> {
+    files
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, b)| b.as_slice())
+}
+
+/// The chat template among the side files `files` of `source` (which names it in errors).
+pub fn chat_template(
+    files: &[(&str, Vec<u8>)],
+    source: &Path,
+) -> anyhow::Result<Option<ChatTemplate>> {
+    let text = |name| {
+        side_file(files, name)
+            .map(|b| String::from_utf8(b.to_vec()))
+            .transpose()
+            .with_context(|| format!("{}: {name} is not UTF-8", source.display()))
+    };
+    let jinja = text(CHAT_TEMPLATE_FILE)?;
+    let config = text(TOKENIZER_CONFIG_FILE)?;
+    Ok(ChatTemplate::from_texts(source, jinja, config.as_deref())?)
 }
 
 /// Writes into `dir` the side files of a `fit --model` checkpoint `ck`, completed
@@ -99,7 +140,6 @@ pub fn completed_side_files(
     config_json: &Path,
     tokenizer_json: &Path,
 ) -> anyhow::Result<Vec<(&'static str, Vec<u8>)>> {
-    let has = |files: &[(&str, Vec<u8>)], name: &str| files.iter().any(|(n, _)| *n == name);
     let config: Value = serde_json::from_slice(&std::fs::read(config_json)?)
         .with_context(|| format!("{} is not JSON", config_json.display()))?;
     let ids: Map<String, Value> = ["bos_token_id", "eos_token_id", "pad_token_id"]
@@ -111,7 +151,7 @@ pub fn completed_side_files(
             ))
         })
         .collect();
-    if !has(&carried, TOKENIZER_CONFIG_FILE) {
+    if side_file(&carried, TOKENIZER_CONFIG_FILE).is_none() {
         let tokenizer = TextTokenizer::from_file(tokenizer_json)?;
         let mut tokenizer_config = json!({ "tokenizer_class": "PreTrainedTokenizerFast" });
         for (id_key, token_key) in [("bos_token_id", "bos_token"), ("eos_token_id", "eos_token")] {
@@ -125,11 +165,8 @@ pub fn completed_side_files(
         }
         carried.push((TOKENIZER_CONFIG_FILE, pretty(&tokenizer_config)));
     }
-    if !has(&carried, CHAT_TEMPLATE_FILE) {
-        let (_, bytes) = carried
-            .iter()
-            .find(|(n, _)| *n == TOKENIZER_CONFIG_FILE)
-            .expect("written above");
+    if side_file(&carried, CHAT_TEMPLATE_FILE).is_none() {
+        let bytes = side_file(&carried, TOKENIZER_CONFIG_FILE).expect("written above");
         let tokenizer_config: Value = serde_json::from_slice(bytes)
             .with_context(|| format!("the carried {TOKENIZER_CONFIG_FILE} is not JSON"))?;
         let template = chat_template_of(&tokenizer_config).map_err(anyhow::Error::msg)?;
@@ -137,7 +174,7 @@ pub fn completed_side_files(
             carried.push((CHAT_TEMPLATE_FILE, template.into_bytes()));
         }
     }
-    if !has(&carried, GENERATION_CONFIG_FILE) && !ids.is_empty() {
+    if side_file(&carried, GENERATION_CONFIG_FILE).is_none() && !ids.is_empty() {
         let mut generation = ids;
         generation.insert("_from_model_config".into(), Value::Bool(true));
         carried.push((GENERATION_CONFIG_FILE, pretty(&Value::Object(generation))));

@@ -15,10 +15,17 @@ use wick_trainer::{Checkpoint, DataLoader, ModelCheckpoint, Split, TokenDataset}
 
 use crate::hf_files::{CONFIG_FILE, TOKENIZER_FILE};
 
-/// The model `--model` names: a Hugging Face directory (its own tokenizer, unless
-/// `tokenizer` replaces it), or a `config.json` for a new model (`tokenizer` required).
+/// Whether `--model` names a pretrained model (a Hugging Face directory or a GGUF file),
+/// not the `config.json` of a new one.
+pub fn is_pretrained(model: &Path) -> bool {
+    model.is_dir() || wick_models::is_gguf(model)
+}
+
+/// The model `--model` names: a Hugging Face directory or a GGUF file (its own tokenizer,
+/// unless `tokenizer` replaces it), or a `config.json` for a new model (`tokenizer`
+/// required).
 pub fn load_model(model: &Path, tokenizer: Option<&Path>) -> anyhow::Result<CausalLm> {
-    let lm = match model.is_dir() {
+    let lm = match is_pretrained(model) {
         true => CausalLm::from_pretrained(model)?,
         false => CausalLm::from_config(model)?,
     };
@@ -28,7 +35,7 @@ pub fn load_model(model: &Path, tokenizer: Option<&Path>) -> anyhow::Result<Caus
     };
     anyhow::ensure!(
         lm.tokenizer().is_some(),
-        "{}: no tokenizer.json; pass --tokenizer, the one `wick prepare` tokenized the data with",
+        "{}: no tokenizer; pass --tokenizer, the one `wick prepare` tokenized the data with",
         model.display()
     );
     Ok(lm)
@@ -104,8 +111,9 @@ pub fn run(args: &FitArgs, model: &Path) -> anyhow::Result<FitReport> {
     let mut lm = load_model(model, args.tokenizer.as_deref())?.with_optimizer(optimizer);
     if let Some(lora) = args.lora() {
         anyhow::ensure!(
-            model.is_dir(),
-            "--lora-rank fine-tunes a pretrained model directory; {} is a config.json",
+            is_pretrained(model),
+            "--lora-rank fine-tunes a pretrained model (a directory or a GGUF file); {} is a \
+             config.json",
             model.display()
         );
         lm = lm.with_lora(lora)?;

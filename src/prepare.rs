@@ -103,8 +103,8 @@ fn jsonl(
     let template = match &args.chat_template {
         Some(path) => Some(ChatTemplate::from_file(path)?),
         None => {
-            let dir = args.tokenizer.parent().unwrap_or(std::path::Path::new("."));
-            ChatTemplate::from_dir(dir)?
+            let files = crate::hf_files::read_side_files(&args.tokenizer, None)?;
+            crate::hf_files::chat_template(&files, &args.tokenizer)?
         }
     };
     let eos = template

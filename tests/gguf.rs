@@ -1,12 +1,14 @@
-//! llama.cpp's GGUF files (tests/fixtures/gguf, the Llama fixture written by the `gguf`
-//! package as llama.cpp's converter lays it out: scripts/gguf_fixtures.py): the f32 file's
-//! logits equal `transformers`' on the same weights, and Q8_0's dequantization equals the
+//! llama.cpp's GGUF files (tests/fixtures/gguf, the fixtures written by the `gguf` package
+//! as llama.cpp's converter lays them out: scripts/gguf_fixtures.py): the f32 file's logits
+//! equal `transformers`' on the same weights; every family's Q8_0 file (with its tokenizer)
+//! gives the logits transformers' own GGUF loader gives on it, and the ids of the Hugging
+//! Face tokenizer it was written from; every common type's dequantization equals the
 //! `gguf` package's bit for bit.
 
 use crate::models::{fixtures, max_diff, on_one_cpu};
 use candle_core::{DType, Device, Tensor};
 use std::path::PathBuf;
-use wick::models::{CausalLm, GgufWeights};
+use wick::models::{CausalLm, GgufModel};
 
 fn gguf(name: &str) -> PathBuf {
     fixtures().parent().unwrap().join("gguf").join(name)
@@ -35,11 +37,44 @@ fn a_gguf_llama_gives_transformers_logits() {
     assert!(diff > 1e-6 && diff < 0.1, "Q8_0 logits moved by {diff}");
 }
 
+/// Every family's Q8_0 file gives transformers' logits on the same file (transformers'
+/// GGUF loader dequantizes with the gguf package), not the unquantized model's; its
+/// tokenizer gives the ids of the `tokenizer.json` it was written from.
+#[test]
+fn every_family_s_gguf_gives_the_logits_of_transformers_gguf_loader() {
+    let reference =
+        candle_core::safetensors::load(gguf("families-q8_0.logits.safetensors"), &Device::Cpu)
+            .unwrap();
+    let ids = reference["ids"].to_dtype(DType::U32).unwrap();
+    let text = "Permission is hereby granted, free of charge, to any person obtaining a copy";
+    for family in ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gpt2"] {
+        let mut lm = CausalLm::from_gguf(gguf(&format!("{family}-tok-q8_0.gguf"))).unwrap();
+        let _strategy = on_one_cpu(&mut lm);
+        let logits = lm.logits(&ids).unwrap();
+        let diff = max_diff(&logits, &reference[family]);
+        let mut hf = CausalLm::from_pretrained(fixtures().join(family)).unwrap();
+        let _hf_strategy = on_one_cpu(&mut hf);
+        let quantized = max_diff(&logits, &hf.logits(&ids).unwrap());
+        println!("{family}: within {diff:e} of transformers' GGUF loader; {quantized:e} from f32");
+        assert!(diff <= 1e-5, "{family}: logits differ by {diff}");
+        assert!(
+            quantized > 1e-4,
+            "{family}: Q8_0 moved the logits by {quantized} only"
+        );
+        let want = hf.tokenizer().unwrap().encode(text).unwrap();
+        assert_eq!(
+            lm.tokenizer().unwrap().encode(text).unwrap(),
+            want,
+            "{family}"
+        );
+    }
+}
+
 #[test]
 fn q8_0_dequantizes_as_the_gguf_package_does_bit_for_bit() {
     let want =
         candle_core::safetensors::load(gguf("llama-q8_0.safetensors"), &Device::Cpu).unwrap();
-    let (weights, _) = GgufWeights::open(&gguf("llama-q8_0.gguf")).unwrap();
+    let weights = GgufModel::open(&gguf("llama-q8_0.gguf")).unwrap().weights;
     assert_eq!(want.len(), 14);
     for (name, want) in &want {
         let got: Tensor = weights.dequantized(name).unwrap();

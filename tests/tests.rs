@@ -48,6 +48,8 @@ mod models;
 mod generation;
 // llama.cpp's GGUF files: logits of a GGUF Llama, dequantization against the gguf package.
 mod gguf;
+// llama.cpp's vocabulary test cases (ignored without the vocabularies; .ci/run runs them).
+mod gguf_vocab;
 // Published configs, refused and unknown fields, tied vocabularies that do not divide by W.
 mod model_configs;
 // LoRA: frozen base weights under every strategy, adapters equal to one device's, resume.

@@ -143,12 +143,13 @@ pub struct FitArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<PathBuf>,
     /// Fine-tune this Hugging Face model directory (config.json, model.safetensors,
-    /// tokenizer.json), or pre-train a new model of this config.json, on --data's tokens
-    /// [default: the bundled character model].
-    #[arg(long, value_name = "DIR")]
+    /// tokenizer.json) or llama.cpp GGUF file, or pre-train a new model of this
+    /// config.json, on --data's tokens [default: the bundled character model].
+    #[arg(long, value_name = "DIR|FILE.gguf")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<PathBuf>,
-    /// The tokenizer.json of a --model config.json (a model directory has its own).
+    /// The tokenizer.json (or GGUF file) of a --model config.json (a model directory or
+    /// GGUF file has its own).
     #[arg(long, value_name = "FILE", requires = "model")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<PathBuf>,
@@ -308,9 +309,9 @@ impl FitCommand {
 enum RunKind {
     /// A new model: the character model, or a `--model` config.json.
     New,
-    /// Every weight of a `--model` directory.
+    /// Every weight of a pretrained `--model` (a directory or a GGUF file).
     FineTune,
-    /// LoRA adapters beside a `--model` directory's frozen weights.
+    /// LoRA adapters beside a pretrained `--model`'s frozen weights.
     Lora,
 }
 
@@ -319,10 +320,12 @@ impl RunKind {
     fn of(table: &toml::Table) -> Self {
         let model = table.get("model").and_then(|m| m.as_str());
         match model.map(std::path::Path::new) {
-            Some(dir) if dir.is_dir() => match table.contains_key("lora-rank") {
-                true => RunKind::Lora,
-                false => RunKind::FineTune,
-            },
+            Some(model) if crate::hf_model::is_pretrained(model) => {
+                match table.contains_key("lora-rank") {
+                    true => RunKind::Lora,
+                    false => RunKind::FineTune,
+                }
+            }
             _ => RunKind::New,
         }
     }

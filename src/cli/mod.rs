@@ -91,8 +91,9 @@ pub enum Command {
 /// `wick prepare`'s options.
 #[derive(Debug, Args)]
 pub struct PrepareArgs {
-    /// The tokenizer.json to tokenize with (the model's).
-    #[arg(long, value_name = "TOKENIZER_JSON")]
+    /// The tokenizer.json to tokenize with (the model's), or a GGUF file whose tokenizer
+    /// to use.
+    #[arg(long, value_name = "TOKENIZER_JSON|FILE.gguf")]
     pub tokenizer: PathBuf,
     /// The token file to write (safetensors).
     #[arg(long, value_name = "TOKENS")]
@@ -109,8 +110,9 @@ pub struct PrepareArgs {
     #[arg(long, value_enum, default_value_t = DataFormat::Text)]
     pub format: DataFormat,
     /// The chat template that renders `messages`: a chat_template.jinja, or a
-    /// tokenizer_config.json that holds one [default: --tokenizer's directory's
-    /// chat_template.jinja, else its tokenizer_config.json's, if any].
+    /// tokenizer_config.json or GGUF file that holds one [default: --tokenizer's
+    /// directory's chat_template.jinja, else its tokenizer_config.json's, or a GGUF
+    /// --tokenizer's own, if any].
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
     /// UTF-8 text files, one document each, joined by the tokenizer's end-of-text token;
@@ -136,16 +138,17 @@ pub fn name_of<T: ValueEnum>(value: T) -> String {
         .unwrap_or_default()
 }
 
-/// Which model a command reads: a checkpoint, or a Hugging Face model directory as it is.
+/// Which model a command reads: a checkpoint, or a Hugging Face model directory or GGUF
+/// file as it is.
 #[derive(Debug, Args)]
 pub struct ModelChoice {
     /// A checkpoint (directory, or a root such as checkpoints/last): of the main job, or of
     /// a `fit --model` run.
     #[arg(required_unless_present = "model", conflicts_with = "model")]
     pub checkpoint: Option<PathBuf>,
-    /// Instead of a checkpoint, a Hugging Face model directory, as it is (before any
-    /// training).
-    #[arg(long, value_name = "DIR")]
+    /// Instead of a checkpoint, a Hugging Face model directory or a llama.cpp GGUF file, as
+    /// it is (before any training).
+    #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
 }
 
@@ -153,7 +156,7 @@ pub struct ModelChoice {
 pub enum ModelSource<'a> {
     /// A checkpoint (directory or root).
     Checkpoint(&'a std::path::Path),
-    /// A Hugging Face model directory.
+    /// A Hugging Face model directory or a GGUF file.
     Model(&'a std::path::Path),
 }
 

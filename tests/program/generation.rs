@@ -3,7 +3,7 @@
 //! message through the template, the end tokens of generation_config.json, and a
 //! conversation read from standard input.
 
-use super::{hf_fixture, wick};
+use super::{chat_llama, hf_fixture, wick};
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -83,25 +83,7 @@ fn sample_streams_the_greedy_text_of_a_model_directory_and_stops_at_its_end_toke
 fn a_chat_message_goes_through_the_template_and_a_conversation_is_read_from_input() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    // A model with the chat fixture's tokenizer and template: the Llama fixture's weights.
-    let model = d.join("chat-llama");
-    std::fs::create_dir_all(&model).unwrap();
-    let chat = hf_fixture("chat_v5");
-    for (from, f) in [
-        (hf_fixture("llama"), "config.json"),
-        (hf_fixture("llama"), "model.safetensors"),
-    ]
-    .into_iter()
-    .chain(
-        [
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "chat_template.jinja",
-        ]
-        .map(|f| (chat.clone(), f)),
-    ) {
-        std::fs::copy(Path::new(&from).join(f), model.join(f)).unwrap();
-    }
+    let model = chat_llama(d);
     let template = wick::models::ChatTemplate::from_dir(&model)
         .unwrap()
         .unwrap();

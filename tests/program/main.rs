@@ -5,6 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 mod generation;
+mod gguf;
 mod instruction;
 mod lora;
 #[cfg(unix)]
@@ -160,6 +161,25 @@ fn wick(dir: &Path, args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// A model directory in `dir` with the chat fixture's tokenizer and template and the Llama
+/// fixture's weights (tests/fixtures/gguf/chat-llama.gguf holds the same, as GGUF).
+fn chat_llama(dir: &Path) -> std::path::PathBuf {
+    let model = dir.join("chat-llama");
+    std::fs::create_dir_all(&model).unwrap();
+    let (llama, chat) = (hf_fixture("llama"), hf_fixture("chat_v5"));
+    let files = [
+        (&llama, "config.json"),
+        (&llama, "model.safetensors"),
+        (&chat, "tokenizer.json"),
+        (&chat, "tokenizer_config.json"),
+        (&chat, "chat_template.jinja"),
+    ];
+    for (from, f) in files {
+        std::fs::copy(Path::new(from).join(f), model.join(f)).unwrap();
+    }
+    model
 }
 
 fn hf_fixture(family: &str) -> String {

@@ -112,14 +112,18 @@ impl CausalLm {
     /// The model of a Hugging Face directory: `config.json`, the weights (`model.safetensors`
     /// or the shards of `model.safetensors.index.json`; f32, bf16 or f16, read as f32) and
     /// `tokenizer.json` if there is one. The weights are read when the parameters are made:
-    /// under zero3 and fsdp each rank reads only its slices.
+    /// under zero3 and fsdp each rank reads only its slices. A GGUF file in place of the
+    /// directory is read by [`CausalLm::from_gguf`].
     pub fn from_pretrained(dir: impl AsRef<Path>) -> std::result::Result<Self, ModelError> {
         let dir = dir.as_ref();
+        if dir.is_file() && crate::is_gguf(dir) {
+            return Self::from_gguf(dir);
+        }
         if !dir.is_dir() {
             return Err(ModelError::Missing {
                 path: dir.to_path_buf(),
                 message: "not a directory (a Hugging Face model directory holds config.json \
-                          and model.safetensors)"
+                          and model.safetensors) nor a GGUF file"
                     .into(),
             });
         }
@@ -135,13 +139,19 @@ impl CausalLm {
             .with_tokenizer(tokenizer))
     }
 
-    /// The model of a llama.cpp GGUF file: the config from its metadata, the weights
-    /// dequantized to f32 as the parameters are made ([`crate::GgufWeights`]). Its tokenizer
-    /// is not read yet: give one with [`CausalLm::with_tokenizer`].
+    /// The model of a llama.cpp GGUF file: the config from its metadata, its tokenizer
+    /// (where it has one), the weights dequantized to f32 as the parameters are made
+    /// ([`crate::GgufModel`]).
     pub fn from_gguf(path: impl AsRef<Path>) -> std::result::Result<Self, ModelError> {
         let path = path.as_ref();
-        let (weights, config) = crate::GgufWeights::open(path)?;
-        Ok(Self::from_config_json(config, path)?.with_weights(Arc::new(weights)))
+        let gguf = crate::GgufModel::open(path)?;
+        let tokenizer = gguf
+            .tokenizer
+            .map(|t| TextTokenizer::from_json(t.tokenizer, path))
+            .transpose()?;
+        Ok(Self::from_config_json(gguf.config, path)?
+            .with_tokenizer(tokenizer)
+            .with_weights(Arc::new(gguf.weights)))
     }
 
     /// Parameters take their values from `weights` (a Hugging Face state dict, or a wick

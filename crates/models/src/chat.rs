@@ -68,12 +68,6 @@ fn tokenizer_error(path: &Path, message: String) -> ModelError {
     }
 }
 
-/// The JSON file at `path`.
-fn json_of(path: &Path) -> Result<Value, ModelError> {
-    serde_json::from_str(&read_text(path)?)
-        .map_err(|e| tokenizer_error(path, format!("not JSON: {e}")))
-}
-
 /// The chat template a `tokenizer_config.json` holds: its `chat_template`, or the one named
 /// `default` of a list of named templates.
 pub fn chat_template_of(config: &Value) -> Result<Option<String>, String> {
@@ -122,22 +116,28 @@ impl ChatTemplate {
     }
 
     /// The template a file holds: a `chat_template.jinja` (its special tokens from the
-    /// `tokenizer_config.json` beside it, if any), or a `tokenizer_config.json` that must
-    /// hold one.
+    /// `tokenizer_config.json` beside it, if any), a `tokenizer_config.json` or a GGUF file
+    /// (`tokenizer.chat_template`) that must hold one.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ModelError> {
         let path = path.as_ref();
+        let none = || ModelError::Tokenizer {
+            path: path.to_path_buf(),
+            message: "holds no chat_template".into(),
+        };
         if path.extension().is_some_and(|e| e == "jinja") {
             let beside = path.with_file_name(TOKENIZER_CONFIG_FILE);
             let config = match beside.is_file() {
-                true => json_of(&beside)?,
-                false => Value::Null,
+                true => Some(read_text(&beside)?),
+                false => None,
             };
-            return Self::compiled(path, read_text(path)?, &config);
+            return Self::from_texts(path, Some(read_text(path)?), config.as_deref())?
+                .ok_or_else(none);
         }
-        Self::from_tokenizer_config(path)?.ok_or_else(|| ModelError::Tokenizer {
-            path: path.to_path_buf(),
-            message: "holds no chat_template".into(),
-        })
+        if crate::is_gguf(path) {
+            let config = crate::GgufTokenizer::open(path)?.map(|t| t.tokenizer_config);
+            return Self::from_texts(path, None, config.as_deref())?.ok_or_else(none);
+        }
+        Self::from_tokenizer_config(path)?.ok_or_else(none)
     }
 
     /// The template of `tokenizer_config.json` at `path` (its `chat_template`, or the one
@@ -145,11 +145,30 @@ impl ChatTemplate {
     /// no template.
     pub fn from_tokenizer_config(path: impl AsRef<Path>) -> Result<Option<Self>, ModelError> {
         let path = path.as_ref();
-        let config = json_of(path)?;
-        match chat_template_of(&config).map_err(|message| tokenizer_error(path, message))? {
-            Some(source) => Self::compiled(path, source, &config).map(Some),
-            None => Ok(None),
-        }
+        Self::from_texts(path, None, Some(&read_text(path)?))
+    }
+
+    /// The template of a tokenizer's files as texts: `chat_template.jinja`'s, or else the
+    /// `chat_template` of `tokenizer_config.json`'s (which names the special tokens either
+    /// way); `None` when neither holds one. `path` names them in errors.
+    pub fn from_texts(
+        path: &Path,
+        jinja: Option<String>,
+        tokenizer_config: Option<&str>,
+    ) -> Result<Option<Self>, ModelError> {
+        let config = match tokenizer_config {
+            Some(text) => serde_json::from_str(text).map_err(|e| {
+                tokenizer_error(path, format!("{TOKENIZER_CONFIG_FILE}: not JSON: {e}"))
+            })?,
+            None => Value::Null,
+        };
+        let source = match jinja {
+            Some(source) => Some(source),
+            None => chat_template_of(&config).map_err(|message| tokenizer_error(path, message))?,
+        };
+        source
+            .map(|source| Self::compiled(path, source, &config))
+            .transpose()
     }
 
     /// `source` compiled, with the special tokens of `config` (a `tokenizer_config.json`).

@@ -31,9 +31,17 @@ impl std::fmt::Debug for TextTokenizer {
 }
 
 impl TextTokenizer {
-    /// Loads `tokenizer.json` at `path`.
+    /// Loads `tokenizer.json` at `path`, or the tokenizer of a GGUF file
+    /// ([`crate::GgufTokenizer`]).
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ModelError> {
         let path = path.as_ref();
+        if crate::is_gguf(path) {
+            let gguf = crate::GgufTokenizer::open(path)?.ok_or_else(|| ModelError::Tokenizer {
+                path: path.to_path_buf(),
+                message: "the GGUF file holds no tokenizer.ggml.tokens".into(),
+            })?;
+            return Self::from_json(gguf.tokenizer, path);
+        }
         let json = read_text(path)?;
         Self::from_json(json, path)
     }

@@ -1,0 +1,91 @@
+//! `GgufWeights`: a GGUF file's tensors as a [`WeightSource`] under Hugging Face's names,
+//! each dequantized to f32 by Candle's `quantized` module (every type it reads) and put
+//! back in Hugging Face's layout when a parameter asks for it.
+
+use super::architecture::gguf_name;
+use crate::ModelConfig;
+use candle_core::quantized::gguf_file::Content;
+use candle_core::{Device, Shape, Tensor};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use wick_core::WeightSource;
+
+/// A GGUF file, its metadata read, its tensors read when asked for.
+pub struct GgufWeights {
+    path: PathBuf,
+    content: Content,
+    config: ModelConfig,
+    /// The last tensor read whole (a sharded load reads one tensor in slices, one after
+    /// another).
+    last: Mutex<Option<WholeTensor>>,
+}
+
+/// A tensor read whole, under its Hugging Face name.
+struct WholeTensor {
+    name: String,
+    dims: Vec<usize>,
+    values: Vec<f32>,
+}
+
+impl GgufWeights {
+    /// The tensors of the file at `path`, whose metadata `content` holds, for a model of
+    /// `config`.
+    pub(crate) fn new(path: &Path, content: Content, config: ModelConfig) -> Self {
+        GgufWeights {
+            path: path.to_path_buf(),
+            content,
+            config,
+            last: Mutex::new(None),
+        }
+    }
+
+    /// The tensor `name` (a GGUF name) dequantized to f32, in the file's layout.
+    pub fn dequantized(&self, name: &str) -> candle_core::Result<Tensor> {
+        let mut file = std::fs::File::open(&self.path)?;
+        self.content
+            .tensor(&mut file, name, &Device::Cpu)?
+            .dequantize(&Device::Cpu)
+    }
+
+    /// The Hugging Face tensor `name`, whole, in f32.
+    fn whole(&self, name: &str) -> candle_core::Result<WholeTensor> {
+        let Some((gguf, layout)) = gguf_name(&self.config, name) else {
+            candle_core::bail!("{}: no GGUF tensor for {name}", self.path.display())
+        };
+        if !self.content.tensor_infos.contains_key(&gguf) {
+            candle_core::bail!(
+                "{}: has no {gguf} (the model's {name})",
+                self.path.display()
+            )
+        }
+        let t = layout.to_hf(self.dequantized(&gguf)?)?;
+        Ok(WholeTensor {
+            name: name.to_string(),
+            dims: t.dims().to_vec(),
+            values: t.flatten_all()?.to_vec1()?,
+        })
+    }
+}
+
+impl WeightSource for GgufWeights {
+    fn read(
+        &self,
+        name: &str,
+        shape: &Shape,
+        range: Range<usize>,
+    ) -> candle_core::Result<Vec<f32>> {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if last.as_ref().map(|t| t.name.as_str()) != Some(name) {
+            *last = Some(self.whole(name)?);
+        }
+        let WholeTensor { dims, values, .. } = last.as_ref().expect("read above");
+        if dims != shape.dims() || range.end > values.len() {
+            candle_core::bail!(
+                "{}: {name} is {dims:?}, not the {shape:?} the model asks for",
+                self.path.display()
+            )
+        }
+        Ok(values[range].to_vec())
+    }
+}
