@@ -9,15 +9,21 @@ layout, for wick's dequantization to equal bit for bit. `quants.gguf` holds one 
 of 2 x 512 per type llama.cpp writes most (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K,
 Q3_K, Q4_K, Q5_K, Q6_K): the `gguf` package's quantization where it has one, and for the
 K-quants (which it only dequantizes) seeded random blocks with finite scales;
-`quants.safetensors` holds the `gguf` package's dequantization of each.
+`quants.safetensors` holds the `gguf` package's dequantization of each. Every family's
+file in Q8_0 with its tokenizer (`{family}-tok-q8_0.gguf`) and transformers' GGUF loader's
+logits on it (`families-q8_0.logits.safetensors`); the chat model of tests/program
+(`chat-llama.gguf`); the Llama 3 fixture with its scaled rope's `rope_freqs.weight`
+(`llama3-f32.gguf`).
 
-Needs numpy, safetensors and gguf (`pip install gguf`); CI does not run it. Run from the
+Needs numpy, safetensors and gguf (`pip install gguf`), and torch, transformers and
+accelerate for the logits; CI does not run it. Run from the
 repository root:
 
     python scripts/gguf_fixtures.py
 """
 
 import json
+import math
 import os
 
 import numpy as np
@@ -157,6 +163,28 @@ def add_tokenizer(w, tokenizer_dir, config):
         w.add_chat_template(open(jinja).read())
 
 
+def rope_freqs(config):
+    """llama.cpp's converter's divisors of a Llama 3 rope (rope_freqs.weight), or None."""
+    rope = config.get("rope_parameters") or {}
+    if rope.get("rope_type") != "llama3":
+        return None
+    base, dim = rope["rope_theta"], config["head_dim"]
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
 def write(path, config, tensors, quant, tokenizer_dir=None):
     w = GGUFWriter(path, ARCH[config["model_type"]])
     w.add_name(f"wick {config['model_type']} fixture")
@@ -165,6 +193,9 @@ def write(path, config, tensors, quant, tokenizer_dir=None):
         add_tokenizer(w, tokenizer_dir, config)
     w.add_file_type(0 if quant is None else 7)
     reference = {}
+    divisors = rope_freqs(config)
+    if divisors is not None:
+        w.add_tensor("rope_freqs.weight", divisors)
     for name, array in tensors:
         array = np.ascontiguousarray(array, dtype=np.float32)
         if quant is not None and array.ndim == 2 and array.shape[1] % 32 == 0:
@@ -272,6 +303,12 @@ def main():
     save_file(logits, os.path.join(OUT, "families-q8_0.logits.safetensors"))
     config = json.load(open(os.path.join(SOURCE, "config.json")))
     write(os.path.join(OUT, "chat-llama.gguf"), config, tensors, None, "tests/fixtures/hf/chat_v5")
+    # Llama 3's scaled rope, as llama.cpp stores it (rope_freqs.weight), in f32: its logits
+    # are the Hugging Face fixture's (transformers' GGUF loader does not read the tensor).
+    llama3 = "tests/fixtures/hf/llama3"
+    config = json.load(open(os.path.join(llama3, "config.json")))
+    weights = load_file(os.path.join(llama3, "model.safetensors"))
+    write(os.path.join(OUT, "llama3-f32.gguf"), config, gguf_tensors(config, weights), None, llama3)
     print(f"{OUT}: {len(tensors)} tensors, {len(reference)} of them Q8_0; "
           f"{len(files)} families with their tokenizers")
 

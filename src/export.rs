@@ -33,9 +33,19 @@ pub enum ExportForm {
     Merged,
 }
 
-/// Writes the directory `out` (built under a temporary name, renamed at the end) and
-/// returns the files written.
-pub fn run(checkpoint: &Path, out: &Path, form: ExportForm) -> anyhow::Result<Vec<PathBuf>> {
+/// A checkpoint of a `fit --model` run, opened to be exported.
+pub(crate) struct Exportable {
+    /// The checkpoint.
+    pub ck: Checkpoint,
+    /// The `config.json` it holds.
+    pub config: PathBuf,
+    /// A LoRA run's options and its base model.
+    pub lora: Option<(LoraConfig, PathBuf)>,
+}
+
+/// The checkpoint at `checkpoint`, to be exported as `form`; refused where `form` does not
+/// fit it.
+pub(crate) fn open_for(checkpoint: &Path, form: ExportForm) -> anyhow::Result<Exportable> {
     let ck = Checkpoint::open(checkpoint)?;
     let Some(config) = ck.attachment(CONFIG_FILE) else {
         anyhow::bail!(
@@ -56,8 +66,14 @@ pub fn run(checkpoint: &Path, out: &Path, form: ExportForm) -> anyhow::Result<Ve
              without --adapter or --merge",
             ck.dir().display()
         ),
-        _ => {}
+        _ => Ok(Exportable { ck, config, lora }),
     }
+}
+
+/// Writes the directory `out` (built under a temporary name, renamed at the end) and
+/// returns the files written.
+pub fn run(checkpoint: &Path, out: &Path, form: ExportForm) -> anyhow::Result<Vec<PathBuf>> {
+    let Exportable { ck, config, lora } = open_for(checkpoint, form)?;
     let in_use = out.exists() && std::fs::read_dir(out).map_or(true, |mut d| d.next().is_some());
     anyhow::ensure!(
         !in_use,
@@ -113,14 +129,18 @@ pub fn run(checkpoint: &Path, out: &Path, form: ExportForm) -> anyhow::Result<Ve
 }
 
 /// A whole tensor of `shape` read from `weights`.
-fn read(weights: &dyn WeightSource, name: &str, shape: &[usize]) -> anyhow::Result<Tensor> {
+pub(crate) fn read(
+    weights: &dyn WeightSource,
+    name: &str,
+    shape: &[usize],
+) -> anyhow::Result<Tensor> {
     let shape = Shape::from(shape.to_vec());
     let values = weights.read(name, &shape, 0..shape.elem_count())?;
     Ok(Tensor::from_vec(values, shape, &Device::Cpu)?)
 }
 
 /// The adapters a LoRA checkpoint holds, by wick's names (those of its manifest).
-fn read_adapters(
+pub(crate) fn read_adapters(
     ck: &Checkpoint,
     lora: &LoraConfig,
     config: &Path,
@@ -154,7 +174,7 @@ fn read_adapters(
 
 /// Every base parameter of `config`'s model from `base`, each adapted weight replaced by
 /// W + (alpha / r) B A, in f32.
-fn merge(
+pub(crate) fn merge(
     ck: &Checkpoint,
     lora: &LoraConfig,
     base: &Path,

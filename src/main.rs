@@ -15,6 +15,7 @@ mod estimate;
 mod evaluation;
 mod export;
 mod generator;
+mod gguf_export;
 mod hf_files;
 mod hf_model;
 mod inspect;
@@ -116,12 +117,19 @@ fn run(command: Command) -> anyhow::Result<()> {
             out,
             adapter,
             merge,
+            gguf,
+            quant,
         } => {
             let form = match (adapter, merge) {
                 (true, _) => export::ExportForm::Adapter,
                 (_, true) => export::ExportForm::Merged,
                 _ => export::ExportForm::Whole,
             };
+            if gguf {
+                let file = gguf_export::run(&checkpoint, &out, form, quant.into())?;
+                println!("wrote {}", file.display());
+                return Ok(());
+            }
             for f in export::run(&checkpoint, &out, form)? {
                 println!("wrote {}", f.display());
             }

@@ -154,3 +154,75 @@ fn bits(t: &Tensor) -> Vec<u32> {
     let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
     v.into_iter().map(f32::to_bits).collect()
 }
+
+/// Llama 3's scaled rope, stored by llama.cpp as the divisors of `rope_freqs.weight`: read
+/// back as the fixture's `rope_scaling` (the logits are transformers' on the Hugging Face
+/// fixture), and written again by `GgufExport` with the same divisors and logits.
+#[test]
+fn a_llama_3_rope_is_read_from_rope_freqs_and_written_back() {
+    use candle_core::quantized::gguf_file::Content;
+    use std::collections::HashMap;
+    use wick::models::{GgufExport, GgufType, ModelConfig, RopeScaling};
+    let hf = fixtures().join("llama3");
+    let reference =
+        candle_core::safetensors::load(hf.join("reference.safetensors"), &Device::Cpu).unwrap();
+    let windows = reference["windows"].to_dtype(DType::U32).unwrap();
+    let ids = windows.narrow(0, 0, 2).unwrap();
+    let ids = ids.narrow(1, 0, ids.dim(1).unwrap() - 1).unwrap();
+    let want = reference["logits"].narrow(0, 0, 2).unwrap();
+    let logits_of = |path: &std::path::Path| {
+        let mut lm = CausalLm::from_gguf(path).unwrap();
+        let ModelConfig::Decoder(c) = lm.config() else {
+            panic!("a decoder")
+        };
+        let scaling = c.rope.scaling.clone();
+        let _strategy = on_one_cpu(&mut lm);
+        (lm.logits(&ids).unwrap(), scaling)
+    };
+    let (logits, scaling) = logits_of(&gguf("llama3-f32.gguf"));
+    let RopeScaling::Llama3 {
+        factor,
+        original_max_position_embeddings,
+        ..
+    } = scaling
+    else {
+        panic!("{scaling:?}")
+    };
+    assert_eq!((factor, original_max_position_embeddings), (8.0, 256));
+    let diff = max_diff(&logits, &want);
+    assert!(diff <= 1e-5, "logits differ by {diff}");
+    // Written again from the Hugging Face fixture: the same divisors, the same model.
+    let lm = CausalLm::from_pretrained(&hf).unwrap();
+    let tensors: HashMap<String, Tensor> =
+        candle_core::safetensors::load(hf.join("model.safetensors"), &Device::Cpu).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("llama3.gguf");
+    let export = GgufExport {
+        config: lm.config(),
+        name: "llama3",
+        tokenizer: lm.tokenizer().unwrap(),
+        bos: Some(0),
+        eos: Some(0),
+        chat_template: None,
+    };
+    export.write(&out, &tensors, GgufType::F32).unwrap();
+    let divisors = |path: &std::path::Path| -> Vec<f32> {
+        let mut file = std::fs::File::open(path).unwrap();
+        let content = Content::read(&mut file).unwrap();
+        let t = content
+            .tensor(&mut file, "rope_freqs.weight", &Device::Cpu)
+            .unwrap();
+        t.dequantize(&Device::Cpu).unwrap().to_vec1().unwrap()
+    };
+    let (a, b) = (divisors(&out), divisors(&gguf("llama3-f32.gguf")));
+    assert!(
+        a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-6 * y),
+        "{a:?} {b:?}"
+    );
+    assert!(
+        b.iter().any(|&d| d > 1.0),
+        "the fixture's rope is scaled: {b:?}"
+    );
+    let (again, _) = logits_of(&out);
+    assert!(max_diff(&again, &logits) <= 1e-6);
+}

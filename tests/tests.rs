@@ -50,6 +50,8 @@ mod generation;
 mod gguf;
 // llama.cpp's vocabulary test cases (ignored without the vocabularies; .ci/run runs them).
 mod gguf_vocab;
+// A real published GGUF (ignored without it; .ci/run fetches it and runs this).
+mod gguf_published;
 // Published configs, refused and unknown fields, tied vocabularies that do not divide by W.
 mod model_configs;
 // LoRA: frozen base weights under every strategy, adapters equal to one device's, resume.

@@ -71,11 +71,13 @@ pub enum Command {
     /// Write a checkpoint of a `fit --model` run as a Hugging Face model directory that
     /// transformers loads: config.json, model.safetensors, tokenizer.json, and the
     /// tokenizer_config.json, chat_template.jinja and generation_config.json a chat model
-    /// needs (as the source had them, or made as save_pretrained makes them).
+    /// needs (as the source had them, or made as save_pretrained makes them); or, with
+    /// --gguf, as a llama.cpp GGUF file.
     Export {
         /// A checkpoint directory, or a checkpoint root such as checkpoints/last.
         checkpoint: PathBuf,
-        /// The directory to write (it must not hold a model already).
+        /// The directory to write (it must not hold a model already), or with --gguf the
+        /// file.
         out: PathBuf,
         /// A LoRA run's checkpoint: write its adapters as PEFT does (adapter_config.json,
         /// adapter_model.safetensors), for peft.PeftModel.from_pretrained over the base.
@@ -85,7 +87,49 @@ pub enum Command {
         /// weights (W + alpha/r B A), a model directory transformers loads alone.
         #[arg(long)]
         merge: bool,
+        /// Write OUT as one llama.cpp GGUF file: the model (merged, with --merge) with its
+        /// tokenizer, chat template and config in llama.cpp's metadata; with --adapter,
+        /// llama.cpp's LoRA adapter (llama-cli --lora).
+        #[arg(long)]
+        gguf: bool,
+        /// The type of a GGUF's weight matrices (vectors stay f32); a K-quant falls back
+        /// to q8_0 for a matrix whose rows do not divide into its blocks of 256.
+        #[arg(long, value_enum, default_value_t = GgufQuant::F32, requires = "gguf")]
+        quant: GgufQuant,
     },
+}
+
+/// `export --quant`'s types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GgufQuant {
+    /// 32-bit floats.
+    F32,
+    /// Half precision.
+    F16,
+    /// bfloat16.
+    Bf16,
+    /// 8 bits, blocks of 32.
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// 4-bit K-quant.
+    #[value(name = "q4_k")]
+    Q4K,
+    /// 6-bit K-quant.
+    #[value(name = "q6_k")]
+    Q6K,
+}
+
+impl From<GgufQuant> for wick_models::GgufType {
+    fn from(q: GgufQuant) -> Self {
+        match q {
+            GgufQuant::F32 => Self::F32,
+            GgufQuant::F16 => Self::F16,
+            GgufQuant::Bf16 => Self::Bf16,
+            GgufQuant::Q8_0 => Self::Q8_0,
+            GgufQuant::Q4K => Self::Q4K,
+            GgufQuant::Q6K => Self::Q6K,
+        }
+    }
 }
 
 /// `wick prepare`'s options.

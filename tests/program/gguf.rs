@@ -5,7 +5,12 @@
 //! exports as a model directory.
 
 use super::{chat_llama, val_loss, wick};
+use candle_core::quantized::gguf_file::Content;
 use std::path::Path;
+use std::sync::Arc;
+use wick::core::{configure_rank, SoloWorld};
+use wick::models::CausalLm;
+use wick::strategies::strategy_by_name;
 
 fn chat_gguf() -> String {
     format!(
@@ -137,13 +142,58 @@ fn a_gguf_model_prepares_validates_chats_and_fine_tunes_as_its_directory_does() 
         assert!(at.join("merged").join(f).is_file(), "the export has no {f}");
     }
     let merged = at.join("merged");
-    let (ok, out, err) = wick(
-        d,
-        &[
-            &["sample", "--model", merged.to_str().unwrap()][..],
-            &greedy,
-        ]
-        .concat(),
+    let merged_answer = answer(merged.to_str().unwrap());
+
+    // GGUF out: the merged model in f32 reads back as the merged directory's model (the
+    // reader is llama.cpp's and transformers' reading: tests/gguf.rs), in Q8_0 close to it.
+    for (file, args) in [
+        ("merged.gguf", vec!["--merge"]),
+        ("q8_0.gguf", vec!["--merge", "--quant", "q8_0"]),
+        ("adapter.gguf", vec!["--adapter"]),
+    ] {
+        let export = [&["export", "ck/last", file, "--gguf"][..], &args].concat();
+        let (ok, out, err) = wick(&at, &export);
+        assert!(ok, "{out}{err}");
+    }
+    let ids = [[3u32, 1, 88, 86, 264, 202, 58, 75]];
+    let ids = candle_core::Tensor::new(&ids, &candle_core::Device::Cpu).unwrap();
+    let want = logits(CausalLm::from_pretrained(&merged).unwrap(), &ids);
+    let f32 = logits(CausalLm::from_gguf(at.join("merged.gguf")).unwrap(), &ids);
+    let q8 = logits(CausalLm::from_gguf(at.join("q8_0.gguf")).unwrap(), &ids);
+    let (exact, moved) = (max_diff(&f32, &want), max_diff(&q8, &want));
+    assert!(exact <= 1e-6, "the f32 GGUF's logits moved by {exact}");
+    assert!(
+        moved > 1e-6 && moved < 0.1,
+        "Q8_0 moved the logits by {moved}"
     );
-    assert!(ok, "{out}{err}");
+    assert_eq!(
+        answer(at.join("merged.gguf").to_str().unwrap()),
+        merged_answer
+    );
+    // The adapter file: llama.cpp's names, A and B of every adapted weight.
+    let mut file = std::fs::File::open(at.join("adapter.gguf")).unwrap();
+    let content = Content::read(&mut file).unwrap();
+    let text = |k: &str| content.metadata[k].to_string().unwrap().clone();
+    assert_eq!(text("general.type"), "adapter");
+    assert_eq!(text("adapter.type"), "lora");
+    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+    names.sort();
+    assert_eq!(names.len(), 8, "{names:?}");
+    assert_eq!(names[0], "blk.0.attn_q.weight.lora_a");
+    assert_eq!(content.tensor_infos[names[0]].shape.dims(), [4, 64]);
+}
+
+/// The largest difference between `a` and `b`.
+fn max_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
+    let d = (a - b).unwrap().abs().unwrap().flatten_all().unwrap();
+    d.max(0).unwrap().to_scalar().unwrap()
+}
+
+/// The logits of `lm` over `ids`, on one CPU rank.
+fn logits(mut lm: CausalLm, ids: &candle_core::Tensor) -> candle_core::Tensor {
+    let single = strategy_by_name("single").unwrap();
+    let world = Arc::new(SoloWorld);
+    let cpu = candle_core::Device::Cpu;
+    let _rank = configure_rank(single.as_ref(), world, cpu, 0, &mut lm).unwrap();
+    lm.logits(ids).unwrap()
 }

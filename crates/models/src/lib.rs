@@ -35,7 +35,7 @@ pub use config::{
 };
 pub use error::ModelError;
 pub use generation::{generate, Sampling, TokenPicker};
-pub use gguf::{is_gguf, GgufModel, GgufTokenizer, GgufWeights};
+pub use gguf::{is_gguf, GgufExport, GgufModel, GgufTokenizer, GgufType, GgufWeights};
 pub use kv_cache::KvCache;
 pub use lora::{
     LoraConfig, ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, DECODER_TARGETS, PEFT_PREFIX,

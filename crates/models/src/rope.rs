@@ -68,6 +68,17 @@ pub(crate) fn frequencies(
     }
 }
 
+/// What llama.cpp stores of a Llama 3 rope (`rope_freqs.weight`): each frequency's divisor,
+/// the unscaled frequency over the scaled; `None` for another rope type.
+pub(crate) fn llama3_divisors(rope: &Rope, dim: usize) -> Option<Vec<f32>> {
+    let RopeScaling::Llama3 { .. } = rope.scaling else {
+        return None;
+    };
+    let base = base_frequencies(rope.theta, dim);
+    let (scaled, _) = frequencies(rope, dim, 0, 0);
+    Some(base.iter().zip(&scaled).map(|(b, s)| b / s).collect())
+}
+
 /// Llama 3's frequencies from the unscaled `inv`: wavelengths shorter than the original
 /// length `old` over `high_freq_factor` kept, longer than it over `low_freq_factor` divided
 /// by `factor`, and a smooth blend between.

@@ -197,11 +197,6 @@ pub(crate) fn config_json(meta: &Metadata) -> Result<Json, ModelError> {
         "qwen3" => ("Qwen3ForCausalLM", "qwen3"),
         _ => ("Gemma2ForCausalLM", "gemma2"),
     };
-    if tensors.contains_key("rope_freqs.weight") {
-        return Err(meta.error(
-            "rope_freqs.weight (Llama 3.1's scaled rope frequencies): wick does not read them yet",
-        ));
-    }
     let kv_heads = meta.u64(&key("attention.head_count_kv"))?.unwrap_or(heads);
     let head_dim = meta
         .u64(&key("attention.key_length"))?
@@ -271,4 +266,49 @@ fn gemma2_fields(meta: &Metadata, config: &mut Json) -> Result<(), ModelError> {
     let window = meta.u64("gemma2.attention.sliding_window")?.unwrap_or(4096);
     config["sliding_window"] = json!(window);
     Ok(())
+}
+
+/// The `rope_scaling` of a Llama 3 rope whose divisors llama.cpp stored (`rope_freqs.weight`,
+/// its converter's: the unscaled frequency over the scaled). The divisors fix the factor (the
+/// largest) and the two wavelengths between which the rope blends, not the three fields
+/// that name them (scaling all three leaves the rope as it is): with `low_freq_factor` 1,
+/// Meta's, the others are those of the first candidate whose rope gives the file's divisors
+/// (Meta's 4 and 8192, then other powers of two); a file whose divisors none gives is
+/// refused.
+pub(crate) fn llama3_rope(
+    meta: &Metadata,
+    config: &Json,
+    divisors: &[f32],
+) -> Result<Json, ModelError> {
+    let theta = config["rope_theta"].as_f64().unwrap_or(10000.0);
+    let dim = config["head_dim"].as_u64().unwrap_or(0) as usize;
+    let factor = divisors.iter().copied().fold(1.0f32, f32::max) as f64;
+    let highs = [4.0, 2.0, 8.0, 16.0];
+    let originals = std::iter::once(8192).chain((7..=20).map(|k| 1usize << k));
+    for original in originals {
+        for high in highs {
+            let rope = crate::Rope {
+                theta,
+                scaling: crate::RopeScaling::Llama3 {
+                    factor,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: high,
+                    original_max_position_embeddings: original,
+                },
+            };
+            let made = crate::rope::llama3_divisors(&rope, dim).expect("a Llama 3 rope");
+            let close = made.len() == divisors.len()
+                && (made.iter().zip(divisors)).all(|(a, b)| (a - b).abs() <= 1e-4 * b.abs());
+            if close {
+                return Ok(json!({
+                    "rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+                    "high_freq_factor": high, "original_max_position_embeddings": original,
+                }));
+            }
+        }
+    }
+    Err(meta.error(
+        "rope_freqs.weight: divisors of no Llama 3 rope wick tried (low_freq_factor 1, \
+         high_freq_factor 2 to 16, original_max_position_embeddings a power of two)",
+    ))
 }

@@ -1,15 +1,20 @@
-//! llama.cpp's GGUF files as a model's source: the config from the `{arch}.*` metadata, the
-//! tokenizer from `tokenizer.ggml.*` (with its chat template), and the weights dequantized
-//! to f32 on load by Candle's `quantized` module, under Hugging Face's names and in
-//! Hugging Face's layout. The architectures of the families wick trains: `llama` (Llama 2
-//! and 3.x, SmolLM2, Mistral), `qwen2`, `qwen3`, `gemma2` and `gpt2`.
+//! llama.cpp's GGUF files, read and written. Read as a model's source: the config from the
+//! `{arch}.*` metadata, the tokenizer from `tokenizer.ggml.*` (with its chat template), and
+//! the weights dequantized to f32 on load by Candle's `quantized` module, under Hugging
+//! Face's names and in Hugging Face's layout. Written ([`GgufExport`]) the other way, in
+//! f32, f16, bf16, Q8_0, Q4_K or Q6_K, and a LoRA run's adapters as llama.cpp's adapter
+//! file. The architectures of the families wick trains: `llama` (Llama 2 and 3.x, SmolLM2,
+//! Mistral), `qwen2`, `qwen3`, `gemma2` and `gpt2`.
 
 mod architecture;
 mod metadata;
 mod tokenizer;
+mod vocab;
 mod weights;
+mod writer;
 
 pub use weights::GgufWeights;
+pub use writer::{GgufExport, GgufType};
 
 use crate::{ModelConfig, ModelError};
 use candle_core::quantized::gguf_file::Content;
@@ -85,7 +90,12 @@ impl GgufModel {
             content: &content,
             path,
         };
-        let config = pretty(&architecture::config_json(&meta)?);
+        let mut config = architecture::config_json(&meta)?;
+        if content.tensor_infos.contains_key(ROPE_FREQS) {
+            let divisors = dequantized(&content, path, ROPE_FREQS)?;
+            config["rope_scaling"] = architecture::llama3_rope(&meta, &config, &divisors)?;
+        }
+        let config = pretty(&config);
         let tokenizer = GgufTokenizer::of(&meta)?;
         let model_config = ModelConfig::from_json(&config, path)?;
         Ok(GgufModel {
@@ -94,6 +104,24 @@ impl GgufModel {
             weights: GgufWeights::new(path, content, model_config),
         })
     }
+}
+
+/// llama.cpp's tensor of a Llama 3 rope's frequency divisors.
+const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// The tensor `name` of the GGUF file at `path` (whose metadata is `content`), in f32.
+fn dequantized(content: &Content, path: &Path, name: &str) -> Result<Vec<f32>, ModelError> {
+    let read = || -> candle_core::Result<Vec<f32>> {
+        let mut file = std::fs::File::open(path)?;
+        let t = content.tensor(&mut file, name, &candle_core::Device::Cpu)?;
+        t.dequantize(&candle_core::Device::Cpu)?
+            .flatten_all()?
+            .to_vec1()
+    };
+    read().map_err(|e| ModelError::Missing {
+        path: path.to_path_buf(),
+        message: format!("{name}: {e}"),
+    })
 }
 
 /// `value` as transformers writes JSON: indented, with a final newline.

@@ -19,11 +19,19 @@ use crate::ModelError;
 use serde_json::{json, Map, Value as Json};
 use std::collections::HashMap;
 
-/// llama.cpp's token types (`tokenizer.ggml.token_type`).
-const NORMAL: i32 = 1;
-const UNKNOWN: i32 = 2;
-const CONTROL: i32 = 3;
-const USER_DEFINED: i32 = 4;
+// llama.cpp's token types (`tokenizer.ggml.token_type`).
+/// A token of the vocabulary.
+pub(crate) const NORMAL: i32 = 1;
+/// The unknown token.
+pub(crate) const UNKNOWN: i32 = 2;
+/// A special token (BOS, EOS, a chat turn's markers).
+pub(crate) const CONTROL: i32 = 3;
+/// An added token that is not special.
+pub(crate) const USER_DEFINED: i32 = 4;
+/// Padding of the vocabulary to the model's size.
+pub(crate) const UNUSED: i32 = 5;
+/// A byte of SentencePiece's byte fallback (`<0x0A>`).
+pub(crate) const BYTE: i32 = 6;
 
 /// GPT-2's words, numbers, punctuation runs and spaces (llama.cpp's form, without the
 /// final `\s+`: what no alternative matches stays a piece of its own either way).
