@@ -49,6 +49,10 @@ for q in f32 f16 bf16 q8_0; do
   "$py" "$repo/scripts/gguf_export_check.py" "merged-$q.gguf" gguf-merged "$hf/chat/chat.jsonl" \
     adapter.gguf gguf-peft
 done
+# The GGUF itself converted to a directory (`export --model`): transformers reads the chat
+# fixture's special tokens, template and renders from it.
+"$wick" export --model "$gguf" from-gguf > /dev/null
+"$py" "$repo/scripts/export_check.py" from-gguf "$hf/chat_v5" "$hf/llama" "$hf/chat/chat.jsonl"
 # The K-quants quantize rows in blocks of 256: a new model 256 wide, trained a step.
 cp "$hf/chat_v5/tokenizer.json" "$hf/chat_v5/tokenizer_config.json" "$hf/chat_v5/chat_template.jinja" .
 cat > wide.json << 'JSON'

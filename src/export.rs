@@ -74,6 +74,15 @@ pub(crate) fn open_for(checkpoint: &Path, form: ExportForm) -> anyhow::Result<Ex
 /// returns the files written.
 pub fn run(checkpoint: &Path, out: &Path, form: ExportForm) -> anyhow::Result<Vec<PathBuf>> {
     let Exportable { ck, config, lora } = open_for(checkpoint, form)?;
+    into_new_dir(out, |tmp| write_dir(&ck, &config, lora, form, tmp))
+}
+
+/// Writes a new directory `out` by `write` (into a temporary one, renamed when it is
+/// whole), refused where `out` holds files; returns the paths of the files `write` names.
+pub(crate) fn into_new_dir(
+    out: &Path,
+    write: impl FnOnce(&Path) -> anyhow::Result<Vec<&'static str>>,
+) -> anyhow::Result<Vec<PathBuf>> {
     let in_use = out.exists() && std::fs::read_dir(out).map_or(true, |mut d| d.next().is_some());
     anyhow::ensure!(
         !in_use,
@@ -85,9 +94,26 @@ pub fn run(checkpoint: &Path, out: &Path, form: ExportForm) -> anyhow::Result<Ve
         std::fs::remove_dir_all(&tmp)?;
     }
     std::fs::create_dir_all(&tmp)?;
+    let names = write(&tmp)?;
+    if out.exists() {
+        std::fs::remove_dir(out)?;
+    }
+    std::fs::rename(&tmp, out)?;
+    Ok(names.into_iter().map(|n| out.join(n)).collect())
+}
+
+/// Writes checkpoint `ck` (of `config`, a LoRA run's where `lora` says) into `tmp` as
+/// `form`; returns the names of the files written.
+fn write_dir(
+    ck: &Checkpoint,
+    config: &Path,
+    lora: Option<(LoraConfig, PathBuf)>,
+    form: ExportForm,
+    tmp: &Path,
+) -> anyhow::Result<Vec<&'static str>> {
     let mut names = Vec::new();
     if form != ExportForm::Adapter {
-        names.extend(write_side_files(&ck, &tmp)?);
+        names.extend(write_side_files(ck, tmp)?);
     }
     let mut copy = |attachment: Option<PathBuf>, name: &'static str| -> anyhow::Result<()> {
         if let Some(from) = attachment {
@@ -99,7 +125,7 @@ pub fn run(checkpoint: &Path, out: &Path, form: ExportForm) -> anyhow::Result<Ve
     match (lora, form) {
         (Some((lora, _)), ExportForm::Adapter) => {
             copy(ck.attachment(ADAPTER_CONFIG_FILE), ADAPTER_CONFIG_FILE)?;
-            let adapters = read_adapters(&ck, &lora, &config)?;
+            let adapters = read_adapters(ck, &lora, config)?;
             let renamed = adapters
                 .into_iter()
                 .map(|(n, t)| (format!("{PEFT_PREFIX}{n}"), t))
@@ -108,24 +134,41 @@ pub fn run(checkpoint: &Path, out: &Path, form: ExportForm) -> anyhow::Result<Ve
             names.push(ADAPTER_WEIGHTS_FILE);
         }
         (Some((lora, base)), _) => {
-            copy(Some(config.clone()), CONFIG_FILE)?;
+            copy(Some(config.to_path_buf()), CONFIG_FILE)?;
             copy(ck.attachment(TOKENIZER_FILE), TOKENIZER_FILE)?;
-            let merged = merge(&ck, &lora, &base, &config)?;
+            let merged = merge(ck, &lora, &base, config)?;
             save(&merged, &tmp.join("model.safetensors"))?;
             names.push("model.safetensors");
         }
         (None, _) => {
-            copy(Some(config), CONFIG_FILE)?;
+            copy(Some(config.to_path_buf()), CONFIG_FILE)?;
             copy(ck.attachment(TOKENIZER_FILE), TOKENIZER_FILE)?;
             wick_trainer::consolidate(ck.dir(), tmp.join("model.safetensors"), false)?;
             names.push("model.safetensors");
         }
     }
-    if out.exists() {
-        std::fs::remove_dir(out)?;
-    }
-    std::fs::rename(&tmp, out)?;
-    Ok(names.into_iter().map(|n| out.join(n)).collect())
+    Ok(names)
+}
+
+/// Every parameter of checkpoint `ck` (of a model of `config`), whole.
+pub(crate) fn whole(
+    ck: &Checkpoint,
+    config: &ModelConfig,
+) -> anyhow::Result<HashMap<String, Tensor>> {
+    let weights = Checkpoint::open(ck.dir())?.into_weights();
+    all_of(weights.as_ref(), config)
+}
+
+/// Every parameter of a model of `config`, whole, from `weights`.
+pub(crate) fn all_of(
+    weights: &dyn WeightSource,
+    config: &ModelConfig,
+) -> anyhow::Result<HashMap<String, Tensor>> {
+    config
+        .parameter_shapes()
+        .into_iter()
+        .map(|(name, shape)| Ok((name.clone(), read(weights, &name, &shape)?)))
+        .collect()
 }
 
 /// A whole tensor of `shape` read from `weights`.

@@ -115,33 +115,39 @@ pub fn write_side_files(ck: &Checkpoint, dir: &Path) -> anyhow::Result<Vec<&'sta
             .with_context(|| format!("{}: holds no {name}", ck.dir().display()))
     };
     let (config, tokenizer) = (attached(CONFIG_FILE)?, attached(TOKENIZER_FILE)?);
-    let mut carried = Vec::new();
-    for name in SIDE_FILES {
-        if let Some(path) = ck.attachment(name) {
-            carried.push((name, std::fs::read(&path)?));
-        }
-    }
+    let config: Value = serde_json::from_slice(&std::fs::read(&config)?)
+        .with_context(|| format!("{} is not JSON", config.display()))?;
+    let tokenizer = TextTokenizer::from_file(tokenizer)?;
     let mut names = Vec::new();
-    for (name, bytes) in completed_side_files(carried, &config, &tokenizer)? {
+    for (name, bytes) in completed_side_files(carried_side_files(ck)?, &config, &tokenizer)? {
         std::fs::write(dir.join(name), bytes)?;
         names.push(name);
     }
     Ok(names)
 }
 
-/// The side files an export writes, given those `carried` and the model's `config.json`
-/// and `tokenizer.json`: what was carried, and what `save_pretrained` writes that was not:
+/// The side files checkpoint `ck` carries.
+pub fn carried_side_files(ck: &Checkpoint) -> anyhow::Result<Vec<(&'static str, Vec<u8>)>> {
+    let mut carried = Vec::new();
+    for name in SIDE_FILES {
+        if let Some(path) = ck.attachment(name) {
+            carried.push((name, std::fs::read(&path)?));
+        }
+    }
+    Ok(carried)
+}
+
+/// The side files an export writes, given those `carried`, the model's `config.json` and
+/// its tokenizer: what was carried, and what `save_pretrained` writes that was not:
 /// a `tokenizer_config.json` naming the special tokens of `config.json`'s ids, the chat
 /// template in `chat_template.jinja` (transformers 5's file) where only
 /// `tokenizer_config.json` held it, and a `generation_config.json` from `config.json`'s
 /// token ids (transformers' `GenerationConfig.from_model_config`).
 pub fn completed_side_files(
     mut carried: Vec<(&'static str, Vec<u8>)>,
-    config_json: &Path,
-    tokenizer_json: &Path,
+    config: &Value,
+    tokenizer: &TextTokenizer,
 ) -> anyhow::Result<Vec<(&'static str, Vec<u8>)>> {
-    let config: Value = serde_json::from_slice(&std::fs::read(config_json)?)
-        .with_context(|| format!("{} is not JSON", config_json.display()))?;
     let ids: Map<String, Value> = ["bos_token_id", "eos_token_id", "pad_token_id"]
         .into_iter()
         .filter_map(|key| {
@@ -152,7 +158,6 @@ pub fn completed_side_files(
         })
         .collect();
     if side_file(&carried, TOKENIZER_CONFIG_FILE).is_none() {
-        let tokenizer = TextTokenizer::from_file(tokenizer_json)?;
         let mut tokenizer_config = json!({ "tokenizer_class": "PreTrainedTokenizerFast" });
         for (id_key, token_key) in [("bos_token_id", "bos_token"), ("eos_token_id", "eos_token")] {
             // A list of end tokens names its first as the tokenizer's.

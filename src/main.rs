@@ -21,6 +21,7 @@ mod hf_model;
 mod inspect;
 mod loss_plot;
 mod main_job;
+mod model_export;
 mod prepare;
 mod program_trainer;
 mod sample;
@@ -113,8 +114,8 @@ fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Export {
-            checkpoint,
-            out,
+            paths,
+            model,
             adapter,
             merge,
             gguf,
@@ -125,12 +126,18 @@ fn run(command: Command) -> anyhow::Result<()> {
                 (_, true) => export::ExportForm::Merged,
                 _ => export::ExportForm::Whole,
             };
-            if gguf {
-                let file = gguf_export::run(&checkpoint, &out, form, quant.into())?;
-                println!("wrote {}", file.display());
-                return Ok(());
-            }
-            for f in export::run(&checkpoint, &out, form)? {
+            let written = match (&model, paths.as_slice()) {
+                (Some(model), [out]) => model_export::run(model, out, gguf.then(|| quant.into()))?,
+                (None, [checkpoint, out]) if gguf => {
+                    vec![gguf_export::run(checkpoint, out, form, quant.into())?]
+                }
+                (None, [checkpoint, out]) => export::run(checkpoint, out, form)?,
+                (Some(_), _) => anyhow::bail!("export --model MODEL OUT: OUT only, no checkpoint"),
+                (None, _) => {
+                    anyhow::bail!("export CHECKPOINT OUT: the checkpoint and where to write it")
+                }
+            };
+            for f in written {
                 println!("wrote {}", f.display());
             }
             Ok(())

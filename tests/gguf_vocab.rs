@@ -2,10 +2,11 @@
 //! `llama-cpp-python` source archive carries) give the ids of llama.cpp's own test cases
 //! (`.gguf.inp` and `.gguf.out` beside each, written by transformers from the original
 //! tokenizer): byte-level BPE with Llama 3's, Qwen2's, StarCoder's (SmolLM2's) and GPT-2's
-//! pre-tokenizers, and SentencePiece (Llama 2, Phi-3).
+//! pre-tokenizers, and SentencePiece (Llama 2, Phi-3); and so does each as a GGUF export
+//! writes it (its pre-tokenizer named again by what it does) and reads it back.
 
 use std::path::PathBuf;
-use wick::models::TextTokenizer;
+use wick::models::{GgufTokenizer, TextTokenizer};
 
 /// The folder `scripts/llama-vocabs.sh` fills, named by `WICK_LLAMA_VOCABS`.
 fn vocabs() -> PathBuf {
@@ -33,8 +34,18 @@ fn cases(name: &str) -> Vec<(String, Vec<u32>)> {
 }
 
 fn check(name: &str) {
-    let tokenizer =
-        TextTokenizer::from_file(vocabs().join(format!("ggml-vocab-{name}.gguf"))).unwrap();
+    let path = vocabs().join(format!("ggml-vocab-{name}.gguf"));
+    let read = TextTokenizer::from_file(&path).unwrap();
+    check_cases(name, &read);
+    // Written as a GGUF export writes it and read back: the same ids.
+    let written = GgufTokenizer::written(&read, read.vocab_size(), &path).unwrap();
+    check_cases(
+        name,
+        &TextTokenizer::from_json(written.tokenizer, &path).unwrap(),
+    );
+}
+
+fn check_cases(name: &str, tokenizer: &TextTokenizer) {
     let cases = cases(name);
     let mut wrong = Vec::new();
     for (text, want) in &cases {

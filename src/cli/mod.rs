@@ -72,13 +72,17 @@ pub enum Command {
     /// transformers loads: config.json, model.safetensors, tokenizer.json, and the
     /// tokenizer_config.json, chat_template.jinja and generation_config.json a chat model
     /// needs (as the source had them, or made as save_pretrained makes them); or, with
-    /// --gguf, as a llama.cpp GGUF file.
+    /// --gguf, as a llama.cpp GGUF file. With --model, a model as it is, converted.
     Export {
-        /// A checkpoint directory, or a checkpoint root such as checkpoints/last.
-        checkpoint: PathBuf,
-        /// The directory to write (it must not hold a model already), or with --gguf the
-        /// file.
-        out: PathBuf,
+        /// CHECKPOINT OUT: the checkpoint (a directory, or a root such as checkpoints/last)
+        /// and the directory to write (it must not hold a model already), or with --gguf
+        /// the file. With --model, OUT alone.
+        #[arg(value_name = "[CHECKPOINT] OUT", num_args = 1..=2, required = true)]
+        paths: Vec<PathBuf>,
+        /// Instead of a checkpoint, a model as it is, converted: a Hugging Face directory
+        /// or a GGUF file, written as a directory (or with --gguf as a GGUF file).
+        #[arg(long, value_name = "DIR|FILE.gguf", conflicts_with_all = ["adapter", "merge"])]
+        model: Option<PathBuf>,
         /// A LoRA run's checkpoint: write its adapters as PEFT does (adapter_config.json,
         /// adapter_model.safetensors), for peft.PeftModel.from_pretrained over the base.
         #[arg(long, conflicts_with = "merge")]

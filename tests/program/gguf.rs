@@ -1,8 +1,9 @@
 //! A llama.cpp GGUF file as `--model` and `--tokenizer` (tests/fixtures/gguf/chat-llama.gguf:
 //! the Llama fixture's weights in f32, the chat fixture's tokenizer and template, written as
 //! llama.cpp's converter writes them by scripts/gguf_fixtures.py): every command gives what
-//! it gives for the same model as a Hugging Face directory, and a LoRA run over the GGUF
-//! exports as a model directory.
+//! it gives for the same model as a Hugging Face directory; a LoRA run over the GGUF
+//! exports as a model directory and as GGUF (merged in f32 and Q8_0, and its adapter as
+//! llama.cpp's adapter file); and `export --model` converts a model as it is both ways.
 
 use super::{chat_llama, val_loss, wick};
 use candle_core::quantized::gguf_file::Content;
@@ -170,6 +171,26 @@ fn a_gguf_model_prepares_validates_chats_and_fine_tunes_as_its_directory_does() 
         answer(at.join("merged.gguf").to_str().unwrap()),
         merged_answer
     );
+    // A model as it is, converted both ways: the GGUF as a directory, that directory as
+    // a GGUF again; the same logits.
+    let g = chat_gguf();
+    let (ok, out, err) = wick(&at, &["export", "--model", &g, "from-gguf"]);
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = wick(
+        &at,
+        &["export", "--model", "from-gguf", "again.gguf", "--gguf"],
+    );
+    assert!(ok, "{out}{err}");
+    let source = logits(CausalLm::from_gguf(&g).unwrap(), &ids);
+    let dir = logits(
+        CausalLm::from_pretrained(at.join("from-gguf")).unwrap(),
+        &ids,
+    );
+    let again = logits(CausalLm::from_gguf(at.join("again.gguf")).unwrap(), &ids);
+    assert_eq!(max_diff(&dir, &source), 0.0);
+    assert_eq!(max_diff(&again, &source), 0.0);
+    let (ok, _, err) = wick(&at, &["export", "ck/last", "x", "--model", &g]);
+    assert!(!ok && err.contains("OUT only"), "{err}");
     // The adapter file: llama.cpp's names, A and B of every adapted weight.
     let mut file = std::fs::File::open(at.join("adapter.gguf")).unwrap();
     let content = Content::read(&mut file).unwrap();

@@ -16,7 +16,7 @@ mod writer;
 pub use weights::GgufWeights;
 pub use writer::{GgufExport, GgufType};
 
-use crate::{ModelConfig, ModelError};
+use crate::{ModelConfig, ModelError, TextTokenizer};
 use candle_core::quantized::gguf_file::Content;
 use metadata::Metadata;
 use serde_json::json;
@@ -62,6 +62,27 @@ impl GgufTokenizer {
             content: &content,
             path,
         })
+    }
+
+    /// `tokenizer` as a GGUF export writes it (for a model of `vocab_size` ids) and as it
+    /// reads back: the files a reader of that GGUF gets. `path` names it in errors.
+    pub fn written(
+        tokenizer: &TextTokenizer,
+        vocab_size: usize,
+        path: &Path,
+    ) -> Result<Self, ModelError> {
+        let meta = vocab::metadata(tokenizer, vocab_size, None, None, None, path)?;
+        let content = Content {
+            magic: candle_core::quantized::gguf_file::VersionedMagic::GgufV3,
+            metadata: meta.into_iter().collect(),
+            tensor_infos: Default::default(),
+            tensor_data_offset: 0,
+        };
+        let read = Self::of(&Metadata {
+            content: &content,
+            path,
+        })?;
+        Ok(read.expect("the metadata lists the tokens"))
     }
 
     fn of(meta: &Metadata) -> Result<Option<Self>, ModelError> {
