@@ -5,8 +5,7 @@
 # exported and loaded with AutoTokenizer, AutoConfig and GenerationConfig
 # (scripts/export_check.py): the same chat renders and ids as the source's tokenizer, the
 # same special tokens, the generation defaults of the source model. And `export --gguf`
-# (every type, and a LoRA adapter) read by the gguf package and transformers' GGUF
-# tokenizer loader (scripts/gguf_export_check.py).
+# (every type, and a LoRA adapter) read by the gguf package (scripts/gguf_export_check.py).
 # Usage: scripts/export-check.sh PYTHON (a Python with transformers and gguf; torch is not
 # needed).
 set -euo pipefail
@@ -35,8 +34,8 @@ done
 "$py" "$repo/scripts/export_check.py" plain-hf "$hf/llama" "$hf/llama"
 
 # GGUF: a LoRA run over the GGUF chat fixture, exported merged in every type and as
-# llama.cpp's adapter, read by the gguf package and transformers' GGUF tokenizer loader
-# (scripts/gguf_export_check.py) against the same checkpoint's Hugging Face exports.
+# llama.cpp's adapter, read by the gguf package (scripts/gguf_export_check.py) against the
+# same checkpoint's Hugging Face exports.
 gguf=$repo/tests/fixtures/gguf/chat-llama.gguf
 "$wick" prepare --tokenizer "$gguf" --output gguf.safetensors "$repo/data/licenses.txt" > /dev/null
 "$wick" fit --model "$gguf" --data gguf.safetensors "${fit[@]}" --lora-rank 4 \
@@ -46,8 +45,7 @@ gguf=$repo/tests/fixtures/gguf/chat-llama.gguf
 "$wick" export ck-gguf/last adapter.gguf --adapter --gguf > /dev/null
 for q in f32 f16 bf16 q8_0; do
   "$wick" export ck-gguf/last "merged-$q.gguf" --merge --gguf --quant "$q" > /dev/null
-  "$py" "$repo/scripts/gguf_export_check.py" "merged-$q.gguf" gguf-merged "$hf/chat/chat.jsonl" \
-    adapter.gguf gguf-peft
+  "$py" "$repo/scripts/gguf_export_check.py" "merged-$q.gguf" gguf-merged adapter.gguf gguf-peft
 done
 # The GGUF itself converted to a directory (`export --model`): transformers reads the chat
 # fixture's special tokens, template and renders from it.
@@ -67,5 +65,5 @@ JSON
 "$wick" export ck-wide/last wide-hf > /dev/null
 for q in q4_k q6_k; do
   "$wick" export ck-wide/last "wide-$q.gguf" --gguf --quant "$q" > /dev/null
-  "$py" "$repo/scripts/gguf_export_check.py" "wide-$q.gguf" wide-hf "$hf/chat/chat.jsonl"
+  "$py" "$repo/scripts/gguf_export_check.py" "wide-$q.gguf" wide-hf
 done

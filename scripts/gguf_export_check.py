@@ -1,6 +1,6 @@
-"""Checks with the `gguf` package (llama.cpp's own Python reader) and transformers' GGUF
-tokenizer loader that a GGUF file `wick export --gguf` wrote holds the model of the Hugging
-Face directory wick exported from the same checkpoint:
+"""Checks with the `gguf` package (llama.cpp's own Python reader) that a GGUF file `wick
+export --gguf` wrote holds the model of the Hugging Face directory wick exported from the
+same checkpoint:
 
 - the architecture's metadata equals config.json's values;
 - every tensor, dequantized by the gguf package, equals the directory's weight in llama.cpp's
@@ -8,14 +8,16 @@ Face directory wick exported from the same checkpoint:
   bit for bit in f32; in F16, BF16 and Q8_0 bit for bit with the gguf package's own
   quantization of that weight; in the K-quants (which the gguf package cannot quantize)
   within a tenth of each row's largest magnitude;
-- transformers' tokenizer of the GGUF gives the directory tokenizer's ids on every text and
-  chat render of CHAT_JSONL, and the GGUF's chat template is the directory's;
+- the vocabulary is the directory's `tokenizer.json` (every id's token and type, the
+  merges) and the chat template its `chat_template.jinja` (that the pre-tokenizer named
+  tokenizes as the source does, tests/gguf_vocab.rs shows on llama.cpp's own cases; that
+  llama.cpp reads the files so, scripts/gguf-llama-check.sh);
 - with ADAPTER_GGUF and PEFT_DIR: the adapter file's lora_a and lora_b are PEFT's A and B (B's
   rows permuted for Llama's q and k), and alpha / r is PEFT's.
 
-Needs numpy, safetensors, gguf and transformers (torch is not needed).
+Needs numpy, safetensors and gguf.
 
-    python scripts/gguf_export_check.py GGUF HF_DIR CHAT_JSONL [ADAPTER_GGUF PEFT_DIR]
+    python scripts/gguf_export_check.py GGUF HF_DIR [ADAPTER_GGUF PEFT_DIR]
 """
 
 import json
@@ -131,25 +133,24 @@ def check_tensors(reader, config, weights):
     return counts, worst
 
 
-def check_tokenizer(path, hf_dir, chat_jsonl):
-    from transformers import AutoTokenizer
-    source = AutoTokenizer.from_pretrained(hf_dir)
-    out = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),
-                                        gguf_file=os.path.basename(path))
-    texts = []
-    for line in open(chat_jsonl):
-        example = json.loads(line)
-        if "messages" in example:
-            texts.append(source.apply_chat_template(example["messages"], tokenize=False))
-        else:
-            texts.extend(v for k, v in example.items() if isinstance(v, str))
-    for text in texts:
-        a = source(text, add_special_tokens=False).input_ids
-        b = out(text, add_special_tokens=False).input_ids
-        assert a == b, f"{path}: ids of {text!r}:\n{a}\n{b}"
+def check_tokenizer(reader, hf_dir):
+    """The GGUF's vocabulary is the directory's tokenizer.json: every id's token (added
+    tokens' types: control where special, user-defined otherwise), the merges, and the chat
+    template."""
+    source = json.load(open(os.path.join(hf_dir, "tokenizer.json")))
+    by_id = {i: (t, 1) for t, i in source["model"]["vocab"].items()}
+    for added in source["added_tokens"]:
+        by_id[added["id"]] = (added["content"], 3 if added["special"] else 4)
+    tokens = field(reader, "tokenizer.ggml.tokens")
+    types = field(reader, "tokenizer.ggml.token_type")
+    for i, (token, kind) in sorted(by_id.items()):
+        assert tokens[i] == token and types[i] == kind, (i, tokens[i], types[i], token, kind)
+    assert all(t.startswith("[PAD") for t in tokens[len(by_id):]), tokens[len(by_id):]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in source["model"]["merges"]]
+    assert field(reader, "tokenizer.ggml.merges") == merges
     template = open(os.path.join(hf_dir, "chat_template.jinja")).read()
-    assert field(GGUFReader(path), "tokenizer.chat_template") == template
-    return len(texts)
+    assert field(reader, "tokenizer.chat_template") == template
+    return len(by_id)
 
 
 def check_adapter(path, peft_dir, config):
@@ -177,16 +178,16 @@ def check_adapter(path, peft_dir, config):
     return len(weights)
 
 
-def main(path, hf_dir, chat_jsonl, adapter=None, peft_dir=None):
+def main(path, hf_dir, adapter=None, peft_dir=None):
     config = json.load(open(os.path.join(hf_dir, "config.json")))
     reader = GGUFReader(path)
     keys = check_metadata(reader, config)
     counts, worst = check_tensors(reader, config,
                                   load_file(os.path.join(hf_dir, "model.safetensors")))
-    texts = check_tokenizer(path, hf_dir, chat_jsonl)
+    vocab = check_tokenizer(reader, hf_dir)
     k_quants = f" (K-quants within {worst:.4f} of each block's range)" if worst else ""
     print(f"{path}: {keys} metadata keys, tensors {counts} equal to {hf_dir}'s{k_quants}; "
-          f"{texts} texts tokenized alike by transformers")
+          f"its {vocab} tokens, merges and chat template the directory's")
     if adapter:
         n = check_adapter(adapter, peft_dir, config)
         print(f"{adapter}: {n} adapter tensors equal to {peft_dir}'s")

@@ -69,9 +69,10 @@ pub struct GgufExport<'a> {
     pub name: &'a str,
     /// The tokenizer, written as `tokenizer.ggml.*`.
     pub tokenizer: &'a TextTokenizer,
-    /// The BOS and EOS ids (`config.json`'s or `tokenizer_config.json`'s).
+    /// The BOS id (`tokenizer_config.json`'s token, or `config.json`'s id); where the
+    /// tokenizer adds a BOS itself, that one.
     pub bos: Option<u32>,
-    /// The id that ends a text.
+    /// The EOS id, the same way.
     pub eos: Option<u32>,
     /// The chat template.
     pub chat_template: Option<&'a str>,
