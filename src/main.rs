@@ -13,6 +13,7 @@ mod chat;
 mod cli;
 mod estimate;
 mod evaluation;
+mod example_files;
 mod export;
 mod generator;
 mod gguf_export;

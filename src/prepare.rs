@@ -3,12 +3,15 @@
 //! the tokenizer's end-of-text token where it has one. The last `--val-fraction` of the
 //! tokens is held out for validation.
 //!
-//! `--format jsonl` reads instruction data instead: each line an example (`wick_models::Example`),
+//! `--format jsonl` reads instruction data instead: each row of a JSON Lines or Parquet file
+//! an example (`wick_models::Example`, in the `--schema` named or found from its columns),
 //! tokenized with the mask of the targets the loss counts, examples packed one after
-//! another, each closed by the end-of-text token. A bad line (not JSON, missing keys, a
-//! template that fails) is an error naming the file and line, and nothing is written.
+//! another, each closed by the end-of-text token; `--mix` interleaves the files by weights.
+//! A bad row (not JSON, missing keys, a template that fails) is an error naming the file and
+//! line or row, and nothing is written.
 
 use crate::cli::{DataFormat, PrepareArgs};
+use crate::example_files;
 use anyhow::Context;
 use std::io::IsTerminal;
 use wick_models::{ChatTemplate, Example, TextTokenizer};
@@ -19,6 +22,10 @@ pub fn run(args: &PrepareArgs) -> anyhow::Result<String> {
         (0.0..1.0).contains(&args.val_fraction),
         "--val-fraction must be at least 0 and below 1, got {}",
         args.val_fraction
+    );
+    anyhow::ensure!(
+        args.mix.is_none() || args.format == DataFormat::Jsonl,
+        "--mix interleaves examples: it needs --format jsonl (JSON Lines or Parquet)"
     );
     let tokenizer = TextTokenizer::from_file(&args.tokenizer)?;
     let bar = (!args.no_progress && std::io::stdout().is_terminal())
@@ -112,24 +119,41 @@ fn jsonl(
         .and_then(ChatTemplate::eos_token)
         .and_then(|t| tokenizer.token_to_id(t))
         .or(tokenizer.end_of_text());
-    let (mut ids, mut counted, mut examples) = (Vec::new(), Vec::new(), 0);
-    for path in &args.texts {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        for (n, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let at = |e: String| anyhow::anyhow!("{}:{}: {e}", path.display(), n + 1);
-            let example = Example::from_json_line(line).map_err(at)?;
-            let (more, flags) = example
-                .encode(tokenizer, template.as_ref(), eos)
-                .map_err(at)?;
-            ids.extend(more);
-            counted.extend(flags);
-            examples += 1;
+    let files = args
+        .texts
+        .iter()
+        .map(|path| example_files::rows(path))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let order: Vec<(usize, usize)> = match &args.mix {
+        Some(weights) => {
+            anyhow::ensure!(
+                weights.len() == files.len()
+                    && weights.iter().all(|w| w.is_finite() && *w >= 0.0)
+                    && weights.iter().sum::<f64>() > 0.0,
+                "--mix takes a weight of at least 0 for each of the {} files, not all 0; got {weights:?}",
+                files.len()
+            );
+            let lens: Vec<usize> = files.iter().map(Vec::len).collect();
+            example_files::interleaved(&lens, weights, args.seed)
         }
-        tick();
+        None => (files.iter().enumerate())
+            .flat_map(|(f, rows)| (0..rows.len()).map(move |r| (f, r)))
+            .collect(),
+    };
+    let schema = args.schema.into();
+    let (mut ids, mut counted) = (Vec::new(), Vec::new());
+    for &(f, r) in &order {
+        let row = &files[f][r];
+        let at = |e: String| anyhow::anyhow!("{}: {e}", row.at);
+        let example = Example::from_value(&row.value, schema).map_err(at)?;
+        let (more, flags) = example
+            .encode(tokenizer, template.as_ref(), eos)
+            .map_err(at)?;
+        ids.extend(more);
+        counted.extend(flags);
+        if r + 1 == files[f].len() {
+            tick();
+        }
     }
-    Ok((ids, counted, examples))
+    Ok((ids, counted, order.len()))
 }

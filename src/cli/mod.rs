@@ -152,11 +152,23 @@ pub struct PrepareArgs {
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
-    /// `text`: each file is a document. `jsonl`: each line is an example, `{"text"}`,
-    /// `{"prompt","completion"}` or `{"messages":[...]}`, and the loss counts only the
-    /// completion's and the assistant's tokens.
+    /// `text`: each file is a document. `jsonl`: instruction data, each row of a JSON Lines
+    /// file (or of a Parquet file, named *.parquet) an example in the --schema, and the loss
+    /// counts only the completion's and the assistant's tokens.
     #[arg(long, value_enum, default_value_t = DataFormat::Text)]
     pub format: DataFormat,
+    /// The columns of an example: found from each row's (`messages`, then
+    /// `conversations`, `instruction`/`output`, `prompt`/`completion`, `text`), or named.
+    #[arg(long, value_enum, default_value_t = SchemaArg::Auto)]
+    pub schema: SchemaArg,
+    /// Interleave the files by these weights, one per file: each next example from file i
+    /// with probability w_i / sum(w), until a file drawn has none left (datasets'
+    /// interleave_datasets, first_exhausted).
+    #[arg(long, value_delimiter = ',', value_name = "W,W,...")]
+    pub mix: Option<Vec<f64>>,
+    /// The seed of --mix's draws.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub seed: u64,
     /// The chat template that renders `messages`: a chat_template.jinja, or a
     /// tokenizer_config.json or GGUF file that holds one [default: --tokenizer's
     /// directory's chat_template.jinja, else its tokenizer_config.json's, or a GGUF
@@ -164,7 +176,7 @@ pub struct PrepareArgs {
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
     /// UTF-8 text files, one document each, joined by the tokenizer's end-of-text token;
-    /// with --format jsonl, JSON Lines files.
+    /// with --format jsonl, JSON Lines or Parquet files.
     #[arg(required = true, value_name = "TEXT")]
     pub texts: Vec<PathBuf>,
 }
@@ -174,8 +186,39 @@ pub struct PrepareArgs {
 pub enum DataFormat {
     /// Plain text, one document per file.
     Text,
-    /// JSON Lines of instruction data.
+    /// Instruction data: JSON Lines, or Parquet for files named *.parquet.
+    #[value(alias = "parquet")]
     Jsonl,
+}
+
+/// `wick prepare --schema`: which columns hold an example.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SchemaArg {
+    /// Found from each row's columns.
+    Auto,
+    /// `text`.
+    Text,
+    /// `prompt` and `completion`.
+    PromptCompletion,
+    /// `messages`: role and content.
+    Messages,
+    /// ShareGPT's `conversations`: from and value.
+    Sharegpt,
+    /// Alpaca's `instruction`, `input` and `output`.
+    Alpaca,
+}
+
+impl From<SchemaArg> for wick_models::Schema {
+    fn from(s: SchemaArg) -> Self {
+        match s {
+            SchemaArg::Auto => Self::Auto,
+            SchemaArg::Text => Self::Text,
+            SchemaArg::PromptCompletion => Self::PromptCompletion,
+            SchemaArg::Messages => Self::Messages,
+            SchemaArg::Sharegpt => Self::ShareGpt,
+            SchemaArg::Alpaca => Self::Alpaca,
+        }
+    }
 }
 
 /// The name clap and the TOML file use for a value of one of the enums above.

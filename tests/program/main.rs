@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
+mod datasets;
 mod generation;
 mod gguf;
 mod instruction;

@@ -1,21 +1,10 @@
-//! Instruction data: a tokenizer's chat template (`chat_template.jinja`, as transformers 5
-//! saves it, or `tokenizer_config.json`'s `chat_template`, as earlier versions did; rendered
-//! by minijinja as `transformers` renders it with Jinja), and
-//! examples of three shapes tokenized with a mask of the tokens the loss counts.
-//!
-//! - `{"text": ...}`: every token counts;
-//! - `{"prompt": ..., "completion": ...}`: the completion's tokens (and the end of text)
-//!   count, the prompt's do not;
-//! - `{"messages": [...]}`: the conversation through the chat template; the tokens of each
-//!   assistant turn, as the template renders it, count.
-//!
-//! Special tokens as the tokenizer's post-processor adds them (a Llama 3 tokenizer's
-//! `<|begin_of_text|>`) to text and prompts; none to a rendered conversation, whose template
-//! writes its own, as `apply_chat_template` tokenizes. Each example ends with the end-of-text
-//! token, so packed examples are separated by it.
+//! A tokenizer's chat template (`chat_template.jinja`, as transformers 5 saves it, or
+//! `tokenizer_config.json`'s `chat_template`, as earlier versions did; rendered by minijinja
+//! as `transformers` renders it with Jinja), which instruction data's conversations go
+//! through ([`crate::Example`]).
 
 use crate::error::read_text;
-use crate::{ModelError, TextTokenizer};
+use crate::ModelError;
 use serde_json::Value;
 use std::path::Path;
 
@@ -254,134 +243,6 @@ fn environment(source: String) -> Result<minijinja::Environment<'static>, miniji
     });
     env.add_template_owned("chat_template", source)?;
     Ok(env)
-}
-
-/// One example of instruction data, as a line of a JSONL file holds it.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Example {
-    /// `{"text": ...}`.
-    Text(String),
-    /// `{"prompt": ..., "completion": ...}`.
-    PromptCompletion {
-        /// What the model is given.
-        prompt: String,
-        /// What it learns to answer.
-        completion: String,
-    },
-    /// `{"messages": [{"role": ..., "content": ...}, ...]}`.
-    Messages(Vec<Value>),
-}
-
-impl Example {
-    /// The example a JSON line holds, or what is wrong with it.
-    pub fn from_json_line(line: &str) -> Result<Self, String> {
-        let v: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
-        let Value::Object(m) = v else {
-            return Err("not a JSON object".into());
-        };
-        let string = |key: &str| match m.get(key) {
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(other) => Err(format!("'{key}' must be a string, got {other}")),
-            None => Err(format!("has no '{key}'")),
-        };
-        if let Some(messages) = m.get("messages") {
-            let Value::Array(messages) = messages else {
-                return Err(format!("'messages' must be a list, got {messages}"));
-            };
-            for (i, message) in messages.iter().enumerate() {
-                if message.get("role").and_then(Value::as_str).is_none() {
-                    return Err(format!("message {i} has no 'role' string"));
-                }
-            }
-            return Ok(Example::Messages(messages.clone()));
-        }
-        if m.contains_key("prompt") || m.contains_key("completion") {
-            return Ok(Example::PromptCompletion {
-                prompt: string("prompt")?,
-                completion: string("completion")?,
-            });
-        }
-        if m.contains_key("text") {
-            return Ok(Example::Text(string("text")?));
-        }
-        Err("has none of 'text', 'prompt' and 'completion', 'messages'".into())
-    }
-
-    /// The example's ids and, for each, whether the loss counts it as a target; the
-    /// end-of-text token `eos` (when given) closes it, counted unless the example is a
-    /// conversation (whose template closes each turn itself).
-    pub fn encode(
-        &self,
-        tokenizer: &TextTokenizer,
-        template: Option<&ChatTemplate>,
-        eos: Option<u32>,
-    ) -> Result<(Vec<u32>, Vec<bool>), String> {
-        let err = |e: candle_core::Error| e.to_string();
-        let (mut ids, mut counted) = match self {
-            Example::Text(text) => {
-                let ids = tokenizer.encode_with_special_tokens(text).map_err(err)?;
-                let n = ids.len();
-                (ids, vec![true; n])
-            }
-            Example::PromptCompletion { prompt, completion } => {
-                let mut ids = tokenizer.encode_with_special_tokens(prompt).map_err(err)?;
-                let mut counted = vec![false; ids.len()];
-                let answer = tokenizer.encode(completion).map_err(err)?;
-                counted.resize(ids.len() + answer.len(), true);
-                ids.extend(answer);
-                (ids, counted)
-            }
-            Example::Messages(messages) => {
-                let template = template.ok_or(
-                    "a 'messages' line needs the tokenizer's chat template (chat_template.jinja, or \
-                     tokenizer_config.json's chat_template, beside tokenizer.json; or \
-                     --chat-template FILE)",
-                )?;
-                conversation(tokenizer, template, messages)?
-            }
-        };
-        if let Some(eos) = eos {
-            if ids.last() != Some(&eos) {
-                ids.push(eos);
-                counted.push(!matches!(self, Example::Messages(_)));
-            }
-        }
-        Ok((ids, counted))
-    }
-}
-
-/// A conversation's ids through `template`, each assistant turn's tokens counted: turn i is
-/// the text between the conversation before it (with the generation prompt) and the
-/// conversation through it, as the template renders both.
-fn conversation(
-    tokenizer: &TextTokenizer,
-    template: &ChatTemplate,
-    messages: &[Value],
-) -> Result<(Vec<u32>, Vec<bool>), String> {
-    let full = template.render(messages, false)?;
-    let mut spans = Vec::new();
-    for (i, message) in messages.iter().enumerate() {
-        if message.get("role").and_then(Value::as_str) != Some("assistant") {
-            continue;
-        }
-        let before = template.render(&messages[..i], true)?;
-        let through = template.render(&messages[..=i], false)?;
-        if !through.starts_with(&before) || !full.starts_with(&through) {
-            return Err(format!(
-                "the chat template does not render the conversation turn by turn (message {i}), \
-                 so its assistant tokens cannot be told apart"
-            ));
-        }
-        spans.push(before.len()..through.len());
-    }
-    let (ids, offsets) = tokenizer
-        .encode_with_offsets(&full)
-        .map_err(|e| e.to_string())?;
-    let counted = offsets
-        .iter()
-        .map(|(start, _)| spans.iter().any(|s| s.contains(start)))
-        .collect();
-    Ok((ids, counted))
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ mod chat;
 mod config;
 mod decoder;
 mod error;
+mod example;
 mod generation;
 mod gguf;
 mod gpt2;
@@ -27,13 +28,12 @@ mod rope;
 mod tokenizer;
 
 pub use causal_lm::CausalLm;
-pub use chat::{
-    chat_template_of, ChatTemplate, Example, CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE,
-};
+pub use chat::{chat_template_of, ChatTemplate, CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE};
 pub use config::{
     Activation, ConfigError, DecoderConfig, Family, Gpt2Config, ModelConfig, Rope, RopeScaling,
 };
 pub use error::ModelError;
+pub use example::{Example, Schema};
 pub use generation::{generate, Sampling, TokenPicker};
 pub use gguf::{is_gguf, GgufExport, GgufModel, GgufTokenizer, GgufType, GgufWeights};
 pub use kv_cache::KvCache;

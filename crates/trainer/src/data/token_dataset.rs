@@ -159,11 +159,26 @@ pub fn write_token_file<'a>(
         (TOKENIZER_KEY.to_string(), tokenizer_hash.to_string()),
         (VOCAB_KEY.to_string(), vocab_size.to_string()),
     ]);
-    let data = safetensors::serialize(views, Some(metadata.into_iter().collect()))
+    let mut data = safetensors::serialize(views, Some(metadata.into_iter().collect()))
         .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+    sort_header(&mut data);
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, data).map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// Puts the keys of a serialized safetensors file's header in sorted order, padded to its
+/// length: safetensors writes `__metadata__` from a `HashMap`, whose order changes from one
+/// run to the next, and the same tokens must give the same bytes.
+fn sort_header(data: &mut [u8]) {
+    let len = u64::from_le_bytes(data[..8].try_into().expect("8 bytes")) as usize;
+    let header = &mut data[8..8 + len];
+    let parsed: serde_json::Value =
+        serde_json::from_slice(header).expect("safetensors wrote a JSON header");
+    // serde_json's maps keep their keys sorted.
+    let sorted = serde_json::to_vec(&parsed).expect("JSON serializes");
+    header[..sorted.len()].copy_from_slice(&sorted);
+    header[sorted.len()..].fill(b' ');
 }
 
 /// Windows of `seq + 1` tokens of one split of a token file, memory-mapped: window i
