@@ -61,16 +61,11 @@ fn parquet_rows(path: &Path) -> anyhow::Result<Vec<Row>> {
 /// (file, row) pairs.
 pub fn interleaved(lens: &[usize], weights: &[f64], seed: u64) -> Vec<(usize, usize)> {
     let total: f64 = weights.iter().sum();
-    let mut state = seed;
     let mut next = vec![0; lens.len()];
     let mut out = Vec::new();
-    loop {
-        // SplitMix64: a well-mixed 64-bit stream from a counter.
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
+    for draw in 0u64.. {
+        // SplitMix64 over a counter: a well-mixed 64-bit stream.
+        let z = wick_core::splitmix64(seed.wrapping_add(draw.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
         let mut u = (z >> 11) as f64 / (1u64 << 53) as f64 * total;
         let mut file = weights.len() - 1;
         for (i, w) in weights.iter().enumerate() {
@@ -86,4 +81,5 @@ pub fn interleaved(lens: &[usize], weights: &[f64], seed: u64) -> Vec<(usize, us
         out.push((file, next[file]));
         next[file] += 1;
     }
+    unreachable!("a file drawn runs out before 2^64 draws")
 }

@@ -24,6 +24,7 @@ mod module;
 mod optimizer;
 mod safetensors_file;
 mod solo_world;
+mod splitmix;
 mod stage;
 mod state;
 mod strategy;
@@ -47,6 +48,7 @@ pub use module::{TrainModule, IGNORE_INDEX};
 pub use optimizer::{Algorithm, OptimizerConfig};
 pub use safetensors_file::SafetensorsFile;
 pub use solo_world::SoloWorld;
+pub use splitmix::splitmix64;
 pub use stage::Stage;
 pub use state::{FlatGroup, GroupRange, LossScale, RankState, StateReader, PARAM_KIND};
 pub use strategy::{

@@ -11,7 +11,7 @@ use candle_nn::{Init, VarBuilder};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
-use wick_core::{PretrainedWeights, WeightSource};
+use wick_core::{splitmix64, PretrainedWeights, WeightSource};
 use wick_nn::{lora_linear, Linear, LoraParts};
 
 /// The adapter directory's config, as PEFT writes and reads it.
@@ -334,11 +334,12 @@ impl Projection {
 fn dropout_mask(x: &Tensor, adapter: &Adapter, key: DropoutKey) -> Result<Tensor> {
     let p = adapter.dropout;
     let keep = (1.0 / (1.0 - p)) as f32;
-    let stream = mix(mix(mix(adapter.salt) ^ key.rank as u64) ^ key.batch as u64);
+    let stream =
+        splitmix64(splitmix64(splitmix64(adapter.salt) ^ key.rank as u64) ^ key.batch as u64);
     let mask: Vec<f32> = (0..x.elem_count() as u64)
         .map(|i| {
             // 24 random bits: a uniform f32 in [0, 1).
-            let u = (mix(stream ^ i) >> 40) as f64 / (1u64 << 24) as f64;
+            let u = (splitmix64(stream ^ i) >> 40) as f64 / (1u64 << 24) as f64;
             if u < p {
                 0.0
             } else {
@@ -347,14 +348,6 @@ fn dropout_mask(x: &Tensor, adapter: &Adapter, key: DropoutKey) -> Result<Tensor
         })
         .collect();
     Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())
-}
-
-/// SplitMix64's finalizer: a counter-based stream of well-mixed bits.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// Weights whose adapter names are read from `adapters` and the rest from `base`: a base

@@ -72,33 +72,24 @@ impl GgufTokenizer {
         path: &Path,
     ) -> Result<Self, ModelError> {
         let meta = vocab::metadata(tokenizer, vocab_size, None, None, None, path)?;
-        let content = Content {
-            magic: candle_core::quantized::gguf_file::VersionedMagic::GgufV3,
-            metadata: meta.into_iter().collect(),
-            tensor_infos: Default::default(),
-            tensor_data_offset: 0,
-        };
-        let read = Self::of(&Metadata {
-            content: &content,
-            path,
-        })?;
-        Ok(read.expect("the metadata lists the tokens"))
+        Ok(Self::from_files(tokenizer::read_back(&meta, path)?))
     }
 
     fn of(meta: &Metadata) -> Result<Option<Self>, ModelError> {
-        let Some(files) = tokenizer::tokenizer_files(meta)? else {
-            return Ok(None);
-        };
+        Ok(tokenizer::tokenizer_files(meta)?.map(Self::from_files))
+    }
+
+    fn from_files(files: tokenizer::TokenizerFiles) -> Self {
         let mut generation = json!({"bos_token_id": files.bos_id});
         generation["eos_token_id"] = match files.end_ids.as_slice() {
             [one] => json!(one),
             many => json!(many),
         };
-        Ok(Some(GgufTokenizer {
+        GgufTokenizer {
             tokenizer: files.tokenizer,
             tokenizer_config: files.tokenizer_config,
             generation_config: pretty(&generation),
-        }))
+        }
     }
 }
 

@@ -357,3 +357,23 @@ fn post_processor(vocab: &Vocab, bos: Option<u64>, eos: Option<u64>) -> Json {
     }
     json!({"type": "TemplateProcessing", "single": around("A", 0), "pair": pair, "special_tokens": special_tokens})
 }
+
+/// The tokenizer files a reader gets of a file whose metadata is `meta` (which lists the
+/// tokens): what an export is about to write, read back before it is written.
+pub(crate) fn read_back(
+    meta: &[(String, candle_core::quantized::gguf_file::Value)],
+    path: &std::path::Path,
+) -> Result<TokenizerFiles, ModelError> {
+    use candle_core::quantized::gguf_file::{Content, VersionedMagic};
+    let content = Content {
+        magic: VersionedMagic::GgufV3,
+        metadata: meta.iter().cloned().collect(),
+        tensor_infos: HashMap::new(),
+        tensor_data_offset: 0,
+    };
+    let files = tokenizer_files(&Metadata {
+        content: &content,
+        path,
+    })?;
+    Ok(files.expect("the metadata lists the tokens"))
+}

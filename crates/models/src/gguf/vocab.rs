@@ -6,10 +6,9 @@
 //! written) gives the source's ids on a probe text is written; none giving them is an error,
 //! not a file that tokenizes otherwise.
 
-use super::metadata::Metadata;
 use super::tokenizer::{self, BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED};
 use crate::{ModelError, TextTokenizer};
-use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
+use candle_core::quantized::gguf_file::Value;
 use serde_json::Value as Json;
 use std::collections::HashMap;
 use std::path::Path;
@@ -83,17 +82,7 @@ fn tokenizes_as(
     source: &TextTokenizer,
     path: &Path,
 ) -> Result<bool, ModelError> {
-    let content = Content {
-        magic: VersionedMagic::GgufV3,
-        metadata: meta.iter().cloned().collect(),
-        tensor_infos: HashMap::new(),
-        tensor_data_offset: 0,
-    };
-    let files = tokenizer::tokenizer_files(&Metadata {
-        content: &content,
-        path,
-    })?
-    .expect("the metadata lists the tokens");
+    let files = tokenizer::read_back(meta, path)?;
     let candidate = TextTokenizer::from_json(files.tokenizer, path)?;
     for probe in PROBES {
         let ids = |t: &TextTokenizer| {

@@ -159,12 +159,7 @@ impl<D: Dataset> DataLoader<D> {
 
 /// Fisher-Yates with xorshift64*, seeded through splitmix64 so nearby seeds differ.
 fn shuffle(order: &mut [usize], seed: u64) {
-    let mut state = {
-        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (z ^ (z >> 31)) | 1
-    };
+    let mut state = wick_core::splitmix64(seed) | 1;
     for i in (1..order.len()).rev() {
         state ^= state >> 12;
         state ^= state << 25;
