@@ -1,6 +1,7 @@
 //! The main job's data: fixed-length windows of a text, as character ids.
 
 use candle_core::{Device, Result, Tensor};
+use wick_core::TokenBatch;
 use wick_trainer::Dataset;
 
 /// The corpus that ships with wick: licence texts that allow verbatim copies (GPL-3,
@@ -67,7 +68,7 @@ impl CharWindows {
 }
 
 impl Dataset for CharWindows {
-    type Batch = (Tensor, Tensor);
+    type Batch = TokenBatch;
 
     fn len(&self) -> usize {
         match self.ids.len().checked_sub(self.block + 1) {
@@ -90,7 +91,7 @@ impl Dataset for CharWindows {
                 .collect()
         };
         let shape = (indices.len(), self.block);
-        Ok((
+        Ok(TokenBatch::new(
             Tensor::from_vec(window(0), shape, device)?,
             Tensor::from_vec(window(1), shape, device)?,
         ))

@@ -6,7 +6,8 @@ use candle_core::{Result, Tensor};
 use candle_nn::{Embedding, Module, VarBuilder};
 use std::sync::Arc;
 use wick_core::{
-    Algorithm, LrSchedule, OptimizerConfig, ShardedContext, TrainModule, WeightSource, Wrapped,
+    Algorithm, LrSchedule, OptimizerConfig, ShardedContext, TokenBatch, TrainModule, WeightSource,
+    Wrapped,
 };
 use wick_nn::{CausalSelfAttention, LayerNorm, Linear};
 
@@ -158,7 +159,7 @@ impl CharGpt {
             .apply(&x, |h, x| h.out.forward(&h.ln_f.forward(x)?))
     }
 
-    fn loss(&self, (ids, targets): &(Tensor, Tensor)) -> Result<Tensor> {
+    fn loss(&self, TokenBatch { ids, targets, .. }: &TokenBatch) -> Result<Tensor> {
         let logits = self.forward(ids)?;
         let (b, t, v) = logits.dims3()?;
         wick_nn::cross_entropy(&logits.reshape((b * t, v))?, &targets.reshape(b * t)?)
@@ -166,7 +167,7 @@ impl CharGpt {
 }
 
 impl TrainModule for CharGpt {
-    type Batch = (Tensor, Tensor);
+    type Batch = TokenBatch;
 
     fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> Result<()> {
         if let Some(w) = &self.weights {

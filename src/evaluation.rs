@@ -77,7 +77,7 @@ fn report(
             "a Hugging Face model or a `fit --model` run's checkpoint needs --data TOKENS"
         )
     })?;
-    let val = crate::hf_model::tokens(&lm, data, Split::Val, args.seq)?;
+    let val = crate::hf_model::tokens(&lm, data, Split::Val, (args.seq, args.packing))?;
     let val = DataLoader::new(val, args.batch_size).without_shuffle();
     let metrics = evaluate(pass, trainer, lm, &val)?;
     loss_of(pass, &metrics, trainer)
@@ -134,6 +134,7 @@ mod tests {
             batch_size: 8,
             data: None,
             seq: 128,
+            packing: None,
         };
         let (one, _) = run(Pass::Validate, &args(1, StrategyKind::Single)).unwrap();
         let (three, _) = run(Pass::Validate, &args(2, StrategyKind::Zero3)).unwrap();

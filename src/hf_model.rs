@@ -5,13 +5,15 @@
 //! that `validate`, `sample` and `export` need nothing else; under `--lora-rank` they hold the
 //! adapters only, with PEFT's `adapter_config.json` naming the base model's directory.
 
-use crate::cli::FitArgs;
+use crate::cli::{FitArgs, PackingArg};
 use crate::program_trainer::{FitReport, ProgramTrainer};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 use wick_core::OptimizerConfig;
 use wick_models::{CausalLm, LoraConfig, TextTokenizer, ADAPTER_CONFIG_FILE};
-use wick_trainer::{Checkpoint, DataLoader, ModelCheckpoint, Split, TokenDataset};
+use wick_trainer::{
+    Checkpoint, DataLoader, Dataset, ModelCheckpoint, Packing, Split, TokenDataset,
+};
 
 use crate::hf_files::{CONFIG_FILE, TOKENIZER_FILE};
 
@@ -82,20 +84,38 @@ pub fn lora_of(checkpoint: &Checkpoint) -> anyhow::Result<Option<(LoraConfig, Pa
     Ok(Some((lora, base.into())))
 }
 
-/// Split `split` of the token file `data` in windows of `seq`, checked against `lm`'s
-/// tokenizer and vocabulary.
+/// Split `split` of the token file `data` in windows of `seq`, packed as `packing` says
+/// (`None`: the data's default), checked against `lm`'s tokenizer and vocabulary.
 pub fn tokens(
     lm: &CausalLm,
     data: &Path,
     split: Split,
-    seq: usize,
+    (seq, packing): (usize, Option<PackingArg>),
 ) -> anyhow::Result<TokenDataset> {
     let max = lm.config().max_positions();
     anyhow::ensure!(
         seq <= max,
         "--seq {seq} is longer than the model's {max} positions"
     );
-    let set = TokenDataset::open(data, split, seq)?;
+    let set = TokenDataset::open_with(data, split, seq, packing.map(Into::into))?;
+    if set.packing() != Packing::Concat {
+        let (used, all) = set.fill();
+        log::info!(
+            "{} split: windows of {seq} packed as {}: {} windows, {:.1}% padding",
+            split.name(),
+            set.packing().name(),
+            set.len(),
+            100.0 * (all - used) as f64 / all as f64
+        );
+    }
+    if set.truncated() > 0 {
+        log::warn!(
+            "{}: {} of the {} split's examples are longer than --seq {seq} and were cut to it",
+            data.display(),
+            set.truncated(),
+            split.name()
+        );
+    }
     let tokenizer = lm.tokenizer().context("the model has no tokenizer")?;
     set.check(&tokenizer.hash(), lm.config().vocab_size())?;
     Ok(set)
@@ -118,8 +138,8 @@ pub fn run(args: &FitArgs, model: &Path) -> anyhow::Result<FitReport> {
         );
         lm = lm.with_lora(lora)?;
     }
-    let train = tokens(&lm, data, Split::Train, args.seq)?;
-    let val = tokens(&lm, data, Split::Val, args.seq)?;
+    let train = tokens(&lm, data, Split::Train, (args.seq, args.packing))?;
+    let val = tokens(&lm, data, Split::Val, (args.seq, args.packing))?;
     let tokenizer = lm.tokenizer().context("the model has no tokenizer")?;
     let mut checkpoints = ModelCheckpoint::new(&args.checkpoint_dir)
         .with_attachment(CONFIG_FILE, lm.config_json().as_bytes().to_vec())

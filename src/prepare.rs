@@ -1,7 +1,9 @@
 //! `wick prepare --tokenizer T --output TOKENS TEXT...`: text files tokenized once into the
 //! token file `wick fit --model` trains on. Each file is a document; documents are joined by
 //! the tokenizer's end-of-text token where it has one. The last `--val-fraction` of the
-//! tokens is held out for validation.
+//! tokens is held out for validation (from the start of an example, for instruction data).
+//! The file records where each document starts, so that `fit --packing documents` can keep
+//! each to itself.
 //!
 //! `--format jsonl` reads instruction data instead: each row of a JSON Lines or Parquet file
 //! an example (`wick_models::Example`, in the `--schema` named or found from its columns),
@@ -35,29 +37,30 @@ pub fn run(args: &PrepareArgs) -> anyhow::Result<String> {
             bar.inc(1);
         }
     };
-    let (ids, counted, documents) = match args.format {
-        DataFormat::Text => (
-            texts(&tokenizer, &args.texts, tick)?,
-            None,
-            args.texts.len(),
-        ),
+    let (Tokens { ids, starts }, counted) = match args.format {
+        DataFormat::Text => (texts(&tokenizer, &args.texts, tick)?, None),
         DataFormat::Jsonl => {
-            let (ids, counted, examples) = jsonl(&tokenizer, args, tick)?;
-            (ids, Some(counted), examples)
+            let (tokens, counted) = jsonl(&tokenizer, args, tick)?;
+            (tokens, Some(counted))
         }
     };
+    let documents = starts.len();
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
     anyhow::ensure!(!ids.is_empty(), "the texts hold no tokens");
-    let val = (ids.len() as f64 * args.val_fraction).round() as usize;
-    let cut = ids.len() - val;
-    let split = |range: std::ops::Range<usize>| wick_trainer::TokenSplit {
+    let (cut, [train_starts, val_starts]) =
+        split_at(&ids, &starts, args.val_fraction, counted.is_some());
+    let split = |range: std::ops::Range<usize>, starts| wick_trainer::TokenSplit {
         ids: &ids[range.clone()],
         counted: counted.as_deref().map(|c| &c[range]),
+        starts: Some(starts),
     };
     let hash = tokenizer.hash();
-    let (train, held_out) = (split(0..cut), split(cut..ids.len()));
+    let (train, held_out) = (
+        split(0..cut, &train_starts),
+        split(cut..ids.len(), &val_starts),
+    );
     wick_trainer::write_token_file(&args.output, train, held_out, &hash, tokenizer.vocab_size())?;
     let counted_note = match &counted {
         Some(c) => format!(
@@ -81,32 +84,76 @@ pub fn run(args: &PrepareArgs) -> anyhow::Result<String> {
     ))
 }
 
-/// Text files, one document each, joined by the end-of-text token.
+/// Where the training tokens end, the last `val_fraction` of `ids` held out (from the start
+/// of a document where one starts after that, for `whole` documents on each side), and each
+/// side's starts from its own first token (a document cut in two starts again at the cut).
+fn split_at(ids: &[u32], starts: &[u64], val_fraction: f64, whole: bool) -> (usize, [Vec<u64>; 2]) {
+    let val = (ids.len() as f64 * val_fraction).round() as usize;
+    let mut cut = ids.len() - val;
+    if whole && cut < ids.len() {
+        cut = (starts.iter().map(|&s| s as usize))
+            .find(|&s| s >= cut)
+            .unwrap_or(cut);
+    }
+    let train = starts
+        .iter()
+        .copied()
+        .filter(|&s| (s as usize) < cut)
+        .collect();
+    let cut_in_two = cut < ids.len() && starts.binary_search(&(cut as u64)).is_err();
+    let val = (cut_in_two.then_some(0).into_iter())
+        .chain(
+            starts
+                .iter()
+                .filter(|&&s| s as usize >= cut)
+                .map(|&s| s - cut as u64),
+        )
+        .collect();
+    (cut, [train, val])
+}
+
+/// Token ids of documents one after another, and where each starts.
+#[derive(Default)]
+struct Tokens {
+    ids: Vec<u32>,
+    starts: Vec<u64>,
+}
+
+impl Tokens {
+    /// Appends a document.
+    fn push(&mut self, ids: impl IntoIterator<Item = u32>) {
+        self.starts.push(self.ids.len() as u64);
+        self.ids.extend(ids);
+    }
+}
+
+/// Text files, one document each, joined by the end-of-text token (the end of the
+/// document before it).
 fn texts(
     tokenizer: &TextTokenizer,
     paths: &[std::path::PathBuf],
     tick: impl Fn(),
-) -> anyhow::Result<Vec<u32>> {
+) -> anyhow::Result<Tokens> {
     let end = tokenizer.end_of_text();
-    let mut ids = Vec::new();
+    let mut tokens = Tokens::default();
     for (i, path) in paths.iter().enumerate() {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         if i > 0 {
-            ids.extend(end);
+            tokens.ids.extend(end);
         }
-        ids.extend(tokenizer.encode(&text)?);
+        tokens.push(tokenizer.encode(&text)?);
         tick();
     }
-    Ok(ids)
+    Ok(tokens)
 }
 
-/// JSON Lines of examples: their ids one after another, whether each counts, how many.
+/// JSON Lines or Parquet of examples: their ids one after another, and whether each counts.
 fn jsonl(
     tokenizer: &TextTokenizer,
     args: &PrepareArgs,
     tick: impl Fn(),
-) -> anyhow::Result<(Vec<u32>, Vec<bool>, usize)> {
+) -> anyhow::Result<(Tokens, Vec<bool>)> {
     let template = match &args.chat_template {
         Some(path) => Some(ChatTemplate::from_file(path)?),
         None => {
@@ -141,7 +188,7 @@ fn jsonl(
             .collect(),
     };
     let schema = args.schema.into();
-    let (mut ids, mut counted) = (Vec::new(), Vec::new());
+    let (mut tokens, mut counted) = (Tokens::default(), Vec::new());
     for &(f, r) in &order {
         let row = &files[f][r];
         let at = |e: String| anyhow::anyhow!("{}: {e}", row.at);
@@ -149,11 +196,29 @@ fn jsonl(
         let (more, flags) = example
             .encode(tokenizer, template.as_ref(), eos)
             .map_err(at)?;
-        ids.extend(more);
+        tokens.push(more);
         counted.extend(flags);
         if r + 1 == files[f].len() {
             tick();
         }
     }
-    Ok((ids, counted, order.len()))
+    Ok((tokens, counted))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_at;
+
+    #[test]
+    fn the_held_out_tokens_start_at_an_example_and_each_side_counts_its_own_starts() {
+        let ids = [0u32; 10];
+        let starts = [0, 4, 7];
+        // Examples: the cut moves to the next example's start, none is split.
+        assert_eq!(split_at(&ids, &starts, 0.4, true), (7, [vec![0, 4], vec![0]]));
+        // No example starts after the cut: the last one is cut in two.
+        assert_eq!(split_at(&ids, &starts, 0.2, true), (8, [vec![0, 4, 7], vec![0]]));
+        // Plain text is cut where the fraction falls; the second half starts again at 0.
+        assert_eq!(split_at(&ids, &starts, 0.5, false), (5, [vec![0, 4], vec![0, 2]]));
+        assert_eq!(split_at(&ids, &starts, 0.0, true), (10, [vec![0, 4, 7], vec![]]));
+    }
 }

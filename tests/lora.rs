@@ -298,7 +298,8 @@ fn a_peft_adapter_gives_peft_logits_gradients_and_ten_adamw_steps() {
     let first = DataLoader::new(Windows(windows.0.narrow(0, 0, 4).unwrap()), 4).without_shuffle();
     let mut alone = with_peft_adapter(OptimizerConfig::adamw(1e-3));
     let strategy = on_one_cpu(&mut alone);
-    let (ids, targets) = first.dataset().batch(&[0, 1, 2, 3], &Device::Cpu).unwrap();
+    let wick::core::TokenBatch { ids, targets, .. } =
+        first.dataset().batch(&[0, 1, 2, 3], &Device::Cpu).unwrap();
     let diff = max_diff(&alone.logits(&ids).unwrap(), &r["logits"]);
     println!("peft adapter: logits within {diff:e} of PEFT's");
     assert!(diff <= 1e-5, "logits differ by {diff}");

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use wick::core::{
     configure_rank, Algorithm, Callback, OptimizerConfig, RankStrategy, RunState, SoloWorld,
-    Strategy,
+    Strategy, TokenBatch,
 };
 use wick::models::{CausalLm, TextTokenizer};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding, Precision};
@@ -21,7 +21,7 @@ pub(crate) fn fixtures() -> PathBuf {
 }
 
 /// What `transformers` computed for the model in folder `family`.
-fn reference(family: &str) -> HashMap<String, Tensor> {
+pub(crate) fn reference(family: &str) -> HashMap<String, Tensor> {
     candle_core::safetensors::load(
         fixtures().join(family).join("reference.safetensors"),
         &Device::Cpu,
@@ -39,7 +39,7 @@ impl Windows {
 }
 
 impl Dataset for Windows {
-    type Batch = (Tensor, Tensor);
+    type Batch = TokenBatch;
     fn len(&self) -> usize {
         self.0.dim(0).unwrap()
     }
@@ -50,7 +50,7 @@ impl Dataset for Windows {
         )?;
         let rows = self.0.index_select(&idx, 0)?;
         let seq = rows.dim(1)? - 1;
-        Ok((
+        Ok(TokenBatch::new(
             rows.narrow(1, 0, seq)?.contiguous()?.to_device(dev)?,
             rows.narrow(1, 1, seq)?.contiguous()?.to_device(dev)?,
         ))
@@ -78,7 +78,7 @@ pub(crate) fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
 }
 
-fn pretrained(family: &str, optimizer: OptimizerConfig) -> CausalLm {
+pub(crate) fn pretrained(family: &str, optimizer: OptimizerConfig) -> CausalLm {
     CausalLm::from_pretrained(fixtures().join(family))
         .unwrap()
         .with_optimizer(optimizer)
@@ -117,7 +117,7 @@ fn logits_and_loss_match_transformers() {
         let r = reference(family);
         let mut model = pretrained(family, OptimizerConfig::adamw(1e-3));
         let _strategy = on_one_cpu(&mut model);
-        let (ids, targets) = loader(&r)
+        let TokenBatch { ids, targets, .. } = loader(&r)
             .dataset()
             .batch(&[0, 1, 2, 3], &Device::Cpu)
             .unwrap();
@@ -139,7 +139,7 @@ fn logits_and_loss_match_transformers() {
 }
 
 /// One SGD step at rate 1 moves every parameter by minus its gradient.
-fn plain_sgd() -> OptimizerConfig {
+pub(crate) fn plain_sgd() -> OptimizerConfig {
     OptimizerConfig::from(Algorithm::Sgd {
         lr: 1.0,
         momentum: 0.0,
@@ -178,7 +178,7 @@ fn every_gradient_matches_transformers_under_single_and_zero3() {
 
 /// Rank 0's train_loss after each step.
 #[derive(Clone, Default)]
-struct Losses(Arc<Mutex<Vec<f64>>>);
+pub(crate) struct Losses(pub(crate) Arc<Mutex<Vec<f64>>>);
 
 impl Callback for Losses {
     fn on_train_batch_end(&mut self, state: &RunState) -> candle_core::Result<()> {
@@ -396,10 +396,11 @@ fn rewritten_llama(dir: &Path, dtype: DType, shards: usize) -> PathBuf {
 /// Logits of the batch under `model`, its parameters made on one CPU rank.
 fn logits_of(mut model: CausalLm, r: &HashMap<String, Tensor>) -> Tensor {
     let _strategy = on_one_cpu(&mut model);
-    let (ids, _) = loader(r)
+    let ids = loader(r)
         .dataset()
         .batch(&[0, 1, 2, 3], &Device::Cpu)
-        .unwrap();
+        .unwrap()
+        .ids;
     model.logits(&ids).unwrap()
 }
 

@@ -44,6 +44,8 @@ mod preemption;
 mod runs;
 // Every model family against Hugging Face transformers (tests/fixtures/hf, tests/fixtures/configs).
 mod models;
+// Packed batches: each example kept to itself, equal to the examples alone, every family.
+mod packing;
 // Generation over the KV cache: greedy tokens and logits equal transformers' generate.
 mod generation;
 // llama.cpp's GGUF files: logits of a GGUF Llama, dequantization against the gguf package.

@@ -94,7 +94,8 @@ pub(crate) fn candle_step(c: GptConfig) -> anyhow::Result<f64> {
     let mut times = vec![Instant::now()];
     for step in 0..STEPS.total() {
         let indices: Vec<usize> = (step * BATCH..(step + 1) * BATCH).collect();
-        let (ids, targets) = wick::trainer::Dataset::batch(&data, &indices, &Device::Cpu)?;
+        let wick::core::TokenBatch { ids, targets, .. } =
+            wick::trainer::Dataset::batch(&data, &indices, &Device::Cpu)?;
         opt.backward_step(&model.loss(&ids, &targets)?)?;
         times.push(Instant::now());
     }

@@ -178,6 +178,13 @@ pub struct FitArgs {
     /// Tokens per window with --model.
     #[arg(long, value_parser = positive, value_name = "N", default_value_t = 128)]
     pub seq: usize,
+    /// How the token file's documents are laid into windows with --model: whole examples,
+    /// each attending to itself only with its positions restarting (documents), the tokens
+    /// one after another (concat), or one example per window (padded) [default: documents
+    /// for instruction data, concat for plain text].
+    #[arg(long, value_enum, value_name = "HOW")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub packing: Option<super::PackingArg>,
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,

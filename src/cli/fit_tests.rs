@@ -109,6 +109,7 @@ fn the_toml_keys_are_exactly_the_long_options_without_dashes() {
         lora_rank: Some(16),
         resume: Some("ck".into()),
         mlflow_uri: Some("http://127.0.0.1:5000".into()),
+        packing: Some(super::PackingArg::Documents),
         ..FitArgs::default()
     };
     let table: toml::Table = all.to_toml().parse().unwrap();

@@ -221,6 +221,29 @@ impl From<SchemaArg> for wick_models::Schema {
     }
 }
 
+/// `--packing`: how a token file's documents are laid into windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PackingArg {
+    /// Whole examples packed into each window, none split; each attends to itself only and
+    /// its positions restart (the default for instruction data).
+    Documents,
+    /// The tokens one after another, cut every --seq (the default for plain text).
+    Concat,
+    /// One example per window, the rest padding.
+    Padded,
+}
+
+impl From<PackingArg> for wick_trainer::Packing {
+    fn from(p: PackingArg) -> Self {
+        match p {
+            PackingArg::Documents => Self::Documents,
+            PackingArg::Concat => Self::Concat,
+            PackingArg::Padded => Self::Padded,
+        }
+    }
+}
+
 /// The name clap and the TOML file use for a value of one of the enums above.
 pub fn name_of<T: ValueEnum>(value: T) -> String {
     value
@@ -284,6 +307,10 @@ pub struct EvalArgs {
     /// Tokens per window, for --model or a `fit --model` run's checkpoint.
     #[arg(long, value_parser = positive, default_value_t = 128, value_name = "N")]
     pub seq: usize,
+    /// How the token file's documents are laid into windows [default: documents for
+    /// instruction data, concat for plain text].
+    #[arg(long, value_enum)]
+    pub packing: Option<PackingArg>,
 }
 
 /// How `wick sample` and `wick chat` draw tokens and when they stop.

@@ -7,10 +7,11 @@ use super::{hf_fixture, wick};
 use candle_core::{DType, Device, Tensor};
 use std::path::Path;
 use std::sync::Arc;
+use wick::core::TokenBatch;
 use wick::core::{Algorithm, OptimizerConfig, SoloWorld, Strategy, IGNORE_INDEX};
 use wick::models::CausalLm;
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
-use wick::trainer::{Attached, DataLoader, Dataset, Split, TokenDataset, Trainer};
+use wick::trainer::{Attached, DataLoader, Dataset, Packing, Split, TokenDataset, Trainer};
 
 /// What `scripts/hf_fixtures.py` computed of `tests/fixtures/hf/chat/chat.jsonl`.
 struct Reference {
@@ -100,11 +101,16 @@ fn jsonl_examples_are_tokenized_and_masked_as_transformers_does() {
     // Some of each: prompts and system turns are not counted.
     assert!(counted.iter().any(|&c| c) && counted.iter().any(|&c| !c));
 
-    // The first window's targets: ignored where not counted; the Llama fixture's loss on
-    // it is transformers' with -100 labels.
-    let data = TokenDataset::open(dir.path().join("chat.safetensors"), Split::Train, 64).unwrap();
+    // The first window of the tokens one after another (concat): its targets are ignored
+    // where not counted; the Llama fixture's loss on it is transformers' with -100 labels.
+    let path = dir.path().join("chat.safetensors");
+    let data = TokenDataset::open_with(path, Split::Train, 64, Some(Packing::Concat)).unwrap();
     assert!(data.is_masked());
-    let (inputs, targets) = data.batch(&[0], &Device::Cpu).unwrap();
+    let TokenBatch {
+        ids: inputs,
+        targets,
+        ..
+    } = data.batch(&[0], &Device::Cpu).unwrap();
     let got: Vec<u32> = targets.flatten_all().unwrap().to_vec1().unwrap();
     for (i, &t) in got.iter().enumerate() {
         let want = if r.counted[i + 1] {

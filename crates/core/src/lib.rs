@@ -3,7 +3,8 @@
 //! It owns the hook traits a model and a callback implement ([`TrainModule`], [`Callback`]),
 //! the [`Stage`]s, the [`Collective`] trait that worlds implement, the [`Strategy`] trait that
 //! strategies implement, the [`ShardedContext`] handed to `configure_sharded_model`, the
-//! optimizer configuration a module returns (with its learning-rate schedule), the state a checkpoint holds ([`RankState`],
+//! optimizer configuration a module returns (with its learning-rate schedule), the
+//! [`TokenBatch`] a language model trains on, the state a checkpoint holds ([`RankState`],
 //! [`StateReader`]), and the error types. It knows no other wick crate
 //! and no device or collective engine.
 
@@ -28,6 +29,7 @@ mod splitmix;
 mod stage;
 mod state;
 mod strategy;
+mod token_batch;
 mod wait_clock;
 mod weights;
 
@@ -56,5 +58,6 @@ pub use strategy::{
     RankStrategy, Sharding, StateBytes, StepOptions, StepReport, Strategy, StrategyState,
     StrategyStep,
 };
+pub use token_batch::TokenBatch;
 pub use wait_clock::WaitClock;
 pub use weights::{ParamInit, PretrainedWeights, WeightSource};

@@ -13,7 +13,10 @@ use crate::{ModelError, TextTokenizer};
 use candle_core::{DType, Result, Tensor, D};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use wick_core::{OptimizerConfig, PretrainedWeights, ShardedContext, TrainModule, WeightSource};
+use wick_core::{
+    OptimizerConfig, PretrainedWeights, ShardedContext, TokenBatch, TrainModule, WeightSource,
+};
+use wick_nn::Positions;
 
 /// The built model of one family.
 #[derive(Clone)]
@@ -23,9 +26,11 @@ enum Net {
 }
 
 /// A causal language model: logits for every position, the mean next-token cross-entropy
-/// over every counted position as its loss. `Batch` is (input ids, target ids), both
-/// `[batch, seq]` u32, the targets being the inputs shifted by one; a target of
-/// [`wick_nn::IGNORE_INDEX`] (a prompt's token in instruction data) is not counted.
+/// over every counted position as its loss. `Batch` is a [`TokenBatch`]: input ids and
+/// target ids, both `[batch, seq]` u32, the targets being the inputs shifted by one; a
+/// target of [`wick_nn::IGNORE_INDEX`] (a prompt's token in instruction data, padding) is
+/// not counted. A packed batch's positions keep each document to itself: attention stops
+/// at its boundaries and positions restart at each.
 ///
 /// Its parameters keep Hugging Face's names (`model.layers.0.self_attn.q_proj.weight`,
 /// `transformer.h.0.attn.c_attn.weight`), so a consolidated checkpoint of it is a Hugging
@@ -240,7 +245,7 @@ impl CausalLm {
     /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`,
     /// f32. Needs the parameters (`configure_sharded_model`).
     pub fn logits(&self, ids: &Tensor) -> Result<Tensor> {
-        self.logits_with(ids, None)
+        self.logits_in(ids, None)
     }
 
     /// An empty cache of keys and values for [`CausalLm::next_logits`]. Needs the
@@ -297,13 +302,18 @@ impl CausalLm {
         self.net()
     }
 
-    /// [`CausalLm::logits`], LoRA's dropout masks drawn by `dropout` (training only).
-    fn logits_with(&self, ids: &Tensor, dropout: Option<DropoutKey>) -> Result<Tensor> {
+    /// [`CausalLm::logits`], each document kept to itself where `documents` are given.
+    fn logits_in(&self, ids: &Tensor, documents: Option<&Positions>) -> Result<Tensor> {
         let logits = match self.net_for(ids)? {
-            Net::Decoder(m) => m.logits(ids, dropout)?,
-            Net::Gpt2(m) => m.logits(ids)?,
+            Net::Decoder(m) => m.logits(ids, documents)?,
+            Net::Gpt2(m) => m.logits(ids, documents)?,
         };
         logits.to_dtype(DType::F32)
+    }
+
+    /// A batch's documents, where it is packed.
+    fn documents(batch: &TokenBatch) -> Result<Option<Positions>> {
+        batch.positions.as_ref().map(Positions::new).transpose()
     }
 
     /// The mean cross-entropy of `targets` (`[batch, time]`, u32) under the logits of `ids`,
@@ -312,24 +322,27 @@ impl CausalLm {
     /// so on the CPU the `[batch, time, vocab]` logits are never made whole (on CUDA its
     /// composite makes them).
     pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        self.loss_with(ids, targets, None)
+        self.batch_loss(&TokenBatch::new(ids.clone(), targets.clone()))
     }
 
-    fn loss_with(
-        &self,
-        ids: &Tensor,
-        targets: &Tensor,
-        dropout: Option<DropoutKey>,
-    ) -> Result<Tensor> {
+    /// [`CausalLm::loss`] of a batch, each document of a packed one kept to itself.
+    pub fn batch_loss(&self, batch: &TokenBatch) -> Result<Tensor> {
+        self.loss_with(batch, None)
+    }
+
+    fn loss_with(&self, batch: &TokenBatch, dropout: Option<DropoutKey>) -> Result<Tensor> {
+        let TokenBatch { ids, targets, .. } = batch;
+        let documents = Self::documents(batch)?;
+        let documents = documents.as_ref();
         match self.net_for(ids)? {
-            Net::Decoder(m) => m.loss(ids, targets, dropout),
-            Net::Gpt2(m) => m.loss(ids, targets),
+            Net::Decoder(m) => m.loss((ids, targets), documents, dropout),
+            Net::Gpt2(m) => m.loss((ids, targets), documents),
         }
     }
 }
 
 impl TrainModule for CausalLm {
-    type Batch = (Tensor, Tensor);
+    type Batch = TokenBatch;
 
     fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> Result<()> {
         let is_adapter = LoraConfig::is_adapter;
@@ -379,36 +392,33 @@ impl TrainModule for CausalLm {
 
     /// The loss of the batch; LoRA's dropout masks are drawn from this rank and
     /// `batch_idx`, so that a unit run again in backward and a resumed run draw the same.
-    fn training_step(&mut self, (ids, targets): &Self::Batch, batch_idx: usize) -> Result<Tensor> {
+    fn training_step(&mut self, batch: &Self::Batch, batch_idx: usize) -> Result<Tensor> {
         let key = DropoutKey {
             rank: self.rank,
             batch: batch_idx,
         };
-        self.loss_with(ids, targets, Some(key))
+        self.loss_with(batch, Some(key))
     }
 
     /// The targets that count: those not [`wick_nn::IGNORE_INDEX`] (a prompt's, in
-    /// instruction data), so that a step's loss is the mean over every counted target of
-    /// the global batch.
-    fn loss_terms(&self, (_, targets): &Self::Batch) -> Option<usize> {
-        let ids = targets.flatten_all().ok()?.to_vec1::<u32>().ok()?;
-        Some(ids.iter().filter(|&&t| t != wick_nn::IGNORE_INDEX).count())
+    /// instruction data, and padding), so that a step's loss is the mean over every counted
+    /// target of the global batch.
+    fn loss_terms(&self, batch: &Self::Batch) -> Option<usize> {
+        batch.counted().ok()
     }
 
-    fn validation_step(
-        &mut self,
-        (ids, targets): &Self::Batch,
-        _: usize,
-    ) -> Result<Option<Tensor>> {
-        self.loss(ids, targets).map(Some)
+    fn validation_step(&mut self, batch: &Self::Batch, _: usize) -> Result<Option<Tensor>> {
+        self.batch_loss(batch).map(Some)
     }
 
-    fn test_step(&mut self, (ids, targets): &Self::Batch, _: usize) -> Result<Option<Tensor>> {
-        self.loss(ids, targets).map(Some)
+    fn test_step(&mut self, batch: &Self::Batch, _: usize) -> Result<Option<Tensor>> {
+        self.batch_loss(batch).map(Some)
     }
 
     /// The most likely next token at every position: `[batch, time]`, u32.
-    fn predict_step(&mut self, (ids, _): &Self::Batch, _: usize) -> Result<Tensor> {
-        self.logits(ids)?.argmax(D::Minus1)
+    fn predict_step(&mut self, batch: &Self::Batch, _: usize) -> Result<Tensor> {
+        let documents = Self::documents(batch)?;
+        self.logits_in(&batch.ids, documents.as_ref())?
+            .argmax(D::Minus1)
     }
 }

@@ -17,9 +17,17 @@ use candle_nn::VarBuilder;
 use std::sync::Arc;
 use wick_core::{ShardedContext, Wrapped};
 use wick_nn::{
-    causal_attention_with, gelu, linear_cross_entropy, rms_norm, rms_norm_unit_offset, swiglu,
-    AttentionOptions, Linear, RmsNorm, RotaryEmbedding,
+    causal_attention_in_documents, gelu, linear_cross_entropy, rms_norm, rms_norm_unit_offset,
+    swiglu, AttentionOptions, Linear, Positions, RmsNorm, RotaryEmbedding,
 };
+
+/// Where a forward's tokens stand: after `Offset` positions a cache holds (0 for a whole
+/// sequence), or each at its own position in its document (a packed batch).
+#[derive(Clone, Copy)]
+enum At<'a> {
+    Offset(usize),
+    Documents(&'a Positions),
+}
 
 /// The family's RMS norm of width `size` at `vb`: Gemma's scales by `1 + w`.
 fn norm(vb: VarBuilder, size: usize, c: &DecoderConfig) -> Result<RmsNorm> {
@@ -123,7 +131,7 @@ impl DecoderLayer {
         })
     }
 
-    /// The heads of `projection` (`[b, t, n * head_dim]`, positions `offset..offset + t`)
+    /// The heads of `projection` (`[b, t, n * head_dim]`, at the positions `at` says)
     /// as `[b, n, t, head_dim]`, each normed first where the family norms them, then
     /// rotated.
     fn rotated(
@@ -131,7 +139,7 @@ impl DecoderLayer {
         projection: &Tensor,
         n: usize,
         norm: Option<&RmsNorm>,
-        (rope, offset): (&RotaryEmbedding, usize),
+        (rope, at): (&RotaryEmbedding, At),
     ) -> Result<Tensor> {
         let split = match norm {
             None => heads(projection, n, self.head_dim)?,
@@ -141,19 +149,25 @@ impl DecoderLayer {
                     .transpose(1, 2)?
             }
         };
-        rope.apply_at(&split, offset)
+        match at {
+            At::Offset(offset) => rope.apply_at(&split, offset),
+            At::Documents(positions) => rope.apply_positions(&split, positions),
+        }
     }
 
-    /// The layer's output; `dropout` draws LoRA's masks (training only).
+    /// The layer's output, within each document where `documents` are given; `dropout`
+    /// draws LoRA's masks (training only).
     fn forward(
         &self,
         x: &Tensor,
         rope: &RotaryEmbedding,
+        documents: Option<&Positions>,
         dropout: Option<DropoutKey>,
     ) -> Result<Tensor> {
         let attention = self.attention;
-        self.forward_at(x, (rope, 0), dropout, |q, k, v| {
-            causal_attention_with(q, &k, &v, &attention)
+        let at = documents.map_or(At::Offset(0), At::Documents);
+        self.forward_at(x, (rope, at), dropout, |q, k, v| {
+            causal_attention_in_documents(q, &k, &v, &attention, documents)
         })
     }
 
@@ -166,17 +180,17 @@ impl DecoderLayer {
         offset: usize,
     ) -> Result<Tensor> {
         let attention = self.attention;
-        self.forward_at(x, (rope, offset), None, |q, k, v| {
+        self.forward_at(x, (rope, At::Offset(offset)), None, |q, k, v| {
             cache.attend(q, k, v, &attention)
         })
     }
 
-    /// The layer's output for positions `offset..` of `x`, its queries and the new
+    /// The layer's output for `x` at the positions `at` says, its queries and the new
     /// positions' keys and values given to `attend` (over themselves, or over a cache).
     fn forward_at(
         &self,
         x: &Tensor,
-        at: (&RotaryEmbedding, usize),
+        at: (&RotaryEmbedding, At),
         dropout: Option<DropoutKey>,
         attend: impl FnOnce(&Tensor, Tensor, Tensor) -> Result<Tensor>,
     ) -> Result<Tensor> {
@@ -269,14 +283,22 @@ impl Decoder {
         })
     }
 
-    /// The final hidden states of `ids` (`[batch, time]`, u32): `[batch, time, hidden]`;
-    /// `dropout` draws LoRA's masks (training only).
-    fn hidden(&self, ids: &Tensor, dropout: Option<DropoutKey>) -> Result<Tensor> {
+    /// The final hidden states of `ids` (`[batch, time]`, u32): `[batch, time, hidden]`,
+    /// each document kept to itself where `documents` are given; `dropout` draws LoRA's
+    /// masks (training only).
+    fn hidden(
+        &self,
+        ids: &Tensor,
+        documents: Option<&Positions>,
+        dropout: Option<DropoutKey>,
+    ) -> Result<Tensor> {
         let rope = self.rope.for_len(ids.dim(1)?)?;
         let mut x = self.scaled(self.embed_tokens.apply(ids, embed)?)?;
         for layer in &self.layers {
-            let rope = rope.clone();
-            x = layer.apply(&x, move |l, x| l.forward(x, &rope, dropout))?;
+            let (rope, documents) = (rope.clone(), documents.cloned());
+            x = layer.apply(&x, move |l, x| {
+                l.forward(x, &rope, documents.as_ref(), dropout)
+            })?;
         }
         self.norm.apply(&x, |n, x| n.forward(x))
     }
@@ -293,10 +315,10 @@ impl Decoder {
         }
     }
 
-    /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`;
-    /// `dropout` draws LoRA's masks (training only).
-    pub(crate) fn logits(&self, ids: &Tensor, dropout: Option<DropoutKey>) -> Result<Tensor> {
-        let x = self.hidden(ids, dropout)?;
+    /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`,
+    /// within `documents` where given.
+    pub(crate) fn logits(&self, ids: &Tensor, documents: Option<&Positions>) -> Result<Tensor> {
+        let x = self.hidden(ids, documents, None)?;
         self.capped(self.head(&x, |w, x| project(x, w))?)
     }
 
@@ -345,15 +367,16 @@ impl Decoder {
     }
 
     /// The mean cross-entropy of `targets` (`[batch, time]`, u32; [`wick_nn::IGNORE_INDEX`]
-    /// not counted) under the logits of `ids`, by [`wick_nn::linear_cross_entropy`]: the
-    /// output projection and the loss in one op, so on the CPU the logits never exist whole.
+    /// not counted) under the logits of `ids` (within `documents`, where given), by
+    /// [`wick_nn::linear_cross_entropy`]: the output projection and the loss in one op, so
+    /// on the CPU the logits never exist whole.
     pub(crate) fn loss(
         &self,
-        ids: &Tensor,
-        targets: &Tensor,
+        (ids, targets): (&Tensor, &Tensor),
+        documents: Option<&Positions>,
         dropout: Option<DropoutKey>,
     ) -> Result<Tensor> {
-        let (x, targets) = loss_rows(&self.hidden(ids, dropout)?, targets)?;
+        let (x, targets) = loss_rows(&self.hidden(ids, documents, dropout)?, targets)?;
         let cap = self.final_logit_softcapping;
         self.head(&x, move |w, x| linear_cross_entropy(x, w, &targets, cap))
     }

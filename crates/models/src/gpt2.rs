@@ -12,7 +12,7 @@ use candle_nn::VarBuilder;
 use wick_core::{ShardedContext, Wrapped};
 use wick_nn::{
     causal_attention_packed, gelu, layer_norm, linear_cross_entropy, AttentionOptions, LayerNorm,
-    Linear,
+    Linear, Positions,
 };
 
 /// One block, `transformer.h.{i}`.
@@ -44,9 +44,10 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// The block's output, within each document where `documents` are given.
+    fn forward(&self, x: &Tensor, documents: Option<&Positions>) -> Result<Tensor> {
         let qkv = self.c_attn.forward(&self.ln_1.forward(x)?)?;
-        self.after_attention(x, &causal_attention_packed(&qkv, self.heads)?)
+        self.after_attention(x, &causal_attention_packed(&qkv, self.heads, documents)?)
     }
 
     /// The block's output for positions after the `cache`'s, which then holds theirs too.
@@ -104,22 +105,35 @@ impl Gpt2 {
         })
     }
 
-    /// The final hidden states of `ids` (`[batch, time]`, u32): `[batch, time, n_embd]`.
-    fn hidden(&self, ids: &Tensor) -> Result<Tensor> {
-        let t = ids.dim(1)?;
-        let positions = Tensor::arange(0u32, t as u32, ids.device())?.unsqueeze(0)?;
+    /// The final hidden states of `ids` (`[batch, time]`, u32): `[batch, time, n_embd]`;
+    /// where `documents` are given, positions restart and attention keeps within each.
+    fn hidden(&self, ids: &Tensor, documents: Option<&Positions>) -> Result<Tensor> {
+        // One position per token in both cases, so that the table's gradient adds up in
+        // the same order whether the rows are packed or not.
+        let positions = match documents {
+            Some(d) => d.tensor().clone(),
+            None => {
+                let (b, t) = ids.dims2()?;
+                Tensor::arange(0u32, t as u32, ids.device())?
+                    .unsqueeze(0)?
+                    .repeat((b, 1))?
+            }
+        };
         let tokens = self.wte.apply(ids, embed)?;
         let position = self.wpe.apply(&positions, embed)?;
         let mut x = tokens.broadcast_add(&position.to_dtype(tokens.dtype())?)?;
         for block in &self.blocks {
-            x = block.apply(&x, |b, x| b.forward(x))?;
+            let documents = documents.cloned();
+            x = block.apply(&x, move |b, x| b.forward(x, documents.as_ref()))?;
         }
         self.ln_f.apply(&x, |n, x| n.forward(x))
     }
 
-    /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`.
-    pub(crate) fn logits(&self, ids: &Tensor) -> Result<Tensor> {
-        self.wte.apply(&self.hidden(ids)?, |w, x| project(x, w))
+    /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`,
+    /// within `documents` where given.
+    pub(crate) fn logits(&self, ids: &Tensor, documents: Option<&Positions>) -> Result<Tensor> {
+        self.wte
+            .apply(&self.hidden(ids, documents)?, |w, x| project(x, w))
     }
 
     /// The logits of the last position of `ids` (the positions after `cache`'s):
@@ -144,10 +158,15 @@ impl Gpt2 {
         KvCache::new(self.blocks.len())
     }
 
-    /// The mean cross-entropy of `targets` (`[batch, time]`, u32) under the logits of `ids`,
-    /// the tied projection and the loss in one op ([`wick_nn::linear_cross_entropy`]).
-    pub(crate) fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        let (x, targets) = loss_rows(&self.hidden(ids)?, targets)?;
+    /// The mean cross-entropy of `targets` (`[batch, time]`, u32) under the logits of `ids`
+    /// (within `documents`, where given), the tied projection and the loss in one op
+    /// ([`wick_nn::linear_cross_entropy`]).
+    pub(crate) fn loss(
+        &self,
+        (ids, targets): (&Tensor, &Tensor),
+        documents: Option<&Positions>,
+    ) -> Result<Tensor> {
+        let (x, targets) = loss_rows(&self.hidden(ids, documents)?, targets)?;
         self.wte
             .apply(&x, move |w, x| linear_cross_entropy(x, w, &targets, None))
     }

@@ -6,6 +6,7 @@ use crate::attention_kernel::{self as kernel, Dims, Heads, Scores};
 use crate::cpu::{as_f32, f32s, fused};
 use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
 use crate::linear::{linear, Linear};
+use crate::positions::Positions;
 use candle_core::{CpuStorage, DType, Layout, Module, Result, Shape, Storage, Tensor, D};
 use candle_nn::VarBuilder;
 use rayon::prelude::*;
@@ -55,7 +56,24 @@ pub fn causal_attention_with(
     v: &Tensor,
     options: &AttentionOptions,
 ) -> Result<Tensor> {
+    causal_attention_in_documents(q, k, v, options, None)
+}
+
+/// [`causal_attention_with`] over rows that hold several documents (a packed batch):
+/// where `documents` is given, a position attends to the positions of its own document
+/// only (a block-diagonal causal mask, windowed and capped within each block), so no
+/// document sees another. The backward keeps to the same blocks.
+pub fn causal_attention_in_documents(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    options: &AttentionOptions,
+    documents: Option<&Positions>,
+) -> Result<Tensor> {
     let (b, h, t, d) = q.dims4()?;
+    if let Some(docs) = documents {
+        docs.check("causal_attention", b, t)?;
+    }
     let kv_dims = k.dims4()?;
     let (_, hkv, _, _) = kv_dims;
     if v.dims4()? != kv_dims || kv_dims != (b, hkv, t, d) || hkv == 0 || h % hkv != 0 {
@@ -74,10 +92,10 @@ pub fn causal_attention_with(
     if dtype != DType::F32 {
         // 16-bit inputs: the softmax runs in f32, the output is rounded once.
         let (q, k, v) = (as_f32(q)?, as_f32(k)?, as_f32(v)?);
-        return causal_attention_with(&q, &k, &v, options)?.to_dtype(dtype);
+        return causal_attention_in_documents(&q, &k, &v, options, documents)?.to_dtype(dtype);
     }
     if !fused(&[q, k, v]) {
-        return causal_attention_composite_with(q, k, v, options);
+        return composite(q, k, v, options, documents);
     }
     // Read where they lie, as long as the head dimension is unit-strided.
     let unit = |x: &Tensor| match x.stride()[3] == 1 || d == 1 {
@@ -85,7 +103,10 @@ pub fn causal_attention_with(
         false => x.contiguous(),
     };
     // Batch-major out of the op, handed back as [b, h, t, d].
-    let op = Forward { options: *options };
+    let op = Forward {
+        options: *options,
+        documents: documents.cloned(),
+    };
     unit(q)?
         .apply_op3(&unit(k)?, &unit(v)?, Fused(op))?
         .transpose(1, 2)
@@ -97,16 +118,26 @@ pub fn causal_attention_with(
 /// `3 * d_model` gives); the output is `[batch, time, heads * head_dim]`, what the output
 /// projection reads. On the CPU in f32 neither the split into heads nor their merge copies
 /// anything, and the gradient comes back packed in one buffer.
-pub fn causal_attention_packed(qkv: &Tensor, heads: usize) -> Result<Tensor> {
+///
+/// Where `documents` is given, attention keeps within each document, as
+/// [`causal_attention_in_documents`].
+pub fn causal_attention_packed(
+    qkv: &Tensor,
+    heads: usize,
+    documents: Option<&Positions>,
+) -> Result<Tensor> {
     let (b, t, width) = qkv.dims3()?;
     if heads == 0 || width % (3 * heads) != 0 {
         candle_core::bail!(
             "causal_attention_packed: rows of {width} do not split into q, k and v of {heads} heads"
         )
     }
+    if let Some(docs) = documents {
+        docs.check("causal_attention_packed", b, t)?;
+    }
     let d = width / 3 / heads;
     if qkv.dtype() != DType::F32 {
-        return causal_attention_packed(&as_f32(qkv)?, heads)?.to_dtype(qkv.dtype());
+        return causal_attention_packed(&as_f32(qkv)?, heads, documents)?.to_dtype(qkv.dtype());
     }
     if !fused(&[qkv]) {
         let part = |i: usize| {
@@ -114,10 +145,15 @@ pub fn causal_attention_packed(qkv: &Tensor, heads: usize) -> Result<Tensor> {
                 .reshape((b, t, heads, d))?
                 .transpose(1, 2)
         };
-        let out = causal_attention_composite(&part(0)?, &part(1)?, &part(2)?)?;
+        let options = AttentionOptions::default();
+        let out = composite(&part(0)?, &part(1)?, &part(2)?, &options, documents)?;
         return out.transpose(1, 2)?.reshape((b, t, heads * d));
     }
-    qkv.contiguous()?.apply_op1(Fused(PackedForward { heads }))
+    let op = PackedForward {
+        heads,
+        documents: documents.cloned(),
+    };
+    qkv.contiguous()?.apply_op1(Fused(op))
 }
 
 /// Each key/value head repeated for the query heads it serves: `[b, hkv, t, d]` to
@@ -145,20 +181,48 @@ pub fn causal_attention_composite_with(
     v: &Tensor,
     options: &AttentionOptions,
 ) -> Result<Tensor> {
+    composite(q, k, v, options, None)
+}
+
+/// [`causal_attention_in_documents`] from Candle's basic ops (the fallback, and the
+/// reference in tests): the mask is block-diagonal where `documents` is given.
+pub fn causal_attention_composite_in_documents(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    options: &AttentionOptions,
+    documents: &Positions,
+) -> Result<Tensor> {
+    composite(q, k, v, options, Some(documents))
+}
+
+fn composite(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    options: &AttentionOptions,
+    documents: Option<&Positions>,
+) -> Result<Tensor> {
     // Candle's batched matmul takes standard layouts only (a head of a packed projection
     // is not one).
     let (q, k, v) = (&q.contiguous()?, &k.contiguous()?, &v.contiguous()?);
-    let (_, h, t, d) = q.dims4()?;
+    let (b, h, t, d) = q.dims4()?;
     let groups = h / k.dim(1)?;
     let (k, v) = (repeat_kv(k, groups)?, repeat_kv(v, groups)?);
     let s = options.scores(d, t);
-    let mask: Vec<f32> = (0..t * t)
-        .map(|i| match s.live(i / t).contains(&(i % t)) {
-            true => 0.0,
-            false => f32::NEG_INFINITY,
+    // One [t, t] mask for every row, or one per row of documents.
+    let rows = documents.map_or(1, |_| b);
+    let mask: Vec<f32> = (0..rows * t * t)
+        .map(|i| {
+            let (row, i) = (i / (t * t), i % (t * t));
+            let positions = documents.map(|p| p.row(row));
+            match s.live_in(i / t, positions).contains(&(i % t)) {
+                true => 0.0,
+                false => f32::NEG_INFINITY,
+            }
         })
         .collect();
-    let mask = Tensor::from_vec(mask, (t, t), q.device())?.to_dtype(q.dtype())?;
+    let mask = Tensor::from_vec(mask, (rows, 1, t, t), q.device())?.to_dtype(q.dtype())?;
     let mut scores = q.matmul(&k.t()?)?.affine(s.scale as f64, 0.0)?;
     if let Some(cap) = s.softcap {
         scores = (scores / cap as f64)?.tanh()?.affine(cap as f64, 0.0)?;
@@ -194,7 +258,7 @@ impl Module for CausalSelfAttention {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let qkv = self.qkv.forward(x)?;
         self.proj
-            .forward(&causal_attention_packed(&qkv, self.n_head)?)
+            .forward(&causal_attention_packed(&qkv, self.n_head, None)?)
     }
 }
 
@@ -216,6 +280,7 @@ fn dims(q: &Layout, k: &Layout, options: &AttentionOptions) -> Result<Dims> {
 /// (q, k, v) -> the output, batch-major (`[b, t, h, d]`).
 struct Forward {
     options: AttentionOptions,
+    documents: Option<Positions>,
 }
 
 impl CpuOp<3> for Forward {
@@ -224,7 +289,7 @@ impl CpuOp<3> for Forward {
     fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
         let n = dims(inputs[0].1, inputs[1].1, &self.options)?;
         let [q, k, v] = blocks(Self::NAME, inputs)?;
-        let out = kernel::forward(q, k, v, n);
+        let out = kernel::forward(q, k, v, n, self.documents.as_ref());
         Ok((CpuStorage::F32(out), Shape::from((n.b, n.t, n.h, n.d))))
     }
 
@@ -235,6 +300,7 @@ impl CpuOp<3> for Forward {
         let backward = Backward {
             grad: grad.contiguous()?,
             options: self.options,
+            documents: self.documents.clone(),
         };
         let all = q.apply_op3_no_bwd(k, v, &Fused(backward))?;
         // Batch-major buffers, handed back as [b, heads, t, d] views.
@@ -266,6 +332,7 @@ fn blocks<'a>(op: &str, inputs: [Input<'a>; 3]) -> Result<[(&'a [f32], Heads); 3
 struct Backward {
     grad: Tensor,
     options: AttentionOptions,
+    documents: Option<Positions>,
 }
 
 impl CpuOp<3> for Backward {
@@ -278,9 +345,9 @@ impl CpuOp<3> for Backward {
         let Storage::Cpu(gs) = &*gs else {
             candle_core::bail!("{name}: the gradient must be on the cpu")
         };
-        let dout = &f32s(name, gs, gl)?;
         let [q, k, v] = blocks(name, inputs)?;
-        let all = kernel::backward(q, k, v, (dout, Heads::batch_major(n.t, n.h, n.d)), n);
+        let dout = (f32s(name, gs, gl)?, Heads::batch_major(n.t, n.h, n.d));
+        let all = kernel::backward(q, k, v, dout, (n, self.documents.as_ref()));
         let len = all.len();
         Ok((CpuStorage::F32(all), Shape::from(len)))
     }
@@ -312,6 +379,7 @@ fn packed(l: &Layout, heads: usize) -> Result<(Dims, [Heads; 3])> {
 /// qkv -> the output, `[b, t, heads * d]`.
 struct PackedForward {
     heads: usize,
+    documents: Option<Positions>,
 }
 
 impl CpuOp<1> for PackedForward {
@@ -320,12 +388,16 @@ impl CpuOp<1> for PackedForward {
     fn cpu(&self, [(s, l)]: [Input<'_>; 1]) -> Result<(CpuStorage, Shape)> {
         let (n, [q, k, v]) = packed(l, self.heads)?;
         let data = s.as_slice::<f32>()?;
-        let out = kernel::forward((data, q), (data, k), (data, v), n);
+        let docs = self.documents.as_ref();
+        let out = kernel::forward((data, q), (data, k), (data, v), n, docs);
         Ok((CpuStorage::F32(out), Shape::from((n.b, n.t, n.h * n.d))))
     }
 
     fn grads(&self, [qkv]: [&Tensor; 1], _res: &Tensor, grad: &Tensor) -> GradsOf<1> {
-        let op = Fused(PackedBackward { heads: self.heads });
+        let op = Fused(PackedBackward {
+            heads: self.heads,
+            documents: self.documents.clone(),
+        });
         Ok([Some(qkv.apply_op2_no_bwd(&grad.contiguous()?, &op)?)])
     }
 }
@@ -333,6 +405,7 @@ impl CpuOp<1> for PackedForward {
 /// (qkv, the output's gradient) -> d(qkv), packed as qkv is.
 struct PackedBackward {
     heads: usize,
+    documents: Option<Positions>,
 }
 
 impl CpuOp<2> for PackedBackward {
@@ -347,7 +420,7 @@ impl CpuOp<2> for PackedBackward {
             (data, k),
             (data, v),
             (dout, Heads::batch_major(n.t, n.h, n.d)),
-            n,
+            (n, self.documents.as_ref()),
         );
         // Interleave the three batch-major gradients into qkv's rows.
         let e = n.h * n.d;

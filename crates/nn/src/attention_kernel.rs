@@ -12,6 +12,7 @@
 //! output projection reads.
 
 use crate::gemm::Threads::One;
+use crate::positions::Positions;
 use crate::vector_math;
 use candle_core::{Layout, Result};
 use rayon::prelude::*;
@@ -87,6 +88,16 @@ impl Scores {
     pub(crate) fn live(&self, i: usize) -> std::ops::Range<usize> {
         (i + 1).saturating_sub(self.window)..i + 1
     }
+
+    /// The positions row i attends to when `positions` (the row's, in their documents)
+    /// are given: no further back than the start of its document.
+    pub(crate) fn live_in(&self, i: usize, positions: Option<&[u32]>) -> std::ops::Range<usize> {
+        let live = self.live(i);
+        match positions {
+            Some(p) => live.start.max(i - p[i] as usize)..live.end,
+            None => live,
+        }
+    }
 }
 
 impl Dims {
@@ -95,12 +106,14 @@ impl Dims {
     }
 }
 
-/// The attention's output, batch-major (`[b, t, h, d]`).
+/// The attention's output, batch-major (`[b, t, h, d]`); within documents where
+/// `documents` gives each token's position in its own.
 pub(crate) fn forward(
     q: (&[f32], Heads),
     k: (&[f32], Heads),
     v: (&[f32], Heads),
     n: Dims,
+    documents: Option<&Positions>,
 ) -> Vec<f32> {
     let Dims { h, t, d, .. } = n;
     let mut out = vec![0f32; n.b * t * h * d];
@@ -109,10 +122,11 @@ pub(crate) fn forward(
         .for_each(|(b, out)| {
             let mut p = vec![0f32; t * t];
             let mut tanh = vec![0f32; if n.scores.softcap.is_some() { t * t } else { 0 }];
+            let row = documents.map(|d| d.row(b));
             for head in 0..h {
                 let kv = head / n.groups();
                 let (q_b, k_b) = (q.1.block(q.0, b, head), k.1.block(k.0, b, kv));
-                probabilities(q_b, k_b, n, &mut p, &mut tanh);
+                probabilities(q_b, k_b, (n, row), &mut p, &mut tanh);
                 let v = v.1.block(v.0, b, kv);
                 One.matmul(
                     t,
@@ -136,7 +150,7 @@ pub(crate) fn backward(
     k: (&[f32], Heads),
     v: (&[f32], Heads),
     dout: (&[f32], Heads),
-    n: Dims,
+    (n, documents): (Dims, Option<&Positions>),
 ) -> Vec<f32> {
     let Dims { h, hkv, t, d, .. } = n;
     let (len_q, len_kv) = (n.b * t * h * d, n.b * t * hkv * d);
@@ -153,6 +167,7 @@ pub(crate) fn backward(
         let (mut p, mut ds) = (vec![0f32; t * t], vec![0f32; t * t]);
         // With a soft cap, tanh of each capped score, for the cap's derivative 1 - tanh².
         let mut tanh = vec![0f32; if n.scores.softcap.is_some() { t * t } else { 0 }];
+        let row = documents.map(|d| d.row(b));
         // Each key/value head's query heads one after another, so that their dK and dV
         // add up in one task, in head order.
         for kv in 0..hkv {
@@ -160,7 +175,7 @@ pub(crate) fn backward(
             for head in kv * n.groups()..(kv + 1) * n.groups() {
                 let q_b = q.1.block(q.0, b, head);
                 let dout_b = dout.1.block(dout.0, b, head);
-                probabilities(q_b, k_b, n, &mut p, &mut tanh);
+                probabilities(q_b, k_b, (n, row), &mut p, &mut tanh);
                 // dV += Pᵀ dO; dP = dO Vᵀ (into `ds`).
                 let dv_b = (&mut dv[kv * d..], hkv * d);
                 One.matmul(
@@ -209,9 +224,16 @@ pub(crate) fn backward(
 }
 
 /// The causal probabilities of one block into `p` (`t x t`, row-major): row i is
-/// `softmax(s_ij)` over the j of its window, and zero elsewhere, for the scores `s` that
-/// `n.scores` makes. Under a soft cap, `tanh` (`t x t`) gets each live score's tanh.
-fn probabilities(q: (&[f32], usize), k: (&[f32], usize), n: Dims, p: &mut [f32], tanh: &mut [f32]) {
+/// `softmax(s_ij)` over the j of its window (within its document, where the row's
+/// `positions` are given), and zero elsewhere, for the scores `s` that `n.scores` makes.
+/// Under a soft cap, `tanh` (`t x t`) gets each live score's tanh.
+fn probabilities(
+    q: (&[f32], usize),
+    k: (&[f32], usize),
+    (n, positions): (Dims, Option<&[u32]>),
+    p: &mut [f32],
+    tanh: &mut [f32],
+) {
     let Dims { t, d, scores, .. } = n;
     // p = scale q kᵀ: k is read transposed through its strides.
     One.matmul(
@@ -225,7 +247,7 @@ fn probabilities(q: (&[f32], usize), k: (&[f32], usize), n: Dims, p: &mut [f32],
         scores.scale,
     );
     for (i, row) in p.chunks_exact_mut(t).enumerate() {
-        let live = scores.live(i);
+        let live = scores.live_in(i, positions);
         if let Some(cap) = scores.softcap {
             // Gemma 2's cap: the scaled score through cap tanh(s / cap), in torch's order.
             let tanh = &mut tanh[i * t..(i + 1) * t];

@@ -10,10 +10,12 @@
 //!   and the weighted sum, with grouped-query heads (fewer key/value heads than query
 //!   heads), whose backward recomputes the probabilities instead of keeping them; with
 //!   [`AttentionOptions`], a sliding window, a scale of the model's choosing and Gemma 2's
-//!   soft cap ([`causal_attention_with`]);
+//!   soft cap ([`causal_attention_with`]); and over packed rows of several documents, each
+//!   attending within itself only ([`causal_attention_in_documents`], given [`Positions`]);
 //! - [`RmsNorm`] ([`rms_norm`]): Llama's root-mean-square norm with a learned scale (and
 //!   Gemma's, which scales by one plus it: [`rms_norm_unit_offset`]);
-//! - [`RotaryEmbedding`]: rotary position embedding in Hugging Face's rotate_half layout;
+//! - [`RotaryEmbedding`]: rotary position embedding in Hugging Face's rotate_half layout
+//!   (at each token's own [`Positions`] in a packed batch);
 //! - [`cross_entropy`]: mean negative log-likelihood from logits, over the targets that are
 //!   not [`IGNORE_INDEX`];
 //! - [`linear_cross_entropy`]: a language model's output projection and its loss in one
@@ -49,15 +51,16 @@ mod layer_norm;
 mod linear;
 mod linear_cross_entropy;
 mod lora;
+mod positions;
 mod rms_norm;
 mod rotary;
 mod swiglu;
 mod vector_math;
 
 pub use attention::{
-    causal_attention, causal_attention_composite, causal_attention_composite_with,
-    causal_attention_packed, causal_attention_with, repeat_kv, AttentionOptions,
-    CausalSelfAttention,
+    causal_attention, causal_attention_composite, causal_attention_composite_in_documents,
+    causal_attention_composite_with, causal_attention_in_documents, causal_attention_packed,
+    causal_attention_with, repeat_kv, AttentionOptions, CausalSelfAttention,
 };
 pub use cached_attention::cached_attention;
 pub use cross_entropy::{cross_entropy, cross_entropy_composite, IGNORE_INDEX};
@@ -67,6 +70,7 @@ pub use layer_norm::{layer_norm, layer_norm_composite, LayerNorm};
 pub use linear::{linear, Linear};
 pub use linear_cross_entropy::{linear_cross_entropy, linear_cross_entropy_composite};
 pub use lora::{lora_linear, lora_linear_composite, LoraParts};
+pub use positions::Positions;
 pub use rms_norm::{rms_norm, rms_norm_composite, rms_norm_unit_offset, RmsNorm};
 pub use rotary::{rotary_composite, RotaryEmbedding};
 pub use swiglu::{swiglu, swiglu_composite};

@@ -4,6 +4,7 @@
 
 use crate::cpu::{f32_inputs, fused};
 use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use crate::positions::Positions;
 use candle_core::{CpuStorage, DType, Device, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
@@ -75,28 +76,69 @@ impl RotaryEmbedding {
     /// [`RotaryEmbedding::apply`] for positions `offset..offset + time`: the new positions
     /// after a cache of `offset` earlier ones (generation).
     pub fn apply_at(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
-        let (_, _, t, d) = x.dims4()?;
-        if offset + t > self.max_positions() || d != self.cos.dims()[1] {
+        let (_, _, t, _) = x.dims4()?;
+        self.check(x, offset + t)?;
+        let (cos, sin) = (
+            self.cos.narrow(0, offset, t)?,
+            self.sin.narrow(0, offset, t)?,
+        );
+        self.rotate(x, (cos, sin), None)
+    }
+
+    /// [`RotaryEmbedding::apply`] with each token at its own position (a packed batch's,
+    /// restarting at each document): row b's token i is rotated by the angles of
+    /// `positions[b, i]`.
+    pub fn apply_positions(&self, x: &Tensor, positions: &Positions) -> Result<Tensor> {
+        let (b, _, t, _) = x.dims4()?;
+        positions.check("rotary embedding", b, t)?;
+        // Positions count up from 0 within a row, so none reaches t.
+        self.check(x, t)?;
+        let (cos, sin) = (self.cos.narrow(0, 0, t)?, self.sin.narrow(0, 0, t)?);
+        self.rotate(x, (cos, sin), Some(positions))
+    }
+
+    /// Checks that the tables hold `len` positions of `x`'s head width.
+    fn check(&self, x: &Tensor, len: usize) -> Result<()> {
+        let d = x.dim(3)?;
+        if len > self.max_positions() || d != self.cos.dims()[1] {
             candle_core::bail!(
-                "rotary embedding: input {:?} at position {offset} needs at most {} positions \
-                 of width {}",
+                "rotary embedding: input {:?} needs {len} positions of width {d}; the tables \
+                 hold at most {} positions of width {}",
                 x.dims(),
                 self.max_positions(),
                 self.cos.dims()[1]
             )
         }
-        let (cos, sin) = (
-            self.cos.narrow(0, offset, t)?,
-            self.sin.narrow(0, offset, t)?,
-        );
+        Ok(())
+    }
+
+    /// `x` rotated by the rows of `cos` and `sin` (`[time, head_dim]`): row i for time i,
+    /// or the row of each token's position where `positions` are given.
+    fn rotate(
+        &self,
+        x: &Tensor,
+        (cos, sin): (Tensor, Tensor),
+        positions: Option<&Positions>,
+    ) -> Result<Tensor> {
         let dtype = x.dtype();
         if dtype != DType::F32 {
             return self
-                .apply_at(&x.to_dtype(DType::F32)?, offset)?
+                .rotate(&x.to_dtype(DType::F32)?, (cos, sin), positions)?
                 .to_dtype(dtype);
         }
         if !fused(&[x, &cos]) {
-            return rotary_composite(x, &cos, &sin);
+            return match positions {
+                None => rotary_composite(x, &cos, &sin),
+                Some(p) => {
+                    // [b, 1, t, d] tables, each row at its token's position.
+                    let at = |table: &Tensor| -> Result<Tensor> {
+                        let (b, t) = p.dims();
+                        let rows = table.index_select(&p.tensor().flatten_all()?, 0)?;
+                        rows.reshape((b, 1, t, table.dim(1)?))
+                    };
+                    rotary_composite(x, &at(&cos)?, &at(&sin)?)
+                }
+            };
         }
         let rotate = |time_dim| -> Result<Rotate> {
             Ok(Rotate {
@@ -104,6 +146,7 @@ impl RotaryEmbedding {
                 sin: sin.flatten_all()?.to_vec1()?,
                 sign: 1.0,
                 time_dim,
+                positions: positions.cloned(),
             })
         };
         // Heads split off a projection ([b, t, heads, d] memory seen as [b, heads, t, d])
@@ -139,6 +182,8 @@ struct Rotate {
     sin: Vec<f32>,
     sign: f32,
     time_dim: usize,
+    /// Each token's row of the tables, where it is not its index along time.
+    positions: Option<Positions>,
 }
 
 impl CpuOp<1> for Rotate {
@@ -156,12 +201,15 @@ impl CpuOp<1> for Rotate {
             .zip(x.par_chunks(block))
             .enumerate()
             .for_each(|(at, (y, x))| {
+                // Task `at` is (batch, time) or (batch, head): its batch is at / n1.
+                let positions = self.positions.as_ref().map(|p| p.row(at / n1));
                 for r in 0..n2 {
-                    // The row's position: its index along the time dimension.
-                    let p = match self.time_dim {
+                    // The row's time, then its position.
+                    let time = match self.time_dim {
                         1 => at % n1,
                         _ => r,
                     };
+                    let p = positions.map_or(time, |p| p[time] as usize);
                     let (cos, sin) = (&self.cos[p * d..], &self.sin[p * d..]);
                     let (x, y) = (&x[r * d..(r + 1) * d], &mut y[r * d..(r + 1) * d]);
                     for i in 0..half {
@@ -181,6 +229,7 @@ impl CpuOp<1> for Rotate {
             sin: self.sin.clone(),
             sign: -self.sign,
             time_dim: self.time_dim,
+            positions: self.positions.clone(),
         };
         Ok([Some(grad.contiguous()?.apply_op1_no_bwd(&Fused(back))?)])
     }

@@ -3,10 +3,11 @@
 
 use candle_core::{DType, Device, Module, Tensor, Var};
 use wick_nn::{
-    causal_attention, causal_attention_composite, causal_attention_composite_with,
-    causal_attention_packed, causal_attention_with, cross_entropy, gelu, layer_norm_composite,
-    lora_linear, lora_linear_composite, matmul_wt, rms_norm_composite, rms_norm_unit_offset,
-    rotary_composite, swiglu, swiglu_composite, AttentionOptions, LayerNorm, LoraParts, RmsNorm,
+    causal_attention, causal_attention_composite, causal_attention_composite_in_documents,
+    causal_attention_composite_with, causal_attention_in_documents, causal_attention_packed,
+    causal_attention_with, cross_entropy, gelu, layer_norm_composite, lora_linear,
+    lora_linear_composite, matmul_wt, rms_norm_composite, rms_norm_unit_offset, rotary_composite,
+    swiglu, swiglu_composite, AttentionOptions, LayerNorm, LoraParts, Positions, RmsNorm,
     RotaryEmbedding,
 };
 
@@ -127,6 +128,135 @@ fn windowed_scaled_and_capped_attention_matches_the_composite() {
     assert_eq!(max_diff(&a, &b), 0.0);
 }
 
+/// Rows of documents of the given lengths, one after another: the positions of each.
+fn documents(rows: &[&[usize]]) -> Positions {
+    let of: Vec<Vec<u32>> = rows
+        .iter()
+        .map(|lens| lens.iter().flat_map(|&n| 0..n as u32).collect())
+        .collect();
+    Positions::new(&Tensor::new(of, &Device::Cpu).unwrap()).unwrap()
+}
+
+#[test]
+fn attention_within_documents_matches_the_composite() {
+    // Documents of one token, of several, one as long as the row; windows shorter than a
+    // document and longer; Gemma 2's scale and cap; grouped-query heads.
+    let docs = documents(&[&[4, 1, 6, 2], &[13]]);
+    let options = [
+        AttentionOptions::default(),
+        AttentionOptions {
+            sliding_window: Some(3),
+            ..Default::default()
+        },
+        AttentionOptions {
+            scale: Some(0.3),
+            sliding_window: Some(5),
+            softcap: Some(2.0),
+        },
+    ];
+    for (i, options) in options.iter().enumerate() {
+        let seed = 70 + 3 * i as u64;
+        let q = var(&[2, 4, 13, 8], seed, 3.0);
+        let (k, v) = (
+            var(&[2, 2, 13, 8], seed + 1, 3.0),
+            var(&[2, 2, 13, 8], seed + 2, 1.0),
+        );
+        check(
+            &format!("attention in documents {options:?}"),
+            &[q, k, v],
+            |t| causal_attention_in_documents(&t[0], &t[1], &t[2], options, Some(&docs)),
+            |t| causal_attention_composite_in_documents(&t[0], &t[1], &t[2], options, &docs),
+        );
+    }
+    // GPT-2's packed projection.
+    let (b, h, t, d) = (2, 3, 13, 4);
+    let part = |qkv: &Tensor, i: usize| {
+        qkv.narrow(2, i * h * d, h * d)?
+            .reshape((b, t, h, d))?
+            .transpose(1, 2)
+    };
+    let plain = AttentionOptions::default();
+    check(
+        "packed attention in documents",
+        &[var(&[b, t, 3 * h * d], 80, 1.0)],
+        |x| causal_attention_packed(&x[0], h, Some(&docs)),
+        |x| {
+            let (q, k, v) = (part(&x[0], 0)?, part(&x[0], 1)?, part(&x[0], 2)?);
+            let out = causal_attention_composite_in_documents(&q, &k, &v, &plain, &docs)?;
+            out.transpose(1, 2)?.reshape((b, t, h * d))
+        },
+    );
+}
+
+#[test]
+fn a_packed_row_attends_and_rotates_as_its_documents_alone() {
+    // Each document's outputs in the packed row against the document run on its own: the
+    // same numbers (within summation order), windowed, for the attention and the rotary
+    // embedding at restarted positions.
+    let lens = [5usize, 1, 7, 3];
+    let t: usize = lens.iter().sum();
+    let docs = documents(&[&lens]);
+    let options = AttentionOptions {
+        sliding_window: Some(4),
+        ..Default::default()
+    };
+    let rope = RotaryEmbedding::new(8, 32, 10_000.0, &Device::Cpu).unwrap();
+    let [q, k, v] = [90, 91, 92].map(|s| var(&[1, 2, t, 8], s, 2.0).as_tensor().clone());
+    let (qr, kr) = (
+        rope.apply_positions(&q, &docs).unwrap(),
+        rope.apply_positions(&k, &docs).unwrap(),
+    );
+    let packed = causal_attention_in_documents(&qr, &kr, &v, &options, Some(&docs)).unwrap();
+    let mut start = 0;
+    for n in lens {
+        let alone = |x: &Tensor| x.narrow(2, start, n).unwrap();
+        let (qa, ka) = (
+            rope.apply(&alone(&q)).unwrap(),
+            rope.apply(&alone(&k)).unwrap(),
+        );
+        assert!(
+            max_diff(&alone(&qr), &qa) <= 1e-6,
+            "rotary of document at {start}"
+        );
+        let want = causal_attention_with(&qa, &ka, &alone(&v), &options).unwrap();
+        let diff = max_diff(&alone(&packed), &want);
+        assert!(diff <= 1e-6, "document at {start}: {diff}");
+        start += n;
+    }
+    // Without documents the same row attends across them: the check above can fail.
+    let across = causal_attention_with(&qr, &kr, &v, &options).unwrap();
+    assert!(max_diff(&across, &packed) > 1e-2);
+}
+
+#[test]
+fn rotary_at_positions_matches_the_composite() {
+    let docs = documents(&[&[3, 9, 5], &[17]]);
+    let rope = RotaryEmbedding::new(6, 40, 10_000.0, &Device::Cpu).unwrap();
+    let (cos, sin) = tables(6, 17, 10_000.0);
+    let at = |table: &Tensor, row: usize| {
+        table
+            .index_select(&docs.tensor().get(row).unwrap(), 0)
+            .unwrap()
+    };
+    for (name, split) in [("contiguous", false), ("split heads", true)] {
+        check(
+            &format!("rotary at positions, {name}"),
+            &[var(&[2, 17, 3, 6], 95, 2.0)],
+            |x| match split {
+                true => rope.apply_positions(&x[0].transpose(1, 2)?, &docs),
+                false => rope.apply_positions(&x[0].transpose(1, 2)?.contiguous()?, &docs),
+            },
+            |x| {
+                let x = x[0].transpose(1, 2)?.contiguous()?;
+                let rows: Vec<Tensor> = (0..2)
+                    .map(|b| rotary_composite(&x.narrow(0, b, 1)?, &at(&cos, b), &at(&sin, b)))
+                    .collect::<candle_core::Result<_>>()?;
+                Tensor::cat(&rows, 0)
+            },
+        );
+    }
+}
+
 #[test]
 fn attention_reads_strided_heads_and_packed_projections() {
     // (batch, heads, time, head_dim): q, k and v as the heads of one packed projection
@@ -142,7 +272,7 @@ fn attention_reads_strided_heads_and_packed_projections() {
         check(
             &format!("packed attention b={b} h={h} t={t} d={d}"),
             &qkv,
-            |x| causal_attention_packed(&x[0], h),
+            |x| causal_attention_packed(&x[0], h, None),
             |x| {
                 let (q, k, v) = (part(&x[0], 0)?, part(&x[0], 1)?, part(&x[0], 2)?);
                 merged(causal_attention_composite(&q, &k, &v)?)

@@ -35,6 +35,7 @@ pub use builder::{StrategyChoice, TrainerBuilder};
 pub use callbacks::{EarlyStopping, LearningRateMonitor};
 pub use checkpoint::{consolidate, Checkpoint, CheckpointError, Mode, ModelCheckpoint};
 pub use data::data_loader::{DataLoader, Dataset};
+pub use data::packing::{best_fit_decreasing, Packing};
 pub use data::token_dataset::{
     write_token_file, Split, TokenDataset, TokenSplit, TOKENIZER_KEY, VOCAB_KEY,
 };

@@ -3,4 +3,5 @@
 //! ([`TokenDataset`](crate::TokenDataset)).
 
 pub(crate) mod data_loader;
+pub(crate) mod packing;
 pub(crate) mod token_dataset;
