@@ -214,11 +214,23 @@ mod tests {
         let ids = [0u32; 10];
         let starts = [0, 4, 7];
         // Examples: the cut moves to the next example's start, none is split.
-        assert_eq!(split_at(&ids, &starts, 0.4, true), (7, [vec![0, 4], vec![0]]));
+        assert_eq!(
+            split_at(&ids, &starts, 0.4, true),
+            (7, [vec![0, 4], vec![0]])
+        );
         // No example starts after the cut: the last one is cut in two.
-        assert_eq!(split_at(&ids, &starts, 0.2, true), (8, [vec![0, 4, 7], vec![0]]));
+        assert_eq!(
+            split_at(&ids, &starts, 0.2, true),
+            (8, [vec![0, 4, 7], vec![0]])
+        );
         // Plain text is cut where the fraction falls; the second half starts again at 0.
-        assert_eq!(split_at(&ids, &starts, 0.5, false), (5, [vec![0, 4], vec![0, 2]]));
-        assert_eq!(split_at(&ids, &starts, 0.0, true), (10, [vec![0, 4, 7], vec![]]));
+        assert_eq!(
+            split_at(&ids, &starts, 0.5, false),
+            (5, [vec![0, 4], vec![0, 2]])
+        );
+        assert_eq!(
+            split_at(&ids, &starts, 0.0, true),
+            (10, [vec![0, 4, 7], vec![]])
+        );
     }
 }

@@ -44,6 +44,8 @@ mod preemption;
 mod runs;
 // Every model family against Hugging Face transformers (tests/fixtures/hf, tests/fixtures/configs).
 mod models;
+// Exact resume at any world size: the same global batches in order, packed or not.
+mod data_order;
 // Packed batches: each example kept to itself, equal to the examples alone, every family.
 mod packing;
 // Generation over the KV cache: greedy tokens and logits equal transformers' generate.

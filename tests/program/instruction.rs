@@ -304,7 +304,11 @@ fn an_exported_chat_model_carries_its_template_special_tokens_and_generation_con
 /// Trains the Llama fixture 3 plain SGD steps on the masked windows; its parameters.
 /// (SGD, not Adam: Adam's step divides by the root of each gradient's square, so that
 /// rounding in the near-zero gradients of rare tokens' rows moves them by up to its rate.)
-fn train_masked(data: &Path, devices: usize, strategy: Box<dyn Strategy>) -> Vec<(String, Tensor)> {
+fn train_masked(
+    data: &Path,
+    (devices, strategy): (usize, Box<dyn Strategy>),
+    accumulate: usize,
+) -> Vec<(String, Tensor)> {
     let model = CausalLm::from_pretrained(hf_fixture("llama"))
         .unwrap()
         .with_optimizer(OptimizerConfig::from(Algorithm::Sgd {
@@ -317,14 +321,17 @@ fn train_masked(data: &Path, devices: usize, strategy: Box<dyn Strategy>) -> Vec
         .devices(devices)
         .strategy(strategy)
         .max_steps(3)
+        .accumulate_grad_batches(accumulate)
         .no_logger()
         .progress(false)
         .model_summary(false)
         .build()
         .unwrap();
-    // Windows of 16: 17 of them; batches of 12 (W = 2, 3, 4 divide it), unshuffled.
+    // Windows of 16, whole examples packed in each; steps of 12 windows (W = 2, 3, 4
+    // divide it), the first 12 each time, unshuffled: one global batch of 12, or two of 6.
     let windows = TokenDataset::open(data, Split::Train, 16).unwrap();
-    let loader = DataLoader::new(windows, 12).without_shuffle();
+    assert!(windows.len() >= 12 && windows.packing() == Packing::Documents);
+    let loader = DataLoader::new(windows, 12 / accumulate).without_shuffle();
     let mut model = Attached::new(model);
     t.fit(&mut model, &loader, None).unwrap();
     t.full_parameters(&mut model).unwrap()
@@ -339,14 +346,19 @@ fn masked_losses_train_every_strategy_as_one_device_on_the_global_batch() {
     let (ok, out, err) = prepare_jsonl(dir.path(), "chat.safetensors", &[&jsonl, &jsonl, &jsonl]);
     assert!(ok, "{out}{err}");
     let data = dir.path().join("chat.safetensors");
-    let want = train_masked(&data, 1, strategy_by_name("single").unwrap());
-    let runs: Vec<(&str, usize, Box<dyn Strategy>)> = vec![
-        ("ddp", 2, strategy_by_name("ddp").unwrap()),
-        ("zero3", 3, strategy_by_name("zero3").unwrap()),
-        ("fsdp", 4, Fsdp::new(FsdpSharding::FullShard).build()),
+    let want = train_masked(&data, (1, strategy_by_name("single").unwrap()), 1);
+    // With accumulation each step's mean is over the counted targets of all its
+    // micro-batches, whatever the world size.
+    let runs: Vec<(&str, usize, Box<dyn Strategy>, usize)> = vec![
+        ("ddp", 2, strategy_by_name("ddp").unwrap(), 1),
+        ("zero3", 3, strategy_by_name("zero3").unwrap(), 1),
+        ("fsdp", 4, Fsdp::new(FsdpSharding::FullShard).build(), 1),
+        ("single", 1, strategy_by_name("single").unwrap(), 2),
+        ("ddp", 2, strategy_by_name("ddp").unwrap(), 2),
+        ("zero3", 3, strategy_by_name("zero3").unwrap(), 2),
     ];
-    for (name, w, strategy) in runs {
-        let got = train_masked(&data, w, strategy);
+    for (name, w, strategy, accumulate) in runs {
+        let got = train_masked(&data, (w, strategy), accumulate);
         let worst = got
             .iter()
             .zip(&want)
@@ -362,8 +374,14 @@ fn masked_losses_train_every_strategy_as_one_device_on_the_global_batch() {
                     .unwrap()
             })
             .fold(0f32, f32::max);
-        println!("masked {name} at W={w}: parameters within {worst:e} of single");
-        assert!(worst <= 1e-6, "{name} W={w}: parameters differ by {worst}");
+        println!(
+            "masked {name} at W={w}, accumulating {accumulate}: parameters within {worst:e} \
+             of single"
+        );
+        assert!(
+            worst <= 1e-6,
+            "{name} W={w} x{accumulate}: parameters differ by {worst}"
+        );
     }
 }
 

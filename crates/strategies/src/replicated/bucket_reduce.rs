@@ -199,8 +199,10 @@ impl BucketReduction {
         }
         let parts = bucket
             .iter()
+            // A gradient may be a view (a broadcast of `sum_all`'s scalar gradient has
+            // stride 0 and fewer elements than it shows): the collectives take it whole.
             .map(|&i| match self.grads[i].take() {
-                Some(g) => g.flatten_all(),
+                Some(g) => g.contiguous()?.flatten_all(),
                 None => self.params[i].zeros_like()?.flatten_all(),
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
