@@ -84,7 +84,31 @@ pub fn lora_of(checkpoint: &Checkpoint) -> anyhow::Result<Option<(LoraConfig, Pa
     Ok(Some((lora, base.into())))
 }
 
-/// Split `split` of the token file `data` in windows of `seq`, packed as `packing` says
+/// The token files `data` names: itself, the `*.safetensors` of a directory (in name
+/// order), or a comma-separated list.
+fn token_files(data: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    if data.is_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(data)
+            .with_context(|| format!("reading {}", data.display()))?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<std::io::Result<_>>()?;
+        files.retain(|f| f.extension().is_some_and(|e| e == "safetensors"));
+        files.sort();
+        anyhow::ensure!(
+            !files.is_empty(),
+            "{}: no *.safetensors token files",
+            data.display()
+        );
+        return Ok(files);
+    }
+    let text = data.to_string_lossy();
+    match data.exists() || !text.contains(',') {
+        true => Ok(vec![data.to_path_buf()]),
+        false => Ok(text.split(',').map(PathBuf::from).collect()),
+    }
+}
+
+/// Split `split` of the token file(s) `data` in windows of `seq`, packed as `packing` says
 /// (`None`: the data's default), checked against `lm`'s tokenizer and vocabulary.
 pub fn tokens(
     lm: &CausalLm,
@@ -97,7 +121,8 @@ pub fn tokens(
         seq <= max,
         "--seq {seq} is longer than the model's {max} positions"
     );
-    let set = TokenDataset::open_with(data, split, seq, packing.map(Into::into))?;
+    let files = token_files(data)?;
+    let set = TokenDataset::open_files(&files, split, seq, packing.map(Into::into))?;
     if set.packing() != Packing::Concat {
         let (used, all) = set.fill();
         log::info!(

@@ -26,6 +26,7 @@ mod model_export;
 mod prepare;
 mod program_trainer;
 mod sample;
+mod token_shards;
 
 use cli::{name_of, Command};
 use std::process::ExitCode;

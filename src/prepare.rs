@@ -14,8 +14,10 @@
 
 use crate::cli::{DataFormat, PrepareArgs};
 use crate::example_files;
+use crate::token_shards::TokenShards;
 use anyhow::Context;
-use std::io::IsTerminal;
+use rayon::prelude::*;
+use std::io::{BufRead, IsTerminal};
 use wick_models::{ChatTemplate, Example, TextTokenizer};
 
 /// Writes the token file and says what it holds.
@@ -37,44 +39,38 @@ pub fn run(args: &PrepareArgs) -> anyhow::Result<String> {
             bar.inc(1);
         }
     };
-    let (Tokens { ids, starts }, counted) = match args.format {
-        DataFormat::Text => (texts(&tokenizer, &args.texts, tick)?, None),
-        DataFormat::Jsonl => {
-            let (tokens, counted) = jsonl(&tokenizer, args, tick)?;
-            (tokens, Some(counted))
-        }
-    };
-    let documents = starts.len();
+    let masked = args.format == DataFormat::Jsonl;
+    let hash = tokenizer.hash();
+    let mut writer = TokenShards::create(
+        &args.output,
+        args.tokens_per_file,
+        (tokenizer.vocab_size(), &hash),
+        (masked, args.val_fraction),
+    )?;
+    match args.format {
+        DataFormat::Text => texts(&tokenizer, &args.texts, &mut writer, tick)?,
+        DataFormat::Jsonl => jsonl(&tokenizer, args, &mut writer, tick)?,
+    }
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    anyhow::ensure!(!ids.is_empty(), "the texts hold no tokens");
-    let (cut, [train_starts, val_starts]) =
-        split_at(&ids, &starts, args.val_fraction, counted.is_some());
-    let split = |range: std::ops::Range<usize>, starts| wick_trainer::TokenSplit {
-        ids: &ids[range.clone()],
-        counted: counted.as_deref().map(|c| &c[range]),
-        starts: Some(starts),
-    };
-    let hash = tokenizer.hash();
-    let (train, held_out) = (
-        split(0..cut, &train_starts),
-        split(cut..ids.len(), &val_starts),
-    );
-    wick_trainer::write_token_file(&args.output, train, held_out, &hash, tokenizer.vocab_size())?;
-    let counted_note = match &counted {
-        Some(c) => format!(
-            ", {} of them counted by the loss",
-            c.iter().filter(|&&b| b).count()
-        ),
+    anyhow::ensure!(writer.tokens() > 0, "the texts hold no tokens");
+    let (written, files) = writer.finish()?;
+    let counted_note = match written.counted {
+        Some(c) => format!(", {c} of them counted by the loss"),
         None => String::new(),
     };
     Ok(format!(
-        "wrote {}: {} training and {} validation tokens of {documents} {}{counted_note}, \
+        "wrote {}{}: {} training and {} validation tokens of {} {}{counted_note}, \
          tokenizer {} ({} ids)",
         args.output.display(),
-        train.ids.len(),
-        held_out.ids.len(),
+        match args.tokens_per_file {
+            Some(_) => format!(" ({files} token files)"),
+            None => String::new(),
+        },
+        written.train,
+        written.val,
+        written.documents,
         match args.format {
             DataFormat::Text => "document(s)",
             DataFormat::Jsonl => "example(s)",
@@ -84,76 +80,74 @@ pub fn run(args: &PrepareArgs) -> anyhow::Result<String> {
     ))
 }
 
-/// Where the training tokens end, the last `val_fraction` of `ids` held out (from the start
-/// of a document where one starts after that, for `whole` documents on each side), and each
-/// side's starts from its own first token (a document cut in two starts again at the cut).
-fn split_at(ids: &[u32], starts: &[u64], val_fraction: f64, whole: bool) -> (usize, [Vec<u64>; 2]) {
-    let val = (ids.len() as f64 * val_fraction).round() as usize;
-    let mut cut = ids.len() - val;
-    if whole && cut < ids.len() {
-        cut = (starts.iter().map(|&s| s as usize))
-            .find(|&s| s >= cut)
-            .unwrap_or(cut);
-    }
-    let train = starts
-        .iter()
-        .copied()
-        .filter(|&s| (s as usize) < cut)
-        .collect();
-    let cut_in_two = cut < ids.len() && starts.binary_search(&(cut as u64)).is_err();
-    let val = (cut_in_two.then_some(0).into_iter())
-        .chain(
-            starts
-                .iter()
-                .filter(|&&s| s as usize >= cut)
-                .map(|&s| s - cut as u64),
-        )
-        .collect();
-    (cut, [train, val])
-}
+/// Bytes of text tokenized at a time: a text file is read a block of whole lines at a
+/// time, the blocks tokenized in parallel, so that memory does not grow with the file (a
+/// file up to this size is tokenized whole; a longer one is, where a tokenizer's
+/// pre-tokenization spans a line break, tokenized as its blocks would be).
+const TEXT_BLOCK: usize = 1 << 20;
 
-/// Token ids of documents one after another, and where each starts.
-#[derive(Default)]
-struct Tokens {
-    ids: Vec<u32>,
-    starts: Vec<u64>,
-}
-
-impl Tokens {
-    /// Appends a document.
-    fn push(&mut self, ids: impl IntoIterator<Item = u32>) {
-        self.starts.push(self.ids.len() as u64);
-        self.ids.extend(ids);
-    }
-}
+/// Rows of examples tokenized at a time, in parallel.
+const ROWS_AT_A_TIME: usize = 1024;
 
 /// Text files, one document each, joined by the end-of-text token (the end of the
 /// document before it).
 fn texts(
     tokenizer: &TextTokenizer,
     paths: &[std::path::PathBuf],
+    writer: &mut TokenShards,
     tick: impl Fn(),
-) -> anyhow::Result<Tokens> {
+) -> anyhow::Result<()> {
     let end = tokenizer.end_of_text();
-    let mut tokens = Tokens::default();
     for (i, path) in paths.iter().enumerate() {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let reading = || format!("reading {}", path.display());
+        let mut file = std::io::BufReader::new(std::fs::File::open(path).with_context(reading)?);
         if i > 0 {
-            tokens.ids.extend(end);
+            writer.append(&Vec::from_iter(end), None)?;
         }
-        tokens.push(tokenizer.encode(&text)?);
+        let mut first = true;
+        loop {
+            // A few blocks, one per thread, tokenized together.
+            let mut blocks = Vec::new();
+            for _ in 0..rayon::current_num_threads() {
+                let mut block = String::new();
+                while block.len() < TEXT_BLOCK
+                    && file.read_line(&mut block).with_context(reading)? > 0
+                {}
+                if block.is_empty() {
+                    break;
+                }
+                blocks.push(block);
+            }
+            let ids = (blocks.par_iter())
+                .map(|b| tokenizer.encode(b))
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            for ids in &ids {
+                match first {
+                    true => writer.push(ids, None)?,
+                    false => writer.append(ids, None)?,
+                }
+                first = false;
+            }
+            if blocks.len() < rayon::current_num_threads() {
+                break;
+            }
+        }
+        if first {
+            writer.push(&[], None)?;
+        }
         tick();
     }
-    Ok(tokens)
+    Ok(())
 }
 
-/// JSON Lines or Parquet of examples: their ids one after another, and whether each counts.
+/// JSON Lines or Parquet of examples, each a document with the flags of the targets it
+/// counts, read and tokenized a chunk of rows at a time (in parallel).
 fn jsonl(
     tokenizer: &TextTokenizer,
     args: &PrepareArgs,
+    writer: &mut TokenShards,
     tick: impl Fn(),
-) -> anyhow::Result<(Tokens, Vec<bool>)> {
+) -> anyhow::Result<()> {
     let template = match &args.chat_template {
         Some(path) => Some(ChatTemplate::from_file(path)?),
         None => {
@@ -166,12 +160,13 @@ fn jsonl(
         .and_then(ChatTemplate::eos_token)
         .and_then(|t| tokenizer.token_to_id(t))
         .or(tokenizer.end_of_text());
-    let files = args
+    let mut files = args
         .texts
         .iter()
         .map(|path| example_files::rows(path))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let order: Vec<(usize, usize)> = match &args.mix {
+    let lens: Vec<usize> = files.iter().map(|f| f.len).collect();
+    let mut order: Box<dyn Iterator<Item = usize>> = match &args.mix {
         Some(weights) => {
             anyhow::ensure!(
                 weights.len() == files.len()
@@ -180,57 +175,41 @@ fn jsonl(
                 "--mix takes a weight of at least 0 for each of the {} files, not all 0; got {weights:?}",
                 files.len()
             );
-            let lens: Vec<usize> = files.iter().map(Vec::len).collect();
-            example_files::interleaved(&lens, weights, args.seed)
+            Box::new(example_files::interleaved(&lens, weights, args.seed))
         }
-        None => (files.iter().enumerate())
-            .flat_map(|(f, rows)| (0..rows.len()).map(move |r| (f, r)))
-            .collect(),
+        None => Box::new(
+            (lens.clone().into_iter().enumerate()).flat_map(|(f, n)| std::iter::repeat_n(f, n)),
+        ),
     };
     let schema = args.schema.into();
-    let (mut tokens, mut counted) = (Tokens::default(), Vec::new());
-    for &(f, r) in &order {
-        let row = &files[f][r];
-        let at = |e: String| anyhow::anyhow!("{}: {e}", row.at);
-        let example = Example::from_value(&row.value, schema).map_err(at)?;
-        let (more, flags) = example
-            .encode(tokenizer, template.as_ref(), eos)
-            .map_err(at)?;
-        tokens.push(more);
-        counted.extend(flags);
-        if r + 1 == files[f].len() {
-            tick();
+    let mut taken = vec![0; files.len()];
+    loop {
+        let mut rows = Vec::with_capacity(ROWS_AT_A_TIME);
+        for f in order.by_ref().take(ROWS_AT_A_TIME) {
+            let row = files[f]
+                .next()
+                .context("a file ended before its rows were counted")??;
+            taken[f] += 1;
+            if taken[f] == lens[f] {
+                tick();
+            }
+            rows.push(row);
         }
-    }
-    Ok((tokens, counted))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::split_at;
-
-    #[test]
-    fn the_held_out_tokens_start_at_an_example_and_each_side_counts_its_own_starts() {
-        let ids = [0u32; 10];
-        let starts = [0, 4, 7];
-        // Examples: the cut moves to the next example's start, none is split.
-        assert_eq!(
-            split_at(&ids, &starts, 0.4, true),
-            (7, [vec![0, 4], vec![0]])
-        );
-        // No example starts after the cut: the last one is cut in two.
-        assert_eq!(
-            split_at(&ids, &starts, 0.2, true),
-            (8, [vec![0, 4, 7], vec![0]])
-        );
-        // Plain text is cut where the fraction falls; the second half starts again at 0.
-        assert_eq!(
-            split_at(&ids, &starts, 0.5, false),
-            (5, [vec![0, 4], vec![0, 2]])
-        );
-        assert_eq!(
-            split_at(&ids, &starts, 0.0, true),
-            (10, [vec![0, 4, 7], vec![]])
-        );
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let encoded: Vec<anyhow::Result<(Vec<u32>, Vec<bool>)>> = (rows.par_iter())
+            .map(|row| {
+                let at = |e: String| anyhow::anyhow!("{}: {e}", row.at);
+                let example = Example::from_value(&row.value, schema).map_err(at)?;
+                example
+                    .encode(tokenizer, template.as_ref(), eos)
+                    .map_err(at)
+            })
+            .collect();
+        for example in encoded {
+            let (ids, flags) = example?;
+            writer.push(&ids, Some(&flags))?;
+        }
     }
 }

@@ -143,9 +143,15 @@ pub struct PrepareArgs {
     /// to use.
     #[arg(long, value_name = "TOKENIZER_JSON|FILE.gguf")]
     pub tokenizer: PathBuf,
-    /// The token file to write (safetensors).
+    /// The token file to write (safetensors); with --tokens-per-file, the directory of
+    /// token files to write.
     #[arg(long, value_name = "TOKENS")]
     pub output: PathBuf,
+    /// Write the corpus as several token files of about N tokens each (whole documents),
+    /// in the --output directory, each with its own held-out part; `fit --data DIR` takes
+    /// them as one.
+    #[arg(long, value_parser = positive, value_name = "N")]
+    pub tokens_per_file: Option<usize>,
     /// The fraction of the tokens held out for validation (the end of the last documents).
     #[arg(long, default_value_t = 0.1, value_name = "F")]
     pub val_fraction: f64,
@@ -300,8 +306,8 @@ pub struct EvalArgs {
     #[arg(long, value_parser = positive, default_value_t = 32)]
     pub batch_size: usize,
     /// The text the model was trained on, if not the bundled corpus; for --model or a
-    /// checkpoint of a `fit --model` run, the token file (its validation tokens are
-    /// evaluated).
+    /// checkpoint of a `fit --model` run, the token file, a directory of them or a
+    /// comma-separated list (their validation tokens are evaluated).
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
     /// Tokens per window, for --model or a `fit --model` run's checkpoint.

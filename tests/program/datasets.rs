@@ -112,3 +112,106 @@ fn mixed_files_follow_the_weights_and_the_seed() {
     let (ok, _, err) = prepare(d, "m4.safetensors", &files, &["--mix", "1,1"]);
     assert!(!ok && err.contains("--mix"), "{err}");
 }
+
+#[test]
+fn a_corpus_written_as_several_token_files_is_one_corpus_to_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let files = [
+        "messages.jsonl",
+        "sharegpt.jsonl",
+        "alpaca.parquet",
+        "prompt_completion.jsonl",
+        "text.jsonl",
+    ];
+    let (ok, out, err) = prepare(d, "one.safetensors", &files, &[]);
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = prepare(d, "shards", &files, &["--tokens-per-file", "120"]);
+    assert!(ok, "{out}{err}");
+    let mut shards: Vec<PathBuf> = std::fs::read_dir(d.join("shards"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    shards.sort();
+    assert!(shards.len() >= 3, "{out}: {shards:?}");
+    assert!(
+        out.contains(&format!("({} token files)", shards.len())),
+        "{out}"
+    );
+    // The files one after another hold the one file's tokens, flags and example starts.
+    let load = |p: &Path| candle_core::safetensors::load(p, &candle_core::Device::Cpu).unwrap();
+    let one = load(&d.join("one.safetensors"));
+    let (mut ids, mut mask, mut starts) = (vec![], vec![], vec![]);
+    for shard in &shards {
+        let t = load(shard);
+        let offset = ids.len() as i64;
+        let shard_ids = t["train"].to_dtype(candle_core::DType::U32).unwrap();
+        ids.extend(shard_ids.to_vec1::<u32>().unwrap());
+        mask.extend(t["train_mask"].to_vec1::<u8>().unwrap());
+        let s = t["train_starts"].to_vec1::<i64>().unwrap();
+        starts.extend(s.iter().map(|s| s + offset));
+    }
+    let u32s = |name: &str| one[name].to_dtype(candle_core::DType::U32).unwrap();
+    assert_eq!(ids, u32s("train").to_vec1::<u32>().unwrap());
+    assert_eq!(mask, one["train_mask"].to_vec1::<u8>().unwrap());
+    assert_eq!(starts, one["train_starts"].to_vec1::<i64>().unwrap());
+    // fit takes the directory, or a list, as one corpus (each file with its held-out part).
+    let tokenizer = format!("{}/tokenizer.json", hf_fixture("chat_v5"));
+    let mut args = vec!["prepare", "--tokenizer", &tokenizer, "--format", "jsonl"];
+    args.extend([
+        "--no-progress",
+        "--val-fraction",
+        "0.3",
+        "--tokens-per-file",
+        "120",
+    ]);
+    args.extend(["--output", "held"]);
+    let paths: Vec<String> = files.iter().map(|f| data(f)).collect();
+    args.extend(paths.iter().map(String::as_str));
+    let (ok, out, err) = wick(d, &args);
+    assert!(ok, "{out}{err}");
+    let model = super::chat_llama(d);
+    let model = model.to_str().unwrap();
+    let mut shards: Vec<PathBuf> = std::fs::read_dir(d.join("held"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    shards.sort();
+    for data in [
+        "held".to_string(),
+        shards
+            .iter()
+            .map(|s| s.to_str().unwrap())
+            .collect::<Vec<_>>()
+            .join(","),
+    ] {
+        let (ok, out, err) = wick(
+            d,
+            &[
+                "fit",
+                "--model",
+                model,
+                "--data",
+                &data,
+                "--seq",
+                "64",
+                "--batch-size",
+                "2",
+                "--max-steps",
+                "2",
+                "--val-every",
+                "1000",
+                "--no-progress",
+                "--checkpoint-dir",
+                "ck",
+                "--log-dir",
+                "runs",
+            ],
+        );
+        assert!(ok, "{out}{err}");
+        assert!(
+            err.contains("train split: windows of 64 packed as documents"),
+            "{err}"
+        );
+    }
+}

@@ -4,4 +4,6 @@
 
 pub(crate) mod data_loader;
 pub(crate) mod packing;
+pub(crate) mod split_file;
 pub(crate) mod token_dataset;
+pub(crate) mod token_file;

@@ -1,295 +1,40 @@
-//! Token files and `TokenDataset`: text tokenized once (`wick prepare`) into a safetensors
-//! file of two 1-D integer tensors, `train` and `val`, served as windows of `seq + 1`
-//! tokens: the model reads the first `seq` and predicts the last `seq`.
+//! `TokenDataset`: token files (`wick prepare`, [`crate::write_token_file`]) served as
+//! windows of `seq + 1` tokens: the model reads the first `seq` and predicts the last `seq`.
+//! One file or several, taken as one corpus (a corpus prepared as several files); each
+//! file's windows are its own, memory-mapped, so a corpus larger than memory trains in a
+//! resident set that does not grow with it.
 //!
-//! Instruction data adds `train_mask` and `val_mask` (u8, one per token: 1 where the token
-//! counts as a target of the loss, 0 for a prompt's): a window's uncounted targets come out
-//! as [`wick_core::IGNORE_INDEX`], `transformers`' -100 label.
-//!
-//! `train_starts` and `val_starts` (i64, which Candle, NumPy and PyTorch all read) record
-//! where each document (each example) starts,
-//! so that windows can hold whole documents, each kept to itself ([`Packing`]).
+//! A file of instruction data has a mask: a window's uncounted targets come out as
+//! [`wick_core::IGNORE_INDEX`], `transformers`' -100 label. Where the file records where
+//! each document starts, windows can hold whole documents, each kept to itself
+//! ([`Packing`]).
 //!
 //! The file's metadata names the tokenizer that made it (`wick.tokenizer`, the SHA-256 of
 //! its `tokenizer.json`) and its vocabulary size (`wick.vocab_size`), so that a file made by
 //! another tokenizer, or with ids a model cannot embed, is refused before training.
 
 use crate::checkpoint::CheckpointError;
-use crate::data::packing::{best_fit_decreasing, Packing};
+use crate::data::packing::Packing;
+use crate::data::split_file::{Rows, SplitFile};
+use crate::data::token_file::Split;
 use crate::{Dataset, TrainerError};
 use candle_core::{Device, Tensor};
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use wick_core::{FileError, SafetensorsFile, TokenBatch, IGNORE_INDEX};
+use std::path::Path;
+use wick_core::{FileError, TokenBatch};
 
-/// The metadata key of the tokenizer's hash.
-pub const TOKENIZER_KEY: &str = "wick.tokenizer";
-/// The metadata key of the vocabulary size.
-pub const VOCAB_KEY: &str = "wick.vocab_size";
-
-/// Which part of a token file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Split {
-    /// The tokens to train on.
-    Train,
-    /// The tokens held out for validation.
-    Val,
-}
-
-impl Split {
-    /// The tensor's name in the file.
-    pub fn name(self) -> &'static str {
-        match self {
-            Split::Train => "train",
-            Split::Val => "val",
-        }
-    }
-
-    /// The name of its mask, in a file of instruction data.
-    pub fn mask_name(self) -> &'static str {
-        match self {
-            Split::Train => "train_mask",
-            Split::Val => "val_mask",
-        }
-    }
-
-    /// The name of its documents' starts.
-    pub fn starts_name(self) -> &'static str {
-        match self {
-            Split::Train => "train_starts",
-            Split::Val => "val_starts",
-        }
-    }
-}
-
-/// The tokens of one split and, for instruction data, whether each counts as a target;
-/// where known, where each document starts.
-#[derive(Clone, Copy, Debug)]
-pub struct TokenSplit<'a> {
-    /// The ids.
-    pub ids: &'a [u32],
-    /// One flag per id (`None`: every token counts).
-    pub counted: Option<&'a [bool]>,
-    /// The index of each document's first token, from 0, increasing (`None`: unknown).
-    pub starts: Option<&'a [u64]>,
-}
-
-impl<'a> From<&'a [u32]> for TokenSplit<'a> {
-    fn from(ids: &'a [u32]) -> Self {
-        TokenSplit {
-            ids,
-            counted: None,
-            starts: None,
-        }
-    }
-}
-
-// `&Vec<u32>` and `&[u32; N]` too, which the old `&[u32]` parameter took by coercion.
-impl<'a> From<&'a Vec<u32>> for TokenSplit<'a> {
-    fn from(ids: &'a Vec<u32>) -> Self {
-        ids.as_slice().into()
-    }
-}
-
-impl<'a, const N: usize> From<&'a [u32; N]> for TokenSplit<'a> {
-    fn from(ids: &'a [u32; N]) -> Self {
-        ids.as_slice().into()
-    }
-}
-
-/// Writes a token file at `path`: `train` and `val` as u16 when every id fits (a vocabulary
-/// of at most 65536), else u32, their masks where they have them (both or neither), with
-/// the tokenizer's hash and vocabulary size. Written under a temporary name and renamed, so
-/// a failed write leaves nothing.
-pub fn write_token_file<'a>(
-    path: &Path,
-    train: impl Into<TokenSplit<'a>>,
-    val: impl Into<TokenSplit<'a>>,
-    tokenizer_hash: &str,
-    vocab_size: usize,
-) -> Result<(), TrainerError> {
-    let (train, val) = (train.into(), val.into());
-    check_splits(&train, &val, vocab_size)?;
-    let narrow = vocab_size <= 1 << 16;
-    let tensors: Vec<(&str, safetensors::Dtype, Vec<u8>)> =
-        [(Split::Train, &train), (Split::Val, &val)]
-            .into_iter()
-            .flat_map(|(split, tokens)| encoded(split, tokens, narrow))
-            .collect();
-    let io = |cause| TrainerError::Io {
-        path: path.to_path_buf(),
-        cause,
-    };
-    let views = (tensors.iter())
-        .map(|(name, dtype, bytes)| {
-            let len = bytes.len() / (dtype.bitsize() / 8);
-            safetensors::tensor::TensorView::new(*dtype, vec![len], bytes).map(|v| (*name, v))
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| io(std::io::Error::other(e.to_string())))?;
-    let metadata = BTreeMap::from([
-        (TOKENIZER_KEY.to_string(), tokenizer_hash.to_string()),
-        (VOCAB_KEY.to_string(), vocab_size.to_string()),
-    ]);
-    let mut data = safetensors::serialize(views, Some(metadata.into_iter().collect()))
-        .map_err(|e| io(std::io::Error::other(e.to_string())))?;
-    sort_header(&mut data);
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, data).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
-}
-
-/// The tensors of one split: its ids as u16 when `narrow` (else u32), its mask (u8) and its
-/// documents' starts (i64) where it has them.
-fn encoded(
-    split: Split,
-    tokens: &TokenSplit,
-    narrow: bool,
-) -> Vec<(&'static str, safetensors::Dtype, Vec<u8>)> {
-    use safetensors::Dtype;
-    let ids = match narrow {
-        true => (
-            Dtype::U16,
-            tokens
-                .ids
-                .iter()
-                .flat_map(|&i| (i as u16).to_le_bytes())
-                .collect(),
-        ),
-        false => (
-            Dtype::U32,
-            tokens.ids.iter().flat_map(|&i| i.to_le_bytes()).collect(),
-        ),
-    };
-    let mut all = vec![(split.name(), ids.0, ids.1)];
-    if let Some(counted) = tokens.counted {
-        all.push((
-            split.mask_name(),
-            Dtype::U8,
-            counted.iter().map(|&b| b as u8).collect(),
-        ));
-    }
-    if let Some(starts) = tokens.starts {
-        let bytes = starts
-            .iter()
-            .flat_map(|&s| (s as i64).to_le_bytes())
-            .collect();
-        all.push((split.starts_name(), Dtype::I64, bytes));
-    }
-    all
-}
-
-/// Checks a token file's splits: a mask of one flag per token in both or neither, starts
-/// as [`check_starts`] wants them, every id below `vocab_size`.
-fn check_splits(
-    train: &TokenSplit,
-    val: &TokenSplit,
-    vocab_size: usize,
-) -> Result<(), TrainerError> {
-    for split in [train, val] {
-        if split.counted.is_some_and(|c| c.len() != split.ids.len()) {
-            return Err(TrainerError::config("mask", "needs one flag per token"));
-        }
-    }
-    if train.counted.is_some() != val.counted.is_some() {
-        return Err(TrainerError::config(
-            "mask",
-            "both splits have one or neither",
-        ));
-    }
-    check_starts(train, val)?;
-    for (name, split) in [("train", train), ("val", val)] {
-        if let Some(at) = split.ids.iter().position(|&id| id as usize >= vocab_size) {
-            // Narrowed to u16 it would wrap to another token, silently.
-            return Err(TrainerError::config(
-                "vocab-size",
-                format!(
-                    "{name} token {at} is id {}, not below the vocabulary's {vocab_size}",
-                    split.ids[at]
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Checks that both splits record their documents' starts or neither, each from 0,
-/// increasing, within its tokens.
-fn check_starts(train: &TokenSplit, val: &TokenSplit) -> Result<(), TrainerError> {
-    if train.starts.is_some() != val.starts.is_some() {
-        return Err(TrainerError::config(
-            "starts",
-            "both splits have them or neither",
-        ));
-    }
-    for (name, split) in [("train", train), ("val", val)] {
-        let Some(starts) = split.starts else { continue };
-        let ordered = starts.windows(2).all(|w| w[0] < w[1]);
-        let first =
-            starts.first().is_none_or(|&s| s == 0) && (split.ids.is_empty() || !starts.is_empty());
-        let inside = starts
-            .last()
-            .is_none_or(|&s| (s as usize) < split.ids.len());
-        if !(ordered && first && inside) {
-            return Err(TrainerError::config(
-                "starts",
-                format!(
-                    "{name}'s must start at 0 and increase within its {} tokens",
-                    split.ids.len()
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Puts the keys of a serialized safetensors file's header in sorted order, padded to its
-/// length: safetensors writes `__metadata__` from a `HashMap`, whose order changes from one
-/// run to the next, and the same tokens must give the same bytes.
-fn sort_header(data: &mut [u8]) {
-    let len = u64::from_le_bytes(data[..8].try_into().expect("8 bytes")) as usize;
-    let header = &mut data[8..8 + len];
-    let parsed: serde_json::Value =
-        serde_json::from_slice(header).expect("safetensors wrote a JSON header");
-    // serde_json's maps keep their keys sorted.
-    let sorted = serde_json::to_vec(&parsed).expect("JSON serializes");
-    header[..sorted.len()].copy_from_slice(&sorted);
-    header[sorted.len()..].fill(b' ');
-}
-
-/// Windows of one split of a token file, memory-mapped, as its [`Packing`] lays them:
-/// under `Concat`, window i is tokens `i * seq .. i * seq + seq + 1` (every token but the
-/// first a target exactly once); under `Documents` and `Padded`, whole documents, each its
-/// own inputs and targets, positions restarting at each, the rest of the window padding
-/// that is not counted. A [`DataLoader`](crate::DataLoader) orders the windows (seeded) and
-/// resumes from a checkpoint's data position as for any dataset.
+/// Windows of one split of one or several token files, as their [`Packing`] lays them:
+/// under `Concat`, window i of a file is its tokens `i * seq .. i * seq + seq + 1` (every
+/// token but the first a target exactly once); under `Documents` and `Padded`, whole
+/// documents, each its own inputs and targets, positions restarting at each, the rest of
+/// the window padding that is not counted. The files' windows follow one another, in the
+/// order given. A [`DataLoader`](crate::DataLoader) orders the windows (seeded) and resumes
+/// from a checkpoint's data position as for any dataset.
 #[derive(Clone)]
 pub struct TokenDataset {
-    file: Arc<SafetensorsFile>,
-    split: Split,
+    files: Vec<SplitFile>,
+    /// The windows before each file's end.
+    ends: Vec<usize>,
     seq: usize,
-    windows: Windows,
-    /// The file holds the split's mask (instruction data).
-    masked: bool,
-}
-
-/// Where a dataset's windows come from.
-#[derive(Clone)]
-enum Windows {
-    /// Window i starts at token `i * seq`; this many windows.
-    Concat(usize),
-    /// Window i holds these documents, (first token, tokens) each, at most `seq + 1`
-    /// tokens each; and how many documents were cut to that.
-    Documents {
-        bins: Arc<Vec<Vec<(u64, usize)>>>,
-        packing: Packing,
-        truncated: usize,
-    },
-}
-
-fn file_error(path: &Path, tensor: Option<&str>, message: String) -> TrainerError {
-    TrainerError::Checkpoint(CheckpointError::File(FileError::new(path, tensor, message)))
 }
 
 impl TokenDataset {
@@ -307,144 +52,122 @@ impl TokenDataset {
         seq: usize,
         packing: Option<Packing>,
     ) -> Result<Self, TrainerError> {
-        let path = path.as_ref();
-        let file = SafetensorsFile::open(path).map_err(CheckpointError::File)?;
-        let tokens = checked_tokens(&file, split)?;
-        let masked = file.names().iter().any(|n| n == split.mask_name());
-        let has_starts = file.names().iter().any(|n| n == split.starts_name());
-        if seq == 0 {
-            return Err(TrainerError::config(
-                "seq",
-                "must be at least 1 token, got 0",
-            ));
-        }
-        let default = match masked && has_starts {
-            true => Packing::Documents,
-            false => Packing::Concat,
-        };
-        let windows = match packing.unwrap_or(default) {
-            Packing::Concat => Windows::Concat(tokens.saturating_sub(1) / seq),
-            packing => {
-                if !has_starts {
+        Self::open_files(&[path.as_ref()], split, seq, packing)
+    }
+
+    /// Split `split` of every token file of `paths`, one corpus: the same kind of data
+    /// (instruction data or text) in each, packed alike.
+    pub fn open_files(
+        paths: &[impl AsRef<Path>],
+        split: Split,
+        seq: usize,
+        packing: Option<Packing>,
+    ) -> Result<Self, TrainerError> {
+        let mut files: Vec<SplitFile> = Vec::new();
+        let mut tokens = 0;
+        for path in paths {
+            let (file, n) = SplitFile::open(path.as_ref(), split, seq, packing)?;
+            if let Some(first) = files.first() {
+                if (file.is_masked(), file.packing()) != (first.is_masked(), first.packing()) {
+                    let kind = |f: &SplitFile| match f.is_masked() {
+                        true => "instruction data",
+                        false => "text",
+                    };
                     return Err(file_error(
-                        path,
-                        Some(split.starts_name()),
+                        path.as_ref(),
                         format!(
-                            "--packing {} needs the documents' starts, which this file does not \
-                         record: run wick prepare again",
-                            packing.name()
+                            "holds {}, packed as {}; {} holds {}, packed as {}: one corpus is one kind",
+                            kind(&file),
+                            file.packing().name(),
+                            first.path().display(),
+                            kind(first),
+                            first.packing().name()
                         ),
                     ));
                 }
-                documents(&file, split, tokens, seq, packing)?
             }
+            tokens += n;
+            files.push(file);
+        }
+        let ends = (files.iter())
+            .scan(0, |end, f| {
+                *end += f.len();
+                Some(*end)
+            })
+            .collect::<Vec<_>>();
+        let Some(first) = files.first() else {
+            return Err(TrainerError::config("data", "no token files"));
         };
-        let dataset = TokenDataset {
-            file: Arc::new(file),
-            split,
-            seq,
-            windows,
-            masked,
-        };
-        if dataset.len() == 0 {
+        if ends.last() == Some(&0) {
+            let what = match files.len() {
+                1 => format!("'{}': {tokens} tokens", split.name()),
+                n => format!(
+                    "the '{}' splits of its {n} files: {tokens} tokens",
+                    split.name()
+                ),
+            };
             return Err(file_error(
-                path,
-                Some(split.name()),
-                format!("{tokens} tokens, too few for one window of {} (--seq {seq} and its next token)", seq + 1),
+                first.path(),
+                format!(
+                    "{what}, too few for one window of {} (--seq {seq} and its next token)",
+                    seq + 1
+                ),
             ));
         }
-        Ok(dataset)
+        Ok(TokenDataset { files, ends, seq })
+    }
+
+    /// The file and its window of window `i`.
+    fn locate(&self, i: usize) -> (&SplitFile, usize) {
+        let f = self.ends.partition_point(|&end| end <= i);
+        let before = if f == 0 { 0 } else { self.ends[f - 1] };
+        (&self.files[f], i - before)
     }
 
     /// Whether the split has a mask: some targets may not count.
     pub fn is_masked(&self) -> bool {
-        self.masked
+        self.files[0].is_masked()
     }
 
     /// How the windows are laid out.
     pub fn packing(&self) -> Packing {
-        match &self.windows {
-            Windows::Concat(_) => Packing::Concat,
-            Windows::Documents { packing, .. } => *packing,
-        }
+        self.files[0].packing()
     }
 
     /// How many documents were longer than a window and cut to it (0 under `Concat`).
     pub fn truncated(&self) -> usize {
-        match &self.windows {
-            Windows::Concat(_) => 0,
-            Windows::Documents { truncated, .. } => *truncated,
-        }
+        self.files.iter().map(SplitFile::truncated).sum()
     }
 
     /// The input positions of all windows that hold a document's token, and all of them:
     /// what is not padding (every position under `Concat`).
     pub fn fill(&self) -> (usize, usize) {
-        let all = self.len() * self.seq;
-        match &self.windows {
-            Windows::Concat(_) => (all, all),
-            Windows::Documents { bins, .. } => {
-                let used = bins.iter().flatten().map(|&(_, n)| n - 1).sum();
-                (used, all)
-            }
-        }
+        (self.files.iter().map(SplitFile::fill)).fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
     }
 
-    /// The documents of window `i`, (first token, tokens) each; `None` under `Concat`.
+    /// The documents of window `i`, (first token in its file, tokens) each; `None` under
+    /// `Concat`.
     pub fn documents_of(&self, i: usize) -> Option<&[(u64, usize)]> {
-        match &self.windows {
-            Windows::Concat(_) => None,
-            Windows::Documents { bins, .. } => bins.get(i).map(Vec::as_slice),
-        }
+        let (file, i) = self.locate(i);
+        file.documents_of(i)
     }
 
-    /// The file.
+    /// The first file.
     pub fn path(&self) -> &Path {
-        self.file.path()
+        self.files[0].path()
     }
 
-    /// A metadata value of the file.
-    fn meta(&self, key: &str) -> Option<&str> {
-        self.file
-            .metadata()
-            .and_then(|m| m.get(key))
-            .map(String::as_str)
+    /// How many files the windows come from.
+    pub fn files(&self) -> usize {
+        self.files.len()
     }
 
-    /// Checks the file was made by the tokenizer whose hash is `hash`, for a model of
+    /// Checks every file was made by the tokenizer whose hash is `hash`, for a model of
     /// `vocab_size` ids.
     pub fn check(&self, hash: &str, vocab_size: usize) -> Result<(), TrainerError> {
-        let path: PathBuf = self.path().to_path_buf();
-        match self.meta(TOKENIZER_KEY) {
-            Some(h) if h == hash => {}
-            Some(h) => {
-                return Err(file_error(
-                    &path,
-                    None,
-                    format!(
-                        "made by another tokenizer (hash {h}) than the model's ({hash}); run wick \
-                     prepare again with the model's tokenizer.json"
-                    ),
-                ))
-            }
-            None => {
-                return Err(file_error(
-                    &path,
-                    None,
-                    format!("has no '{TOKENIZER_KEY}' metadata: not a wick token file"),
-                ))
-            }
-        }
-        let file_vocab: usize = self
-            .meta(VOCAB_KEY)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| file_error(&path, None, format!("has no '{VOCAB_KEY}' metadata")))?;
-        if file_vocab > vocab_size {
-            return Err(file_error(&path, None, format!(
-                "its tokenizer has {file_vocab} ids, more than the model's vocabulary of {vocab_size}"
-            )));
-        }
-        Ok(())
+        self.files
+            .iter()
+            .try_for_each(|f| f.check(hash, vocab_size))
     }
 
     /// Tokens the model reads per window.
@@ -453,181 +176,30 @@ impl TokenDataset {
     }
 }
 
-/// The number of tokens of `split` in `file`, checked: one dimension of u16 or u32 ids,
-/// and a mask of one u8 flag per token where there is one.
-fn checked_tokens(file: &SafetensorsFile, split: Split) -> Result<usize, TrainerError> {
-    let path = file.path();
-    let name = split.name();
-    let shape = file.shape(name).map_err(CheckpointError::File)?;
-    let &[tokens] = shape.as_slice() else {
-        return Err(file_error(
-            path,
-            Some(name),
-            format!("shape {shape:?}, expected one dimension of token ids"),
-        ));
-    };
-    if file.names().iter().any(|n| n == split.mask_name()) {
-        let mask = split.mask_name();
-        let (shape, dtype) = (
-            file.shape(mask).map_err(CheckpointError::File)?,
-            file.dtype(mask).map_err(CheckpointError::File)?,
-        );
-        if shape != [tokens] || dtype != "U8" {
-            return Err(file_error(
-                path,
-                Some(mask),
-                format!("{dtype} of shape {shape:?}, expected U8 flags, one per token of '{name}' ({tokens})"),
-            ));
-        }
-    }
-    let dtype = file.dtype(name).map_err(CheckpointError::File)?;
-    if dtype != "U16" && dtype != "U32" {
-        return Err(file_error(
-            path,
-            Some(name),
-            format!("dtype {dtype}, expected U16 or U32 token ids"),
-        ));
-    }
-    Ok(tokens)
-}
-
-/// The windows of whole documents of `split` (of `tokens` tokens): each document of at
-/// least two tokens (one target) cut to `seq + 1`, then placed by best-fit decreasing
-/// (`Documents`) or one per window (`Padded`).
-fn documents(
-    file: &SafetensorsFile,
-    split: Split,
-    tokens: usize,
-    seq: usize,
-    packing: Packing,
-) -> Result<Windows, TrainerError> {
-    let name = split.starts_name();
-    let shape = file.shape(name).map_err(CheckpointError::File)?;
-    let starts = file
-        .read_u64(name, 0..shape.iter().product())
-        .map_err(CheckpointError::File)?;
-    let bad = starts.first().is_some_and(|&s| s != 0)
-        || starts.windows(2).any(|w| w[0] >= w[1])
-        || starts.last().is_some_and(|&s| s as usize >= tokens);
-    if bad {
-        return Err(file_error(
-            file.path(),
-            Some(name),
-            format!("must start at 0 and increase within the {tokens} tokens"),
-        ));
-    }
-    let ends = starts.iter().skip(1).copied().chain([tokens as u64]);
-    let whole: Vec<(u64, usize)> = (starts.iter().zip(ends))
-        .map(|(&s, e)| (s, (e - s) as usize))
-        .filter(|&(_, n)| n >= 2)
-        .collect();
-    let truncated = whole.iter().filter(|&&(_, n)| n > seq + 1).count();
-    let docs: Vec<(u64, usize)> = whole.iter().map(|&(s, n)| (s, n.min(seq + 1))).collect();
-    let bins = match packing {
-        Packing::Padded => docs.iter().map(|&d| vec![d]).collect(),
-        _ => {
-            // A document of n tokens fills n - 1 positions (its inputs; its targets are
-            // the same positions shifted by one).
-            let sizes: Vec<usize> = docs.iter().map(|&(_, n)| n - 1).collect();
-            (best_fit_decreasing(&sizes, seq).into_iter())
-                .map(|bin| bin.into_iter().map(|i| docs[i]).collect())
-                .collect()
-        }
-    };
-    Ok(Windows::Documents {
-        bins: Arc::new(bins),
-        packing,
-        truncated,
-    })
-}
-
-impl TokenDataset {
-    /// Window `i` under `Concat`: inputs, targets and nothing else.
-    fn concat_window(
-        &self,
-        i: usize,
-        (inputs, targets): (&mut Vec<u32>, &mut Vec<u32>),
-    ) -> candle_core::Result<()> {
-        let seq = self.seq;
-        let window = self
-            .file
-            .read_u32(self.split.name(), i * seq..i * seq + seq + 1)?;
-        inputs.extend_from_slice(&window[..seq]);
-        targets.extend(self.targets(&window, i * seq + 1)?);
-        Ok(())
-    }
-
-    /// The targets of the tokens `window[1..]`, the first of them token `at` of the split:
-    /// [`IGNORE_INDEX`] where the mask does not count them.
-    fn targets(&self, window: &[u32], at: usize) -> candle_core::Result<Vec<u32>> {
-        let next = &window[1..];
-        if !self.masked {
-            return Ok(next.to_vec());
-        }
-        let counted = (self.file).read_u32(self.split.mask_name(), at..at + next.len())?;
-        Ok(next
-            .iter()
-            .zip(counted)
-            .map(|(&t, c)| if c == 0 { IGNORE_INDEX } else { t })
-            .collect())
-    }
-
-    /// A window of whole documents, each from position 0, then padding (id 0, not
-    /// counted, each pad a document of its own so that nothing attends to it).
-    fn documents_window(
-        &self,
-        docs: &[(u64, usize)],
-        (inputs, targets, positions): (&mut Vec<u32>, &mut Vec<u32>, &mut Vec<u32>),
-    ) -> candle_core::Result<()> {
-        let mut used = 0;
-        for &(start, n) in docs {
-            let start = start as usize;
-            let tokens = self.file.read_u32(self.split.name(), start..start + n)?;
-            inputs.extend_from_slice(&tokens[..n - 1]);
-            targets.extend(self.targets(&tokens, start + 1)?);
-            positions.extend(0..n as u32 - 1);
-            used += n - 1;
-        }
-        let pad = self.seq - used;
-        inputs.extend(std::iter::repeat_n(0, pad));
-        targets.extend(std::iter::repeat_n(IGNORE_INDEX, pad));
-        positions.extend(std::iter::repeat_n(0, pad));
-        Ok(())
-    }
+fn file_error(path: &Path, message: String) -> TrainerError {
+    TrainerError::Checkpoint(CheckpointError::File(FileError::new(path, None, message)))
 }
 
 impl Dataset for TokenDataset {
     type Batch = TokenBatch;
 
     fn len(&self) -> usize {
-        match &self.windows {
-            Windows::Concat(n) => *n,
-            Windows::Documents { bins, .. } => bins.len(),
-        }
+        *self.ends.last().expect("at least one file")
     }
 
     fn batch(&self, indices: &[usize], device: &Device) -> candle_core::Result<Self::Batch> {
         let (n, seq) = (indices.len(), self.seq);
-        let mut inputs = Vec::with_capacity(n * seq);
-        let mut targets = Vec::with_capacity(n * seq);
-        let tensor = |v: Vec<u32>| Tensor::from_vec(v, (n, seq), device);
-        match &self.windows {
-            Windows::Concat(_) => {
-                for &i in indices {
-                    self.concat_window(i, (&mut inputs, &mut targets))?;
-                }
-                Ok(TokenBatch::new(tensor(inputs)?, tensor(targets)?))
-            }
-            Windows::Documents { bins, .. } => {
-                let mut positions = Vec::with_capacity(n * seq);
-                for &i in indices {
-                    let parts = (&mut inputs, &mut targets, &mut positions);
-                    self.documents_window(&bins[i], parts)?;
-                }
-                let (ids, targets) = (tensor(inputs)?, tensor(targets)?);
-                Ok(TokenBatch::packed(ids, targets, tensor(positions)?))
-            }
+        let mut rows = Rows::default();
+        for &i in indices {
+            let (file, i) = self.locate(i);
+            file.window(i, &mut rows)?;
         }
+        let tensor = |v: Vec<u32>| Tensor::from_vec(v, (n, seq), device);
+        let (ids, targets) = (tensor(rows.inputs)?, tensor(rows.targets)?);
+        Ok(match self.packing() {
+            Packing::Concat => TokenBatch::new(ids, targets),
+            _ => TokenBatch::packed(ids, targets, tensor(rows.positions)?),
+        })
     }
 
     fn tokens_per_sample(&self) -> usize {
@@ -638,6 +210,8 @@ impl Dataset for TokenDataset {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::token_file::{write_token_file, TokenSplit};
+    use wick_core::IGNORE_INDEX;
 
     #[test]
     fn windows_overlap_by_one_token_and_bad_files_are_named() {
@@ -806,6 +380,50 @@ mod tests {
         assert!(
             e.contains("train_starts") && e.contains("prepare again"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn several_files_are_one_corpus_and_must_be_one_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, c) = (
+            dir.path().join("a"),
+            dir.path().join("b"),
+            dir.path().join("c"),
+        );
+        let ids = |from: u32, n: u32| (from..from + n).collect::<Vec<u32>>();
+        write_token_file(&a, &ids(0, 9), &ids(100, 3), "abc", 1000).unwrap();
+        // Too few tokens for a window of its own: it adds none.
+        write_token_file(&b, &ids(200, 2), &ids(300, 3), "abc", 1000).unwrap();
+        write_token_file(&c, &ids(400, 5), &ids(500, 3), "abc", 1000).unwrap();
+        let data = TokenDataset::open_files(&[&a, &b, &c], Split::Train, 4, None).unwrap();
+        assert_eq!((data.len(), data.files()), (3, 3));
+        let batch = data.batch(&[2, 0, 1], &Device::Cpu).unwrap();
+        let rows = batch.ids.to_vec2::<u32>().unwrap();
+        assert_eq!(rows, [ids(400, 4), ids(0, 4), ids(4, 4)]);
+        data.check("abc", 1000).unwrap();
+        // Instruction data beside text is refused, naming both files.
+        let counted = [true; 3];
+        let masked = |ids: &'static [u32]| TokenSplit {
+            ids,
+            counted: Some(&counted[..ids.len()]),
+            starts: None,
+        };
+        write_token_file(&b, masked(&[1, 2, 3]), masked(&[4, 5]), "abc", 1000).unwrap();
+        let e = TokenDataset::open_files(&[&a, &b], Split::Train, 2, None)
+            .err()
+            .unwrap();
+        let e = e.to_string();
+        assert!(
+            e.contains("holds instruction data") && e.contains("holds text"),
+            "{e}"
+        );
+        let none = TokenDataset::open_files(&[&b], Split::Val, 4, None)
+            .err()
+            .unwrap();
+        assert!(
+            none.to_string().contains("too few for one window"),
+            "{none}"
         );
     }
 }

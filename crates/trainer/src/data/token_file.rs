@@ -1,0 +1,661 @@
+//! The token file's format and its writers: a safetensors file of the `train` and `val` ids
+//! (u16 where the vocabulary allows, else u32), for instruction data a mask of the targets
+//! that count (`train_mask`, `val_mask`, u8), each document's first token (`train_starts`,
+//! `val_starts`, i64, which Candle, NumPy and PyTorch all read), and the tokenizer's hash
+//! and vocabulary size in the metadata. [`write_token_file`] writes splits held in memory;
+//! [`TokenFileWriter`] writes a corpus of any size as its documents come, in bounded memory.
+//! Both write under a temporary name and rename, so a failed write leaves nothing.
+
+use crate::TrainerError;
+use safetensors::tensor::{Metadata, TensorInfo};
+use safetensors::Dtype;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// The metadata key of the tokenizer's hash.
+pub const TOKENIZER_KEY: &str = "wick.tokenizer";
+/// The metadata key of the vocabulary size.
+pub const VOCAB_KEY: &str = "wick.vocab_size";
+
+/// Which part of a token file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// The tokens to train on.
+    Train,
+    /// The tokens held out for validation.
+    Val,
+}
+
+impl Split {
+    /// The tensor's name in the file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Split::Train => "train",
+            Split::Val => "val",
+        }
+    }
+
+    /// The name of its mask, in a file of instruction data.
+    pub fn mask_name(self) -> &'static str {
+        match self {
+            Split::Train => "train_mask",
+            Split::Val => "val_mask",
+        }
+    }
+
+    /// The name of its documents' starts.
+    pub fn starts_name(self) -> &'static str {
+        match self {
+            Split::Train => "train_starts",
+            Split::Val => "val_starts",
+        }
+    }
+}
+
+/// The tokens of one split and, for instruction data, whether each counts as a target;
+/// where known, where each document starts.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenSplit<'a> {
+    /// The ids.
+    pub ids: &'a [u32],
+    /// One flag per id (`None`: every token counts).
+    pub counted: Option<&'a [bool]>,
+    /// The index of each document's first token, from 0, increasing (`None`: unknown).
+    pub starts: Option<&'a [u64]>,
+}
+
+impl<'a> From<&'a [u32]> for TokenSplit<'a> {
+    fn from(ids: &'a [u32]) -> Self {
+        TokenSplit {
+            ids,
+            counted: None,
+            starts: None,
+        }
+    }
+}
+
+// `&Vec<u32>` and `&[u32; N]` too, which the old `&[u32]` parameter took by coercion.
+impl<'a> From<&'a Vec<u32>> for TokenSplit<'a> {
+    fn from(ids: &'a Vec<u32>) -> Self {
+        ids.as_slice().into()
+    }
+}
+
+impl<'a, const N: usize> From<&'a [u32; N]> for TokenSplit<'a> {
+    fn from(ids: &'a [u32; N]) -> Self {
+        ids.as_slice().into()
+    }
+}
+
+/// Writes a token file at `path` from splits in memory: `train` and `val` as u16 when every
+/// id fits (a vocabulary of at most 65536), else u32, their masks and starts where they have
+/// them (both or neither), with the tokenizer's hash and vocabulary size.
+pub fn write_token_file<'a>(
+    path: &Path,
+    train: impl Into<TokenSplit<'a>>,
+    val: impl Into<TokenSplit<'a>>,
+    tokenizer_hash: &str,
+    vocab_size: usize,
+) -> Result<(), TrainerError> {
+    let (train, val) = (train.into(), val.into());
+    check_splits(&train, &val, vocab_size)?;
+    let narrow = vocab_size <= 1 << 16;
+    let mut parts = Vec::new();
+    for (split, tokens) in [(Split::Train, &train), (Split::Val, &val)] {
+        parts.push(Part::ids(
+            split,
+            narrow,
+            tokens.ids.len(),
+            once(id_bytes(tokens.ids, narrow)),
+        ));
+        if let Some(counted) = tokens.counted {
+            let flags = counted.iter().map(|&b| b as u8).collect();
+            parts.push(Part::new(
+                split.mask_name(),
+                Dtype::U8,
+                counted.len(),
+                once(flags),
+            ));
+        }
+        if let Some(starts) = tokens.starts {
+            let bytes = starts
+                .iter()
+                .flat_map(|&s| (s as i64).to_le_bytes())
+                .collect();
+            parts.push(Part::new(
+                split.starts_name(),
+                Dtype::I64,
+                starts.len(),
+                once(bytes),
+            ));
+        }
+    }
+    write_parts(path, parts, metadata(tokenizer_hash, vocab_size))
+}
+
+/// A token file written as its documents come, in memory that does not grow with the
+/// corpus: the ids, flags and starts go to anonymous temporary files beside the output, and
+/// [`TokenFileWriter::finish`] writes the token file from them, the last `val_fraction`
+/// held out.
+pub struct TokenFileWriter {
+    path: PathBuf,
+    vocab_size: usize,
+    /// u32 little-endian, every token.
+    ids: BufWriter<File>,
+    /// u8, every token (instruction data).
+    flags: Option<BufWriter<File>>,
+    /// u64 little-endian, every document's first token.
+    starts: BufWriter<File>,
+    tokens: usize,
+    documents: usize,
+}
+
+/// What a [`TokenFileWriter`] wrote: the tokens of each split, the documents, the counted
+/// targets (instruction data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Written {
+    /// Training tokens.
+    pub train: usize,
+    /// Held-out tokens.
+    pub val: usize,
+    /// Documents (examples).
+    pub documents: usize,
+    /// Tokens that count as targets (`None`: every one).
+    pub counted: Option<usize>,
+}
+
+impl TokenFileWriter {
+    /// A writer of the token file `path`, for a tokenizer of `vocab_size` ids; `masked`
+    /// for instruction data, whose documents come with the flags of their counted targets.
+    pub fn create(path: &Path, vocab_size: usize, masked: bool) -> Result<Self, TrainerError> {
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let spill = || {
+            tempfile::tempfile_in(dir)
+                .map(BufWriter::new)
+                .map_err(|cause| TrainerError::Io {
+                    path: dir.to_path_buf(),
+                    cause,
+                })
+        };
+        Ok(TokenFileWriter {
+            path: path.to_path_buf(),
+            vocab_size,
+            ids: spill()?,
+            flags: masked.then(spill).transpose()?,
+            starts: spill()?,
+            tokens: 0,
+            documents: 0,
+        })
+    }
+
+    /// Appends a document: its ids and, for instruction data, whether each counts.
+    pub fn push(&mut self, ids: &[u32], counted: Option<&[bool]>) -> Result<(), TrainerError> {
+        let at = self.tokens as u64;
+        self.starts
+            .write_all(&at.to_le_bytes())
+            .map_err(|e| self.io(e))?;
+        self.documents += 1;
+        self.append(ids, counted)
+    }
+
+    /// Appends tokens to the last document (the end-of-text token that closes it).
+    pub fn append(&mut self, ids: &[u32], counted: Option<&[bool]>) -> Result<(), TrainerError> {
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.vocab_size) {
+            return Err(TrainerError::config(
+                "vocab-size",
+                format!(
+                    "document {} holds id {id}, not below the vocabulary's {}",
+                    self.documents.saturating_sub(1),
+                    self.vocab_size
+                ),
+            ));
+        }
+        match (&mut self.flags, counted) {
+            (Some(flags), Some(c)) if c.len() == ids.len() => {
+                let bytes: Vec<u8> = c.iter().map(|&b| b as u8).collect();
+                flags
+                    .write_all(&bytes)
+                    .map_err(|e| io_error(&self.path, e))?;
+            }
+            (None, None) => {}
+            _ => {
+                return Err(TrainerError::config(
+                    "mask",
+                    "instruction data needs one flag per token, plain text none",
+                ))
+            }
+        }
+        let bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+        self.ids.write_all(&bytes).map_err(|e| self.io(e))?;
+        self.tokens += ids.len();
+        Ok(())
+    }
+
+    /// Tokens so far.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    fn io(&self, cause: std::io::Error) -> TrainerError {
+        io_error(&self.path, cause)
+    }
+
+    /// Writes the token file: the last `val_fraction` of the tokens held out (from the
+    /// start of an example after that point, for instruction data, so that none is split;
+    /// a text document cut in two starts again at the cut).
+    pub fn finish(self, val_fraction: f64, tokenizer_hash: &str) -> Result<Written, TrainerError> {
+        let io = |e| io_error(&self.path, e);
+        let spilled = |w: BufWriter<File>| -> Result<File, TrainerError> {
+            let mut file = w.into_inner().map_err(|e| io(e.into_error()))?;
+            file.seek(SeekFrom::Start(0)).map_err(io)?;
+            Ok(file)
+        };
+        let n = self.tokens;
+        let ids = spilled(self.ids)?;
+        let flags = self.flags.map(spilled).transpose()?;
+        let starts_file = spilled(self.starts)?;
+        let starts = Spill::new(&starts_file, 8);
+        let whole = flags.is_some();
+        let (cut, train_docs, cut_in_two) =
+            held_out(&starts, (n, self.documents), val_fraction, whole).map_err(io)?;
+        let narrow = self.vocab_size <= 1 << 16;
+        let id_part = Spill::new(&ids, 4);
+        let flag_part = flags.as_ref().map(|f| Spill::new(f, 1));
+        let mut parts = Vec::new();
+        for (split, range, docs) in [
+            (Split::Train, 0..cut, 0..train_docs),
+            (Split::Val, cut..n, train_docs..self.documents),
+        ] {
+            let len = range.len();
+            let narrowed = id_part.chunks(range.clone(), move |b| {
+                let ids: Vec<u32> = b
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes(c.try_into().expect("4")))
+                    .collect();
+                id_bytes(&ids, narrow)
+            });
+            parts.push(Part::ids(split, narrow, len, narrowed));
+            if let Some(flags) = &flag_part {
+                parts.push(Part::new(
+                    split.mask_name(),
+                    Dtype::U8,
+                    len,
+                    flags.chunks(range.clone(), |b| b.to_vec()),
+                ));
+            }
+            // Offsets from the split's first token; a split that starts inside a document
+            // starts with that document's rest.
+            let lead = (split == Split::Val && cut_in_two).then_some(0i64);
+            let base = range.start as u64;
+            let shifted = starts.chunks(docs.clone(), move |b| {
+                b.chunks_exact(8)
+                    .flat_map(|c| {
+                        ((u64::from_le_bytes(c.try_into().expect("8")) - base) as i64).to_le_bytes()
+                    })
+                    .collect()
+            });
+            let lead_bytes = lead.map(|l| Ok(l.to_le_bytes().to_vec()));
+            let count = docs.len() + lead.is_some() as usize;
+            parts.push(Part::new(
+                split.starts_name(),
+                Dtype::I64,
+                count,
+                Box::new(lead_bytes.into_iter().chain(shifted)),
+            ));
+        }
+        let counted = match &flag_part {
+            Some(flags) => Some(flags.count_ones(n).map_err(io)?),
+            None => None,
+        };
+        write_parts(&self.path, parts, metadata(tokenizer_hash, self.vocab_size))?;
+        Ok(Written {
+            train: cut,
+            val: n - cut,
+            documents: self.documents,
+            counted,
+        })
+    }
+}
+
+/// Where the held-out tokens of `n` tokens in `documents` documents (their starts in
+/// `starts`) begin: the last `val_fraction`, moved to a document's start when `whole`
+/// documents go to each side; how many documents start before that; whether a
+/// document is cut in two there.
+fn held_out(
+    starts: &Spill,
+    (n, documents): (usize, usize),
+    val_fraction: f64,
+    whole: bool,
+) -> std::io::Result<(usize, usize, bool)> {
+    let val = (n as f64 * val_fraction).round() as usize;
+    let mut cut = n - val;
+    let after = |cut: usize| starts.position(documents, |s| s as usize >= cut);
+    if whole && cut < n {
+        // The next example's start, or else the last example's (all of it held out), or,
+        // for a single example, none held out: an example is never cut in two.
+        cut = match after(cut)? {
+            Some(i) => starts.get(i)? as usize,
+            None if documents > 1 => starts.get(documents - 1)? as usize,
+            None => n,
+        };
+    }
+    let train_docs = after(cut)?.unwrap_or(documents);
+    let cut_in_two =
+        cut < n && (train_docs == documents || starts.get(train_docs)? as usize != cut);
+    Ok((cut, train_docs, cut_in_two))
+}
+
+/// A spilled array of fixed-size elements, read back a block at a time from where it is
+/// asked (each read seeks first, so that several can take turns on one file).
+#[derive(Clone, Copy)]
+struct Spill<'f> {
+    file: &'f File,
+    size: usize,
+}
+
+/// Elements per block read back from a spill.
+const BLOCK: usize = 1 << 18;
+
+impl<'f> Spill<'f> {
+    fn new(file: &'f File, size: usize) -> Self {
+        Spill { file, size }
+    }
+
+    /// Elements `range`'s bytes.
+    fn read(&self, range: std::ops::Range<usize>) -> std::io::Result<Vec<u8>> {
+        let mut file = self.file;
+        file.seek(SeekFrom::Start((range.start * self.size) as u64))?;
+        let mut bytes = vec![0u8; range.len() * self.size];
+        file.read_exact(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Element `i` of an array of u64.
+    fn get(&self, i: usize) -> std::io::Result<u64> {
+        Ok(u64::from_le_bytes(
+            self.read(i..i + 1)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    /// The first of `len` u64 elements for which `hit` holds.
+    fn position(&self, len: usize, hit: impl Fn(u64) -> bool) -> std::io::Result<Option<usize>> {
+        for start in (0..len).step_by(BLOCK) {
+            let block = self.read(start..len.min(start + BLOCK))?;
+            let words = block
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8")));
+            if let Some(i) = words.into_iter().position(&hit) {
+                return Ok(Some(start + i));
+            }
+        }
+        Ok(None)
+    }
+
+    /// How many of the first `len` u8 elements are 1.
+    fn count_ones(&self, len: usize) -> std::io::Result<usize> {
+        let mut ones = 0;
+        for start in (0..len).step_by(BLOCK) {
+            ones += self
+                .read(start..len.min(start + BLOCK))?
+                .iter()
+                .filter(|&&b| b == 1)
+                .count();
+        }
+        Ok(ones)
+    }
+
+    /// Elements `range`, a block at a time, each block's bytes through `convert`.
+    fn chunks(
+        self,
+        range: std::ops::Range<usize>,
+        convert: impl Fn(&[u8]) -> Vec<u8> + 'f,
+    ) -> Chunks<'f> {
+        let end = range.end;
+        Box::new(range.step_by(BLOCK).map(move |start| {
+            self.read(start..end.min(start + BLOCK))
+                .map(|b| convert(&b))
+        }))
+    }
+}
+
+/// The bytes of one tensor, a block at a time.
+type Chunks<'a> = Box<dyn Iterator<Item = std::io::Result<Vec<u8>>> + 'a>;
+
+fn once<'a>(bytes: Vec<u8>) -> Chunks<'a> {
+    Box::new(std::iter::once(Ok(bytes)))
+}
+
+/// One tensor of a token file: its name, dtype, element count and bytes.
+struct Part<'a> {
+    name: &'static str,
+    dtype: Dtype,
+    len: usize,
+    bytes: Chunks<'a>,
+}
+
+impl<'a> Part<'a> {
+    fn new(name: &'static str, dtype: Dtype, len: usize, bytes: Chunks<'a>) -> Self {
+        Part {
+            name,
+            dtype,
+            len,
+            bytes,
+        }
+    }
+
+    /// A split's ids, u16 when `narrow`.
+    fn ids(split: Split, narrow: bool, len: usize, bytes: Chunks<'a>) -> Self {
+        let dtype = if narrow { Dtype::U16 } else { Dtype::U32 };
+        Part::new(split.name(), dtype, len, bytes)
+    }
+}
+
+/// `ids` as u16 when `narrow`, else u32, little-endian.
+fn id_bytes(ids: &[u32], narrow: bool) -> Vec<u8> {
+    match narrow {
+        true => ids.iter().flat_map(|&i| (i as u16).to_le_bytes()).collect(),
+        false => ids.iter().flat_map(|&i| i.to_le_bytes()).collect(),
+    }
+}
+
+/// The file's metadata: the tokenizer's hash and vocabulary size.
+fn metadata(tokenizer_hash: &str, vocab_size: usize) -> HashMap<String, String> {
+    HashMap::from([
+        (TOKENIZER_KEY.to_string(), tokenizer_hash.to_string()),
+        (VOCAB_KEY.to_string(), vocab_size.to_string()),
+    ])
+}
+
+fn io_error(path: &Path, cause: std::io::Error) -> TrainerError {
+    TrainerError::Io {
+        path: path.to_path_buf(),
+        cause,
+    }
+}
+
+/// Writes a safetensors file of `parts` streamed block by block: the header made by the
+/// safetensors crate's own `Metadata` (its keys sorted, so that the same tokens give the same
+/// bytes), the tensors in descending alignment then by name, as safetensors orders them.
+fn write_parts(
+    path: &Path,
+    mut parts: Vec<Part>,
+    metadata: HashMap<String, String>,
+) -> Result<(), TrainerError> {
+    let io = |cause| io_error(path, cause);
+    let other = |e: String| io(std::io::Error::other(e));
+    parts.sort_by_key(|p| (std::cmp::Reverse(p.dtype.bitsize()), p.name));
+    let mut offset = 0;
+    let infos = (parts.iter())
+        .map(|p| {
+            let size = p.len * p.dtype.bitsize() / 8;
+            let info = TensorInfo {
+                dtype: p.dtype,
+                shape: vec![p.len],
+                data_offsets: (offset, offset + size),
+            };
+            offset += size;
+            (p.name.to_string(), info)
+        })
+        .collect();
+    let header = Metadata::new(Some(metadata), infos).map_err(|e| other(e.to_string()))?;
+    // Through a Value, whose maps keep their keys sorted.
+    let value = serde_json::to_value(&header).map_err(|e| other(e.to_string()))?;
+    let mut header = serde_json::to_vec(&value).map_err(|e| other(e.to_string()))?;
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let tmp = path.with_extension("tmp");
+    let write = || -> std::io::Result<()> {
+        let mut out = BufWriter::new(File::create(&tmp)?);
+        out.write_all(&(header.len() as u64).to_le_bytes())?;
+        out.write_all(&header)?;
+        for part in parts {
+            for block in part.bytes {
+                out.write_all(&block?)?;
+            }
+        }
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// Checks a token file's splits: a mask of one flag per token in both or neither, starts
+/// as [`check_starts`] wants them, every id below `vocab_size`.
+fn check_splits(
+    train: &TokenSplit,
+    val: &TokenSplit,
+    vocab_size: usize,
+) -> Result<(), TrainerError> {
+    for split in [train, val] {
+        if split.counted.is_some_and(|c| c.len() != split.ids.len()) {
+            return Err(TrainerError::config("mask", "needs one flag per token"));
+        }
+    }
+    if train.counted.is_some() != val.counted.is_some() {
+        return Err(TrainerError::config(
+            "mask",
+            "both splits have one or neither",
+        ));
+    }
+    check_starts(train, val)?;
+    for (name, split) in [("train", train), ("val", val)] {
+        if let Some(at) = split.ids.iter().position(|&id| id as usize >= vocab_size) {
+            // Narrowed to u16 it would wrap to another token, silently.
+            return Err(TrainerError::config(
+                "vocab-size",
+                format!(
+                    "{name} token {at} is id {}, not below the vocabulary's {vocab_size}",
+                    split.ids[at]
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that both splits record their documents' starts or neither, each from 0,
+/// increasing, within its tokens.
+fn check_starts(train: &TokenSplit, val: &TokenSplit) -> Result<(), TrainerError> {
+    if train.starts.is_some() != val.starts.is_some() {
+        return Err(TrainerError::config(
+            "starts",
+            "both splits have them or neither",
+        ));
+    }
+    for (name, split) in [("train", train), ("val", val)] {
+        let Some(starts) = split.starts else { continue };
+        let ordered = starts.windows(2).all(|w| w[0] < w[1]);
+        let first =
+            starts.first().is_none_or(|&s| s == 0) && (split.ids.is_empty() || !starts.is_empty());
+        let inside = starts
+            .last()
+            .is_none_or(|&s| (s as usize) < split.ids.len());
+        if !(ordered && first && inside) {
+            return Err(TrainerError::config(
+                "starts",
+                format!(
+                    "{name}'s must start at 0 and increase within its {} tokens",
+                    split.ids.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes `docs` (ids, counted) with a [`TokenFileWriter`] at `path`.
+    fn streamed(path: &Path, docs: &[(Vec<u32>, Option<Vec<bool>>)], fraction: f64) -> Written {
+        let masked = docs[0].1.is_some();
+        let mut w = TokenFileWriter::create(path, 1000, masked).unwrap();
+        for (ids, counted) in docs {
+            w.push(ids, counted.as_deref()).unwrap();
+        }
+        w.finish(fraction, "abc").unwrap()
+    }
+
+    #[test]
+    fn the_streaming_writer_writes_what_the_splits_in_memory_give() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        let docs: Vec<(Vec<u32>, Option<Vec<bool>>)> = [4usize, 3, 3]
+            .iter()
+            .enumerate()
+            .map(|(d, &n)| {
+                let ids = (0..n as u32).map(|i| 10 * d as u32 + i).collect();
+                (ids, Some((0..n).map(|i| i != 0).collect()))
+            })
+            .collect();
+        // Examples: 3 of 10 tokens held out from the next example's start (7).
+        let written = streamed(&a, &docs, 0.3);
+        assert_eq!((written.train, written.val, written.documents), (7, 3, 3));
+        assert_eq!(written.counted, Some(7));
+        let ids: Vec<u32> = docs.iter().flat_map(|d| d.0.clone()).collect();
+        let flags: Vec<bool> = docs.iter().flat_map(|d| d.1.clone().unwrap()).collect();
+        let split = |r: std::ops::Range<usize>, starts| TokenSplit {
+            ids: &ids[r.clone()],
+            counted: Some(&flags[r]),
+            starts: Some(starts),
+        };
+        write_token_file(&b, split(0..7, &[0, 4]), split(7..10, &[0]), "abc", 1000).unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        // No example starts after the cut (8): the last one is held out whole.
+        assert_eq!(streamed(&a, &docs, 0.2).train, 7);
+        // Plain text is cut where the fraction falls: the second document in two, starting
+        // again at 0 on the held-out side.
+        let text: Vec<_> = docs.iter().map(|d| (d.0.clone(), None)).collect();
+        let written = streamed(&a, &text, 0.5);
+        assert_eq!((written.train, written.val), (5, 5));
+        let plain = |r: std::ops::Range<usize>, starts| TokenSplit {
+            ids: &ids[r],
+            counted: None,
+            starts: Some(starts),
+        };
+        write_token_file(&b, plain(0..5, &[0, 4]), plain(5..10, &[0, 2]), "abc", 1000).unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        // Nothing held out.
+        assert_eq!(streamed(&a, &text, 0.0).val, 0);
+    }
+
+    #[test]
+    fn an_id_outside_the_vocabulary_is_named_and_nothing_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.safetensors");
+        let mut w = TokenFileWriter::create(&path, 300, false).unwrap();
+        w.push(&[1, 2], None).unwrap();
+        let e = w.push(&[3, 300], None).unwrap_err().to_string();
+        assert!(e.contains("document 1 holds id 300"), "{e}");
+        drop(w);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+}

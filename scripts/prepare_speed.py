@@ -1,0 +1,28 @@
+"""The Python side of scripts/prepare-speed.sh: a text corpus tokenized as Hugging Face
+users do it, `datasets.load_dataset("text")` (a row per line) and `Dataset.map(batched=True)`
+calling the `tokenizers` library's `encode_batch` on each batch of rows, the ids written to
+the dataset's Arrow cache. Prints `python tokens=<n> seconds=<s> tokens_per_s=<r>`.
+
+usage: python scripts/prepare_speed.py TOKENIZER_JSON CORPUS CACHE_DIR NUM_PROC
+       (NUM_PROC 0: one process, `encode_batch` parallel over the cores itself)
+"""
+import sys
+import time
+
+import datasets
+from tokenizers import Tokenizer
+
+tokenizer_path, corpus, cache, num_proc = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+start = time.perf_counter()
+tokenizer = Tokenizer.from_file(tokenizer_path)
+data = datasets.load_dataset("text", data_files=corpus, split="train", cache_dir=cache)
+
+
+def encode(batch):
+    return {"ids": [e.ids for e in tokenizer.encode_batch(batch["text"])]}
+
+
+ids = data.map(encode, batched=True, num_proc=num_proc or None, remove_columns=["text"])
+tokens = sum(len(row) for row in ids.with_format("numpy")["ids"])
+seconds = time.perf_counter() - start
+print(f"python tokens={tokens} seconds={seconds:.1f} tokens_per_s={tokens / seconds:.0f}")
