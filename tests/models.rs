@@ -206,6 +206,25 @@ fn strategies() -> Vec<(String, usize, Box<dyn Strategy>)> {
     all
 }
 
+/// A quiet trainer of `steps` steps whose rank 0 records each step's loss in `losses`.
+pub(crate) fn recording_trainer(
+    devices: usize,
+    strategy: Box<dyn Strategy>,
+    steps: usize,
+    losses: &Losses,
+) -> Trainer {
+    Trainer::builder()
+        .devices(devices)
+        .strategy(strategy)
+        .max_steps(steps)
+        .no_logger()
+        .progress(false)
+        .model_summary(false)
+        .callback(losses.clone())
+        .build()
+        .unwrap()
+}
+
 /// Trains `family` 10 steps; returns the losses and the final parameters by name.
 fn ten_steps(
     family: &str,
@@ -214,16 +233,7 @@ fn ten_steps(
 ) -> (Vec<f64>, Vec<(String, Tensor)>) {
     let r = reference(family);
     let losses = Losses::default();
-    let mut t = Trainer::builder()
-        .devices(devices)
-        .strategy(strategy)
-        .max_steps(10)
-        .no_logger()
-        .progress(false)
-        .model_summary(false)
-        .callback(losses.clone())
-        .build()
-        .unwrap();
+    let mut t = recording_trainer(devices, strategy, 10, &losses);
     let mut m = Attached::new(pretrained(family, OptimizerConfig::adamw(1e-3)));
     t.fit(&mut m, &loader(&r), None).unwrap();
     let seen = losses.0.lock().unwrap().clone();

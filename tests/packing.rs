@@ -4,12 +4,14 @@
 //! every strategy; and 10 AdamW steps of a packed run equal those of an unpacked run that
 //! sees the same examples, one per row.
 
-use crate::models::{max_diff, plain_sgd, pretrained, reference, Losses, FAMILIES};
+use crate::models::{
+    max_diff, plain_sgd, pretrained, recording_trainer, reference, Losses, FAMILIES,
+};
 use candle_core::{Device, Tensor};
 use std::collections::HashMap;
 use wick::core::{OptimizerConfig, Strategy, TokenBatch, IGNORE_INDEX};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
-use wick::trainer::{best_fit_decreasing, Attached, DataLoader, Dataset, Trainer};
+use wick::trainer::{best_fit_decreasing, Attached, DataLoader, Dataset};
 
 /// Tokens per row of a packed batch.
 const SEQ: usize = 32;
@@ -114,19 +116,6 @@ fn bins(examples: &[Example]) -> Vec<Vec<&Example>> {
         .collect()
 }
 
-fn trainer(devices: usize, strategy: Box<dyn Strategy>, steps: usize, losses: &Losses) -> Trainer {
-    Trainer::builder()
-        .devices(devices)
-        .strategy(strategy)
-        .max_steps(steps)
-        .no_logger()
-        .progress(false)
-        .model_summary(false)
-        .callback(losses.clone())
-        .build()
-        .unwrap()
-}
-
 /// `steps` steps of `family` with `optimizer` over `data`, global batches of `batch`
 /// samples, in order: rank 0's losses and the final parameters by name.
 fn run(
@@ -136,7 +125,7 @@ fn run(
     (optimizer, steps): (OptimizerConfig, usize),
 ) -> (Vec<f64>, HashMap<String, Tensor>) {
     let losses = Losses::default();
-    let mut t = trainer(devices, strategy, steps, &losses);
+    let mut t = recording_trainer(devices, strategy, steps, &losses);
     let mut m = Attached::new(pretrained(family, optimizer));
     let loader = DataLoader::new(data, batch).without_shuffle();
     t.fit(&mut m, &loader, None).unwrap();
@@ -216,14 +205,7 @@ fn a_packed_batch_has_the_loss_and_gradients_of_its_examples_alone() {
                 .map(|(n, g)| max_diff(g, &want[n]))
                 .fold(0f32, f32::max);
             let largest = (want.values())
-                .map(|g| {
-                    g.abs()
-                        .unwrap()
-                        .max_all()
-                        .unwrap()
-                        .to_scalar::<f32>()
-                        .unwrap()
-                })
+                .map(|g| max_diff(g, &g.zeros_like().unwrap()))
                 .fold(0f32, f32::max);
             println!(
                 "{family} {name} at W={devices}: packed loss within {loss_diff:e}, every \
