@@ -137,27 +137,14 @@ impl SafetensorsFile {
         })
     }
 
-    /// Elements `range` of the integer tensor `name` (offsets into another tensor), from u32,
-    /// u64 or non-negative i64 (what Candle, NumPy and PyTorch all read).
-    pub fn read_u64(&self, name: &str, range: Range<usize>) -> Result<Vec<u64>, FileError> {
-        let ints = [Dtype::U32, Dtype::U64, Dtype::I64];
-        let (bytes, dtype) = self.bytes(name, range, &ints, "U32, U64 or I64")?;
-        if dtype == Dtype::U32 {
-            return Ok(bytes
-                .chunks_exact(4)
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64)
-                .collect());
-        }
-        let words = bytes
-            .chunks_exact(8)
-            .map(|b| b.try_into().expect("8 bytes"));
-        match dtype {
-            Dtype::U64 => Ok(words.map(u64::from_le_bytes).collect()),
-            _ => words
-                .map(|w| u64::try_from(i64::from_le_bytes(w)))
-                .collect::<Result<_, _>>()
-                .map_err(|_| FileError::new(&self.path, Some(name), "a negative offset")),
-        }
+    /// Elements `range` of the i64 tensor `name` (offsets into another tensor, as Candle,
+    /// NumPy and PyTorch all read them), each checked to be at least 0.
+    pub fn read_offsets(&self, name: &str, range: Range<usize>) -> Result<Vec<u64>, FileError> {
+        let (bytes, _) = self.bytes(name, range, &[Dtype::I64], "I64")?;
+        (bytes.chunks_exact(8))
+            .map(|b| u64::try_from(i64::from_le_bytes(b.try_into().expect("8 bytes"))))
+            .collect::<Result<_, _>>()
+            .map_err(|_| FileError::new(&self.path, Some(name), "a negative offset"))
     }
 
     /// The dtype of tensor `name`, as safetensors names it (`F32`, `U16`, ...).

@@ -108,16 +108,9 @@ impl Gpt2 {
     /// The final hidden states of `ids` (`[batch, time]`, u32): `[batch, time, n_embd]`;
     /// where `documents` are given, positions restart and attention keeps within each.
     fn hidden(&self, ids: &Tensor, documents: Option<&Positions>) -> Result<Tensor> {
-        // One position per token in both cases, so that the table's gradient adds up in
-        // the same order whether the rows are packed or not.
         let positions = match documents {
             Some(d) => d.tensor().clone(),
-            None => {
-                let (b, t) = ids.dims2()?;
-                Tensor::arange(0u32, t as u32, ids.device())?
-                    .unsqueeze(0)?
-                    .repeat((b, 1))?
-            }
+            None => Tensor::arange(0u32, ids.dim(1)? as u32, ids.device())?.unsqueeze(0)?,
         };
         let tokens = self.wte.apply(ids, embed)?;
         let position = self.wpe.apply(&positions, embed)?;

@@ -1,7 +1,7 @@
 //! `Positions`: where each token of a packed batch stands in its own document, so that
 //! attention stops at a document's boundary and rotary and learned positions restart at it.
 
-use candle_core::{DType, Device, Result, Tensor};
+use candle_core::{DType, Result, Tensor};
 use std::sync::Arc;
 
 /// The position of each token of a `[batch, time]` batch within its document: positions
@@ -50,12 +50,6 @@ impl Positions {
         })
     }
 
-    /// Rows of `0..time`, one document each (what a batch without packing is).
-    pub fn sequential(batch: usize, time: usize, device: &Device) -> Result<Self> {
-        let row = Tensor::arange(0u32, time as u32, device)?;
-        Self::new(&row.unsqueeze(0)?.repeat((batch, 1))?)
-    }
-
     /// `[batch, time]`, u32.
     pub fn tensor(&self) -> &Tensor {
         &self.tensor
@@ -87,6 +81,7 @@ impl Positions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
 
     #[test]
     fn positions_must_count_up_from_zero_in_each_document() {

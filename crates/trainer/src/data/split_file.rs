@@ -4,7 +4,7 @@
 
 use crate::checkpoint::CheckpointError;
 use crate::data::packing::{best_fit_decreasing, Packing};
-use crate::data::token_file::{Split, TOKENIZER_KEY, VOCAB_KEY};
+use crate::data::token_file::{starts_are_valid, Split, TOKENIZER_KEY, VOCAB_KEY};
 use crate::TrainerError;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -247,12 +247,9 @@ fn documents(
     let name = split.starts_name();
     let shape = file.shape(name).map_err(CheckpointError::File)?;
     let starts = file
-        .read_u64(name, 0..shape.iter().product())
+        .read_offsets(name, 0..shape.iter().product())
         .map_err(CheckpointError::File)?;
-    let bad = starts.first().is_some_and(|&s| s != 0)
-        || starts.windows(2).any(|w| w[0] >= w[1])
-        || starts.last().is_some_and(|&s| s as usize >= tokens);
-    if bad {
+    if !starts_are_valid(&starts, tokens) {
         return Err(file_error(
             file.path(),
             Some(name),

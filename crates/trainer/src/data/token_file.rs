@@ -150,6 +150,8 @@ pub struct TokenFileWriter {
     starts: BufWriter<File>,
     tokens: usize,
     documents: usize,
+    /// Targets flagged as counted so far (instruction data).
+    counted: usize,
 }
 
 /// What a [`TokenFileWriter`] wrote: the tokens of each split, the documents, the counted
@@ -190,6 +192,7 @@ impl TokenFileWriter {
             starts: spill()?,
             tokens: 0,
             documents: 0,
+            counted: 0,
         })
     }
 
@@ -221,6 +224,7 @@ impl TokenFileWriter {
                 flags
                     .write_all(&bytes)
                     .map_err(|e| io_error(&self.path, e))?;
+                self.counted += c.iter().filter(|&&b| b).count();
             }
             (None, None) => {}
             _ => {
@@ -308,10 +312,7 @@ impl TokenFileWriter {
                 Box::new(lead_bytes.into_iter().chain(shifted)),
             ));
         }
-        let counted = match &flag_part {
-            Some(flags) => Some(flags.count_ones(n).map_err(io)?),
-            None => None,
-        };
+        let counted = whole.then_some(self.counted);
         write_parts(&self.path, parts, metadata(tokenizer_hash, self.vocab_size))?;
         Ok(Written {
             train: cut,
@@ -394,19 +395,6 @@ impl<'f> Spill<'f> {
             }
         }
         Ok(None)
-    }
-
-    /// How many of the first `len` u8 elements are 1.
-    fn count_ones(&self, len: usize) -> std::io::Result<usize> {
-        let mut ones = 0;
-        for start in (0..len).step_by(BLOCK) {
-            ones += self
-                .read(start..len.min(start + BLOCK))?
-                .iter()
-                .filter(|&&b| b == 1)
-                .count();
-        }
-        Ok(ones)
     }
 
     /// Elements `range`, a block at a time, each block's bytes through `convert`.
@@ -562,6 +550,14 @@ fn check_splits(
 
 /// Checks that both splits record their documents' starts or neither, each from 0,
 /// increasing, within its tokens.
+/// Whether `starts` are document starts of `tokens` tokens: from 0, increasing, each
+/// within them (what a token file's writer checks and its reader checks again).
+pub(crate) fn starts_are_valid(starts: &[u64], tokens: usize) -> bool {
+    starts.first().is_none_or(|&s| s == 0)
+        && starts.windows(2).all(|w| w[0] < w[1])
+        && starts.last().is_none_or(|&s| (s as usize) < tokens)
+}
+
 fn check_starts(train: &TokenSplit, val: &TokenSplit) -> Result<(), TrainerError> {
     if train.starts.is_some() != val.starts.is_some() {
         return Err(TrainerError::config(
@@ -571,13 +567,8 @@ fn check_starts(train: &TokenSplit, val: &TokenSplit) -> Result<(), TrainerError
     }
     for (name, split) in [("train", train), ("val", val)] {
         let Some(starts) = split.starts else { continue };
-        let ordered = starts.windows(2).all(|w| w[0] < w[1]);
-        let first =
-            starts.first().is_none_or(|&s| s == 0) && (split.ids.is_empty() || !starts.is_empty());
-        let inside = starts
-            .last()
-            .is_none_or(|&s| (s as usize) < split.ids.len());
-        if !(ordered && first && inside) {
+        let covered = split.ids.is_empty() || !starts.is_empty();
+        if !(covered && starts_are_valid(starts, split.ids.len())) {
             return Err(TrainerError::config(
                 "starts",
                 format!(
