@@ -123,6 +123,12 @@ pub fn tokens(
     );
     let files = token_files(data)?;
     let set = TokenDataset::open_files(&files, split, seq, packing.map(Into::into))?;
+    anyhow::ensure!(
+        !set.is_paired(),
+        "{} holds preference pairs (prompt, chosen, rejected): tune on it with \
+         --objective dpo or ipo",
+        set.path().display()
+    );
     if set.packing() != Packing::Concat {
         let (used, all) = set.fill();
         log::info!(
@@ -163,8 +169,6 @@ pub fn run(args: &FitArgs, model: &Path) -> anyhow::Result<FitReport> {
         );
         lm = lm.with_lora(lora)?;
     }
-    let train = tokens(&lm, data, Split::Train, (args.seq, args.packing))?;
-    let val = tokens(&lm, data, Split::Val, (args.seq, args.packing))?;
     let tokenizer = lm.tokenizer().context("the model has no tokenizer")?;
     let mut checkpoints = ModelCheckpoint::new(&args.checkpoint_dir)
         .with_attachment(CONFIG_FILE, lm.config_json().as_bytes().to_vec())
@@ -178,6 +182,12 @@ pub fn run(args: &FitArgs, model: &Path) -> anyhow::Result<FitReport> {
         let adapter_config = lora.to_peft_json(&base.to_string_lossy());
         checkpoints = checkpoints.with_attachment(ADAPTER_CONFIG_FILE, adapter_config.into_bytes());
     }
+    if args.objective.preference_loss().is_some() {
+        let files = token_files(data)?;
+        return crate::preference_fit::run(args, (model, lm), &files, checkpoints);
+    }
+    let train = tokens(&lm, data, Split::Train, (args.seq, args.packing))?;
+    let val = tokens(&lm, data, Split::Val, (args.seq, args.packing))?;
     let (train, val) = (
         DataLoader::new(train, args.batch_size),
         DataLoader::new(val, args.batch_size).without_shuffle(),

@@ -23,6 +23,7 @@ mod inspect;
 mod loss_plot;
 mod main_job;
 mod model_export;
+mod preference_fit;
 mod prepare;
 mod program_trainer;
 mod sample;

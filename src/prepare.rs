@@ -11,6 +11,10 @@
 //! another, each closed by the end-of-text token; `--mix` interleaves the files by weights.
 //! A bad row (not JSON, missing keys, a template that fails) is an error naming the file and
 //! line or row, and nothing is written.
+//!
+//! Rows of preference pairs (`prompt`/`chosen`/`rejected`, `--schema preference` or found
+//! from the first row's columns) make a preference token file: two documents per row, the
+//! prompt with its chosen completion then with its rejected one, for `fit --objective dpo`.
 
 use crate::cli::{DataFormat, PrepareArgs};
 use crate::example_files;
@@ -18,7 +22,7 @@ use crate::token_shards::TokenShards;
 use anyhow::Context;
 use rayon::prelude::*;
 use std::io::{BufRead, IsTerminal};
-use wick_models::{ChatTemplate, Example, TextTokenizer};
+use wick_models::{ChatTemplate, Document, Example, Schema, TextTokenizer};
 
 /// Writes the token file and says what it holds.
 pub fn run(args: &PrepareArgs) -> anyhow::Result<String> {
@@ -40,6 +44,7 @@ pub fn run(args: &PrepareArgs) -> anyhow::Result<String> {
         }
     };
     let masked = args.format == DataFormat::Jsonl;
+    let paired = masked && holds_pairs(args)?;
     let hash = tokenizer.hash();
     let mut writer = TokenShards::create(
         &args.output,
@@ -47,6 +52,9 @@ pub fn run(args: &PrepareArgs) -> anyhow::Result<String> {
         (tokenizer.vocab_size(), &hash),
         (masked, args.val_fraction),
     )?;
+    if paired {
+        writer = writer.paired();
+    }
     match args.format {
         DataFormat::Text => texts(&tokenizer, &args.texts, &mut writer, tick)?,
         DataFormat::Jsonl => jsonl(&tokenizer, args, &mut writer, tick)?,
@@ -71,9 +79,10 @@ pub fn run(args: &PrepareArgs) -> anyhow::Result<String> {
         written.train,
         written.val,
         written.documents,
-        match args.format {
-            DataFormat::Text => "document(s)",
-            DataFormat::Jsonl => "example(s)",
+        match (args.format, paired) {
+            (DataFormat::Text, _) => "document(s)",
+            (DataFormat::Jsonl, false) => "example(s)",
+            (DataFormat::Jsonl, true) => "documents (two per preference pair)",
         },
         &hash[..12],
         tokenizer.vocab_size()
@@ -198,18 +207,49 @@ fn jsonl(
         if rows.is_empty() {
             return Ok(());
         }
-        let encoded: Vec<anyhow::Result<(Vec<u32>, Vec<bool>)>> = (rows.par_iter())
+        let encoded: Vec<anyhow::Result<Vec<Document>>> = (rows.par_iter())
             .map(|row| {
                 let at = |e: String| anyhow::anyhow!("{}: {e}", row.at);
                 let example = Example::from_value(&row.value, schema).map_err(at)?;
-                example
-                    .encode(tokenizer, template.as_ref(), eos)
-                    .map_err(at)
+                let template = template.as_ref();
+                match (example, writer.is_paired()) {
+                    (Example::Preference(pair), true) => {
+                        Ok(pair.encode(tokenizer, template, eos).map_err(at)?.to_vec())
+                    }
+                    (Example::Preference(_), false) | (_, true) => Err(at(
+                        "preference pairs and single examples do not mix in one token file".into(),
+                    )),
+                    (example, false) => Ok(vec![example
+                        .encode(tokenizer, template, eos)
+                        .map_err(at)?]),
+                }
             })
             .collect();
-        for example in encoded {
-            let (ids, flags) = example?;
-            writer.push(&ids, Some(&flags))?;
+        for documents in encoded {
+            for (ids, flags) in documents? {
+                writer.push(&ids, Some(&flags))?;
+            }
         }
     }
+}
+
+/// Whether the rows are preference pairs: `--schema preference`, or, found from the
+/// columns, the first file's first row has `chosen` and `rejected`.
+fn holds_pairs(args: &PrepareArgs) -> anyhow::Result<bool> {
+    Ok(match args.schema.into() {
+        Schema::Preference => true,
+        Schema::Auto => match args.texts.first() {
+            Some(path) => {
+                let first = example_files::rows(path)?.next().transpose()?;
+                first.is_some_and(|row| {
+                    matches!(
+                        Example::from_value(&row.value, Schema::Auto),
+                        Ok(Example::Preference(_))
+                    )
+                })
+            }
+            None => false,
+        },
+        _ => false,
+    })
 }

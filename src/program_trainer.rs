@@ -28,6 +28,39 @@ impl Callback for LossHistory {
     }
 }
 
+/// A trainer of `args`' ranks (accelerator, devices, strategy, threads, seed) that logs
+/// and saves nothing: for a pass before the fit, as the reference of preference tuning.
+pub fn bare_trainer(args: &FitArgs) -> anyhow::Result<Trainer> {
+    Ok(ranks(args)?
+        .no_logger()
+        .progress(false)
+        .model_summary(false)
+        .build()?)
+}
+
+/// A builder of `args`' ranks: the accelerator, the devices (the main job's default is 2
+/// ranks as threads; on CUDA one per GPU; under a launcher, its process count), the
+/// strategy, the threads of each rank and the seed.
+fn ranks(args: &FitArgs) -> anyhow::Result<wick_trainer::TrainerBuilder> {
+    let kind = args.accelerator;
+    let devices = match (args.devices, LaunchEnv::detect()?, kind) {
+        (None, None, DeviceKind::Cpu) => Some(2),
+        (None, None, DeviceKind::Cuda) => Some(cuda_device_count()?),
+        (devices, ..) => devices,
+    };
+    let mut builder = Trainer::builder()
+        .device_kind(kind)
+        .seed(args.seed)
+        .strategy(args.strategy_spec().map_err(anyhow::Error::msg)?);
+    if let Some(d) = devices {
+        builder = builder.devices(d);
+    }
+    if let Some(n) = args.threads_per_rank {
+        builder = builder.threads_per_rank(n);
+    }
+    Ok(builder)
+}
+
 /// What a run reports.
 #[derive(Debug, Clone)]
 pub struct FitReport {
@@ -66,20 +99,10 @@ impl ProgramTrainer {
     /// extra settings (attachments) under the options' rules, unless `--no-checkpoints`.
     pub fn new(args: &FitArgs, checkpoints: ModelCheckpoint) -> anyhow::Result<ProgramTrainer> {
         let history = LossHistory::default();
-        // The main job's default is 2 ranks as threads (CUDA: one per GPU); under a
-        // launcher, its process count.
-        let kind = args.accelerator;
-        let devices = match (args.devices, LaunchEnv::detect()?, kind) {
-            (None, None, DeviceKind::Cpu) => Some(2),
-            (None, None, DeviceKind::Cuda) => Some(cuda_device_count()?),
-            (devices, ..) => devices,
-        };
-        let mut builder = Trainer::builder()
-            .device_kind(kind)
+        let mut builder = ranks(args)?
             .accumulate_grad_batches(args.accumulate)
             .on_nonfinite(args.on_nonfinite)
             .max_steps(args.max_steps)
-            .seed(args.seed)
             .run_name(&args.run_name)
             .log_dir(&args.log_dir)
             .loggers(args.logger.iter().copied())
@@ -91,13 +114,6 @@ impl ProgramTrainer {
             .preemption(Preemption::on_signals().context("catching SIGTERM, SIGINT and SIGUSR1")?)
             .callback(LearningRateMonitor::new())
             .callback(history.clone());
-        builder = builder.strategy(args.strategy_spec().map_err(anyhow::Error::msg)?);
-        if let Some(d) = devices {
-            builder = builder.devices(d);
-        }
-        if let Some(n) = args.threads_per_rank {
-            builder = builder.threads_per_rank(n);
-        }
         if let Some(uri) = &args.mlflow_uri {
             builder = builder.mlflow_uri(uri);
         }

@@ -17,6 +17,8 @@ pub struct TokenShards {
     finished: Vec<Written>,
     val_fraction: f64,
     tokenizer_hash: String,
+    /// Documents come in preference pairs, which no file boundary splits.
+    paired: bool,
 }
 
 impl TokenShards {
@@ -42,7 +44,21 @@ impl TokenShards {
             finished: Vec::new(),
             val_fraction,
             tokenizer_hash: tokenizer_hash.to_string(),
+            paired: false,
         })
+    }
+
+    /// Marks the documents as preference pairs ([`TokenFileWriter::paired`]): a file ends
+    /// only after a pair's second document.
+    pub fn paired(mut self) -> Self {
+        self.paired = true;
+        self.current = self.current.paired();
+        self
+    }
+
+    /// Whether the documents are preference pairs.
+    pub fn is_paired(&self) -> bool {
+        self.paired
     }
 
     /// File `i`'s path: `output` itself, or `output/tokens-{i:05}.safetensors`.
@@ -55,9 +71,13 @@ impl TokenShards {
 
     /// Starts a document, in the next file when this one holds its share.
     pub fn push(&mut self, ids: &[u32], counted: Option<&[bool]>) -> Result<(), TrainerError> {
-        if self.per_file.is_some_and(|n| self.current.tokens() >= n) {
+        let between_pairs = !self.paired || self.current.documents().is_multiple_of(2);
+        if between_pairs && self.per_file.is_some_and(|n| self.current.tokens() >= n) {
             let next = Self::path_of(&self.output, self.per_file, self.finished.len() + 1);
-            let next = TokenFileWriter::create(&next, self.vocab_size, self.masked)?;
+            let mut next = TokenFileWriter::create(&next, self.vocab_size, self.masked)?;
+            if self.paired {
+                next = next.paired();
+            }
             let done = std::mem::replace(&mut self.current, next);
             self.finished
                 .push(done.finish(self.val_fraction, &self.tokenizer_hash)?);

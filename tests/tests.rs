@@ -48,6 +48,8 @@ mod models;
 mod data_order;
 // Packed batches: each example kept to itself, equal to the examples alone, every family.
 mod packing;
+// Preference tuning (DPO, IPO) against TRL's DPOTrainer, full and LoRA, under every strategy.
+mod dpo;
 // Generation over the KV cache: greedy tokens and logits equal transformers' generate.
 mod generation;
 // llama.cpp's GGUF files: logits of a GGUF Llama, dequantization against the gguf package.

@@ -98,7 +98,8 @@ pub struct FitArgs {
     #[arg(long, value_parser = positive, value_name = "N", default_value_t = 32)]
     pub batch_size: usize,
     /// AdamW peak learning rate (after warmup) [default: by what the run trains: 1e-2 a new
-    /// model, 2e-5 a --model fine-tuned whole, 2e-4 its LoRA adapters (TRL's and PEFT's)].
+    /// model, 2e-5 a --model fine-tuned whole, 1e-6 tuned whole by preference, 2e-4 its
+    /// LoRA adapters (TRL's and PEFT's)].
     #[arg(long, value_parser = positive_number, value_name = "X", allow_hyphen_values = true, default_value_t = RunKind::New.default_lr(), hide_default_value = true)]
     pub lr: f64,
     /// Steps of linear learning-rate warmup [default: a tenth of --decay-steps for a new
@@ -185,6 +186,15 @@ pub struct FitArgs {
     #[arg(long, value_enum, value_name = "HOW")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub packing: Option<super::PackingArg>,
+    /// What the loss is: sft (next-token cross-entropy), or, on a preference token file
+    /// (`wick prepare` of prompt/chosen/rejected rows), dpo (DPO's sigmoid loss) or ipo,
+    /// against --model as it starts (under LoRA, the model with its adapters off).
+    #[arg(long, value_enum, value_name = "sft|dpo|ipo", default_value_t = super::ObjectiveArg::Sft)]
+    pub objective: super::ObjectiveArg,
+    /// dpo and ipo: how far the policy may move from the reference (DPO's β, IPO's τ;
+    /// TRL's default).
+    #[arg(long, value_parser = positive_number, value_name = "B", default_value_t = 0.1)]
+    pub beta: f64,
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
@@ -320,6 +330,8 @@ enum RunKind {
     FineTune,
     /// LoRA adapters beside a pretrained `--model`'s frozen weights.
     Lora,
+    /// Every weight of a pretrained `--model`, tuned on preference pairs.
+    Preference,
 }
 
 impl RunKind {
@@ -328,9 +340,12 @@ impl RunKind {
         let model = table.get("model").and_then(|m| m.as_str());
         match model.map(std::path::Path::new) {
             Some(model) if crate::hf_model::is_pretrained(model) => {
-                match table.contains_key("lora-rank") {
-                    true => RunKind::Lora,
-                    false => RunKind::FineTune,
+                let preference =
+                    (table.get("objective").and_then(|o| o.as_str())).is_some_and(|o| o != "sft");
+                match (table.contains_key("lora-rank"), preference) {
+                    (true, _) => RunKind::Lora,
+                    (false, true) => RunKind::Preference,
+                    (false, false) => RunKind::FineTune,
                 }
             }
             _ => RunKind::New,
@@ -338,12 +353,13 @@ impl RunKind {
     }
 
     /// The peak learning rate of AdamW: the main job's for a new model, and TRL's
-    /// `SFTConfig` (2e-5) and PEFT's LoRA examples (2e-4) for fine-tuning, since a
-    /// pre-training rate would wreck a trained model in a few steps.
+    /// `SFTConfig` (2e-5), its `DPOConfig` (1e-6) and PEFT's LoRA examples (2e-4) for
+    /// fine-tuning, since a pre-training rate would wreck a trained model in a few steps.
     const fn default_lr(self) -> f64 {
         match self {
             RunKind::New => 1e-2,
             RunKind::FineTune => 2e-5,
+            RunKind::Preference => 1e-6,
             RunKind::Lora => 2e-4,
         }
     }
@@ -354,7 +370,7 @@ impl RunKind {
     const fn default_warmup(self) -> Option<i64> {
         match self {
             RunKind::New => None,
-            RunKind::FineTune | RunKind::Lora => Some(0),
+            RunKind::FineTune | RunKind::Lora | RunKind::Preference => Some(0),
         }
     }
 }

@@ -30,6 +30,15 @@ impl FitArgs {
                 return Err("lora-rank fine-tunes a --model; the character model has none".into());
             }
         }
+        if self.objective.preference_loss().is_some() && self.model.is_none() {
+            return Err(format!(
+                "objective {} tunes a --model on preference pairs; the character model has none",
+                name_of(self.objective)
+            ));
+        }
+        if !(self.beta > 0.0 && self.beta.is_finite()) {
+            return Err(format!("beta must be a positive number, got {}", self.beta));
+        }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(format!("lr must be a positive number, got {}", self.lr));
         }

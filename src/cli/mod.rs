@@ -212,6 +212,9 @@ pub enum SchemaArg {
     Sharegpt,
     /// Alpaca's `instruction`, `input` and `output`.
     Alpaca,
+    /// Preference pairs: `prompt`, `chosen` and `rejected` (text or messages), for
+    /// `fit --objective dpo|ipo`.
+    Preference,
 }
 
 impl From<SchemaArg> for wick_models::Schema {
@@ -223,6 +226,31 @@ impl From<SchemaArg> for wick_models::Schema {
             SchemaArg::Messages => Self::Messages,
             SchemaArg::Sharegpt => Self::ShareGpt,
             SchemaArg::Alpaca => Self::Alpaca,
+            SchemaArg::Preference => Self::Preference,
+        }
+    }
+}
+
+/// `fit --objective`: what the loss is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ObjectiveArg {
+    /// Next-token cross-entropy over the counted targets (pre-training, supervised
+    /// fine-tuning).
+    Sft,
+    /// DPO's sigmoid loss on a preference token file, against the model as it starts.
+    Dpo,
+    /// IPO's squared loss on a preference token file, against the model as it starts.
+    Ipo,
+}
+
+impl ObjectiveArg {
+    /// The preference loss, for dpo and ipo.
+    pub fn preference_loss(self) -> Option<wick_models::PreferenceLoss> {
+        match self {
+            ObjectiveArg::Sft => None,
+            ObjectiveArg::Dpo => Some(wick_models::PreferenceLoss::Sigmoid),
+            ObjectiveArg::Ipo => Some(wick_models::PreferenceLoss::Ipo),
         }
     }
 }

@@ -9,6 +9,7 @@ mod generation;
 mod gguf;
 mod instruction;
 mod lora;
+mod preference;
 #[cfg(unix)]
 mod signals;
 

@@ -4,7 +4,8 @@
 //! the [`Stage`]s, the [`Collective`] trait that worlds implement, the [`Strategy`] trait that
 //! strategies implement, the [`ShardedContext`] handed to `configure_sharded_model`, the
 //! optimizer configuration a module returns (with its learning-rate schedule), the
-//! [`TokenBatch`] a language model trains on, the state a checkpoint holds ([`RankState`],
+//! [`TokenBatch`] a language model trains on (and the [`PreferenceBatch`] it is tuned on by
+//! preference), the state a checkpoint holds ([`RankState`],
 //! [`StateReader`]), and the error types. It knows no other wick crate
 //! and no device or collective engine.
 
@@ -23,6 +24,7 @@ mod lock;
 mod lr_schedule;
 mod module;
 mod optimizer;
+mod preference_batch;
 mod safetensors_file;
 mod solo_world;
 mod splitmix;
@@ -46,8 +48,9 @@ pub use error::{CollectiveError, Error, FileError, Result};
 pub use grad_mode::{grad_enabled, no_grad};
 pub use lock::lock;
 pub use lr_schedule::{Decay, LrSchedule};
-pub use module::{TrainModule, IGNORE_INDEX};
+pub use module::{StepMetric, TrainModule, IGNORE_INDEX};
 pub use optimizer::{Algorithm, OptimizerConfig};
+pub use preference_batch::PreferenceBatch;
 pub use safetensors_file::SafetensorsFile;
 pub use solo_world::SoloWorld;
 pub use splitmix::splitmix64;

@@ -53,6 +53,15 @@ pub trait TrainModule: Send {
         None
     }
 
+    /// What the module measured over this rank's samples since the last call, as sums with
+    /// the count of samples they are over: the trainer takes them after each optimizer
+    /// step, adds them up over the ranks, and logs each name's sum over its count (the
+    /// global batch's mean) in every logger (TRL's `rewards/chosen` and the like). Every
+    /// rank must return the same names, in the same order. Default: none.
+    fn take_step_metrics(&mut self) -> Vec<StepMetric> {
+        Vec::new()
+    }
+
     /// The model FLOPs of training on one token of a sample of `seq` tokens
     /// (`Dataset::tokens_per_sample`), forward and backward: what the loggers' model FLOPs
     /// utilisation (`mfu`) sets against the measured peak. PaLM's accounting, as
@@ -93,4 +102,15 @@ pub trait TrainModule: Send {
     fn teardown(&mut self, _stage: Stage) -> Result<()> {
         Ok(())
     }
+}
+
+/// A value a module measured over its samples of a step ([`TrainModule::take_step_metrics`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepMetric {
+    /// The name it is logged under.
+    pub name: &'static str,
+    /// The sum over this rank's samples.
+    pub sum: f64,
+    /// How many samples the sum is over.
+    pub count: f64,
 }

@@ -7,7 +7,8 @@ use crate::error::read_text;
 use crate::gpt2::Gpt2;
 use crate::kv_cache::KvCache;
 use crate::lora::{
-    DropoutKey, LoraConfig, PeftNames, WithAdapters, ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE,
+    Adapters, DropoutKey, LoraConfig, PeftNames, WithAdapters, ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILE,
 };
 use crate::{ModelError, TextTokenizer};
 use candle_core::{DType, Result, Tensor, D};
@@ -327,17 +328,50 @@ impl CausalLm {
 
     /// [`CausalLm::loss`] of a batch, each document of a packed one kept to itself.
     pub fn batch_loss(&self, batch: &TokenBatch) -> Result<Tensor> {
-        self.loss_with(batch, None)
+        self.loss_with(batch, Adapters::On(None))
     }
 
-    fn loss_with(&self, batch: &TokenBatch, dropout: Option<DropoutKey>) -> Result<Tensor> {
+    fn loss_with(&self, batch: &TokenBatch, adapters: Adapters) -> Result<Tensor> {
         let TokenBatch { ids, targets, .. } = batch;
         let documents = Self::documents(batch)?;
         let documents = documents.as_ref();
         match self.net_for(ids)? {
-            Net::Decoder(m) => m.loss((ids, targets), documents, dropout),
+            Net::Decoder(m) => m.loss((ids, targets), documents, adapters),
             Net::Gpt2(m) => m.loss((ids, targets), documents),
         }
+    }
+
+    /// The log-probability of each row's counted targets, summed over the row: `[rows]`,
+    /// f32 (what preference tuning compares). The output projection and the
+    /// log-probabilities are one op ([`wick_nn::linear_log_probs`]).
+    pub fn row_log_probs(&self, batch: &TokenBatch) -> Result<Tensor> {
+        self.row_log_probs_with(batch, Adapters::On(None))
+    }
+
+    /// [`CausalLm::row_log_probs`] with LoRA's adapters as `adapters` says (off: the base
+    /// model's).
+    pub(crate) fn row_log_probs_with(
+        &self,
+        batch: &TokenBatch,
+        adapters: Adapters,
+    ) -> Result<Tensor> {
+        let TokenBatch { ids, targets, .. } = batch;
+        let documents = Self::documents(batch)?;
+        let documents = documents.as_ref();
+        match self.net_for(ids)? {
+            Net::Decoder(m) => m.row_log_probs((ids, targets), documents, adapters),
+            Net::Gpt2(m) => m.row_log_probs((ids, targets), documents),
+        }
+    }
+
+    /// The adapters of training step `batch_idx`: on, their dropout masks drawn from this
+    /// rank and `batch_idx`, so that a unit run again in backward and a resumed run draw
+    /// the same.
+    pub(crate) fn training_adapters(&self, batch_idx: usize) -> Adapters {
+        Adapters::On(Some(DropoutKey {
+            rank: self.rank,
+            batch: batch_idx,
+        }))
     }
 }
 
@@ -390,14 +424,9 @@ impl TrainModule for CausalLm {
         Some(self.config.flops_per_token(seq, adapters))
     }
 
-    /// The loss of the batch; LoRA's dropout masks are drawn from this rank and
-    /// `batch_idx`, so that a unit run again in backward and a resumed run draw the same.
+    /// The loss of the batch ([`CausalLm::training_adapters`]' dropout masks).
     fn training_step(&mut self, batch: &Self::Batch, batch_idx: usize) -> Result<Tensor> {
-        let key = DropoutKey {
-            rank: self.rank,
-            batch: batch_idx,
-        };
-        self.loss_with(batch, Some(key))
+        self.loss_with(batch, self.training_adapters(batch_idx))
     }
 
     /// The targets that count: those not [`wick_nn::IGNORE_INDEX`] (a prompt's, in

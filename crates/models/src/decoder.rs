@@ -10,15 +10,15 @@
 use crate::config::{Activation, DecoderConfig};
 use crate::kv_cache::{KvCache, LayerCache};
 use crate::layers::{embed, heads, linear, loss_rows, merge_heads, normal, project};
-use crate::lora::{DropoutKey, LoraConfig, Projection};
+use crate::lora::{Adapters, LoraConfig, Projection};
 use crate::rope::RopeTables;
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use std::sync::Arc;
 use wick_core::{ShardedContext, Wrapped};
 use wick_nn::{
-    causal_attention_in_documents, gelu, linear_cross_entropy, rms_norm, rms_norm_unit_offset,
-    swiglu, AttentionOptions, Linear, Positions, RmsNorm, RotaryEmbedding,
+    causal_attention_in_documents, gelu, linear_cross_entropy, linear_log_probs, rms_norm,
+    rms_norm_unit_offset, swiglu, AttentionOptions, Linear, Positions, RmsNorm, RotaryEmbedding,
 };
 
 /// Where a forward's tokens stand: after `Offset` positions a cache holds (0 for a whole
@@ -155,18 +155,18 @@ impl DecoderLayer {
         }
     }
 
-    /// The layer's output, within each document where `documents` are given; `dropout`
-    /// draws LoRA's masks (training only).
+    /// The layer's output, within each document where `documents` are given; `adapters`
+    /// says whether LoRA's adapters take part and which dropout masks they draw.
     fn forward(
         &self,
         x: &Tensor,
         rope: &RotaryEmbedding,
         documents: Option<&Positions>,
-        dropout: Option<DropoutKey>,
+        adapters: Adapters,
     ) -> Result<Tensor> {
         let attention = self.attention;
         let at = documents.map_or(At::Offset(0), At::Documents);
-        self.forward_at(x, (rope, at), dropout, |q, k, v| {
+        self.forward_at(x, (rope, at), adapters, |q, k, v| {
             causal_attention_in_documents(q, &k, &v, &attention, documents)
         })
     }
@@ -180,9 +180,12 @@ impl DecoderLayer {
         offset: usize,
     ) -> Result<Tensor> {
         let attention = self.attention;
-        self.forward_at(x, (rope, At::Offset(offset)), None, |q, k, v| {
-            cache.attend(q, k, v, &attention)
-        })
+        self.forward_at(
+            x,
+            (rope, At::Offset(offset)),
+            Adapters::On(None),
+            |q, k, v| cache.attend(q, k, v, &attention),
+        )
     }
 
     /// The layer's output for `x` at the positions `at` says, its queries and the new
@@ -191,29 +194,29 @@ impl DecoderLayer {
         &self,
         x: &Tensor,
         at: (&RotaryEmbedding, At),
-        dropout: Option<DropoutKey>,
+        adapters: Adapters,
         attend: impl FnOnce(&Tensor, Tensor, Tensor) -> Result<Tensor>,
     ) -> Result<Tensor> {
         let h = self.input_layernorm.forward(x)?;
         let norms = self.qk_norm.as_ref();
-        let q = self.q_proj.forward(&h, dropout)?;
+        let q = self.q_proj.forward(&h, adapters)?;
         let q = self.rotated(&q, self.heads, norms.map(|n| &n.0), at)?;
-        let k = self.k_proj.forward(&h, dropout)?;
+        let k = self.k_proj.forward(&h, adapters)?;
         let k = self.rotated(&k, self.kv_heads, norms.map(|n| &n.1), at)?;
-        let v = self.v_proj.forward(&h, dropout)?;
+        let v = self.v_proj.forward(&h, adapters)?;
         let v = heads(&v, self.kv_heads, self.head_dim)?;
         let attended = merge_heads(&attend(&q, k, v)?)?;
-        let attended = self.o_proj.forward(&attended, dropout)?;
+        let attended = self.o_proj.forward(&attended, adapters)?;
         match &self.feedforward_norms {
             // Gemma: a norm after each sublayer too.
             Some((pre, post)) => {
                 let x = (x + self.post_attention_layernorm.forward(&attended)?)?;
-                let mlp = self.mlp(&pre.forward(&x)?, dropout)?;
+                let mlp = self.mlp(&pre.forward(&x)?, adapters)?;
                 x + post.forward(&mlp)?
             }
             None => {
                 let x = (x + attended)?;
-                let mlp = self.mlp(&self.post_attention_layernorm.forward(&x)?, dropout)?;
+                let mlp = self.mlp(&self.post_attention_layernorm.forward(&x)?, adapters)?;
                 x + mlp
             }
         }
@@ -221,14 +224,14 @@ impl DecoderLayer {
 
     /// The gated MLP: one matmul each, the gate's activation fused with the product where
     /// it is SiLU.
-    fn mlp(&self, h: &Tensor, dropout: Option<DropoutKey>) -> Result<Tensor> {
-        let gate = self.gate_proj.forward(h, dropout)?;
-        let up = self.up_proj.forward(h, dropout)?;
+    fn mlp(&self, h: &Tensor, adapters: Adapters) -> Result<Tensor> {
+        let gate = self.gate_proj.forward(h, adapters)?;
+        let up = self.up_proj.forward(h, adapters)?;
         let gated = match self.activation {
             Activation::Silu => swiglu(&gate, &up)?,
             Activation::GeluTanh => (gelu(&gate)? * up)?,
         };
-        self.down_proj.forward(&gated, dropout)
+        self.down_proj.forward(&gated, adapters)
     }
 }
 
@@ -284,20 +287,20 @@ impl Decoder {
     }
 
     /// The final hidden states of `ids` (`[batch, time]`, u32): `[batch, time, hidden]`,
-    /// each document kept to itself where `documents` are given; `dropout` draws LoRA's
-    /// masks (training only).
+    /// each document kept to itself where `documents` are given; `adapters` says whether
+    /// LoRA's adapters take part and which dropout masks they draw.
     fn hidden(
         &self,
         ids: &Tensor,
         documents: Option<&Positions>,
-        dropout: Option<DropoutKey>,
+        adapters: Adapters,
     ) -> Result<Tensor> {
         let rope = self.rope.for_len(ids.dim(1)?)?;
         let mut x = self.scaled(self.embed_tokens.apply(ids, embed)?)?;
         for layer in &self.layers {
             let (rope, documents) = (rope.clone(), documents.cloned());
             x = layer.apply(&x, move |l, x| {
-                l.forward(x, &rope, documents.as_ref(), dropout)
+                l.forward(x, &rope, documents.as_ref(), adapters)
             })?;
         }
         self.norm.apply(&x, |n, x| n.forward(x))
@@ -318,7 +321,7 @@ impl Decoder {
     /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`,
     /// within `documents` where given.
     pub(crate) fn logits(&self, ids: &Tensor, documents: Option<&Positions>) -> Result<Tensor> {
-        let x = self.hidden(ids, documents, None)?;
+        let x = self.hidden(ids, documents, Adapters::On(None))?;
         self.capped(self.head(&x, |w, x| project(x, w))?)
     }
 
@@ -374,10 +377,25 @@ impl Decoder {
         &self,
         (ids, targets): (&Tensor, &Tensor),
         documents: Option<&Positions>,
-        dropout: Option<DropoutKey>,
+        adapters: Adapters,
     ) -> Result<Tensor> {
-        let (x, targets) = loss_rows(&self.hidden(ids, documents, dropout)?, targets)?;
+        let (x, targets) = loss_rows(&self.hidden(ids, documents, adapters)?, targets)?;
         let cap = self.final_logit_softcapping;
         self.head(&x, move |w, x| linear_cross_entropy(x, w, &targets, cap))
+    }
+
+    /// The log-probability of each row's counted `targets` (`[batch, time]`, u32) under
+    /// the logits of `ids`, summed over the row: `[batch]`, f32. The output projection and
+    /// the log-probabilities are one op ([`wick_nn::linear_log_probs`]).
+    pub(crate) fn row_log_probs(
+        &self,
+        (ids, targets): (&Tensor, &Tensor),
+        documents: Option<&Positions>,
+        adapters: Adapters,
+    ) -> Result<Tensor> {
+        let (x, flat) = loss_rows(&self.hidden(ids, documents, adapters)?, targets)?;
+        let cap = self.final_logit_softcapping;
+        let per_token = self.head(&x, move |w, x| linear_log_probs(x, w, &flat, cap))?;
+        per_token.reshape(targets.dims2()?)?.sum(1)
     }
 }

@@ -7,14 +7,15 @@
 //! - `messages` (role/content), ShareGPT's `conversations` (from/value, its role names) and
 //!   Alpaca's `instruction`/`input`/`output` (a user turn and the answer): the conversation
 //!   through the chat template; the tokens of each assistant turn, as the template renders
-//!   it, count.
+//!   it, count;
+//! - `prompt`/`chosen`/`rejected`: a preference pair, two documents ([`PreferencePair`]).
 //!
 //! Special tokens as the tokenizer's post-processor adds them (a Llama 3 tokenizer's
 //! `<|begin_of_text|>`) to text and prompts; none to a rendered conversation, whose template
 //! writes its own, as `apply_chat_template` tokenizes. Each example ends with the end-of-text
 //! token, so packed examples are separated by it.
 
-use crate::{ChatTemplate, TextTokenizer};
+use crate::{ChatTemplate, PreferencePair, TextTokenizer};
 use serde_json::{json, Map, Value};
 
 /// Which columns an example is read from: named, or found from the keys it has.
@@ -35,6 +36,8 @@ pub enum Schema {
     ShareGpt,
     /// Alpaca's `instruction`, `input` (may be empty or absent) and `output`.
     Alpaca,
+    /// Preference pairs: `prompt`, `chosen` and `rejected` ([`PreferencePair`]).
+    Preference,
 }
 
 /// One example of instruction data.
@@ -51,6 +54,9 @@ pub enum Example {
     },
     /// A conversation, as `messages` holds it: `[{"role": ..., "content": ...}, ...]`.
     Messages(Vec<Value>),
+    /// A prompt with a chosen and a rejected completion: two documents
+    /// ([`PreferencePair::encode`]).
+    Preference(PreferencePair),
 }
 
 /// ShareGPT's speakers and the chat template's roles they are.
@@ -92,6 +98,7 @@ impl Example {
         match schema {
             Schema::Auto => unreachable!("detected above"),
             Schema::Text => Ok(Example::Text(string("text")?)),
+            Schema::Preference => Ok(Example::Preference(PreferencePair::from_row(m)?)),
             Schema::PromptCompletion => Ok(Example::PromptCompletion {
                 prompt: string("prompt")?,
                 completion: string("completion")?,
@@ -147,6 +154,9 @@ impl Example {
                 )?;
                 conversation(tokenizer, template, messages)?
             }
+            Example::Preference(_) => {
+                return Err("a preference pair is two documents: PreferencePair::encode".into())
+            }
         };
         if let Some(eos) = eos {
             if ids.last() != Some(&eos) {
@@ -196,6 +206,7 @@ fn conversation(
 fn detected(m: &Map<String, Value>) -> Result<Schema, String> {
     let has = |key: &str| m.contains_key(key);
     Ok(match () {
+        _ if has("chosen") && has("rejected") => Schema::Preference,
         _ if has("messages") => Schema::Messages,
         _ if has("conversations") => Schema::ShareGpt,
         _ if has("instruction") && has("output") => Schema::Alpaca,
@@ -204,8 +215,8 @@ fn detected(m: &Map<String, Value>) -> Result<Schema, String> {
         _ => {
             let keys: Vec<&String> = m.keys().collect();
             return Err(format!(
-                "has none of 'messages', 'conversations', 'instruction'/'output', \
-                 'prompt'/'completion' and 'text' (its keys: {keys:?})"
+                "has none of 'chosen'/'rejected', 'messages', 'conversations', \
+                 'instruction'/'output', 'prompt'/'completion' and 'text' (its keys: {keys:?})"
             ));
         }
     })

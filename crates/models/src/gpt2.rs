@@ -11,8 +11,8 @@ use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use wick_core::{ShardedContext, Wrapped};
 use wick_nn::{
-    causal_attention_packed, gelu, layer_norm, linear_cross_entropy, AttentionOptions, LayerNorm,
-    Linear, Positions,
+    causal_attention_packed, gelu, layer_norm, linear_cross_entropy, linear_log_probs,
+    AttentionOptions, LayerNorm, Linear, Positions,
 };
 
 /// One block, `transformer.h.{i}`.
@@ -162,5 +162,20 @@ impl Gpt2 {
         let (x, targets) = loss_rows(&self.hidden(ids, documents)?, targets)?;
         self.wte
             .apply(&x, move |w, x| linear_cross_entropy(x, w, &targets, None))
+    }
+
+    /// The log-probability of each row's counted `targets` (`[batch, time]`, u32) under
+    /// the logits of `ids`, summed over the row: `[batch]`, f32
+    /// ([`wick_nn::linear_log_probs`]).
+    pub(crate) fn row_log_probs(
+        &self,
+        (ids, targets): (&Tensor, &Tensor),
+        documents: Option<&Positions>,
+    ) -> Result<Tensor> {
+        let (x, flat) = loss_rows(&self.hidden(ids, documents)?, targets)?;
+        let per_token = self
+            .wte
+            .apply(&x, move |w, x| linear_log_probs(x, w, &flat, None))?;
+        per_token.reshape(targets.dims2()?)?.sum(1)
     }
 }

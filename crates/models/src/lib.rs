@@ -24,6 +24,8 @@ mod gpt2;
 mod kv_cache;
 mod layers;
 mod lora;
+mod preference;
+mod preference_pair;
 mod rope;
 mod tokenizer;
 
@@ -40,6 +42,8 @@ pub use kv_cache::KvCache;
 pub use lora::{
     LoraConfig, ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, DECODER_TARGETS, PEFT_PREFIX,
 };
+pub use preference::{PreferenceConfig, PreferenceLm, PreferenceLoss, PREFERENCE_METRICS};
+pub use preference_pair::{Document, PreferencePair};
 pub use tokenizer::TextTokenizer;
 
 // What a crate that uses wick-models alone needs from wick-core to make a model's

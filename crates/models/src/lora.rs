@@ -248,6 +248,15 @@ pub(crate) struct DropoutKey {
     pub(crate) batch: usize,
 }
 
+/// Whether a forward runs LoRA's adapters: on, their inputs dropped out with the masks
+/// the key draws (training) or not at all (`None`); or off, the base model alone (the
+/// reference of preference tuning, PEFT's `disable_adapter()`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Adapters {
+    On(Option<DropoutKey>),
+    Off,
+}
+
 /// One adapted layer's update.
 #[derive(Clone, Debug)]
 struct Adapter {
@@ -308,9 +317,10 @@ impl Projection {
         })
     }
 
-    /// W x + b, plus the update when adapted (its input dropped out under `dropout`).
-    pub(crate) fn forward(&self, x: &Tensor, dropout: Option<DropoutKey>) -> Result<Tensor> {
-        let Some(adapter) = &self.adapter else {
+    /// W x + b, plus the update when adapted and `adapters` are on (its input dropped out
+    /// as their key draws).
+    pub(crate) fn forward(&self, x: &Tensor, adapters: Adapters) -> Result<Tensor> {
+        let (Some(adapter), Adapters::On(dropout)) = (&self.adapter, adapters) else {
             return self.base.forward(x);
         };
         let mask = match dropout {

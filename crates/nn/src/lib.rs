@@ -20,7 +20,9 @@
 //!   not [`IGNORE_INDEX`];
 //! - [`linear_cross_entropy`]: a language model's output projection and its loss in one
 //!   op, a chunk of rows at a time, so that the whole logits never exist (16-bit inputs
-//!   are multiplied in f32; on CUDA its composite makes the whole logits);
+//!   are multiplied in f32; on CUDA its composite makes the whole logits), and
+//!   [`linear_log_probs`], each target's log-probability the same way (a preference loss's
+//!   terms);
 //! - [`Linear`] ([`linear`]): candle-nn's linear layer, its bias added by one op whose
 //!   backward sums the bias gradient row by row;
 //! - [`swiglu`]: Llama's gated activation `silu(gate) * up`.
@@ -68,7 +70,10 @@ pub use few_rows::{matmul_wt, FEW_ROWS};
 pub use gelu::{gelu, Gelu};
 pub use layer_norm::{layer_norm, layer_norm_composite, LayerNorm};
 pub use linear::{linear, Linear};
-pub use linear_cross_entropy::{linear_cross_entropy, linear_cross_entropy_composite};
+pub use linear_cross_entropy::{
+    linear_cross_entropy, linear_cross_entropy_composite, linear_log_probs,
+    linear_log_probs_composite,
+};
 pub use lora::{lora_linear, lora_linear_composite, LoraParts};
 pub use positions::Positions;
 pub use rms_norm::{rms_norm, rms_norm_composite, rms_norm_unit_offset, RmsNorm};

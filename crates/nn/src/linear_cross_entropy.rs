@@ -42,16 +42,7 @@ pub fn linear_cross_entropy(
     targets: &Tensor,
     softcap: Option<f64>,
 ) -> Result<Tensor> {
-    let ((n, hidden), (_, w_hidden)) = (x.dims2()?, weight.dims2()?);
-    if hidden != w_hidden || targets.dims() != [n] {
-        candle_core::bail!(
-            "linear_cross_entropy: x {:?}, weight {:?} and targets {:?} do not fit \
-             ([n, hidden], [vocab, hidden], [n])",
-            x.dims(),
-            weight.dims(),
-            targets.dims()
-        )
-    }
+    check_shapes("linear_cross_entropy", x, weight, targets)?;
     let sixteen_bit = |t: &Tensor| matches!(t.dtype(), DType::BF16 | DType::F16);
     let on_cpu = x.device().is_cpu() && weight.device().is_cpu();
     if on_cpu && targets.dtype() == DType::U32 && (sixteen_bit(x) || sixteen_bit(weight)) {
@@ -71,6 +62,7 @@ pub fn linear_cross_entropy(
             weight: backward_may_follow && weight.track_op(),
         },
         grads: Mutex::default(),
+        weights: None,
     };
     x.contiguous()?
         .apply_op3(&weight.contiguous()?, &targets.contiguous()?, Fused(op))
@@ -84,15 +76,7 @@ pub fn linear_cross_entropy_composite(
     targets: &Tensor,
     softcap: Option<f64>,
 ) -> Result<Tensor> {
-    let logits = x.matmul(&weight.t()?)?;
-    let logits = match softcap {
-        // cap tanh(logits / cap), dividing as torch does.
-        Some(cap) => {
-            let cap = Tensor::new(cap as f32, logits.device())?.to_dtype(logits.dtype())?;
-            logits.broadcast_div(&cap)?.tanh()?.broadcast_mul(&cap)?
-        }
-        None => logits,
-    };
+    let logits = capped(x.matmul(&weight.t()?)?, softcap)?;
     cross_entropy(&logits.to_dtype(DType::F32)?, targets)
 }
 
@@ -104,11 +88,14 @@ struct Wanted {
 }
 
 /// The forward: the loss, and the gradients [`Wanted`] of the mean loss kept for the
-/// backward, as one buffer `[dx | dweight]` (either part absent when not wanted).
+/// backward, as one buffer `[dx | dweight]` (either part absent when not wanted). With
+/// `weights`, the gradients are those of `Σ weights[i] loss[i]` instead (the backward of
+/// [`linear_log_probs`]).
 struct Forward {
     softcap: Option<f32>,
     wanted: Wanted,
     grads: Mutex<Option<Vec<f32>>>,
+    weights: Option<Vec<f32>>,
 }
 
 impl CpuOp<3> for Forward {
@@ -116,7 +103,7 @@ impl CpuOp<3> for Forward {
 
     fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
         let kernel = Kernel::new(Self::NAME, inputs, self.softcap)?;
-        let (loss, grads) = kernel.run(self.wanted);
+        let (loss, grads) = kernel.run(self.wanted, self.weights.as_deref(), None);
         if self.wanted.x || self.wanted.weight {
             *self.grads.lock().unwrap_or_else(|e| e.into_inner()) = Some(grads);
         }
@@ -133,42 +120,164 @@ impl CpuOp<3> for Forward {
             Some(grads) => (grads, self.wanted),
             None => {
                 // The forward ran where no backward was expected: make the gradients now.
-                let again = Fused(Forward {
-                    softcap: self.softcap,
-                    wanted: Wanted {
-                        x: x.track_op(),
-                        weight: weight.track_op(),
-                    },
-                    grads: Mutex::default(),
-                });
-                x.apply_op3_no_bwd(weight, targets, &again)?;
-                (again.0.take_grads().unwrap_or_default(), again.0.wanted)
+                let inputs = [x, weight, targets];
+                Forward::recompute(self.softcap, inputs, self.weights.clone())?
             }
         };
         let scale = grad.to_dtype(DType::F32)?.to_scalar::<f32>()?;
         if scale != 1.0 {
             grads.par_iter_mut().for_each(|g| *g *= scale);
         }
-        let len = grads.len();
-        let grads = Tensor::from_vec(grads, len, x.device())?;
-        let (dx_len, dw_len) = (x.elem_count(), weight.elem_count());
-        let dx = match wanted.x {
-            true => Some(grads.narrow(0, 0, dx_len)?.reshape(x.shape())?),
-            false => None,
-        };
-        let offset = if wanted.x { dx_len } else { 0 };
-        let dw = match wanted.weight {
-            true => Some(grads.narrow(0, offset, dw_len)?.reshape(weight.shape())?),
-            false => None,
-        };
-        Ok([dx, dw, None])
+        split_grads(grads, wanted, x, weight)
     }
+}
+
+/// The buffer `[dx | dweight]` as the gradients of (x, weight, targets).
+fn split_grads(grads: Vec<f32>, wanted: Wanted, x: &Tensor, weight: &Tensor) -> GradsOf<3> {
+    let len = grads.len();
+    let grads = Tensor::from_vec(grads, len, x.device())?;
+    let (dx_len, dw_len) = (x.elem_count(), weight.elem_count());
+    let dx = match wanted.x {
+        true => Some(grads.narrow(0, 0, dx_len)?.reshape(x.shape())?),
+        false => None,
+    };
+    let offset = if wanted.x { dx_len } else { 0 };
+    let dw = match wanted.weight {
+        true => Some(grads.narrow(0, offset, dw_len)?.reshape(weight.shape())?),
+        false => None,
+    };
+    Ok([dx, dw, None])
 }
 
 impl Forward {
     /// The gradients the forward kept, taken out.
     fn take_grads(&self) -> Option<Vec<f32>> {
         self.grads.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// The gradients `[dx | dweight]` of the mean loss (`weights` `None`) or of
+    /// `Σ weights[i] loss[i]`, made by a pass that records no graph, and which are wanted.
+    fn recompute(
+        softcap: Option<f32>,
+        [x, weight, targets]: [&Tensor; 3],
+        weights: Option<Vec<f32>>,
+    ) -> Result<(Vec<f32>, Wanted)> {
+        let again = Fused(Forward {
+            softcap,
+            wanted: Wanted {
+                x: x.track_op(),
+                weight: weight.track_op(),
+            },
+            grads: Mutex::default(),
+            weights,
+        });
+        x.apply_op3_no_bwd(weight, targets, &again)?;
+        Ok((again.0.take_grads().unwrap_or_default(), again.0.wanted))
+    }
+}
+
+/// The log-probability of each target (`[n]`, u32) under the logits `x weightᵀ` (`x`
+/// `[n, hidden]`, `weight` `[vocab, hidden]`, soft-capped first when `softcap` is given),
+/// 0 where the target is [`IGNORE_INDEX`]: `[n]`, f32. What a preference loss sums over a
+/// completion's tokens (TRL's `selective_log_softmax`). Fused on the CPU as
+/// [`linear_cross_entropy`] is, a chunk of logits at a time; its backward makes them again,
+/// since each row's gradient is scaled by its own incoming gradient, known only then.
+/// [`linear_log_probs_composite`] elsewhere.
+pub fn linear_log_probs(
+    x: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    softcap: Option<f64>,
+) -> Result<Tensor> {
+    check_shapes("linear_log_probs", x, weight, targets)?;
+    let sixteen_bit = |t: &Tensor| matches!(t.dtype(), DType::BF16 | DType::F16);
+    if x.device().is_cpu() && (sixteen_bit(x) || sixteen_bit(weight)) {
+        let (x, weight) = (x.to_dtype(DType::F32)?, weight.to_dtype(DType::F32)?);
+        return linear_log_probs(&x, &weight, targets, softcap);
+    }
+    if !(fused(&[x, weight]) && targets.dtype() == DType::U32) {
+        return linear_log_probs_composite(x, weight, targets, softcap);
+    }
+    let op = LogProbs {
+        softcap: softcap.map(|c| c as f32),
+    };
+    x.contiguous()?
+        .apply_op3(&weight.contiguous()?, &targets.contiguous()?, Fused(op))
+}
+
+/// [`linear_log_probs`] from Candle's ops: the whole logits, their log-softmax, the
+/// targets' entries (the fallback, and the reference in tests).
+pub fn linear_log_probs_composite(
+    x: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    softcap: Option<f64>,
+) -> Result<Tensor> {
+    let logits = capped(x.matmul(&weight.t()?)?, softcap)?.to_dtype(DType::F32)?;
+    let log_probs = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1)?;
+    let counted = targets.ne(IGNORE_INDEX)?;
+    // An ignored target reads class 0, then counts 0.
+    let safe = counted.where_cond(targets, &targets.zeros_like()?)?;
+    let picked = log_probs
+        .gather(&safe.to_dtype(DType::U32)?.unsqueeze(1)?, 1)?
+        .squeeze(1)?;
+    counted.where_cond(&picked, &picked.zeros_like()?)
+}
+
+/// The op of [`linear_log_probs`].
+struct LogProbs {
+    softcap: Option<f32>,
+}
+
+impl CpuOp<3> for LogProbs {
+    const NAME: &'static str = "wick-linear-log-probs";
+
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+        let kernel = Kernel::new(Self::NAME, inputs, self.softcap)?;
+        let mut losses = vec![0f32; kernel.targets.len()];
+        let none = Wanted {
+            x: false,
+            weight: false,
+        };
+        kernel.run(none, None, Some(&mut losses));
+        let n = losses.len();
+        let log_probs = losses.into_iter().map(|l| -l).collect();
+        Ok((CpuStorage::F32(log_probs), Shape::from(n)))
+    }
+
+    fn grads(&self, inputs: [&Tensor; 3], _res: &Tensor, grad: &Tensor) -> GradsOf<3> {
+        // d log p / d z = -(d loss / d z): each row's loss weighted by minus its gradient.
+        let weights = grad.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        let weights = weights.into_iter().map(|g| -g).collect();
+        let (grads, wanted) = Forward::recompute(self.softcap, inputs, Some(weights))?;
+        split_grads(grads, wanted, inputs[0], inputs[1])
+    }
+}
+
+/// Checks that `x` `[n, hidden]`, `weight` `[vocab, hidden]` and `targets` `[n]` fit.
+fn check_shapes(op: &str, x: &Tensor, weight: &Tensor, targets: &Tensor) -> Result<()> {
+    let ((n, hidden), (_, w_hidden)) = (x.dims2()?, weight.dims2()?);
+    if hidden != w_hidden || targets.dims() != [n] {
+        candle_core::bail!(
+            "{op}: x {:?}, weight {:?} and targets {:?} do not fit ([n, hidden], \
+             [vocab, hidden], [n])",
+            x.dims(),
+            weight.dims(),
+            targets.dims()
+        )
+    }
+    Ok(())
+}
+
+/// `logits` capped to `cap tanh(logits / cap)` where `softcap` is given, dividing as torch
+/// does.
+fn capped(logits: Tensor, softcap: Option<f64>) -> Result<Tensor> {
+    match softcap {
+        Some(cap) => {
+            let cap = Tensor::new(cap as f32, logits.device())?.to_dtype(logits.dtype())?;
+            logits.broadcast_div(&cap)?.tanh()?.broadcast_mul(&cap)
+        }
+        None => Ok(logits),
     }
 }
 
@@ -203,12 +312,18 @@ impl<'a> Kernel<'a> {
         })
     }
 
-    /// The mean loss over the counted rows and, as `wanted`, its gradients `[dx | dweight]`.
-    /// Chunks run in order and each product keeps its sums' order, so the result has the
-    /// same bits on any number of threads.
-    fn run(&self, wanted: Wanted) -> (f32, Vec<f32>) {
+    /// The mean loss over the counted rows and, as `wanted`, its gradients `[dx | dweight]`:
+    /// those of the mean, or with `weights` of `Σ weights[i] loss[i]`. Each row's loss goes
+    /// to `losses` when given. Chunks run in order and each product keeps its sums' order,
+    /// so the result has the same bits on any number of threads.
+    fn run(
+        &self,
+        wanted: Wanted,
+        weights: Option<&[f32]>,
+        mut losses: Option<&mut [f32]>,
+    ) -> (f32, Vec<f32>) {
         let (n, h, v) = (self.targets.len(), self.hidden, self.vocab);
-        let scale = 1.0 / counted(self.targets).max(1) as f32;
+        let mean = 1.0 / counted(self.targets).max(1) as f32;
         let dx_len = if wanted.x { n * h } else { 0 };
         let dw_len = if wanted.weight { v * h } else { 0 };
         let mut grads = vec![0f32; dx_len + dw_len];
@@ -226,8 +341,15 @@ impl<'a> Kernel<'a> {
             // z = x weightᵀ: weightᵀ is the weight read with its strides swapped.
             let w = self.weight;
             Pool.matmul(r, v, h, (z, v), false, (x, h, 1), (w, 1, h), 1.0);
-            let targets = &self.targets[start..start + r];
-            total += self.rows(z, targets, scale, grads_wanted);
+            let chunk = Chunk {
+                targets: &self.targets[start..start + r],
+                scales: match weights {
+                    Some(w) => Scales::Each(&w[start..start + r]),
+                    None => Scales::All(mean),
+                },
+                losses: losses.as_deref_mut().map(|l| &mut l[start..start + r]),
+            };
+            total += self.rows(z, chunk, grads_wanted);
             if wanted.x {
                 let dx = &mut dx[start * h..(start + r) * h];
                 Pool.matmul(r, h, v, (dx, h), false, (z, v, 1), (w, h, 1), 1.0);
@@ -237,24 +359,42 @@ impl<'a> Kernel<'a> {
                 Pool.matmul(v, h, r, (dw, h), start > 0, (z, 1, v), (x, h, 1), 1.0);
             }
         }
-        ((total * scale as f64) as f32, grads)
+        ((total * mean as f64) as f32, grads)
     }
 
     /// Caps each row of `z` (`[rows, vocab]`), returns the rows' summed loss and, with
-    /// `grads`, leaves in `z` the gradient of the mean loss (`scale` a counted row) with
-    /// respect to the logits before the cap.
-    fn rows(&self, z: &mut [f32], targets: &[u32], scale: f32, grads: bool) -> f64 {
+    /// `grads`, leaves in `z` the gradient of each row's loss times its scale with respect
+    /// to the logits before the cap.
+    fn rows(&self, z: &mut [f32], chunk: Chunk<'_>, grads: bool) -> f64 {
         let (v, softcap) = (self.vocab, self.softcap);
         let task = rows_per_task(v);
+        let Chunk {
+            targets,
+            scales,
+            losses,
+        } = chunk;
+        // Rows' losses land here when the caller does not want them (a chunk's worth).
+        let mut unwanted = Vec::new();
+        let losses: &mut [f32] = match losses {
+            Some(l) => l,
+            None => {
+                unwanted.resize(targets.len(), 0.0);
+                &mut unwanted
+            }
+        };
         z.par_chunks_mut(task * v)
             .zip(targets.par_chunks(task))
+            .zip(losses.par_chunks_mut(task))
+            .enumerate()
             .map_init(
                 || vec![0f32; if softcap.is_some() && grads { v } else { 0 }],
-                |capped, (z, targets)| {
+                |capped, (t, ((z, targets), out))| {
                     let mut sum = 0f64;
-                    for (row, &t) in z.chunks_exact_mut(v).zip(targets) {
-                        sum += row_loss(row, t, softcap, grads.then_some((scale, &mut capped[..])))
-                            as f64;
+                    let rows = z.chunks_exact_mut(v).zip(targets).zip(out);
+                    for (i, ((row, &target), out)) in rows.enumerate() {
+                        let grad = grads.then_some((scales.at(t * task + i), &mut capped[..]));
+                        *out = row_loss(row, target, softcap, grad);
+                        sum += *out as f64;
                     }
                     sum
                 },
@@ -262,6 +402,30 @@ impl<'a> Kernel<'a> {
             .collect::<Vec<f64>>()
             .into_iter()
             .sum()
+    }
+}
+
+/// One chunk of rows: their targets, the factor of each row's loss in the gradient, and
+/// where each row's loss goes, if anywhere.
+struct Chunk<'a> {
+    targets: &'a [u32],
+    scales: Scales<'a>,
+    losses: Option<&'a mut [f32]>,
+}
+
+/// Each row's factor in the gradient: one for all (the mean's), or a row's own.
+#[derive(Clone, Copy)]
+enum Scales<'a> {
+    All(f32),
+    Each(&'a [f32]),
+}
+
+impl Scales<'_> {
+    fn at(self, row: usize) -> f32 {
+        match self {
+            Scales::All(s) => s,
+            Scales::Each(s) => s[row],
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use common::{assert_close, check_within, max_diff, var, Bound};
 use wick_nn::{
     cross_entropy, cross_entropy_composite, linear_cross_entropy, linear_cross_entropy_composite,
-    IGNORE_INDEX,
+    linear_log_probs, linear_log_probs_composite, IGNORE_INDEX,
 };
 
 #[test]
@@ -108,6 +108,37 @@ fn linear_cross_entropy_matches_the_composite() {
             );
         }
     }
+}
+
+#[test]
+fn linear_log_probs_match_the_composite_row_by_row() {
+    // Each row's log-probability and, back-propagating a different weight per row, every
+    // gradient; one chunk, three chunks, a single row; ignored rows give 0.
+    for (rows, hidden, vocab, seed) in [(37, 16, 11, 30), (300, 24, 70_001, 31), (1, 8, 5, 32)] {
+        for softcap in [None, Some(3.0)] {
+            let targets = some_ignored(rows, vocab, 4);
+            check_within(
+                &format!("linear_log_probs {rows}x{hidden}x{vocab} cap {softcap:?}"),
+                &[
+                    var(&[rows, hidden], seed, 1.0),
+                    var(&[vocab, hidden], seed + 100, 1.0),
+                ],
+                |t| linear_log_probs(&t[0], &t[1], &targets, softcap),
+                |t| linear_log_probs_composite(&t[0], &t[1], &targets, softcap),
+                Bound::Relative,
+            );
+        }
+    }
+    // The mean of the counted rows' log-probabilities is minus the cross-entropy.
+    let (x, w) = (var(&[37, 16], 40, 1.0), var(&[11, 16], 41, 1.0));
+    let targets = some_ignored(37, 11, 4);
+    let log_probs = linear_log_probs(x.as_tensor(), w.as_tensor(), &targets, None).unwrap();
+    let loss = linear_cross_entropy(x.as_tensor(), w.as_tensor(), &targets, None).unwrap();
+    let sum = log_probs.sum_all().unwrap().to_scalar::<f32>().unwrap();
+    let mean = -sum / 27.0;
+    assert!((mean - loss.to_scalar::<f32>().unwrap()).abs() < 1e-5);
+    let ignored = log_probs.get(0).unwrap().to_scalar::<f32>().unwrap();
+    assert_eq!(ignored, 0.0);
 }
 
 #[test]

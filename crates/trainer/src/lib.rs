@@ -36,9 +36,11 @@ pub use callbacks::{EarlyStopping, LearningRateMonitor};
 pub use checkpoint::{consolidate, Checkpoint, CheckpointError, Mode, ModelCheckpoint};
 pub use data::data_loader::{DataLoader, Dataset};
 pub use data::packing::{best_fit_decreasing, Packing};
+pub use data::preference_dataset::PreferenceDataset;
 pub use data::token_dataset::TokenDataset;
 pub use data::token_file::{
-    write_token_file, Split, TokenFileWriter, TokenSplit, Written, TOKENIZER_KEY, VOCAB_KEY,
+    write_token_file, Split, TokenFileWriter, TokenSplit, Written, PAIRS_KEY, TOKENIZER_KEY,
+    VOCAB_KEY,
 };
 pub use error::TrainerError;
 pub use logging::loggers::{LogDestination, Logger};

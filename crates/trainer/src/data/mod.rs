@@ -1,9 +1,11 @@
 //! What a fit runs over: [`Dataset`](crate::Dataset) and [`DataLoader`](crate::DataLoader),
 //! which splits each global batch over the ranks, and token files of text tokenized once
-//! ([`TokenDataset`](crate::TokenDataset)).
+//! ([`TokenDataset`](crate::TokenDataset)), and preference pairs from them
+//! ([`PreferenceDataset`](crate::PreferenceDataset)).
 
 pub(crate) mod data_loader;
 pub(crate) mod packing;
+pub(crate) mod preference_dataset;
 pub(crate) mod split_file;
 pub(crate) mod token_dataset;
 pub(crate) mod token_file;

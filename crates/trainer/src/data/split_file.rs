@@ -4,7 +4,9 @@
 
 use crate::checkpoint::CheckpointError;
 use crate::data::packing::{best_fit_decreasing, Packing};
-use crate::data::token_file::{starts_are_valid, Split, TOKENIZER_KEY, VOCAB_KEY};
+use crate::data::token_file::{
+    starts_are_valid, Split, PAIRS_KEY, PAIRS_VALUE, TOKENIZER_KEY, VOCAB_KEY,
+};
 use crate::TrainerError;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -107,6 +109,11 @@ impl SplitFile {
     /// Whether the split has a mask: some targets may not count.
     pub(crate) fn is_masked(&self) -> bool {
         self.masked
+    }
+
+    /// Whether its documents are preference pairs ([`PAIRS_KEY`]).
+    pub(crate) fn is_paired(&self) -> bool {
+        self.meta(PAIRS_KEY) == Some(PAIRS_VALUE)
     }
 
     /// How the windows are laid out.

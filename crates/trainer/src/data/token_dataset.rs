@@ -68,10 +68,12 @@ impl TokenDataset {
         for path in paths {
             let (file, n) = SplitFile::open(path.as_ref(), split, seq, packing)?;
             if let Some(first) = files.first() {
-                if (file.is_masked(), file.packing()) != (first.is_masked(), first.packing()) {
-                    let kind = |f: &SplitFile| match f.is_masked() {
-                        true => "instruction data",
-                        false => "text",
+                let kind_of = |f: &SplitFile| (f.is_masked(), f.is_paired(), f.packing());
+                if kind_of(&file) != kind_of(first) {
+                    let kind = |f: &SplitFile| match (f.is_masked(), f.is_paired()) {
+                        (_, true) => "preference pairs",
+                        (true, false) => "instruction data",
+                        (false, false) => "text",
                     };
                     return Err(file_error(
                         path.as_ref(),
@@ -127,6 +129,12 @@ impl TokenDataset {
     /// Whether the split has a mask: some targets may not count.
     pub fn is_masked(&self) -> bool {
         self.files[0].is_masked()
+    }
+
+    /// Whether its documents are preference pairs (`wick prepare` of `prompt`/`chosen`/
+    /// `rejected` rows): read them with [`crate::PreferenceDataset`].
+    pub fn is_paired(&self) -> bool {
+        self.files[0].is_paired()
     }
 
     /// How the windows are laid out.

@@ -18,6 +18,11 @@ use std::path::{Path, PathBuf};
 pub const TOKENIZER_KEY: &str = "wick.tokenizer";
 /// The metadata key of the vocabulary size.
 pub const VOCAB_KEY: &str = "wick.vocab_size";
+/// The metadata key that marks preference data: its documents come in pairs, a prompt
+/// with its chosen completion, then the same prompt with its rejected one.
+pub const PAIRS_KEY: &str = "wick.pairs";
+/// [`PAIRS_KEY`]'s value.
+pub const PAIRS_VALUE: &str = "chosen,rejected";
 
 /// Which part of a token file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,6 +157,8 @@ pub struct TokenFileWriter {
     documents: usize,
     /// Targets flagged as counted so far (instruction data).
     counted: usize,
+    /// Documents come in pairs (preference data), never split between the splits.
+    paired: bool,
 }
 
 /// What a [`TokenFileWriter`] wrote: the tokens of each split, the documents, the counted
@@ -193,7 +200,38 @@ impl TokenFileWriter {
             tokens: 0,
             documents: 0,
             counted: 0,
+            paired: false,
         })
+    }
+
+    /// Marks the documents as pairs (preference data: a prompt with its chosen completion,
+    /// then with its rejected one): the held-out part starts at a pair, and the file says
+    /// so ([`PAIRS_KEY`]).
+    pub fn paired(mut self) -> Self {
+        self.paired = true;
+        self
+    }
+
+    /// Documents so far.
+    pub fn documents(&self) -> usize {
+        self.documents
+    }
+
+    /// The documents the held-out cut keeps together: a pair's two, or one.
+    fn group(&self) -> Result<usize, TrainerError> {
+        if !self.paired {
+            return Ok(1);
+        }
+        match self.documents.is_multiple_of(2) {
+            true => Ok(2),
+            false => Err(TrainerError::config(
+                "pairs",
+                format!(
+                    "preference data holds pairs of documents, got {}",
+                    self.documents
+                ),
+            )),
+        }
     }
 
     /// Appends a document: its ids and, for instruction data, whether each counts.
@@ -253,6 +291,7 @@ impl TokenFileWriter {
     /// start of an example after that point, for instruction data, so that none is split;
     /// a text document cut in two starts again at the cut).
     pub fn finish(self, val_fraction: f64, tokenizer_hash: &str) -> Result<Written, TrainerError> {
+        let group = self.group()?;
         let io = |e| io_error(&self.path, e);
         let spilled = |w: BufWriter<File>| -> Result<File, TrainerError> {
             let mut file = w.into_inner().map_err(|e| io(e.into_error()))?;
@@ -265,8 +304,13 @@ impl TokenFileWriter {
         let starts_file = spilled(self.starts)?;
         let starts = Spill::new(&starts_file, 8);
         let whole = flags.is_some();
-        let (cut, train_docs, cut_in_two) =
-            held_out(&starts, (n, self.documents), val_fraction, whole).map_err(io)?;
+        let (cut, train_docs, cut_in_two) = held_out(
+            &starts,
+            (n, self.documents),
+            val_fraction,
+            whole.then_some(group),
+        )
+        .map_err(io)?;
         let narrow = self.vocab_size <= 1 << 16;
         let id_part = Spill::new(&ids, 4);
         let flag_part = flags.as_ref().map(|f| Spill::new(f, 1));
@@ -313,7 +357,9 @@ impl TokenFileWriter {
             ));
         }
         let counted = whole.then_some(self.counted);
-        write_parts(&self.path, parts, metadata(tokenizer_hash, self.vocab_size))?;
+        let mut meta = metadata(tokenizer_hash, self.vocab_size);
+        meta.extend(self.paired.then(|| (PAIRS_KEY.into(), PAIRS_VALUE.into())));
+        write_parts(&self.path, parts, meta)?;
         Ok(Written {
             train: cut,
             val: n - cut,
@@ -324,25 +370,26 @@ impl TokenFileWriter {
 }
 
 /// Where the held-out tokens of `n` tokens in `documents` documents (their starts in
-/// `starts`) begin: the last `val_fraction`, moved to a document's start when `whole`
-/// documents go to each side; how many documents start before that; whether a
-/// document is cut in two there.
+/// `starts`) begin: the last `val_fraction`, moved to the start of a group of `whole`
+/// documents when whole groups go to each side (an example; a preference pair); how many
+/// documents start before that; whether a document is cut in two there.
 fn held_out(
     starts: &Spill,
     (n, documents): (usize, usize),
     val_fraction: f64,
-    whole: bool,
+    whole: Option<usize>,
 ) -> std::io::Result<(usize, usize, bool)> {
     let val = (n as f64 * val_fraction).round() as usize;
     let mut cut = n - val;
     let after = |cut: usize| starts.position(documents, |s| s as usize >= cut);
-    if whole && cut < n {
-        // The next example's start, or else the last example's (all of it held out), or,
-        // for a single example, none held out: an example is never cut in two.
-        cut = match after(cut)? {
-            Some(i) => starts.get(i)? as usize,
-            None if documents > 1 => starts.get(documents - 1)? as usize,
-            None => n,
+    if let (Some(group), true) = (whole, cut < n) {
+        // The next group's start, or else the last group's (all of it held out), or, for
+        // a single group, none held out: a group is never cut in two.
+        let next = after(cut)?.map(|i| i.div_ceil(group) * group);
+        cut = match next {
+            Some(i) if i < documents => starts.get(i)? as usize,
+            _ if documents > group => starts.get(documents - group)? as usize,
+            _ => n,
         };
     }
     let train_docs = after(cut)?.unwrap_or(documents);

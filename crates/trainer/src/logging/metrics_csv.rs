@@ -2,7 +2,8 @@
 //!
 //! The first six columns and `grad_norm` are deterministic (the same command gives the same
 //! values); the others are wall-clock and memory measurements (`mfu` empty for a module that
-//! gives no FLOPs). A resumed run continues its run's file: the rows
+//! gives no FLOPs). What the module measures itself (`rewards/chosen` and the like) follows
+//! in columns of its names, which the header gains with the first row. A resumed run continues its run's file: the rows
 //! up to the checkpoint's step stay, later ones (from a run that went further) go. The file
 //! is written under a temporary name and takes its real one with the first new row, so a
 //! run that fails before its first step leaves the old file as it was.
@@ -31,6 +32,8 @@ pub(crate) struct MetricsCsv {
     /// (the open file keeps its handle) and this is `None`.
     pending: Option<PathBuf>,
     out: BufWriter<std::fs::File>,
+    /// The module's metrics' columns, known from the first row.
+    module_columns: Option<Vec<&'static str>>,
 }
 
 impl MetricsCsv {
@@ -50,7 +53,8 @@ impl MetricsCsv {
             };
             let mut lines = text.lines();
             let padding = match lines.next() {
-                Some(HEADER) => "",
+                // The module's columns, if any, are this run's module's too.
+                Some(header) if header.starts_with(HEADER) => "",
                 Some(HEADER_BEFORE_GRAD_NORM) => ",,,",
                 _ => {
                     return Err(std::io::Error::other(format!(
@@ -91,6 +95,7 @@ impl MetricsCsv {
             path,
             pending: Some(tmp),
             out: BufWriter::new(file),
+            module_columns: None,
         })
     }
 
@@ -101,8 +106,9 @@ impl MetricsCsv {
 
     /// Appends one row (the first puts the file in place of the old one).
     pub(crate) fn row(&mut self, r: &StepRecord) -> Result<(), TrainerError> {
+        let path = self.path.clone();
         let io = |cause| TrainerError::Io {
-            path: self.path.clone(),
+            path: path.clone(),
             cause,
         };
         let cell = |v: Option<String>| v.unwrap_or_default();
@@ -113,9 +119,10 @@ impl MetricsCsv {
                 .map(|b| format!("{:.3}", b as f64 / GIB)),
         );
         let mfu = cell(r.mfu.map(|u| format!("{u:.4}")));
+        let module = self.module_cells(r).map_err(io)?;
         writeln!(
             self.out,
-            "{},{},{},{val},{},{},{:.1},{:.3},{:.6},{norm},{memory},{mfu}",
+            "{},{},{},{val},{},{},{:.1},{:.3},{:.6},{norm},{memory},{mfu}{module}",
             r.step,
             r.epoch,
             r.train_loss,
@@ -133,6 +140,39 @@ impl MetricsCsv {
             std::fs::rename(&tmp, &self.path).map_err(io)?;
         }
         Ok(())
+    }
+
+    /// The cells of the module's metrics (`,a,b`), in the columns the first row set; the
+    /// header gains those columns with it (while the file is still this run's own copy).
+    fn module_cells(&mut self, r: &StepRecord) -> std::io::Result<String> {
+        let names: Vec<&'static str> = r.module_metrics.iter().map(|(n, _)| *n).collect();
+        let columns = match &self.module_columns {
+            Some(columns) => columns,
+            None => {
+                if let (Some(tmp), false) = (&self.pending, names.is_empty()) {
+                    self.out.flush()?;
+                    let text = std::fs::read_to_string(tmp)?;
+                    let rows = text.split_once('\n').map_or("", |(_, rows)| rows);
+                    std::fs::write(tmp, format!("{HEADER},{}\n{rows}", names.join(",")))?;
+                    let file = std::fs::OpenOptions::new().append(true).open(tmp)?;
+                    self.out = BufWriter::new(file);
+                }
+                self.module_columns.insert(names.clone())
+            }
+        };
+        if !names.is_empty() && &names != columns {
+            return Err(std::io::Error::other(format!(
+                "the module's metrics changed from {columns:?} to {names:?} mid-run"
+            )));
+        }
+        let mut cells = String::new();
+        for (i, _) in columns.iter().enumerate() {
+            cells.push(',');
+            if let Some((_, v)) = r.module_metrics.get(i) {
+                cells.push_str(&v.to_string());
+            }
+        }
+        Ok(cells)
     }
 
     /// Flushes buffered rows to the file.
@@ -181,6 +221,7 @@ mod tests {
             grad_norm: Some(0.5),
             peak_memory_bytes: Some(3 << 29),
             mfu: Some(0.125),
+            module_metrics: vec![],
         }
     }
 
@@ -191,6 +232,33 @@ mod tests {
             .skip(1)
             .map(|l| l.split(',').next().unwrap().to_string())
             .collect()
+    }
+
+    #[test]
+    fn a_modules_metrics_get_columns_of_their_names_kept_through_a_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let measured = |step: usize| StepRecord {
+            module_metrics: vec![("rewards/chosen", step as f64), ("logps/chosen", -2.5)],
+            ..row(step)
+        };
+        let mut csv = MetricsCsv::create(dir.path()).unwrap();
+        (1..=3).for_each(|s| csv.row(&measured(s)).unwrap());
+        drop(csv);
+        let mut csv = MetricsCsv::resume(dir.path(), 2).unwrap();
+        csv.row(&measured(3)).unwrap();
+        let e = csv.row(&StepRecord {
+            module_metrics: vec![("other", 1.0)],
+            ..row(4)
+        });
+        assert!(e.unwrap_err().to_string().contains("changed"));
+        drop(csv);
+        let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], format!("{HEADER},rewards/chosen,logps/chosen"));
+        assert_eq!(lines.len(), 4, "{text}");
+        for (i, line) in lines[1..].iter().enumerate() {
+            assert!(line.ends_with(&format!(",{},-2.5", i + 1)), "{text}");
+        }
     }
 
     #[test]

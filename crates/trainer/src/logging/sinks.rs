@@ -41,6 +41,10 @@ pub struct StepRecord {
     /// world's matmul peak, measured as the fit starts (`None` for a module that gives no
     /// FLOPs).
     pub mfu: Option<f64>,
+    /// What the module measured over the step's global batch
+    /// ([`TrainModule::take_step_metrics`](wick_core::TrainModule::take_step_metrics)),
+    /// by name: TRL's `rewards/chosen` and the like.
+    pub module_metrics: Vec<(&'static str, f64)>,
 }
 
 /// A destination for what each optimizer step reports, called on rank 0 only (under a

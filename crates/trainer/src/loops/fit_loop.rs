@@ -224,6 +224,9 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
         let comm_wait_s = (ctx.clock.waited() - waited_before).as_secs_f64();
         let state = &mut ctx.callbacks.state;
         state.metrics.insert("train_loss".into(), outcome.loss);
+        for (name, value) in &outcome.module_metrics {
+            state.metrics.insert(name.to_string(), *value);
+        }
         self.progress.show(state);
         // Metrics stay deterministic; wall-clock figures go to the sinks only.
         if let Some(scale) = report.loss_scale {
@@ -256,6 +259,7 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
             grad_norm: report.grad_norm,
             peak_memory_bytes,
             mfu: self.flops.map(|f| f.utilisation(tokens_per_s)),
+            module_metrics: outcome.module_metrics,
         })?;
         self.checkpoints.step_end(ctx, &self.basis, self.progress)
     }

@@ -23,6 +23,8 @@ pub(crate) struct TrainStep<'s, D> {
 pub(crate) struct StepOutcome {
     pub(crate) loss: f64,
     pub(crate) report: StepReport,
+    /// The module's metrics over the global batch ([`TrainModule::take_step_metrics`]).
+    pub(crate) module_metrics: Vec<(&'static str, f64)>,
 }
 
 impl<D: Dataset> TrainStep<'_, D> {
@@ -88,8 +90,38 @@ impl<D: Dataset> TrainStep<'_, D> {
             e => e.into(),
         })?;
         let loss = ctx.env.world.all_reduce_scalar(local, ReduceOp::Mean)? as f64;
-        Ok(StepOutcome { loss, report })
+        let module_metrics = module_metrics(ctx)?;
+        Ok(StepOutcome {
+            loss,
+            report,
+            module_metrics,
+        })
     }
+}
+
+/// The module's metrics of the step, each its sum over every rank's samples over their
+/// count (one all-reduce of the sums and counts; none when the module measures nothing,
+/// as it does on every rank).
+fn module_metrics<M: TrainModule>(
+    ctx: &mut RankContext<'_, M>,
+) -> Result<Vec<(&'static str, f64)>, TrainerError> {
+    let metrics = ctx.module.take_step_metrics();
+    if metrics.is_empty() {
+        return Ok(Vec::new());
+    }
+    let values: Vec<f32> = (metrics.iter().map(|m| m.sum as f32))
+        .chain(metrics.iter().map(|m| m.count as f32))
+        .collect();
+    let n = values.len();
+    let totals = candle_core::Tensor::from_vec(values, n, &ctx.env.device)?;
+    ctx.env.world.all_reduce_in_place(&totals, ReduceOp::Sum)?;
+    let totals = totals.to_vec1::<f32>()?;
+    let (sums, counts) = totals.split_at(metrics.len());
+    Ok(metrics
+        .iter()
+        .zip(sums.iter().zip(counts))
+        .map(|(m, (&sum, &count))| (m.name, sum as f64 / (count as f64).max(1.0)))
+        .collect())
 }
 
 /// The factor of each micro-batch's loss where [`TrainModule::loss_terms`] counts its

@@ -169,6 +169,7 @@ mod tests {
                 grad_norm: Some(1.0),
                 peak_memory_bytes: None,
                 mfu: None,
+                module_metrics: vec![],
             })
             .unwrap();
         }

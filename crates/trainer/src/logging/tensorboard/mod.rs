@@ -11,6 +11,7 @@ mod event_file;
 use crate::logging::sinks::{StepRecord, StepSink};
 use crate::TrainerError;
 use event_file::{wall_time, Event, EventFile, SessionLog, Summary, SummaryValue};
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 /// An open TensorBoard log.
@@ -80,26 +81,33 @@ fn summary_event(step: usize, values: Vec<SummaryValue>) -> Event {
 }
 
 /// The scalars of one step, by tag (torchtitan's names, under `train/` and `val/`).
-pub(crate) fn scalars(r: &StepRecord) -> Vec<(&'static str, f64)> {
-    let mut out = vec![
-        ("train/loss", r.train_loss),
-        ("train/lr", r.lr),
-        ("train/tokens_per_s", r.tokens_per_s),
-        ("train/comm_wait_s", r.comm_wait_s),
-        ("train/skipped_steps", r.skipped_steps as f64),
+pub(crate) fn scalars(r: &StepRecord) -> Vec<(Cow<'static, str>, f64)> {
+    let mut out: Vec<(Cow<'static, str>, f64)> = vec![
+        ("train/loss".into(), r.train_loss),
+        ("train/lr".into(), r.lr),
+        ("train/tokens_per_s".into(), r.tokens_per_s),
+        ("train/comm_wait_s".into(), r.comm_wait_s),
+        ("train/skipped_steps".into(), r.skipped_steps as f64),
     ];
     if let Some(norm) = r.grad_norm {
-        out.push(("train/grad_norm", norm));
+        out.push(("train/grad_norm".into(), norm));
     }
     if let Some(bytes) = r.peak_memory_bytes {
-        out.push(("train/peak_memory_gib", bytes as f64 / (1u64 << 30) as f64));
+        out.push((
+            "train/peak_memory_gib".into(),
+            bytes as f64 / (1u64 << 30) as f64,
+        ));
     }
     if let Some(mfu) = r.mfu {
-        out.push(("train/mfu", mfu));
+        out.push(("train/mfu".into(), mfu));
     }
     if let Some(val) = r.val_loss {
-        out.push(("val/loss", val));
-        out.push(("val/perplexity", val.exp()));
+        out.push(("val/loss".into(), val));
+        out.push(("val/perplexity".into(), val.exp()));
+    }
+    // The module's own, under `train/` as transformers' TensorBoard callback puts TRL's.
+    for (name, value) in &r.module_metrics {
+        out.push((format!("train/{name}").into(), *value));
     }
     out
 }
@@ -108,7 +116,7 @@ impl StepSink for TensorBoardLog {
     fn step_end(&mut self, record: &StepRecord) -> Result<(), TrainerError> {
         let values = scalars(record)
             .into_iter()
-            .map(|(tag, v)| SummaryValue::scalar(tag, v))
+            .map(|(tag, v)| SummaryValue::scalar(&tag, v))
             .collect();
         self.write(summary_event(record.step, values))
     }
@@ -145,6 +153,7 @@ mod tests {
             grad_norm: Some(1.5),
             peak_memory_bytes: Some(1 << 30),
             mfu: Some(0.25),
+            module_metrics: vec![("rewards/chosen", 0.5)],
         }
     }
 
@@ -173,6 +182,11 @@ mod tests {
         assert_eq!(value("val/perplexity"), Some(Some(2f32.exp())));
         assert_eq!(value("train/peak_memory_gib"), Some(Some(1.0)));
         assert_eq!(value("train/mfu"), Some(Some(0.25)));
+        assert_eq!(
+            value("train/rewards/chosen"),
+            Some(Some(0.5)),
+            "a module's own metric"
+        );
         assert!(value("val/loss").is_some());
         let step1 = &first[2].summary.as_ref().unwrap().value;
         assert!(
