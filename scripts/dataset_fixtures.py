@@ -13,6 +13,8 @@ file must give the token file its JSON Lines twin gives, byte for byte.
   in some rows) and `output`, and as `messages`: a user turn of the instruction and, where
   there is one, a blank line and the input; the output as the answer;
 - `prompt_completion.parquet` / `.jsonl` and `text.parquet` / `.jsonl`;
+- `preference.parquet` / `.jsonl` (text `prompt`/`chosen`/`rejected`) and
+  `preference_messages.parquet` / `.jsonl` (each a list of messages): preference pairs;
 - `bad.parquet`: conversations whose third row has a turn without a role.
 
 Needs pyarrow. Run from the repository root:
@@ -91,6 +93,16 @@ def main():
     text = [{"text": t} for t in TEXT]
     jsonl("text.jsonl", text)
     parquet("text.parquet", text)
+    # Preference pairs: each conversation's last answer chosen over a curt one.
+    pairs = [(conv[:-1], conv[-1][1], "No comment.") for conv in CONVERSATIONS]
+    text_pairs = [{"prompt": " ".join(c for _, c in p), "chosen": " " + a, "rejected": " " + r}
+                  for p, a, r in pairs]
+    jsonl("preference.jsonl", text_pairs)
+    parquet("preference.parquet", text_pairs)
+    message_pairs = [{"prompt": messages(p), "chosen": messages([("assistant", a)]),
+                      "rejected": messages([("assistant", r)])} for p, a, r in pairs]
+    jsonl("preference_messages.jsonl", message_pairs)
+    parquet("preference_messages.parquet", message_pairs, compression="zstd")
     bad = [{"messages": messages(c)} for c in CONVERSATIONS]
     bad[2]["messages"][1]["role"] = None
     parquet("bad.parquet", bad)

@@ -1,7 +1,7 @@
 //! `wick prepare` of the data people bring (tests/fixtures/data, written by
 //! scripts/dataset_fixtures.py with pyarrow): every Parquet file gives the token file of its
 //! JSON Lines twin byte for byte, in each schema (`messages`, ShareGPT, Alpaca,
-//! prompt/completion, text), found from the columns or named; a bad row is refused with
+//! prompt/completion, text, preference pairs), found from the columns or named; a bad row is refused with
 //! its file and row, and nothing is written; `--mix` interleaves files by weights, the same
 //! for the same seed.
 
@@ -41,6 +41,17 @@ fn parquet_in_every_schema_gives_the_token_file_of_the_same_examples_as_json_lin
         ("text.parquet", "text.jsonl", None),
         ("sharegpt.parquet", "messages.jsonl", Some("sharegpt")),
         ("alpaca.parquet", "alpaca_as_messages.jsonl", Some("alpaca")),
+        ("preference.parquet", "preference.jsonl", None),
+        (
+            "preference_messages.parquet",
+            "preference_messages.jsonl",
+            None,
+        ),
+        (
+            "preference_messages.parquet",
+            "preference_messages.jsonl",
+            Some("preference"),
+        ),
     ];
     for (i, (parquet, twin, schema)) in pairs.into_iter().enumerate() {
         let extra: Vec<&str> = schema.map(|s| vec!["--schema", s]).unwrap_or_default();
