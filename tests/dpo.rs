@@ -5,7 +5,7 @@
 //! before training, by wick) and LoRA (its reference the model with the adapters off),
 //! under single, ddp, zero3 and fsdp at W = 2 and 4.
 
-use crate::models::{fixtures, max_diff, plain_sgd, recording_trainer, Losses};
+use crate::models::{fixtures, max_diff, plain_sgd, recording_builder, recording_trainer, Losses};
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,7 +15,7 @@ use wick::core::{
 };
 use wick::models::{CausalLm, PreferenceConfig, PreferenceLm, PreferenceLoss, PREFERENCE_METRICS};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
-use wick::trainer::{Attached, DataLoader, Dataset, Trainer};
+use wick::trainer::{Attached, DataLoader, Dataset};
 
 /// The bound on the loss and every gradient of the first step.
 const STEP_BOUND: f32 = 1e-5;
@@ -151,14 +151,7 @@ fn run(
 ) -> Run {
     let f = fixture();
     let (losses, metrics) = (Losses::default(), Metrics::default());
-    let mut t = Trainer::builder()
-        .devices(devices)
-        .strategy(strategy)
-        .max_steps(steps)
-        .no_logger()
-        .progress(false)
-        .model_summary(false)
-        .callback(losses.clone())
+    let mut t = recording_builder(devices, strategy, steps, &losses)
         .callback(metrics.clone())
         .build()
         .unwrap();

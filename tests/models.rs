@@ -13,7 +13,7 @@ use wick::core::{
 };
 use wick::models::{CausalLm, TextTokenizer};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding, Precision};
-use wick::trainer::{Attached, DataLoader, Dataset, Trainer};
+use wick::trainer::{Attached, DataLoader, Dataset, Trainer, TrainerBuilder};
 
 /// The fixtures' folder.
 pub(crate) fn fixtures() -> PathBuf {
@@ -213,6 +213,18 @@ pub(crate) fn recording_trainer(
     steps: usize,
     losses: &Losses,
 ) -> Trainer {
+    recording_builder(devices, strategy, steps, losses)
+        .build()
+        .unwrap()
+}
+
+/// [`recording_trainer`]'s builder, for more callbacks.
+pub(crate) fn recording_builder(
+    devices: usize,
+    strategy: Box<dyn Strategy>,
+    steps: usize,
+    losses: &Losses,
+) -> TrainerBuilder {
     Trainer::builder()
         .devices(devices)
         .strategy(strategy)
@@ -221,8 +233,6 @@ pub(crate) fn recording_trainer(
         .progress(false)
         .model_summary(false)
         .callback(losses.clone())
-        .build()
-        .unwrap()
 }
 
 /// Trains `family` 10 steps; returns the losses and the final parameters by name.

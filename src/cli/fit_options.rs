@@ -36,6 +36,13 @@ impl FitArgs {
                 name_of(self.objective)
             ));
         }
+        if self.objective.preference_loss().is_some() && self.packing.is_some() {
+            return Err(format!(
+                "objective {} lays each prompt and completion in a row of its own: packing \
+                 does not apply",
+                name_of(self.objective)
+            ));
+        }
         if !(self.beta > 0.0 && self.beta.is_finite()) {
             return Err(format!("beta must be a positive number, got {}", self.beta));
         }

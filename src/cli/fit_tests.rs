@@ -288,6 +288,11 @@ fn the_learning_rate_defaults_by_what_the_run_trains_and_print_config_shows_it()
         ),
         (format!("fit --model {model}"), 2e-5),
         (format!("fit --model {model} --lora-rank 8"), 2e-4),
+        (format!("fit --model {model} --objective dpo"), 1e-6),
+        (
+            format!("fit --model {model} --objective ipo --lora-rank 8"),
+            2e-4,
+        ),
         (
             format!("fit --model {model} --lora-rank 8 --lr 0.003"),
             3e-3,
@@ -312,4 +317,26 @@ fn the_learning_rate_defaults_by_what_the_run_trains_and_print_config_shows_it()
             .lr,
         0.5
     );
+}
+
+#[test]
+fn preference_objectives_need_a_model_no_packing_and_a_positive_beta() {
+    let model = "tests/fixtures/hf/llama";
+    let a = fit(&format!("fit --model {model} --objective ipo --beta 0.5")).unwrap();
+    assert_eq!((a.objective, a.beta), (super::ObjectiveArg::Ipo, 0.5));
+    for (line, says) in [
+        ("fit --objective dpo".to_string(), "tunes a --model"),
+        (
+            format!("fit --model {model} --objective dpo --packing padded"),
+            "packing does not apply",
+        ),
+    ] {
+        let e = fit(&line).unwrap_err();
+        assert!(e.contains(says), "{line}: {e}");
+    }
+    let file = temp_file(&format!(
+        "model = \"{model}\"\nobjective = \"dpo\"\nbeta = 0.0\n"
+    ));
+    let e = fit(&format!("fit --config {}", file.path().display())).unwrap_err();
+    assert!(e.contains("beta must be a positive number"), "{e}");
 }

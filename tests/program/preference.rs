@@ -6,6 +6,7 @@
 use super::{hf_fixture, wick};
 use candle_core::{DType, Device};
 use std::path::Path;
+use wick::models::PREFERENCE_METRICS;
 
 /// The documents of split `train` of a token file: each one's ids and counted flags.
 fn documents(path: &Path) -> Vec<(Vec<u32>, Vec<bool>)> {
@@ -189,15 +190,7 @@ fn dpo_logs_trl_metrics_computes_its_reference_once_and_refuses_other_data() {
     let csv = std::fs::read_to_string(d.join("runs/first/metrics.csv")).unwrap();
     let mut lines = csv.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let names = [
-        "rewards/chosen",
-        "rewards/rejected",
-        "rewards/accuracies",
-        "rewards/margins",
-        "logps/chosen",
-        "logps/rejected",
-    ];
-    assert_eq!(header[12..], names, "{header:?}");
+    assert_eq!(header[12..], PREFERENCE_METRICS, "{header:?}");
     let first: Vec<f64> = lines
         .next()
         .unwrap()

@@ -115,8 +115,13 @@ impl PreferenceLm {
     }
 
     /// The mean loss over the batch's pairs, the policy's log-probabilities run with
-    /// `adapters`; adds what it measured to the sums.
-    fn loss_of(&mut self, batch: &PreferenceBatch, adapters: Adapters) -> Result<Tensor> {
+    /// `adapters`, and (detached) those log-probabilities and the log-ratios to the
+    /// reference's.
+    fn loss_of(
+        &self,
+        batch: &PreferenceBatch,
+        adapters: Adapters,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let pairs = batch.pairs()?;
         let policy = self.lm.row_log_probs_with(&batch.rows, adapters)?;
         let ratios = (&policy - self.reference(batch)?)?;
@@ -131,8 +136,7 @@ impl PreferenceLm {
                 delta.affine(1.0, -0.5 / self.config.beta)?.sqr()?
             }
         };
-        self.measure(&policy.detach(), &ratios.detach(), pairs)?;
-        losses.mean(0)
+        Ok((losses.mean(0)?, policy.detach(), ratios.detach()))
     }
 
     /// Adds the pairs' rewards (β times the log-ratios), accuracies, margins and
@@ -197,7 +201,9 @@ impl TrainModule for PreferenceLm {
     /// The mean loss over the batch's pairs ([`CausalLm::training_step`]'s dropout masks).
     fn training_step(&mut self, batch: &Self::Batch, batch_idx: usize) -> Result<Tensor> {
         let adapters = self.lm.training_adapters(batch_idx);
-        self.loss_of(batch, adapters)
+        let (loss, policy, ratios) = self.loss_of(batch, adapters)?;
+        self.measure(&policy, &ratios, batch.pairs()?)?;
+        Ok(loss)
     }
 
     /// The pairs: each counts alike, so the step's loss is the mean over the global batch.
@@ -217,10 +223,7 @@ impl TrainModule for PreferenceLm {
     }
 
     fn validation_step(&mut self, batch: &Self::Batch, _: usize) -> Result<Option<Tensor>> {
-        let loss = self.loss_of(batch, Adapters::On(None))?;
-        // What validation measured is not the training step's.
-        self.take_step_metrics();
-        Ok(Some(loss))
+        Ok(Some(self.loss_of(batch, Adapters::On(None))?.0))
     }
 
     fn test_step(&mut self, batch: &Self::Batch, b: usize) -> Result<Option<Tensor>> {

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# A fit over a token corpus larger than the memory it may use: the corpus is memory-mapped
+# and read a window at a time, so the resident set does not grow with it. Writes a token
+# corpus of GB gigabytes (scripts/big_corpus.py) and a small one, and fits the Llama fixture
+# on each for STEPS steps inside a memory cgroup of LIMIT (cgroup v1 or v2, as root), each
+# measured by scripts/rss_peak.py from outside the process. Needs numpy and a release build.
+#
+# usage: scripts/big-corpus.sh [GB=16] [LIMIT=2G] [STEPS=200] [DIR=/tmp/wick-big-corpus]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+gb=${1:-16}
+limit=${2:-2G}
+steps=${3:-200}
+dir=${4:-/tmp/wick-big-corpus}
+py=${PYTHON:-python3}
+mkdir -p "$dir"
+wick=target/release/wick
+model=tests/fixtures/hf/llama
+hash=$(sha256sum "$model/tokenizer.json" | cut -d' ' -f1)
+# The cgroup: v2's memory.max, or v1's memory controller.
+if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+  cg=/sys/fs/cgroup/wick-big-corpus
+  mkdir -p "$cg"
+  echo "$limit" > "$cg/memory.max"
+else
+  cg=/sys/fs/cgroup/memory/wick-big-corpus
+  mkdir -p "$cg"
+  echo "$limit" > "$cg/memory.limit_in_bytes"
+fi
+run() {
+  local data=$1
+  # This shell joins the cgroup in a subshell, so only the fit and its measure are in it.
+  (
+    echo $BASHPID > "$cg/cgroup.procs"
+    "$py" scripts/rss_peak.py "release/wick" -- "$wick" fit --model "$model" --data "$data" \
+      --seq 128 --batch-size 8 --max-steps "$steps" --val-every "$steps" --packing concat \
+      --lr 1e-3 --no-checkpoints --no-progress --logger csv --log-dir "$dir/runs" \
+      --run-name "$(basename "$data" .safetensors)"
+  ) 2>&1 | grep -E "trained to|rss_peak|error" || true
+}
+for size in 0.1 "$gb"; do
+  file="$dir/corpus-${size}g.safetensors"
+  [ -f "$file" ] || "$py" scripts/big_corpus.py "$file" "$size" "$hash" 384
+  echo "== corpus $(du -h "$file" | cut -f1) in a cgroup of $limit; $(grep MemTotal /proc/meminfo)"
+  run "$file"
+done
+rmdir "$cg" 2>/dev/null || true
