@@ -110,3 +110,60 @@ impl Dataset for PreferenceDataset {
         2 * self.rows.seq()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TokenFileWriter;
+    use wick_core::IGNORE_INDEX;
+
+    #[test]
+    fn a_pair_is_one_sample_its_chosen_row_first_and_the_reference_rides_along() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pairs.safetensors");
+        let mut w = TokenFileWriter::create(&path, 100, true).unwrap().paired();
+        // Pair p: a prompt [p, p] and a completion of p + 1 (chosen) or p + 2 (rejected)
+        // tokens, each token 10 p + its place, closed by 99.
+        for p in 0..4u32 {
+            for extra in [1, 2] {
+                let n = 2 + p + extra;
+                let ids: Vec<u32> = (0..n).map(|i| 10 * p + i).chain([99]).collect();
+                let counted: Vec<bool> = (0..=n).map(|i| i >= 2).collect();
+                w.push(&ids, Some(&counted)).unwrap();
+            }
+        }
+        w.finish(0.0, "h").unwrap();
+        let pairs = PreferenceDataset::open_files(&[&path], Split::Train, 8).unwrap();
+        assert_eq!(pairs.len(), 4);
+        let pairs = pairs
+            .with_reference((0..4).map(|p| [p as f32, -(p as f32)]).collect())
+            .unwrap();
+        let b = pairs.batch(&[3, 1], &Device::Cpu).unwrap();
+        let ids = b.rows.ids.to_vec2::<u32>().unwrap();
+        // Rows: pair 3 chosen, pair 1 chosen, pair 3 rejected, pair 1 rejected.
+        let first: Vec<u32> = ids.iter().map(|r| r[0]).collect();
+        assert_eq!(first, [30, 10, 30, 10]);
+        let counted: Vec<usize> = (b.rows.targets.to_vec2::<u32>().unwrap().iter())
+            .map(|r| r.iter().filter(|&&t| t != IGNORE_INDEX).count())
+            .collect();
+        // A completion of k tokens and the end of text count: k + 1 targets.
+        assert_eq!(counted, [5, 3, 6, 4]);
+        let reference = b.reference.unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(reference, [3.0, 1.0, -3.0, -1.0]);
+        // A file of single examples is not pairs.
+        let single = dir.path().join("single.safetensors");
+        let mut w = TokenFileWriter::create(&single, 100, true).unwrap();
+        w.push(&[1, 2, 3], Some(&[false, true, true])).unwrap();
+        w.finish(0.0, "h").unwrap();
+        let e = PreferenceDataset::open_files(&[&single], Split::Train, 8)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("no preference pairs"), "{e}");
+        // Nor is an odd number of documents a paired file.
+        let mut w = TokenFileWriter::create(&single, 100, true)
+            .unwrap()
+            .paired();
+        w.push(&[1, 2, 3], Some(&[false, true, true])).unwrap();
+        assert!(w.finish(0.0, "h").is_err());
+    }
+}
