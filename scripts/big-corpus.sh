@@ -29,6 +29,11 @@ else
 fi
 run() {
   local data=$1
+  # Pages another process brought in (the writer's) are charged to it, not to the fit:
+  # start from an empty page cache so that every page the fit maps counts against the
+  # cgroup.
+  sync
+  echo 1 > /proc/sys/vm/drop_caches
   # This shell joins the cgroup in a subshell, so only the fit and its measure are in it.
   (
     echo $BASHPID > "$cg/cgroup.procs"
@@ -37,6 +42,12 @@ run() {
       --lr 1e-3 --no-checkpoints --no-progress --logger csv --log-dir "$dir/runs" \
       --run-name "$(basename "$data" .safetensors)"
   ) 2>&1 | grep -E "trained to|rss_peak|error" || true
+  # The most the cgroup held at once: the fit's anonymous memory and the file pages it
+  # brought in.
+  local peak
+  if [ -f "$cg/memory.peak" ]; then peak=$(cat "$cg/memory.peak"); else peak=$(cat "$cg/memory.max_usage_in_bytes"); fi
+  echo "cgroup peak: $((peak >> 20)) MiB"
+  [ -f "$cg/memory.max_usage_in_bytes" ] && echo 0 > "$cg/memory.max_usage_in_bytes" || true
 }
 for size in 0.1 "$gb"; do
   file="$dir/corpus-${size}g.safetensors"

@@ -41,6 +41,15 @@ impl SafetensorsFile {
         })
     }
 
+    /// Tells the kernel the file is read at random places (`madvise(MADV_RANDOM)`): a read
+    /// brings in the pages it touches, not the megabytes around them that sequential
+    /// read-ahead would map, so reading windows of a corpus larger than memory keeps few
+    /// pages of it resident. A kernel that declines the advice costs nothing but that.
+    pub fn advise_random_reads(&self) {
+        #[cfg(unix)]
+        let _ = self.mmap.advise(memmap2::Advice::Random);
+    }
+
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path

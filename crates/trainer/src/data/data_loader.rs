@@ -2,6 +2,7 @@
 
 use crate::TrainerError;
 use candle_core::Device;
+use std::sync::{Arc, Mutex};
 
 /// Samples addressed by index, turned into a module's batches.
 pub trait Dataset: Sync {
@@ -36,10 +37,21 @@ pub trait Dataset: Sync {
 /// (PyTorch's `drop_last=True`). Evaluation (validate, test, predict) covers every sample,
 /// as Lightning's evaluation loaders do: the short last batch is split over the ranks as
 /// evenly as it goes ([`DataLoader::eval_slice`]).
+///
+/// An epoch's order is one index per sample, made once per process and shared by the ranks
+/// that are its threads.
 pub struct DataLoader<D> {
     dataset: D,
     batch_size: usize,
     shuffle: bool,
+    /// The last order made.
+    last_order: Mutex<Option<EpochOrder>>,
+}
+
+/// An epoch's sample order, with the (seed, epoch) it is of.
+struct EpochOrder {
+    of: (u64, usize),
+    order: Arc<Vec<usize>>,
 }
 
 impl<D: Dataset> DataLoader<D> {
@@ -49,6 +61,7 @@ impl<D: Dataset> DataLoader<D> {
             dataset,
             batch_size: global_batch_size,
             shuffle: true,
+            last_order: Mutex::new(None),
         }
     }
 
@@ -131,8 +144,13 @@ impl<D: Dataset> DataLoader<D> {
         Ok(())
     }
 
-    /// The sample order of `epoch`.
-    pub fn epoch_order(&self, seed: u64, epoch: usize) -> Vec<usize> {
+    /// The sample order of `epoch`: made by the first rank that asks, shared with the
+    /// others of this process.
+    pub fn epoch_order(&self, seed: u64, epoch: usize) -> Arc<Vec<usize>> {
+        let mut last = wick_core::lock(&self.last_order);
+        if let Some(last) = last.as_ref().filter(|l| l.of == (seed, epoch)) {
+            return last.order.clone();
+        }
         let mut order: Vec<usize> = (0..self.dataset.len()).collect();
         if self.shuffle {
             shuffle(
@@ -140,6 +158,13 @@ impl<D: Dataset> DataLoader<D> {
                 seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
             );
         }
+        // An `Arc<Vec>` keeps the shuffled buffer itself (`Arc<[T]>` would copy it).
+        let order = Arc::new(order);
+        // The previous epoch's order goes as this one comes.
+        *last = Some(EpochOrder {
+            of: (seed, epoch),
+            order: order.clone(),
+        });
         order
     }
 
@@ -224,7 +249,7 @@ mod tests {
         assert_eq!(loader.epoch_order(1, 0), loader.epoch_order(1, 0));
         assert_ne!(loader.epoch_order(1, 0), loader.epoch_order(1, 1));
         assert_ne!(loader.epoch_order(1, 0), loader.epoch_order(2, 0));
-        let mut sorted = loader.epoch_order(1, 0);
+        let mut sorted = loader.epoch_order(1, 0).to_vec();
         sorted.sort();
         assert_eq!(sorted, (0..100).collect::<Vec<_>>());
     }

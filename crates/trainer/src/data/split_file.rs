@@ -58,6 +58,8 @@ impl SplitFile {
         packing: Option<Packing>,
     ) -> Result<(Self, usize), TrainerError> {
         let file = SafetensorsFile::open(path).map_err(CheckpointError::File)?;
+        // Windows are read at random places: no read-ahead around each.
+        file.advise_random_reads();
         let tokens = checked_tokens(&file, split)?;
         let masked = file.names().iter().any(|n| n == split.mask_name());
         let has_starts = file.names().iter().any(|n| n == split.starts_name());
