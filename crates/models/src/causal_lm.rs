@@ -424,7 +424,8 @@ impl TrainModule for CausalLm {
         Some(self.config.flops_per_token(seq, adapters))
     }
 
-    /// The loss of the batch ([`CausalLm::training_adapters`]' dropout masks).
+    /// The loss of the batch; LoRA's dropout masks are drawn from this rank and
+    /// `batch_idx`, so that a unit run again in backward and a resumed run draw the same.
     fn training_step(&mut self, batch: &Self::Batch, batch_idx: usize) -> Result<Tensor> {
         self.loss_with(batch, self.training_adapters(batch_idx))
     }

@@ -3,7 +3,8 @@
 //! training-grade layers, read from and written as Hugging Face checkpoints.
 //!
 //! It owns the families' code ([`CausalLm`]: one `ctx.wrap` unit per block, logits for
-//! every position, and for generation the next token's over a [`KvCache`]), `config.json` ([`ModelConfig`]: every field read, checked
+//! every position, and for generation the next token's over a [`KvCache`]; tuned on
+//! preference pairs as a [`PreferenceLm`]), `config.json` ([`ModelConfig`]: every field read, checked
 //! or refused by name), and `tokenizer.json` ([`TextTokenizer`], on the `tokenizers`
 //! crate). Parameters keep Hugging Face's names, so that a consolidated checkpoint is a
 //! Hugging Face state dict. It knows wick-core (the module traits) and wick-nn only: the

@@ -198,7 +198,8 @@ impl TrainModule for PreferenceLm {
         self.lm.flops_per_token(seq)
     }
 
-    /// The mean loss over the batch's pairs ([`CausalLm::training_step`]'s dropout masks).
+    /// The mean loss over the batch's pairs (LoRA's dropout masks drawn as a `CausalLm`'s
+    /// training step draws them).
     fn training_step(&mut self, batch: &Self::Batch, batch_idx: usize) -> Result<Tensor> {
         let adapters = self.lm.training_adapters(batch_idx);
         let (loss, policy, ratios) = self.loss_of(batch, adapters)?;

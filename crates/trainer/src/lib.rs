@@ -3,7 +3,7 @@
 //! It owns the stage order of fit, validate, test and predict (docs/design.md), the training and
 //! evaluation loops, callbacks (and the stock ones: [`EarlyStopping`], [`LearningRateMonitor`]),
 //! how each global batch is split over the ranks ([`DataLoader`]), token files of text
-//! tokenized once ([`TokenDataset`]),
+//! tokenized once ([`TokenDataset`]) and the preference pairs of one ([`PreferenceDataset`]),
 //! the metrics CSV, the progress bar, and checkpoints ([`checkpoint`]: sharded save, resume
 //! at any world size, consolidation, [`ModelCheckpoint`]). Devices, worlds and the sharded setup belong to
 //! wick-accelerator; parameter layout and optimizer state to the strategy.
