@@ -2,7 +2,7 @@
 # wick's loggers read back by their own tools: TensorBoard's EventAccumulator reads a run
 # resumed from its middle and finds every step's train/loss equal to metrics.csv; a local
 # `mlflow server` holds the run, FINISHED, with its params and metrics (checked through the
-# REST API), and a failed run FAILED; a server that is down leaves the run unharmed.
+# REST API), a DPO run's own metrics too, and a failed run FAILED; a server that is down leaves the run unharmed.
 # Usage: scripts/loggers-check.sh PYTHON (a Python with tensorboard, mlflow and numpy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +39,13 @@ curl -sf "$uri/health" > /dev/null || { cat "$tmp/mlflow.log"; exit 1; }
 "$wick" fit --max-steps 12 --no-checkpoints --run-name ml --logger csv,mlflow --mlflow-uri "$uri" \
   "${common[@]}" > /dev/null
 "$py" scripts/loggers_check.py mlflow "$uri" "$tmp/runs/ml" ml
+# A DPO run: the module's own metrics (TRL's rewards/* and logps/*) reach the server too.
+"$wick" prepare --format jsonl --tokenizer tests/fixtures/hf/llama/tokenizer.json \
+  --output "$tmp/pairs.safetensors" --val-fraction 0.25 tests/fixtures/hf/dpo/pairs.jsonl > /dev/null
+"$wick" fit --model tests/fixtures/hf/llama --data "$tmp/pairs.safetensors" --objective dpo \
+  --lr 1e-3 --seq 64 --batch-size 4 --max-steps 4 --no-checkpoints --run-name dpo \
+  --logger csv,mlflow --mlflow-uri "$uri" "${common[@]}" > /dev/null
+"$py" scripts/loggers_check.py mlflow-dpo "$uri" "$tmp/runs/dpo" dpo
 # A learning rate that makes the loss overflow: the run stops with an error at a step.
 if "$wick" fit --max-steps 12 --no-checkpoints --run-name boom --lr 1e30 --logger mlflow \
   --mlflow-uri "$uri" "${common[@]}" > /dev/null 2> "$tmp/boom.err"; then

@@ -3,6 +3,7 @@
   loggers_check.py tensorboard RUN_DIR       TensorBoard's EventAccumulator against metrics.csv
   loggers_check.py mlflow URI RUN_DIR NAME   the MLflow run NAME, through the server's REST API
   loggers_check.py mlflow-nan URI RUN_DIR NAME  NaN losses stored as NaN, later steps sent
+  loggers_check.py mlflow-dpo URI RUN_DIR NAME  a DPO run's rewards/* and logps/* under train/
   loggers_check.py mlflow-failed URI NAME    the run NAME is marked FAILED
 """
 import csv
@@ -92,6 +93,24 @@ def mlflow(uri, run_dir, name):
           f"train/loss equal to metrics.csv's")
 
 
+def mlflow_dpo(uri, run_dir, name):
+    """A preference run's own metrics (TRL's rewards/* and logps/*) reach MLflow under train/,
+    every step equal to metrics.csv's column."""
+    run = run_named(uri, name)
+    assert run["info"]["status"] == "FINISHED", run["info"]
+    rows = csv_rows(run_dir)
+    columns = [c for c in rows[0] if c.startswith(("rewards/", "logps/"))]
+    assert len(columns) == 6, f"columns {list(rows[0])}"
+    for column in columns:
+        history = rest(uri, "metrics/get-history",
+                       query={"run_id": run["info"]["run_id"], "metric_key": f"train/{column}"})
+        got = sorted((m["step"], m["value"]) for m in history["metrics"])
+        want = [(int(r["step"]), float(r[column])) for r in rows]
+        assert got == want, f"train/{column} {got} != metrics.csv {want}"
+    print(f"mlflow: run {name} FINISHED with {len(columns)} preference metrics of {len(rows)} "
+          f"steps equal to metrics.csv's")
+
+
 def mlflow_nan(uri, run_dir, name):
     run = run_named(uri, name)
     assert run["info"]["status"] == "FINISHED", run["info"]
@@ -118,4 +137,4 @@ def mlflow_failed(uri, name):
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
     {"tensorboard": tensorboard, "mlflow": mlflow, "mlflow-nan": mlflow_nan,
-     "mlflow-failed": mlflow_failed}[command](*args)
+     "mlflow-dpo": mlflow_dpo, "mlflow-failed": mlflow_failed}[command](*args)

@@ -2,7 +2,9 @@
 # Checks of the `wick` program with ranks as processes under mpirun (Open MPI):
 #   1. the main job under `mpirun -np 2` logs the same train_loss at every step as
 #      `--devices 2` with threads, in the same CSV, and only rank 0 reports; so does a LoRA
-#      fine-tune of the Qwen2 fixture under fsdp;
+#      fine-tune of the Qwen2 fixture under fsdp; and DPO under fsdp, whole (the reference
+#      log-probabilities computed by rank 0's pass and read by the other processes) and
+#      LoRA (the adapters off), every metric TRL names as with threads;
 #   2. checkpoints cross engines (zero3): one saved by processes has the same bytes as one
 #      saved by threads; resumed by the other engine at the same world size it ends where
 #      the uninterrupted run ends (1e-5), and at another world size (saved under mpirun
@@ -64,6 +66,40 @@ worst = max(abs(float(x[2]) - float(y[2])) for x, y in zip(a[1:], b[1:]))
 assert worst <= 1e-6, f"train_loss differs by {worst}"
 print(f"LoRA: 6 steps, max |train_loss diff| processes vs threads {worst:g}")
 EOF
+
+echo "== 1c. DPO (fsdp): mpirun -np 2 against threads, whole (a precomputed reference) and LoRA"
+"$mpi_wick" prepare --format jsonl --tokenizer "$repo/tests/fixtures/hf/llama/tokenizer.json" \
+  --output pairs.safetensors --val-fraction 0.25 "$repo/tests/fixtures/hf/dpo/pairs.jsonl" > /dev/null
+dpo=(fit --model "$repo/tests/fixtures/hf/llama" --data pairs.safetensors --objective dpo
+  --lr 1e-3 --seq 64 --batch-size 4 --max-steps 4 --strategy fsdp --no-checkpoints "${quiet[@]}")
+for kind in whole lora; do
+  extra=()
+  [ "$kind" = lora ] && extra=(--lora-rank 4)
+  # The whole model's reference file is made by the first run and read by the second:
+  # each engine makes its own.
+  rm -f pairs.safetensors.dpo-reference
+  "${mpirun[@]}" -np 2 "$mpi_wick" "${dpo[@]}" "${extra[@]}" --log-dir dpo-procs-$kind > /dev/null
+  if [ "$kind" = whole ]; then
+    [ -f pairs.safetensors.dpo-reference ] || fail "no reference file after the processes' DPO run"
+    mv pairs.safetensors.dpo-reference procs.dpo-reference
+  fi
+  "$mpi_wick" "${dpo[@]}" "${extra[@]}" --devices 2 --log-dir dpo-threads-$kind > /dev/null
+  if [ "$kind" = whole ]; then
+    cmp procs.dpo-reference pairs.safetensors.dpo-reference || fail "the processes' reference file differs from the threads'"
+  fi
+  "$python" - dpo-procs-$kind/llama/metrics.csv dpo-threads-$kind/llama/metrics.csv "$kind" <<'EOF'
+import csv, sys
+a, b = (list(csv.DictReader(open(p))) for p in sys.argv[1:3])
+assert len(a) == len(b) == 4, f"{len(a)} and {len(b)} rows"
+names = ["train_loss"] + [n for n in a[0] if n.startswith(("rewards/", "logps/"))]
+assert len(names) == 7, f"columns {list(a[0])}"
+worst = max(abs(float(x[n]) - float(y[n])) for x, y in zip(a, b) for n in names)
+assert worst <= 1e-5, f"differs by {worst}"
+moved = abs(float(a[-1]["train_loss"]) - float(a[0]["train_loss"]))
+print(f"DPO {sys.argv[3]}: 4 steps, {len(names)} metrics, max diff processes vs threads {worst:g} "
+      f"(the loss moved {moved:.3g})")
+EOF
+done
 
 echo "== 2. checkpoints across engines (zero3)"
 # One learning-rate schedule for runs of 6 and of 12 steps, so a 6-step run is the first

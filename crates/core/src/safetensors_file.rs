@@ -16,6 +16,10 @@ use std::path::{Path, PathBuf};
 /// An open, validated safetensors file.
 pub struct SafetensorsFile {
     path: PathBuf,
+    /// The file itself, for the reads that stay out of the map
+    /// ([`SafetensorsFile::read_offsets`]).
+    #[cfg_attr(not(unix), allow(dead_code))]
+    file: File,
     mmap: Mmap,
     data_start: usize,
     metadata: Metadata,
@@ -35,6 +39,7 @@ impl SafetensorsFile {
         })?;
         Ok(SafetensorsFile {
             path,
+            file,
             mmap,
             data_start: 8 + header_len,
             metadata,
@@ -85,6 +90,19 @@ impl SafetensorsFile {
         dtypes: &[Dtype],
         expected: &str,
     ) -> Result<(&[u8], Dtype), FileError> {
+        let (at, dtype) = self.locate(name, range, dtypes, expected)?;
+        Ok((&self.mmap[at], dtype))
+    }
+
+    /// Where elements `range` of tensor `name` lie in the file, checked: the tensor exists,
+    /// has one of `dtypes` (`expected` names them) and holds the range.
+    fn locate(
+        &self,
+        name: &str,
+        range: Range<usize>,
+        dtypes: &[Dtype],
+        expected: &str,
+    ) -> Result<(Range<usize>, Dtype), FileError> {
         let info = self.info(name)?;
         let numel: usize = info.shape.iter().product();
         if range.start > range.end || range.end > numel {
@@ -104,7 +122,7 @@ impl SafetensorsFile {
         let size = info.dtype.bitsize() / 8;
         // Offsets were validated against the file length at open.
         let start = self.data_start + info.data_offsets.0 + range.start * size;
-        Ok((&self.mmap[start..start + range.len() * size], info.dtype))
+        Ok((start..start + range.len() * size, info.dtype))
     }
 
     /// Elements `range` of tensor `name` (row-major), converted to f32 from f32, f16 or
@@ -147,9 +165,20 @@ impl SafetensorsFile {
     }
 
     /// Elements `range` of the i64 tensor `name` (offsets into another tensor, as Candle,
-    /// NumPy and PyTorch all read them), each checked to be at least 0.
+    /// NumPy and PyTorch all read them), each checked to be at least 0. Read from the file
+    /// rather than the map: a pass over every document's start (packing plans one when a
+    /// fit opens a corpus) leaves none of its pages in the process's resident set.
     pub fn read_offsets(&self, name: &str, range: Range<usize>) -> Result<Vec<u64>, FileError> {
-        let (bytes, _) = self.bytes(name, range, &[Dtype::I64], "I64")?;
+        let (at, _) = self.locate(name, range, &[Dtype::I64], "I64")?;
+        #[cfg(unix)]
+        let bytes = {
+            let mut bytes = vec![0u8; at.len()];
+            read_exact_at(&self.file, &mut bytes, at.start as u64)
+                .map_err(|e| FileError::new(&self.path, Some(name), format!("cannot read: {e}")))?;
+            bytes
+        };
+        #[cfg(not(unix))]
+        let bytes = &self.mmap[at];
         (bytes.chunks_exact(8))
             .map(|b| u64::try_from(i64::from_le_bytes(b.try_into().expect("8 bytes"))))
             .collect::<Result<_, _>>()
@@ -160,6 +189,12 @@ impl SafetensorsFile {
     pub fn dtype(&self, name: &str) -> Result<String, FileError> {
         Ok(format!("{:?}", self.info(name)?.dtype))
     }
+}
+
+/// Fills `buf` from `file` at `offset`, leaving the file's cursor alone (ranks share it).
+#[cfg(unix)]
+fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use crate::lora::{
     Adapters, DropoutKey, LoraConfig, PeftNames, WithAdapters, ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
 };
+use crate::scoring::Scoring;
 use crate::{ModelError, TextTokenizer};
 use candle_core::{DType, Result, Tensor, D};
 use std::path::{Path, PathBuf};
@@ -328,39 +329,30 @@ impl CausalLm {
 
     /// [`CausalLm::loss`] of a batch, each document of a packed one kept to itself.
     pub fn batch_loss(&self, batch: &TokenBatch) -> Result<Tensor> {
-        self.loss_with(batch, Adapters::On(None))
-    }
-
-    fn loss_with(&self, batch: &TokenBatch, adapters: Adapters) -> Result<Tensor> {
-        let TokenBatch { ids, targets, .. } = batch;
-        let documents = Self::documents(batch)?;
-        let documents = documents.as_ref();
-        match self.net_for(ids)? {
-            Net::Decoder(m) => m.loss((ids, targets), documents, adapters),
-            Net::Gpt2(m) => m.loss((ids, targets), documents),
-        }
+        self.score(batch, Adapters::On(None), Scoring::MeanLoss)
     }
 
     /// The log-probability of each row's counted targets, summed over the row: `[rows]`,
     /// f32 (what preference tuning compares). The output projection and the
     /// log-probabilities are one op ([`wick_nn::linear_log_probs`]).
     pub fn row_log_probs(&self, batch: &TokenBatch) -> Result<Tensor> {
-        self.row_log_probs_with(batch, Adapters::On(None))
+        self.score(batch, Adapters::On(None), Scoring::RowLogProbs)
     }
 
-    /// [`CausalLm::row_log_probs`] with LoRA's adapters as `adapters` says (off: the base
+    /// `scoring` of `batch` with LoRA's adapters as `adapters` says (off: the base
     /// model's).
-    pub(crate) fn row_log_probs_with(
+    pub(crate) fn score(
         &self,
         batch: &TokenBatch,
         adapters: Adapters,
+        scoring: Scoring,
     ) -> Result<Tensor> {
         let TokenBatch { ids, targets, .. } = batch;
         let documents = Self::documents(batch)?;
         let documents = documents.as_ref();
         match self.net_for(ids)? {
-            Net::Decoder(m) => m.row_log_probs((ids, targets), documents, adapters),
-            Net::Gpt2(m) => m.row_log_probs((ids, targets), documents),
+            Net::Decoder(m) => m.score((ids, targets), documents, adapters, scoring),
+            Net::Gpt2(m) => m.score((ids, targets), documents, scoring),
         }
     }
 
@@ -427,7 +419,8 @@ impl TrainModule for CausalLm {
     /// The loss of the batch; LoRA's dropout masks are drawn from this rank and
     /// `batch_idx`, so that a unit run again in backward and a resumed run draw the same.
     fn training_step(&mut self, batch: &Self::Batch, batch_idx: usize) -> Result<Tensor> {
-        self.loss_with(batch, self.training_adapters(batch_idx))
+        let adapters = self.training_adapters(batch_idx);
+        self.score(batch, adapters, Scoring::MeanLoss)
     }
 
     /// The targets that count: those not [`wick_nn::IGNORE_INDEX`] (a prompt's, in

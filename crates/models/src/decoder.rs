@@ -9,16 +9,17 @@
 
 use crate::config::{Activation, DecoderConfig};
 use crate::kv_cache::{KvCache, LayerCache};
-use crate::layers::{embed, heads, linear, loss_rows, merge_heads, normal, project};
+use crate::layers::{embed, heads, linear, merge_heads, normal, project};
 use crate::lora::{Adapters, LoraConfig, Projection};
 use crate::rope::RopeTables;
+use crate::scoring::Scoring;
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use std::sync::Arc;
 use wick_core::{ShardedContext, Wrapped};
 use wick_nn::{
-    causal_attention_in_documents, gelu, linear_cross_entropy, linear_log_probs, rms_norm,
-    rms_norm_unit_offset, swiglu, AttentionOptions, Linear, Positions, RmsNorm, RotaryEmbedding,
+    causal_attention_in_documents, gelu, rms_norm, rms_norm_unit_offset, swiglu, AttentionOptions,
+    Linear, Positions, RmsNorm, RotaryEmbedding,
 };
 
 /// Where a forward's tokens stand: after `Offset` positions a cache holds (0 for a whole
@@ -369,33 +370,18 @@ impl Decoder {
         }
     }
 
-    /// The mean cross-entropy of `targets` (`[batch, time]`, u32; [`wick_nn::IGNORE_INDEX`]
-    /// not counted) under the logits of `ids` (within `documents`, where given), by
-    /// [`wick_nn::linear_cross_entropy`]: the output projection and the loss in one op, so
-    /// on the CPU the logits never exist whole.
-    pub(crate) fn loss(
+    /// `scoring` of `targets` (`[batch, time]`, u32; [`wick_nn::IGNORE_INDEX`] not
+    /// counted) under the logits of `ids` (within `documents`, where given): the output
+    /// projection and the score in one op, so on the CPU the logits never exist whole.
+    pub(crate) fn score(
         &self,
         (ids, targets): (&Tensor, &Tensor),
         documents: Option<&Positions>,
         adapters: Adapters,
+        scoring: Scoring,
     ) -> Result<Tensor> {
-        let (x, targets) = loss_rows(&self.hidden(ids, documents, adapters)?, targets)?;
-        let cap = self.final_logit_softcapping;
-        self.head(&x, move |w, x| linear_cross_entropy(x, w, &targets, cap))
-    }
-
-    /// The log-probability of each row's counted `targets` (`[batch, time]`, u32) under
-    /// the logits of `ids`, summed over the row: `[batch]`, f32. The output projection and
-    /// the log-probabilities are one op ([`wick_nn::linear_log_probs`]).
-    pub(crate) fn row_log_probs(
-        &self,
-        (ids, targets): (&Tensor, &Tensor),
-        documents: Option<&Positions>,
-        adapters: Adapters,
-    ) -> Result<Tensor> {
-        let (x, flat) = loss_rows(&self.hidden(ids, documents, adapters)?, targets)?;
-        let cap = self.final_logit_softcapping;
-        let per_token = self.head(&x, move |w, x| linear_log_probs(x, w, &flat, cap))?;
-        per_token.reshape(targets.dims2()?)?.sum(1)
+        let hidden = self.hidden(ids, documents, adapters)?;
+        let (x, op) = scoring.head_op(&hidden, targets, self.final_logit_softcapping)?;
+        scoring.finish(self.head(&x, move |w, x| op.apply(w, x))?, targets)
     }
 }

@@ -6,13 +6,13 @@
 
 use crate::config::Gpt2Config;
 use crate::kv_cache::{KvCache, LayerCache};
-use crate::layers::{conv1d, embed, heads, loss_rows, merge_heads, normal, project};
+use crate::layers::{conv1d, embed, heads, merge_heads, normal, project};
+use crate::scoring::Scoring;
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use wick_core::{ShardedContext, Wrapped};
 use wick_nn::{
-    causal_attention_packed, gelu, layer_norm, linear_cross_entropy, linear_log_probs,
-    AttentionOptions, LayerNorm, Linear, Positions,
+    causal_attention_packed, gelu, layer_norm, AttentionOptions, LayerNorm, Linear, Positions,
 };
 
 /// One block, `transformer.h.{i}`.
@@ -151,31 +151,15 @@ impl Gpt2 {
         KvCache::new(self.blocks.len())
     }
 
-    /// The mean cross-entropy of `targets` (`[batch, time]`, u32) under the logits of `ids`
-    /// (within `documents`, where given), the tied projection and the loss in one op
-    /// ([`wick_nn::linear_cross_entropy`]).
-    pub(crate) fn loss(
+    /// `scoring` of `targets` (`[batch, time]`, u32) under the logits of `ids` (within
+    /// `documents`, where given), the tied projection and the score in one op.
+    pub(crate) fn score(
         &self,
         (ids, targets): (&Tensor, &Tensor),
         documents: Option<&Positions>,
+        scoring: Scoring,
     ) -> Result<Tensor> {
-        let (x, targets) = loss_rows(&self.hidden(ids, documents)?, targets)?;
-        self.wte
-            .apply(&x, move |w, x| linear_cross_entropy(x, w, &targets, None))
-    }
-
-    /// The log-probability of each row's counted `targets` (`[batch, time]`, u32) under
-    /// the logits of `ids`, summed over the row: `[batch]`, f32
-    /// ([`wick_nn::linear_log_probs`]).
-    pub(crate) fn row_log_probs(
-        &self,
-        (ids, targets): (&Tensor, &Tensor),
-        documents: Option<&Positions>,
-    ) -> Result<Tensor> {
-        let (x, flat) = loss_rows(&self.hidden(ids, documents)?, targets)?;
-        let per_token = self
-            .wte
-            .apply(&x, move |w, x| linear_log_probs(x, w, &flat, None))?;
-        per_token.reshape(targets.dims2()?)?.sum(1)
+        let (x, op) = scoring.head_op(&self.hidden(ids, documents)?, targets, None)?;
+        scoring.finish(self.wte.apply(&x, move |w, x| op.apply(w, x))?, targets)
     }
 }

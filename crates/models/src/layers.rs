@@ -58,14 +58,6 @@ pub(crate) fn project(x: &Tensor, table: &Tensor) -> Result<Tensor> {
     wick_nn::matmul_wt(&x.reshape((b * t, c))?, table)?.reshape((b, t, vocab))
 }
 
-/// The final hidden states `x` (`[batch, time, width]`) and `targets` (`[batch, time]`) as
-/// the rows [`wick_nn::linear_cross_entropy`] takes: `[batch * time, width]` and
-/// `[batch * time]`.
-pub(crate) fn loss_rows(x: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
-    let (b, t, c) = x.dims3()?;
-    Ok((x.reshape((b * t, c))?, targets.reshape(b * t)?))
-}
-
 /// `y` (`[batch, time, heads * head_dim]`) as `[batch, heads, time, head_dim]`.
 pub(crate) fn heads(y: &Tensor, heads: usize, head_dim: usize) -> Result<Tensor> {
     let (b, t, _) = y.dims3()?;

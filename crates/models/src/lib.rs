@@ -28,6 +28,7 @@ mod lora;
 mod preference;
 mod preference_pair;
 mod rope;
+mod scoring;
 mod tokenizer;
 
 pub use causal_lm::CausalLm;

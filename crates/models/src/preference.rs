@@ -2,6 +2,7 @@
 //! TRL's `DPOTrainer` tunes one.
 
 use crate::lora::Adapters;
+use crate::scoring::Scoring;
 use crate::CausalLm;
 use candle_core::{Result, Tensor};
 use wick_core::{
@@ -104,8 +105,11 @@ impl PreferenceLm {
             (Some(r), _) => Ok(r.clone()),
             (None, Some(_)) => {
                 // No backward goes through the reference: the strategies keep nothing for one.
-                no_grad(|| self.lm.row_log_probs_with(&batch.rows, Adapters::Off))
-                    .map(|r| r.detach())
+                no_grad(|| {
+                    self.lm
+                        .score(&batch.rows, Adapters::Off, Scoring::RowLogProbs)
+                })
+                .map(|r| r.detach())
             }
             (None, None) => candle_core::bail!(
                 "a model tuned whole by preference needs the reference model's log-probabilities \
@@ -123,7 +127,7 @@ impl PreferenceLm {
         adapters: Adapters,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let pairs = batch.pairs()?;
-        let policy = self.lm.row_log_probs_with(&batch.rows, adapters)?;
+        let policy = self.lm.score(&batch.rows, adapters, Scoring::RowLogProbs)?;
         let ratios = (&policy - self.reference(batch)?)?;
         let losses = match self.config.loss {
             PreferenceLoss::Sigmoid => {

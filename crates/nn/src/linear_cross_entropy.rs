@@ -42,18 +42,10 @@ pub fn linear_cross_entropy(
     targets: &Tensor,
     softcap: Option<f64>,
 ) -> Result<Tensor> {
-    check_shapes("linear_cross_entropy", x, weight, targets)?;
-    let sixteen_bit = |t: &Tensor| matches!(t.dtype(), DType::BF16 | DType::F16);
-    let on_cpu = x.device().is_cpu() && weight.device().is_cpu();
-    if on_cpu && targets.dtype() == DType::U32 && (sixteen_bit(x) || sixteen_bit(weight)) {
-        // The casts are ops of the graph: their backward hands each input its gradient in
-        // its own dtype.
-        let (x, weight) = (x.to_dtype(DType::F32)?, weight.to_dtype(DType::F32)?);
-        return linear_cross_entropy(&x, &weight, targets, softcap);
-    }
-    if !(fused(&[x, weight]) && targets.dtype() == DType::U32) {
+    let Some((x, weight, targets)) = fused_inputs("linear_cross_entropy", x, weight, targets)?
+    else {
         return linear_cross_entropy_composite(x, weight, targets, softcap);
-    }
+    };
     let backward_may_follow = grad_enabled();
     let op = Forward {
         softcap: softcap.map(|c| c as f32),
@@ -64,8 +56,38 @@ pub fn linear_cross_entropy(
         grads: Mutex::default(),
         weights: None,
     };
-    x.contiguous()?
-        .apply_op3(&weight.contiguous()?, &targets.contiguous()?, Fused(op))
+    x.apply_op3(&weight, &targets, Fused(op))
+}
+
+/// `x`, `weight` and `targets` as the fused kernels take them (contiguous f32 on the CPU,
+/// u32 targets) once their shapes are checked, or `None` where the op takes its composite
+/// path. 16-bit inputs on the CPU are cast to f32 here: the casts are ops of the graph, so
+/// their backward hands each input its gradient in its own dtype.
+fn fused_inputs(
+    op: &str,
+    x: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    check_shapes(op, x, weight, targets)?;
+    let on_cpu = x.device().is_cpu() && weight.device().is_cpu();
+    if !(on_cpu && targets.dtype() == DType::U32) {
+        return Ok(None);
+    }
+    // Other dtypes (f64) stay as they are, and take the composite path.
+    let in_f32 = |t: &Tensor| match t.dtype() {
+        DType::BF16 | DType::F16 => t.to_dtype(DType::F32),
+        _ => Ok(t.clone()),
+    };
+    let (x, weight) = (in_f32(x)?, in_f32(weight)?);
+    if !fused(&[&x, &weight]) {
+        return Ok(None);
+    }
+    Ok(Some((
+        x.contiguous()?,
+        weight.contiguous()?,
+        targets.contiguous()?,
+    )))
 }
 
 /// The same loss from Candle's ops: the whole logits, capped, in f32, then
@@ -189,20 +211,13 @@ pub fn linear_log_probs(
     targets: &Tensor,
     softcap: Option<f64>,
 ) -> Result<Tensor> {
-    check_shapes("linear_log_probs", x, weight, targets)?;
-    let sixteen_bit = |t: &Tensor| matches!(t.dtype(), DType::BF16 | DType::F16);
-    if x.device().is_cpu() && (sixteen_bit(x) || sixteen_bit(weight)) {
-        let (x, weight) = (x.to_dtype(DType::F32)?, weight.to_dtype(DType::F32)?);
-        return linear_log_probs(&x, &weight, targets, softcap);
-    }
-    if !(fused(&[x, weight]) && targets.dtype() == DType::U32) {
+    let Some((x, weight, targets)) = fused_inputs("linear_log_probs", x, weight, targets)? else {
         return linear_log_probs_composite(x, weight, targets, softcap);
-    }
+    };
     let op = LogProbs {
         softcap: softcap.map(|c| c as f32),
     };
-    x.contiguous()?
-        .apply_op3(&weight.contiguous()?, &targets.contiguous()?, Fused(op))
+    x.apply_op3(&weight, &targets, Fused(op))
 }
 
 /// [`linear_log_probs`] from Candle's ops: the whole logits, their log-softmax, the

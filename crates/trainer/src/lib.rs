@@ -35,6 +35,7 @@ pub use builder::{StrategyChoice, TrainerBuilder};
 pub use callbacks::{EarlyStopping, LearningRateMonitor};
 pub use checkpoint::{consolidate, Checkpoint, CheckpointError, Mode, ModelCheckpoint};
 pub use data::data_loader::{DataLoader, Dataset};
+pub use data::epoch_order::EpochOrder;
 pub use data::packing::{best_fit_decreasing, Packing};
 pub use data::preference_dataset::PreferenceDataset;
 pub use data::token_dataset::TokenDataset;

@@ -171,6 +171,17 @@ impl From<LossScaleRecord> for LossScale {
 pub struct RngRecord {
     /// The seed.
     pub seed: u64,
+    /// How the seed orders an epoch ([`EpochOrder::SHUFFLE`](crate::EpochOrder::SHUFFLE));
+    /// checkpoints from before it was recorded shuffled by [`FISHER_YATES`].
+    #[serde(default = "fisher_yates")]
+    pub shuffle: String,
+}
+
+/// The shuffle of wick 0.2 and before: a list of every sample, shuffled by Fisher-Yates.
+pub const FISHER_YATES: &str = "fisher-yates-xorshift64";
+
+fn fisher_yates() -> String {
+    FISHER_YATES.into()
 }
 
 /// The data loader's position: the next optimizer step is batch `batch` of epoch `epoch`.
@@ -394,5 +405,17 @@ mod tests {
             ..record
         };
         assert!(bad.schedule().unwrap_err().contains("min_lr_ratio"));
+    }
+
+    #[test]
+    fn a_manifest_from_before_the_shuffle_was_recorded_reads_as_fisher_yates() {
+        let old: RngRecord = serde_json::from_str(r#"{"seed": 7}"#).unwrap();
+        assert_eq!((old.seed, old.shuffle.as_str()), (7, FISHER_YATES));
+        let now = RngRecord {
+            seed: 7,
+            shuffle: crate::EpochOrder::SHUFFLE.into(),
+        };
+        let read: RngRecord = serde_json::from_str(&serde_json::to_string(&now).unwrap()).unwrap();
+        assert_eq!(read, now);
     }
 }

@@ -22,7 +22,8 @@ pub use fault::{SaveFault, SavePoint};
 pub(crate) use files::check_writable;
 pub use manifest::{
     DataPosition, FileRecord, GroupRecord, LossScaleRecord, LrScheduleRecord, Manifest,
-    OptimizerRecord, ParamRecord, PieceRecord, RngRecord, FORMAT, FORMAT_VERSION, MANIFEST_FILE,
+    OptimizerRecord, ParamRecord, PieceRecord, RngRecord, FISHER_YATES, FORMAT, FORMAT_VERSION,
+    MANIFEST_FILE,
 };
 pub use model_checkpoint::{Mode, ModelCheckpoint, LAST_FILE};
 pub use path::resolve_checkpoint;

@@ -369,7 +369,10 @@ fn draft_manifest(
         world_size,
         strategy: strategy.name().to_string(),
         optimizer: optimizer_record(info.optimizer, state, state_kinds),
-        rng: RngRecord { seed: info.seed },
+        rng: RngRecord {
+            seed: info.seed,
+            shuffle: crate::EpochOrder::SHUFFLE.into(),
+        },
         data: info.data.clone(),
         metrics: info.metrics.clone(),
         run: info.run.clone(),

@@ -1,8 +1,8 @@
 //! Datasets and the distributed split of each global batch over the ranks.
 
+use super::EpochOrder;
 use crate::TrainerError;
 use candle_core::Device;
-use std::sync::{Arc, Mutex};
 
 /// Samples addressed by index, turned into a module's batches.
 pub trait Dataset: Sync {
@@ -29,29 +29,22 @@ pub trait Dataset: Sync {
 
 /// A dataset with a global batch size, like a DataLoader with a DistributedSampler.
 ///
-/// Each epoch's order is a shuffle seeded by (seed, epoch) (or the identity without shuffle);
-/// it is cut into global batches, and each global batch into W equal, disjoint slices: rank
-/// r takes slice r. Concatenating the ranks' slices gives the global batch of one device.
+/// Each epoch's order is a permutation seeded by (seed, epoch) (or the identity without
+/// shuffle); it is cut into global batches, and each global batch into W equal, disjoint
+/// slices: rank r takes slice r. Concatenating the ranks' slices gives the global batch of
+/// one device.
 ///
 /// Training drops an incomplete last batch, so that every step sees a whole global batch
 /// (PyTorch's `drop_last=True`). Evaluation (validate, test, predict) covers every sample,
 /// as Lightning's evaluation loaders do: the short last batch is split over the ranks as
 /// evenly as it goes ([`DataLoader::eval_slice`]).
 ///
-/// An epoch's order is one index per sample, made once per process and shared by the ranks
-/// that are its threads.
+/// An epoch's order is computed a sample at a time ([`EpochOrder`]), so it takes no memory
+/// of the dataset's size.
 pub struct DataLoader<D> {
     dataset: D,
     batch_size: usize,
     shuffle: bool,
-    /// The last order made.
-    last_order: Mutex<Option<EpochOrder>>,
-}
-
-/// An epoch's sample order, with the (seed, epoch) it is of.
-struct EpochOrder {
-    of: (u64, usize),
-    order: Arc<Vec<usize>>,
 }
 
 impl<D: Dataset> DataLoader<D> {
@@ -61,7 +54,6 @@ impl<D: Dataset> DataLoader<D> {
             dataset,
             batch_size: global_batch_size,
             shuffle: true,
-            last_order: Mutex::new(None),
         }
     }
 
@@ -96,26 +88,27 @@ impl<D: Dataset> DataLoader<D> {
     /// split in rank order, the first ranks taking one sample more; a rank left without a
     /// sample runs the batch's last one and counts none, so that every rank runs the same
     /// steps, and with them the same collectives.
-    pub fn eval_slice<'o>(
+    pub fn eval_slice(
         &self,
-        order: &'o [usize],
+        order: &EpochOrder,
         batch: usize,
         rank: usize,
         world_size: usize,
-    ) -> (&'o [usize], usize) {
+    ) -> (Vec<usize>, usize) {
         let start = batch * self.batch_size;
         let n = self.batch_size.min(order.len() - start);
         if n == self.batch_size {
             let slice = self.rank_slice(order, batch, rank, world_size);
-            return (slice, slice.len());
+            let count = slice.len();
+            return (slice, count);
         }
         let (base, extra) = (n / world_size, n % world_size);
         let own = base + usize::from(rank < extra);
         match own {
-            0 => (&order[start + n - 1..start + n], 0),
+            0 => (order.slice(start + n - 1..start + n), 0),
             _ => {
                 let at = start + rank * base + rank.min(extra);
-                (&order[at..at + own], own)
+                (order.slice(at..at + own), own)
             }
         }
     }
@@ -144,53 +137,30 @@ impl<D: Dataset> DataLoader<D> {
         Ok(())
     }
 
-    /// The sample order of `epoch`: made by the first rank that asks, shared with the
-    /// others of this process.
-    pub fn epoch_order(&self, seed: u64, epoch: usize) -> Arc<Vec<usize>> {
-        let mut last = wick_core::lock(&self.last_order);
-        if let Some(last) = last.as_ref().filter(|l| l.of == (seed, epoch)) {
-            return last.order.clone();
-        }
-        let mut order: Vec<usize> = (0..self.dataset.len()).collect();
+    /// The sample order of `epoch`: the same on every rank, computed from (seed, epoch).
+    pub fn epoch_order(&self, seed: u64, epoch: usize) -> EpochOrder {
+        let len = self.dataset.len();
         if self.shuffle {
-            shuffle(
-                &mut order,
+            EpochOrder::shuffled(
+                len,
                 seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            );
+            )
+        } else {
+            EpochOrder::in_order(len)
         }
-        // An `Arc<Vec>` keeps the shuffled buffer itself (`Arc<[T]>` would copy it).
-        let order = Arc::new(order);
-        // The previous epoch's order goes as this one comes.
-        *last = Some(EpochOrder {
-            of: (seed, epoch),
-            order: order.clone(),
-        });
-        order
     }
 
     /// Rank `rank`'s slice of global batch `batch` of `order`.
-    pub fn rank_slice<'o>(
+    pub fn rank_slice(
         &self,
-        order: &'o [usize],
+        order: &EpochOrder,
         batch: usize,
         rank: usize,
         world_size: usize,
-    ) -> &'o [usize] {
+    ) -> Vec<usize> {
         let per_rank = self.batch_size / world_size;
         let start = batch * self.batch_size + rank * per_rank;
-        &order[start..start + per_rank]
-    }
-}
-
-/// Fisher-Yates with xorshift64*, seeded through splitmix64 so nearby seeds differ.
-fn shuffle(order: &mut [usize], seed: u64) {
-    let mut state = wick_core::splitmix64(seed) | 1;
-    for i in (1..order.len()).rev() {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        let r = state.wrapping_mul(0x2545_F491_4F6C_DD1D);
-        order.swap(i, (r % (i as u64 + 1)) as usize);
+        order.slice(start..start + per_rank)
     }
 }
 
@@ -215,9 +185,9 @@ mod tests {
         let order = loader.epoch_order(7, 3);
         for b in 0..loader.batches_per_epoch() {
             let joined: Vec<usize> = (0..4)
-                .flat_map(|r| loader.rank_slice(&order, b, r, 4).to_vec())
+                .flat_map(|r| loader.rank_slice(&order, b, r, 4))
                 .collect();
-            assert_eq!(joined, order[b * 12..(b + 1) * 12]);
+            assert_eq!(joined, order.slice(b * 12..(b + 1) * 12));
         }
     }
 
@@ -249,7 +219,7 @@ mod tests {
         assert_eq!(loader.epoch_order(1, 0), loader.epoch_order(1, 0));
         assert_ne!(loader.epoch_order(1, 0), loader.epoch_order(1, 1));
         assert_ne!(loader.epoch_order(1, 0), loader.epoch_order(2, 0));
-        let mut sorted = loader.epoch_order(1, 0).to_vec();
+        let mut sorted = loader.epoch_order(1, 0).slice(0..100);
         sorted.sort();
         assert_eq!(sorted, (0..100).collect::<Vec<_>>());
     }

@@ -1,11 +1,15 @@
 //! What a fit runs over: [`Dataset`](crate::Dataset) and [`DataLoader`](crate::DataLoader),
-//! which splits each global batch over the ranks, and token files of text tokenized once
+//! which splits each global batch over the ranks in an [`EpochOrder`](crate::EpochOrder), and token files of text tokenized once
 //! ([`TokenDataset`](crate::TokenDataset)), and preference pairs from them
 //! ([`PreferenceDataset`](crate::PreferenceDataset)).
 
 pub(crate) mod data_loader;
+pub(crate) mod document_plan;
+pub(crate) mod epoch_order;
 pub(crate) mod packing;
 pub(crate) mod preference_dataset;
 pub(crate) mod split_file;
 pub(crate) mod token_dataset;
 pub(crate) mod token_file;
+
+use epoch_order::EpochOrder;

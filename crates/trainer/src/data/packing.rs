@@ -10,9 +10,10 @@ pub enum Packing {
     /// (pre-training's convention): a window may hold the end of one document and the start
     /// of the next, which attends to it.
     Concat,
-    /// Whole documents placed into windows by best-fit decreasing, none split (one longer
-    /// than a window is cut to it); the rest of a window is padding, neither attended to nor
-    /// counted. Each document attends to itself only and its positions restart at 0.
+    /// Whole documents placed into windows by best-fit decreasing, 1024 documents at a time
+    /// in file order, none split (one longer than a window is cut to it); the rest of a
+    /// window is padding, neither attended to nor counted. Each document attends to itself
+    /// only and its positions restart at 0.
     Documents,
     /// One document per window, the rest padding (what packing saves is measured against).
     Padded,

@@ -3,10 +3,9 @@
 //! the windows of one or several such files as one dataset.
 
 use crate::checkpoint::CheckpointError;
-use crate::data::packing::{best_fit_decreasing, Packing};
-use crate::data::token_file::{
-    starts_are_valid, Split, PAIRS_KEY, PAIRS_VALUE, TOKENIZER_KEY, VOCAB_KEY,
-};
+use crate::data::document_plan::DocumentPlan;
+use crate::data::packing::Packing;
+use crate::data::token_file::{Split, PAIRS_KEY, PAIRS_VALUE, TOKENIZER_KEY, VOCAB_KEY};
 use crate::TrainerError;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,13 +32,8 @@ pub(crate) struct SplitFile {
 enum Windows {
     /// Window i starts at token `i * seq`; this many windows.
     Concat(usize),
-    /// Window i holds these documents, (first token, tokens) each, at most `seq + 1`
-    /// tokens each; and how many documents were cut to that.
-    Documents {
-        bins: Arc<Vec<Vec<(u64, usize)>>>,
-        packing: Packing,
-        truncated: usize,
-    },
+    /// Whole documents, as the plan places them.
+    Documents(DocumentPlan),
 }
 
 fn file_error(path: &Path, tensor: Option<&str>, message: String) -> TrainerError {
@@ -87,7 +81,9 @@ impl SplitFile {
                         ),
                     ));
                 }
-                documents(&file, split, tokens, seq, packing)?
+                let plan = DocumentPlan::new(&file, split, tokens, seq, packing)
+                    .map_err(CheckpointError::File)?;
+                Windows::Documents(plan)
             }
         };
         let file = SplitFile {
@@ -104,7 +100,7 @@ impl SplitFile {
     pub(crate) fn len(&self) -> usize {
         match &self.windows {
             Windows::Concat(n) => *n,
-            Windows::Documents { bins, .. } => bins.len(),
+            Windows::Documents(plan) => plan.len(),
         }
     }
 
@@ -122,7 +118,7 @@ impl SplitFile {
     pub(crate) fn packing(&self) -> Packing {
         match &self.windows {
             Windows::Concat(_) => Packing::Concat,
-            Windows::Documents { packing, .. } => *packing,
+            Windows::Documents(plan) => plan.packing(),
         }
     }
 
@@ -130,7 +126,7 @@ impl SplitFile {
     pub(crate) fn truncated(&self) -> usize {
         match &self.windows {
             Windows::Concat(_) => 0,
-            Windows::Documents { truncated, .. } => *truncated,
+            Windows::Documents(plan) => plan.truncated(),
         }
     }
 
@@ -140,18 +136,15 @@ impl SplitFile {
         let all = self.len() * self.seq;
         match &self.windows {
             Windows::Concat(_) => (all, all),
-            Windows::Documents { bins, .. } => {
-                let used = bins.iter().flatten().map(|&(_, n)| n - 1).sum();
-                (used, all)
-            }
+            Windows::Documents(plan) => (plan.used(), all),
         }
     }
 
     /// The documents of window `i`, (first token, tokens) each; `None` under `Concat`.
-    pub(crate) fn documents_of(&self, i: usize) -> Option<&[(u64, usize)]> {
+    pub(crate) fn documents_of(&self, i: usize) -> candle_core::Result<Option<Vec<(u64, usize)>>> {
         match &self.windows {
-            Windows::Concat(_) => None,
-            Windows::Documents { bins, .. } => bins.get(i).map(Vec::as_slice),
+            Windows::Concat(_) => Ok(None),
+            Windows::Documents(plan) => Ok(Some(plan.window(&self.file, i)?)),
         }
     }
 
@@ -243,53 +236,6 @@ fn checked_tokens(file: &SafetensorsFile, split: Split) -> Result<usize, Trainer
     Ok(tokens)
 }
 
-/// The windows of whole documents of `split` (of `tokens` tokens): each document of at
-/// least two tokens (one target) cut to `seq + 1`, then placed by best-fit decreasing
-/// (`Documents`) or one per window (`Padded`).
-fn documents(
-    file: &SafetensorsFile,
-    split: Split,
-    tokens: usize,
-    seq: usize,
-    packing: Packing,
-) -> Result<Windows, TrainerError> {
-    let name = split.starts_name();
-    let shape = file.shape(name).map_err(CheckpointError::File)?;
-    let starts = file
-        .read_offsets(name, 0..shape.iter().product())
-        .map_err(CheckpointError::File)?;
-    if !starts_are_valid(&starts, tokens) {
-        return Err(file_error(
-            file.path(),
-            Some(name),
-            format!("must start at 0 and increase within the {tokens} tokens"),
-        ));
-    }
-    let ends = starts.iter().skip(1).copied().chain([tokens as u64]);
-    let whole: Vec<(u64, usize)> = (starts.iter().zip(ends))
-        .map(|(&s, e)| (s, (e - s) as usize))
-        .filter(|&(_, n)| n >= 2)
-        .collect();
-    let truncated = whole.iter().filter(|&&(_, n)| n > seq + 1).count();
-    let docs: Vec<(u64, usize)> = whole.iter().map(|&(s, n)| (s, n.min(seq + 1))).collect();
-    let bins = match packing {
-        Packing::Padded => docs.iter().map(|&d| vec![d]).collect(),
-        _ => {
-            // A document of n tokens fills n - 1 positions (its inputs; its targets are
-            // the same positions shifted by one).
-            let sizes: Vec<usize> = docs.iter().map(|&(_, n)| n - 1).collect();
-            (best_fit_decreasing(&sizes, seq).into_iter())
-                .map(|bin| bin.into_iter().map(|i| docs[i]).collect())
-                .collect()
-        }
-    };
-    Ok(Windows::Documents {
-        bins: Arc::new(bins),
-        packing,
-        truncated,
-    })
-}
-
 impl SplitFile {
     /// Window `i` under `Concat`: inputs, targets and nothing else.
     fn concat_window(
@@ -351,9 +297,10 @@ impl SplitFile {
     pub(crate) fn window(&self, i: usize, rows: &mut Rows) -> candle_core::Result<()> {
         match &self.windows {
             Windows::Concat(_) => self.concat_window(i, (&mut rows.inputs, &mut rows.targets)),
-            Windows::Documents { bins, .. } => {
+            Windows::Documents(plan) => {
+                let docs = plan.window(&self.file, i)?;
                 let parts = (&mut rows.inputs, &mut rows.targets, &mut rows.positions);
-                self.documents_window(&bins[i], parts)
+                self.documents_window(&docs, parts)
             }
         }
     }

@@ -155,7 +155,7 @@ impl TokenDataset {
 
     /// The documents of window `i`, (first token in its file, tokens) each; `None` under
     /// `Concat`.
-    pub fn documents_of(&self, i: usize) -> Option<&[(u64, usize)]> {
+    pub fn documents_of(&self, i: usize) -> candle_core::Result<Option<Vec<(u64, usize)>>> {
         let (file, i) = self.locate(i);
         file.documents_of(i)
     }

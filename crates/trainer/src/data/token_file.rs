@@ -595,8 +595,6 @@ fn check_splits(
     Ok(())
 }
 
-/// Checks that both splits record their documents' starts or neither, each from 0,
-/// increasing, within its tokens.
 /// Whether `starts` are document starts of `tokens` tokens: from 0, increasing, each
 /// within them (what a token file's writer checks and its reader checks again).
 pub(crate) fn starts_are_valid(starts: &[u64], tokens: usize) -> bool {
@@ -605,6 +603,8 @@ pub(crate) fn starts_are_valid(starts: &[u64], tokens: usize) -> bool {
         && starts.last().is_none_or(|&s| (s as usize) < tokens)
 }
 
+/// Checks that both splits record their documents' starts or neither, each from 0,
+/// increasing, within its tokens.
 fn check_starts(train: &TokenSplit, val: &TokenSplit) -> Result<(), TrainerError> {
     if train.starts.is_some() != val.starts.is_some() {
         return Err(TrainerError::config(

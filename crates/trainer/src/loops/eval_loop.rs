@@ -106,7 +106,7 @@ pub(super) fn each_batch<M: TrainModule, D: Dataset<Batch = M::Batch>, T>(
     (0..data.eval_batches())
         .map(|b| {
             let (idx, count) = data.eval_slice(&order, b, ctx.env.rank, ctx.env.world_size);
-            let batch = data.dataset().batch(idx, &ctx.env.device)?;
+            let batch = data.dataset().batch(&idx, &ctx.env.device)?;
             // No backward follows: the strategy keeps nothing for one (PyTorch's no_grad).
             let out = wick_core::no_grad(|| step(ctx.module, &batch, b));
             ctx.strategy.free_gathered();

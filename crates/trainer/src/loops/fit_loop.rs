@@ -10,7 +10,7 @@ use super::{EvalKind, EvalLoop, FitProgress, RankContext, StageInput, Stop, Stop
 use crate::logging::sinks::StepRecord;
 use crate::loops::checkpoint_manager::{CheckpointManager, DataPlan, SaveBasis};
 use crate::preemption::Interruption;
-use crate::{DataLoader, Dataset, TrainerError};
+use crate::{DataLoader, Dataset, EpochOrder, TrainerError};
 use std::time::Instant;
 use wick_core::CollectiveExt;
 use wick_core::{ReduceOp, StepOptions, TrainModule};
@@ -191,7 +191,7 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
     fn step<M: TrainModule<Batch = D::Batch>>(
         &mut self,
         ctx: &mut RankContext<'_, M>,
-        order: &[usize],
+        order: &EpochOrder,
         b: usize,
         epoch_start: Instant,
     ) -> Result<(), TrainerError> {

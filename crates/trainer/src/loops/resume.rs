@@ -3,7 +3,7 @@
 
 use super::{FitProgress, RankContext};
 use crate::loops::checkpoint_manager::DataPlan;
-use crate::{Checkpoint, CheckpointError, DataLoader, Dataset, TrainerError};
+use crate::{Checkpoint, CheckpointError, DataLoader, Dataset, EpochOrder, TrainerError};
 use wick_core::{LrSchedule, OptimizerConfig, TrainModule};
 
 /// Where a resumed fit continues from.
@@ -79,6 +79,17 @@ pub(crate) fn restore<M: TrainModule, D: Dataset<Batch = M::Batch>>(
         );
     }
     optimizer.schedule = saved;
+    if m.rng.shuffle != EpochOrder::SHUFFLE && m.data.batch > 0 && ctx.env.rank == 0 {
+        log::warn!(
+            "{}: saved in the middle of epoch {} by a wick that shuffled with {}; this one \
+             shuffles with {}, so the rest of that epoch follows the new order (some of its \
+             samples may come twice and others not at all); later epochs are whole",
+            dir.display(),
+            m.data.epoch,
+            m.rng.shuffle,
+            EpochOrder::SHUFFLE
+        );
+    }
     ctx.strategy.load_state(checkpoint)?;
     let progress = FitProgress {
         step: m.step,

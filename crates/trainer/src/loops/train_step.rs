@@ -2,7 +2,7 @@
 //! schedule's rate, and the loss averaged over the ranks.
 
 use super::{scalar, RankContext};
-use crate::{DataLoader, Dataset, TrainerError};
+use crate::{DataLoader, Dataset, EpochOrder, TrainerError};
 use wick_core::CollectiveExt;
 use wick_core::{GradSync, OnNonFinite, ReduceOp, StepReport, TrainModule};
 
@@ -10,7 +10,7 @@ use wick_core::{GradSync, OnNonFinite, ReduceOp, StepReport, TrainModule};
 /// step `number`, at learning rate `lr`.
 pub(crate) struct TrainStep<'s, D> {
     pub(crate) train: &'s DataLoader<D>,
-    pub(crate) order: &'s [usize],
+    pub(crate) order: &'s EpochOrder,
     /// The step's index within its epoch.
     pub(crate) index: usize,
     /// The fit's count of steps once this one is taken (errors name it).
@@ -40,7 +40,7 @@ impl<D: Dataset> TrainStep<'_, D> {
             .map(|micro| {
                 let at = self.index * accumulate + micro;
                 let slice = self.train.rank_slice(self.order, at, rank, world_size);
-                self.train.dataset().batch(slice, &ctx.env.device)
+                self.train.dataset().batch(&slice, &ctx.env.device)
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
         let weights = loss_weights(ctx, &batches)?;
