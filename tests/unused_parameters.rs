@@ -177,3 +177,42 @@ fn a_unit_that_is_never_applied_is_reported_by_every_strategy() {
         assert!(!message.contains("l0."), "{name} at {world}: {message}");
     }
 }
+
+/// The MLP whose step first runs the same forward without a graph (as preference tuning's
+/// reference pass runs the model with its adapters off) and then the one it trains on.
+#[derive(Clone)]
+struct WithNoGradPass {
+    mlp: crate::common::Mlp,
+}
+
+impl TrainModule for WithNoGradPass {
+    type Batch = (Tensor, Tensor);
+
+    fn configure_sharded_model(&mut self, ctx: &ShardedContext) -> candle_core::Result<()> {
+        self.mlp.configure_sharded_model(ctx)
+    }
+
+    fn configure_optimizers(&self) -> OptimizerConfig {
+        OptimizerConfig::sgd(0.1)
+    }
+
+    fn training_step(&mut self, batch: &Self::Batch, _: usize) -> candle_core::Result<Tensor> {
+        wick::core::no_grad(|| self.mlp.loss(batch))?;
+        self.mlp.loss(batch)
+    }
+}
+
+#[test]
+fn a_forward_without_a_graph_beside_the_trained_one_is_no_unused_parameter() {
+    for (name, world, strategy) in strategies() {
+        let model = WithNoGradPass {
+            mlp: crate::common::Mlp::new(OptimizerConfig::sgd(0.1)),
+        };
+        quiet_builder(world, strategy(), 2)
+            .error_on_unused_parameters(true)
+            .build()
+            .unwrap()
+            .fit(&mut Attached::new(model), &loader(), None)
+            .unwrap_or_else(|e| panic!("{name} at {world}: {e}"));
+    }
+}

@@ -56,9 +56,12 @@ impl ParamUse {
         self.looking.load(Ordering::SeqCst)
     }
 
-    /// Records `tensor`, carrying the parameters `names` gives, as handed to the model.
+    /// Records `tensor`, carrying the parameters `names` gives, as handed to the model. Not
+    /// under [`wick_core::no_grad`]: such a forward builds no graph (preference tuning's
+    /// reference pass beside the trained one), so what it hands out reaches no backward,
+    /// and a parameter the trained forward used is not unused for it.
     pub(crate) fn hand_out(&self, tensor: &Tensor, names: impl FnOnce() -> Vec<String>) {
-        if self.is_looking() {
+        if self.is_looking() && wick_core::grad_enabled() {
             lock(&self.handed).push((tensor.id(), names()));
         }
     }
