@@ -54,7 +54,7 @@ def permute(w, heads):
 
 
 # A K-quant's step over a block's range: 4 bits (15 steps), 6 bits (63 steps).
-K_STEP = {T.Q4_K: 1 / 15, T.Q6_K: 1 / 63}
+K_STEP = {T.Q4_K: 1 / 15}
 
 
 def gguf_name(config, name):
@@ -120,6 +120,19 @@ def check_tensors(reader, config, weights):
         elif kind in (T.F16, T.BF16, T.Q8_0):
             ref = dequantize(quantize(want, kind), kind).astype(np.float32)
             same = np.array_equal(got.view(np.uint32), ref.reshape(want.shape).view(np.uint32))
+        elif kind == T.Q6_K:
+            # Each value at the level nearest it, of the 64 (-32..31) that its 16 values'
+            # scale as the file stores it allows (a block of 256: 128 + 64 bytes of quants,
+            # 16 int8 scales, the f16 scale d); a value past the last level clamps to it.
+            raw = np.asarray(t.data, dtype=np.uint8).reshape(-1, 210)
+            d = raw[:, 208:210].copy().view(np.float16).astype(np.float32)
+            scale = (d * raw[:, 192:208].copy().view(np.int8)).reshape(-1, 1)
+            x = want.reshape(-1, 16)
+            safe = np.where(scale == 0, 1, scale)
+            level = np.where(scale == 0, 0, np.clip(np.round(x / safe), -32, 31)) * scale
+            best = np.abs(level - x)
+            error = np.abs(got.reshape(-1, 16) - x)
+            same = bool((error <= best + 1e-6 * np.abs(scale)).all())
         else:
             # Within one step of the type's levels over each block of 32 values' range.
             blocks = want.reshape(-1, 32)
