@@ -149,6 +149,8 @@ fn main() -> Result<(), TrainerError> {
     }
     let (val_loss, accuracy, _) = train("fsdp", 2, 400)?;
     println!("fsdp at 2 ranks, 400 steps: val_loss {val_loss:.4}, accuracy {accuracy:.3}");
-    assert!(accuracy > 0.95, "accuracy {accuracy}");
+    // Chance is 0.5; seeds 3 to 8 of this run reach 0.905 to 0.975 (the epoch order is
+    // seeded, so the bound is a margin under that spread, not one seed's figure).
+    assert!(accuracy > 0.85, "accuracy {accuracy}");
     Ok(())
 }
