@@ -4,7 +4,7 @@
 //! The documents are taken in chunks of [`CHUNK_DOCUMENTS`] in file order, and each chunk
 //! is packed on its own (best-fit decreasing, or one document a window), as TRL packs a
 //! dataset a `map` batch at a time. The plan keeps only where each chunk's windows begin (8
-//! bytes a chunk); a window's documents are planned again from the memory-mapped starts
+//! bytes a chunk); a window's documents are planned again from the starts, read from the file,
 //! when it is read, a chunk's placement being cheap (a sort and an ordered set of at most
 //! a chunk's bins) beside the forward that reads the window.
 
