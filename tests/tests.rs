@@ -62,3 +62,5 @@ mod gguf_published;
 mod model_configs;
 // LoRA: frozen base weights under every strategy, adapters equal to one device's, resume.
 mod lora;
+// QLoRA: NF4 equal to bitsandbytes', LoRA over a quantized base equal to over its values.
+mod qlora;

@@ -12,7 +12,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use wick_core::{splitmix64, PretrainedWeights, WeightSource};
-use wick_nn::{lora_linear, Linear, LoraParts};
+use wick_nn::{lora_linear, FrozenWeight, Linear, LoraParts};
 
 /// The adapter directory's config, as PEFT writes and reads it.
 pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
@@ -327,8 +327,9 @@ impl Projection {
             Some(key) if adapter.dropout > 0.0 => Some(dropout_mask(x, adapter, key)?),
             _ => None,
         };
+        let weight = FrozenWeight::Dense(self.base.weight().clone());
         let parts = LoraParts {
-            weight: self.base.weight(),
+            weight: &weight,
             bias: self.base.bias(),
             a: &adapter.a,
             b: &adapter.b,

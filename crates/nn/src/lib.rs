@@ -25,7 +25,10 @@
 //!   terms);
 //! - [`Linear`] ([`linear`]): candle-nn's linear layer, its bias added by one op whose
 //!   backward sums the bias gradient row by row;
-//! - [`swiglu`]: Llama's gated activation `silu(gate) * up`.
+//! - [`swiglu`]: Llama's gated activation `silu(gate) * up`;
+//! - [`FrozenLinear`]: a linear layer that takes no gradient, over a [`FrozenWeight`]: dense,
+//!   or QLoRA's NF4 decoded inside the op in forward and again in backward (as
+//!   [`lora_linear`] decodes it too).
 //!
 //! Their exponentials (softmax, cross-entropy, GELU's tanh, SiLU) are vectorised for the
 //! widest instruction set the CPU has (`vector_math.rs`), and the attention's matrix
@@ -46,6 +49,8 @@ mod cached_attention;
 mod cpu;
 mod cross_entropy;
 mod few_rows;
+mod frozen_linear;
+mod frozen_weight;
 mod fused_op;
 mod gelu;
 mod gemm;
@@ -67,6 +72,8 @@ pub use attention::{
 pub use cached_attention::cached_attention;
 pub use cross_entropy::{cross_entropy, cross_entropy_composite, IGNORE_INDEX};
 pub use few_rows::{matmul_wt, FEW_ROWS};
+pub use frozen_linear::FrozenLinear;
+pub use frozen_weight::FrozenWeight;
 pub use gelu::{gelu, Gelu};
 pub use layer_norm::{layer_norm, layer_norm_composite, LayerNorm};
 pub use linear::{linear, Linear};

@@ -6,9 +6,11 @@
 //! the update, its scaled copy and the sum): under LoRA on every linear layer that is more
 //! activation memory than full fine-tuning needs. The fused op keeps only its inputs (x and
 //! the adapters) and its output, as PyTorch's autograd keeps for PEFT's layer; backward
-//! recomputes the small `(x ⊙ m) Aᵀ`.
+//! recomputes the small `(x ⊙ m) Aᵀ`. A quantized frozen weight (QLoRA) is decoded inside the
+//! op, in forward and again in backward, and never kept decoded between them.
 
 use crate::cpu::{f32_inputs, fused};
+use crate::frozen_weight::FrozenWeight;
 use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
 use candle_core::{CpuStorage, Device, Result, Shape, Tensor};
 
@@ -17,8 +19,8 @@ use candle_core::{CpuStorage, Device, Result, Shape, Tensor};
 /// (the kept elements' factor, 0 elsewhere) over the adapter's input, of `x`'s shape.
 #[derive(Debug, Clone, Copy)]
 pub struct LoraParts<'a> {
-    /// The frozen weight, `[out, in]`.
-    pub weight: &'a Tensor,
+    /// The frozen weight, `[out, in]`, dense or quantized.
+    pub weight: &'a FrozenWeight,
     /// The frozen bias, `[out]`.
     pub bias: Option<&'a Tensor>,
     /// A, `[r, in]`.
@@ -36,16 +38,24 @@ pub struct LoraParts<'a> {
 /// computed from one); [`lora_linear_composite`] otherwise.
 pub fn lora_linear(x: &Tensor, p: LoraParts) -> Result<Tensor> {
     let frozen = !p.weight.track_op() && !p.bias.is_some_and(Tensor::track_op);
-    let mut all = vec![x, p.weight, p.a, p.b];
+    let dense = match p.weight {
+        FrozenWeight::Dense(w) => Some(w),
+        FrozenWeight::Nf4 { .. } => None,
+    };
+    let mut all = vec![x, p.a, p.b];
+    all.extend(dense);
     all.extend(p.bias);
     all.extend(p.mask);
     if !(frozen && fused(&all)) {
         return lora_linear_composite(x, p);
     }
-    let in_dim = p.weight.dim(1)?;
+    let (out_dim, in_dim) = out_in(p.weight)?;
     let rows = x.elem_count() / in_dim;
     let op = LoraOp {
-        weight: p.weight.contiguous()?,
+        weight: match p.weight {
+            FrozenWeight::Dense(w) => FrozenWeight::Dense(w.contiguous()?),
+            quantized => quantized.clone(),
+        },
         bias: p.bias.map(Tensor::contiguous).transpose()?,
         scale: p.scale,
         mask: p
@@ -60,18 +70,27 @@ pub fn lora_linear(x: &Tensor, p: LoraParts) -> Result<Tensor> {
         .apply_op3(&a, &b, Fused(op))?;
     let mut dims = x.dims().to_vec();
     if let Some(last) = dims.last_mut() {
-        *last = p.weight.dim(0)?;
+        *last = out_dim;
     }
     y.reshape(dims)
 }
 
+/// A linear weight's `(out, in)`.
+fn out_in(weight: &FrozenWeight) -> Result<(usize, usize)> {
+    match weight.dims() {
+        &[out_dim, in_dim] => Ok((out_dim, in_dim)),
+        dims => candle_core::bail!("a linear weight is [out, in], not {dims:?}"),
+    }
+}
+
 /// The same from Candle's ops (the fallback, and the reference in tests), in PEFT's order:
-/// the base layer's output plus the scaled update.
+/// the base layer's output plus the scaled update. A quantized weight is decoded once and
+/// kept by the graph until backward.
 pub fn lora_linear_composite(x: &Tensor, p: LoraParts) -> Result<Tensor> {
-    let (in_dim, out_dim) = (p.weight.dim(1)?, p.weight.dim(0)?);
+    let (out_dim, in_dim) = out_in(p.weight)?;
     let rows = x.elem_count() / in_dim;
     let x2 = x.reshape((rows, in_dim))?;
-    let mut y = x2.matmul(&p.weight.t()?)?;
+    let mut y = x2.matmul(&p.weight.decoded()?.t()?)?;
     if let Some(b) = p.bias {
         y = y.broadcast_add(b)?;
     }
@@ -92,7 +111,7 @@ pub fn lora_linear_composite(x: &Tensor, p: LoraParts) -> Result<Tensor> {
 
 /// The fused op over (x `[rows, in]`, A, B); the frozen parts ride along.
 struct LoraOp {
-    weight: Tensor,
+    weight: FrozenWeight,
     bias: Option<Tensor>,
     scale: f64,
     mask: Option<Tensor>,
@@ -117,7 +136,7 @@ impl CpuOp<3> for LoraOp {
         let [x, a, b] = [(x, 0), (a, 1), (b, 2)]
             .map(|(data, i)| Tensor::from_slice(data, inputs[i].1.shape(), &Device::Cpu));
         let (x, a, b) = (x?, a?, b?);
-        let mut y = x.matmul(&self.weight.t()?)?;
+        let mut y = x.matmul(&self.weight.decoded()?.t()?)?;
         if let Some(bias) = &self.bias {
             y = y.broadcast_add(bias)?;
         }
@@ -145,7 +164,7 @@ impl CpuOp<3> for LoraOp {
                     Some(m) => (through_adapter * m)?,
                     None => through_adapter,
                 };
-                Some((g.matmul(&self.weight)? + through_adapter)?)
+                Some((g.matmul(&self.weight.decoded()?)? + through_adapter)?)
             }
         };
         Ok([dx, Some(da), Some(db)])

@@ -7,8 +7,8 @@ use wick_nn::{
     causal_attention_composite_with, causal_attention_in_documents, causal_attention_packed,
     causal_attention_with, cross_entropy, gelu, layer_norm_composite, lora_linear,
     lora_linear_composite, matmul_wt, rms_norm_composite, rms_norm_unit_offset, rotary_composite,
-    swiglu, swiglu_composite, AttentionOptions, LayerNorm, LoraParts, Positions, RmsNorm,
-    RotaryEmbedding,
+    swiglu, swiglu_composite, AttentionOptions, FrozenWeight, LayerNorm, LoraParts, Positions,
+    RmsNorm, RotaryEmbedding,
 };
 
 #[allow(dead_code)] // what the other test binary uses
@@ -405,7 +405,7 @@ fn tables(d: usize, t: usize, theta: f32) -> (Tensor, Tensor) {
 /// LoRA's parts over frozen `w` and `bias`, with `t` = [x, A, B].
 fn lora_parts<'a>(
     t: &'a [Tensor],
-    w: &'a Tensor,
+    w: &'a FrozenWeight,
     bias: &'a Tensor,
     mask: Option<&'a Tensor>,
 ) -> LoraParts<'a> {
@@ -423,7 +423,7 @@ fn lora_parts<'a>(
 fn lora_linear_matches_the_composite_and_leaves_the_frozen_weight_without_gradient() {
     // Odd sizes: 2 x 5 rows of 7 in, 9 out, rank 3; a bias; with and without dropout.
     let plain = |shape: &[usize], seed| var(shape, seed, 0.5).as_tensor().detach();
-    let (w, bias) = (plain(&[9, 7], 1), plain(&[9], 2));
+    let (w, bias) = (FrozenWeight::Dense(plain(&[9, 7], 1)), plain(&[9], 2));
     let factors = (0..70).map(|i| if i % 4 == 1 { 0.0 } else { 4.0 / 3.0 });
     let mask = Tensor::from_vec(factors.collect::<Vec<f32>>(), (2, 5, 7), &Device::Cpu).unwrap();
     for (what, mask) in [("lora_linear", None), ("lora_linear, dropout", Some(&mask))] {
@@ -442,7 +442,7 @@ fn lora_linear_matches_the_composite_and_leaves_the_frozen_weight_without_gradie
         let out = lora_linear(&t[0], lora_parts(&t, &w, &bias, mask)).unwrap();
         let grads = out.sum_all().unwrap().backward().unwrap();
         assert!(
-            grads.get(&w).is_none() && grads.get(&bias).is_none(),
+            grads.get(&w.decoded().unwrap()).is_none() && grads.get(&bias).is_none(),
             "{what}: a frozen weight got a gradient"
         );
     }

@@ -1,0 +1,330 @@
+//! NF4 with double quantization, the 4-bit form of a frozen weight that QLoRA defines and
+//! bitsandbytes stores (`quantize_4bit(w, blocksize=64, quant_type="nf4",
+//! compress_statistics=True)`, PEFT's `bnb_4bit_use_double_quant=True`).
+//!
+//! The weight's elements, in row-major order, fall into blocks of [`NF4_BLOCK`]. Each block
+//! keeps its largest magnitude (its absmax) and each element the nearest of the 16
+//! [`NF4_LEVELS`] to its value over that absmax, two to a byte, the first element in the
+//! high nibble. The absmaxes are quantized again: less their mean (the offset), in blocks of
+//! [`ABSMAX_BLOCK`], each by its own largest magnitude, to the nearest of bitsandbytes'
+//! signed 8-bit dynamic code. A weight costs 4 bits an element, plus 8 bits a 64-block and
+//! 32 bits a 16384-element block: 4.127 bits.
+//!
+//! The arithmetic is bitsandbytes' step by step (scaling by the reciprocal for whole blocks
+//! and dividing for a short tail, ties to the lower level, the 8-bit search against a code
+//! whose first entry is -1), so that the bytes and the values they decode to equal its own
+//! bit for bit (`tests/qlora.rs` against `scripts/nf4_fixtures.py`'s file, which
+//! bitsandbytes wrote).
+
+use std::sync::OnceLock;
+
+/// Elements a 4-bit absmax block holds (QLoRA's and bitsandbytes' default).
+pub const NF4_BLOCK: usize = 64;
+
+/// Absmaxes an 8-bit block of the second quantization holds (bitsandbytes' fixed size).
+pub const ABSMAX_BLOCK: usize = 256;
+
+/// The 16 NF4 levels: the quantiles of a standard normal scaled to [-1, 1], with an exact
+/// zero (QLoRA, appendix E), as bitsandbytes' table holds them in f32.
+pub const NF4_LEVELS: [f32; 16] = [
+    -1.0,
+    -0.696_192_8,
+    -0.525_073_05,
+    -0.394_917_5,
+    -0.284_441_38,
+    -0.184_773_43,
+    -0.091_050_036,
+    0.0,
+    0.079_580_3,
+    0.160_930_2,
+    0.246_112_3,
+    0.337_915_24,
+    0.440_709_83,
+    0.562_617,
+    0.722_956_84,
+    1.0,
+];
+
+/// A weight in NF4 with double quantization: its codes, its absmaxes' codes and scales, and
+/// their offset.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Nf4Tensor {
+    dims: Vec<usize>,
+    packed: Vec<u8>,
+    absmax_codes: Vec<u8>,
+    absmax_scales: Vec<f32>,
+    offset: f32,
+}
+
+impl Nf4Tensor {
+    /// `values` (of a tensor of shape `dims`, row-major) quantized as bitsandbytes does.
+    ///
+    /// # Panics
+    /// If `values` does not hold `dims`' element count.
+    pub fn quantize(values: &[f32], dims: &[usize]) -> Self {
+        Self::quantize_with_offset(values, dims, None)
+    }
+
+    /// [`Nf4Tensor::quantize`] with the absmaxes' offset given, as a stored state holds it.
+    /// bitsandbytes' offset is torch's f32 mean, whose order of summation follows the
+    /// CPU's vector width; wick's own (`None`) is the mean in f64, rounded once, which can
+    /// differ from it in the last bit. Given bitsandbytes' offset, every byte and value
+    /// equals its own.
+    ///
+    /// # Panics
+    /// If `values` does not hold `dims`' element count.
+    pub fn quantize_with_offset(values: &[f32], dims: &[usize], offset: Option<f32>) -> Self {
+        assert_eq!(values.len(), dims.iter().product::<usize>(), "{dims:?}");
+        // A whole block keeps an absmax of 0; a tail's is kept from 0 (bitsandbytes' way).
+        let absmax: Vec<f32> = values
+            .chunks(NF4_BLOCK)
+            .map(|b| {
+                let m = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                if b.len() == NF4_BLOCK {
+                    m
+                } else {
+                    m.max(1e-38)
+                }
+            })
+            .collect();
+        let mut codes: Vec<u8> = Vec::with_capacity(values.len() + 1);
+        for (block, &amax) in values.chunks(NF4_BLOCK).zip(&absmax) {
+            let guarded = amax.max(1e-38);
+            // bitsandbytes multiplies whole blocks by the reciprocal and divides a tail.
+            let reciprocal = 1.0 / guarded;
+            let whole = block.len() == NF4_BLOCK;
+            codes.extend(block.iter().map(|&v| {
+                let scaled = if whole { v * reciprocal } else { v / guarded };
+                nf4_code(scaled.clamp(-1.0, 1.0))
+            }));
+        }
+        // An odd count is padded with the code of 0.
+        if !codes.len().is_multiple_of(2) {
+            codes.push(nf4_code(0.0));
+        }
+        let packed = codes.chunks(2).map(|p| (p[0] << 4) | p[1]).collect();
+        let offset = offset.unwrap_or_else(|| {
+            let sum: f64 = absmax.iter().map(|&a| f64::from(a)).sum();
+            (sum / absmax.len().max(1) as f64) as f32
+        });
+        let centred: Vec<f32> = absmax.iter().map(|&a| a - offset).collect();
+        let (absmax_codes, absmax_scales) = quantize_dynamic(&centred);
+        Nf4Tensor {
+            dims: dims.to_vec(),
+            packed,
+            absmax_codes,
+            absmax_scales,
+            offset,
+        }
+    }
+
+    /// A weight from its stored parts (as bitsandbytes' quantized state holds them),
+    /// checked against each other.
+    pub fn from_parts(
+        dims: &[usize],
+        packed: Vec<u8>,
+        absmax_codes: Vec<u8>,
+        absmax_scales: Vec<f32>,
+        offset: f32,
+    ) -> Result<Self, String> {
+        let n: usize = dims.iter().product();
+        let blocks = n.div_ceil(NF4_BLOCK);
+        let expect = [
+            ("packed codes", packed.len(), n.div_ceil(2)),
+            ("absmax codes", absmax_codes.len(), blocks),
+            (
+                "absmax scales",
+                absmax_scales.len(),
+                blocks.div_ceil(ABSMAX_BLOCK),
+            ),
+        ];
+        for (what, got, want) in expect {
+            if got != want {
+                return Err(format!(
+                    "NF4 weight of shape {dims:?}: {got} {what}, expected {want}"
+                ));
+            }
+        }
+        Ok(Nf4Tensor {
+            dims: dims.to_vec(),
+            packed,
+            absmax_codes,
+            absmax_scales,
+            offset,
+        })
+    }
+
+    /// The weight's shape.
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    /// The number of elements.
+    pub fn elem_count(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    /// The 4-bit codes, two a byte, the first in the high nibble.
+    pub fn packed(&self) -> &[u8] {
+        &self.packed
+    }
+
+    /// Each 64-block's absmax less [`Nf4Tensor::offset`], in the 8-bit dynamic code.
+    pub fn absmax_codes(&self) -> &[u8] {
+        &self.absmax_codes
+    }
+
+    /// The scale of each 256 absmax codes.
+    pub fn absmax_scales(&self) -> &[f32] {
+        &self.absmax_scales
+    }
+
+    /// The mean absmax, added back after the absmaxes' own dequantization.
+    pub fn offset(&self) -> f32 {
+        self.offset
+    }
+
+    /// Bytes the quantized weight holds (codes, absmax codes and scales, offset).
+    pub fn storage_bytes(&self) -> usize {
+        self.packed.len() + self.absmax_codes.len() + 4 * self.absmax_scales.len() + 4
+    }
+
+    /// Each 64-block's absmax, as bitsandbytes decodes it: code times scale, plus offset.
+    pub fn absmax(&self) -> Vec<f32> {
+        let code = dynamic_code();
+        self.absmax_codes
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| code[c as usize] * self.absmax_scales[i / ABSMAX_BLOCK] + self.offset)
+            .collect()
+    }
+
+    /// The values the weight decodes to, row-major: level times its block's absmax.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.elem_count()];
+        self.dequantize_into(&mut out);
+        out
+    }
+
+    /// [`Nf4Tensor::dequantize`] into `out`, which holds the element count.
+    ///
+    /// # Panics
+    /// If `out` does not hold the element count.
+    pub fn dequantize_into(&self, out: &mut [f32]) {
+        assert_eq!(out.len(), self.elem_count());
+        let absmax = self.absmax();
+        for (b, (chunk, scale)) in out.chunks_mut(NF4_BLOCK).zip(absmax).enumerate() {
+            let base = b * NF4_BLOCK;
+            for (j, v) in chunk.iter_mut().enumerate() {
+                let byte = self.packed[(base + j) / 2];
+                let code = if (base + j).is_multiple_of(2) {
+                    byte >> 4
+                } else {
+                    byte & 0x0f
+                };
+                *v = NF4_LEVELS[code as usize] * scale;
+            }
+        }
+    }
+}
+
+/// The NF4 code of `x` in [-1, 1]: the number of midpoints between neighbouring levels that
+/// lie below it (torch's `bucketize`, as bitsandbytes quantizes: a tie goes to the lower).
+fn nf4_code(x: f32) -> u8 {
+    NF4_LEVELS
+        .windows(2)
+        .filter(|pair| (pair[0] + pair[1]) / 2.0 < x)
+        .count() as u8
+}
+
+/// `values` in blocks of [`ABSMAX_BLOCK`], each scaled by its largest magnitude to the
+/// nearest entry of the dynamic code (bitsandbytes' `quantize_blockwise` on the CPU): the
+/// codes, and each block's scale.
+fn quantize_dynamic(values: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    // bitsandbytes searches a copy of the code whose first entry is -1, so that every
+    // scaled value lies inside it; it decodes with the code as it is.
+    let mut search = *dynamic_code();
+    search[0] = -1.0;
+    let mut codes = Vec::with_capacity(values.len());
+    let mut scales = Vec::with_capacity(values.len().div_ceil(ABSMAX_BLOCK));
+    for block in values.chunks(ABSMAX_BLOCK) {
+        let scale = block.iter().fold(f32::MIN, |m, v| m.max(v.abs()));
+        scales.push(scale);
+        for &v in block {
+            let normed = v / scale;
+            // The last entry at or below `normed`, then its right neighbour if nearer.
+            let left = search.partition_point(|&c| c <= normed).saturating_sub(1);
+            let nearer_right =
+                left < 255 && (normed - search[left + 1]).abs() < (normed - search[left]).abs();
+            codes.push((left + usize::from(nearer_right)) as u8);
+        }
+    }
+    (codes, scales)
+}
+
+/// bitsandbytes' signed 8-bit dynamic code (`create_dynamic_map(signed=True)`): for each
+/// exponent e = 0..7, the midpoints of 2^e + 1 evenly spaced points over [0.1, 1] (torch's
+/// f32 `linspace`), times ±10^(e-6), then 0 and 1, sorted.
+pub fn dynamic_code() -> &'static [f32; 256] {
+    static CODE: OnceLock<[f32; 256]> = OnceLock::new();
+    CODE.get_or_init(|| {
+        let mut data: Vec<f32> = Vec::with_capacity(256);
+        for e in 0..7i32 {
+            let points = linspace_f32(0.1, 1.0, (1usize << e) + 1);
+            // torch multiplies an f32 tensor by a Python float in f32.
+            let magnitude = 10f64.powi(e - 6) as f32;
+            let means: Vec<f32> = points.windows(2).map(|p| (p[0] + p[1]) / 2.0).collect();
+            data.extend(means.iter().map(|m| magnitude * m));
+            data.extend(means.iter().map(|m| -magnitude * m));
+        }
+        data.extend([0.0, 1.0]);
+        data.sort_by(f32::total_cmp);
+        data.try_into().expect("254 midpoints, 0 and 1")
+    })
+}
+
+/// torch's f32 `linspace` on the CPU: the first half stepped up from `start`, the second
+/// down from `end`, each point one fused multiply-add (its vectorized kernel's rounding).
+fn linspace_f32(start: f32, end: f32, steps: usize) -> Vec<f32> {
+    let step = (end - start) / (steps - 1) as f32;
+    let halfway = steps / 2;
+    (0..steps)
+        .map(|i| match i < halfway {
+            true => step.mul_add(i as f32, start),
+            false => (-step).mul_add((steps - i - 1) as f32, end),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_decode_to_themselves_and_ties_go_down() {
+        for (i, &level) in NF4_LEVELS.iter().enumerate() {
+            assert_eq!(nf4_code(level), i as u8);
+        }
+        let mid = (NF4_LEVELS[7] + NF4_LEVELS[8]) / 2.0;
+        assert_eq!(nf4_code(mid), 7);
+    }
+
+    #[test]
+    fn a_weight_round_trips_within_half_a_level_step() {
+        let values: Vec<f32> = (0..1000)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let q = Nf4Tensor::quantize(&values, &[10, 100]);
+        let back = q.dequantize();
+        let absmax = q.absmax();
+        for (i, (v, b)) in values.iter().zip(&back).enumerate() {
+            // The widest gap between levels is 1 - 0.6962 of the absmax: half of it, and more.
+            let bound = absmax[i / NF4_BLOCK] * 0.16;
+            assert!((v - b).abs() <= bound, "{i}: {v} -> {b}");
+        }
+        assert_eq!(q.storage_bytes(), 500 + 16 + 4 + 4);
+        let parts =
+            Nf4Tensor::from_parts(&[10, 100], q.packed.clone(), vec![0; 15], vec![1.0], 0.0);
+        assert!(parts.unwrap_err().contains("15 absmax codes, expected 16"));
+    }
+}
