@@ -169,6 +169,9 @@ pub fn run(args: &FitArgs, model: &Path) -> anyhow::Result<FitReport> {
         );
         lm = lm.with_lora(lora)?;
     }
+    if let Some(quantization) = args.quantize_base().map_err(anyhow::Error::msg)? {
+        lm = lm.with_quantized_base(quantization)?;
+    }
     let tokenizer = lm.tokenizer().context("the model has no tokenizer")?;
     let mut checkpoints = ModelCheckpoint::new(&args.checkpoint_dir)
         .with_attachment(CONFIG_FILE, lm.config_json().as_bytes().to_vec())

@@ -31,6 +31,8 @@ enum Poison {
     Loss,
     /// The loss is finite, every gradient NaN.
     Grad,
+    /// The loss times zero on every rank, at the batch `at` names: every gradient zero.
+    Zero,
 }
 
 /// The MLP, poisoned at one batch of the epoch on one rank.
@@ -55,6 +57,13 @@ impl TrainModule for Poisoned {
     }
 
     fn training_step(&mut self, batch: &Self::Batch, b: usize) -> candle_core::Result<Tensor> {
+        if let Poison::Zero = self.poison {
+            let zero = b == self.at.1;
+            return self
+                .mlp
+                .loss(batch)?
+                .affine(if zero { 0.0 } else { 1.0 }, 0.0);
+        }
         if (self.rank, b) != self.at {
             return self.mlp.loss(batch);
         }
@@ -64,6 +73,7 @@ impl TrainModule for Poisoned {
                 let out = self.mlp.forward(&batch.0)?.apply_op1(NanGrad)?;
                 (out - &batch.1)?.sqr()?.mean_all()
             }
+            Poison::Zero => unreachable!("handled above"),
         }
     }
 }
@@ -78,6 +88,18 @@ fn fit(
     poison: Poison,
     policy: OnNonFinite,
 ) -> Result<(Vec<Vec<f32>>, f64), TrainerError> {
+    fit_poisoned_at(w, strategy, steps, (rank, 3), poison, policy)
+}
+
+/// [`fit`], poisoned at (rank, batch) `at`.
+fn fit_poisoned_at(
+    w: usize,
+    strategy: &str,
+    steps: usize,
+    at: (usize, usize),
+    poison: Poison,
+    policy: OnNonFinite,
+) -> Result<(Vec<Vec<f32>>, f64), TrainerError> {
     let mut trainer = quiet_builder(w, strategy_by_name(strategy).unwrap(), steps)
         .on_nonfinite(policy)
         .build()
@@ -85,7 +107,7 @@ fn fit(
     let module = Poisoned {
         mlp: Mlp::new(adamw()),
         rank: 0,
-        at: (rank, 3),
+        at,
         poison,
     };
     let mut module = Attached::new(module);
@@ -129,6 +151,20 @@ fn a_nonfinite_gradient_is_an_error_naming_the_step_the_rank_and_the_parameter()
         let expected =
             "non-finite gradient in 'l0.weight' (the first parameter with one) at step 4 on rank 0";
         assert!(e.contains(expected), "{strategy} W={w}: {e}");
+    }
+}
+
+#[test]
+fn all_zero_gradients_at_the_first_step_are_an_error_and_later_are_not() {
+    for (w, strategy) in STRATEGIES {
+        let at_first = fit_poisoned_at(w, strategy, 3, (0, 0), Poison::Zero, OnNonFinite::Error);
+        let e = at_first.unwrap_err();
+        assert!(
+            matches!(e, TrainerError::ZeroGradient) && e.to_string().contains("step 1"),
+            "{strategy} W={w}: {e}"
+        );
+        // A step of zero gradients later in a run that trained is not refused.
+        fit_poisoned_at(w, strategy, 3, (0, 1), Poison::Zero, OnNonFinite::Error).unwrap();
     }
 }
 

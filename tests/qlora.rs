@@ -2,9 +2,15 @@
 //! values (tests/fixtures/nf4, written by scripts/nf4_fixtures.py with bitsandbytes), and
 //! LoRA over an NF4 base equal to LoRA over the weights it decodes to.
 
-use candle_core::{Device, Tensor};
+use crate::models::{fixtures, max_diff, plain_sgd, trainer, Windows};
+use candle_core::{DType, Device, Shape, Tensor};
 use std::collections::HashMap;
-use wick::core::{dynamic_code, Nf4Tensor};
+use std::ops::Range;
+use std::sync::Arc;
+use wick::core::{dynamic_code, nf4_stored_len, Nf4Tensor, OptimizerConfig, WeightSource};
+use wick::models::{BaseQuantization, CausalLm, LoraConfig};
+use wick::strategies::strategy_by_name;
+use wick::trainer::{Attached, DataLoader};
 
 const FIXTURE: &str = "tests/fixtures/nf4/nf4.safetensors";
 
@@ -75,4 +81,163 @@ fn nf4_equals_bitsandbytes_bit_for_bit() {
             .count();
         assert!(moved > weight.elem_count() / 2, "{case}: {moved}");
     }
+}
+
+/// The Qwen2 fixture's base weights with every block linear weight replaced by what its
+/// NF4 form decodes to: the base QLoRA trains over, as plain f32.
+struct DecodedBase(HashMap<String, Tensor>);
+
+impl DecodedBase {
+    fn new() -> Self {
+        let path = fixtures().join("qwen2/model.safetensors");
+        let mut weights = candle_core::safetensors::load(path, &Device::Cpu).unwrap();
+        for (name, w) in weights.iter_mut() {
+            if BaseQuantization::Nf4.quantizes(name) {
+                let q = Nf4Tensor::quantize(&f32s(w), w.dims());
+                *w = Tensor::from_vec(q.dequantize(), w.dims(), &Device::Cpu).unwrap();
+            }
+        }
+        DecodedBase(weights)
+    }
+}
+
+impl WeightSource for DecodedBase {
+    fn read(
+        &self,
+        name: &str,
+        shape: &Shape,
+        range: Range<usize>,
+    ) -> candle_core::Result<Vec<f32>> {
+        assert_eq!(self.0[name].dims(), shape.dims(), "{name}");
+        Ok(f32s(&self.0[name])[range].to_vec())
+    }
+}
+
+/// LoRA of rank 4 on q_proj, v_proj and down_proj (the other four linear layers of a block
+/// frozen without an adapter), over the Qwen2 fixture (biases, a tied embedding).
+fn lora_model(optimizer: OptimizerConfig) -> CausalLm {
+    let lora = LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        dropout: 0.0,
+        targets: ["q_proj", "v_proj", "down_proj"].map(String::from).to_vec(),
+    };
+    CausalLm::from_pretrained(fixtures().join("qwen2"))
+        .unwrap()
+        .with_optimizer(optimizer)
+        .with_lora(lora)
+        .unwrap()
+}
+
+fn qlora_model(optimizer: OptimizerConfig) -> CausalLm {
+    lora_model(optimizer)
+        .with_quantized_base(BaseQuantization::Nf4)
+        .unwrap()
+}
+
+fn qwen2_loader() -> DataLoader<Windows> {
+    let path = fixtures().join("qwen2/reference.safetensors");
+    let reference = candle_core::safetensors::load(path, &Device::Cpu).unwrap();
+    // 12 windows a step: the batch splits over 2, 3 and 4 ranks alike.
+    let windows = reference["windows"].to_dtype(DType::U32).unwrap();
+    DataLoader::new(Windows(windows), 12).without_shuffle()
+}
+
+/// The adapters (and the module) after `steps` steps of `model` on `devices` ranks.
+fn fit(
+    model: CausalLm,
+    devices: usize,
+    strategy: &str,
+    steps: usize,
+) -> (HashMap<String, Tensor>, Attached<CausalLm>) {
+    let mut t = trainer(devices, strategy_by_name(strategy).unwrap(), steps);
+    let mut m = Attached::new(model);
+    t.fit(&mut m, &qwen2_loader(), None).unwrap();
+    let params = t.full_parameters(&mut m).unwrap().into_iter().collect();
+    (params, m)
+}
+
+fn adapters_diff(a: &HashMap<String, Tensor>, b: &HashMap<String, Tensor>) -> f32 {
+    let adapters = a.iter().filter(|(n, _)| LoraConfig::is_adapter(n));
+    adapters
+        .map(|(n, t)| max_diff(t, &b[n]))
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn qlora_equals_lora_over_the_base_it_decodes_to() {
+    let decoded = Arc::new(DecodedBase::new());
+    let over_decoded = |optimizer| lora_model(optimizer).with_weights(decoded.clone());
+    // One SGD step at rate 1: each parameter moves by minus its gradient.
+    let (q, _) = fit(qlora_model(plain_sgd()), 1, "single", 1);
+    let (d, _) = fit(over_decoded(plain_sgd()), 1, "single", 1);
+    let grads = adapters_diff(&q, &d);
+    let moved = q
+        .iter()
+        .filter(|(n, _)| n.contains(".lora_B."))
+        .map(|(n, t)| {
+            let start = t.zeros_like().unwrap();
+            max_diff(t, &start).min(max_diff(&d[n], &start))
+        });
+    let smallest = moved.fold(f32::INFINITY, f32::min);
+    println!("qlora: first gradients within {grads:e} (B's smallest {smallest:e})");
+    // Every B's gradient at least 10x the bound.
+    assert!(grads <= 1e-6 && smallest > 1e-5, "{grads} {smallest}");
+    // Ten AdamW steps, on one device and on several ranks of every strategy that keeps
+    // the base whole, against LoRA over the decoded base on one device.
+    let adamw = || OptimizerConfig::adamw(1e-3);
+    let (reference, _) = fit(over_decoded(adamw()), 1, "single", 10);
+    let (original, _) = fit(lora_model(adamw()), 1, "single", 10);
+    // What quantizing the base changes, which the bound must sit far below.
+    let quantization = adapters_diff(&reference, &original);
+    assert!(quantization > 1e-4, "{quantization}");
+    for (devices, strategy) in [
+        (1, "single"),
+        (2, "ddp"),
+        (4, "ddp"),
+        (3, "zero1"),
+        (4, "zero2"),
+    ] {
+        let (got, m) = fit(qlora_model(adamw()), devices, strategy, 10);
+        let diff = adapters_diff(&got, &reference);
+        println!("qlora {strategy} W={devices}: 10 steps within {diff:e} (quantization moved {quantization:e})");
+        assert!(diff <= 1e-5, "{strategy} W={devices}: {diff}");
+        // The frozen weights come out as the values they decode to, never moved.
+        for (n, value) in got.iter().filter(|(n, _)| !LoraConfig::is_adapter(n)) {
+            assert_eq!(max_diff(value, &decoded.0[n]), 0.0, "{strategy}: {n}");
+        }
+        // Each rank keeps the block weights as NF4 blocks: 4.13 bits, not 32.
+        let quantized: usize = (decoded.0.iter())
+            .filter(|(n, _)| BaseQuantization::Nf4.quantizes(n))
+            .map(|(_, t)| nf4_stored_len(t.elem_count()))
+            .sum();
+        let dense: usize = (got.iter())
+            .filter(|(n, _)| !BaseQuantization::Nf4.quantizes(n))
+            .map(|(_, t)| 4 * t.elem_count())
+            .sum();
+        let bytes = m.state_bytes().unwrap();
+        assert_eq!(bytes.params, quantized + dense, "{strategy} W={devices}");
+    }
+}
+
+#[test]
+fn sharding_strategies_refuse_a_quantized_base_by_name() {
+    for (devices, strategy) in [(2, "zero3"), (2, "fsdp")] {
+        let mut t = trainer(devices, strategy_by_name(strategy).unwrap(), 1);
+        let mut m = Attached::new(qlora_model(OptimizerConfig::adamw(1e-3)));
+        let e = t
+            .fit(&mut m, &qwen2_loader(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("born quantized") && e.contains("zero3 and fsdp"),
+            "{e}"
+        );
+    }
+    let plain = CausalLm::from_pretrained(fixtures().join("qwen2")).unwrap();
+    let e = plain
+        .with_quantized_base(BaseQuantization::Nf4)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("LoRA"), "{e}");
 }

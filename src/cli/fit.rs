@@ -176,6 +176,12 @@ pub struct FitArgs {
         default_values_t = LoraConfig::default().targets
     )]
     pub lora_targets: Vec<String>,
+    /// QLoRA: the frozen base's linear weights born and kept in this form (nf4: NF4 with
+    /// double quantization, as bitsandbytes stores it), decoded inside each layer in
+    /// forward and again in backward. Kept by single, ddp, zero1 and zero2.
+    #[arg(long, value_name = "FORM", requires = "lora_rank", value_parser = ["nf4"])]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantize_base: Option<String>,
     /// Tokens per window with --model.
     #[arg(long, value_parser = positive, value_name = "N", default_value_t = 128)]
     pub seq: usize,

@@ -3,7 +3,7 @@
 
 use super::{name_of, FitArgs};
 use wick_core::LrSchedule;
-use wick_models::LoraConfig;
+use wick_models::{BaseQuantization, LoraConfig};
 use wick_strategies::{
     Fsdp, FsdpSharding, Precision, StrategyKind, StrategyOptions, StrategySpec, Zero3,
 };
@@ -30,6 +30,10 @@ impl FitArgs {
                 return Err("lora-rank fine-tunes a --model; the character model has none".into());
             }
         }
+        if self.quantize_base.is_some() && self.lora_rank.is_none() {
+            return Err("quantize-base keeps a LoRA run's frozen base: give lora-rank".into());
+        }
+        self.quantize_base()?;
         if self.objective.preference_loss().is_some() && self.model.is_none() {
             return Err(format!(
                 "objective {} tunes a --model on preference pairs; the character model has none",
@@ -62,6 +66,11 @@ impl FitArgs {
                 self.lr_schedule().total_steps
             )
         })
+    }
+
+    /// The form QLoRA keeps the frozen base in, when `quantize_base` names one.
+    pub fn quantize_base(&self) -> Result<Option<BaseQuantization>, String> {
+        self.quantize_base.as_deref().map(str::parse).transpose()
     }
 
     /// The LoRA options, when `lora_rank` turns LoRA on.

@@ -63,6 +63,15 @@ fn defaults_and_overrides() {
     let e = fit("fit --model m --lora-rank 4 --lora-dropout 1").unwrap_err();
     assert!(e.contains("--lora-dropout 1"), "{e}");
     assert!(fit("fit --lora-rank 4").is_err(), "LoRA without --model");
+    let a = fit("fit --model m --lora-rank 4 --quantize-base nf4").unwrap();
+    assert_eq!(
+        a.quantize_base(),
+        Ok(Some(wick_models::BaseQuantization::Nf4))
+    );
+    let e = fit("fit --model m --quantize-base nf4").unwrap_err();
+    assert!(e.contains("lora-rank"), "{e}");
+    let e = fit("fit --model m --lora-rank 4 --quantize-base q4_0").unwrap_err();
+    assert!(e.contains("q4_0") && e.contains("nf4"), "{e}");
     assert_eq!(fit("fit").unwrap().logger, wick_trainer::Logger::DEFAULT);
     let a = fit("fit --logger mlflow,csv --mlflow-uri http://h:1").unwrap();
     assert_eq!(
@@ -107,6 +116,7 @@ fn the_toml_keys_are_exactly_the_long_options_without_dashes() {
         model: Some("model".into()),
         tokenizer: Some("tokenizer.json".into()),
         lora_rank: Some(16),
+        quantize_base: Some("nf4".into()),
         resume: Some("ck".into()),
         mlflow_uri: Some("http://127.0.0.1:5000".into()),
         packing: Some(super::PackingArg::Documents),

@@ -162,3 +162,46 @@ fn a_lora_fine_tune_saves_adapters_resumes_and_exports_as_peft_and_merged() {
     );
     assert!(!ok && err.contains("GPT-2"), "{err}");
 }
+
+#[test]
+fn a_qlora_fine_tune_trains_over_an_nf4_base_and_fsdp_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = hf_fixture("qwen2");
+    let (ok, out, err) = prepare(d, &model);
+    assert!(ok, "{out}{err}");
+    let fit = |strategy: &str| {
+        let args = [
+            "fit",
+            "--model",
+            &model,
+            "--data",
+            "tokens.safetensors",
+            "--seq",
+            "32",
+            "--batch-size",
+            "4",
+            "--max-steps",
+            "2",
+            "--no-progress",
+            "--no-checkpoints",
+            "--run-name",
+            strategy,
+            "--lora-rank",
+            "4",
+            "--quantize-base",
+            "nf4",
+            "--strategy",
+            strategy,
+            "--devices",
+            "2",
+        ];
+        wick(d, &args)
+    };
+    let (ok, out, err) = fit("ddp");
+    assert!(ok, "{out}{err}");
+    let metrics = std::fs::read_to_string(d.join("runs/ddp/metrics.csv")).unwrap();
+    assert_eq!(metrics.lines().count(), 3, "{metrics}");
+    let (ok, _, err) = fit("fsdp");
+    assert!(!ok && err.contains("born quantized"), "{err}");
+}

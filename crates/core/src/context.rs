@@ -63,6 +63,11 @@ pub struct ParamRequest<'a> {
     /// not a variable: backward gives it no gradient, and the strategy keeps no gradient
     /// buffer, no reduction and no optimizer state for it.
     pub trainable: bool,
+    /// Whether a frozen parameter is born quantized ([`ShardedContext::quantize_frozen`]):
+    /// the tensor returned is then its NF4 stored blocks (u8, [`crate::Nf4Tensor::to_stored`])
+    /// for the full shape, which the module decodes where it uses them. A strategy that
+    /// cannot keep it so refuses the request by name.
+    pub quantize: bool,
 }
 
 /// What a strategy does with a parameter request made inside its context.
@@ -117,6 +122,7 @@ pub struct ShardedContext {
     weights: Arc<Mutex<Option<Arc<dyn WeightSource>>>>,
     trainable: Arc<Mutex<Option<NameFilter>>>,
     fresh: Arc<Mutex<Option<NameFilter>>>,
+    quantized: Arc<Mutex<Option<NameFilter>>>,
     world: Arc<dyn Collective>,
     device: Device,
     strategy: String,
@@ -136,6 +142,7 @@ impl ShardedContext {
             weights: Arc::default(),
             trainable: Arc::default(),
             fresh: Arc::default(),
+            quantized: Arc::default(),
             world,
             device,
             strategy: strategy.into(),
@@ -150,6 +157,7 @@ impl ShardedContext {
             weights: self.weights.clone(),
             trainable: self.trainable.clone(),
             fresh: self.fresh.clone(),
+            quantized: self.quantized.clone(),
             strategy: self.strategy.clone(),
         };
         VarBuilder::from_backend(Box::new(backend), DType::F32, self.device.clone())
@@ -175,6 +183,13 @@ impl ShardedContext {
     /// model, such as LoRA's adapters.
     pub fn init_only(&self, filter: impl Fn(&str) -> bool + Send + Sync + 'static) {
         *lock(&self.fresh) = Some(Arc::new(filter));
+    }
+
+    /// Frozen parameters created from now on whose full name `filter` picks are born
+    /// quantized to NF4 (QLoRA's base): the strategy keeps their stored blocks, never the
+    /// f32 tensor, and hands them out as a u8 tensor (see [`ParamRequest::quantize`]).
+    pub fn quantize_frozen(&self, filter: impl Fn(&str) -> bool + Send + Sync + 'static) {
+        *lock(&self.quantized) = Some(Arc::new(filter));
     }
 
     /// This rank's index.
@@ -257,7 +272,7 @@ impl Drop for ContextGuard {
 }
 
 /// A choice of parameters by full name: [`ShardedContext::train_only`],
-/// [`ShardedContext::init_only`].
+/// [`ShardedContext::init_only`], [`ShardedContext::quantize_frozen`].
 type NameFilter = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 struct GuardedSource {
@@ -266,6 +281,7 @@ struct GuardedSource {
     weights: Arc<Mutex<Option<Arc<dyn WeightSource>>>>,
     trainable: Arc<Mutex<Option<NameFilter>>>,
     fresh: Arc<Mutex<Option<NameFilter>>>,
+    quantized: Arc<Mutex<Option<NameFilter>>>,
     strategy: String,
 }
 
@@ -291,6 +307,7 @@ impl SimpleBackend for GuardedSource {
             _ => ParamInit::Init(init),
         };
         let trainable = lock(&self.trainable).as_ref().is_none_or(|f| f(name));
+        let quantize = !trainable && lock(&self.quantized).as_ref().is_some_and(|f| f(name));
         self.source.get_or_create(ParamRequest {
             name,
             shape: &shape,
@@ -298,6 +315,7 @@ impl SimpleBackend for GuardedSource {
             dtype,
             device: dev,
             trainable,
+            quantize,
         })
     }
 

@@ -24,6 +24,77 @@ pub const NF4_BLOCK: usize = 64;
 /// Absmaxes an 8-bit block of the second quantization holds (bitsandbytes' fixed size).
 pub const ABSMAX_BLOCK: usize = 256;
 
+/// Elements a stored block holds: [`ABSMAX_BLOCK`] blocks of [`NF4_BLOCK`], all that one
+/// absmax scale covers. A stored block decodes alone, so a weight is kept, split between
+/// ranks and decoded in these.
+pub const NF4_STORED_BLOCK: usize = NF4_BLOCK * ABSMAX_BLOCK;
+
+/// Bytes a whole stored block takes: the offset and its scale (f32 each, little-endian),
+/// an absmax code a 64-block, two codes a byte.
+pub const NF4_STORED_BYTES: usize = 8 + ABSMAX_BLOCK + NF4_STORED_BLOCK / 2;
+
+/// Bytes a weight of `n` elements takes stored ([`Nf4Tensor::to_stored`]): whole stored
+/// blocks, then a shorter last one.
+pub fn nf4_stored_len(n: usize) -> usize {
+    let (whole, rest) = (n / NF4_STORED_BLOCK, n % NF4_STORED_BLOCK);
+    let last = match rest {
+        0 => 0,
+        m => 8 + m.div_ceil(NF4_BLOCK) + m.div_ceil(2),
+    };
+    whole * NF4_STORED_BYTES + last
+}
+
+/// Decodes `stored` ([`Nf4Tensor::to_stored`]'s bytes, or any run of its whole stored blocks
+/// with the last one's remainder) into `out`, one value an element.
+pub fn decode_nf4_stored(stored: &[u8], out: &mut [f32]) -> Result<(), String> {
+    if stored.len() != nf4_stored_len(out.len()) {
+        return Err(format!(
+            "{} bytes of NF4 blocks do not hold {} elements ({} bytes would)",
+            stored.len(),
+            out.len(),
+            nf4_stored_len(out.len())
+        ));
+    }
+    for (bytes, values) in stored
+        .chunks(NF4_STORED_BYTES)
+        .zip(out.chunks_mut(NF4_STORED_BLOCK))
+    {
+        let f32_at = |at: usize| f32::from_le_bytes(bytes[at..at + 4].try_into().expect("4"));
+        let (offset, scale) = (f32_at(0), f32_at(4));
+        let codes = values.len().div_ceil(NF4_BLOCK);
+        decode_block(
+            &bytes[8 + codes..],
+            &bytes[8..8 + codes],
+            scale,
+            offset,
+            values,
+        );
+    }
+    Ok(())
+}
+
+/// One stored block's values: `packed` codes, `codes` its 64-blocks' absmax codes under
+/// `scale`, and the weight's `offset`.
+fn decode_block(packed: &[u8], codes: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
+    let code = dynamic_code();
+    for (b, (block, absmax_code)) in out.chunks_mut(NF4_BLOCK).zip(codes).enumerate() {
+        // bitsandbytes decodes the absmax (code times scale, plus the offset), then each
+        // element as its level times that.
+        let absmax = code[*absmax_code as usize] * scale + offset;
+        for (j, v) in block.iter_mut().enumerate() {
+            // Element i's code is the high nibble of byte i / 2 when i is even.
+            let i = b * NF4_BLOCK + j;
+            let byte = packed[i / 2];
+            let level = if i.is_multiple_of(2) {
+                byte >> 4
+            } else {
+                byte & 0x0f
+            };
+            *v = NF4_LEVELS[level as usize] * absmax;
+        }
+    }
+}
+
 /// The 16 NF4 levels: the quantiles of a standard normal scaled to [-1, 1], with an exact
 /// zero (QLoRA, appendix E), as bitsandbytes' table holds them in f32.
 pub const NF4_LEVELS: [f32; 16] = [
@@ -184,9 +255,9 @@ impl Nf4Tensor {
         self.offset
     }
 
-    /// Bytes the quantized weight holds (codes, absmax codes and scales, offset).
+    /// Bytes the weight takes stored ([`Nf4Tensor::to_stored`]).
     pub fn storage_bytes(&self) -> usize {
-        self.packed.len() + self.absmax_codes.len() + 4 * self.absmax_scales.len() + 4
+        nf4_stored_len(self.elem_count())
     }
 
     /// Each 64-block's absmax, as bitsandbytes decodes it: code times scale, plus offset.
@@ -202,29 +273,35 @@ impl Nf4Tensor {
     /// The values the weight decodes to, row-major: level times its block's absmax.
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.elem_count()];
-        self.dequantize_into(&mut out);
+        for (k, values) in out.chunks_mut(NF4_STORED_BLOCK).enumerate() {
+            let (packed, codes) = self.stored_block(k);
+            decode_block(packed, codes, self.absmax_scales[k], self.offset, values);
+        }
         out
     }
 
-    /// [`Nf4Tensor::dequantize`] into `out`, which holds the element count.
-    ///
-    /// # Panics
-    /// If `out` does not hold the element count.
-    pub fn dequantize_into(&self, out: &mut [f32]) {
-        assert_eq!(out.len(), self.elem_count());
-        let absmax = self.absmax();
-        for (b, (chunk, scale)) in out.chunks_mut(NF4_BLOCK).zip(absmax).enumerate() {
-            let base = b * NF4_BLOCK;
-            for (j, v) in chunk.iter_mut().enumerate() {
-                let byte = self.packed[(base + j) / 2];
-                let code = if (base + j).is_multiple_of(2) {
-                    byte >> 4
-                } else {
-                    byte & 0x0f
-                };
-                *v = NF4_LEVELS[code as usize] * scale;
-            }
+    /// The weight as it is kept: its stored blocks one after the other, each the offset,
+    /// its scale, its absmax codes and its packed codes ([`decode_nf4_stored`] reads them).
+    pub fn to_stored(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(nf4_stored_len(self.elem_count()));
+        for (k, scale) in self.absmax_scales.iter().enumerate() {
+            let (packed, codes) = self.stored_block(k);
+            out.extend(self.offset.to_le_bytes());
+            out.extend(scale.to_le_bytes());
+            out.extend(codes);
+            out.extend(packed);
         }
+        out
+    }
+
+    /// Stored block `k`'s packed codes and absmax codes.
+    fn stored_block(&self, k: usize) -> (&[u8], &[u8]) {
+        let codes = &self.absmax_codes[k * ABSMAX_BLOCK..];
+        let packed = &self.packed[k * NF4_STORED_BLOCK / 2..];
+        (
+            &packed[..packed.len().min(NF4_STORED_BLOCK / 2)],
+            &codes[..codes.len().min(ABSMAX_BLOCK)],
+        )
     }
 }
 
@@ -322,7 +399,15 @@ mod tests {
             let bound = absmax[i / NF4_BLOCK] * 0.16;
             assert!((v - b).abs() <= bound, "{i}: {v} -> {b}");
         }
-        assert_eq!(q.storage_bytes(), 500 + 16 + 4 + 4);
+        assert_eq!(q.storage_bytes(), 8 + 16 + 500);
+        let mut decoded = vec![0f32; 1000];
+        decode_nf4_stored(&q.to_stored(), &mut decoded).unwrap();
+        assert_eq!(decoded, back);
+        let short = decode_nf4_stored(&q.to_stored()[1..], &mut decoded).unwrap_err();
+        assert!(
+            short.contains("523 bytes of NF4 blocks do not hold 1000"),
+            "{short}"
+        );
         let parts =
             Nf4Tensor::from_parts(&[10, 100], q.packed.clone(), vec![0; 15], vec![1.0], 0.0);
         assert!(parts.unwrap_err().contains("15 absmax codes, expected 16"));

@@ -1,6 +1,7 @@
 //! `CausalLm`: a model of one of the families, as a `TrainModule` over batches of token ids,
 //! from a Hugging Face directory (config, weights, tokenizer) or from a config alone.
 
+use crate::base_quantization::BaseQuantization;
 use crate::config::ModelConfig;
 use crate::decoder::Decoder;
 use crate::error::read_text;
@@ -47,6 +48,8 @@ pub struct CausalLm {
     lora: Option<LoraConfig>,
     /// The adapters' starting values (a PEFT directory's, a checkpoint's); drawn otherwise.
     adapters: Option<Arc<dyn WeightSource>>,
+    /// QLoRA: the frozen base's linear weights born quantized.
+    quantized_base: Option<BaseQuantization>,
     optimizer: OptimizerConfig,
     /// This rank's index (dropout masks differ between ranks).
     rank: usize,
@@ -109,6 +112,7 @@ impl CausalLm {
             tokenizer: None,
             weights: None,
             lora: None,
+            quantized_base: None,
             adapters: None,
             optimizer: OptimizerConfig::adamw(1e-3),
             rank: 0,
@@ -205,6 +209,30 @@ impl CausalLm {
         let mut lm = self.with_lora(lora)?;
         lm.adapters = Some(adapters);
         Ok(lm)
+    }
+
+    /// QLoRA: under LoRA, the frozen base's linear weights are born in `quantization` and
+    /// kept so by the strategy (never whole in f32), decoded inside each layer's op in
+    /// forward and again in backward. Refused without LoRA (nothing would be frozen). The
+    /// strategies that keep every parameter whole on each rank (single, ddp, zero1, zero2)
+    /// keep it; zero3 and fsdp refuse it by name.
+    pub fn with_quantized_base(
+        mut self,
+        quantization: BaseQuantization,
+    ) -> std::result::Result<Self, ModelError> {
+        if self.lora.is_none() {
+            return Err(ModelError::Lora(
+                "a quantized base (QLoRA) trains LoRA adapters beside it: give LoRA's options first"
+                    .into(),
+            ));
+        }
+        self.quantized_base = Some(quantization);
+        Ok(self)
+    }
+
+    /// The quantization of the frozen base, under QLoRA.
+    pub fn quantized_base(&self) -> Option<BaseQuantization> {
+        self.quantized_base
     }
 
     /// The weights its parameters are read from, if any (a pretrained model's).
@@ -390,6 +418,9 @@ impl TrainModule for CausalLm {
         }
         if self.lora.is_some() {
             ctx.train_only(is_adapter);
+        }
+        if let Some(quantization) = self.quantized_base {
+            ctx.quantize_frozen(move |name| quantization.quantizes(name));
         }
         self.rank = ctx.rank();
         let lora = self.lora.as_ref();

@@ -13,6 +13,7 @@
 // Functions of at most 80 lines (clippy.toml), in library code; tests may run longer.
 #![warn(clippy::too_many_lines)]
 
+mod base_quantization;
 mod causal_lm;
 mod chat;
 mod config;
@@ -31,6 +32,7 @@ mod rope;
 mod scoring;
 mod tokenizer;
 
+pub use base_quantization::BaseQuantization;
 pub use causal_lm::CausalLm;
 pub use chat::{chat_template_of, ChatTemplate, CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE};
 pub use config::{

@@ -6,13 +6,13 @@
 //! [`PEFT_PREFIX`].
 
 use crate::{ModelConfig, ModelError};
-use candle_core::{Module, Result, Shape, Tensor};
+use candle_core::{DType, Module, Result, Shape, Tensor};
 use candle_nn::{Init, VarBuilder};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use wick_core::{splitmix64, PretrainedWeights, WeightSource};
-use wick_nn::{lora_linear, FrozenWeight, Linear, LoraParts};
+use wick_nn::{lora_linear, FrozenLinear, FrozenWeight, Linear, LoraParts};
 
 /// The adapter directory's config, as PEFT writes and reads it.
 pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
@@ -271,8 +271,45 @@ struct Adapter {
 /// A linear layer, with LoRA's update beside it when it is adapted.
 #[derive(Clone, Debug)]
 pub(crate) struct Projection {
-    base: Linear,
+    base: BaseLayer,
     adapter: Option<Adapter>,
+}
+
+/// The layer LoRA adapts: dense (trained, or frozen under LoRA), or frozen with a weight
+/// born quantized (QLoRA), decoded inside each op.
+#[derive(Clone, Debug)]
+enum BaseLayer {
+    Dense(Linear),
+    Quantized(FrozenLinear),
+}
+
+impl BaseLayer {
+    /// `base` as the strategy handed it out: its weight a u8 tensor of NF4 blocks when it
+    /// was born quantized.
+    fn new(base: Linear, (in_dim, out_dim): (usize, usize)) -> Self {
+        match base.weight().dtype() {
+            DType::U8 => {
+                let weight = FrozenWeight::from_param(base.weight().clone(), (out_dim, in_dim));
+                BaseLayer::Quantized(FrozenLinear::new(weight, base.bias().cloned()))
+            }
+            _ => BaseLayer::Dense(base),
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            BaseLayer::Dense(l) => l.forward(x),
+            BaseLayer::Quantized(l) => l.forward(x),
+        }
+    }
+
+    /// The frozen weight and bias LoRA's update is added to.
+    fn frozen_parts(&self) -> (FrozenWeight, Option<&Tensor>) {
+        match self {
+            BaseLayer::Dense(l) => (FrozenWeight::Dense(l.weight().clone()), l.bias()),
+            BaseLayer::Quantized(l) => (l.weight().clone(), l.bias()),
+        }
+    }
 }
 
 impl Projection {
@@ -286,6 +323,7 @@ impl Projection {
         lora: Option<&LoraConfig>,
         salt: u64,
     ) -> Result<Self> {
+        let base = BaseLayer::new(base, dims);
         let Some(lora) = lora.filter(|l| l.adapts(module)) else {
             return Ok(Projection {
                 base,
@@ -327,10 +365,10 @@ impl Projection {
             Some(key) if adapter.dropout > 0.0 => Some(dropout_mask(x, adapter, key)?),
             _ => None,
         };
-        let weight = FrozenWeight::Dense(self.base.weight().clone());
+        let (weight, bias) = self.base.frozen_parts();
         let parts = LoraParts {
             weight: &weight,
-            bias: self.base.bias(),
+            bias,
             a: &adapter.a,
             b: &adapter.b,
             scale: adapter.scale,

@@ -2,21 +2,23 @@
 //! quantized one (QLoRA's NF4) that the op decodes to f32 each time it runs, in forward and
 //! again in backward, so that no decoded copy outlives the op that needed it.
 
-use candle_core::{DType, Device, Result, Tensor};
-use std::sync::Arc;
-use wick_core::Nf4Tensor;
+use candle_core::{DType, Result, Shape, Tensor};
+use rayon::prelude::*;
+use wick_core::{decode_nf4_stored, nf4_stored_len, Nf4Tensor, NF4_STORED_BLOCK, NF4_STORED_BYTES};
 
 /// A frozen linear weight `[out, in]`: dense, or quantized and decoded on use.
 #[derive(Clone, Debug)]
 pub enum FrozenWeight {
     /// A tensor, used as it is.
     Dense(Tensor),
-    /// NF4 with double quantization, decoded to `dtype` on `device` where used.
+    /// NF4 with double quantization: its stored blocks ([`Nf4Tensor::to_stored`]), as a u8
+    /// tensor on the device the decoded weight lives on, decoded to `dtype` where used.
     Nf4 {
-        /// The quantized weight, shared by the ops that use it.
-        weight: Arc<Nf4Tensor>,
-        /// Where the decoded weight lives.
-        device: Device,
+        /// The stored blocks, shared by the ops that use them (and the strategy that keeps
+        /// them).
+        stored: Tensor,
+        /// The weight's shape.
+        shape: Shape,
         /// What the decoded weight is computed in.
         dtype: DType,
     },
@@ -29,31 +31,47 @@ impl FrozenWeight {
             .to_dtype(DType::F32)?
             .flatten_all()?
             .to_vec1::<f32>()?;
+        let stored = Nf4Tensor::quantize(&values, dense.dims()).to_stored();
+        let len = stored.len();
         Ok(FrozenWeight::Nf4 {
-            weight: Arc::new(Nf4Tensor::quantize(&values, dense.dims())),
-            device: dense.device().clone(),
+            stored: Tensor::from_vec(stored, len, dense.device())?,
+            shape: dense.shape().clone(),
             dtype: dense.dtype(),
         })
+    }
+
+    /// A parameter as a strategy handed it out for a weight of `shape`: the stored blocks of
+    /// one born quantized (a u8 tensor, [`wick_core::ParamRequest::quantize`]), decoded to
+    /// f32, or a dense tensor.
+    pub fn from_param(param: Tensor, shape: impl Into<Shape>) -> Self {
+        match param.dtype() {
+            DType::U8 => FrozenWeight::Nf4 {
+                stored: param,
+                shape: shape.into(),
+                dtype: DType::F32,
+            },
+            _ => FrozenWeight::Dense(param),
+        }
     }
 
     /// The weight's shape, `[out, in]`.
     pub fn dims(&self) -> &[usize] {
         match self {
             FrozenWeight::Dense(t) => t.dims(),
-            FrozenWeight::Nf4 { weight, .. } => weight.dims(),
+            FrozenWeight::Nf4 { shape, .. } => shape.dims(),
         }
     }
 
     /// The weight as a tensor: the dense one, or the quantized one decoded (a new tensor
-    /// each call, dropped by the caller when done).
+    /// each call, dropped by the caller when done; its stored blocks decoded in parallel).
     pub fn decoded(&self) -> Result<Tensor> {
         match self {
             FrozenWeight::Dense(t) => Ok(t.clone()),
             FrozenWeight::Nf4 {
-                weight,
-                device,
+                stored,
+                shape,
                 dtype,
-            } => Tensor::from_vec(weight.dequantize(), weight.dims(), device)?.to_dtype(*dtype),
+            } => decode(stored, shape)?.to_dtype(*dtype),
         }
     }
 
@@ -62,11 +80,29 @@ impl FrozenWeight {
         matches!(self, FrozenWeight::Dense(t) if t.track_op())
     }
 
-    /// Bytes the weight holds as stored.
+    /// Bytes the weight holds as kept.
     pub fn storage_bytes(&self) -> usize {
         match self {
             FrozenWeight::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
-            FrozenWeight::Nf4 { weight, .. } => weight.storage_bytes(),
+            FrozenWeight::Nf4 { stored, .. } => stored.elem_count(),
         }
     }
+}
+
+/// The f32 weight of `shape` that the NF4 `stored` blocks hold, on their device; whole
+/// stored blocks decode alone, one task each.
+fn decode(stored: &Tensor, shape: &Shape) -> Result<Tensor> {
+    let bytes: Vec<u8> = stored.to_vec1()?;
+    let mut values = vec![0f32; shape.elem_count()];
+    if bytes.len() != nf4_stored_len(values.len()) {
+        candle_core::bail!(
+            "{} bytes of NF4 blocks do not hold a weight of shape {shape:?}",
+            bytes.len()
+        )
+    }
+    (bytes.par_chunks(NF4_STORED_BYTES))
+        .zip(values.par_chunks_mut(NF4_STORED_BLOCK))
+        .try_for_each(|(b, v)| decode_nf4_stored(b, v))
+        .map_err(candle_core::Error::Msg)?;
+    Tensor::from_vec(values, shape, stored.device())
 }

@@ -42,6 +42,11 @@ pub enum TrainerError {
         /// What: the loss and its value, or the first parameter whose gradient holds one.
         what: String,
     },
+    /// Every reduced gradient was zero at the first optimizer step: nothing would train.
+    /// A run fails here rather than go on at a loss that cannot move (the silent failure
+    /// of QLoRA under FSDP elsewhere).
+    #[error("every gradient is zero at step 1 (global norm 0): nothing would train; are all targets ignored, or does the loss not reach a trainable parameter?")]
+    ZeroGradient,
     /// A checkpoint could not be saved or loaded.
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),

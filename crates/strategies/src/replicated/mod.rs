@@ -6,6 +6,7 @@
 
 pub(crate) mod bucket_reduce;
 pub(crate) mod ddp;
+pub(crate) mod frozen_param;
 pub(crate) mod grad_reduce;
 pub(crate) mod replicated_rank;
 pub(crate) mod replicated_state;

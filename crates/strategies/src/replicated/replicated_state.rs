@@ -10,6 +10,7 @@ use crate::optim::Optimizer;
 use crate::replicated::bucket_reduce::{
     backward_handing_over, reduce_buckets, BucketPlan, BucketReduction,
 };
+use crate::replicated::frozen_param::FrozenParam;
 use crate::step::grads::GradAccumulator;
 use crate::step::nonfinite::{check_and_clip, first_nonfinite, step_report};
 use crate::units::param_request::{check_asked_again, check_dtype};
@@ -29,8 +30,8 @@ use wick_core::{
 pub(crate) struct ReplicatedParams {
     seed: u64,
     params: Mutex<Vec<(String, Var)>>,
-    /// Parameters that take no gradient: plain tensors, not variables.
-    frozen: Mutex<Vec<(String, Tensor)>>,
+    /// Parameters that take no gradient: plain tensors (or NF4 blocks), not variables.
+    frozen: Mutex<Vec<FrozenParam>>,
     /// Units wrapped so far (their indices, in wrap order, pick what recomputes).
     units: AtomicUsize,
     activation_checkpointing: ActivationCheckpointing,
@@ -49,18 +50,24 @@ impl ParamSource for ReplicatedParams {
         let (name, shape) = (request.name, request.shape);
         let mut params = self.lock();
         let mut frozen = lock(&self.frozen);
-        let made = params.iter().map(|(n, v)| (n, v.as_tensor(), true));
-        let made = made.chain(frozen.iter().map(|(n, t)| (n, t, false)));
-        if let Some((_, tensor, was_trainable)) = made.into_iter().find(|(n, ..)| *n == name) {
-            check_asked_again(&request, tensor.shape(), was_trainable)?;
+        let made = params
+            .iter()
+            .map(|(n, v)| (n, v.as_tensor(), v.shape(), true));
+        let made = made.chain(frozen.iter().map(|f| (&f.name, &f.tensor, &f.shape, false)));
+        if let Some((_, tensor, made_shape, was_trainable)) =
+            made.into_iter().find(|(n, ..)| *n == name)
+        {
+            check_asked_again(&request, made_shape, was_trainable)?;
             return Ok(tensor.clone());
         }
         let values = param_values(request.init, self.seed, name, shape, 0..shape.elem_count())?;
-        let tensor = Tensor::from_vec(values, shape, request.device)?;
         if !request.trainable {
-            frozen.push((name.to_string(), tensor.clone()));
+            let param = FrozenParam::new(&request, values)?;
+            let tensor = param.tensor.clone();
+            frozen.push(param);
             return Ok(tensor);
         }
+        let tensor = Tensor::from_vec(values, shape, request.device)?;
         let var = Var::from_tensor(&tensor)?;
         params.push((name.to_string(), var.clone()));
         Ok(var.as_tensor().clone())
@@ -68,7 +75,7 @@ impl ParamSource for ReplicatedParams {
 
     fn contains(&self, name: &str) -> bool {
         self.lock().iter().any(|(n, _)| n == name)
-            || lock(&self.frozen).iter().any(|(n, _)| n == name)
+            || lock(&self.frozen).iter().any(|f| f.name == name)
     }
 
     fn begin_unit(&self, _name: &str) -> candle_core::Result<usize> {
@@ -112,7 +119,7 @@ pub(crate) struct ReplicatedState {
     pub(crate) names: Vec<String>,
     pub(crate) params: Vec<Var>,
     /// Parameters without gradient or optimizer state, by name.
-    frozen: Vec<(String, Tensor)>,
+    frozen: Vec<FrozenParam>,
     grads: GradAccumulator,
     /// Built for each fit (`configure_optimizer`): per fit, not per rank.
     optimizer: Option<Optimizer>,
@@ -342,7 +349,7 @@ impl ReplicatedState {
                 .params
                 .iter()
                 .map(|p| p.as_tensor())
-                .chain(self.frozen.iter().map(|(_, t)| t))
+                .chain(self.frozen.iter().map(|f| &f.tensor))
                 .map(tensor_bytes)
                 .sum(),
             grads: self.grad_bytes,
@@ -355,11 +362,9 @@ impl ReplicatedState {
             .names
             .iter()
             .zip(self.params.iter().map(Var::as_tensor));
-        let frozen = self.frozen.iter().map(|(n, t)| (n, t));
-        trainable
-            .chain(frozen)
-            .map(|(n, p)| Ok((n.clone(), p.copy()?)))
-            .collect()
+        let trainable = trainable.map(|(n, p)| Ok((n.clone(), p.copy()?)));
+        let frozen = (self.frozen.iter()).map(|f| Ok((f.name.clone(), f.full(&self.device)?)));
+        trainable.chain(frozen).collect()
     }
 
     pub(crate) fn num_parameters(&self) -> usize {
@@ -367,7 +372,7 @@ impl ReplicatedState {
     }
 
     pub(crate) fn num_frozen_parameters(&self) -> usize {
-        self.frozen.iter().map(|(_, t)| t.elem_count()).sum()
+        self.frozen.iter().map(|f| f.shape.elem_count()).sum()
     }
 
     /// This rank's range of the `layout`. The optimizer state is per

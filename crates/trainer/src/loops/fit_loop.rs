@@ -215,6 +215,10 @@ impl<'f, D: Dataset> FitLoop<'f, D> {
             .flatten();
         let report = outcome.report;
         self.progress.step += 1;
+        // The norm is the global one, so every rank ends here alike.
+        if self.progress.step == 1 && report.grad_norm == Some(0.0) {
+            return Err(TrainerError::ZeroGradient);
+        }
         // Steps skipped for inf or NaN gradients, all ranks alike, over the run.
         self.progress.skipped_steps += usize::from(report.skipped);
         if self.progress.step == 1 {
