@@ -11,7 +11,7 @@ mapfile -t commands < <(awk '/^```sh$/ {on = 1; next} /^```/ {on = 0} on && !/^#
 [ "${#commands[@]}" -gt 0 ] || { echo "guide-check: no sh blocks in docs/guide.md" >&2; exit 1; }
 cleanup() {
   rm -rf run.toml guide-model.safetensors checkpoints/guide checkpoints/guide-llama \
-    checkpoints/guide-auto checkpoints/guide-qwen2 checkpoints/guide-lora checkpoints/guide-chat checkpoints/guide-packed checkpoints/guide-files checkpoints/guide-dpo checkpoints/guide-dpo-lora runs/guide-* \
+    checkpoints/guide-auto checkpoints/guide-qwen2 checkpoints/guide-lora checkpoints/guide-qlora checkpoints/guide-chat checkpoints/guide-packed checkpoints/guide-files checkpoints/guide-dpo checkpoints/guide-dpo-lora runs/guide-* \
     guide-tokens.safetensors guide-chat.safetensors guide-chat-files guide-mix.safetensors guide-llama-hf guide-qwen2-hf \
     guide-lora-adapter guide-lora-merged guide-chat-hf guide-pairs.safetensors guide-pairs.safetensors.dpo-reference checkpoints/guide-gguf guide-facts.safetensors \
     guide-gguf-q8_0.gguf guide-gguf-lora.gguf guide-gguf-peft

@@ -10,7 +10,9 @@ use crate::program_trainer::{FitReport, ProgramTrainer};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 use wick_core::OptimizerConfig;
-use wick_models::{CausalLm, LoraConfig, TextTokenizer, ADAPTER_CONFIG_FILE};
+use wick_models::{
+    BaseQuantization, CausalLm, LoraConfig, TextTokenizer, ADAPTER_CONFIG_FILE, QUANTIZED_BASE_FILE,
+};
 use wick_trainer::{
     Checkpoint, DataLoader, Dataset, ModelCheckpoint, Packing, Split, TokenDataset,
 };
@@ -68,9 +70,23 @@ pub fn from_checkpoint(checkpoint: Checkpoint) -> anyhow::Result<Option<CausalLm
                 checkpoint.dir().display()
             )
         })?
-        .with_tokenizer(tokenizer)
-        .with_adapters(lora, checkpoint.into_weights())?;
-    Ok(Some(lm))
+        .with_tokenizer(tokenizer);
+    let quantized = quantized_base_of(&checkpoint)?;
+    let lm = lm.with_adapters(lora, checkpoint.into_weights())?;
+    Ok(Some(match quantized {
+        Some(quantization) => lm.with_quantized_base(quantization)?,
+        None => lm,
+    }))
+}
+
+/// The form a QLoRA run's checkpoint kept its base in, if it is one.
+pub fn quantized_base_of(checkpoint: &Checkpoint) -> anyhow::Result<Option<BaseQuantization>> {
+    let Some(path) = checkpoint.attachment(QUANTIZED_BASE_FILE) else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(&path)?;
+    let form = text.trim().parse().map_err(anyhow::Error::msg);
+    Ok(Some(form.with_context(|| path.display().to_string())?))
 }
 
 /// The LoRA options of a checkpoint of a LoRA run, and its base model's directory.
@@ -184,6 +200,10 @@ pub fn run(args: &FitArgs, model: &Path) -> anyhow::Result<FitReport> {
         let base = std::fs::canonicalize(model)?;
         let adapter_config = lora.to_peft_json(&base.to_string_lossy());
         checkpoints = checkpoints.with_attachment(ADAPTER_CONFIG_FILE, adapter_config.into_bytes());
+    }
+    if let Some(quantization) = lm.quantized_base() {
+        let name = quantization.name().as_bytes().to_vec();
+        checkpoints = checkpoints.with_attachment(QUANTIZED_BASE_FILE, name);
     }
     if args.objective.preference_loss().is_some() {
         let files = token_files(data)?;

@@ -3,11 +3,11 @@
 //! LoRA over an NF4 base equal to LoRA over the weights it decodes to.
 
 use crate::models::{fixtures, max_diff, plain_sgd, trainer, Windows};
-use candle_core::{DType, Device, Shape, Tensor};
+use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
-use std::ops::Range;
+use std::path::Path;
 use std::sync::Arc;
-use wick::core::{dynamic_code, nf4_stored_len, Nf4Tensor, OptimizerConfig, WeightSource};
+use wick::core::{dynamic_code, nf4_stored_len, Nf4Tensor, OptimizerConfig, PretrainedWeights};
 use wick::models::{BaseQuantization, CausalLm, LoraConfig};
 use wick::strategies::strategy_by_name;
 use wick::trainer::{Attached, DataLoader};
@@ -84,33 +84,18 @@ fn nf4_equals_bitsandbytes_bit_for_bit() {
 }
 
 /// The Qwen2 fixture's base weights with every block linear weight replaced by what its
-/// NF4 form decodes to: the base QLoRA trains over, as plain f32.
-struct DecodedBase(HashMap<String, Tensor>);
-
-impl DecodedBase {
-    fn new() -> Self {
-        let path = fixtures().join("qwen2/model.safetensors");
-        let mut weights = candle_core::safetensors::load(path, &Device::Cpu).unwrap();
-        for (name, w) in weights.iter_mut() {
-            if BaseQuantization::Nf4.quantizes(name) {
-                let q = Nf4Tensor::quantize(&f32s(w), w.dims());
-                *w = Tensor::from_vec(q.dequantize(), w.dims(), &Device::Cpu).unwrap();
-            }
+/// NF4 form decodes to (the base QLoRA trains over, as plain f32), written into `dir`.
+fn decoded_base(dir: &Path) -> HashMap<String, Tensor> {
+    let path = fixtures().join("qwen2/model.safetensors");
+    let mut weights = candle_core::safetensors::load(path, &Device::Cpu).unwrap();
+    for (name, w) in weights.iter_mut() {
+        if BaseQuantization::Nf4.quantizes(name) {
+            let q = Nf4Tensor::quantize(&f32s(w), w.dims());
+            *w = Tensor::from_vec(q.dequantize(), w.dims(), &Device::Cpu).unwrap();
         }
-        DecodedBase(weights)
     }
-}
-
-impl WeightSource for DecodedBase {
-    fn read(
-        &self,
-        name: &str,
-        shape: &Shape,
-        range: Range<usize>,
-    ) -> candle_core::Result<Vec<f32>> {
-        assert_eq!(self.0[name].dims(), shape.dims(), "{name}");
-        Ok(f32s(&self.0[name])[range].to_vec())
-    }
+    candle_core::safetensors::save(&weights, dir.join("decoded.safetensors")).unwrap();
+    weights
 }
 
 /// LoRA of rank 4 on q_proj, v_proj and down_proj (the other four linear layers of a block
@@ -166,8 +151,11 @@ fn adapters_diff(a: &HashMap<String, Tensor>, b: &HashMap<String, Tensor>) -> f3
 
 #[test]
 fn qlora_equals_lora_over_the_base_it_decodes_to() {
-    let decoded = Arc::new(DecodedBase::new());
-    let over_decoded = |optimizer| lora_model(optimizer).with_weights(decoded.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let decoded = decoded_base(dir.path());
+    let file = PretrainedWeights::open(&[dir.path().join("decoded.safetensors")]).unwrap();
+    let file = Arc::new(file);
+    let over_decoded = |optimizer| lora_model(optimizer).with_weights(file.clone());
     // One SGD step at rate 1: each parameter moves by minus its gradient.
     let (q, _) = fit(qlora_model(plain_sgd()), 1, "single", 1);
     let (d, _) = fit(over_decoded(plain_sgd()), 1, "single", 1);
@@ -204,10 +192,10 @@ fn qlora_equals_lora_over_the_base_it_decodes_to() {
         assert!(diff <= 1e-5, "{strategy} W={devices}: {diff}");
         // The frozen weights come out as the values they decode to, never moved.
         for (n, value) in got.iter().filter(|(n, _)| !LoraConfig::is_adapter(n)) {
-            assert_eq!(max_diff(value, &decoded.0[n]), 0.0, "{strategy}: {n}");
+            assert_eq!(max_diff(value, &decoded[n]), 0.0, "{strategy}: {n}");
         }
         // Each rank keeps the block weights as NF4 blocks: 4.13 bits, not 32.
-        let quantized: usize = (decoded.0.iter())
+        let quantized: usize = (decoded.iter())
             .filter(|(n, _)| BaseQuantization::Nf4.quantizes(n))
             .map(|(_, t)| nf4_stored_len(t.elem_count()))
             .sum();

@@ -63,14 +63,19 @@ fn defaults_and_overrides() {
     let e = fit("fit --model m --lora-rank 4 --lora-dropout 1").unwrap_err();
     assert!(e.contains("--lora-dropout 1"), "{e}");
     assert!(fit("fit --lora-rank 4").is_err(), "LoRA without --model");
-    let a = fit("fit --model m --lora-rank 4 --quantize-base nf4").unwrap();
+    let e = fit("fit --model m --lora-rank 4 --quantize-base nf4").unwrap_err();
+    assert!(
+        e.contains("not yet sharded by fsdp") && e.contains("--strategy ddp"),
+        "{e}"
+    );
+    let a = fit("fit --model m --lora-rank 4 --quantize-base nf4 --strategy ddp").unwrap();
     assert_eq!(
         a.quantize_base(),
         Ok(Some(wick_models::BaseQuantization::Nf4))
     );
     let e = fit("fit --model m --quantize-base nf4").unwrap_err();
     assert!(e.contains("lora-rank"), "{e}");
-    let e = fit("fit --model m --lora-rank 4 --quantize-base q4_0").unwrap_err();
+    let e = fit("fit --model m --lora-rank 4 --quantize-base q4_0 --strategy ddp").unwrap_err();
     assert!(e.contains("q4_0") && e.contains("nf4"), "{e}");
     assert_eq!(fit("fit").unwrap().logger, wick_trainer::Logger::DEFAULT);
     let a = fit("fit --logger mlflow,csv --mlflow-uri http://h:1").unwrap();

@@ -164,44 +164,41 @@ fn a_lora_fine_tune_saves_adapters_resumes_and_exports_as_peft_and_merged() {
 }
 
 #[test]
-fn a_qlora_fine_tune_trains_over_an_nf4_base_and_fsdp_refuses_it() {
+fn a_qlora_fine_tune_is_validated_and_merged_over_its_nf4_base_and_fsdp_refuses_it() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let model = hf_fixture("qwen2");
     let (ok, out, err) = prepare(d, &model);
     assert!(ok, "{out}{err}");
-    let fit = |strategy: &str| {
-        let args = [
-            "fit",
-            "--model",
-            &model,
-            "--data",
-            "tokens.safetensors",
-            "--seq",
-            "32",
-            "--batch-size",
-            "4",
-            "--max-steps",
-            "2",
-            "--no-progress",
-            "--no-checkpoints",
-            "--run-name",
-            strategy,
-            "--lora-rank",
-            "4",
-            "--quantize-base",
-            "nf4",
-            "--strategy",
-            strategy,
-            "--devices",
-            "2",
-        ];
+    let fit = |strategy: &str, extra: &[&str]| {
+        let options = "--data tokens.safetensors --seq 32 --batch-size 4 --max-steps 2 \
+                       --no-progress --lora-rank 4 --quantize-base nf4 --devices 2";
+        let mut args = vec!["fit", "--model", &model, "--strategy", strategy];
+        args.extend(["--run-name", strategy]);
+        args.extend(options.split_whitespace());
+        args.extend_from_slice(extra);
         wick(d, &args)
     };
-    let (ok, out, err) = fit("ddp");
+    let (ok, out, err) = fit("ddp", &["--val-every", "2", "--checkpoint-dir", "ck"]);
     assert!(ok, "{out}{err}");
     let metrics = std::fs::read_to_string(d.join("runs/ddp/metrics.csv")).unwrap();
-    assert_eq!(metrics.lines().count(), 3, "{metrics}");
-    let (ok, _, err) = fit("fsdp");
+    let last = metrics.lines().nth(2).unwrap();
+    let trained: f64 = last.split(',').nth(3).unwrap().parse().unwrap();
+    // The checkpoint records the NF4 base: validating it reads the base as the run did.
+    let validated = val_loss(d, &["ck/last"], "1", "single");
+    assert!(
+        (validated - trained).abs() < 1e-5,
+        "{validated} vs {trained}"
+    );
+    // Over the f32 base (the base alone: two steps barely move the adapters) it is another
+    // loss, far outside that bound.
+    let over_f32 = val_loss(d, &["--model", &model], "1", "single");
+    assert!((over_f32 - trained).abs() > 1e-4, "{over_f32} vs {trained}");
+    // Merged into the base's decoded values: a plain model of the same loss.
+    let (ok, out, err) = wick(d, &["export", "ck/last", "merged", "--merge"]);
+    assert!(ok, "{out}{err}");
+    let merged = val_loss(d, &["--model", "merged"], "1", "single");
+    assert!((merged - trained).abs() < 1e-5, "{merged} vs {trained}");
+    let (ok, _, err) = fit("fsdp", &["--no-checkpoints"]);
     assert!(!ok && err.contains("born quantized"), "{err}");
 }

@@ -10,7 +10,26 @@ pub enum BaseQuantization {
     Nf4,
 }
 
+/// The attachment of a QLoRA run's checkpoints that records its base's form (`nf4`), so
+/// that a validation, a sample or a merged export read the base as the run trained over it.
+pub const QUANTIZED_BASE_FILE: &str = "quantized_base.txt";
+
 impl BaseQuantization {
+    /// Its name on the command line and in [`QUANTIZED_BASE_FILE`].
+    pub fn name(self) -> &'static str {
+        match self {
+            BaseQuantization::Nf4 => "nf4",
+        }
+    }
+
+    /// The values a weight of shape `dims` holding `values` takes in this form: quantized,
+    /// then decoded (what QLoRA's layers compute with, and what a merge adds to).
+    pub fn round_trip(self, values: &[f32], dims: &[usize]) -> Vec<f32> {
+        match self {
+            BaseQuantization::Nf4 => wick_core::Nf4Tensor::quantize(values, dims).dequantize(),
+        }
+    }
+
     /// Whether the parameter `name` is one it quantizes: a decoder block's linear weight
     /// (`model.layers.{i}.self_attn.q_proj.weight`, ..., `mlp.down_proj.weight`).
     pub fn quantizes(self, name: &str) -> bool {

@@ -32,7 +32,7 @@ mod rope;
 mod scoring;
 mod tokenizer;
 
-pub use base_quantization::BaseQuantization;
+pub use base_quantization::{BaseQuantization, QUANTIZED_BASE_FILE};
 pub use causal_lm::CausalLm;
 pub use chat::{chat_template_of, ChatTemplate, CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE};
 pub use config::{
