@@ -85,7 +85,7 @@ fn decode_block(packed: &[u8], codes: &[u8], scale: f32, offset: f32, out: &mut 
     for (b, (block, absmax_code)) in out.chunks_mut(NF4_BLOCK).zip(codes).enumerate() {
         // bitsandbytes decodes the absmax (code times scale, plus the offset), then each
         // element as its level times that.
-        let absmax = code[*absmax_code as usize] * scale + offset;
+        let absmax = decoded_absmax(code, *absmax_code, scale, offset);
         for (j, v) in block.iter_mut().enumerate() {
             // Element i's code is the high nibble of byte i / 2 when i is even.
             let i = b * NF4_BLOCK + j;
@@ -98,6 +98,12 @@ fn decode_block(packed: &[u8], codes: &[u8], scale: f32, offset: f32, out: &mut 
             *v = NF4_LEVELS[level as usize] * absmax;
         }
     }
+}
+
+/// A 64-block's absmax from its 8-bit `absmax_code`, as bitsandbytes decodes it: the code's
+/// value times its block's `scale`, plus the weight's `offset`.
+fn decoded_absmax(code: &[f32; 256], absmax_code: u8, scale: f32, offset: f32) -> f32 {
+    code[absmax_code as usize] * scale + offset
 }
 
 /// The 16 NF4 levels: the quantiles of a standard normal scaled to [-1, 1], with an exact
@@ -144,8 +150,9 @@ impl Nf4Tensor {
     /// [`Nf4Tensor::quantize`] with the absmaxes' offset given, as a stored state holds it.
     /// bitsandbytes' offset is torch's f32 mean, whose order of summation follows the
     /// CPU's vector width; wick's own (`None`) is the mean in f64, rounded once, which can
-    /// differ from it in the last bit. Given bitsandbytes' offset, every byte and value
-    /// equals its own.
+    /// differ from it in the last bit. Given bitsandbytes' offset, the 4-bit codes and the
+    /// absmaxes' scales equal its own, and so does each absmax's 8-bit code but where its
+    /// search is one entry off the nearest (see the module's notes).
     ///
     /// # Panics
     /// If `values` does not hold `dims`' element count.
@@ -271,7 +278,9 @@ impl Nf4Tensor {
         self.absmax_codes
             .iter()
             .enumerate()
-            .map(|(i, &c)| code[c as usize] * self.absmax_scales[i / ABSMAX_BLOCK] + self.offset)
+            .map(|(i, &c)| {
+                decoded_absmax(code, c, self.absmax_scales[i / ABSMAX_BLOCK], self.offset)
+            })
             .collect()
     }
 

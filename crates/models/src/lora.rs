@@ -6,7 +6,7 @@
 //! [`PEFT_PREFIX`].
 
 use crate::{ModelConfig, ModelError};
-use candle_core::{DType, Module, Result, Shape, Tensor};
+use candle_core::{Module, Result, Shape, Tensor};
 use candle_nn::{Init, VarBuilder};
 use std::ops::Range;
 use std::path::Path;
@@ -287,12 +287,9 @@ impl BaseLayer {
     /// `base` as the strategy handed it out: its weight a u8 tensor of NF4 blocks when it
     /// was born quantized.
     fn new(base: Linear, (in_dim, out_dim): (usize, usize)) -> Self {
-        match base.weight().dtype() {
-            DType::U8 => {
-                let weight = FrozenWeight::from_param(base.weight().clone(), (out_dim, in_dim));
-                BaseLayer::Quantized(FrozenLinear::new(weight, base.bias().cloned()))
-            }
-            _ => BaseLayer::Dense(base),
+        match FrozenWeight::from_param(base.weight().clone(), (out_dim, in_dim)) {
+            FrozenWeight::Dense(_) => BaseLayer::Dense(base),
+            quantized => BaseLayer::Quantized(FrozenLinear::new(quantized, base.bias().cloned())),
         }
     }
 

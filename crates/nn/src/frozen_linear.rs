@@ -34,10 +34,7 @@ impl FrozenLinear {
 
 impl Module for FrozenLinear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let [out_dim, in_dim] = self.weight.dims() else {
-            candle_core::bail!("a linear weight is [out, in], not {:?}", self.weight.dims())
-        };
-        let (out_dim, in_dim) = (*out_dim, *in_dim);
+        let (out_dim, in_dim) = self.weight.out_in()?;
         let rows = x.elem_count() / in_dim.max(1);
         let mut dims = x.dims().to_vec();
         if let Some(last) = dims.last_mut() {

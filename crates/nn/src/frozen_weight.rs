@@ -75,17 +75,17 @@ impl FrozenWeight {
         }
     }
 
+    /// The weight's `(out, in)`: an error for a weight that is not `[out, in]`.
+    pub fn out_in(&self) -> Result<(usize, usize)> {
+        match self.dims() {
+            &[out_dim, in_dim] => Ok((out_dim, in_dim)),
+            dims => candle_core::bail!("a linear weight is [out, in], not {dims:?}"),
+        }
+    }
+
     /// Whether the weight is part of a graph (a dense variable or computed from one).
     pub fn track_op(&self) -> bool {
         matches!(self, FrozenWeight::Dense(t) if t.track_op())
-    }
-
-    /// Bytes the weight holds as kept.
-    pub fn storage_bytes(&self) -> usize {
-        match self {
-            FrozenWeight::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
-            FrozenWeight::Nf4 { stored, .. } => stored.elem_count(),
-        }
     }
 }
 

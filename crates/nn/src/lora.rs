@@ -49,7 +49,7 @@ pub fn lora_linear(x: &Tensor, p: LoraParts) -> Result<Tensor> {
     if !(frozen && fused(&all)) {
         return lora_linear_composite(x, p);
     }
-    let (out_dim, in_dim) = out_in(p.weight)?;
+    let (out_dim, in_dim) = p.weight.out_in()?;
     let rows = x.elem_count() / in_dim;
     let op = LoraOp {
         weight: match p.weight {
@@ -75,19 +75,11 @@ pub fn lora_linear(x: &Tensor, p: LoraParts) -> Result<Tensor> {
     y.reshape(dims)
 }
 
-/// A linear weight's `(out, in)`.
-fn out_in(weight: &FrozenWeight) -> Result<(usize, usize)> {
-    match weight.dims() {
-        &[out_dim, in_dim] => Ok((out_dim, in_dim)),
-        dims => candle_core::bail!("a linear weight is [out, in], not {dims:?}"),
-    }
-}
-
 /// The same from Candle's ops (the fallback, and the reference in tests), in PEFT's order:
 /// the base layer's output plus the scaled update. A quantized weight is decoded once and
 /// kept by the graph until backward.
 pub fn lora_linear_composite(x: &Tensor, p: LoraParts) -> Result<Tensor> {
-    let (out_dim, in_dim) = out_in(p.weight)?;
+    let (out_dim, in_dim) = p.weight.out_in()?;
     let rows = x.elem_count() / in_dim;
     let x2 = x.reshape((rows, in_dim))?;
     let mut y = x2.matmul(&p.weight.decoded()?.t()?)?;
