@@ -13,8 +13,9 @@ safetensors`); CI does not run it. Run from the repository root:
 (with families named, only those are written), and
 
     python scripts/hf_fixtures.py --smollm2-135m DIR
+    python scripts/hf_fixtures.py --llama-3.2-1b DIR
 
-writes a random model of SmolLM2-135M's shape in bf16 for the real-size benchmark.
+write random models of those shapes in bf16 for the real-size benchmarks.
 
 `lora` (needs `peft` too) is a PEFT adapter over the Qwen2 fixture and what PEFT computes
 with it. Everything is in f32 and seeded, so a second run writes the same numbers.
@@ -307,15 +308,17 @@ def lora(out, base_dir):
           f"losses {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
-# SmolLM2-135M's published config.json (tests/fixtures/configs/smollm2-135m.json).
+# Published config.json files of the real-size shapes (tests/fixtures/configs/).
 SMOLLM2_135M = "tests/fixtures/configs/smollm2-135m.json"
+LLAMA_32_1B = "tests/fixtures/configs/llama-3.2-1b.json"
 
 
-def smollm2_135m(out):
-    """A random-init model of SmolLM2-135M's shape in bf16, as the hub ships it, with the
-    fixtures' tokenizer (its 384 ids are within the model's 49152): the real-size
-    benchmark's directory. Not checked in (270 MB)."""
-    config = json.load(open(SMOLLM2_135M))
+def random_model(config_path, out):
+    """A random-init model of a published config's shape in bf16, as the hub ships it,
+    with the fixtures' tokenizer (its 384 ids are within the model's vocabulary): a
+    real-size benchmark's directory. Not checked in (SmolLM2-135M: 270 MB; Llama-3.2-1B:
+    2.5 GB)."""
+    config = json.load(open(config_path))
     config.pop("architectures")
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**config)).to(torch.bfloat16)
@@ -417,6 +420,8 @@ def chat(out, text, llama_dir):
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args[:1] == ["--smollm2-135m"]:
-        smollm2_135m(args[1])
+        random_model(SMOLLM2_135M, args[1])
+    elif args[:1] == ["--llama-3.2-1b"]:
+        random_model(LLAMA_32_1B, args[1])
     else:
         main(args[0] if args else "tests/fixtures/hf", set(args[1:]))

@@ -15,7 +15,8 @@
 //! - The fused output projection and loss on 16-bit inputs (bf16-mixed, 16-mixed) peaks
 //!   below a quarter of the f32 logits it never makes; the composite makes them.
 //! - A QLoRA step decodes each NF4 base weight inside its op and drops it: its peak stays
-//!   below half of the base's f32 bytes.
+//!   below half of the base's f32 bytes on one rank; under fsdp at W = 2, its blocks
+//!   sharded, both ranks together stay below the whole base's f32 bytes.
 
 mod counting_allocator;
 
@@ -285,13 +286,20 @@ fn heap_after_each_step(strategy: &str) -> Vec<(usize, usize)> {
 #[test]
 fn memory_bounds() {
     // QLoRA: a step holds at most about one layer's weights decoded (a quarter of the
-    // four layers' f32 bytes), never the whole base.
-    let (growth, f32_bytes) = qlora_step_growth();
-    println!("qlora step: peak growth {growth} bytes; the block weights in f32 are {f32_bytes}");
-    assert!(
-        growth < f32_bytes / 2,
-        "qlora: {growth} bytes, f32 base {f32_bytes}"
-    );
+    // four layers' f32 bytes), never the whole base: below half of it on one rank; under
+    // fsdp at W = 2, both ranks together (each with its activations, decoding its own
+    // weights from a unit's gathered blocks) below the whole of it.
+    for (strategy, world_size, bound) in [("single", 1, 2), ("fsdp", 2, 1)] {
+        let (growth, f32_bytes) = qlora_step_growth(strategy, world_size);
+        println!(
+            "qlora step under {strategy} at W = {world_size}: peak growth {growth} bytes; \
+             the block weights in f32 are {f32_bytes}"
+        );
+        assert!(
+            growth < f32_bytes / bound,
+            "qlora {strategy}: {growth} bytes, f32 base {f32_bytes}"
+        );
+    }
     // The fused output projection and loss never makes the whole logits, also when
     // mixed precision hands it 16-bit inputs; the probe sees the composite make them.
     for dtype in [candle_core::DType::BF16, candle_core::DType::F16] {
@@ -473,11 +481,12 @@ fn make_checkpointed(strategy: &str, ac: ActivationCheckpointing) -> Box<dyn Str
     spec.with_activation_checkpointing(ac).build()
 }
 
-/// QLoRA: the heap growth over one training step (after a first one) of a Llama whose
-/// block linear weights (hidden 512, MLP 2048, 4 layers: 67 MB in f32) are born NF4, on one
-/// CPU rank, and those weights' f32 bytes. Each layer decodes its weight inside its op and
-/// drops it, so the step never holds them all decoded.
-fn qlora_step_growth() -> (usize, usize) {
+/// QLoRA: the heap growth of the whole process over one training step (after a first one)
+/// of a Llama whose block linear weights (hidden 512, MLP 2048, 4 layers: 67 MB in f32) are
+/// born NF4, under `strategy` on `world_size` CPU ranks, and those weights' f32 bytes. Each
+/// layer decodes its weight inside its op and drops it (under fsdp, from the unit's gathered
+/// blocks), so the step never holds them all decoded.
+fn qlora_step_growth(strategy: &str, world_size: usize) -> (usize, usize) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama");
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path.join("config.json")).unwrap()).unwrap();
@@ -491,31 +500,42 @@ fn qlora_step_growth() -> (usize, usize) {
     ] {
         config[key] = value.into();
     }
-    let lora = wick::models::LoraConfig::new(4);
-    let mut model = wick::models::CausalLm::from_config_json(config.to_string(), &path)
-        .unwrap()
-        .with_optimizer(OptimizerConfig::sgd(0.1))
-        .with_lora(lora)
-        .unwrap()
-        .with_quantized_base(wick::models::BaseQuantization::Nf4)
-        .unwrap();
     let f32_bytes = 4 * 4 * (4 * 512 * 512 + 3 * 512 * 2048);
-    let single = wick::strategies::strategy_by_name("single").unwrap();
-    let world = Arc::new(wick::core::SoloWorld);
-    let device = candle_core::Device::Cpu;
-    let _rank =
-        wick::core::configure_rank(single.as_ref(), world, device.clone(), 0, &mut model).unwrap();
-    let window: Vec<u32> = (0..66u32).map(|i| (i * 37) % 384).collect();
-    let window = candle_core::Tensor::from_vec(window, (2, 33), &device).unwrap();
-    let ids = window.narrow(1, 0, 32).unwrap();
-    let targets = window.narrow(1, 1, 32).unwrap();
-    let step = |model: &wick::models::CausalLm| {
-        let loss = model.loss(&ids, &targets).unwrap();
-        drop(loss.backward().unwrap());
-    };
-    step(&model);
-    heap::reset_peak();
-    let before = heap::current();
-    step(&model);
-    (heap::peak() - before, f32_bytes)
+    let outcomes = ThreadWorld::new(world_size).run(|comm| {
+        let world: Arc<dyn Collective> = Arc::new(comm);
+        let mut model = wick::models::CausalLm::from_config_json(config.to_string(), &path)
+            .unwrap()
+            .with_optimizer(OptimizerConfig::sgd(0.1))
+            .with_lora(wick::models::LoraConfig::new(4))
+            .unwrap()
+            .with_quantized_base(wick::models::BaseQuantization::Nf4)
+            .unwrap();
+        let s = wick::strategies::strategy_by_name(strategy)?;
+        let device = candle_core::Device::Cpu;
+        let mut s =
+            wick::core::configure_rank(s.as_ref(), world.clone(), device.clone(), 0, &mut model)?;
+        s.configure_optimizer(&OptimizerConfig::sgd(0.1), StepOptions::default());
+        // Each rank its own rows of the batch.
+        let window: Vec<u32> = (0..66u32)
+            .map(|i| (i * 37 + world.rank() as u32) % 384)
+            .collect();
+        let window = candle_core::Tensor::from_vec(window, (2, 33), &device)?;
+        let (ids, targets) = (window.narrow(1, 0, 32)?, window.narrow(1, 1, 32)?);
+        let mut step = || -> wick::core::Result<()> {
+            s.backward(&model.loss(&ids, &targets)?, GradSync::Reduce)?;
+            s.optimizer_step(0.1).map(drop)
+        };
+        step()?;
+        world.barrier()?;
+        if world.rank() == 0 {
+            heap::reset_peak();
+        }
+        world.barrier()?;
+        let before = heap::current();
+        step()?;
+        world.barrier()?;
+        Ok::<_, wick::core::Error>(heap::peak() - before)
+    });
+    let growth = outcomes.into_iter().map(|o| o.unwrap()).max().unwrap();
+    (growth, f32_bytes)
 }

@@ -239,6 +239,39 @@ fn collectives(world: &MpiWorld) {
             format!("{dtype:?} collectives differ from ThreadWorld:\nmpi     {mpi:?}\nthreads {threads:?}")
         });
     }
+    // Bytes (a quantized base's blocks) are gathered, blocking and started, over uneven
+    // shards, and broadcast; a reduction of bytes is refused on every rank alike.
+    let bytes = |r: usize| -> Vec<u8> { (0..shard_len(r)).map(|i| (r * 50 + i) as u8).collect() };
+    let want: Vec<u8> = (0..w).flat_map(bytes).collect();
+    let mine = Tensor::new(bytes(rank), &Device::Cpu).unwrap();
+    let full = Tensor::zeros(total, DType::U8, &Device::Cpu).unwrap();
+    world.all_gather_into(&mine, &full).unwrap();
+    let started = Tensor::zeros(total, DType::U8, &Device::Cpu).unwrap();
+    world
+        .all_gather_start(&mine, &started)
+        .unwrap()
+        .wait()
+        .unwrap();
+    let root = Tensor::new(vec![rank as u8; 5], &Device::Cpu).unwrap();
+    world.broadcast_in_place(&root, w - 1).unwrap();
+    let got = [&full, &started].map(|t| t.to_vec1::<u8>().unwrap());
+    check(world, got == [want.clone(), want], || {
+        format!("u8 gathers: {got:?}")
+    });
+    check(
+        world,
+        root.to_vec1::<u8>().unwrap() == vec![(w - 1) as u8; 5],
+        || "u8 broadcast".into(),
+    );
+    let refused = world.all_reduce_in_place(&mine, ReduceOp::Sum);
+    check(world, refused.is_err(), || {
+        "a reduction of bytes ran".into()
+    });
+    let refused = world.all_reduce_start(&full, ReduceOp::Sum);
+    check(world, refused.is_err(), || {
+        "a started reduction of bytes ran".into()
+    });
+    world.barrier().unwrap();
     // Ranks that disagree get the same clear error, and the world stays usable.
     let t = tensor(values(rank, 4 + rank % 2));
     let e = world.all_reduce_in_place(&t, ReduceOp::Sum);

@@ -33,15 +33,6 @@ impl FitArgs {
         if self.quantize_base.is_some() && self.lora_rank.is_none() {
             return Err("quantize-base keeps a LoRA run's frozen base: give lora-rank".into());
         }
-        if self.quantize_base.is_some()
-            && matches!(self.strategy, StrategyKind::Zero3 | StrategyKind::Fsdp)
-        {
-            return Err(format!(
-                "quantize-base: a base born quantized is kept by single, ddp, zero1 and zero2, \
-                 not yet sharded by {} (the default strategy is fsdp: give --strategy ddp)",
-                name_of(self.strategy)
-            ));
-        }
         self.quantize_base()?;
         if self.objective.preference_loss().is_some() && self.model.is_none() {
             return Err(format!(

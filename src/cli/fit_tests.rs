@@ -63,12 +63,7 @@ fn defaults_and_overrides() {
     let e = fit("fit --model m --lora-rank 4 --lora-dropout 1").unwrap_err();
     assert!(e.contains("--lora-dropout 1"), "{e}");
     assert!(fit("fit --lora-rank 4").is_err(), "LoRA without --model");
-    let e = fit("fit --model m --lora-rank 4 --quantize-base nf4").unwrap_err();
-    assert!(
-        e.contains("not yet sharded by fsdp") && e.contains("--strategy ddp"),
-        "{e}"
-    );
-    let a = fit("fit --model m --lora-rank 4 --quantize-base nf4 --strategy ddp").unwrap();
+    let a = fit("fit --model m --lora-rank 4 --quantize-base nf4").unwrap();
     assert_eq!(
         a.quantize_base(),
         Ok(Some(wick_models::BaseQuantization::Nf4))

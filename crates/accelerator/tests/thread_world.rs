@@ -332,6 +332,35 @@ fn wrong_dtype_is_refused_with_the_rank() {
 }
 
 #[test]
+fn bytes_are_gathered_and_broadcast_but_never_reduced() {
+    let w = 3;
+    let total: usize = (0..w).map(shard_len).sum();
+    let bytes = |r: usize| -> Vec<u8> { (0..shard_len(r)).map(|i| (r * 100 + i) as u8).collect() };
+    let expected: Vec<u8> = (0..w).flat_map(bytes).collect();
+    let got = ok(ThreadWorld::new(w).run(|c| {
+        let shard = Tensor::new(bytes(c.rank()), &Device::Cpu).unwrap();
+        let full = Tensor::zeros(total, candle_core::DType::U8, &Device::Cpu).unwrap();
+        c.all_gather_into(&shard, &full)?;
+        let root = Tensor::new(vec![c.rank() as u8; 5], &Device::Cpu).unwrap();
+        c.broadcast_in_place(&root, 1)?;
+        let refused = c.all_reduce_in_place(&shard, ReduceOp::Sum).unwrap_err();
+        Ok((
+            full.to_vec1::<u8>().unwrap(),
+            root.to_vec1::<u8>().unwrap(),
+            refused.to_string(),
+        ))
+    }));
+    for (full, root, refused) in got {
+        assert_eq!(full, expected);
+        assert_eq!(root, vec![1; 5]);
+        assert!(
+            refused.contains("reductions take f32, bf16 or f16"),
+            "{refused}"
+        );
+    }
+}
+
+#[test]
 fn split_makes_independent_sub_worlds() {
     let got = ok(ThreadWorld::new(4).run(|c| {
         let group = c.split(c.rank() / 2)?;

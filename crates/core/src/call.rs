@@ -218,6 +218,7 @@ pub fn all_gather_through_tensor<C: Collective + ?Sized>(
     match dtype {
         DType::BF16 => write_ne(full, out.to_vec1::<half::bf16>(), half::bf16::to_ne_bytes),
         DType::F16 => write_ne(full, out.to_vec1::<half::f16>(), half::f16::to_ne_bytes),
+        DType::U8 => write_ne(full, out.to_vec1::<u8>(), |b: u8| [b]),
         _ => write_ne(full, out.to_vec1::<f32>(), f32::to_ne_bytes),
     }
     .map_err(fail)

@@ -51,8 +51,8 @@ pub use lock::lock;
 pub use lr_schedule::{Decay, LrSchedule};
 pub use module::{StepMetric, TrainModule, IGNORE_INDEX};
 pub use nf4::{
-    decode_nf4_stored, dynamic_code, nf4_stored_len, Nf4Tensor, ABSMAX_BLOCK, NF4_BLOCK,
-    NF4_LEVELS, NF4_STORED_BLOCK, NF4_STORED_BYTES,
+    decode_nf4_stored, dynamic_code, nf4_absmax, nf4_offset, nf4_stored_len, Nf4Tensor,
+    ABSMAX_BLOCK, NF4_BLOCK, NF4_LEVELS, NF4_STORED_BLOCK, NF4_STORED_BYTES,
 };
 pub use optimizer::{Algorithm, OptimizerConfig};
 pub use preference_batch::PreferenceBatch;

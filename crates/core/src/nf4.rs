@@ -49,6 +49,29 @@ pub fn nf4_stored_len(n: usize) -> usize {
     whole * NF4_STORED_BYTES + last
 }
 
+/// Each [`NF4_BLOCK`] of `values`' largest magnitude, as quantizing keeps it: a whole block
+/// of zeros keeps 0, a shorter last block at least 1e-38 (bitsandbytes' way). A run of
+/// values that starts at a block boundary gives the absmaxes of its blocks alone, so ranks
+/// holding different blocks of a weight compute their parts of its absmaxes apart.
+pub fn nf4_absmax(values: &[f32]) -> Vec<f32> {
+    let block_absmax = |b: &[f32]| {
+        let m = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        match b.len() == NF4_BLOCK {
+            true => m,
+            false => m.max(1e-38),
+        }
+    };
+    values.chunks(NF4_BLOCK).map(block_absmax).collect()
+}
+
+/// The offset wick takes out of a weight's absmaxes (all of them, [`nf4_absmax`]) before
+/// their 8-bit code: their mean, summed in f64 and rounded once, so that it does not depend
+/// on how the sum was split.
+pub fn nf4_offset(absmax: &[f32]) -> f32 {
+    let sum: f64 = absmax.iter().map(|&a| f64::from(a)).sum();
+    (sum / absmax.len().max(1) as f64) as f32
+}
+
 /// Decodes `stored` ([`Nf4Tensor::to_stored`]'s bytes, or any run of its whole stored blocks
 /// with the last one's remainder) into `out`, one value an element.
 pub fn decode_nf4_stored(stored: &[u8], out: &mut [f32]) -> Result<(), String> {
@@ -158,18 +181,7 @@ impl Nf4Tensor {
     /// If `values` does not hold `dims`' element count.
     pub fn quantize_with_offset(values: &[f32], dims: &[usize], offset: Option<f32>) -> Self {
         assert_eq!(values.len(), dims.iter().product::<usize>(), "{dims:?}");
-        // A whole block keeps an absmax of 0; a tail's is kept from 0 (bitsandbytes' way).
-        let absmax: Vec<f32> = values
-            .chunks(NF4_BLOCK)
-            .map(|b| {
-                let m = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-                if b.len() == NF4_BLOCK {
-                    m
-                } else {
-                    m.max(1e-38)
-                }
-            })
-            .collect();
+        let absmax = nf4_absmax(values);
         let mut codes: Vec<u8> = Vec::with_capacity(values.len() + 1);
         for (block, &amax) in values.chunks(NF4_BLOCK).zip(&absmax) {
             let guarded = amax.max(1e-38);
@@ -186,10 +198,7 @@ impl Nf4Tensor {
             codes.push(nf4_code(0.0));
         }
         let packed = codes.chunks(2).map(|p| (p[0] << 4) | p[1]).collect();
-        let offset = offset.unwrap_or_else(|| {
-            let sum: f64 = absmax.iter().map(|&a| f64::from(a)).sum();
-            (sum / absmax.len().max(1) as f64) as f32
-        });
+        let offset = offset.unwrap_or_else(|| nf4_offset(&absmax));
         let centred: Vec<f32> = absmax.iter().map(|&a| a - offset).collect();
         let (absmax_codes, absmax_scales) = quantize_dynamic(&centred);
         Nf4Tensor {

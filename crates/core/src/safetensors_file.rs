@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 pub struct SafetensorsFile {
     path: PathBuf,
     /// The file itself, for the reads that stay out of the map
-    /// ([`SafetensorsFile::read_offsets`]).
+    /// ([`SafetensorsFile::read_f32`], [`SafetensorsFile::read_offsets`]).
     #[cfg_attr(not(unix), allow(dead_code))]
     file: File,
     mmap: Mmap,
@@ -127,9 +127,13 @@ impl SafetensorsFile {
 
     /// Elements `range` of tensor `name` (row-major), converted to f32 from f32, f16 or
     /// bf16. Errors name the file and tensor: missing, another dtype, range out of bounds.
+    /// Read from the file rather than the map: a model's weights are read once, when its
+    /// parameters are made, and none of their pages stays in the process's resident set
+    /// for the rest of the run.
     pub fn read_f32(&self, name: &str, range: Range<usize>) -> Result<Vec<f32>, FileError> {
         let floats = [Dtype::F32, Dtype::F16, Dtype::BF16];
-        let (bytes, dtype) = self.bytes(name, range, &floats, "F32, F16 or BF16")?;
+        let (at, dtype) = self.locate(name, range, &floats, "F32, F16 or BF16")?;
+        let bytes = self.read_at(name, at)?;
         Ok(match dtype {
             Dtype::F32 => bytes
                 .chunks_exact(4)
@@ -170,19 +174,32 @@ impl SafetensorsFile {
     /// fit opens a corpus) leaves none of its pages in the process's resident set.
     pub fn read_offsets(&self, name: &str, range: Range<usize>) -> Result<Vec<u64>, FileError> {
         let (at, _) = self.locate(name, range, &[Dtype::I64], "I64")?;
-        #[cfg(unix)]
-        let bytes = {
-            let mut bytes = vec![0u8; at.len()];
-            read_exact_at(&self.file, &mut bytes, at.start as u64)
-                .map_err(|e| FileError::new(&self.path, Some(name), format!("cannot read: {e}")))?;
-            bytes
-        };
-        #[cfg(not(unix))]
-        let bytes = &self.mmap[at];
+        let bytes = self.read_at(name, at)?;
         (bytes.chunks_exact(8))
             .map(|b| u64::try_from(i64::from_le_bytes(b.try_into().expect("8 bytes"))))
             .collect::<Result<_, _>>()
             .map_err(|_| FileError::new(&self.path, Some(name), "a negative offset"))
+    }
+
+    /// The bytes `at` of the file (tensor `name`'s), read from the file where the system
+    /// allows it, so that none of their pages is mapped into the process.
+    fn read_at(
+        &self,
+        name: &str,
+        at: Range<usize>,
+    ) -> Result<std::borrow::Cow<'_, [u8]>, FileError> {
+        #[cfg(unix)]
+        {
+            let mut bytes = vec![0u8; at.len()];
+            read_exact_at(&self.file, &mut bytes, at.start as u64)
+                .map_err(|e| FileError::new(&self.path, Some(name), format!("cannot read: {e}")))?;
+            Ok(std::borrow::Cow::Owned(bytes))
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = name;
+            Ok(std::borrow::Cow::Borrowed(&self.mmap[at]))
+        }
     }
 
     /// The dtype of tensor `name`, as safetensors names it (`F32`, `U16`, ...).

@@ -49,7 +49,7 @@ impl Module for FrozenLinear {
                 weight: self.weight.clone(),
             }))?
         } else {
-            x2.matmul(&self.weight.decoded()?.t()?)?
+            x2.matmul(&self.weight.decoded_for(&x2)?.t()?)?
         };
         let y = match &self.bias {
             Some(b) => y.broadcast_add(b)?,

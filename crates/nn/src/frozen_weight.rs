@@ -75,6 +75,12 @@ impl FrozenWeight {
         }
     }
 
+    /// The weight to multiply `x` by, in `x`'s dtype (a quantized weight decodes to the
+    /// dtype its layer computes in, bf16 or f16 under mixed precision).
+    pub fn decoded_for(&self, x: &Tensor) -> Result<Tensor> {
+        self.decoded()?.to_dtype(x.dtype())
+    }
+
     /// The weight's `(out, in)`: an error for a weight that is not `[out, in]`.
     pub fn out_in(&self) -> Result<(usize, usize)> {
         match self.dims() {

@@ -82,7 +82,7 @@ pub fn lora_linear_composite(x: &Tensor, p: LoraParts) -> Result<Tensor> {
     let (out_dim, in_dim) = p.weight.out_in()?;
     let rows = x.elem_count() / in_dim;
     let x2 = x.reshape((rows, in_dim))?;
-    let mut y = x2.matmul(&p.weight.decoded()?.t()?)?;
+    let mut y = x2.matmul(&p.weight.decoded_for(&x2)?.t()?)?;
     if let Some(b) = p.bias {
         y = y.broadcast_add(b)?;
     }

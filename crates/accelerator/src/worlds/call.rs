@@ -9,7 +9,7 @@ use wick_core::CollectiveExt;
 use wick_core::{CallKind, Collective, CollectiveError};
 
 /// The element types worlds move, as codes ranks exchange.
-const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+const DTYPES: [DType; 4] = [DType::F32, DType::BF16, DType::F16, DType::U8];
 
 fn dtype_code(dtype: DType) -> usize {
     DTYPES

@@ -4,7 +4,8 @@
 //! Candle keeps storage private; reads go through its read guard and writes through an
 //! in-place custom op, which also refuses a destination that aliases its source instead of
 //! deadlocking on the storage lock. Collectives move f32 and, for mixed precision, bf16 and
-//! f16: the data is handed out as bytes with the tensor's dtype.
+//! f16, and gather u8 (a quantized base's blocks); the data is handed out as bytes with the
+//! tensor's dtype. Only float dtypes reduce ([`check_reducible`]).
 //!
 //! A tensor on another device (a CUDA rank of a `ThreadWorld`, several of which may share
 //! one GPU) is staged: copied to the host, handed out, and written back in place when it
@@ -20,13 +21,24 @@ use candle_core::{CpuStorage, DType, Device, InplaceOp1, InplaceOp2, Layout, Sto
 pub(crate) struct HostAccessError(pub(crate) String);
 
 fn check(t: &Tensor) -> Result<(), HostAccessError> {
-    if !matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16) {
+    if !matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16 | DType::U8) {
         return Err(HostAccessError(format!(
-            "expected an f32, bf16 or f16 tensor, found {:?}",
+            "expected an f32, bf16, f16 or u8 tensor, found {:?}",
             t.dtype()
         )));
     }
     Ok(())
+}
+
+/// Refuses a reduction over `dtype` unless its elements add (f32, bf16, f16): bytes are
+/// moved, never summed. Every reduction checks this before any byte is read.
+pub(crate) fn check_reducible(dtype: DType) -> Result<(), HostAccessError> {
+    match dtype {
+        DType::F32 | DType::BF16 | DType::F16 => Ok(()),
+        other => Err(HostAccessError(format!(
+            "reductions take f32, bf16 or f16 tensors, found {other:?}"
+        ))),
+    }
 }
 
 fn access_error(e: candle_core::Error) -> HostAccessError {
@@ -71,7 +83,8 @@ fn range(len: usize, layout: &Layout) -> candle_core::Result<(usize, usize)> {
 fn as_bytes<'a, T>(v: &'a [T], layout: &Layout) -> candle_core::Result<&'a [u8]> {
     let (start, end) = range(v.len(), layout)?;
     let part = &v[start..end];
-    // SAFETY: the elements are plain floats; their bytes are valid to read for the borrow.
+    // SAFETY: the elements are plain floats or bytes; their bytes are valid to read for the
+    // borrow.
     Ok(unsafe {
         std::slice::from_raw_parts(part.as_ptr().cast::<u8>(), std::mem::size_of_val(part))
     })
@@ -81,7 +94,7 @@ fn as_bytes_mut<'a, T>(v: &'a mut [T], layout: &Layout) -> candle_core::Result<&
     let (start, end) = range(v.len(), layout)?;
     let part = &mut v[start..end];
     let len = std::mem::size_of_val(part);
-    // SAFETY: plain floats: any bytes written are a valid value.
+    // SAFETY: plain floats or bytes: any bytes written are a valid value.
     Ok(unsafe { std::slice::from_raw_parts_mut(part.as_mut_ptr().cast::<u8>(), len) })
 }
 
@@ -90,6 +103,7 @@ fn bytes<'a>(storage: &'a CpuStorage, layout: &Layout) -> candle_core::Result<&'
         CpuStorage::F32(v) => as_bytes(v, layout),
         CpuStorage::BF16(v) => as_bytes(v, layout),
         CpuStorage::F16(v) => as_bytes(v, layout),
+        CpuStorage::U8(v) => as_bytes(v, layout),
         other => candle_core::bail!("no collective for {:?} storage", other.dtype()),
     }
 }
@@ -102,11 +116,12 @@ fn bytes_mut<'a>(
         CpuStorage::F32(v) => as_bytes_mut(v, layout),
         CpuStorage::BF16(v) => as_bytes_mut(v, layout),
         CpuStorage::F16(v) => as_bytes_mut(v, layout),
+        CpuStorage::U8(v) => as_bytes_mut(v, layout),
         other => candle_core::bail!("no collective for {:?} storage", other.dtype()),
     }
 }
 
-/// Runs `f` on the bytes of a contiguous tensor (f32, bf16 or f16).
+/// Runs `f` on the bytes of a contiguous tensor (f32, bf16, f16 or u8).
 pub(crate) fn with_bytes<R>(t: &Tensor, f: impl FnOnce(&[u8]) -> R) -> Result<R, HostAccessError> {
     check(t)?;
     if let Some(host) = staged(t)? {
@@ -253,7 +268,9 @@ mod tests {
         assert!(with_bytes(&u, |_| ())
             .unwrap_err()
             .0
-            .contains("f32, bf16 or f16"));
+            .contains("f32, bf16, f16 or u8"));
+        assert!(check_reducible(DType::U8).is_err());
+        assert!(check_reducible(DType::BF16).is_ok());
         let h = Tensor::zeros(4, DType::F16, &Device::Cpu).unwrap();
         let f = Tensor::zeros(4, DType::F32, &Device::Cpu).unwrap();
         assert!(with_bytes_mut_from(&h, &f, |_, _| ())

@@ -3,7 +3,9 @@
 //! broadcast's root), and host-access errors named by rank and collective. An engine
 //! brings only its transport.
 
-use crate::worlds::host::{with_bytes, with_bytes_mut, with_bytes_mut_from, HostAccessError};
+use crate::worlds::host::{
+    check_reducible, with_bytes, with_bytes_mut, with_bytes_mut_from, HostAccessError,
+};
 use candle_core::DType;
 use wick_core::{Call, CollectiveError, ReduceOp};
 
@@ -61,11 +63,15 @@ pub(crate) fn run_on_host(engine: &impl HostEngine, call: Call<'_>) -> Result<()
         Call::ReduceScatter { full, shard, op }
         | Call::ReduceScatterParts {
             full, shard, op, ..
-        } => with_bytes_mut_from(shard, full, |dst, src| {
-            engine.reduce_scatter_bytes(full.dtype(), src, dst, op)
+        } => check_reducible(full.dtype()).and_then(|()| {
+            with_bytes_mut_from(shard, full, |dst, src| {
+                engine.reduce_scatter_bytes(full.dtype(), src, dst, op)
+            })
         }),
-        Call::AllReduce { tensor, op } => with_bytes_mut(tensor, |buf| {
-            engine.all_reduce_bytes(tensor.dtype(), buf, op)
+        Call::AllReduce { tensor, op } => check_reducible(tensor.dtype()).and_then(|()| {
+            with_bytes_mut(tensor, |buf| {
+                engine.all_reduce_bytes(tensor.dtype(), buf, op)
+            })
         }),
         Call::Broadcast { tensor, root } => {
             if root >= engine.size() {

@@ -141,7 +141,9 @@ impl InplaceOp2 for Run<'_> {
             DType::F32 => self.two::<f32>(dst, dst_l, src, src_l),
             DType::BF16 => self.two::<bf16>(dst, dst_l, src, src_l),
             DType::F16 => self.two::<f16>(dst, dst_l, src, src_l),
-            other => candle_core::bail!("nccl: no collective for {other:?}"),
+            // Bytes (a quantized base's blocks) are gathered, never summed.
+            DType::U8 if self.call == CallKind::AllGather => self.two::<u8>(dst, dst_l, src, src_l),
+            other => candle_core::bail!("nccl: no {} for {other:?}", self.call.name()),
         }
     }
 }
@@ -158,7 +160,8 @@ impl InplaceOp1 for Run<'_> {
             DType::F32 => self.one::<f32>(buf, layout),
             DType::BF16 => self.one::<bf16>(buf, layout),
             DType::F16 => self.one::<f16>(buf, layout),
-            other => candle_core::bail!("nccl: no collective for {other:?}"),
+            DType::U8 if matches!(self.call, CallKind::Broadcast(_)) => self.one::<u8>(buf, layout),
+            other => candle_core::bail!("nccl: no {} for {other:?}", self.call.name()),
         }
     }
 }

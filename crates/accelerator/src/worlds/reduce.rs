@@ -47,6 +47,9 @@ impl Elem for f16 {
 /// # Safety
 /// Every source pointer must be valid for `len` element reads and `dst` for `len` element
 /// writes of `dtype`, with no other thread writing these ranges during the call.
+///
+/// # Panics
+/// If `dtype` is not f32, bf16 or f16 (callers refuse others first, `check_reducible`).
 pub(crate) unsafe fn reduce_ranks(
     dtype: DType,
     dst: *mut u8,
@@ -58,7 +61,8 @@ pub(crate) unsafe fn reduce_ranks(
     match dtype {
         DType::BF16 => reduce_typed::<bf16>(dst.cast(), len, n_ranks, |s| srcs(s).cast(), op),
         DType::F16 => reduce_typed::<f16>(dst.cast(), len, n_ranks, |s| srcs(s).cast(), op),
-        _ => reduce_typed::<f32>(dst.cast(), len, n_ranks, |s| srcs(s).cast(), op),
+        DType::F32 => reduce_typed::<f32>(dst.cast(), len, n_ranks, |s| srcs(s).cast(), op),
+        other => panic!("a reduction over {other:?}: reductions take f32, bf16 or f16"),
     }
 }
 

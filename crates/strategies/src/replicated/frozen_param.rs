@@ -2,8 +2,9 @@
 //! f32 tensor, or, born quantized (QLoRA's base, [`ParamRequest::quantize`]), its NF4 stored
 //! blocks only.
 
-use candle_core::{DType, Device, Shape, Tensor};
-use wick_core::{decode_nf4_stored, Nf4Tensor, ParamRequest};
+use crate::layout::block_layout::decoded;
+use candle_core::{DType, Shape, Tensor};
+use wick_core::{Nf4Tensor, ParamRequest};
 
 /// A frozen parameter: its name, its full shape and what is kept of it.
 pub(crate) struct FrozenParam {
@@ -38,15 +39,11 @@ impl FrozenParam {
         self.tensor.dtype() == DType::U8
     }
 
-    /// Its f32 values as a tensor of its shape (decoded when kept quantized), on `device`.
-    pub(crate) fn full(&self, device: &Device) -> candle_core::Result<Tensor> {
-        if !self.is_quantized() {
-            return self.tensor.copy();
+    /// Its f32 values as a tensor of its shape (decoded when kept quantized).
+    pub(crate) fn full(&self) -> candle_core::Result<Tensor> {
+        match self.is_quantized() {
+            true => decoded(&self.name, &self.tensor, &self.shape),
+            false => self.tensor.copy(),
         }
-        let stored: Vec<u8> = self.tensor.to_vec1()?;
-        let mut values = vec![0f32; self.shape.elem_count()];
-        decode_nf4_stored(&stored, &mut values)
-            .map_err(|e| candle_core::Error::Msg(format!("parameter '{}': {e}", self.name)))?;
-        Tensor::from_vec(values, &self.shape, device)
     }
 }

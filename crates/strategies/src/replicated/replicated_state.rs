@@ -363,7 +363,7 @@ impl ReplicatedState {
             .iter()
             .zip(self.params.iter().map(Var::as_tensor));
         let trainable = trainable.map(|(n, p)| Ok((n.clone(), p.copy()?)));
-        let frozen = (self.frozen.iter()).map(|f| Ok((f.name.clone(), f.full(&self.device)?)));
+        let frozen = (self.frozen.iter()).map(|f| Ok((f.name.clone(), f.full()?)));
         trainable.chain(frozen).collect()
     }
 

@@ -3,28 +3,33 @@
 //! Inside a wrapped unit, a parameter request only records (name, shape, init) and hands
 //! back a zero-stride placeholder of the full shape (no memory behind it). When the unit
 //! ends its flat layout is known, and this rank creates its shard, element by element, from
-//! the counter-based init: the full parameter never exists. At each step the unit is
-//! gathered once (an autograd op) and the model's block is rebuilt over views of it.
+//! the counter-based init: the full parameter never exists. A frozen parameter born
+//! quantized (QLoRA's base) is kept as NF4 blocks, whole blocks to a rank, gathered as bytes
+//! and handed out as its stored blocks. At each step the unit is gathered once (an autograd
+//! op) and the model's block is rebuilt over views of it.
 
+use crate::layout::block_layout::BlockLayout;
 use crate::layout::flat_layout::FlatLayout;
 use crate::layout::init::param_values;
+use crate::sharded::nf4_shard::nf4_shard;
 use crate::sharded::sharded_options::ShardedOptions;
 use crate::step::precision::Precision;
 use crate::units::backward_reduction::BackwardReduction;
 use crate::units::gather_op::GatherOp;
 use crate::units::param_request::{check_asked_again, check_dtype};
 use crate::units::param_use::ParamUse;
-use crate::units::prefetch::{gather, Prefetcher, UnitParts};
+use crate::units::prefetch::{Prefetcher, UnitParts};
 use crate::units::recompute_op::RecomputedGrads;
 use crate::units::storage_swap;
 use crate::units::unit_op::UnitOp;
-use crate::units::unit_views::{unit_var_builder, FrozenPart, GatheredPart};
+use crate::units::unit_views::{unit_var_builder, FrozenPart, GatheredPart, PartLayout};
 use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::VarBuilder;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use wick_core::{
-    lock, ActivationCheckpointing, Collective, ParamInit, ParamRequest, RecomputeFn, UnitBlock,
-    UnitFn, UnitRuns,
+    lock, nf4_stored_len, ActivationCheckpointing, Collective, ParamInit, ParamRequest,
+    RecomputeFn, UnitBlock, UnitFn, UnitRuns,
 };
 
 /// A parameter request of a unit, kept from wrap time.
@@ -33,6 +38,8 @@ struct Request {
     shape: Shape,
     init: ParamInit,
     trainable: bool,
+    /// Frozen and born quantized (NF4 blocks).
+    quantize: bool,
 }
 
 /// One wrapped unit: its layout, this rank's shard, and this step's gathered buffers.
@@ -42,22 +49,21 @@ pub(crate) struct ShardedUnit {
     /// The trainable parameters' layout and shard (empty when all are frozen).
     pub(crate) layout: Option<FlatLayout>,
     pub(crate) shard: Option<Var>,
-    /// The frozen parameters, when the unit has any.
-    pub(crate) frozen: Option<FrozenPart>,
+    /// The frozen parameters, when the unit has any: values, then NF4 blocks.
+    pub(crate) frozen: Vec<FrozenPart>,
     gathered: Option<Tensor>,
-    gathered_frozen: Option<Tensor>,
+    /// The frozen parts' unpacked buffers, once gathered this step.
+    gathered_frozen: Option<Vec<Tensor>>,
 }
 
 impl ShardedUnit {
-    /// The parts a prefetch gathers: the trainable shard, then the frozen one.
+    /// The parts a prefetch gathers: the trainable shard, then the frozen ones.
     fn parts(&self) -> Option<UnitParts> {
         let mut parts = vec![(
             self.shard.as_ref()?.as_tensor().clone(),
             self.layout.as_ref()?.padded(),
         )];
-        if let Some(f) = &self.frozen {
-            parts.push((f.shard.clone(), f.layout.padded()));
-        }
+        parts.extend((self.frozen.iter()).map(|f| (f.shard.clone(), f.layout.padded())));
         Some(parts)
     }
 
@@ -189,21 +195,25 @@ impl ShardedParams {
         let requests = std::mem::take(&mut self.lock().units[unit].requests);
         let (trainable, frozen): (Vec<&Request>, Vec<&Request>) =
             requests.iter().partition(|r| r.trainable);
+        let (quantized, frozen): (Vec<&Request>, Vec<&Request>) =
+            frozen.into_iter().partition(|r| r.quantize);
         let (layout, shard) = self.make_shard(&trainable)?;
         let shard = Var::from_tensor(&shard)?;
-        let frozen = match frozen.is_empty() {
-            true => None,
-            false => {
-                let (layout, shard) = self.make_shard(&frozen)?;
-                Some(FrozenPart { layout, shard })
-            }
-        };
+        let mut frozen_parts = Vec::new();
+        if !frozen.is_empty() {
+            let (layout, shard) = self.make_shard(&frozen)?;
+            let layout = PartLayout::Values(layout);
+            frozen_parts.push(FrozenPart { layout, shard });
+        }
+        if !quantized.is_empty() {
+            frozen_parts.push(self.make_nf4_shard(&quantized)?);
+        }
         let mut state = self.lock();
         let u = &mut state.units[unit];
         u.requests = requests;
         u.layout = Some(layout);
         u.shard = Some(shard);
-        u.frozen = frozen;
+        u.frozen = frozen_parts;
         Ok(())
     }
 
@@ -250,6 +260,22 @@ impl ShardedParams {
         }
         let len = shard.len();
         Ok((layout, Tensor::from_vec(shard, len, &self.device)?))
+    }
+
+    /// Lays out `requests` (frozen, born quantized) in whole NF4 blocks and makes this
+    /// rank's blocks of them (a collective over the unit's ranks).
+    fn make_nf4_shard(&self, requests: &[&Request]) -> candle_core::Result<FrozenPart> {
+        let world = self.world();
+        let layout = BlockLayout::new(
+            requests.iter().map(|r| (r.name.clone(), r.shape.clone())),
+            world.world_size(),
+        );
+        let inits: Vec<&ParamInit> = requests.iter().map(|r| &r.init).collect();
+        let shard = nf4_shard(&layout, &inits, self.seed, world.as_ref(), &self.device)?;
+        Ok(FrozenPart {
+            layout: PartLayout::Nf4Blocks(layout),
+            shard,
+        })
     }
 }
 
@@ -330,14 +356,6 @@ impl wick_core::ParamSource for ShardedParams {
     fn get_or_create(&self, request: ParamRequest<'_>) -> candle_core::Result<Tensor> {
         check_dtype(&request)?;
         let (name, shape) = (request.name, request.shape);
-        if request.quantize {
-            // Refused, not kept in f32: a quantized base that costs its full size would be
-            // the silent failure QLoRA users meet under FSDP.
-            candle_core::bail!(
-                "parameter '{name}': a base born quantized (NF4) is kept by single, ddp, zero1 \
-                 and zero2; zero3 and fsdp do not shard quantized blocks yet"
-            )
-        }
         let mut state = self.lock();
         let Some(open) = state.open_unit else {
             candle_core::bail!(
@@ -353,11 +371,17 @@ impl wick_core::ParamSource for ShardedParams {
                 shape: shape.clone(),
                 init: request.init.clone(),
                 trainable: request.trainable,
+                quantize: request.quantize,
             }),
         }
-        // A placeholder with the full shape and no memory: the block built at wrap time is
-        // discarded, and every step rebuilds it over gathered parameters.
-        Tensor::zeros((), DType::F32, request.device)?.broadcast_as(shape)
+        // A placeholder with the full shape (of the stored blocks, for a parameter born
+        // quantized) and no memory: the block built at wrap time is discarded, and every
+        // step rebuilds it over gathered parameters.
+        match request.quantize {
+            true => Tensor::zeros((), DType::U8, request.device)?
+                .broadcast_as(nf4_stored_len(shape.elem_count())),
+            false => Tensor::zeros((), DType::F32, request.device)?.broadcast_as(shape),
+        }
     }
 
     fn contains(&self, name: &str) -> bool {
@@ -394,7 +418,7 @@ impl wick_core::ParamSource for ShardedParams {
                     requests: Vec::new(),
                     layout: None,
                     shard: None,
-                    frozen: None,
+                    frozen: Vec::new(),
                     gathered: None,
                     gathered_frozen: None,
                 });
@@ -462,29 +486,39 @@ impl wick_core::ParamSource for ShardedParams {
                 t
             }
         };
+        let frozen = match &u.gathered_frozen {
+            Some(flats) => flats.clone(),
+            None => {
+                let world = self.world();
+                let gather = |f: &FrozenPart| f.gather(world.as_ref(), param_dtype);
+                let flats = u
+                    .frozen
+                    .iter()
+                    .map(gather)
+                    .collect::<candle_core::Result<Vec<_>>>()?;
+                u.gathered_frozen = Some(flats.clone());
+                flats
+            }
+        };
         let mut parts = vec![GatheredPart {
-            layout,
+            layout: PartLayout::Values(layout),
             flat,
             counted: true,
         }];
-        if let Some(frozen) = &u.frozen {
-            let flat = match &u.gathered_frozen {
-                Some(t) => t.clone(),
-                None => {
-                    let world = self.world();
-                    let padded = frozen.layout.padded();
-                    let t = gather(world.as_ref(), &frozen.shard, padded, param_dtype)?;
-                    u.gathered_frozen = Some(t.clone());
-                    t
-                }
-            };
-            parts.push(GatheredPart {
-                layout: frozen.layout.clone(),
-                flat,
-                counted: false,
-            });
-        }
+        parts.extend(u.frozen.iter().zip(frozen).map(|(f, flat)| GatheredPart {
+            layout: f.layout.clone(),
+            flat,
+            counted: false,
+        }));
         let uses = Some(self.param_use.clone());
-        Ok(unit_var_builder(&u.name, parts, &self.device, uses))
+        let vb = unit_var_builder(
+            &u.name,
+            HashMap::new(),
+            parts,
+            param_dtype,
+            &self.device,
+            uses,
+        );
+        Ok(vb)
     }
 }

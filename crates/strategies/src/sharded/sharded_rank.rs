@@ -64,7 +64,7 @@ impl ShardedRank {
             return Err(Error::NoParameters);
         }
         let frozen =
-            source.with_units(|units| units.iter().filter_map(|u| u.frozen.clone()).collect());
+            source.with_units(|units| units.iter().flat_map(|u| u.frozen.clone()).collect());
         let device = shards[0].device().clone();
         Ok(ShardedRank {
             options,
@@ -244,11 +244,14 @@ impl StrategyState for ShardedRank {
             .layouts
             .iter()
             .zip(self.shards.iter().map(Var::as_tensor));
-        let frozen = self.frozen.iter().map(|f| (&f.layout, &f.shard));
-        for (layout, shard) in trainable.chain(frozen) {
+        for (layout, shard) in trainable {
             let full = Tensor::zeros(layout.padded(), DType::F32, shard.device())?;
             world.all_gather_into(shard, &full)?;
             out.extend(layout.views(&full)?);
+        }
+        for frozen in &self.frozen {
+            let flat = frozen.gather(world.as_ref(), DType::F32)?;
+            out.extend(frozen.layout.values(&flat)?);
         }
         Ok(out)
     }

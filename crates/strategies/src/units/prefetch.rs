@@ -18,7 +18,7 @@ use wick_core::{lock, Collective, Work};
 type Pending = Vec<(Tensor, Option<Work>)>;
 
 /// A unit's flat parts to gather: each part's shard and padded length (the trainable part
-/// first, then the frozen one, if any).
+/// first, then its frozen ones, if any).
 pub(crate) type UnitParts = Vec<(Tensor, usize)>;
 
 /// One rank's gathers in flight, by unit index.
@@ -81,11 +81,12 @@ impl Prefetcher {
         let started = parts
             .iter()
             .map(|(shard, padded)| -> Result<(Tensor, Option<Work>)> {
-                let full = Tensor::zeros(*padded, self.dtype, shard.device())?;
+                let dtype = gather_dtype(shard, self.dtype);
+                let full = Tensor::zeros(*padded, dtype, shard.device())?;
                 if *padded == 0 {
                     return Ok((full, None));
                 }
-                let shard = shard.contiguous()?.to_dtype(self.dtype)?;
+                let shard = shard.contiguous()?.to_dtype(dtype)?;
                 let work = self
                     .world
                     .all_gather_start(&shard, &full)
@@ -129,14 +130,24 @@ impl Drop for Prefetcher {
     }
 }
 
-/// The full flat buffer of a unit's part: every rank's shard, in `dtype` (no collective
-/// for an empty part: every rank's is empty alike).
+/// The dtype a part's shard is gathered in: values in the compute dtype `dtype`, bytes (a
+/// quantized base's blocks) as they are.
+fn gather_dtype(shard: &Tensor, dtype: DType) -> DType {
+    match shard.dtype().is_float() {
+        true => dtype,
+        false => shard.dtype(),
+    }
+}
+
+/// The full flat buffer of a unit's part: every rank's shard, its values in `dtype` (no
+/// collective for an empty part: every rank's is empty alike).
 pub(crate) fn gather(
     world: &dyn Collective,
     shard: &Tensor,
     padded: usize,
     dtype: DType,
 ) -> Result<Tensor> {
+    let dtype = gather_dtype(shard, dtype);
     let full = Tensor::zeros(padded, dtype, shard.device())?;
     if padded == 0 {
         return Ok(full);

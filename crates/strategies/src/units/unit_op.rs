@@ -23,9 +23,9 @@ use crate::units::op_tensors::{host_storage, host_tensor, input_var};
 use crate::units::param_use::ParamUse;
 use crate::units::prefetch::{gather, Prefetcher};
 use crate::units::storage_swap;
-use crate::units::unit_views::{unit_var_builder, FrozenPart, GatheredPart};
+use crate::units::unit_views::{unit_var_builder, FrozenPart, GatheredPart, PartLayout};
 use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor, Var};
-use candle_nn::VarBuilder;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use wick_core::{lock, Collective, UnitFn};
 
@@ -35,8 +35,9 @@ pub(crate) struct UnitOp {
     pub(crate) unit: usize,
     /// The trainable parameters' layout (the shard is the op's second input).
     pub(crate) layout: FlatLayout,
-    /// The frozen parameters, gathered with the others but never given a gradient.
-    pub(crate) frozen: Option<FrozenPart>,
+    /// The frozen parameters (values, NF4 blocks), gathered with the others but never
+    /// given a gradient.
+    pub(crate) frozen: Vec<FrozenPart>,
     pub(crate) run: UnitFn,
     pub(crate) reduction: Arc<BackwardReduction>,
     /// Where a parameter this unit's backward gives no gradient is reported.
@@ -58,38 +59,28 @@ pub(crate) struct KeptGraph {
     input: Option<Var>,
     /// One variable per parameter, empty until backward refills them.
     params: Vec<(String, Var)>,
-    /// The frozen parameters' gathered buffer (its views are in the graph), empty likewise.
-    frozen: Option<Tensor>,
+    /// The frozen parts' unpacked buffers (their views are in the graph), empty likewise.
+    frozen: Vec<Tensor>,
     out: Tensor,
 }
 
-/// A unit's gathered buffers: the trainable part's and, if any, the frozen part's.
+/// A unit's gathered buffers: the trainable part's and the frozen parts' (unpacked).
 struct Gathered {
     trainable: Tensor,
-    frozen: Option<Tensor>,
+    frozen: Vec<Tensor>,
 }
 
 impl UnitOp {
     /// The unit's full flat buffers: prefetched if a gather of them is in flight, otherwise
     /// gathered now.
     fn gather(&self, shard: &Tensor) -> Result<Gathered> {
+        let (world, dtype) = (self.world.as_ref(), self.param_dtype);
         let mut parts = match self.prefetch.as_ref().and_then(|p| p.take(self.unit)) {
             Some(parts) => parts?.into_iter(),
             None => {
-                let world = self.world.as_ref();
-                let mut parts = vec![gather(
-                    world,
-                    shard,
-                    self.layout.padded(),
-                    self.param_dtype,
-                )?];
-                if let Some(f) = &self.frozen {
-                    parts.push(gather(
-                        world,
-                        &f.shard,
-                        f.layout.padded(),
-                        self.param_dtype,
-                    )?);
+                let mut parts = vec![gather(world, shard, self.layout.padded(), dtype)?];
+                for f in &self.frozen {
+                    parts.push(gather(world, &f.shard, f.layout.padded(), dtype)?);
                 }
                 parts.into_iter()
             }
@@ -97,18 +88,10 @@ impl UnitOp {
         let trainable = parts
             .next()
             .ok_or_else(|| candle_core::Error::Msg("wick-unit: no gathered buffer".into()))?;
-        Ok(Gathered {
-            trainable,
-            frozen: parts.next(),
-        })
-    }
-
-    /// The block's parameters over the frozen buffer's views, beside `trainable`'s.
-    fn frozen_tensors(&self, frozen: Option<&Tensor>) -> Result<Vec<(String, Tensor)>> {
-        let (Some(part), Some(flat)) = (&self.frozen, frozen) else {
-            return Ok(Vec::new());
-        };
-        part.layout.views(flat)
+        let frozen = (self.frozen.iter().zip(parts))
+            .map(|(f, full)| f.layout.unpack(full))
+            .collect::<Result<_>>()?;
+        Ok(Gathered { trainable, frozen })
     }
 
     /// One variable per parameter, copied out of the gathered buffer (which is dropped at
@@ -134,7 +117,7 @@ impl UnitOp {
         let frozen = gathered.frozen;
         self.prefetch(self.unit.checked_sub(1))?;
         let (x, x_tensor) = input_var(input)?;
-        let out = self.run_graph(&params, frozen.as_ref(), &x_tensor)?;
+        let out = self.run_graph(&params, &frozen, &x_tensor)?;
         Ok(KeptGraph {
             input: x,
             params,
@@ -150,26 +133,43 @@ impl UnitOp {
         for ((_, param), (_, values)) in kept.params.iter().zip(&fresh) {
             storage_swap::refill(param, values)?;
         }
-        if let (Some(frozen), Some(values)) = (&kept.frozen, &gathered.frozen) {
+        for (frozen, values) in kept.frozen.iter().zip(&gathered.frozen) {
             storage_swap::refill(frozen, values)?;
         }
         Ok(())
     }
 
-    /// Runs the unit with a graph over `params` (and the frozen buffer's views) and `input`.
+    /// Runs the unit with a graph over `params` (and the frozen buffers' views) and `input`.
     fn run_graph(
         &self,
         params: &[(String, Var)],
-        frozen: Option<&Tensor>,
+        frozen: &[Tensor],
         input: &Tensor,
     ) -> Result<Tensor> {
-        let mut tensors: std::collections::HashMap<String, Tensor> = params
+        let given = params
             .iter()
             .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
             .collect();
-        tensors.extend(self.frozen_tensors(frozen)?);
-        let vb = VarBuilder::from_tensors(tensors, self.param_dtype, &self.device);
+        let vb = unit_var_builder(
+            &self.name,
+            given,
+            self.frozen_parts(frozen),
+            self.param_dtype,
+            &self.device,
+            None,
+        );
         (self.run)(vb, input)
+    }
+
+    /// The frozen parts over their unpacked buffers `flats`.
+    fn frozen_parts(&self, flats: &[Tensor]) -> Vec<GatheredPart> {
+        (self.frozen.iter().zip(flats))
+            .map(|(part, flat)| GatheredPart {
+                layout: part.layout.clone(),
+                flat: flat.clone(),
+                counted: false,
+            })
+            .collect()
     }
 
     /// The unit run without a graph over its gathered parameters (the op's forward when no
@@ -186,21 +186,20 @@ impl UnitOp {
     /// graph is recorded.
     fn run_plain(&self, gathered: Gathered, input: &Tensor) -> Result<Tensor> {
         let mut parts = vec![GatheredPart {
-            layout: self.layout.clone(),
+            layout: PartLayout::Values(self.layout.clone()),
             flat: gathered.trainable,
             counted: false,
         }];
-        if let (Some(part), Some(flat)) = (&self.frozen, gathered.frozen) {
-            parts.push(GatheredPart {
-                layout: part.layout.clone(),
-                flat,
-                counted: false,
-            });
-        }
-        (self.run)(
-            unit_var_builder(&self.name, parts, &self.device, None),
-            input,
-        )
+        parts.extend(self.frozen_parts(&gathered.frozen));
+        let vb = unit_var_builder(
+            &self.name,
+            HashMap::new(),
+            parts,
+            self.param_dtype,
+            &self.device,
+            None,
+        );
+        (self.run)(vb, input)
     }
 
     /// The unit's output for `input`. Its gathered parameters are given back before this
@@ -214,7 +213,7 @@ impl UnitOp {
             drop(gathered.trainable);
             self.prefetch(Some(self.unit + 1))?;
             let (x, x_tensor) = input_var(input)?;
-            let out = self.run_graph(&params, frozen.as_ref(), &x_tensor)?;
+            let out = self.run_graph(&params, &frozen, &x_tensor)?;
             let released = params.iter().map(|(_, p)| p.as_tensor()).chain(&frozen);
             for tensor in released {
                 // Held by the kept graph (the unit's output is a copy in the op's own

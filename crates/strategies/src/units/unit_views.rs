@@ -2,77 +2,167 @@
 //! is rebuilt over each step.
 //!
 //! A unit has one flat buffer of trainable parameters and, when some of its parameters are
-//! frozen (LoRA's base weights), a second one of those, gathered alike but never a variable
-//! and never reduced.
+//! frozen (LoRA's base weights), frozen parts gathered alike but never a variable and never
+//! reduced: one of values and, for a base born quantized, one of NF4 blocks, whose
+//! parameters are handed out as their stored bytes.
 
-use crate::layout::flat_layout::{FlatEntry, FlatLayout};
+use crate::layout::block_layout::{decoded, BlockLayout};
+use crate::layout::flat_layout::FlatLayout;
 use crate::units::param_use::ParamUse;
+use crate::units::prefetch::gather;
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
+use std::collections::HashMap;
 use std::sync::Arc;
+use wick_core::Collective;
 
-/// A unit's frozen parameters (LoRA's base weights): a flat layout and shard of their own,
-/// gathered like the trainable ones but never a variable, never reduced, never stepped.
+/// How a part of a unit lays out its parameters: values end to end (in the compute dtype
+/// once gathered), or a quantized base's NF4 blocks (bytes, gathered as they are).
+#[derive(Clone)]
+pub(crate) enum PartLayout {
+    Values(FlatLayout),
+    Nf4Blocks(BlockLayout),
+}
+
+impl PartLayout {
+    /// The gathered buffer's length, in elements of the shard's dtype.
+    pub(crate) fn padded(&self) -> usize {
+        match self {
+            PartLayout::Values(l) => l.padded(),
+            PartLayout::Nf4Blocks(l) => l.padded(),
+        }
+    }
+
+    /// The values its parameters hold together.
+    pub(crate) fn numel(&self) -> usize {
+        match self {
+            PartLayout::Values(l) => l.numel(),
+            PartLayout::Nf4Blocks(l) => l.numel(),
+        }
+    }
+
+    /// The buffer its views are taken from, out of the gathered one: the same, or, for
+    /// blocks, packed again without the shards' padding.
+    pub(crate) fn unpack(&self, gathered: Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            PartLayout::Values(_) => Ok(gathered),
+            PartLayout::Nf4Blocks(l) => l.pack(&gathered),
+        }
+    }
+
+    /// Parameter `name`'s full shape, if the part holds it.
+    fn shape_of(&self, name: &str) -> Option<&Shape> {
+        match self {
+            PartLayout::Values(l) => l.entry(name).map(|e| &e.shape),
+            PartLayout::Nf4Blocks(l) => l.entry(name).map(|e| &e.shape),
+        }
+    }
+
+    /// Parameter `name`'s view of the unpacked buffer `flat`: its values in its shape, or
+    /// its stored blocks (u8, as a strategy hands out a weight born quantized).
+    fn view(&self, name: &str, flat: &Tensor) -> Option<candle_core::Result<Tensor>> {
+        match self {
+            PartLayout::Values(l) => l.entry(name).map(|e| e.view(flat)),
+            PartLayout::Nf4Blocks(l) => l.entry(name).map(|e| e.view(flat)),
+        }
+    }
+
+    /// Every parameter's f32 values, decoded where kept as blocks, from the unpacked `flat`.
+    pub(crate) fn values(&self, flat: &Tensor) -> candle_core::Result<Vec<(String, Tensor)>> {
+        match self {
+            PartLayout::Values(l) => l.views(flat),
+            PartLayout::Nf4Blocks(l) => l
+                .entries()
+                .iter()
+                .map(|e| Ok((e.name.clone(), decoded(&e.name, &e.view(flat)?, &e.shape)?)))
+                .collect(),
+        }
+    }
+}
+
+/// A unit's frozen parameters (LoRA's base weights): a layout and shard of their own,
+/// gathered like the trainable ones but never a variable, never reduced, never stepped. A
+/// unit has one of values and, with a quantized base, one of NF4 blocks.
 #[derive(Clone)]
 pub(crate) struct FrozenPart {
-    pub(crate) layout: FlatLayout,
+    pub(crate) layout: PartLayout,
     pub(crate) shard: Tensor,
 }
 
-/// One gathered flat buffer of a unit and where its parameters lie in it.
+impl FrozenPart {
+    /// The part's unpacked buffer, gathered now over `world` (values in `dtype`).
+    pub(crate) fn gather(
+        &self,
+        world: &dyn Collective,
+        dtype: DType,
+    ) -> candle_core::Result<Tensor> {
+        let full = gather(world, &self.shard, self.layout.padded(), dtype)?;
+        self.layout.unpack(full)
+    }
+}
+
+/// One gathered buffer of a unit (unpacked) and where its parameters lie in it.
 pub(crate) struct GatheredPart {
-    pub(crate) layout: FlatLayout,
+    pub(crate) layout: PartLayout,
     pub(crate) flat: Tensor,
     /// Whether handing out its views is recorded (the trainable part, when looking for
     /// parameters without gradient; a frozen one never has a gradient).
     pub(crate) counted: bool,
 }
 
-/// A `VarBuilder` (at the root of the names) whose parameters are views of unit `name`'s
-/// gathered `parts`; each view of a counted part handed out is recorded in `uses`, if given.
+/// A `VarBuilder` (at the root of the names) of dtype `dtype` whose parameters are `given`
+/// tensors (the kept graph's variables) and views of unit `name`'s gathered `parts`; each
+/// view of a counted part handed out is recorded in `uses`, if given.
 pub(crate) fn unit_var_builder(
     name: &str,
+    given: HashMap<String, Tensor>,
     parts: Vec<GatheredPart>,
+    dtype: DType,
     device: &Device,
     uses: Option<Arc<ParamUse>>,
 ) -> VarBuilder<'static> {
-    // The VarBuilder casts what it hands out to its dtype: keep the buffers' (mixed precision).
-    let dtype = parts.first().map_or(DType::F32, |p| p.flat.dtype());
     let views = UnitViews {
         unit: name.to_string(),
+        given,
         parts,
         uses,
     };
     VarBuilder::from_backend(Box::new(views), dtype, device.clone())
 }
 
-/// The parameters of one gathered unit, as views of its flat buffers.
+/// The parameters of one gathered unit, as given tensors and views of its buffers.
 struct UnitViews {
     unit: String,
+    given: HashMap<String, Tensor>,
     parts: Vec<GatheredPart>,
     uses: Option<Arc<ParamUse>>,
 }
 
 impl UnitViews {
-    fn find(&self, name: &str) -> Option<(&GatheredPart, &FlatEntry)> {
-        self.parts
-            .iter()
-            .find_map(|p| Some((p, p.layout.entry(name)?)))
+    /// Parameter `name`'s full shape and tensor.
+    fn find(&self, name: &str) -> Option<candle_core::Result<(Shape, Tensor)>> {
+        if let Some(t) = self.given.get(name) {
+            return Some(Ok((t.shape().clone(), t.clone())));
+        }
+        self.parts.iter().find_map(|part| {
+            let shape = part.layout.shape_of(name)?.clone();
+            let view = part.layout.view(name, &part.flat)?;
+            Some(view.map(|view| {
+                if let (Some(uses), true) = (&self.uses, part.counted) {
+                    uses.hand_out(&view, || vec![name.to_string()]);
+                }
+                (shape, view)
+            }))
+        })
     }
 
-    /// Parameter `name`'s view of its part's flat buffer.
-    fn view(
-        &self,
-        name: &str,
-        part: &GatheredPart,
-        entry: &FlatEntry,
-    ) -> candle_core::Result<Tensor> {
-        let view = entry.view(&part.flat)?;
-        if let (Some(uses), true) = (&self.uses, part.counted) {
-            uses.hand_out(&view, || vec![name.to_string()]);
-        }
-        Ok(view)
+    fn missing(&self, name: &str) -> candle_core::Error {
+        candle_core::Error::Msg(format!(
+            "unit '{}' asked for parameter '{name}', which it did not create at wrap time; \
+             a unit must ask for the same names every time",
+            self.unit
+        ))
     }
 }
 
@@ -85,31 +175,23 @@ impl SimpleBackend for UnitViews {
         _: DType,
         _: &Device,
     ) -> candle_core::Result<Tensor> {
-        let (part, entry) = self.find(name).ok_or_else(|| {
-            candle_core::Error::Msg(format!(
-                "unit '{}' asked for parameter '{name}', which it did not create at wrap time; \
-                 a unit must ask for the same names every time",
-                self.unit
-            ))
-        })?;
-        if entry.shape != shape {
+        let (created, tensor) = self.find(name).ok_or_else(|| self.missing(name))??;
+        if created != shape {
             candle_core::bail!(
-                "unit '{}' asked for '{name}' with shape {shape:?}, created with {:?}",
-                self.unit,
-                entry.shape
+                "unit '{}' asked for '{name}' with shape {shape:?}, created with {created:?}",
+                self.unit
             )
         }
-        self.view(name, part, entry)
+        Ok(tensor)
     }
 
     fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {
-        let (part, entry) = self.find(name).ok_or_else(|| {
-            candle_core::Error::Msg(format!("no parameter '{name}' in unit '{}'", self.unit))
-        })?;
-        self.view(name, part, entry)
+        let (_, tensor) = self.find(name).ok_or_else(|| self.missing(name))??;
+        Ok(tensor)
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
-        self.find(name).is_some()
+        self.given.contains_key(name)
+            || self.parts.iter().any(|p| p.layout.shape_of(name).is_some())
     }
 }

@@ -5,7 +5,7 @@
 use super::in_flight::{address, Exchange, InFlight};
 use super::setup::mpi_lock;
 use super::{displacements, equal, real_mut, MpiWorld};
-use crate::worlds::host::{with_bytes, with_bytes_mut, with_bytes_mut_from};
+use crate::worlds::host::{check_reducible, with_bytes, with_bytes_mut, with_bytes_mut_from};
 use candle_core::Tensor;
 use mpi::datatype::PartitionMut;
 use mpi::traits::*;
@@ -91,6 +91,7 @@ impl MpiWorld {
         }
         let op = CallKind::ReduceScatter(reduce);
         let dtype = full.dtype();
+        check_reducible(dtype).map_err(self.unsupported(op))?;
         let mine = shard.elem_count() * dtype.size_in_bytes();
         let exchange = with_bytes(full, |src| {
             let (send, offsets) = self.shard_layout(op, dtype, mine, src.len())?;
@@ -117,6 +118,7 @@ impl MpiWorld {
         }
         let op = CallKind::AllReduce(reduce);
         let dtype = tensor.dtype();
+        check_reducible(dtype).map_err(self.unsupported(op))?;
         let n = self.size;
         let (counts, offsets) = self.all_reduce_parts(dtype, tensor.elem_count(), reduce)?;
         let mine = counts[self.rank] as usize;

@@ -1,0 +1,142 @@
+//! A rank's shard of a unit's quantized frozen parameters, made without the whole of any.
+//!
+//! Each rank quantizes only the whole stored blocks it owns ([`BlockLayout`]). A block's
+//! bytes depend on its own values and on one number of its whole parameter, the offset
+//! (the mean of all its absmaxes): each rank computes the absmaxes of its own blocks, one
+//! all-reduce adds them into every rank's copy (each place has one rank's value and zeros
+//! elsewhere, so the sum is exact), and every rank takes the same mean. The shards are
+//! then, byte for byte, the parameter quantized whole and cut at block boundaries, for
+//! every world size.
+
+use crate::layout::block_layout::BlockLayout;
+use crate::layout::init::param_values;
+use candle_core::{Device, Tensor};
+use wick_core::{
+    nf4_absmax, nf4_offset, Collective, CollectiveExt, Nf4Tensor, ParamInit, ReduceOp, NF4_BLOCK,
+};
+
+/// Rank `world.rank()`'s shard of `layout` (padded to its shard length), the values of
+/// parameter i drawn from `inits[i]` under `seed`. A collective: every rank of `world`
+/// calls it for the same unit at the same point.
+pub(crate) fn nf4_shard(
+    layout: &BlockLayout,
+    inits: &[&ParamInit],
+    seed: u64,
+    world: &dyn Collective,
+    device: &Device,
+) -> candle_core::Result<Tensor> {
+    let pieces = layout
+        .pieces(world.rank())
+        .map(|(i, entry, values, at)| {
+            let v = param_values(inits[i], seed, &entry.name, &entry.shape, values.clone())?;
+            Ok((i, values.start, at, v))
+        })
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    // Parameter i's absmaxes start at absmax_at[i] in the unit's vector of all of them.
+    let mut absmax_at = vec![0];
+    for e in layout.entries() {
+        absmax_at.push(absmax_at[absmax_at.len() - 1] + e.numel().div_ceil(NF4_BLOCK));
+    }
+    let mut absmax = vec![0f32; absmax_at[absmax_at.len() - 1]];
+    for (i, first, _, values) in &pieces {
+        let at = absmax_at[*i] + first / NF4_BLOCK;
+        let own = nf4_absmax(values);
+        absmax[at..at + own.len()].copy_from_slice(&own);
+    }
+    let len = absmax.len();
+    let all = Tensor::from_vec(absmax, len, device)?;
+    world
+        .all_reduce_in_place(&all, ReduceOp::Sum)
+        .map_err(candle_core::Error::from)?;
+    let absmax: Vec<f32> = all.to_vec1()?;
+    let mut shard = vec![0u8; layout.shard_len()];
+    for (i, _, at, values) in &pieces {
+        let offset = nf4_offset(&absmax[absmax_at[*i]..absmax_at[i + 1]]);
+        let stored = Nf4Tensor::quantize_with_offset(values, &[values.len()], Some(offset));
+        let bytes = stored.to_stored();
+        shard[*at..at + bytes.len()].copy_from_slice(&bytes);
+    }
+    let len = shard.len();
+    Tensor::from_vec(shard, len, device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Shape;
+    use candle_nn::Init;
+    use wick_core::{Call, CollectiveError, SoloWorld, Work};
+
+    /// Rank `rank` of `size`, whose all-reduce checks this rank's part of the absmaxes
+    /// against `all` (every other place zero) and hands back `all`, as the ranks' sum.
+    struct AbsmaxWorld {
+        rank: usize,
+        size: usize,
+        all: Vec<f32>,
+    }
+
+    impl Collective for AbsmaxWorld {
+        fn rank(&self) -> usize {
+            self.rank
+        }
+        fn world_size(&self) -> usize {
+            self.size
+        }
+        fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
+            let Call::AllReduce { tensor, .. } = call else {
+                panic!("only the absmaxes' all-reduce is expected");
+            };
+            let mine: Vec<f32> = tensor.to_vec1().unwrap();
+            for (m, a) in mine.iter().zip(&self.all) {
+                assert!(
+                    *m == 0.0 || m == a,
+                    "rank {} put {m} where {a} belongs",
+                    self.rank
+                );
+            }
+            let all = Tensor::new(self.all.as_slice(), tensor.device()).unwrap();
+            tensor.slice_set(&all, 0, 0).unwrap();
+            Ok(Work::done())
+        }
+    }
+
+    #[test]
+    fn shards_are_the_whole_parameters_quantized_and_cut_at_blocks() {
+        let params = [
+            ("w", Shape::from((300, 130))),
+            ("b", Shape::from(77)),
+            ("v", Shape::from((64, 512))),
+        ];
+        let layout_of =
+            |w: usize| BlockLayout::new(params.iter().map(|(n, s)| (n.to_string(), s.clone())), w);
+        let init = ParamInit::Init(Init::Randn {
+            mean: 0.0,
+            stdev: 0.02,
+        });
+        let inits = [&init, &init, &init];
+        let values: Vec<Vec<f32>> = params
+            .iter()
+            .map(|(name, shape)| param_values(&init, 7, name, shape, 0..shape.elem_count()))
+            .collect::<candle_core::Result<_>>()
+            .unwrap();
+        let whole: Vec<u8> = (params.iter().zip(&values))
+            .flat_map(|((_, shape), v)| Nf4Tensor::quantize(v, shape.dims()).to_stored())
+            .collect();
+        let all: Vec<f32> = values.iter().flat_map(|v| nf4_absmax(v)).collect();
+        let solo = nf4_shard(&layout_of(1), &inits, 7, &SoloWorld, &Device::Cpu).unwrap();
+        assert_eq!(solo.to_vec1::<u8>().unwrap(), whole);
+        for w in [2, 3, 4, 7] {
+            let layout = layout_of(w);
+            let mut packed = Vec::new();
+            for rank in 0..w {
+                let all = all.clone();
+                let world = AbsmaxWorld { rank, size: w, all };
+                let shard = nf4_shard(&layout, &inits, 7, &world, &Device::Cpu).unwrap();
+                let shard: Vec<u8> = shard.to_vec1().unwrap();
+                assert_eq!(shard.len(), layout.shard_len());
+                packed.extend_from_slice(&shard[..layout.owned(rank).len()]);
+            }
+            assert_eq!(packed, whole, "w={w}");
+        }
+    }
+}
