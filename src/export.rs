@@ -229,13 +229,13 @@ pub(crate) fn merge(
     let weights = base_model
         .weights()
         .context("a pretrained model has weights")?;
-    // A QLoRA run trained over its base's decoded NF4 values: merged into those.
+    // A QLoRA run trained over its base's decoded values: merged into those.
     let quantized = crate::hf_model::quantized_base_of(ck)?;
     let mut out = HashMap::new();
     for (name, shape) in base_model.config().parameter_shapes() {
         let mut w = read(weights.as_ref(), &name, &shape)?;
-        if let Some(q) = quantized.filter(|q| q.quantizes(&name)) {
-            let values = q.round_trip(&w.flatten_all()?.to_vec1()?, w.dims());
+        if let Some(q) = quantized.filter(|_| wick_models::is_base_linear_weight(&name)) {
+            let values = q.round_trip(&w.flatten_all()?.to_vec1()?)?;
             w = Tensor::from_vec(values, w.shape(), w.device())?;
         }
         let layer = name.strip_suffix(".weight").unwrap_or(&name);

@@ -8,7 +8,7 @@
 use crate::models::{fixtures, max_diff, on_one_cpu};
 use candle_core::{DType, Device, Tensor};
 use std::path::PathBuf;
-use wick::models::{CausalLm, GgufModel};
+use wick::models::{BlockFormat, CausalLm, GgufModel};
 
 fn gguf(name: &str) -> PathBuf {
     fixtures().parent().unwrap().join("gguf").join(name)
@@ -119,7 +119,8 @@ fn a_gguf_file_wick_cannot_read_is_refused_by_name() {
 
 /// Every type llama.cpp writes most (`quants.gguf`: the gguf package's quantizations, and
 /// seeded random blocks of the K-quants) dequantizes to the gguf package's values bit for
-/// bit, through the call `GgufWeights` reads every tensor with.
+/// bit, through the call `GgufWeights` reads every tensor with, and the blocks a QLoRA
+/// base keeps (`BlockFormat`) through the base's own decoding.
 #[test]
 fn every_common_type_dequantizes_as_the_gguf_package_does_bit_for_bit() {
     use candle_core::quantized::gguf_file::Content;
@@ -146,6 +147,19 @@ fn every_common_type_dequantizes_as_the_gguf_package_does_bit_for_bit() {
             bits(want),
             "{name}: not the gguf package's values"
         );
+    }
+    // A QLoRA base kept in llama.cpp's blocks decodes its stored bytes the same way.
+    for format in [BlockFormat::Q8_0, BlockFormat::Q4K, BlockFormat::Q6K] {
+        let name = match format {
+            BlockFormat::Q8_0 => "t.Q8_0",
+            BlockFormat::Q4K => "t.Q4_K",
+            _ => "t.Q6_K",
+        };
+        let q = content.tensor(&mut file, name, &Device::Cpu).unwrap();
+        let mut got = vec![0f32; q.shape().elem_count()];
+        format.decode(&q.data().unwrap(), &mut got).unwrap();
+        let got = Tensor::new(got, &Device::Cpu).unwrap();
+        assert_eq!(bits(&got), bits(&want[name]), "{format}: not {name}'s values");
     }
 }
 

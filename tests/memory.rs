@@ -508,7 +508,7 @@ fn qlora_step_growth(strategy: &str, world_size: usize) -> (usize, usize) {
             .with_optimizer(OptimizerConfig::sgd(0.1))
             .with_lora(wick::models::LoraConfig::new(4))
             .unwrap()
-            .with_quantized_base(wick::models::BaseQuantization::Nf4)
+            .with_quantized_base(wick::models::BlockFormat::Nf4)
             .unwrap();
         let s = wick::strategies::strategy_by_name(strategy)?;
         let device = candle_core::Device::Cpu;

@@ -2,15 +2,17 @@
 //! values on the fixture's weights (tests/fixtures/nf4, written by scripts/nf4_fixtures.py
 //! with bitsandbytes; on larger ones about 0.16% of the absmaxes' 8-bit codes are one entry
 //! off bitsandbytes', whose bucket search is not always the nearest: see wick_core's nf4.rs),
-//! and LoRA over an NF4 base equal to LoRA over the weights it decodes to.
+//! and LoRA over a quantized base (NF4, and llama.cpp's Q8_0, Q4_K and Q6_K blocks, whose
+//! decoding `tests/gguf.rs` holds to the gguf package's bit for bit) equal to LoRA over
+//! the weights it decodes to, under every strategy.
 
 use crate::models::{fixtures, max_diff, plain_sgd, trainer, Windows};
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use wick::core::{dynamic_code, nf4_stored_len, Nf4Tensor, OptimizerConfig, PretrainedWeights};
-use wick::models::{BaseQuantization, CausalLm, LoraConfig};
+use wick::core::{dynamic_code, BlockFormat, Nf4Tensor, OptimizerConfig, PretrainedWeights};
+use wick::models::{is_base_linear_weight, CausalLm, LoraConfig};
 use wick::strategies::strategy_by_name;
 use wick::trainer::{Attached, DataLoader};
 
@@ -86,14 +88,14 @@ fn nf4_equals_bitsandbytes_bit_for_bit() {
 }
 
 /// The Qwen2 fixture's base weights with every block linear weight replaced by what its
-/// NF4 form decodes to (the base QLoRA trains over, as plain f32), written into `dir`.
-fn decoded_base(dir: &Path) -> HashMap<String, Tensor> {
+/// `format` form decodes to (the base QLoRA trains over, as plain f32), written into `dir`.
+fn decoded_base(dir: &Path, format: BlockFormat) -> HashMap<String, Tensor> {
     let path = fixtures().join("qwen2/model.safetensors");
     let mut weights = candle_core::safetensors::load(path, &Device::Cpu).unwrap();
     for (name, w) in weights.iter_mut() {
-        if BaseQuantization::Nf4.quantizes(name) {
-            let q = Nf4Tensor::quantize(&f32s(w), w.dims());
-            *w = Tensor::from_vec(q.dequantize(), w.dims(), &Device::Cpu).unwrap();
+        if is_base_linear_weight(name) {
+            let values = format.round_trip(&f32s(w)).unwrap();
+            *w = Tensor::from_vec(values, w.dims(), &Device::Cpu).unwrap();
         }
     }
     candle_core::safetensors::save(&weights, dir.join("decoded.safetensors")).unwrap();
@@ -116,10 +118,8 @@ fn lora_model(optimizer: OptimizerConfig) -> CausalLm {
         .unwrap()
 }
 
-fn qlora_model(optimizer: OptimizerConfig) -> CausalLm {
-    lora_model(optimizer)
-        .with_quantized_base(BaseQuantization::Nf4)
-        .unwrap()
+fn qlora_model(optimizer: OptimizerConfig, format: BlockFormat) -> CausalLm {
+    lora_model(optimizer).with_quantized_base(format).unwrap()
 }
 
 fn qwen2_loader() -> DataLoader<Windows> {
@@ -153,35 +153,7 @@ fn adapters_diff(a: &HashMap<String, Tensor>, b: &HashMap<String, Tensor>) -> f3
 
 #[test]
 fn qlora_equals_lora_over_the_base_it_decodes_to() {
-    let dir = tempfile::tempdir().unwrap();
-    let decoded = decoded_base(dir.path());
-    let file = PretrainedWeights::open(&[dir.path().join("decoded.safetensors")]).unwrap();
-    let file = Arc::new(file);
-    let over_decoded = |optimizer| lora_model(optimizer).with_weights(file.clone());
-    // One SGD step at rate 1: each parameter moves by minus its gradient.
-    let (q, _) = fit(qlora_model(plain_sgd()), 1, "single", 1);
-    let (d, _) = fit(over_decoded(plain_sgd()), 1, "single", 1);
-    let grads = adapters_diff(&q, &d);
-    let moved = q
-        .iter()
-        .filter(|(n, _)| n.contains(".lora_B."))
-        .map(|(n, t)| {
-            let start = t.zeros_like().unwrap();
-            max_diff(t, &start).min(max_diff(&d[n], &start))
-        });
-    let smallest = moved.fold(f32::INFINITY, f32::min);
-    println!("qlora: first gradients within {grads:e} (B's smallest {smallest:e})");
-    // Every B's gradient at least 10x the bound.
-    assert!(grads <= 1e-6 && smallest > 1e-5, "{grads} {smallest}");
-    // Ten AdamW steps, on one device and on several ranks of every strategy (the base kept
-    // whole, or sharded by whole blocks), against LoRA over the decoded base on one device.
-    let adamw = || OptimizerConfig::adamw(1e-3);
-    let (reference, _) = fit(over_decoded(adamw()), 1, "single", 10);
-    let (original, _) = fit(lora_model(adamw()), 1, "single", 10);
-    // What quantizing the base changes, which the bound must sit far below.
-    let quantization = adapters_diff(&reference, &original);
-    assert!(quantization > 1e-4, "{quantization}");
-    for (devices, strategy) in [
+    let every_strategy = [
         (1, "single"),
         (2, "ddp"),
         (4, "ddp"),
@@ -192,41 +164,80 @@ fn qlora_equals_lora_over_the_base_it_decodes_to() {
         (2, "fsdp"),
         (3, "fsdp"),
         (4, "fsdp"),
-    ] {
-        let (got, m) = fit(qlora_model(adamw()), devices, strategy, 10);
+    ];
+    qlora_equals_lora(BlockFormat::Nf4, &every_strategy);
+}
+
+#[test]
+fn qlora_over_llama_cpp_blocks_equals_lora_over_the_base_they_decode_to() {
+    let kept_and_sharded = [(1, "single"), (2, "ddp"), (2, "zero3"), (3, "fsdp")];
+    for format in [BlockFormat::Q8_0, BlockFormat::Q4K, BlockFormat::Q6K] {
+        qlora_equals_lora(format, &kept_and_sharded);
+    }
+}
+
+/// LoRA over a base born in `format` on each of `runs` (ranks, strategy) against LoRA over
+/// the values it decodes to on one device: first gradients, then 10 AdamW steps.
+fn qlora_equals_lora(format: BlockFormat, runs: &[(usize, &str)]) {
+    let dir = tempfile::tempdir().unwrap();
+    let decoded = decoded_base(dir.path(), format);
+    let file = PretrainedWeights::open(&[dir.path().join("decoded.safetensors")]).unwrap();
+    let file = Arc::new(file);
+    let over_decoded = |optimizer| lora_model(optimizer).with_weights(file.clone());
+    // One SGD step at rate 1: each parameter moves by minus its gradient.
+    let (q, _) = fit(qlora_model(plain_sgd(), format), 1, "single", 1);
+    let (d, _) = fit(over_decoded(plain_sgd()), 1, "single", 1);
+    let grads = adapters_diff(&q, &d);
+    let moved = q
+        .iter()
+        .filter(|(n, _)| n.contains(".lora_B."))
+        .map(|(n, t)| {
+            let start = t.zeros_like().unwrap();
+            max_diff(t, &start).min(max_diff(&d[n], &start))
+        });
+    let smallest = moved.fold(f32::INFINITY, f32::min);
+    println!("qlora {format}: first gradients within {grads:e} (B's smallest {smallest:e})");
+    // Every B's gradient at least 10x the bound.
+    assert!(grads <= 1e-6 && smallest > 1e-5, "{format}: {grads} {smallest}");
+    // Ten AdamW steps, on one device and on several ranks of every strategy (the base kept
+    // whole, or sharded by whole blocks), against LoRA over the decoded base on one device.
+    let adamw = || OptimizerConfig::adamw(1e-3);
+    let (reference, _) = fit(over_decoded(adamw()), 1, "single", 10);
+    let (original, _) = fit(lora_model(adamw()), 1, "single", 10);
+    // What quantizing the base changes, which the bound must sit far below.
+    let quantization = adapters_diff(&reference, &original);
+    assert!(quantization > 1e-4, "{format}: {quantization}");
+    for &(devices, strategy) in runs {
+        let (got, m) = fit(qlora_model(adamw(), format), devices, strategy, 10);
         let diff = adapters_diff(&got, &reference);
-        println!("qlora {strategy} W={devices}: 10 steps within {diff:e} (quantization moved {quantization:e})");
-        assert!(diff <= 1e-5, "{strategy} W={devices}: {diff}");
+        println!("qlora {format} {strategy} W={devices}: 10 steps within {diff:e} (quantization moved {quantization:e})");
+        assert!(diff <= 1e-5, "{format} {strategy} W={devices}: {diff}");
         // The frozen weights come out as the values they decode to, never moved.
         for (n, value) in got.iter().filter(|(n, _)| !LoraConfig::is_adapter(n)) {
             assert_eq!(max_diff(value, &decoded[n]), 0.0, "{strategy}: {n}");
         }
-        // The block weights are kept as NF4 blocks, 4.13 bits, not 32: whole on each rank,
-        // or dealt out in whole blocks. Sharded, a rank holds its 1/W share and at most, in
-        // each of the 3 units (2 layers and the root), one stored block and its two value
-        // parts' padding (under W elements each) more.
+        // The block weights are kept as stored blocks (4.13 to 8.5 bits, not 32): whole on
+        // each rank, or dealt out in whole blocks. Sharded, a rank holds its 1/W share and
+        // at most, in each of the 3 units (2 layers and the root), one stored block and its
+        // two value parts' padding (under W elements each) more.
         let quantized: usize = (decoded.iter())
-            .filter(|(n, _)| BaseQuantization::Nf4.quantizes(n))
-            .map(|(_, t)| nf4_stored_len(t.elem_count()))
+            .filter(|(n, _)| is_base_linear_weight(n))
+            .map(|(_, t)| format.stored_len(t.elem_count()))
             .sum();
         let dense: usize = (got.iter())
-            .filter(|(n, _)| !BaseQuantization::Nf4.quantizes(n))
+            .filter(|(n, _)| !is_base_linear_weight(n))
             .map(|(_, t)| 4 * t.elem_count())
             .sum();
         let bytes = m.state_bytes().unwrap().params;
         match strategy {
             "zero3" | "fsdp" => {
-                let block = (decoded.iter())
-                    .filter(|(n, _)| BaseQuantization::Nf4.quantizes(n))
-                    .map(|(_, t)| nf4_stored_len(t.elem_count()))
-                    .max()
-                    .unwrap();
+                let block = format.block_bytes();
                 let whole = quantized + dense;
                 let bound = whole.div_ceil(devices) + 3 * (block + 2 * 4 * devices);
-                println!("qlora {strategy} W={devices}: {bytes} bytes of parameters a rank (bound {bound}, whole {whole})");
-                assert!(bytes <= bound, "{strategy} W={devices}: {bytes} > {bound}");
+                println!("qlora {format} {strategy} W={devices}: {bytes} bytes of parameters a rank (bound {bound}, whole {whole})");
+                assert!(bytes <= bound, "{format} {strategy} W={devices}: {bytes} > {bound}");
             }
-            _ => assert_eq!(bytes, quantized + dense, "{strategy} W={devices}"),
+            _ => assert_eq!(bytes, quantized + dense, "{format} {strategy} W={devices}"),
         }
     }
 }
@@ -234,9 +245,6 @@ fn qlora_equals_lora_over_the_base_it_decodes_to() {
 #[test]
 fn a_quantized_base_needs_lora() {
     let plain = CausalLm::from_pretrained(fixtures().join("qwen2")).unwrap();
-    let e = plain
-        .with_quantized_base(BaseQuantization::Nf4)
-        .err()
-        .unwrap();
+    let e = plain.with_quantized_base(BlockFormat::Nf4).err().unwrap();
     assert!(e.to_string().contains("LoRA"), "{e}");
 }

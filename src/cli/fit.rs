@@ -177,9 +177,10 @@ pub struct FitArgs {
     )]
     pub lora_targets: Vec<String>,
     /// QLoRA: the frozen base's linear weights born and kept in this form (nf4: NF4 with
-    /// double quantization, as bitsandbytes stores it), decoded inside each layer in
-    /// forward and again in backward. Kept by single, ddp, zero1 and zero2.
-    #[arg(long, value_name = "FORM", requires = "lora_rank", value_parser = ["nf4"])]
+    /// double quantization, as bitsandbytes stores it; q8_0, q4_k, q6_k: llama.cpp's
+    /// blocks), decoded inside each layer in forward and again in backward. Kept whole by
+    /// single, ddp, zero1 and zero2, sharded by whole blocks by zero3 and fsdp.
+    #[arg(long, value_name = "FORM", requires = "lora_rank", value_parser = ["nf4", "q8_0", "q4_k", "q6_k"])]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantize_base: Option<String>,
     /// Tokens per window with --model.

@@ -3,7 +3,7 @@
 
 use super::{name_of, FitArgs};
 use wick_core::LrSchedule;
-use wick_models::{BaseQuantization, LoraConfig};
+use wick_models::{BlockFormat, LoraConfig};
 use wick_strategies::{
     Fsdp, FsdpSharding, Precision, StrategyKind, StrategyOptions, StrategySpec, Zero3,
 };
@@ -69,7 +69,7 @@ impl FitArgs {
     }
 
     /// The form QLoRA keeps the frozen base in, when `quantize_base` names one.
-    pub fn quantize_base(&self) -> Result<Option<BaseQuantization>, String> {
+    pub fn quantize_base(&self) -> Result<Option<BlockFormat>, String> {
         self.quantize_base.as_deref().map(str::parse).transpose()
     }
 

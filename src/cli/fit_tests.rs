@@ -64,10 +64,9 @@ fn defaults_and_overrides() {
     assert!(e.contains("--lora-dropout 1"), "{e}");
     assert!(fit("fit --lora-rank 4").is_err(), "LoRA without --model");
     let a = fit("fit --model m --lora-rank 4 --quantize-base nf4").unwrap();
-    assert_eq!(
-        a.quantize_base(),
-        Ok(Some(wick_models::BaseQuantization::Nf4))
-    );
+    assert_eq!(a.quantize_base(), Ok(Some(wick_models::BlockFormat::Nf4)));
+    let a = fit("fit --model m --lora-rank 4 --quantize-base q4_k").unwrap();
+    assert_eq!(a.quantize_base(), Ok(Some(wick_models::BlockFormat::Q4K)));
     let e = fit("fit --model m --quantize-base nf4").unwrap_err();
     assert!(e.contains("lora-rank"), "{e}");
     let e = fit("fit --model m --lora-rank 4 --quantize-base q4_0 --strategy ddp").unwrap_err();

@@ -164,30 +164,35 @@ fn a_lora_fine_tune_saves_adapters_resumes_and_exports_as_peft_and_merged() {
 }
 
 #[test]
-fn a_qlora_fine_tune_is_validated_and_merged_over_its_nf4_base_under_ddp_and_fsdp() {
+fn a_qlora_fine_tune_is_validated_and_merged_over_its_quantized_base_under_ddp_and_fsdp() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let model = hf_fixture("qwen2");
     let (ok, out, err) = prepare(d, &model);
     assert!(ok, "{out}{err}");
-    let fit = |strategy: &str, run: &str, extra: &[&str]| {
+    let fit_in = |format: &str, strategy: &str, run: &str, extra: &[&str]| {
         let options = "--data tokens.safetensors --seq 32 --batch-size 4 --max-steps 2 \
-                       --no-progress --lora-rank 4 --quantize-base nf4 --devices 2";
+                       --no-progress --lora-rank 4 --devices 2";
         let mut args = vec!["fit", "--model", &model, "--strategy", strategy];
+        args.extend(["--quantize-base", format]);
         args.extend(["--run-name", run]);
         args.extend(options.split_whitespace());
         args.extend_from_slice(extra);
         wick(d, &args)
     };
+    let fit = |strategy: &str, run: &str, extra: &[&str]| fit_in("nf4", strategy, run, extra);
     let (ok, out, err) = fit(
         "ddp",
         "ddp",
         &["--val-every", "2", "--checkpoint-dir", "ck"],
     );
     assert!(ok, "{out}{err}");
-    let metrics = std::fs::read_to_string(d.join("runs/ddp/metrics.csv")).unwrap();
-    let last = metrics.lines().nth(2).unwrap();
-    let trained: f64 = last.split(',').nth(3).unwrap().parse().unwrap();
+    let val_loss_of = |run: &str| -> f64 {
+        let metrics = std::fs::read_to_string(d.join(format!("runs/{run}/metrics.csv"))).unwrap();
+        let last = metrics.lines().nth(2).unwrap();
+        last.split(',').nth(3).unwrap().parse().unwrap()
+    };
+    let trained = val_loss_of("ddp");
     // The checkpoint records the NF4 base: validating it reads the base as the run did.
     let validated = val_loss(d, &["ck/last"], "1", "single");
     assert!(
@@ -217,4 +222,20 @@ fn a_qlora_fine_tune_is_validated_and_merged_over_its_nf4_base_under_ddp_and_fsd
     let bf16 = ["--no-checkpoints", "--precision", "bf16-mixed"];
     let (ok, out, err) = fit("fsdp", "bf16", &bf16);
     assert!(ok, "{out}{err}");
+    // llama.cpp's Q4_K blocks, sharded by fsdp: the checkpoint records them, and validation
+    // reads the base as the run did, not as NF4.
+    let q4k = ["--val-every", "2", "--checkpoint-dir", "ck-q4k"];
+    let (ok, out, err) = fit_in("q4_k", "fsdp", "q4k", &q4k);
+    assert!(ok, "{out}{err}");
+    let trained = val_loss_of("q4k");
+    let last = std::fs::read_to_string(d.join("ck-q4k/last")).unwrap();
+    let record = d.join("ck-q4k").join(last.trim()).join("quantized_base.txt");
+    let record = std::fs::read_to_string(record).unwrap();
+    assert_eq!(record.trim(), "q4_k");
+    let validated = val_loss(d, &["ck-q4k/last"], "1", "single");
+    assert!(
+        (validated - trained).abs() < 1e-5,
+        "{validated} vs {trained}"
+    );
+    assert!((validated - whole).abs() > 1e-5, "q4_k trained as nf4 did");
 }

@@ -5,7 +5,7 @@
 //! `configure_sharded_model` and leaves it after; a request made outside is an error, so a
 //! parameter can never be created by a path the strategy does not see.
 
-use crate::{lock, Collective, ParamInit, WeightSource};
+use crate::{lock, BlockFormat, Collective, ParamInit, WeightSource};
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
@@ -63,11 +63,11 @@ pub struct ParamRequest<'a> {
     /// not a variable: backward gives it no gradient, and the strategy keeps no gradient
     /// buffer, no reduction and no optimizer state for it.
     pub trainable: bool,
-    /// Whether a frozen parameter is born quantized ([`ShardedContext::quantize_frozen`]):
-    /// the tensor returned is then its NF4 stored blocks (u8, [`crate::Nf4Tensor::to_stored`])
-    /// for the full shape, which the module decodes where it uses them. A strategy that
-    /// cannot keep it so refuses the request by name.
-    pub quantize: bool,
+    /// The form a frozen parameter is born quantized in ([`ShardedContext::quantize_frozen`]),
+    /// if any: the tensor returned is then its stored blocks (u8,
+    /// [`BlockFormat::stored_len`] bytes for the full shape), which the module decodes where
+    /// it uses them. A strategy that cannot keep it so refuses the request by name.
+    pub quantize: Option<BlockFormat>,
 }
 
 /// What a strategy does with a parameter request made inside its context.
@@ -119,10 +119,7 @@ pub trait ParamSource: Send + Sync {
 pub struct ShardedContext {
     source: Arc<dyn ParamSource>,
     open: Arc<AtomicBool>,
-    weights: Arc<Mutex<Option<Arc<dyn WeightSource>>>>,
-    trainable: Arc<Mutex<Option<NameFilter>>>,
-    fresh: Arc<Mutex<Option<NameFilter>>>,
-    quantized: Arc<Mutex<Option<NameFilter>>>,
+    choices: Arc<ParamChoices>,
     world: Arc<dyn Collective>,
     device: Device,
     strategy: String,
@@ -139,10 +136,7 @@ impl ShardedContext {
         ShardedContext {
             source,
             open: Arc::new(AtomicBool::new(false)),
-            weights: Arc::default(),
-            trainable: Arc::default(),
-            fresh: Arc::default(),
-            quantized: Arc::default(),
+            choices: Arc::default(),
             world,
             device,
             strategy: strategy.into(),
@@ -154,10 +148,7 @@ impl ShardedContext {
         let backend = GuardedSource {
             source: self.source.clone(),
             open: self.open.clone(),
-            weights: self.weights.clone(),
-            trainable: self.trainable.clone(),
-            fresh: self.fresh.clone(),
-            quantized: self.quantized.clone(),
+            choices: self.choices.clone(),
             strategy: self.strategy.clone(),
         };
         VarBuilder::from_backend(Box::new(backend), DType::F32, self.device.clone())
@@ -168,28 +159,32 @@ impl ShardedContext {
     /// of their initializer; each rank reads only the elements it keeps. A parameter the
     /// weights lack, or hold with another shape, is an error naming it.
     pub fn load_weights(&self, weights: Arc<dyn WeightSource>) {
-        *lock(&self.weights) = Some(weights);
+        *lock(&self.choices.weights) = Some(weights);
     }
 
     /// Parameters created from now on are trainable only when `filter` says so of their
     /// full name; the others are frozen (see [`ParamSource::get_or_create`]). Without a
     /// filter every parameter is trainable. LoRA freezes all but its adapters this way.
     pub fn train_only(&self, filter: impl Fn(&str) -> bool + Send + Sync + 'static) {
-        *lock(&self.trainable) = Some(Arc::new(filter));
+        *lock(&self.choices.trainable) = Some(Arc::new(filter));
     }
 
     /// Parameters whose full name `filter` picks are drawn from their initializer even
     /// when [`ShardedContext::load_weights`] gave weights: the new layers of a pretrained
     /// model, such as LoRA's adapters.
     pub fn init_only(&self, filter: impl Fn(&str) -> bool + Send + Sync + 'static) {
-        *lock(&self.fresh) = Some(Arc::new(filter));
+        *lock(&self.choices.fresh) = Some(Arc::new(filter));
     }
 
     /// Frozen parameters created from now on whose full name `filter` picks are born
-    /// quantized to NF4 (QLoRA's base): the strategy keeps their stored blocks, never the
-    /// f32 tensor, and hands them out as a u8 tensor (see [`ParamRequest::quantize`]).
-    pub fn quantize_frozen(&self, filter: impl Fn(&str) -> bool + Send + Sync + 'static) {
-        *lock(&self.quantized) = Some(Arc::new(filter));
+    /// quantized to `format` (QLoRA's base): the strategy keeps their stored blocks, never
+    /// the f32 tensor, and hands them out as a u8 tensor (see [`ParamRequest::quantize`]).
+    pub fn quantize_frozen(
+        &self,
+        format: BlockFormat,
+        filter: impl Fn(&str) -> bool + Send + Sync + 'static,
+    ) {
+        *lock(&self.choices.quantized) = Some((format, Arc::new(filter)));
     }
 
     /// This rank's index.
@@ -275,13 +270,24 @@ impl Drop for ContextGuard {
 /// [`ShardedContext::init_only`], [`ShardedContext::quantize_frozen`].
 type NameFilter = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
+/// What the model chose for the parameters it creates from now on, shared by a context and
+/// the `VarBuilder`s it hands out.
+#[derive(Default)]
+struct ParamChoices {
+    /// Where values come from instead of initializers.
+    weights: Mutex<Option<Arc<dyn WeightSource>>>,
+    /// Which train (all, when none).
+    trainable: Mutex<Option<NameFilter>>,
+    /// Which take their initializer even with weights loaded.
+    fresh: Mutex<Option<NameFilter>>,
+    /// Which frozen ones are born quantized, and in what form.
+    quantized: Mutex<Option<(BlockFormat, NameFilter)>>,
+}
+
 struct GuardedSource {
     source: Arc<dyn ParamSource>,
     open: Arc<AtomicBool>,
-    weights: Arc<Mutex<Option<Arc<dyn WeightSource>>>>,
-    trainable: Arc<Mutex<Option<NameFilter>>>,
-    fresh: Arc<Mutex<Option<NameFilter>>>,
-    quantized: Arc<Mutex<Option<NameFilter>>>,
+    choices: Arc<ParamChoices>,
     strategy: String,
 }
 
@@ -301,13 +307,18 @@ impl SimpleBackend for GuardedSource {
                 self.strategy
             )
         }
-        let fresh = lock(&self.fresh).as_ref().is_some_and(|f| f(name));
-        let init = match &*lock(&self.weights) {
+        let fresh = lock(&self.choices.fresh).as_ref().is_some_and(|f| f(name));
+        let init = match &*lock(&self.choices.weights) {
             Some(weights) if !fresh => ParamInit::Weights(weights.clone()),
             _ => ParamInit::Init(init),
         };
-        let trainable = lock(&self.trainable).as_ref().is_none_or(|f| f(name));
-        let quantize = !trainable && lock(&self.quantized).as_ref().is_some_and(|f| f(name));
+        let trainable = lock(&self.choices.trainable)
+            .as_ref()
+            .is_none_or(|f| f(name));
+        let quantize = match &*lock(&self.choices.quantized) {
+            Some((format, picks)) if !trainable && picks(name) => Some(*format),
+            _ => None,
+        };
         self.source.get_or_create(ParamRequest {
             name,
             shape: &shape,

@@ -13,6 +13,7 @@
 #![warn(clippy::too_many_lines)]
 
 mod activation_checkpointing;
+mod block_format;
 mod blocking_world;
 mod call;
 mod callback;
@@ -37,6 +38,7 @@ mod wait_clock;
 mod weights;
 
 pub use activation_checkpointing::ActivationCheckpointing;
+pub use block_format::BlockFormat;
 pub use blocking_world::BlockingWorld;
 pub use call::{all_gather_through_tensor, reduce_scatter_padded, Call, CallKind};
 pub use callback::{Callback, CallbackClone, RunState};

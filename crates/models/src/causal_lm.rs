@@ -1,7 +1,6 @@
 //! `CausalLm`: a model of one of the families, as a `TrainModule` over batches of token ids,
 //! from a Hugging Face directory (config, weights, tokenizer) or from a config alone.
 
-use crate::base_quantization::BaseQuantization;
 use crate::config::ModelConfig;
 use crate::decoder::Decoder;
 use crate::error::read_text;
@@ -11,13 +10,15 @@ use crate::lora::{
     Adapters, DropoutKey, LoraConfig, PeftNames, WithAdapters, ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
 };
+use crate::quantized_base::is_base_linear_weight;
 use crate::scoring::Scoring;
 use crate::{ModelError, TextTokenizer};
 use candle_core::{DType, Result, Tensor, D};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use wick_core::{
-    OptimizerConfig, PretrainedWeights, ShardedContext, TokenBatch, TrainModule, WeightSource,
+    BlockFormat, OptimizerConfig, PretrainedWeights, ShardedContext, TokenBatch, TrainModule,
+    WeightSource,
 };
 use wick_nn::Positions;
 
@@ -49,7 +50,7 @@ pub struct CausalLm {
     /// The adapters' starting values (a PEFT directory's, a checkpoint's); drawn otherwise.
     adapters: Option<Arc<dyn WeightSource>>,
     /// QLoRA: the frozen base's linear weights born quantized.
-    quantized_base: Option<BaseQuantization>,
+    quantized_base: Option<BlockFormat>,
     optimizer: OptimizerConfig,
     /// This rank's index (dropout masks differ between ranks).
     rank: usize,
@@ -211,14 +212,15 @@ impl CausalLm {
         Ok(lm)
     }
 
-    /// QLoRA: under LoRA, the frozen base's linear weights are born in `quantization` and
-    /// kept so by the strategy (never whole in f32), decoded inside each layer's op in
-    /// forward and again in backward. Refused without LoRA (nothing would be frozen). The
-    /// strategies that keep every parameter whole on each rank (single, ddp, zero1, zero2)
-    /// keep it; zero3 and fsdp refuse it by name.
+    /// QLoRA: under LoRA, the frozen base's linear weights ([`is_base_linear_weight`]) are
+    /// born in `quantization` and kept so by the strategy (never whole in f32), decoded
+    /// inside each layer's op in forward and again in backward. Refused without LoRA
+    /// (nothing would be frozen). The strategies that keep every parameter whole on each
+    /// rank (single, ddp, zero1, zero2) keep it whole; zero3 and fsdp shard it by whole
+    /// blocks.
     pub fn with_quantized_base(
         mut self,
-        quantization: BaseQuantization,
+        quantization: BlockFormat,
     ) -> std::result::Result<Self, ModelError> {
         if self.lora.is_none() {
             return Err(ModelError::Lora(
@@ -231,7 +233,7 @@ impl CausalLm {
     }
 
     /// The quantization of the frozen base, under QLoRA.
-    pub fn quantized_base(&self) -> Option<BaseQuantization> {
+    pub fn quantized_base(&self) -> Option<BlockFormat> {
         self.quantized_base
     }
 
@@ -419,13 +421,15 @@ impl TrainModule for CausalLm {
         if self.lora.is_some() {
             ctx.train_only(is_adapter);
         }
-        if let Some(quantization) = self.quantized_base {
-            ctx.quantize_frozen(move |name| quantization.quantizes(name));
+        if let Some(format) = self.quantized_base {
+            ctx.quantize_frozen(format, is_base_linear_weight);
         }
         self.rank = ctx.rank();
         let lora = self.lora.as_ref();
         self.net = Some(match &self.config {
-            ModelConfig::Decoder(c) => Net::Decoder(Decoder::new(ctx, c, lora)?),
+            ModelConfig::Decoder(c) => {
+                Net::Decoder(Decoder::new(ctx, c, lora, self.quantized_base)?)
+            }
             ModelConfig::Gpt2(c) => Net::Gpt2(Gpt2::new(ctx, c)?),
         });
         Ok(())

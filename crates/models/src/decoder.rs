@@ -16,7 +16,7 @@ use crate::scoring::Scoring;
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use std::sync::Arc;
-use wick_core::{ShardedContext, Wrapped};
+use wick_core::{BlockFormat, ShardedContext, Wrapped};
 use wick_nn::{
     causal_attention_in_documents, gelu, rms_norm, rms_norm_unit_offset, swiglu, AttentionOptions,
     Linear, Positions, RmsNorm, RotaryEmbedding,
@@ -67,7 +67,7 @@ impl DecoderLayer {
         vb: VarBuilder,
         c: &DecoderConfig,
         index: usize,
-        lora: Option<&LoraConfig>,
+        (lora, quantized): (Option<&LoraConfig>, Option<BlockFormat>),
     ) -> Result<Self> {
         let (h, std, d) = (c.hidden_size, c.initializer_range, c.head_dim);
         let (q, kv) = (c.num_attention_heads * d, c.num_key_value_heads * d);
@@ -81,7 +81,7 @@ impl DecoderLayer {
             let base = linear(&vb, dims, bias, std)?;
             made += 1;
             let salt = index as u64 * 8 + made;
-            Projection::new(base, &vb, module, dims, lora, salt)
+            Projection::new(base, &vb, (module, dims), (lora, quantized), salt)
         };
         // Created in `DecoderConfig::parameter_shapes`' order.
         let input_layernorm = norm(vb.pp("input_layernorm"), h, c)?;
@@ -252,11 +252,13 @@ pub(crate) struct Decoder {
 
 impl Decoder {
     /// Creates the model's parameters through `ctx`, under Hugging Face's names (and
-    /// PEFT's for `lora`'s adapters).
+    /// PEFT's for `lora`'s adapters), the base's linear weights born in `quantized` where
+    /// given (QLoRA).
     pub(crate) fn new(
         ctx: &ShardedContext,
         c: &DecoderConfig,
         lora: Option<&LoraConfig>,
+        quantized: Option<BlockFormat>,
     ) -> Result<Self> {
         let (vocab, h, std) = (c.vocab_size, c.hidden_size, c.initializer_range);
         let embed_tokens = ctx.wrap("model.embed_tokens", move |vb| {
@@ -266,7 +268,7 @@ impl Decoder {
             .map(|i| {
                 let (c, lora) = (c.clone(), lora.cloned());
                 ctx.wrap(&format!("model.layers.{i}"), move |vb| {
-                    DecoderLayer::new(vb, &c, i, lora.as_ref())
+                    DecoderLayer::new(vb, &c, i, (lora.as_ref(), quantized))
                 })
             })
             .collect::<Result<_>>()?;

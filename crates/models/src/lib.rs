@@ -13,7 +13,6 @@
 // Functions of at most 80 lines (clippy.toml), in library code; tests may run longer.
 #![warn(clippy::too_many_lines)]
 
-mod base_quantization;
 mod causal_lm;
 mod chat;
 mod config;
@@ -28,11 +27,11 @@ mod layers;
 mod lora;
 mod preference;
 mod preference_pair;
+mod quantized_base;
 mod rope;
 mod scoring;
 mod tokenizer;
 
-pub use base_quantization::{BaseQuantization, QUANTIZED_BASE_FILE};
 pub use causal_lm::CausalLm;
 pub use chat::{chat_template_of, ChatTemplate, CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE};
 pub use config::{
@@ -48,7 +47,9 @@ pub use lora::{
 };
 pub use preference::{PreferenceConfig, PreferenceLm, PreferenceLoss, PREFERENCE_METRICS};
 pub use preference_pair::{Document, PreferencePair};
+pub use quantized_base::{is_base_linear_weight, QUANTIZED_BASE_FILE};
 pub use tokenizer::TextTokenizer;
+pub use wick_core::BlockFormat;
 
 // What a crate that uses wick-models alone needs from wick-core to make a model's
 // parameters and run it; the rest is reachable as `wick_models::wick_core`.

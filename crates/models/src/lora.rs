@@ -11,7 +11,7 @@ use candle_nn::{Init, VarBuilder};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
-use wick_core::{splitmix64, PretrainedWeights, WeightSource};
+use wick_core::{splitmix64, BlockFormat, PretrainedWeights, WeightSource};
 use wick_nn::{lora_linear, FrozenLinear, FrozenWeight, Linear, LoraParts};
 
 /// The adapter directory's config, as PEFT writes and reads it.
@@ -284,13 +284,18 @@ enum BaseLayer {
 }
 
 impl BaseLayer {
-    /// `base` as the strategy handed it out: its weight a u8 tensor of NF4 blocks when it
-    /// was born quantized.
-    fn new(base: Linear, (in_dim, out_dim): (usize, usize)) -> Self {
-        match FrozenWeight::from_param(base.weight().clone(), (out_dim, in_dim)) {
+    /// `base` as the strategy handed it out: its weight a u8 tensor of `quantized` blocks
+    /// when it was born quantized.
+    fn new(
+        base: Linear,
+        (in_dim, out_dim): (usize, usize),
+        quantized: Option<BlockFormat>,
+    ) -> Result<Self> {
+        let weight = FrozenWeight::from_param(base.weight().clone(), (out_dim, in_dim), quantized)?;
+        Ok(match weight {
             FrozenWeight::Dense(_) => BaseLayer::Dense(base),
             quantized => BaseLayer::Quantized(FrozenLinear::new(quantized, base.bias().cloned())),
-        }
+        })
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -311,16 +316,16 @@ impl BaseLayer {
 
 impl Projection {
     /// The layer `base` at `vb`, adapted by `lora` if it names the layer (`module`; `salt`
-    /// is the layer's place in the model).
+    /// is the layer's place in the model), its weight in `quantized` blocks where the
+    /// strategy handed out a base born quantized.
     pub(crate) fn new(
         base: Linear,
         vb: &VarBuilder,
-        module: &str,
-        dims: (usize, usize),
-        lora: Option<&LoraConfig>,
+        (module, dims): (&str, (usize, usize)),
+        (lora, quantized): (Option<&LoraConfig>, Option<BlockFormat>),
         salt: u64,
     ) -> Result<Self> {
-        let base = BaseLayer::new(base, dims);
+        let base = BaseLayer::new(base, dims, quantized)?;
         let Some(lora) = lora.filter(|l| l.adapts(module)) else {
             return Ok(Projection {
                 base,

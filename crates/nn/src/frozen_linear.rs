@@ -41,7 +41,7 @@ impl Module for FrozenLinear {
             *last = out_dim;
         }
         let x2 = x.reshape((rows, in_dim))?;
-        let quantized = matches!(self.weight, FrozenWeight::Nf4 { .. });
+        let quantized = matches!(self.weight, FrozenWeight::Quantized { .. });
         let mut all = vec![x];
         all.extend(&self.bias);
         let y = if quantized && fused(&all) {

@@ -1,19 +1,22 @@
 //! `FrozenWeight`: a weight that takes no gradient, as an op reads it: a dense tensor, or a
-//! quantized one (QLoRA's NF4) that the op decodes to f32 each time it runs, in forward and
-//! again in backward, so that no decoded copy outlives the op that needed it.
+//! quantized one (QLoRA's base, in a [`BlockFormat`]) that the op decodes to f32 each time
+//! it runs, in forward and again in backward, so that no decoded copy outlives the op that
+//! needed it.
 
 use candle_core::{DType, Result, Shape, Tensor};
 use rayon::prelude::*;
-use wick_core::{decode_nf4_stored, nf4_stored_len, Nf4Tensor, NF4_STORED_BLOCK, NF4_STORED_BYTES};
+use wick_core::BlockFormat;
 
 /// A frozen linear weight `[out, in]`: dense, or quantized and decoded on use.
 #[derive(Clone, Debug)]
 pub enum FrozenWeight {
     /// A tensor, used as it is.
     Dense(Tensor),
-    /// NF4 with double quantization: its stored blocks ([`Nf4Tensor::to_stored`]), as a u8
-    /// tensor on the device the decoded weight lives on, decoded to `dtype` where used.
-    Nf4 {
+    /// Its stored blocks in `format` ([`BlockFormat::quantize`]), as a u8 tensor on the
+    /// device the decoded weight lives on, decoded to `dtype` where used.
+    Quantized {
+        /// The form of its blocks.
+        format: BlockFormat,
         /// The stored blocks, shared by the ops that use them (and the strategy that keeps
         /// them).
         stored: Tensor,
@@ -25,15 +28,16 @@ pub enum FrozenWeight {
 }
 
 impl FrozenWeight {
-    /// `dense` quantized to NF4, decoded later to its own dtype and device.
-    pub fn nf4(dense: &Tensor) -> Result<Self> {
+    /// `dense` quantized to `format`, decoded later to its own dtype and device.
+    pub fn quantize(dense: &Tensor, format: BlockFormat) -> Result<Self> {
         let values = dense
             .to_dtype(DType::F32)?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        let stored = Nf4Tensor::quantize(&values, dense.dims()).to_stored();
+        let stored = format.quantize(&values, None)?;
         let len = stored.len();
-        Ok(FrozenWeight::Nf4 {
+        Ok(FrozenWeight::Quantized {
+            format,
             stored: Tensor::from_vec(stored, len, dense.device())?,
             shape: dense.shape().clone(),
             dtype: dense.dtype(),
@@ -41,16 +45,27 @@ impl FrozenWeight {
     }
 
     /// A parameter as a strategy handed it out for a weight of `shape`: the stored blocks of
-    /// one born quantized (a u8 tensor, [`wick_core::ParamRequest::quantize`]), decoded to
-    /// f32, or a dense tensor.
-    pub fn from_param(param: Tensor, shape: impl Into<Shape>) -> Self {
-        match param.dtype() {
-            DType::U8 => FrozenWeight::Nf4 {
+    /// one born quantized in `format` (a u8 tensor, [`wick_core::ParamRequest::quantize`]),
+    /// decoded to f32, or a dense tensor. A u8 tensor with no format is an error.
+    pub fn from_param(
+        param: Tensor,
+        shape: impl Into<Shape>,
+        format: Option<BlockFormat>,
+    ) -> Result<Self> {
+        match (param.dtype(), format) {
+            (DType::U8, Some(format)) => Ok(FrozenWeight::Quantized {
+                format,
                 stored: param,
                 shape: shape.into(),
                 dtype: DType::F32,
-            },
-            _ => FrozenWeight::Dense(param),
+            }),
+            (DType::U8, None) => {
+                candle_core::bail!(
+                    "a weight of stored blocks ({:?}) needs its block format",
+                    shape.into()
+                )
+            }
+            _ => Ok(FrozenWeight::Dense(param)),
         }
     }
 
@@ -58,7 +73,7 @@ impl FrozenWeight {
     pub fn dims(&self) -> &[usize] {
         match self {
             FrozenWeight::Dense(t) => t.dims(),
-            FrozenWeight::Nf4 { shape, .. } => shape.dims(),
+            FrozenWeight::Quantized { shape, .. } => shape.dims(),
         }
     }
 
@@ -67,11 +82,12 @@ impl FrozenWeight {
     pub fn decoded(&self) -> Result<Tensor> {
         match self {
             FrozenWeight::Dense(t) => Ok(t.clone()),
-            FrozenWeight::Nf4 {
+            FrozenWeight::Quantized {
+                format,
                 stored,
                 shape,
                 dtype,
-            } => decode(stored, shape)?.to_dtype(*dtype),
+            } => decode(*format, stored, shape)?.to_dtype(*dtype),
         }
     }
 
@@ -95,20 +111,24 @@ impl FrozenWeight {
     }
 }
 
-/// The f32 weight of `shape` that the NF4 `stored` blocks hold, on their device; whole
-/// stored blocks decode alone, one task each.
-fn decode(stored: &Tensor, shape: &Shape) -> Result<Tensor> {
+/// Values a decoding task takes: whole stored blocks, about 16384 values.
+const TASK_VALUES: usize = 16384;
+
+/// The f32 weight of `shape` that the `format` blocks `stored` hold, on their device; runs
+/// of whole stored blocks decode alone, one task each.
+fn decode(format: BlockFormat, stored: &Tensor, shape: &Shape) -> Result<Tensor> {
     let bytes: Vec<u8> = stored.to_vec1()?;
     let mut values = vec![0f32; shape.elem_count()];
-    if bytes.len() != nf4_stored_len(values.len()) {
+    if bytes.len() != format.stored_len(values.len()) {
         candle_core::bail!(
-            "{} bytes of NF4 blocks do not hold a weight of shape {shape:?}",
+            "{} bytes of {format} blocks do not hold a weight of shape {shape:?}",
             bytes.len()
         )
     }
-    (bytes.par_chunks(NF4_STORED_BYTES))
-        .zip(values.par_chunks_mut(NF4_STORED_BLOCK))
-        .try_for_each(|(b, v)| decode_nf4_stored(b, v))
+    let blocks = (TASK_VALUES / format.block_values()).max(1);
+    (bytes.par_chunks(blocks * format.block_bytes()))
+        .zip(values.par_chunks_mut(blocks * format.block_values()))
+        .try_for_each(|(b, v)| format.decode(b, v))
         .map_err(candle_core::Error::Msg)?;
     Tensor::from_vec(values, shape, stored.device())
 }

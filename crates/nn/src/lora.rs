@@ -40,7 +40,7 @@ pub fn lora_linear(x: &Tensor, p: LoraParts) -> Result<Tensor> {
     let frozen = !p.weight.track_op() && !p.bias.is_some_and(Tensor::track_op);
     let dense = match p.weight {
         FrozenWeight::Dense(w) => Some(w),
-        FrozenWeight::Nf4 { .. } => None,
+        FrozenWeight::Quantized { .. } => None,
     };
     let mut all = vec![x, p.a, p.b];
     all.extend(dense);

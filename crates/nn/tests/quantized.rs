@@ -1,8 +1,10 @@
-//! A quantized frozen weight (QLoRA's NF4) is decoded inside the op: LoRA's layer and a
-//! frozen linear layer over it give the outputs and gradients of the same layers over the
-//! weight it decodes to, bit for bit, and the weight itself gets no gradient.
+//! A quantized frozen weight (QLoRA's base, in every block format) is decoded inside the
+//! op: LoRA's layer and a frozen linear layer over it give the outputs and gradients of the
+//! same layers over the weight it decodes to, bit for bit, and the weight itself gets no
+//! gradient.
 
 use candle_core::{Module, Tensor, Var};
+use wick_core::BlockFormat;
 use wick_nn::{lora_linear, FrozenLinear, FrozenWeight, LoraParts};
 
 #[allow(dead_code)] // what the other test binaries use
@@ -15,10 +17,10 @@ fn bits(t: &Tensor) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// NF4 of a `[out, in]` weight, and the dense weight it decodes to.
-fn weights(out: usize, inp: usize, seed: u64) -> (FrozenWeight, FrozenWeight) {
+/// A `[out, in]` weight in `format`, and the dense weight it decodes to.
+fn weights(out: usize, inp: usize, seed: u64, format: BlockFormat) -> (FrozenWeight, FrozenWeight) {
     let dense = var(&[out, inp], seed, 0.5).as_tensor().detach();
-    let quantized = FrozenWeight::nf4(&dense).unwrap();
+    let quantized = FrozenWeight::quantize(&dense, format).unwrap();
     let decoded = FrozenWeight::Dense(quantized.decoded().unwrap());
     // The decoded weight is not the input: quantization moved it.
     assert_ne!(bits(&decoded.decoded().unwrap()), bits(&dense));
@@ -42,9 +44,15 @@ fn run(vars: &[Var], f: impl Fn(&[Tensor]) -> Tensor) -> Vec<Vec<u32>> {
 }
 
 #[test]
-fn lora_over_nf4_equals_lora_over_its_values() {
+fn lora_over_a_quantized_weight_equals_lora_over_its_values() {
+    for format in BlockFormat::ALL {
+        lora_over(format);
+    }
+}
+
+fn lora_over(format: BlockFormat) {
     // 3 x 5 rows of 100 in (a 64-block and a tail), 72 out, rank 4, a bias.
-    let (quantized, decoded) = weights(72, 100, 1);
+    let (quantized, decoded) = weights(72, 100, 1, format);
     let bias = var(&[72], 2, 0.5).as_tensor().detach();
     let vars = [
         var(&[3, 5, 100], 3, 1.0),
@@ -64,20 +72,28 @@ fn lora_over_nf4_equals_lora_over_its_values() {
     };
     assert_eq!(
         run(&vars, |t| layer(&quantized, t)),
-        run(&vars, |t| layer(&decoded, t))
+        run(&vars, |t| layer(&decoded, t)),
+        "{format}"
     );
 }
 
 #[test]
-fn a_frozen_linear_over_nf4_equals_one_over_its_values() {
-    let (quantized, decoded) = weights(40, 130, 6);
+fn a_frozen_linear_over_a_quantized_weight_equals_one_over_its_values() {
+    for format in BlockFormat::ALL {
+        frozen_linear_over(format);
+    }
+}
+
+fn frozen_linear_over(format: BlockFormat) {
+    let (quantized, decoded) = weights(40, 130, 6, format);
     let bias = var(&[40], 7, 0.5).as_tensor().detach();
     let vars = [var(&[2, 9, 130], 8, 1.0)];
     let layer = |w: &FrozenWeight| {
         let layer = FrozenLinear::new(w.clone(), Some(bias.clone()));
         move |t: &[Tensor]| layer.forward(&t[0]).unwrap()
     };
-    assert_eq!(run(&vars, layer(&quantized)), run(&vars, layer(&decoded)));
+    let (q, d) = (run(&vars, layer(&quantized)), run(&vars, layer(&decoded)));
+    assert_eq!(q, d, "{format}");
     // The dense path is Candle's own matmul of the decoded weight.
     let x = vars[0].as_tensor();
     let want = x
@@ -89,5 +105,5 @@ fn a_frozen_linear_over_nf4_equals_one_over_its_values() {
         .forward(x)
         .unwrap();
     let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap();
-    assert!(diff.to_scalar::<f32>().unwrap() < 1e-5);
+    assert!(diff.to_scalar::<f32>().unwrap() < 1e-5, "{format}");
 }

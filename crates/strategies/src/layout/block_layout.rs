@@ -1,6 +1,6 @@
-//! Shard math for a unit's quantized frozen parameters: their NF4 stored blocks
-//! ([`NF4_STORED_BLOCK`] values each, which decode alone) dealt to the ranks whole, so that
-//! a block and its scales never straddle two ranks.
+//! Shard math for a unit's quantized frozen parameters: their stored blocks in one
+//! [`BlockFormat`] (which decode alone) dealt to the ranks whole, so that a block and its
+//! scales never straddle two ranks.
 //!
 //! The parameters' stored bytes, in order and end to end, make the unit's packed buffer.
 //! Rank r owns one run of whole blocks of it, cut at the first block boundary at or after
@@ -10,14 +10,20 @@
 
 use candle_core::{Shape, Tensor};
 use std::ops::Range;
-use wick_core::{decode_nf4_stored, nf4_stored_len, NF4_STORED_BLOCK, NF4_STORED_BYTES};
+use wick_core::BlockFormat;
 
-/// Parameter `name`'s f32 values of `shape`, decoded from its NF4 `stored` bytes (a u8
-/// tensor), on their device.
-pub(crate) fn decoded(name: &str, stored: &Tensor, shape: &Shape) -> candle_core::Result<Tensor> {
+/// Parameter `name`'s f32 values of `shape`, decoded from its `format` blocks `stored` (a
+/// u8 tensor), on their device.
+pub(crate) fn decoded(
+    format: BlockFormat,
+    name: &str,
+    stored: &Tensor,
+    shape: &Shape,
+) -> candle_core::Result<Tensor> {
     let bytes: Vec<u8> = stored.to_vec1()?;
     let mut values = vec![0f32; shape.elem_count()];
-    decode_nf4_stored(&bytes, &mut values)
+    format
+        .decode(&bytes, &mut values)
         .map_err(|e| candle_core::Error::Msg(format!("parameter '{name}': {e}")))?;
     Tensor::from_vec(values, shape, stored.device())
 }
@@ -31,7 +37,7 @@ pub struct BlockEntry {
     pub shape: Shape,
     /// Its first byte in the packed buffer.
     pub offset: usize,
-    /// Its stored bytes ([`nf4_stored_len`] of its element count).
+    /// Its stored bytes ([`BlockFormat::stored_len`] of its element count).
     pub len: usize,
 }
 
@@ -47,11 +53,11 @@ impl BlockEntry {
     }
 
     /// The values that the stored bytes `bytes` (relative to its own first byte, at block
-    /// boundaries) hold.
-    fn values_of(&self, bytes: Range<usize>) -> Range<usize> {
+    /// boundaries of `format`) hold.
+    fn values_of(&self, format: BlockFormat, bytes: Range<usize>) -> Range<usize> {
         let value = |byte: usize| match byte == self.len {
             true => self.numel(),
-            false => byte / NF4_STORED_BYTES * NF4_STORED_BLOCK,
+            false => byte / format.block_bytes() * format.block_values(),
         };
         value(bytes.start)..value(bytes.end)
     }
@@ -61,20 +67,25 @@ impl BlockEntry {
 /// owns which blocks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BlockLayout {
+    format: BlockFormat,
     entries: Vec<BlockEntry>,
     /// Rank r owns bytes `bounds[r]..bounds[r + 1]` of the packed buffer.
     bounds: Vec<usize>,
 }
 
 impl BlockLayout {
-    /// Lays out `params` (name, shape) in order for `world_size` ranks.
-    pub fn new(params: impl IntoIterator<Item = (String, Shape)>, world_size: usize) -> Self {
+    /// Lays out `params` (name, shape), stored in `format`, in order for `world_size` ranks.
+    pub fn new(
+        format: BlockFormat,
+        params: impl IntoIterator<Item = (String, Shape)>,
+        world_size: usize,
+    ) -> Self {
         assert!(world_size > 0, "a world has at least one rank");
         let mut offset = 0;
         let entries: Vec<BlockEntry> = params
             .into_iter()
             .map(|(name, shape)| {
-                let len = nf4_stored_len(shape.elem_count());
+                let len = format.stored_len(shape.elem_count());
                 let e = BlockEntry {
                     name,
                     shape,
@@ -85,20 +96,29 @@ impl BlockLayout {
                 e
             })
             .collect();
-        let block_starts: Vec<usize> = entries
-            .iter()
-            .flat_map(|e| (0..e.len).step_by(NF4_STORED_BYTES).map(|b| e.offset + b))
-            .chain([offset])
-            .collect();
         let total = offset;
+        // Rank r's run starts at the first block boundary at or after r/W of the bytes.
+        let block_start_from = |ideal: usize| {
+            let Some(e) = entries.iter().find(|e| ideal < e.offset + e.len) else {
+                return total;
+            };
+            let within = ideal.saturating_sub(e.offset);
+            let start = within.div_ceil(format.block_bytes()) * format.block_bytes();
+            e.offset + start.min(e.len)
+        };
         let bounds = (0..=world_size)
-            .map(|r| {
-                let ideal = (r * total).div_ceil(world_size);
-                let at = block_starts.partition_point(|&start| start < ideal);
-                block_starts[at.min(block_starts.len() - 1)]
-            })
+            .map(|r| block_start_from((r * total).div_ceil(world_size)))
             .collect();
-        BlockLayout { entries, bounds }
+        BlockLayout {
+            format,
+            entries,
+            bounds,
+        }
+    }
+
+    /// The form its blocks are stored in.
+    pub fn format(&self) -> BlockFormat {
+        self.format
     }
 
     /// The parameters, in order.
@@ -150,7 +170,7 @@ impl BlockLayout {
             let start = e.offset.max(owned.start);
             let end = (e.offset + e.len).min(owned.end);
             (start < end).then(|| {
-                let values = e.values_of(start - e.offset..end - e.offset);
+                let values = e.values_of(self.format, start - e.offset..end - e.offset);
                 (i, e, values, start - owned.start)
             })
         })
@@ -177,19 +197,22 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device};
 
-    fn layout(w: usize) -> BlockLayout {
+    fn layout(format: BlockFormat, w: usize) -> BlockLayout {
         let shapes = [
             ("q", Shape::from((576, 576))),
             ("tiny", Shape::from(7)),
             ("up", Shape::from((64, 1024))),
         ];
-        BlockLayout::new(shapes.map(|(n, s)| (n.to_string(), s)), w)
+        BlockLayout::new(format, shapes.map(|(n, s)| (n.to_string(), s)), w)
     }
 
     #[test]
     fn ranks_own_whole_blocks_covering_every_value_once() {
-        for w in 1..=6 {
-            let l = layout(w);
+        for (format, w) in BlockFormat::ALL
+            .into_iter()
+            .flat_map(|f| (1..=6).map(move |w| (f, w)))
+        {
+            let l = layout(format, w);
             let total: usize = l.entries().iter().map(|e| e.len).sum();
             assert_eq!(l.owned(0).start, 0);
             assert_eq!(l.owned(w - 1).end, total);
@@ -198,25 +221,31 @@ mod tests {
                 let mut at = 0;
                 for (i, e, values, shard_at) in l.pieces(r) {
                     assert_eq!(shard_at, at, "pieces are contiguous in the shard");
-                    at += nf4_stored_len(values.len());
+                    at += format.stored_len(values.len());
                     assert!(
-                        values.start.is_multiple_of(NF4_STORED_BLOCK),
-                        "w={w}: {} cut inside a block",
+                        values.start.is_multiple_of(format.block_values()),
+                        "{format} w={w}: {} cut inside a block",
                         e.name
                     );
                     seen[i][values].iter_mut().for_each(|n| *n += 1);
                 }
-                assert_eq!(at, l.owned(r).len(), "w={w} r={r}");
+                assert_eq!(at, l.owned(r).len(), "{format} w={w} r={r}");
                 assert!(at <= l.shard_len());
             }
-            assert!(seen.iter().flatten().all(|&n| n == 1), "w={w}");
+            assert!(seen.iter().flatten().all(|&n| n == 1), "{format} w={w}");
+            // The bytes are shared out near evenly: no rank owns a block more than its part.
+            let part = total.div_ceil(w);
+            assert!(
+                l.shard_len() <= part + format.block_bytes(),
+                "{format} w={w}"
+            );
         }
     }
 
     #[test]
     fn the_gathered_buffer_packs_back_to_the_parameters_bytes() {
         for w in 1..=6 {
-            let l = layout(w);
+            let l = layout(BlockFormat::Q4K, w);
             let total = l.owned(w - 1).end;
             let packed: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
             let mut gathered = vec![0u8; l.padded()];

@@ -30,7 +30,7 @@ use wick_core::{
 pub(crate) struct ReplicatedParams {
     seed: u64,
     params: Mutex<Vec<(String, Var)>>,
-    /// Parameters that take no gradient: plain tensors (or NF4 blocks), not variables.
+    /// Parameters that take no gradient: plain tensors (or quantized blocks), not variables.
     frozen: Mutex<Vec<FrozenParam>>,
     /// Units wrapped so far (their indices, in wrap order, pick what recomputes).
     units: AtomicUsize,

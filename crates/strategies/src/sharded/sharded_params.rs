@@ -4,14 +4,14 @@
 //! back a zero-stride placeholder of the full shape (no memory behind it). When the unit
 //! ends its flat layout is known, and this rank creates its shard, element by element, from
 //! the counter-based init: the full parameter never exists. A frozen parameter born
-//! quantized (QLoRA's base) is kept as NF4 blocks, whole blocks to a rank, gathered as bytes
+//! quantized (QLoRA's base) is kept as its stored blocks, whole blocks to a rank, gathered as bytes
 //! and handed out as its stored blocks. At each step the unit is gathered once (an autograd
 //! op) and the model's block is rebuilt over views of it.
 
 use crate::layout::block_layout::BlockLayout;
 use crate::layout::flat_layout::FlatLayout;
 use crate::layout::init::param_values;
-use crate::sharded::nf4_shard::nf4_shard;
+use crate::sharded::block_shard::block_shard;
 use crate::sharded::sharded_options::ShardedOptions;
 use crate::step::precision::Precision;
 use crate::units::backward_reduction::BackwardReduction;
@@ -28,8 +28,8 @@ use candle_nn::VarBuilder;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use wick_core::{
-    lock, nf4_stored_len, ActivationCheckpointing, Collective, ParamInit, ParamRequest,
-    RecomputeFn, UnitBlock, UnitFn, UnitRuns,
+    lock, ActivationCheckpointing, BlockFormat, Collective, ParamInit, ParamRequest, RecomputeFn,
+    UnitBlock, UnitFn, UnitRuns,
 };
 
 /// A parameter request of a unit, kept from wrap time.
@@ -38,8 +38,8 @@ struct Request {
     shape: Shape,
     init: ParamInit,
     trainable: bool,
-    /// Frozen and born quantized (NF4 blocks).
-    quantize: bool,
+    /// Frozen and born quantized: the form of its blocks.
+    quantize: Option<BlockFormat>,
 }
 
 /// One wrapped unit: its layout, this rank's shard, and this step's gathered buffers.
@@ -49,7 +49,7 @@ pub(crate) struct ShardedUnit {
     /// The trainable parameters' layout and shard (empty when all are frozen).
     pub(crate) layout: Option<FlatLayout>,
     pub(crate) shard: Option<Var>,
-    /// The frozen parameters, when the unit has any: values, then NF4 blocks.
+    /// The frozen parameters, when the unit has any: values, then each block format's.
     pub(crate) frozen: Vec<FrozenPart>,
     gathered: Option<Tensor>,
     /// The frozen parts' unpacked buffers, once gathered this step.
@@ -196,7 +196,7 @@ impl ShardedParams {
         let (trainable, frozen): (Vec<&Request>, Vec<&Request>) =
             requests.iter().partition(|r| r.trainable);
         let (quantized, frozen): (Vec<&Request>, Vec<&Request>) =
-            frozen.into_iter().partition(|r| r.quantize);
+            frozen.into_iter().partition(|r| r.quantize.is_some());
         let (layout, shard) = self.make_shard(&trainable)?;
         let shard = Var::from_tensor(&shard)?;
         let mut frozen_parts = Vec::new();
@@ -205,8 +205,13 @@ impl ShardedParams {
             let layout = PartLayout::Values(layout);
             frozen_parts.push(FrozenPart { layout, shard });
         }
-        if !quantized.is_empty() {
-            frozen_parts.push(self.make_nf4_shard(&quantized)?);
+        for format in BlockFormat::ALL {
+            let blocks: Vec<&Request> = (quantized.iter().copied())
+                .filter(|r| r.quantize == Some(format))
+                .collect();
+            if !blocks.is_empty() {
+                frozen_parts.push(self.make_block_shard(format, &blocks)?);
+            }
         }
         let mut state = self.lock();
         let u = &mut state.units[unit];
@@ -262,18 +267,23 @@ impl ShardedParams {
         Ok((layout, Tensor::from_vec(shard, len, &self.device)?))
     }
 
-    /// Lays out `requests` (frozen, born quantized) in whole NF4 blocks and makes this
-    /// rank's blocks of them (a collective over the unit's ranks).
-    fn make_nf4_shard(&self, requests: &[&Request]) -> candle_core::Result<FrozenPart> {
+    /// Lays out `requests` (frozen, born quantized in `format`) in whole stored blocks and
+    /// makes this rank's blocks of them (for NF4 a collective over the unit's ranks).
+    fn make_block_shard(
+        &self,
+        format: BlockFormat,
+        requests: &[&Request],
+    ) -> candle_core::Result<FrozenPart> {
         let world = self.world();
         let layout = BlockLayout::new(
+            format,
             requests.iter().map(|r| (r.name.clone(), r.shape.clone())),
             world.world_size(),
         );
         let inits: Vec<&ParamInit> = requests.iter().map(|r| &r.init).collect();
-        let shard = nf4_shard(&layout, &inits, self.seed, world.as_ref(), &self.device)?;
+        let shard = block_shard(&layout, &inits, self.seed, world.as_ref(), &self.device)?;
         Ok(FrozenPart {
-            layout: PartLayout::Nf4Blocks(layout),
+            layout: PartLayout::Blocks(layout),
             shard,
         })
     }
@@ -378,9 +388,9 @@ impl wick_core::ParamSource for ShardedParams {
         // quantized) and no memory: the block built at wrap time is discarded, and every
         // step rebuilds it over gathered parameters.
         match request.quantize {
-            true => Tensor::zeros((), DType::U8, request.device)?
-                .broadcast_as(nf4_stored_len(shape.elem_count())),
-            false => Tensor::zeros((), DType::F32, request.device)?.broadcast_as(shape),
+            Some(format) => Tensor::zeros((), DType::U8, request.device)?
+                .broadcast_as(format.stored_len(shape.elem_count())),
+            None => Tensor::zeros((), DType::F32, request.device)?.broadcast_as(shape),
         }
     }
 

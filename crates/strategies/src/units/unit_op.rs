@@ -35,7 +35,7 @@ pub(crate) struct UnitOp {
     pub(crate) unit: usize,
     /// The trainable parameters' layout (the shard is the op's second input).
     pub(crate) layout: FlatLayout,
-    /// The frozen parameters (values, NF4 blocks), gathered with the others but never
+    /// The frozen parameters (values, stored blocks), gathered with the others but never
     /// given a gradient.
     pub(crate) frozen: Vec<FrozenPart>,
     pub(crate) run: UnitFn,

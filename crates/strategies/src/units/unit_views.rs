@@ -3,7 +3,7 @@
 //!
 //! A unit has one flat buffer of trainable parameters and, when some of its parameters are
 //! frozen (LoRA's base weights), frozen parts gathered alike but never a variable and never
-//! reduced: one of values and, for a base born quantized, one of NF4 blocks, whose
+//! reduced: one of values and, for a base born quantized, one of stored blocks, whose
 //! parameters are handed out as their stored bytes.
 
 use crate::layout::block_layout::{decoded, BlockLayout};
@@ -18,11 +18,11 @@ use std::sync::Arc;
 use wick_core::Collective;
 
 /// How a part of a unit lays out its parameters: values end to end (in the compute dtype
-/// once gathered), or a quantized base's NF4 blocks (bytes, gathered as they are).
+/// once gathered), or a quantized base's stored blocks (bytes, gathered as they are).
 #[derive(Clone)]
 pub(crate) enum PartLayout {
     Values(FlatLayout),
-    Nf4Blocks(BlockLayout),
+    Blocks(BlockLayout),
 }
 
 impl PartLayout {
@@ -30,7 +30,7 @@ impl PartLayout {
     pub(crate) fn padded(&self) -> usize {
         match self {
             PartLayout::Values(l) => l.padded(),
-            PartLayout::Nf4Blocks(l) => l.padded(),
+            PartLayout::Blocks(l) => l.padded(),
         }
     }
 
@@ -38,7 +38,7 @@ impl PartLayout {
     pub(crate) fn numel(&self) -> usize {
         match self {
             PartLayout::Values(l) => l.numel(),
-            PartLayout::Nf4Blocks(l) => l.numel(),
+            PartLayout::Blocks(l) => l.numel(),
         }
     }
 
@@ -47,7 +47,7 @@ impl PartLayout {
     pub(crate) fn unpack(&self, gathered: Tensor) -> candle_core::Result<Tensor> {
         match self {
             PartLayout::Values(_) => Ok(gathered),
-            PartLayout::Nf4Blocks(l) => l.pack(&gathered),
+            PartLayout::Blocks(l) => l.pack(&gathered),
         }
     }
 
@@ -55,7 +55,7 @@ impl PartLayout {
     fn shape_of(&self, name: &str) -> Option<&Shape> {
         match self {
             PartLayout::Values(l) => l.entry(name).map(|e| &e.shape),
-            PartLayout::Nf4Blocks(l) => l.entry(name).map(|e| &e.shape),
+            PartLayout::Blocks(l) => l.entry(name).map(|e| &e.shape),
         }
     }
 
@@ -64,7 +64,7 @@ impl PartLayout {
     fn view(&self, name: &str, flat: &Tensor) -> Option<candle_core::Result<Tensor>> {
         match self {
             PartLayout::Values(l) => l.entry(name).map(|e| e.view(flat)),
-            PartLayout::Nf4Blocks(l) => l.entry(name).map(|e| e.view(flat)),
+            PartLayout::Blocks(l) => l.entry(name).map(|e| e.view(flat)),
         }
     }
 
@@ -72,10 +72,15 @@ impl PartLayout {
     pub(crate) fn values(&self, flat: &Tensor) -> candle_core::Result<Vec<(String, Tensor)>> {
         match self {
             PartLayout::Values(l) => l.views(flat),
-            PartLayout::Nf4Blocks(l) => l
+            PartLayout::Blocks(l) => l
                 .entries()
                 .iter()
-                .map(|e| Ok((e.name.clone(), decoded(&e.name, &e.view(flat)?, &e.shape)?)))
+                .map(|e| {
+                    Ok((
+                        e.name.clone(),
+                        decoded(l.format(), &e.name, &e.view(flat)?, &e.shape)?,
+                    ))
+                })
                 .collect(),
         }
     }
@@ -83,7 +88,7 @@ impl PartLayout {
 
 /// A unit's frozen parameters (LoRA's base weights): a layout and shard of their own,
 /// gathered like the trainable ones but never a variable, never reduced, never stepped. A
-/// unit has one of values and, with a quantized base, one of NF4 blocks.
+/// unit has one of values and, with a quantized base, one of stored blocks.
 #[derive(Clone)]
 pub(crate) struct FrozenPart {
     pub(crate) layout: PartLayout,

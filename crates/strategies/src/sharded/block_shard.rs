@@ -1,46 +1,85 @@
 //! A rank's shard of a unit's quantized frozen parameters, made without the whole of any.
 //!
-//! Each rank quantizes only the whole stored blocks it owns ([`BlockLayout`]). A block's
-//! bytes depend on its own values and on one number of its whole parameter, the offset
-//! (the mean of all its absmaxes): each rank computes the absmaxes of its own blocks, one
-//! all-reduce adds them into every rank's copy (each place has one rank's value and zeros
-//! elsewhere, so the sum is exact), and every rank takes the same mean. The shards are
-//! then, byte for byte, the parameter quantized whole and cut at block boundaries, for
-//! every world size.
+//! Each rank quantizes only the whole stored blocks it owns ([`BlockLayout`]). A ggml
+//! block's bytes depend on its own values alone. An NF4 block's also depend on one number
+//! of its whole parameter, the offset (the mean of all its absmaxes): each rank computes
+//! the absmaxes of its own blocks, one all-reduce adds them into every rank's copy (each
+//! place has one rank's value and zeros elsewhere, so the sum is exact), and every rank
+//! takes the same mean. The shards are then, byte for byte, the parameter quantized whole
+//! and cut at block boundaries, for every world size.
 
 use crate::layout::block_layout::BlockLayout;
 use crate::layout::init::param_values;
 use candle_core::{Device, Tensor};
 use wick_core::{
-    nf4_absmax, nf4_offset, Collective, CollectiveExt, Nf4Tensor, ParamInit, ReduceOp, NF4_BLOCK,
+    nf4_absmax, nf4_offset, Collective, CollectiveExt, ParamInit, ReduceOp, NF4_BLOCK,
 };
 
 /// Rank `world.rank()`'s shard of `layout` (padded to its shard length), the values of
-/// parameter i drawn from `inits[i]` under `seed`. A collective: every rank of `world`
-/// calls it for the same unit at the same point.
-pub(crate) fn nf4_shard(
+/// parameter i drawn from `inits[i]` under `seed`. For NF4 a collective: every rank of
+/// `world` calls it for the same unit at the same point.
+pub(crate) fn block_shard(
     layout: &BlockLayout,
     inits: &[&ParamInit],
     seed: u64,
     world: &dyn Collective,
     device: &Device,
 ) -> candle_core::Result<Tensor> {
-    let pieces = layout
+    let pieces: Vec<Piece> = layout
         .pieces(world.rank())
-        .map(|(i, entry, values, at)| {
-            let v = param_values(inits[i], seed, &entry.name, &entry.shape, values.clone())?;
-            Ok((i, values.start, at, v))
+        .map(|(param, entry, range, at)| {
+            let first = range.start;
+            let values = param_values(inits[param], seed, &entry.name, &entry.shape, range)?;
+            Ok(Piece {
+                param,
+                first,
+                at,
+                values,
+            })
         })
-        .collect::<candle_core::Result<Vec<_>>>()?;
+        .collect::<candle_core::Result<_>>()?;
+    let offsets = match layout.format().needs_weight_offset() {
+        true => Some(nf4_offsets(layout, &pieces, world, device)?),
+        false => None,
+    };
+    let mut shard = vec![0u8; layout.shard_len()];
+    for p in &pieces {
+        let offset = offsets.as_ref().map(|o| o[p.param]);
+        let bytes = layout.format().quantize(&p.values, offset)?;
+        shard[p.at..p.at + bytes.len()].copy_from_slice(&bytes);
+    }
+    let len = shard.len();
+    Tensor::from_vec(shard, len, device)
+}
+
+/// This rank's values of one parameter's blocks.
+struct Piece {
+    /// The parameter's index in the layout.
+    param: usize,
+    /// The first value's index in the parameter.
+    first: usize,
+    /// Where the blocks' bytes start in the shard.
+    at: usize,
+    values: Vec<f32>,
+}
+
+/// Each NF4 parameter's offset, the mean of all its absmaxes, from this rank's `pieces`
+/// and one all-reduce.
+fn nf4_offsets(
+    layout: &BlockLayout,
+    pieces: &[Piece],
+    world: &dyn Collective,
+    device: &Device,
+) -> candle_core::Result<Vec<f32>> {
     // Parameter i's absmaxes start at absmax_at[i] in the unit's vector of all of them.
     let mut absmax_at = vec![0];
     for e in layout.entries() {
         absmax_at.push(absmax_at[absmax_at.len() - 1] + e.numel().div_ceil(NF4_BLOCK));
     }
     let mut absmax = vec![0f32; absmax_at[absmax_at.len() - 1]];
-    for (i, first, _, values) in &pieces {
-        let at = absmax_at[*i] + first / NF4_BLOCK;
-        let own = nf4_absmax(values);
+    for p in pieces {
+        let at = absmax_at[p.param] + p.first / NF4_BLOCK;
+        let own = nf4_absmax(&p.values);
         absmax[at..at + own.len()].copy_from_slice(&own);
     }
     let len = absmax.len();
@@ -49,15 +88,9 @@ pub(crate) fn nf4_shard(
         .all_reduce_in_place(&all, ReduceOp::Sum)
         .map_err(candle_core::Error::from)?;
     let absmax: Vec<f32> = all.to_vec1()?;
-    let mut shard = vec![0u8; layout.shard_len()];
-    for (i, _, at, values) in &pieces {
-        let offset = nf4_offset(&absmax[absmax_at[*i]..absmax_at[i + 1]]);
-        let stored = Nf4Tensor::quantize_with_offset(values, &[values.len()], Some(offset));
-        let bytes = stored.to_stored();
-        shard[*at..at + bytes.len()].copy_from_slice(&bytes);
-    }
-    let len = shard.len();
-    Tensor::from_vec(shard, len, device)
+    Ok((0..layout.entries().len())
+        .map(|i| nf4_offset(&absmax[absmax_at[i]..absmax_at[i + 1]]))
+        .collect())
 }
 
 #[cfg(test)]
@@ -65,7 +98,7 @@ mod tests {
     use super::*;
     use candle_core::Shape;
     use candle_nn::Init;
-    use wick_core::{Call, CollectiveError, SoloWorld, Work};
+    use wick_core::{BlockFormat, Call, CollectiveError, SoloWorld, Work};
 
     /// Rank `rank` of `size`, whose all-reduce checks this rank's part of the absmaxes
     /// against `all` (every other place zero) and hands back `all`, as the ranks' sum.
@@ -102,13 +135,21 @@ mod tests {
 
     #[test]
     fn shards_are_the_whole_parameters_quantized_and_cut_at_blocks() {
+        for format in BlockFormat::ALL {
+            shards_of(format);
+        }
+    }
+
+    fn shards_of(format: BlockFormat) {
         let params = [
             ("w", Shape::from((300, 130))),
             ("b", Shape::from(77)),
             ("v", Shape::from((64, 512))),
         ];
-        let layout_of =
-            |w: usize| BlockLayout::new(params.iter().map(|(n, s)| (n.to_string(), s.clone())), w);
+        let layout_of = |w: usize| {
+            let params = params.iter().map(|(n, s)| (n.to_string(), s.clone()));
+            BlockLayout::new(format, params, w)
+        };
         let init = ParamInit::Init(Init::Randn {
             mean: 0.0,
             stdev: 0.02,
@@ -119,24 +160,24 @@ mod tests {
             .map(|(name, shape)| param_values(&init, 7, name, shape, 0..shape.elem_count()))
             .collect::<candle_core::Result<_>>()
             .unwrap();
-        let whole: Vec<u8> = (params.iter().zip(&values))
-            .flat_map(|((_, shape), v)| Nf4Tensor::quantize(v, shape.dims()).to_stored())
+        let whole: Vec<u8> = (values.iter())
+            .flat_map(|v| format.quantize(v, None).unwrap())
             .collect();
         let all: Vec<f32> = values.iter().flat_map(|v| nf4_absmax(v)).collect();
-        let solo = nf4_shard(&layout_of(1), &inits, 7, &SoloWorld, &Device::Cpu).unwrap();
-        assert_eq!(solo.to_vec1::<u8>().unwrap(), whole);
+        let solo = block_shard(&layout_of(1), &inits, 7, &SoloWorld, &Device::Cpu).unwrap();
+        assert_eq!(solo.to_vec1::<u8>().unwrap(), whole, "{format}");
         for w in [2, 3, 4, 7] {
             let layout = layout_of(w);
             let mut packed = Vec::new();
             for rank in 0..w {
                 let all = all.clone();
                 let world = AbsmaxWorld { rank, size: w, all };
-                let shard = nf4_shard(&layout, &inits, 7, &world, &Device::Cpu).unwrap();
+                let shard = block_shard(&layout, &inits, 7, &world, &Device::Cpu).unwrap();
                 let shard: Vec<u8> = shard.to_vec1().unwrap();
                 assert_eq!(shard.len(), layout.shard_len());
                 packed.extend_from_slice(&shard[..layout.owned(rank).len()]);
             }
-            assert_eq!(packed, whole, "w={w}");
+            assert_eq!(packed, whole, "{format} w={w}");
         }
     }
 }

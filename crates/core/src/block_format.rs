@@ -1,0 +1,243 @@
+//! `BlockFormat`: the quantized forms a frozen weight (QLoRA's base) is kept in, as runs of
+//! stored blocks that each decode alone: NF4 with double quantization ([`crate::Nf4Tensor`]),
+//! and llama.cpp's Q8_0, Q4_K and Q6_K, whose blocks Candle's `quantized` module encodes
+//! and decodes as ggml does.
+//!
+//! A weight's values, row-major and end to end, fall into stored blocks of
+//! [`BlockFormat::block_values`] values and [`BlockFormat::block_bytes`] bytes. A strategy
+//! deals whole stored blocks to ranks, so a block and its scales never straddle two. The
+//! last block of a ggml weight whose count does not fill it is padded with zeros (decoded
+//! and dropped); NF4's last stored block is shorter instead, as bitsandbytes stores it.
+
+use crate::nf4::{
+    decode_nf4_stored, nf4_stored_len, Nf4Tensor, NF4_STORED_BLOCK, NF4_STORED_BYTES,
+};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use std::borrow::Cow;
+
+/// A quantized form of a frozen weight, named as on the command line (`nf4`, `q8_0`,
+/// `q4_k`, `q6_k`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlockFormat {
+    /// NF4 with double quantization, as QLoRA defines it and bitsandbytes stores it
+    /// (`bnb_4bit_quant_type="nf4"`, `bnb_4bit_use_double_quant=True`): 4.13 bits a weight.
+    Nf4,
+    /// llama.cpp's Q8_0: blocks of 32 signed bytes and an f16 scale, 8.5 bits a weight.
+    Q8_0,
+    /// llama.cpp's Q4_K: super-blocks of 256 in 4 bits with 6-bit scales and mins, 4.5 bits.
+    Q4K,
+    /// llama.cpp's Q6_K: super-blocks of 256 in 6 bits with 8-bit scales, 6.56 bits.
+    Q6K,
+}
+
+impl BlockFormat {
+    /// Every form, in the order the command line lists them.
+    pub const ALL: [BlockFormat; 4] = [
+        BlockFormat::Nf4,
+        BlockFormat::Q8_0,
+        BlockFormat::Q4K,
+        BlockFormat::Q6K,
+    ];
+
+    /// Its name on the command line and in a checkpoint.
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockFormat::Nf4 => "nf4",
+            BlockFormat::Q8_0 => "q8_0",
+            BlockFormat::Q4K => "q4_k",
+            BlockFormat::Q6K => "q6_k",
+        }
+    }
+
+    /// The ggml type that encodes its blocks (none for NF4).
+    fn ggml(self) -> Option<GgmlDType> {
+        match self {
+            BlockFormat::Nf4 => None,
+            BlockFormat::Q8_0 => Some(GgmlDType::Q8_0),
+            BlockFormat::Q4K => Some(GgmlDType::Q4K),
+            BlockFormat::Q6K => Some(GgmlDType::Q6K),
+        }
+    }
+
+    /// Values a stored block holds (the unit that decodes alone).
+    pub fn block_values(self) -> usize {
+        match self.ggml() {
+            None => NF4_STORED_BLOCK,
+            Some(t) => t.block_size(),
+        }
+    }
+
+    /// Bytes a whole stored block takes.
+    pub fn block_bytes(self) -> usize {
+        match self.ggml() {
+            None => NF4_STORED_BYTES,
+            Some(t) => t.type_size(),
+        }
+    }
+
+    /// Bytes a weight of `n` values takes stored.
+    pub fn stored_len(self, n: usize) -> usize {
+        match self.ggml() {
+            None => nf4_stored_len(n),
+            Some(_) => n.div_ceil(self.block_values()) * self.block_bytes(),
+        }
+    }
+
+    /// Whether a block's bytes depend on its whole weight, not on its own values alone:
+    /// NF4's absmaxes are stored less their mean over the weight (the offset).
+    pub fn needs_weight_offset(self) -> bool {
+        self == BlockFormat::Nf4
+    }
+
+    /// `values` (a whole weight, or a run of its whole blocks) stored in this form. For
+    /// NF4, `nf4_offset` is the whole weight's offset ([`crate::nf4_offset`]); `None` takes
+    /// it from `values`.
+    pub fn quantize(self, values: &[f32], nf4_offset: Option<f32>) -> candle_core::Result<Vec<u8>> {
+        let Some(ggml) = self.ggml() else {
+            let nf4 = Nf4Tensor::quantize_with_offset(values, &[values.len()], nf4_offset);
+            return Ok(nf4.to_stored());
+        };
+        let padded = values.len().div_ceil(self.block_values()) * self.block_values();
+        let mut all = Vec::with_capacity(padded);
+        all.extend_from_slice(values);
+        all.resize(padded, 0.0);
+        let q = QTensor::quantize(&Tensor::from_vec(all, padded, &Device::Cpu)?, ggml)?;
+        Ok(q.data()?.into_owned())
+    }
+
+    /// Decodes `stored` (a weight's stored bytes, or any run of its whole stored blocks,
+    /// the last one's remainder included) into `out`, one value an element.
+    pub fn decode(self, stored: &[u8], out: &mut [f32]) -> Result<(), String> {
+        let Some(ggml) = self.ggml() else {
+            return decode_nf4_stored(stored, out);
+        };
+        if stored.len() != self.stored_len(out.len()) {
+            return Err(format!(
+                "{} bytes of {} blocks do not hold {} elements ({} bytes would)",
+                stored.len(),
+                self.name(),
+                out.len(),
+                self.stored_len(out.len())
+            ));
+        }
+        // Candle reads ggml blocks in place, which needs their f16 fields aligned: bytes
+        // at an odd address (a view of a packed buffer) are copied to aligned words first.
+        let words: Vec<u16>;
+        let aligned: &[u8] = match (stored.as_ptr() as usize).is_multiple_of(2) {
+            true => stored,
+            false => {
+                words = stored
+                    .chunks(2)
+                    .map(|p| u16::from_ne_bytes([p[0], p.get(1).copied().unwrap_or(0)]))
+                    .collect();
+                &bytemuck::cast_slice(&words)[..stored.len()]
+            }
+        };
+        let padded = stored.len() / self.block_bytes() * self.block_values();
+        let decoded = ggml
+            .from_data(Cow::Borrowed(aligned))
+            .dequantize(padded)
+            .map_err(|e| e.to_string())?;
+        let candle_core::CpuStorage::F32(values) = decoded else {
+            return Err(format!("{} decoded to a dtype other than f32", self.name()));
+        };
+        out.copy_from_slice(&values[..out.len()]);
+        Ok(())
+    }
+
+    /// The values `values` (of one weight) take in this form: quantized, then decoded
+    /// (what QLoRA's layers compute with, and what a merge adds to).
+    pub fn round_trip(self, values: &[f32]) -> candle_core::Result<Vec<f32>> {
+        let stored = self.quantize(values, None)?;
+        let mut out = vec![0f32; values.len()];
+        self.decode(&stored, &mut out)
+            .map_err(candle_core::Error::Msg)?;
+        Ok(out)
+    }
+}
+
+impl std::fmt::Display for BlockFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for BlockFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|f| f.name()).collect();
+                format!(
+                    "{s} is not a block format wick keeps ({})",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.1)
+            .collect()
+    }
+
+    #[test]
+    fn every_form_round_trips_close_and_names_itself() {
+        // Worst step of each form over values in [-0.05, 0.05].
+        let bound = [
+            (BlockFormat::Nf4, 0.01),
+            (BlockFormat::Q8_0, 0.0005),
+            (BlockFormat::Q4K, 0.005),
+            (BlockFormat::Q6K, 0.002),
+        ];
+        for (format, bound) in bound {
+            for n in [1, 31, 256, 1000, 40_000] {
+                let v = values(n);
+                let stored = format.quantize(&v, None).unwrap();
+                assert_eq!(stored.len(), format.stored_len(n), "{format} n={n}");
+                let back = format.round_trip(&v).unwrap();
+                let worst = v
+                    .iter()
+                    .zip(&back)
+                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                assert!(worst < bound, "{format} n={n}: {worst}");
+                // A block of one value can land on a level; a long run cannot.
+                assert!(n < 256 || worst > 0.0, "{format} n={n} came back exact");
+            }
+            assert_eq!(format.name().parse::<BlockFormat>().unwrap(), format);
+        }
+        assert!("q4_0".parse::<BlockFormat>().unwrap_err().contains("q6_k"));
+    }
+
+    #[test]
+    fn runs_of_whole_blocks_quantize_and_decode_alone() {
+        for format in BlockFormat::ALL
+            .into_iter()
+            .filter(|f| !f.needs_weight_offset())
+        {
+            let v = values(format.block_values() * 5 + 3);
+            let whole = format.quantize(&v, None).unwrap();
+            let cut = format.block_values() * 2;
+            let mut parts = format.quantize(&v[..cut], None).unwrap();
+            parts.extend(format.quantize(&v[cut..], None).unwrap());
+            assert_eq!(parts, whole, "{format}");
+            // A run read at an odd address decodes as an aligned one.
+            let mut odd = vec![0u8; whole.len() + 1];
+            odd[1..].copy_from_slice(&whole);
+            let (mut a, mut b) = (vec![0f32; v.len()], vec![0f32; v.len()]);
+            format.decode(&whole, &mut a).unwrap();
+            format.decode(&odd[1..], &mut b).unwrap();
+            assert_eq!(a, b, "{format}");
+            assert!(format.decode(&whole[1..], &mut a).is_err());
+        }
+    }
+}
