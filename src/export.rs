@@ -229,8 +229,12 @@ pub(crate) fn merge(
     let weights = base_model
         .weights()
         .context("a pretrained model has weights")?;
-    // A QLoRA run trained over its base's decoded values: merged into those.
-    let quantized = crate::hf_model::quantized_base_of(ck)?;
+    // A QLoRA run trained over its base's decoded values: merged into those (a base kept
+    // as read is already read as its blocks decode).
+    let quantized = match crate::hf_model::quantized_base_of(ck)? {
+        Some(wick_models::QuantizedBase::In(format)) => Some(format),
+        Some(wick_models::QuantizedBase::AsRead) | None => None,
+    };
     let mut out = HashMap::new();
     for (name, shape) in base_model.config().parameter_shapes() {
         let mut w = read(weights.as_ref(), &name, &shape)?;

@@ -11,7 +11,7 @@ use anyhow::Context;
 use std::path::{Path, PathBuf};
 use wick_core::OptimizerConfig;
 use wick_models::{
-    BlockFormat, CausalLm, LoraConfig, TextTokenizer, ADAPTER_CONFIG_FILE, QUANTIZED_BASE_FILE,
+    CausalLm, LoraConfig, QuantizedBase, TextTokenizer, ADAPTER_CONFIG_FILE, QUANTIZED_BASE_FILE,
 };
 use wick_trainer::{
     Checkpoint, DataLoader, Dataset, ModelCheckpoint, Packing, Split, TokenDataset,
@@ -80,7 +80,7 @@ pub fn from_checkpoint(checkpoint: Checkpoint) -> anyhow::Result<Option<CausalLm
 }
 
 /// The form a QLoRA run's checkpoint kept its base in, if it is one.
-pub fn quantized_base_of(checkpoint: &Checkpoint) -> anyhow::Result<Option<BlockFormat>> {
+pub fn quantized_base_of(checkpoint: &Checkpoint) -> anyhow::Result<Option<QuantizedBase>> {
     let Some(path) = checkpoint.attachment(QUANTIZED_BASE_FILE) else {
         return Ok(None);
     };

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use wick::core::{dynamic_code, BlockFormat, Nf4Tensor, OptimizerConfig, PretrainedWeights};
-use wick::models::{is_base_linear_weight, CausalLm, LoraConfig};
+use wick::models::{is_base_linear_weight, CausalLm, LoraConfig, QuantizedBase};
 use wick::strategies::strategy_by_name;
 use wick::trainer::{Attached, DataLoader};
 
@@ -123,7 +123,11 @@ fn qlora_model(optimizer: OptimizerConfig, format: BlockFormat) -> CausalLm {
 }
 
 fn qwen2_loader() -> DataLoader<Windows> {
-    let path = fixtures().join("qwen2/reference.safetensors");
+    windows_of("qwen2")
+}
+
+fn windows_of(family: &str) -> DataLoader<Windows> {
+    let path = fixtures().join(format!("{family}/reference.safetensors"));
     let reference = candle_core::safetensors::load(path, &Device::Cpu).unwrap();
     // 12 windows a step: the batch splits over 2, 3 and 4 ranks alike.
     let windows = reference["windows"].to_dtype(DType::U32).unwrap();
@@ -137,9 +141,19 @@ fn fit(
     strategy: &str,
     steps: usize,
 ) -> (HashMap<String, Tensor>, Attached<CausalLm>) {
+    fit_on(model, &qwen2_loader(), (devices, strategy), steps)
+}
+
+/// [`fit`] on `data`.
+fn fit_on(
+    model: CausalLm,
+    data: &DataLoader<Windows>,
+    (devices, strategy): (usize, &str),
+    steps: usize,
+) -> (HashMap<String, Tensor>, Attached<CausalLm>) {
     let mut t = trainer(devices, strategy_by_name(strategy).unwrap(), steps);
     let mut m = Attached::new(model);
-    t.fit(&mut m, &qwen2_loader(), None).unwrap();
+    t.fit(&mut m, data, None).unwrap();
     let params = t.full_parameters(&mut m).unwrap().into_iter().collect();
     (params, m)
 }
@@ -198,7 +212,10 @@ fn qlora_equals_lora(format: BlockFormat, runs: &[(usize, &str)]) {
     let smallest = moved.fold(f32::INFINITY, f32::min);
     println!("qlora {format}: first gradients within {grads:e} (B's smallest {smallest:e})");
     // Every B's gradient at least 10x the bound.
-    assert!(grads <= 1e-6 && smallest > 1e-5, "{format}: {grads} {smallest}");
+    assert!(
+        grads <= 1e-6 && smallest > 1e-5,
+        "{format}: {grads} {smallest}"
+    );
     // Ten AdamW steps, on one device and on several ranks of every strategy (the base kept
     // whole, or sharded by whole blocks), against LoRA over the decoded base on one device.
     let adamw = || OptimizerConfig::adamw(1e-3);
@@ -235,7 +252,10 @@ fn qlora_equals_lora(format: BlockFormat, runs: &[(usize, &str)]) {
                 let whole = quantized + dense;
                 let bound = whole.div_ceil(devices) + 3 * (block + 2 * 4 * devices);
                 println!("qlora {format} {strategy} W={devices}: {bytes} bytes of parameters a rank (bound {bound}, whole {whole})");
-                assert!(bytes <= bound, "{format} {strategy} W={devices}: {bytes} > {bound}");
+                assert!(
+                    bytes <= bound,
+                    "{format} {strategy} W={devices}: {bytes} > {bound}"
+                );
             }
             _ => assert_eq!(bytes, quantized + dense, "{format} {strategy} W={devices}"),
         }
@@ -247,4 +267,69 @@ fn a_quantized_base_needs_lora() {
     let plain = CausalLm::from_pretrained(fixtures().join("qwen2")).unwrap();
     let e = plain.with_quantized_base(BlockFormat::Nf4).err().unwrap();
     assert!(e.to_string().contains("LoRA"), "{e}");
+}
+
+/// A quantized GGUF's own blocks kept as they are (`--keep-quantized`): LoRA over them
+/// equals LoRA over the same file dequantized (what wick reads from it otherwise), whole or
+/// sharded by whole blocks. The Llama fixture's Q8_0 file holds the attention and gate/up
+/// weights in Q8_0 (the query and key rows in llama.cpp's rope order, put back row by row)
+/// and `down_proj` in f32 (its rows of 88 do not divide into blocks), which stays dense.
+#[test]
+fn a_gguf_base_kept_as_read_equals_lora_over_the_file_dequantized() {
+    let file = fixtures().join("../gguf/llama-q8_0.gguf");
+    let lora = || LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        dropout: 0.0,
+        targets: ["q_proj", "k_proj", "down_proj"].map(String::from).to_vec(),
+    };
+    let model = |optimizer| {
+        let lm = CausalLm::from_pretrained(&file).unwrap();
+        lm.with_optimizer(optimizer).with_lora(lora()).unwrap()
+    };
+    let data = windows_of("llama");
+    let adamw = || OptimizerConfig::adamw(1e-3);
+    let (reference, _) = fit_on(model(adamw()), &data, (1, "single"), 10);
+    // The file's quantization moves the run far more than the bound.
+    let original = CausalLm::from_pretrained(fixtures().join("llama")).unwrap();
+    let original = original.with_optimizer(adamw()).with_lora(lora()).unwrap();
+    let (original, _) = fit_on(original, &data, (1, "single"), 10);
+    let quantization = adapters_diff(&reference, &original);
+    assert!(quantization > 1e-4, "{quantization}");
+    let kept = || {
+        model(adamw())
+            .with_quantized_base(QuantizedBase::AsRead)
+            .unwrap()
+    };
+    for (devices, strategy) in [(1, "single"), (2, "ddp"), (2, "zero3"), (3, "fsdp")] {
+        let (got, m) = fit_on(kept(), &data, (devices, strategy), 10);
+        let diff = adapters_diff(&got, &reference);
+        println!("kept as read {strategy} W={devices}: 10 steps within {diff:e} (quantization moved {quantization:e})");
+        assert!(diff <= 1e-5, "{strategy} W={devices}: {diff}");
+        // The frozen weights decode to the file's values, bit for bit (rows in order).
+        for (n, value) in got.iter().filter(|(n, _)| !LoraConfig::is_adapter(n)) {
+            assert_eq!(max_diff(value, &reference[n]), 0.0, "{strategy}: {n}");
+        }
+        // The Q8_0 weights are kept as their blocks (8.5 bits), down_proj as f32.
+        let q8 = |n: &str| is_base_linear_weight(n) && !n.contains("down_proj");
+        let bytes: usize = (got.iter())
+            .map(|(n, t)| match q8(n) {
+                true => BlockFormat::Q8_0.stored_len(t.elem_count()),
+                false => 4 * t.elem_count(),
+            })
+            .sum();
+        let held = m.state_bytes().unwrap().params;
+        match strategy {
+            "single" | "ddp" => assert_eq!(held, bytes, "{strategy}"),
+            _ => assert!(
+                held < bytes / devices + 3 * 1024,
+                "{strategy}: {held} of {bytes}"
+            ),
+        }
+    }
+    // Weights that hold no blocks cannot be kept as read.
+    let plain = CausalLm::from_pretrained(fixtures().join("llama")).unwrap();
+    let e = plain.with_lora(lora()).unwrap();
+    let e = e.with_quantized_base(QuantizedBase::AsRead).err().unwrap();
+    assert!(e.to_string().contains("GGUF"), "{e}");
 }

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use wick::accelerator::DeviceKind;
 use wick::core::Decay;
-use wick_core::{ActivationCheckpointing, OnNonFinite};
+use wick_core::{ActivationCheckpointing, BlockFormat, OnNonFinite};
 use wick_models::LoraConfig;
 use wick_strategies::{FsdpSharding, Precision, StrategyKind};
 use wick_trainer::Logger;
@@ -177,12 +177,17 @@ pub struct FitArgs {
     )]
     pub lora_targets: Vec<String>,
     /// QLoRA: the frozen base's linear weights born and kept in this form (nf4: NF4 with
-    /// double quantization, as bitsandbytes stores it; q8_0, q4_k, q6_k: llama.cpp's
-    /// blocks), decoded inside each layer in forward and again in backward. Kept whole by
-    /// single, ddp, zero1 and zero2, sharded by whole blocks by zero3 and fsdp.
-    #[arg(long, value_name = "FORM", requires = "lora_rank", value_parser = ["nf4", "q8_0", "q4_k", "q6_k"])]
+    /// double quantization, as bitsandbytes stores it; q8_0, q4_k, q6_k and llama.cpp's
+    /// other block types), decoded inside each layer in forward and again in backward.
+    /// Kept whole by single, ddp, zero1 and zero2, sharded by whole blocks by zero3 and fsdp.
+    #[arg(long, value_name = "FORM", requires = "lora_rank", value_parser = BlockFormat::ALL.map(BlockFormat::name))]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantize_base: Option<String>,
+    /// QLoRA over a quantized GGUF --model: its linear weights kept in the file's own
+    /// blocks, as they are (each in its own type; one the file holds in f32, f16 or bf16
+    /// stays dense), rather than dequantized.
+    #[arg(long, requires = "lora_rank", conflicts_with = "quantize_base")]
+    pub keep_quantized: bool,
     /// Tokens per window with --model.
     #[arg(long, value_parser = positive, value_name = "N", default_value_t = 128)]
     pub seq: usize,

@@ -3,7 +3,7 @@
 
 use super::{name_of, FitArgs};
 use wick_core::LrSchedule;
-use wick_models::{BlockFormat, LoraConfig};
+use wick_models::{LoraConfig, QuantizedBase};
 use wick_strategies::{
     Fsdp, FsdpSharding, Precision, StrategyKind, StrategyOptions, StrategySpec, Zero3,
 };
@@ -30,8 +30,11 @@ impl FitArgs {
                 return Err("lora-rank fine-tunes a --model; the character model has none".into());
             }
         }
-        if self.quantize_base.is_some() && self.lora_rank.is_none() {
+        if (self.quantize_base.is_some() || self.keep_quantized) && self.lora_rank.is_none() {
             return Err("quantize-base keeps a LoRA run's frozen base: give lora-rank".into());
+        }
+        if self.quantize_base.is_some() && self.keep_quantized {
+            return Err("keep-quantized keeps the file's blocks: give no quantize-base".into());
         }
         self.quantize_base()?;
         if self.objective.preference_loss().is_some() && self.model.is_none() {
@@ -68,9 +71,13 @@ impl FitArgs {
         })
     }
 
-    /// The form QLoRA keeps the frozen base in, when `quantize_base` names one.
-    pub fn quantize_base(&self) -> Result<Option<BlockFormat>, String> {
-        self.quantize_base.as_deref().map(str::parse).transpose()
+    /// The form QLoRA keeps the frozen base in, when `quantize_base` names one or
+    /// `keep_quantized` keeps the file's.
+    pub fn quantize_base(&self) -> Result<Option<QuantizedBase>, String> {
+        match self.keep_quantized {
+            true => Ok(Some(QuantizedBase::AsRead)),
+            false => self.quantize_base.as_deref().map(str::parse).transpose(),
+        }
     }
 
     /// The LoRA options, when `lora_rank` turns LoRA on.

@@ -64,13 +64,21 @@ fn defaults_and_overrides() {
     assert!(e.contains("--lora-dropout 1"), "{e}");
     assert!(fit("fit --lora-rank 4").is_err(), "LoRA without --model");
     let a = fit("fit --model m --lora-rank 4 --quantize-base nf4").unwrap();
-    assert_eq!(a.quantize_base(), Ok(Some(wick_models::BlockFormat::Nf4)));
+    let format = |f| Ok(Some(wick_models::QuantizedBase::In(f)));
+    assert_eq!(a.quantize_base(), format(wick_models::BlockFormat::Nf4));
     let a = fit("fit --model m --lora-rank 4 --quantize-base q4_k").unwrap();
-    assert_eq!(a.quantize_base(), Ok(Some(wick_models::BlockFormat::Q4K)));
+    assert_eq!(a.quantize_base(), format(wick_models::BlockFormat::Q4K));
+    let a = fit("fit --model m --lora-rank 4 --keep-quantized").unwrap();
+    assert_eq!(
+        a.quantize_base(),
+        Ok(Some(wick_models::QuantizedBase::AsRead))
+    );
+    assert!(fit("fit --model m --keep-quantized").is_err());
+    assert!(fit("fit --model m --lora-rank 4 --keep-quantized --quantize-base nf4").is_err());
     let e = fit("fit --model m --quantize-base nf4").unwrap_err();
     assert!(e.contains("lora-rank"), "{e}");
-    let e = fit("fit --model m --lora-rank 4 --quantize-base q4_0 --strategy ddp").unwrap_err();
-    assert!(e.contains("q4_0") && e.contains("nf4"), "{e}");
+    let e = fit("fit --model m --lora-rank 4 --quantize-base q8_1 --strategy ddp").unwrap_err();
+    assert!(e.contains("q8_1") && e.contains("nf4"), "{e}");
     assert_eq!(fit("fit").unwrap().logger, wick_trainer::Logger::DEFAULT);
     let a = fit("fit --logger mlflow,csv --mlflow-uri http://h:1").unwrap();
     assert_eq!(

@@ -167,6 +167,51 @@ fn a_gguf_model_prepares_validates_chats_and_fine_tunes_as_its_directory_does() 
         moved > 1e-6 && moved < 0.1,
         "Q8_0 moved the logits by {moved}"
     );
+    // QLoRA over that Q8_0 file's own blocks, sharded by fsdp: the checkpoint records the
+    // base as read, and validating it reads the base so (the run's own validation loss).
+    let kept_at = at.join("kept");
+    std::fs::create_dir_all(&kept_at).unwrap();
+    let q8_file = at.join("q8_0.gguf");
+    let q8_file = q8_file.to_str().unwrap();
+    let prepare = [
+        "prepare",
+        "--tokenizer",
+        q8_file,
+        "--output",
+        "tokens.safetensors",
+    ];
+    let (ok, out, err) = wick(
+        &kept_at,
+        &[&prepare[..], &["--no-progress", &corpus]].concat(),
+    );
+    assert!(ok, "{out}{err}");
+    let mut kept = fit.to_vec();
+    kept[2] = q8_file;
+    kept.extend(["--keep-quantized", "--devices", "2", "--run-name", "kept"]);
+    let (ok, out, err) = wick(&kept_at, &kept);
+    assert!(ok, "{out}{err}");
+    // Each rank holds the Q8_0 weights as their blocks: well under half the f32 model.
+    let number_before = |word: &str| -> f64 {
+        let at = out
+            .find(word)
+            .unwrap_or_else(|| panic!("no '{word}' in {out}"));
+        let digits = out[..at].trim_end().rsplit(' ').next().unwrap();
+        digits.parse().unwrap()
+    };
+    let all = number_before(" trainable,") + number_before(" frozen (no gradient");
+    let held = number_before(" B, grads");
+    assert!(
+        held < 0.8 * 4.0 * all / 2.0,
+        "{held} B a rank of {all} parameters"
+    );
+    let metrics = std::fs::read_to_string(kept_at.join("runs/kept/metrics.csv")).unwrap();
+    let last = metrics.lines().nth(2).unwrap();
+    let trained: f64 = last.split(',').nth(3).unwrap().parse().unwrap();
+    let validated = val_loss(&kept_at, &["ck/last"], "1", "single");
+    assert!(
+        (validated - trained).abs() < 1e-5,
+        "{validated} vs {trained}"
+    );
     assert_eq!(
         answer(at.join("merged.gguf").to_str().unwrap()),
         merged_answer

@@ -229,7 +229,10 @@ fn a_qlora_fine_tune_is_validated_and_merged_over_its_quantized_base_under_ddp_a
     assert!(ok, "{out}{err}");
     let trained = val_loss_of("q4k");
     let last = std::fs::read_to_string(d.join("ck-q4k/last")).unwrap();
-    let record = d.join("ck-q4k").join(last.trim()).join("quantized_base.txt");
+    let record = d
+        .join("ck-q4k")
+        .join(last.trim())
+        .join("quantized_base.txt");
     let record = std::fs::read_to_string(record).unwrap();
     assert_eq!(record.trim(), "q4_k");
     let validated = val_loss(d, &["ck-q4k/last"], "1", "single");

@@ -1,7 +1,7 @@
 //! `BlockFormat`: the quantized forms a frozen weight (QLoRA's base) is kept in, as runs of
 //! stored blocks that each decode alone: NF4 with double quantization ([`crate::Nf4Tensor`]),
-//! and llama.cpp's Q8_0, Q4_K and Q6_K, whose blocks Candle's `quantized` module encodes
-//! and decodes as ggml does.
+//! and llama.cpp's block types (Q8_0, Q4_K, Q6_K and the others a GGUF file holds), whose
+//! blocks Candle's `quantized` module encodes and decodes as ggml does.
 //!
 //! A weight's values, row-major and end to end, fall into stored blocks of
 //! [`BlockFormat::block_values`] values and [`BlockFormat::block_bytes`] bytes. A strategy
@@ -17,7 +17,7 @@ use candle_core::{Device, Tensor};
 use std::borrow::Cow;
 
 /// A quantized form of a frozen weight, named as on the command line (`nf4`, `q8_0`,
-/// `q4_k`, `q6_k`).
+/// `q4_k`, `q6_k`, ...) and as llama.cpp names its types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BlockFormat {
     /// NF4 with double quantization, as QLoRA defines it and bitsandbytes stores it
@@ -29,15 +29,36 @@ pub enum BlockFormat {
     Q4K,
     /// llama.cpp's Q6_K: super-blocks of 256 in 6 bits with 8-bit scales, 6.56 bits.
     Q6K,
+    /// llama.cpp's Q4_0: blocks of 32 in 4 bits with an f16 scale, 4.5 bits.
+    Q4_0,
+    /// llama.cpp's Q4_1: Q4_0 with an f16 minimum, 5 bits.
+    Q4_1,
+    /// llama.cpp's Q5_0: blocks of 32 in 5 bits with an f16 scale, 5.5 bits.
+    Q5_0,
+    /// llama.cpp's Q5_1: Q5_0 with an f16 minimum, 6 bits.
+    Q5_1,
+    /// llama.cpp's Q2_K: super-blocks of 256 in 2 bits, 2.63 bits.
+    Q2K,
+    /// llama.cpp's Q3_K: super-blocks of 256 in 3 bits, 3.44 bits.
+    Q3K,
+    /// llama.cpp's Q5_K: super-blocks of 256 in 5 bits, 5.5 bits.
+    Q5K,
 }
 
 impl BlockFormat {
     /// Every form, in the order the command line lists them.
-    pub const ALL: [BlockFormat; 4] = [
+    pub const ALL: [BlockFormat; 11] = [
         BlockFormat::Nf4,
         BlockFormat::Q8_0,
         BlockFormat::Q4K,
         BlockFormat::Q6K,
+        BlockFormat::Q4_0,
+        BlockFormat::Q4_1,
+        BlockFormat::Q5_0,
+        BlockFormat::Q5_1,
+        BlockFormat::Q2K,
+        BlockFormat::Q3K,
+        BlockFormat::Q5K,
     ];
 
     /// Its name on the command line and in a checkpoint.
@@ -47,17 +68,37 @@ impl BlockFormat {
             BlockFormat::Q8_0 => "q8_0",
             BlockFormat::Q4K => "q4_k",
             BlockFormat::Q6K => "q6_k",
+            BlockFormat::Q4_0 => "q4_0",
+            BlockFormat::Q4_1 => "q4_1",
+            BlockFormat::Q5_0 => "q5_0",
+            BlockFormat::Q5_1 => "q5_1",
+            BlockFormat::Q2K => "q2_k",
+            BlockFormat::Q3K => "q3_k",
+            BlockFormat::Q5K => "q5_k",
         }
     }
 
     /// The ggml type that encodes its blocks (none for NF4).
-    fn ggml(self) -> Option<GgmlDType> {
-        match self {
-            BlockFormat::Nf4 => None,
-            BlockFormat::Q8_0 => Some(GgmlDType::Q8_0),
-            BlockFormat::Q4K => Some(GgmlDType::Q4K),
-            BlockFormat::Q6K => Some(GgmlDType::Q6K),
-        }
+    pub fn ggml(self) -> Option<GgmlDType> {
+        Some(match self {
+            BlockFormat::Nf4 => return None,
+            BlockFormat::Q8_0 => GgmlDType::Q8_0,
+            BlockFormat::Q4K => GgmlDType::Q4K,
+            BlockFormat::Q6K => GgmlDType::Q6K,
+            BlockFormat::Q4_0 => GgmlDType::Q4_0,
+            BlockFormat::Q4_1 => GgmlDType::Q4_1,
+            BlockFormat::Q5_0 => GgmlDType::Q5_0,
+            BlockFormat::Q5_1 => GgmlDType::Q5_1,
+            BlockFormat::Q2K => GgmlDType::Q2K,
+            BlockFormat::Q3K => GgmlDType::Q3K,
+            BlockFormat::Q5K => GgmlDType::Q5K,
+        })
+    }
+
+    /// The form of a GGUF tensor of type `ggml`, where it is a block type wick keeps (not
+    /// f32, f16 or bf16, nor the dot-product types Q8_1 and Q8_K).
+    pub fn from_ggml(ggml: GgmlDType) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.ggml() == Some(ggml))
     }
 
     /// Values a stored block holds (the unit that decodes alone).
@@ -198,6 +239,13 @@ mod tests {
             (BlockFormat::Q8_0, 0.0005),
             (BlockFormat::Q4K, 0.005),
             (BlockFormat::Q6K, 0.002),
+            (BlockFormat::Q4_0, 0.008),
+            (BlockFormat::Q4_1, 0.005),
+            (BlockFormat::Q5_0, 0.004),
+            (BlockFormat::Q5_1, 0.002),
+            (BlockFormat::Q2K, 0.025),
+            (BlockFormat::Q3K, 0.015),
+            (BlockFormat::Q5K, 0.0025),
         ];
         for (format, bound) in bound {
             for n in [1, 31, 256, 1000, 40_000] {
@@ -214,8 +262,13 @@ mod tests {
                 assert!(n < 256 || worst > 0.0, "{format} n={n} came back exact");
             }
             assert_eq!(format.name().parse::<BlockFormat>().unwrap(), format);
+            assert_eq!(
+                format.ggml().and_then(BlockFormat::from_ggml),
+                format.ggml().map(|_| format)
+            );
         }
-        assert!("q4_0".parse::<BlockFormat>().unwrap_err().contains("q6_k"));
+        assert!("q8_1".parse::<BlockFormat>().unwrap_err().contains("q6_k"));
+        assert_eq!(BlockFormat::from_ggml(GgmlDType::F16), None);
     }
 
     #[test]

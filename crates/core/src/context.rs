@@ -176,15 +176,15 @@ impl ShardedContext {
         *lock(&self.choices.fresh) = Some(Arc::new(filter));
     }
 
-    /// Frozen parameters created from now on whose full name `filter` picks are born
-    /// quantized to `format` (QLoRA's base): the strategy keeps their stored blocks, never
-    /// the f32 tensor, and hands them out as a u8 tensor (see [`ParamRequest::quantize`]).
+    /// Frozen parameters created from now on for whose full name `format_of` gives a form
+    /// are born quantized in it (QLoRA's base): the strategy keeps their stored blocks,
+    /// never the f32 tensor, and hands them out as a u8 tensor (see
+    /// [`ParamRequest::quantize`]).
     pub fn quantize_frozen(
         &self,
-        format: BlockFormat,
-        filter: impl Fn(&str) -> bool + Send + Sync + 'static,
+        format_of: impl Fn(&str) -> Option<BlockFormat> + Send + Sync + 'static,
     ) {
-        *lock(&self.choices.quantized) = Some((format, Arc::new(filter)));
+        *lock(&self.choices.quantized) = Some(Arc::new(format_of));
     }
 
     /// This rank's index.
@@ -267,8 +267,11 @@ impl Drop for ContextGuard {
 }
 
 /// A choice of parameters by full name: [`ShardedContext::train_only`],
-/// [`ShardedContext::init_only`], [`ShardedContext::quantize_frozen`].
+/// [`ShardedContext::init_only`].
 type NameFilter = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// The form a parameter is born quantized in, by full name: [`ShardedContext::quantize_frozen`].
+type FormatOf = Arc<dyn Fn(&str) -> Option<BlockFormat> + Send + Sync>;
 
 /// What the model chose for the parameters it creates from now on, shared by a context and
 /// the `VarBuilder`s it hands out.
@@ -281,7 +284,7 @@ struct ParamChoices {
     /// Which take their initializer even with weights loaded.
     fresh: Mutex<Option<NameFilter>>,
     /// Which frozen ones are born quantized, and in what form.
-    quantized: Mutex<Option<(BlockFormat, NameFilter)>>,
+    quantized: Mutex<Option<FormatOf>>,
 }
 
 struct GuardedSource {
@@ -316,7 +319,7 @@ impl SimpleBackend for GuardedSource {
             .as_ref()
             .is_none_or(|f| f(name));
         let quantize = match &*lock(&self.choices.quantized) {
-            Some((format, picks)) if !trainable && picks(name) => Some(*format),
+            Some(format_of) if !trainable => format_of(name),
             _ => None,
         };
         self.source.get_or_create(ParamRequest {

@@ -1,7 +1,7 @@
 //! Where a new parameter's values come from: candle-nn's initializer, or pretrained weights
 //! read a slice at a time, so that under sharding no rank ever holds a full parameter.
 
-use crate::{FileError, SafetensorsFile};
+use crate::{BlockFormat, FileError, SafetensorsFile};
 use candle_core::Shape;
 use candle_nn::Init;
 use std::ops::Range;
@@ -14,6 +14,29 @@ pub trait WeightSource: Send + Sync {
     /// with shape `shape`.
     fn read(&self, name: &str, shape: &Shape, range: Range<usize>)
         -> candle_core::Result<Vec<f32>>;
+
+    /// The block form the source holds parameter `name` in, where it holds it quantized in
+    /// one wick keeps (a GGUF file's own blocks, in the layout the model asks for). `None`,
+    /// the default: the source serves values only.
+    fn block_format(&self, name: &str) -> Option<BlockFormat> {
+        let _ = name;
+        None
+    }
+
+    /// The stored blocks that hold elements `range` of parameter `name` (row-major, of
+    /// shape `shape`; `range` starts at a block boundary and ends at one or at the last
+    /// element), as the source holds them, when it holds `name` in `format`
+    /// ([`WeightSource::block_format`]); `None` otherwise, the default.
+    fn read_blocks(
+        &self,
+        name: &str,
+        shape: &Shape,
+        format: BlockFormat,
+        range: Range<usize>,
+    ) -> candle_core::Result<Option<Vec<u8>>> {
+        let _ = (name, shape, format, range);
+        Ok(None)
+    }
 }
 
 /// How a new parameter's values are made.

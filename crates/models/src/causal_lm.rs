@@ -10,15 +10,14 @@ use crate::lora::{
     Adapters, DropoutKey, LoraConfig, PeftNames, WithAdapters, ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
 };
-use crate::quantized_base::is_base_linear_weight;
+use crate::quantized_base::QuantizedBase;
 use crate::scoring::Scoring;
 use crate::{ModelError, TextTokenizer};
 use candle_core::{DType, Result, Tensor, D};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use wick_core::{
-    BlockFormat, OptimizerConfig, PretrainedWeights, ShardedContext, TokenBatch, TrainModule,
-    WeightSource,
+    OptimizerConfig, PretrainedWeights, ShardedContext, TokenBatch, TrainModule, WeightSource,
 };
 use wick_nn::Positions;
 
@@ -50,7 +49,7 @@ pub struct CausalLm {
     /// The adapters' starting values (a PEFT directory's, a checkpoint's); drawn otherwise.
     adapters: Option<Arc<dyn WeightSource>>,
     /// QLoRA: the frozen base's linear weights born quantized.
-    quantized_base: Option<BlockFormat>,
+    quantized_base: Option<QuantizedBase>,
     optimizer: OptimizerConfig,
     /// This rank's index (dropout masks differ between ranks).
     rank: usize,
@@ -212,15 +211,16 @@ impl CausalLm {
         Ok(lm)
     }
 
-    /// QLoRA: under LoRA, the frozen base's linear weights ([`is_base_linear_weight`]) are
-    /// born in `quantization` and kept so by the strategy (never whole in f32), decoded
-    /// inside each layer's op in forward and again in backward. Refused without LoRA
-    /// (nothing would be frozen). The strategies that keep every parameter whole on each
-    /// rank (single, ddp, zero1, zero2) keep it whole; zero3 and fsdp shard it by whole
-    /// blocks.
+    /// QLoRA: under LoRA, the frozen base's linear weights ([`crate::is_base_linear_weight`])
+    /// are born in `form` (a [`wick_core::BlockFormat`], or [`QuantizedBase::AsRead`]: a GGUF file's own
+    /// blocks) and kept so by the strategy (never whole in f32), decoded inside each
+    /// layer's op in forward and again in backward. Refused without LoRA (nothing would be
+    /// frozen), and as read where the weights hold no base weight in blocks. The strategies
+    /// that keep every parameter whole on each rank (single, ddp, zero1, zero2) keep it
+    /// whole; zero3 and fsdp shard it by whole blocks.
     pub fn with_quantized_base(
         mut self,
-        quantization: BlockFormat,
+        form: impl Into<QuantizedBase>,
     ) -> std::result::Result<Self, ModelError> {
         if self.lora.is_none() {
             return Err(ModelError::Lora(
@@ -228,12 +228,24 @@ impl CausalLm {
                     .into(),
             ));
         }
-        self.quantized_base = Some(quantization);
+        let form = form.into();
+        if form == QuantizedBase::AsRead {
+            let format_of = form.format_of(self.weights.clone());
+            let shapes = self.config.parameter_shapes();
+            if !shapes.iter().any(|(name, _)| format_of(name).is_some()) {
+                return Err(ModelError::Lora(
+                    "the base kept as read needs weights that hold its linear weights in \
+                     blocks (a quantized GGUF file); quantize it with a block format instead"
+                        .into(),
+                ));
+            }
+        }
+        self.quantized_base = Some(form);
         Ok(self)
     }
 
-    /// The quantization of the frozen base, under QLoRA.
-    pub fn quantized_base(&self) -> Option<BlockFormat> {
+    /// The form of the frozen base, under QLoRA.
+    pub fn quantized_base(&self) -> Option<QuantizedBase> {
         self.quantized_base
     }
 
@@ -421,15 +433,14 @@ impl TrainModule for CausalLm {
         if self.lora.is_some() {
             ctx.train_only(is_adapter);
         }
-        if let Some(format) = self.quantized_base {
-            ctx.quantize_frozen(format, is_base_linear_weight);
+        let format_of = (self.quantized_base).map(|form| form.format_of(self.weights.clone()));
+        if let Some(format_of) = format_of.clone() {
+            ctx.quantize_frozen(move |name| format_of(name));
         }
         self.rank = ctx.rank();
         let lora = self.lora.as_ref();
         self.net = Some(match &self.config {
-            ModelConfig::Decoder(c) => {
-                Net::Decoder(Decoder::new(ctx, c, lora, self.quantized_base)?)
-            }
+            ModelConfig::Decoder(c) => Net::Decoder(Decoder::new(ctx, c, lora, format_of)?),
             ModelConfig::Gpt2(c) => Net::Gpt2(Gpt2::new(ctx, c)?),
         });
         Ok(())

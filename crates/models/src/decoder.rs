@@ -11,12 +11,13 @@ use crate::config::{Activation, DecoderConfig};
 use crate::kv_cache::{KvCache, LayerCache};
 use crate::layers::{embed, heads, linear, merge_heads, normal, project};
 use crate::lora::{Adapters, LoraConfig, Projection};
+use crate::quantized_base::FormatOf;
 use crate::rope::RopeTables;
 use crate::scoring::Scoring;
 use candle_core::{Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use std::sync::Arc;
-use wick_core::{BlockFormat, ShardedContext, Wrapped};
+use wick_core::{ShardedContext, Wrapped};
 use wick_nn::{
     causal_attention_in_documents, gelu, rms_norm, rms_norm_unit_offset, swiglu, AttentionOptions,
     Linear, Positions, RmsNorm, RotaryEmbedding,
@@ -67,7 +68,7 @@ impl DecoderLayer {
         vb: VarBuilder,
         c: &DecoderConfig,
         index: usize,
-        (lora, quantized): (Option<&LoraConfig>, Option<BlockFormat>),
+        (lora, format_of): (Option<&LoraConfig>, Option<&FormatOf>),
     ) -> Result<Self> {
         let (h, std, d) = (c.hidden_size, c.initializer_range, c.head_dim);
         let (q, kv) = (c.num_attention_heads * d, c.num_key_value_heads * d);
@@ -79,6 +80,7 @@ impl DecoderLayer {
         let mut proj = |parent: &VarBuilder, module: &str, dims, bias| {
             let vb = parent.pp(module);
             let base = linear(&vb, dims, bias, std)?;
+            let quantized = format_of.and_then(|f| f(&format!("{}.weight", vb.prefix())));
             made += 1;
             let salt = index as u64 * 8 + made;
             Projection::new(base, &vb, (module, dims), (lora, quantized), salt)
@@ -252,13 +254,13 @@ pub(crate) struct Decoder {
 
 impl Decoder {
     /// Creates the model's parameters through `ctx`, under Hugging Face's names (and
-    /// PEFT's for `lora`'s adapters), the base's linear weights born in `quantized` where
-    /// given (QLoRA).
+    /// PEFT's for `lora`'s adapters), the base's linear weights born in the forms
+    /// `format_of` gives (QLoRA).
     pub(crate) fn new(
         ctx: &ShardedContext,
         c: &DecoderConfig,
         lora: Option<&LoraConfig>,
-        quantized: Option<BlockFormat>,
+        format_of: Option<FormatOf>,
     ) -> Result<Self> {
         let (vocab, h, std) = (c.vocab_size, c.hidden_size, c.initializer_range);
         let embed_tokens = ctx.wrap("model.embed_tokens", move |vb| {
@@ -266,9 +268,9 @@ impl Decoder {
         })?;
         let layers = (0..c.num_hidden_layers)
             .map(|i| {
-                let (c, lora) = (c.clone(), lora.cloned());
+                let (c, lora, format_of) = (c.clone(), lora.cloned(), format_of.clone());
                 ctx.wrap(&format!("model.layers.{i}"), move |vb| {
-                    DecoderLayer::new(vb, &c, i, (lora.as_ref(), quantized))
+                    DecoderLayer::new(vb, &c, i, (lora.as_ref(), format_of.as_ref()))
                 })
             })
             .collect::<Result<_>>()?;

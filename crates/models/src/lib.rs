@@ -47,7 +47,7 @@ pub use lora::{
 };
 pub use preference::{PreferenceConfig, PreferenceLm, PreferenceLoss, PREFERENCE_METRICS};
 pub use preference_pair::{Document, PreferencePair};
-pub use quantized_base::{is_base_linear_weight, QUANTIZED_BASE_FILE};
+pub use quantized_base::{is_base_linear_weight, QuantizedBase, QUANTIZED_BASE_FILE};
 pub use tokenizer::TextTokenizer;
 pub use wick_core::BlockFormat;
 

@@ -408,12 +408,32 @@ pub(crate) struct WithAdapters {
     pub(crate) adapters: Arc<dyn WeightSource>,
 }
 
+impl WithAdapters {
+    fn source_of(&self, name: &str) -> &dyn WeightSource {
+        match LoraConfig::is_adapter(name) {
+            true => self.adapters.as_ref(),
+            false => self.base.as_ref(),
+        }
+    }
+}
+
 impl WeightSource for WithAdapters {
     fn read(&self, name: &str, shape: &Shape, range: Range<usize>) -> Result<Vec<f32>> {
-        match LoraConfig::is_adapter(name) {
-            true => self.adapters.read(name, shape, range),
-            false => self.base.read(name, shape, range),
-        }
+        self.source_of(name).read(name, shape, range)
+    }
+
+    fn block_format(&self, name: &str) -> Option<BlockFormat> {
+        self.source_of(name).block_format(name)
+    }
+
+    fn read_blocks(
+        &self,
+        name: &str,
+        shape: &Shape,
+        format: BlockFormat,
+        range: Range<usize>,
+    ) -> Result<Option<Vec<u8>>> {
+        self.source_of(name).read_blocks(name, shape, format, range)
     }
 }
 

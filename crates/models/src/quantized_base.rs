@@ -1,9 +1,68 @@
 //! QLoRA's frozen base: which of a model's parameters are born quantized
-//! ([`is_base_linear_weight`], in the [`wick_core::BlockFormat`] given to
-//! `CausalLm::with_quantized_base`), and the file that records the form in a checkpoint.
+//! ([`is_base_linear_weight`]), in what form ([`QuantizedBase`]: a [`BlockFormat`], or the
+//! blocks the weights hold), and the file that records the form in a checkpoint.
 
-/// The attachment of a QLoRA run's checkpoints that records its base's form (`nf4`,
-/// `q8_0`, `q4_k` or `q6_k`), so that a validation, a sample or a merged export read the
+use std::sync::Arc;
+use wick_core::{BlockFormat, WeightSource};
+
+/// The form QLoRA keeps a frozen base's linear weights in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantizedBase {
+    /// Quantized to this form as each weight is made.
+    In(BlockFormat),
+    /// As the weights hold them: a GGUF file's own blocks, taken as they are, each weight
+    /// in its file's type (a weight the file holds in f32, f16 or bf16 stays dense).
+    AsRead,
+}
+
+/// The form each parameter is born quantized in, by full name.
+pub(crate) type FormatOf = Arc<dyn Fn(&str) -> Option<BlockFormat> + Send + Sync>;
+
+impl QuantizedBase {
+    /// Its name on the command line and in [`QUANTIZED_BASE_FILE`]: the format's, or
+    /// `as-read`.
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantizedBase::In(format) => format.name(),
+            QuantizedBase::AsRead => "as-read",
+        }
+    }
+
+    /// The form each base linear weight of a model whose weights are `weights` is born in.
+    pub(crate) fn format_of(self, weights: Option<Arc<dyn WeightSource>>) -> FormatOf {
+        match self {
+            QuantizedBase::In(format) => {
+                Arc::new(move |name: &str| is_base_linear_weight(name).then_some(format))
+            }
+            QuantizedBase::AsRead => Arc::new(move |name: &str| {
+                let weights = weights.as_ref()?;
+                is_base_linear_weight(name)
+                    .then(|| weights.block_format(name))
+                    .flatten()
+            }),
+        }
+    }
+}
+
+impl From<BlockFormat> for QuantizedBase {
+    fn from(format: BlockFormat) -> Self {
+        QuantizedBase::In(format)
+    }
+}
+
+impl std::str::FromStr for QuantizedBase {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "as-read" => Ok(QuantizedBase::AsRead),
+            format => format.parse().map(QuantizedBase::In),
+        }
+    }
+}
+
+/// The attachment of a QLoRA run's checkpoints that records its base's form
+/// ([`QuantizedBase::name`]), so that a validation, a sample or a merged export read the
 /// base as the run trained over it.
 pub const QUANTIZED_BASE_FILE: &str = "quantized_base.txt";
 
@@ -39,5 +98,9 @@ mod tests {
         ));
         assert!(!is_base_linear_weight("model.embed_tokens.weight"));
         assert!(!is_base_linear_weight("lm_head.weight"));
+        for form in [QuantizedBase::In(BlockFormat::Q4K), QuantizedBase::AsRead] {
+            assert_eq!(form.name().parse::<QuantizedBase>(), Ok(form));
+        }
+        assert!("q8_1".parse::<QuantizedBase>().is_err());
     }
 }

@@ -40,6 +40,23 @@ impl Layout {
         }
     }
 
+    /// For each row of a `rows`-row weight in Hugging Face's layout, the file's row it is,
+    /// where the layout moves whole rows (`Same`, `Permuted`); `None` where it does not.
+    pub(crate) fn hf_rows(self, rows: usize) -> candle_core::Result<Option<Vec<usize>>> {
+        if !matches!(self, Layout::Same | Layout::Permuted(_)) {
+            return Ok(None);
+        }
+        // The file's row numbers, laid out as the values are: exact in f32 below 2^24.
+        let numbers: Vec<f32> = (0..rows).map(|r| r as f32).collect();
+        let moved = self.to_hf(Tensor::from_vec(
+            numbers,
+            (rows, 1),
+            &candle_core::Device::Cpu,
+        )?)?;
+        let moved: Vec<f32> = moved.flatten_all()?.to_vec1()?;
+        Ok(Some(moved.into_iter().map(|r| r as usize).collect()))
+    }
+
     /// `t`, in Hugging Face's layout, as llama.cpp's converter writes it.
     pub(crate) fn to_gguf(self, t: Tensor) -> candle_core::Result<Tensor> {
         match self {

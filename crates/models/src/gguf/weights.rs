@@ -1,15 +1,16 @@
 //! `GgufWeights`: a GGUF file's tensors as a [`WeightSource`] under Hugging Face's names,
 //! each dequantized to f32 by Candle's `quantized` module (every type it reads) and put
-//! back in Hugging Face's layout when a parameter asks for it.
+//! back in Hugging Face's layout when a parameter asks for it; or, for a QLoRA base kept as
+//! read, a weight's own blocks, its rows put back in Hugging Face's order.
 
-use super::architecture::gguf_name;
+use super::architecture::{gguf_name, Layout};
 use crate::ModelConfig;
 use candle_core::quantized::gguf_file::Content;
 use candle_core::{Device, Shape, Tensor};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use wick_core::WeightSource;
+use wick_core::{BlockFormat, WeightSource};
 
 /// A GGUF file, its metadata read, its tensors read when asked for.
 pub struct GgufWeights {
@@ -68,6 +69,23 @@ impl GgufWeights {
     }
 }
 
+impl GgufWeights {
+    /// The GGUF name, layout and block form of the Hugging Face weight `name`, where the
+    /// file holds it in blocks wick keeps and its layout moves whole rows (each row whole
+    /// blocks, as ggml stores a quantized matrix).
+    fn blocks_of(&self, name: &str) -> Option<(String, Layout, BlockFormat)> {
+        let (gguf, layout) = gguf_name(&self.config, name)?;
+        let info = self.content.tensor_infos.get(&gguf)?;
+        let format = BlockFormat::from_ggml(info.ggml_dtype)?;
+        let whole_rows = match info.shape.dims() {
+            [_, cols] => cols.is_multiple_of(format.block_values()),
+            _ => false,
+        };
+        let moves_rows = matches!(layout, Layout::Same | Layout::Permuted(_));
+        (whole_rows && moves_rows).then_some((gguf, layout, format))
+    }
+}
+
 impl WeightSource for GgufWeights {
     fn read(
         &self,
@@ -87,5 +105,46 @@ impl WeightSource for GgufWeights {
             )
         }
         Ok(values[range].to_vec())
+    }
+
+    fn block_format(&self, name: &str) -> Option<BlockFormat> {
+        self.blocks_of(name).map(|(_, _, format)| format)
+    }
+
+    fn read_blocks(
+        &self,
+        name: &str,
+        shape: &Shape,
+        format: BlockFormat,
+        range: Range<usize>,
+    ) -> candle_core::Result<Option<Vec<u8>>> {
+        let Some((gguf, layout, held)) = self.blocks_of(name).filter(|b| b.2 == format) else {
+            return Ok(None);
+        };
+        let mut file = std::fs::File::open(&self.path)?;
+        let q = self.content.tensor(&mut file, &gguf, &Device::Cpu)?;
+        if q.shape() != shape {
+            candle_core::bail!(
+                "{}: {name} is {:?}, not the {shape:?} the model asks for",
+                self.path.display(),
+                q.shape()
+            )
+        }
+        let bytes = q.data()?;
+        let rows = shape.dims()[0];
+        let row_bytes = bytes.len() / rows.max(1);
+        let order = layout.hf_rows(rows)?.expect("blocks_of keeps row layouts");
+        let (bv, bb) = (held.block_values(), held.block_bytes());
+        let (first, end) = (range.start / bv * bb, range.end.div_ceil(bv) * bb);
+        let mut out = Vec::with_capacity(end - first);
+        for (hf_row, file_row) in order.into_iter().enumerate() {
+            let at = hf_row * row_bytes;
+            let (a, b) = (first.max(at), end.min(at + row_bytes));
+            if a < b {
+                let from = file_row * row_bytes;
+                out.extend_from_slice(&bytes[from + a - at..from + b - at]);
+            }
+        }
+        Ok(Some(out))
     }
 }

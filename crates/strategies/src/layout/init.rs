@@ -9,7 +9,7 @@ use candle_core::Shape;
 use candle_nn::init::NormalOrUniform;
 use candle_nn::Init;
 use std::ops::Range;
-use wick_core::{splitmix64, ParamInit};
+use wick_core::{splitmix64, BlockFormat, ParamInit};
 
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
@@ -61,6 +61,35 @@ pub fn param_values(
         ParamInit::Init(init) => Ok(init_values(init, seed, name, shape, range)),
         ParamInit::Weights(weights) => weights.read(name, shape, range),
     }
+}
+
+/// The stored blocks in `format` that hold elements `range` of parameter `name` (at block
+/// boundaries): as pretrained weights hold them where they keep `name` in `format` (a GGUF
+/// file's own blocks, taken as they are), or quantized from its values (for NF4 under the
+/// whole weight's `nf4_offset`, or `range`'s own where `None`).
+pub fn param_blocks(
+    init: &ParamInit,
+    seed: u64,
+    (name, shape): (&str, &Shape),
+    format: BlockFormat,
+    range: Range<usize>,
+    nf4_offset: Option<f32>,
+) -> candle_core::Result<Vec<u8>> {
+    if let ParamInit::Weights(weights) = init {
+        if let Some(blocks) = weights.read_blocks(name, shape, format, range.clone())? {
+            let want = format.stored_len(range.len());
+            if blocks.len() != want {
+                candle_core::bail!(
+                    "parameter '{name}': the weights gave {} bytes of {format} blocks for \
+                     elements {range:?}, not {want}",
+                    blocks.len()
+                )
+            }
+            return Ok(blocks);
+        }
+    }
+    let values = param_values(init, seed, name, shape, range)?;
+    format.quantize(&values, nf4_offset)
 }
 
 /// The values of elements `range` (row-major) of parameter `name` with `shape` and `init`.

@@ -3,6 +3,7 @@
 //! blocks only.
 
 use crate::layout::block_layout::decoded;
+use crate::layout::init::{param_blocks, param_values};
 use candle_core::{Shape, Tensor};
 use wick_core::{BlockFormat, ParamRequest};
 
@@ -18,20 +19,25 @@ pub(crate) struct FrozenParam {
 }
 
 impl FrozenParam {
-    /// The parameter `request` asks for, from its f32 `values` (all of them), quantized
-    /// when the request says so.
-    pub(crate) fn new(request: &ParamRequest<'_>, values: Vec<f32>) -> candle_core::Result<Self> {
+    /// The parameter `request` asks for, made from its init under `seed` (all of it),
+    /// quantized when the request says so (or read as its weights hold its blocks).
+    pub(crate) fn new(request: &ParamRequest<'_>, seed: u64) -> candle_core::Result<Self> {
+        let (name, shape) = (request.name, request.shape);
+        let all = 0..shape.elem_count();
         let tensor = match request.quantize {
             Some(format) => {
-                let stored = format.quantize(&values, None)?;
+                let stored = param_blocks(request.init, seed, (name, shape), format, all, None)?;
                 let len = stored.len();
                 Tensor::from_vec(stored, len, request.device)?
             }
-            None => Tensor::from_vec(values, request.shape, request.device)?,
+            None => {
+                let values = param_values(request.init, seed, name, shape, all)?;
+                Tensor::from_vec(values, shape, request.device)?
+            }
         };
         Ok(FrozenParam {
-            name: request.name.to_string(),
-            shape: request.shape.clone(),
+            name: name.to_string(),
+            shape: shape.clone(),
             tensor,
             format: request.quantize,
         })

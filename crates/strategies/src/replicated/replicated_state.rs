@@ -60,13 +60,13 @@ impl ParamSource for ReplicatedParams {
             check_asked_again(&request, made_shape, was_trainable)?;
             return Ok(tensor.clone());
         }
-        let values = param_values(request.init, self.seed, name, shape, 0..shape.elem_count())?;
         if !request.trainable {
-            let param = FrozenParam::new(&request, values)?;
+            let param = FrozenParam::new(&request, self.seed)?;
             let tensor = param.tensor.clone();
             frozen.push(param);
             return Ok(tensor);
         }
+        let values = param_values(request.init, self.seed, name, shape, 0..shape.elem_count())?;
         let tensor = Tensor::from_vec(values, shape, request.device)?;
         let var = Var::from_tensor(&tensor)?;
         params.push((name.to_string(), var.clone()));

@@ -9,15 +9,15 @@
 //! and cut at block boundaries, for every world size.
 
 use crate::layout::block_layout::BlockLayout;
-use crate::layout::init::param_values;
+use crate::layout::init::{param_blocks, param_values};
 use candle_core::{Device, Tensor};
 use wick_core::{
     nf4_absmax, nf4_offset, Collective, CollectiveExt, ParamInit, ReduceOp, NF4_BLOCK,
 };
 
-/// Rank `world.rank()`'s shard of `layout` (padded to its shard length), the values of
-/// parameter i drawn from `inits[i]` under `seed`. For NF4 a collective: every rank of
-/// `world` calls it for the same unit at the same point.
+/// Rank `world.rank()`'s shard of `layout` (padded to its shard length), parameter i's
+/// blocks made from `inits[i]` under `seed` (or read as its weights hold them). For NF4 a
+/// collective: every rank of `world` calls it for the same unit at the same point.
 pub(crate) fn block_shard(
     layout: &BlockLayout,
     inits: &[&ParamInit],
@@ -25,34 +25,42 @@ pub(crate) fn block_shard(
     world: &dyn Collective,
     device: &Device,
 ) -> candle_core::Result<Tensor> {
-    let pieces: Vec<Piece> = layout
-        .pieces(world.rank())
-        .map(|(param, entry, range, at)| {
-            let first = range.start;
-            let values = param_values(inits[param], seed, &entry.name, &entry.shape, range)?;
-            Ok(Piece {
-                param,
-                first,
-                at,
-                values,
-            })
-        })
-        .collect::<candle_core::Result<_>>()?;
-    let offsets = match layout.format().needs_weight_offset() {
-        true => Some(nf4_offsets(layout, &pieces, world, device)?),
-        false => None,
-    };
+    let format = layout.format();
     let mut shard = vec![0u8; layout.shard_len()];
-    for p in &pieces {
-        let offset = offsets.as_ref().map(|o| o[p.param]);
-        let bytes = layout.format().quantize(&p.values, offset)?;
-        shard[p.at..p.at + bytes.len()].copy_from_slice(&bytes);
+    let mut put = |at: usize, bytes: &[u8]| shard[at..at + bytes.len()].copy_from_slice(bytes);
+    if !format.needs_weight_offset() {
+        // A block of its own values alone: made (or read as the weights hold it) apart.
+        for (param, entry, range, at) in layout.pieces(world.rank()) {
+            let of = (entry.name.as_str(), &entry.shape);
+            put(
+                at,
+                &param_blocks(inits[param], seed, of, format, range, None)?,
+            );
+        }
+    } else {
+        let pieces: Vec<Piece> = layout
+            .pieces(world.rank())
+            .map(|(param, entry, range, at)| {
+                let first = range.start;
+                let values = param_values(inits[param], seed, &entry.name, &entry.shape, range)?;
+                Ok(Piece {
+                    param,
+                    first,
+                    at,
+                    values,
+                })
+            })
+            .collect::<candle_core::Result<_>>()?;
+        let offsets = nf4_offsets(layout, &pieces, world, device)?;
+        for p in &pieces {
+            put(p.at, &format.quantize(&p.values, Some(offsets[p.param]))?);
+        }
     }
     let len = shard.len();
     Tensor::from_vec(shard, len, device)
 }
 
-/// This rank's values of one parameter's blocks.
+/// This rank's values of one NF4 parameter's blocks.
 struct Piece {
     /// The parameter's index in the layout.
     param: usize,
