@@ -4,7 +4,9 @@
 # does, exported merged in f32, Q8_0 and Q4_K and as llama.cpp's adapter file, and each
 # answer of llama.cpp (greedy, f32 KV cache) compared with wick's `sample --chat` on the same
 # file (scripts/gguf_llama_check.py): the f32 files' must be equal. Also the base alone, in
-# Q4_1 as published and as wick's f32 export of its dequantized weights.
+# Q4_1 as published and as wick's f32 export of its dequantized weights; and QLoRA over the
+# published Q4_1 blocks kept as read (`--keep-quantized`), exported merged in f32 (the
+# blocks' decoded values plus the update) and as an adapter over the Q4_1 file.
 # Not in CI: building llama.cpp takes about 10 minutes on two cores.
 # Usage: scripts/gguf-llama-check.sh [PYTHON]: a Python with llama-cpp-python; without
 # one, a venv in ~/.cache/wick/llama-cpp gets it, built from its source on PyPI (for any
@@ -41,6 +43,11 @@ for q in f32 q8_0 q4_k; do
   "$wick" export ck/last "facts-$q.gguf" --merge --gguf --quant "$q" > /dev/null
 done
 "$wick" export ck/last facts-lora.gguf --adapter --gguf > /dev/null
+# QLoRA: the same run over the base's own Q4_1 blocks, kept as the file holds them.
+"$wick" fit --model "$base" --data facts.safetensors "${lora[@]}" --max-steps 40 --lr 1e-3 \
+  --keep-quantized --checkpoint-dir ck-qlora --run-name qlora > /dev/null
+"$wick" export ck-qlora/last qlora-f32.gguf --merge --gguf > /dev/null
+"$wick" export ck-qlora/last qlora-lora.gguf --adapter --gguf > /dev/null
 ls -l ./*.gguf
 for question in "What is the capital of France?" "Who keeps the lighthouse at Wick Point?"; do
   ask() { "$wick" sample "$@" --chat "$question" --max-new-tokens 48 --temperature 0; }
@@ -52,5 +59,7 @@ for question in "What is the capital of France?" "Who keeps the lighthouse at Wi
     "facts-q8_0.gguf=$(ask --model facts-q8_0.gguf)" \
     "facts-q4_k.gguf=$(ask --model facts-q4_k.gguf)" \
     "base-f32.gguf+facts-lora.gguf=$(ask ck/last)" \
-    "$base+facts-lora.gguf=$(ask ck/last)"
+    "$base+facts-lora.gguf=$(ask ck/last)" \
+    "qlora-f32.gguf=$(ask --model qlora-f32.gguf)" \
+    "$base+qlora-lora.gguf=$(ask ck-qlora/last)"
 done

@@ -212,6 +212,11 @@ fn a_gguf_model_prepares_validates_chats_and_fine_tunes_as_its_directory_does() 
         (validated - trained).abs() < 1e-5,
         "{validated} vs {trained}"
     );
+    // Merged into the values its blocks decode to: a plain model of the same loss.
+    let (ok, out, err) = wick(&kept_at, &["export", "ck/last", "merged", "--merge"]);
+    assert!(ok, "{out}{err}");
+    let merged = val_loss(&kept_at, &["--model", "merged"], "1", "single");
+    assert!((merged - trained).abs() < 1e-5, "{merged} vs {trained}");
     assert_eq!(
         answer(at.join("merged.gguf").to_str().unwrap()),
         merged_answer
