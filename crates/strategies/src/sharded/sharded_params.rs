@@ -515,11 +515,12 @@ impl wick_core::ParamSource for ShardedParams {
             flat,
             counted: true,
         }];
-        parts.extend(u.frozen.iter().zip(frozen).map(|(f, flat)| GatheredPart {
-            layout: f.layout.clone(),
-            flat,
-            counted: false,
-        }));
+        parts.extend(
+            u.frozen
+                .iter()
+                .zip(frozen)
+                .map(|(f, flat)| f.gathered(flat)),
+        );
         let uses = Some(self.param_use.clone());
         let vb = unit_var_builder(
             &u.name,

@@ -164,11 +164,7 @@ impl UnitOp {
     /// The frozen parts over their unpacked buffers `flats`.
     fn frozen_parts(&self, flats: &[Tensor]) -> Vec<GatheredPart> {
         (self.frozen.iter().zip(flats))
-            .map(|(part, flat)| GatheredPart {
-                layout: part.layout.clone(),
-                flat: flat.clone(),
-                counted: false,
-            })
+            .map(|(part, flat)| part.gathered(flat.clone()))
             .collect()
     }
 

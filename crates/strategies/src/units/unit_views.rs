@@ -51,20 +51,23 @@ impl PartLayout {
         }
     }
 
-    /// Parameter `name`'s full shape, if the part holds it.
-    fn shape_of(&self, name: &str) -> Option<&Shape> {
+    /// Whether the part holds parameter `name`.
+    fn holds(&self, name: &str) -> bool {
         match self {
-            PartLayout::Values(l) => l.entry(name).map(|e| &e.shape),
-            PartLayout::Blocks(l) => l.entry(name).map(|e| &e.shape),
+            PartLayout::Values(l) => l.entry(name).is_some(),
+            PartLayout::Blocks(l) => l.entry(name).is_some(),
         }
     }
 
-    /// Parameter `name`'s view of the unpacked buffer `flat`: its values in its shape, or
-    /// its stored blocks (u8, as a strategy hands out a weight born quantized).
-    fn view(&self, name: &str, flat: &Tensor) -> Option<candle_core::Result<Tensor>> {
+    /// Parameter `name`'s full shape and its view of the unpacked buffer `flat` (its values
+    /// in its shape, or its stored blocks, u8, as a strategy hands out a weight born
+    /// quantized), if the part holds it.
+    fn view(&self, name: &str, flat: &Tensor) -> Option<candle_core::Result<(Shape, Tensor)>> {
+        let shaped =
+            |shape: &Shape, view: candle_core::Result<Tensor>| view.map(|v| (shape.clone(), v));
         match self {
-            PartLayout::Values(l) => l.entry(name).map(|e| e.view(flat)),
-            PartLayout::Blocks(l) => l.entry(name).map(|e| e.view(flat)),
+            PartLayout::Values(l) => l.entry(name).map(|e| shaped(&e.shape, e.view(flat))),
+            PartLayout::Blocks(l) => l.entry(name).map(|e| shaped(&e.shape, e.view(flat))),
         }
     }
 
@@ -104,6 +107,16 @@ impl FrozenPart {
     ) -> candle_core::Result<Tensor> {
         let full = gather(world, &self.shard, self.layout.padded(), dtype)?;
         self.layout.unpack(full)
+    }
+
+    /// The part over its unpacked buffer `flat`, as a unit's parameters are viewed (never
+    /// counted: a frozen parameter has no gradient to miss).
+    pub(crate) fn gathered(&self, flat: Tensor) -> GatheredPart {
+        GatheredPart {
+            layout: self.layout.clone(),
+            flat,
+            counted: false,
+        }
     }
 }
 
@@ -151,13 +164,11 @@ impl UnitViews {
             return Some(Ok((t.shape().clone(), t.clone())));
         }
         self.parts.iter().find_map(|part| {
-            let shape = part.layout.shape_of(name)?.clone();
-            let view = part.layout.view(name, &part.flat)?;
-            Some(view.map(|view| {
+            let found = part.layout.view(name, &part.flat)?;
+            Some(found.inspect(|(_, view)| {
                 if let (Some(uses), true) = (&self.uses, part.counted) {
-                    uses.hand_out(&view, || vec![name.to_string()]);
+                    uses.hand_out(view, || vec![name.to_string()]);
                 }
-                (shape, view)
             }))
         })
     }
@@ -196,7 +207,6 @@ impl SimpleBackend for UnitViews {
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
-        self.given.contains_key(name)
-            || self.parts.iter().any(|p| p.layout.shape_of(name).is_some())
+        self.given.contains_key(name) || self.parts.iter().any(|p| p.layout.holds(name))
     }
 }
