@@ -27,15 +27,19 @@ fn strategies() -> Vec<(String, Box<dyn Strategy>)> {
     all
 }
 
-/// Every strategy's bytes per rank for `params` trainable and `frozen` frozen elements at
-/// `world` ranks.
-pub fn rows(params: usize, frozen: usize, world: usize) -> Vec<(String, StateBytes)> {
+/// Every strategy's bytes per rank for `params` trainable elements beside `frozen_bytes`
+/// of frozen parameters (4 an element, or a quantized base's stored blocks) at `world`
+/// ranks.
+pub fn rows(params: usize, frozen_bytes: usize, world: usize) -> Vec<(String, StateBytes)> {
     strategies()
         .into_iter()
         .map(|(name, s)| {
-            let bytes = s
-                .sharding()
-                .adamw_formula_with_frozen(params, frozen, world);
+            let sharding = s.sharding();
+            let mut bytes = sharding.adamw_formula_with_frozen(params, 0, world);
+            bytes.params += match sharding.params {
+                true => frozen_bytes / world,
+                false => frozen_bytes,
+            };
             (name, bytes)
         })
         .collect()
@@ -81,13 +85,15 @@ struct Counted {
     params: usize,
     /// The frozen ones (LoRA's base).
     frozen: usize,
+    /// The bytes they are kept in: 4 an element, a quantized base's blocks less.
+    frozen_bytes: usize,
     /// The largest unit and its elements (unknown from `--params` alone).
     largest: Option<(String, usize)>,
 }
 
 /// What `args` asks about, counted.
 fn counted(args: &EstimateArgs) -> anyhow::Result<Counted> {
-    let mut frozen = 0;
+    let (mut frozen, mut frozen_bytes) = (0, 0);
     let (params, largest) = match (&args.model, args.params) {
         (Some(model), _) => {
             let config = match (model.is_dir(), wick_models::is_gguf(model)) {
@@ -105,6 +111,7 @@ fn counted(args: &EstimateArgs) -> anyhow::Result<Counted> {
             match lora(args)? {
                 Some(lora) => {
                     frozen = base;
+                    frozen_bytes = frozen_bytes_of(&config, args)?;
                     let adapters = lora.adapter_shapes(&config);
                     let count = adapters
                         .iter()
@@ -134,8 +141,32 @@ fn counted(args: &EstimateArgs) -> anyhow::Result<Counted> {
     Ok(Counted {
         params,
         frozen,
+        frozen_bytes,
         largest,
     })
+}
+
+/// The bytes a LoRA run keeps `config`'s frozen base in: f32, but the linear weights of
+/// its blocks at their stored bytes where `--quantize-base` names a form.
+fn frozen_bytes_of(
+    config: &wick_models::ModelConfig,
+    args: &EstimateArgs,
+) -> anyhow::Result<usize> {
+    let form: Option<wick_core::BlockFormat> = (args.quantize_base.as_deref())
+        .map(str::parse)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    Ok(config
+        .parameter_shapes()
+        .into_iter()
+        .map(|(name, shape)| {
+            let n = shape.iter().product();
+            match form.filter(|_| wick_models::is_base_linear_weight(&name)) {
+                Some(form) => form.stored_len(n),
+                None => 4 * n,
+            }
+        })
+        .sum())
 }
 
 /// The report `wick estimate` prints.
@@ -143,13 +174,19 @@ pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
     let Counted {
         params,
         frozen,
+        frozen_bytes,
         largest,
     } = counted(args)?;
     let w = args.world;
     let mut out = String::new();
-    let frozen_text = match frozen {
-        0 => String::new(),
-        n => format!(" (LoRA adapters) beside {n} frozen ones"),
+    let frozen_text = match (frozen, &args.quantize_base) {
+        (0, _) => String::new(),
+        (n, None) => format!(" (LoRA adapters) beside {n} frozen ones"),
+        (n, Some(form)) => format!(
+            " (LoRA adapters) beside {n} frozen ones, the base's linear weights in {form} \
+             ({})",
+            mib(frozen_bytes)
+        ),
     };
     let _ = writeln!(
         out,
@@ -161,7 +198,7 @@ pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
         "{:<20} {:>14} {:>14} {:>14} {:>14}",
         "strategy", "parameters", "gradients", "optimizer", "total"
     );
-    for (strategy, r) in rows(params, frozen, w) {
+    for (strategy, r) in rows(params, frozen_bytes, w) {
         let _ = writeln!(
             out,
             "{:<20} {:>14} {:>14} {:>14} {:>14}",
@@ -220,6 +257,7 @@ mod tests {
             block: 64,
             lora_rank: None,
             lora_targets: None,
+            quantize_base: None,
         };
         let text = report(&args).unwrap();
         // 384 x 64 embedding and head, two layers of 4 x 64 x 64 - 2 x 64 x 32 attention,
@@ -250,7 +288,7 @@ mod tests {
             )),
             "{lora}"
         );
-        let ddp = rows(adapters, total, 4)
+        let ddp = rows(adapters, 4 * total, 4)
             .into_iter()
             .find(|(n, _)| n == "ddp")
             .unwrap()
@@ -259,6 +297,106 @@ mod tests {
             (ddp.params, ddp.grads, ddp.optimizer),
             (4 * (adapters + total), 4 * adapters, 8 * adapters)
         );
+    }
+
+    /// Windows of a fixture's reference tokens, as a dataset.
+    struct Windows(candle_core::Tensor);
+
+    impl wick_trainer::Dataset for Windows {
+        type Batch = wick_core::TokenBatch;
+        fn len(&self) -> usize {
+            self.0.dim(0).unwrap()
+        }
+        fn batch(
+            &self,
+            idx: &[usize],
+            dev: &candle_core::Device,
+        ) -> candle_core::Result<Self::Batch> {
+            let idx: Vec<u32> = idx.iter().map(|&i| i as u32).collect();
+            let rows = self
+                .0
+                .index_select(&candle_core::Tensor::new(idx, dev)?, 0)?;
+            let seq = rows.dim(1)? - 1;
+            Ok(wick_core::TokenBatch::new(
+                rows.narrow(1, 0, seq)?.contiguous()?,
+                rows.narrow(1, 1, seq)?.contiguous()?,
+            ))
+        }
+        fn tokens_per_sample(&self) -> usize {
+            self.0.dim(1).unwrap() - 1
+        }
+    }
+
+    /// A QLoRA run's model state per rank, as its strategy reports it, is the estimate's
+    /// within 5% (the base's blocks counted at their stored bytes), whole and sharded.
+    #[test]
+    fn a_quantized_base_is_estimated_at_its_stored_bytes() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen2");
+        let reference = candle_core::safetensors::load(
+            dir.join("reference.safetensors"),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let windows = reference["windows"]
+            .to_dtype(candle_core::DType::U32)
+            .unwrap();
+        let data = DataLoader::new(Windows(windows), 4).without_shuffle();
+        for form in ["nf4", "q4_k"] {
+            let args = EstimateArgs {
+                params: None,
+                model: Some(dir.clone()),
+                world: 2,
+                precision: wick_strategies::Precision::Full,
+                d_model: 64,
+                n_layer: 2,
+                n_head: 4,
+                vocab: 85,
+                block: 64,
+                lora_rank: Some(4),
+                lora_targets: None,
+                quantize_base: Some(form.into()),
+            };
+            let c = counted(&args).unwrap();
+            assert!(
+                c.frozen_bytes < 4 * c.frozen,
+                "{form}: the base is not counted smaller"
+            );
+            for (name, estimate) in rows(c.params, c.frozen_bytes, 2) {
+                let (ddp, full) = (name == "ddp", name == "fsdp full_shard");
+                if !(ddp || full) {
+                    continue;
+                }
+                let strategy = match ddp {
+                    true => StrategySpec::new(StrategyKind::Ddp).build(),
+                    false => Fsdp::new(FsdpSharding::FullShard).build(),
+                };
+                let lm = wick_models::CausalLm::from_pretrained(&dir).unwrap();
+                let lm = lm.with_lora(wick_models::LoraConfig::new(4)).unwrap();
+                let lm = lm.with_quantized_base(form.parse::<wick_core::BlockFormat>().unwrap());
+                let mut model = Attached::new(lm.unwrap());
+                let mut trainer = Trainer::builder()
+                    .devices(2)
+                    .strategy(strategy)
+                    .max_steps(1)
+                    .no_logger()
+                    .progress(false)
+                    .model_summary(false)
+                    .build()
+                    .unwrap();
+                trainer.fit(&mut model, &data, None).unwrap();
+                let held = model.state_bytes().unwrap();
+                for (what, held, estimated) in [
+                    ("parameters", held.params, estimate.params),
+                    ("total", held.total(), estimate.total()),
+                ] {
+                    let off = (held as f64 / estimated as f64 - 1.0).abs();
+                    assert!(
+                        off <= 0.05,
+                        "{form} {name} {what}: holds {held}, estimated {estimated}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -422,6 +422,10 @@ pub struct EstimateArgs {
         requires = "lora_rank"
     )]
     pub lora_targets: Option<Vec<String>>,
+    /// QLoRA: the base's linear weights kept in this block form (as `fit --quantize-base`):
+    /// counted at their stored bytes.
+    #[arg(long, value_name = "FORM", requires = "lora_rank", value_parser = wick_core::BlockFormat::ALL.map(wick_core::BlockFormat::name))]
+    pub quantize_base: Option<String>,
     /// Precision of full_shard's gathered units.
     #[arg(long, value_enum, default_value = "32")]
     pub precision: Precision,
