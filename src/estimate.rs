@@ -241,14 +241,25 @@ mod tests {
         n_head: 2,
     };
 
-    #[test]
-    fn a_hugging_face_model_is_estimated_from_its_config() {
-        let fixture =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama");
-        let args = EstimateArgs {
+    /// A trainer of one step at `world` ranks of `strategy`, quiet.
+    fn one_step(world: usize, strategy: Box<dyn Strategy>) -> Trainer {
+        Trainer::builder()
+            .devices(world)
+            .strategy(strategy)
+            .max_steps(1)
+            .no_logger()
+            .progress(false)
+            .model_summary(false)
+            .build()
+            .unwrap()
+    }
+
+    /// `estimate --model model --world world`.
+    fn model_args(model: std::path::PathBuf, world: usize) -> EstimateArgs {
+        EstimateArgs {
             params: None,
-            model: Some(fixture),
-            world: 4,
+            model: Some(model),
+            world,
             precision: wick_strategies::Precision::Full,
             d_model: 64,
             n_layer: 2,
@@ -258,7 +269,14 @@ mod tests {
             lora_rank: None,
             lora_targets: None,
             quantize_base: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_hugging_face_model_is_estimated_from_its_config() {
+        let fixture =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama");
+        let args = model_args(fixture, 4);
         let text = report(&args).unwrap();
         // 384 x 64 embedding and head, two layers of 4 x 64 x 64 - 2 x 64 x 32 attention,
         // 3 x 64 x 88 MLP and two norms, and the final norm.
@@ -343,18 +361,9 @@ mod tests {
         let data = DataLoader::new(Windows(windows), 4).without_shuffle();
         for form in ["nf4", "q4_k"] {
             let args = EstimateArgs {
-                params: None,
-                model: Some(dir.clone()),
-                world: 2,
-                precision: wick_strategies::Precision::Full,
-                d_model: 64,
-                n_layer: 2,
-                n_head: 4,
-                vocab: 85,
-                block: 64,
                 lora_rank: Some(4),
-                lora_targets: None,
                 quantize_base: Some(form.into()),
+                ..model_args(dir.clone(), 2)
             };
             let c = counted(&args).unwrap();
             assert!(
@@ -374,16 +383,7 @@ mod tests {
                 let lm = lm.with_lora(wick_models::LoraConfig::new(4)).unwrap();
                 let lm = lm.with_quantized_base(form.parse::<wick_core::BlockFormat>().unwrap());
                 let mut model = Attached::new(lm.unwrap());
-                let mut trainer = Trainer::builder()
-                    .devices(2)
-                    .strategy(strategy)
-                    .max_steps(1)
-                    .no_logger()
-                    .progress(false)
-                    .model_summary(false)
-                    .build()
-                    .unwrap();
-                trainer.fit(&mut model, &data, None).unwrap();
+                one_step(2, strategy).fit(&mut model, &data, None).unwrap();
                 let held = model.state_bytes().unwrap();
                 for (what, held, estimated) in [
                     ("parameters", held.params, estimate.params),
@@ -428,17 +428,10 @@ mod tests {
         for ((name, strategy), (_, estimate)) in
             strategies().into_iter().zip(rows(params, 0, world))
         {
-            let mut trainer = Trainer::builder()
-                .devices(world)
-                .strategy(strategy)
-                .max_steps(1)
-                .no_logger()
-                .progress(false)
-                .model_summary(false)
-                .build()
-                .unwrap();
             let mut model = Attached::new(CharGpt::new(CONFIG, 1e-3));
-            trainer.fit(&mut model, &data, None).unwrap();
+            one_step(world, strategy)
+                .fit(&mut model, &data, None)
+                .unwrap();
             assert_eq!(model.num_parameters(), Some(params), "{name}");
             let held = model.state_bytes().unwrap();
             // Flat shards are padded to a multiple of W per unit: at most W - 1 elements a

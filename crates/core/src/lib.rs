@@ -70,4 +70,4 @@ pub use strategy::{
 };
 pub use token_batch::TokenBatch;
 pub use wait_clock::WaitClock;
-pub use weights::{ParamInit, PretrainedWeights, WeightSource};
+pub use weights::{BlockRead, ParamInit, PretrainedWeights, WeightSource};

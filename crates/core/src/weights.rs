@@ -23,20 +23,28 @@ pub trait WeightSource: Send + Sync {
         None
     }
 
-    /// The stored blocks that hold elements `range` of parameter `name` (row-major, of
-    /// shape `shape`; `range` starts at a block boundary and ends at one or at the last
-    /// element), as the source holds them, when it holds `name` in `format`
-    /// ([`WeightSource::block_format`]); `None` otherwise, the default.
-    fn read_blocks(
-        &self,
-        name: &str,
-        shape: &Shape,
-        format: BlockFormat,
-        range: Range<usize>,
-    ) -> candle_core::Result<Option<Vec<u8>>> {
-        let _ = (name, shape, format, range);
+    /// The stored blocks `read` asks for, as the source holds them, when it holds the
+    /// parameter in the form asked for ([`WeightSource::block_format`]); `None` otherwise,
+    /// the default.
+    fn read_blocks(&self, read: &BlockRead<'_>) -> candle_core::Result<Option<Vec<u8>>> {
+        let _ = read;
         Ok(None)
     }
+}
+
+/// What [`WeightSource::read_blocks`] reads: the stored blocks in `format` that hold
+/// elements `range` of parameter `name` (row-major, of shape `shape`; `range` starts at a
+/// block boundary and ends at one or at the last element).
+#[derive(Debug, Clone)]
+pub struct BlockRead<'a> {
+    /// The parameter's full name.
+    pub name: &'a str,
+    /// Its shape, as the model asks for it.
+    pub shape: &'a Shape,
+    /// The form of the blocks.
+    pub format: BlockFormat,
+    /// The elements the blocks hold.
+    pub range: Range<usize>,
 }
 
 /// How a new parameter's values are made.

@@ -11,7 +11,7 @@ use candle_nn::{Init, VarBuilder};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
-use wick_core::{splitmix64, BlockFormat, PretrainedWeights, WeightSource};
+use wick_core::{splitmix64, BlockFormat, BlockRead, PretrainedWeights, WeightSource};
 use wick_nn::{lora_linear, FrozenLinear, FrozenWeight, Linear, LoraParts};
 
 /// The adapter directory's config, as PEFT writes and reads it.
@@ -426,14 +426,8 @@ impl WeightSource for WithAdapters {
         self.source_of(name).block_format(name)
     }
 
-    fn read_blocks(
-        &self,
-        name: &str,
-        shape: &Shape,
-        format: BlockFormat,
-        range: Range<usize>,
-    ) -> Result<Option<Vec<u8>>> {
-        self.source_of(name).read_blocks(name, shape, format, range)
+    fn read_blocks(&self, read: &BlockRead<'_>) -> Result<Option<Vec<u8>>> {
+        self.source_of(read.name).read_blocks(read)
     }
 }
 

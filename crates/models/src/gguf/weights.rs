@@ -10,7 +10,7 @@ use candle_core::{Device, Shape, Tensor};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use wick_core::{BlockFormat, WeightSource};
+use wick_core::{BlockFormat, BlockRead, WeightSource};
 
 /// A GGUF file, its metadata read, its tensors read when asked for.
 pub struct GgufWeights {
@@ -111,13 +111,13 @@ impl WeightSource for GgufWeights {
         self.blocks_of(name).map(|(_, _, format)| format)
     }
 
-    fn read_blocks(
-        &self,
-        name: &str,
-        shape: &Shape,
-        format: BlockFormat,
-        range: Range<usize>,
-    ) -> candle_core::Result<Option<Vec<u8>>> {
+    fn read_blocks(&self, read: &BlockRead<'_>) -> candle_core::Result<Option<Vec<u8>>> {
+        let BlockRead {
+            name,
+            shape,
+            format,
+            ref range,
+        } = *read;
         let Some((gguf, layout, held)) = self.blocks_of(name).filter(|b| b.2 == format) else {
             return Ok(None);
         };

@@ -9,7 +9,7 @@ use candle_core::Shape;
 use candle_nn::init::NormalOrUniform;
 use candle_nn::Init;
 use std::ops::Range;
-use wick_core::{splitmix64, BlockFormat, ParamInit};
+use wick_core::{splitmix64, BlockFormat, BlockRead, ParamInit};
 
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
@@ -76,7 +76,13 @@ pub fn param_blocks(
     nf4_offset: Option<f32>,
 ) -> candle_core::Result<Vec<u8>> {
     if let ParamInit::Weights(weights) = init {
-        if let Some(blocks) = weights.read_blocks(name, shape, format, range.clone())? {
+        let read = BlockRead {
+            name,
+            shape,
+            format,
+            range: range.clone(),
+        };
+        if let Some(blocks) = weights.read_blocks(&read)? {
             let want = format.stored_len(range.len());
             if blocks.len() != want {
                 candle_core::bail!(
