@@ -2,10 +2,10 @@
 peft + bitsandbytes QLoRA (NF4, double quantization, f32 compute; LoRA of rank 16, alpha
 32, on every linear layer of a block; gradient checkpointing; torch's AdamW) over a
 Hugging Face model directory, on the windows of a wick token file, 6 steps of batch 8 and
-sequence 256 on 2 threads. Prints each step's loss and tokens/s, then the median of steps
-3-6. Measure its memory from outside (`/usr/bin/time -v`), as wick's.
+sequence 256 (or those given) on 2 threads. Prints each step's loss and tokens/s, then the
+median from step 3 on. Measure its memory from outside (`/usr/bin/time -v`), as wick's.
 
-    python scripts/bnb_qlora_row.py MODEL_DIR TOKENS.safetensors
+    python scripts/bnb_qlora_row.py MODEL_DIR TOKENS.safetensors [SEQ BATCH STEPS]
 
 Needs torch, transformers, peft and bitsandbytes (which runs on the CPU).
 """
@@ -49,8 +49,8 @@ def main(model_dir, tokens, seq=256, batch=8, steps=6):
         optimizer.zero_grad()
         rates.append(batch * seq / (time.time() - start))
         print(step + 1, loss.item(), round(rates[-1], 1), flush=True)
-    print("median tokens/s, steps 3-6:", round(statistics.median(rates[2:]), 1))
+    print(f"median tokens/s, steps 3-{steps}:", round(statistics.median(rates[2:]), 1))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], *(int(a) for a in sys.argv[3:6]))
