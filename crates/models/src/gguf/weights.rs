@@ -67,9 +67,7 @@ impl GgufWeights {
             values: t.flatten_all()?.to_vec1()?,
         })
     }
-}
 
-impl GgufWeights {
     /// The GGUF name, layout and block form of the Hugging Face weight `name`, where the
     /// file holds it in blocks wick keeps and its layout moves whole rows (each row whole
     /// blocks, as ggml stores a quantized matrix).
