@@ -6,7 +6,8 @@
 //! optimizer configuration a module returns (with its learning-rate schedule), the
 //! [`TokenBatch`] a language model trains on (and the [`PreferenceBatch`] it is tuned on by
 //! preference), the state a checkpoint holds ([`RankState`],
-//! [`StateReader`]), and the error types. It knows no other wick crate
+//! [`StateReader`]), the forms a frozen base is kept in as blocks ([`BlockFormat`], whose
+//! geometry the strategies shard by), and the error types. It knows no other wick crate
 //! and no device or collective engine.
 
 // Functions of at most 80 lines (clippy.toml), in library code; tests may run longer.
