@@ -44,12 +44,14 @@ fn run(vars: &[Var], f: impl Fn(&[Tensor]) -> Tensor) -> Vec<Vec<u32>> {
 }
 
 #[test]
-fn lora_over_a_quantized_weight_equals_lora_over_its_values() {
+fn layers_over_a_quantized_weight_equal_the_same_layers_over_its_values() {
     for format in BlockFormat::ALL {
         lora_over(format);
+        frozen_linear_over(format);
     }
 }
 
+/// LoRA's layer over `format`'s weight against the same over the values it decodes to.
 fn lora_over(format: BlockFormat) {
     // 3 x 5 rows of 100 in (a 64-block and a tail), 72 out, rank 4, a bias.
     let (quantized, decoded) = weights(72, 100, 1, format);
@@ -77,13 +79,7 @@ fn lora_over(format: BlockFormat) {
     );
 }
 
-#[test]
-fn a_frozen_linear_over_a_quantized_weight_equals_one_over_its_values() {
-    for format in BlockFormat::ALL {
-        frozen_linear_over(format);
-    }
-}
-
+/// A frozen linear layer over `format`'s weight against one over the values it decodes to.
 fn frozen_linear_over(format: BlockFormat) {
     let (quantized, decoded) = weights(40, 130, 6, format);
     let bias = var(&[40], 7, 0.5).as_tensor().detach();
