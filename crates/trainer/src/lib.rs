@@ -40,9 +40,9 @@ pub use data::packing::{best_fit_decreasing, Packing};
 pub use data::preference_dataset::PreferenceDataset;
 pub use data::token_dataset::TokenDataset;
 pub use data::token_file::{
-    write_token_file, Split, TokenFileWriter, TokenSplit, Written, PAIRS_KEY, TOKENIZER_KEY,
-    VOCAB_KEY,
+    write_token_file, Split, TokenSplit, PAIRS_KEY, TOKENIZER_KEY, VOCAB_KEY,
 };
+pub use data::token_file_writer::{TokenFileWriter, Written};
 pub use error::TrainerError;
 pub use logging::loggers::{LogDestination, Logger};
 pub use logging::mlflow::MlflowTarget;

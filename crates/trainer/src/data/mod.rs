@@ -11,5 +11,7 @@ pub(crate) mod preference_dataset;
 pub(crate) mod split_file;
 pub(crate) mod token_dataset;
 pub(crate) mod token_file;
+pub(crate) mod token_file_writer;
+pub(crate) mod token_parts;
 
 use epoch_order::EpochOrder;
