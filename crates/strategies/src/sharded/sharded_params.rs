@@ -8,11 +8,8 @@
 //! and handed out as its stored blocks. At each step the unit is gathered once (an autograd
 //! op) and the model's block is rebuilt over views of it.
 
-use crate::layout::block_layout::BlockLayout;
-use crate::layout::flat_layout::FlatLayout;
-use crate::layout::init::param_values;
-use crate::sharded::block_shard::block_shard;
 use crate::sharded::sharded_options::ShardedOptions;
+use crate::sharded::unit_shards::{Request, UnitShards};
 use crate::step::precision::Precision;
 use crate::units::backward_reduction::BackwardReduction;
 use crate::units::gather_op::GatherOp;
@@ -23,34 +20,21 @@ use crate::units::recompute_op::RecomputedGrads;
 use crate::units::storage_swap;
 use crate::units::unit_op::UnitOp;
 use crate::units::unit_views::{unit_var_builder, FrozenPart, GatheredPart, PartLayout};
-use candle_core::{DType, Device, Shape, Tensor, Var};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use wick_core::{
-    lock, ActivationCheckpointing, BlockFormat, Collective, ParamInit, ParamRequest, RecomputeFn,
-    UnitBlock, UnitFn, UnitRuns,
+    lock, ActivationCheckpointing, Collective, ParamRequest, RecomputeFn, UnitBlock, UnitFn,
+    UnitRuns,
 };
-
-/// A parameter request of a unit, kept from wrap time.
-struct Request {
-    name: String,
-    shape: Shape,
-    init: ParamInit,
-    trainable: bool,
-    /// Frozen and born quantized: the form of its blocks.
-    quantize: Option<BlockFormat>,
-}
 
 /// One wrapped unit: its layout, this rank's shard, and this step's gathered buffers.
 pub(crate) struct ShardedUnit {
     pub(crate) name: String,
     requests: Vec<Request>,
-    /// The trainable parameters' layout and shard (empty when all are frozen).
-    pub(crate) layout: Option<FlatLayout>,
-    pub(crate) shard: Option<Var>,
-    /// The frozen parameters, when the unit has any: values, then each block format's.
-    pub(crate) frozen: Vec<FrozenPart>,
+    /// This rank's shards, once the unit has closed.
+    pub(crate) shards: Option<UnitShards>,
     gathered: Option<Tensor>,
     /// The frozen parts' unpacked buffers, once gathered this step.
     gathered_frozen: Option<Vec<Tensor>>,
@@ -59,19 +43,17 @@ pub(crate) struct ShardedUnit {
 impl ShardedUnit {
     /// The parts a prefetch gathers: the trainable shard, then the frozen ones.
     fn parts(&self) -> Option<UnitParts> {
-        let mut parts = vec![(
-            self.shard.as_ref()?.as_tensor().clone(),
-            self.layout.as_ref()?.padded(),
-        )];
-        parts.extend((self.frozen.iter()).map(|f| (f.shard.clone(), f.layout.padded())));
+        let s = self.shards.as_ref()?;
+        let mut parts = vec![(s.shard.as_tensor().clone(), s.layout.padded())];
+        parts.extend((s.frozen.iter()).map(|f| (f.shard.clone(), f.layout.padded())));
         Some(parts)
     }
 
-    /// The unit's layout and shard, which exist once `configure_sharded_model` has finished.
-    fn sharded(&self) -> candle_core::Result<(FlatLayout, Var)> {
-        match (&self.layout, &self.shard) {
-            (Some(layout), Some(shard)) => Ok((layout.clone(), shard.clone())),
-            _ => candle_core::bail!(
+    /// The unit's shards, which exist once `configure_sharded_model` has finished.
+    fn shards(&self) -> candle_core::Result<&UnitShards> {
+        match &self.shards {
+            Some(shards) => Ok(shards),
+            None => candle_core::bail!(
                 "unit '{}' used before configure_sharded_model finished",
                 self.name
             ),
@@ -193,32 +175,12 @@ impl ShardedParams {
     /// Lays out unit `unit` and makes this rank's shard of it.
     fn shard_unit(&self, unit: usize) -> candle_core::Result<()> {
         let requests = std::mem::take(&mut self.lock().units[unit].requests);
-        let (trainable, frozen): (Vec<&Request>, Vec<&Request>) =
-            requests.iter().partition(|r| r.trainable);
-        let (quantized, frozen): (Vec<&Request>, Vec<&Request>) =
-            frozen.into_iter().partition(|r| r.quantize.is_some());
-        let (layout, shard) = self.make_shard(&trainable)?;
-        let shard = Var::from_tensor(&shard)?;
-        let mut frozen_parts = Vec::new();
-        if !frozen.is_empty() {
-            let (layout, shard) = self.make_shard(&frozen)?;
-            let layout = PartLayout::Values(layout);
-            frozen_parts.push(FrozenPart { layout, shard });
-        }
-        for format in BlockFormat::ALL {
-            let blocks: Vec<&Request> = (quantized.iter().copied())
-                .filter(|r| r.quantize == Some(format))
-                .collect();
-            if !blocks.is_empty() {
-                frozen_parts.push(self.make_block_shard(format, &blocks)?);
-            }
-        }
+        let world = self.world();
+        let made = UnitShards::new(&requests, self.seed, world.as_ref(), &self.device);
         let mut state = self.lock();
         let u = &mut state.units[unit];
         u.requests = requests;
-        u.layout = Some(layout);
-        u.shard = Some(shard);
-        u.frozen = frozen_parts;
+        u.shards = Some(made?);
         Ok(())
     }
 
@@ -227,7 +189,7 @@ impl ShardedParams {
         let pending: Vec<usize> = {
             let state = self.lock();
             (0..state.units.len())
-                .filter(|&u| state.units[u].layout.is_none())
+                .filter(|&u| state.units[u].shards.is_none())
                 .collect()
         };
         pending.into_iter().try_for_each(|u| self.shard_unit(u))?;
@@ -248,44 +210,6 @@ impl ShardedParams {
         if let Some(p) = lock(&self.prefetcher).as_ref() {
             p.drain();
         }
-    }
-
-    /// Lays out `requests` in order and makes this rank's shard of them.
-    fn make_shard(&self, requests: &[&Request]) -> candle_core::Result<(FlatLayout, Tensor)> {
-        let world = self.world();
-        let layout = FlatLayout::new(
-            requests.iter().map(|r| (r.name.clone(), r.shape.clone())),
-            world.world_size(),
-        );
-        let mut shard = vec![0f32; layout.shard_len()];
-        for (index, entry, within, at) in layout.pieces(world.rank()) {
-            let init = &requests[index].init;
-            let values = param_values(init, self.seed, &entry.name, &entry.shape, within)?;
-            shard[at..at + values.len()].copy_from_slice(&values);
-        }
-        let len = shard.len();
-        Ok((layout, Tensor::from_vec(shard, len, &self.device)?))
-    }
-
-    /// Lays out `requests` (frozen, born quantized in `format`) in whole stored blocks and
-    /// makes this rank's blocks of them (for NF4 a collective over the unit's ranks).
-    fn make_block_shard(
-        &self,
-        format: BlockFormat,
-        requests: &[&Request],
-    ) -> candle_core::Result<FrozenPart> {
-        let world = self.world();
-        let layout = BlockLayout::new(
-            format,
-            requests.iter().map(|r| (r.name.clone(), r.shape.clone())),
-            world.world_size(),
-        );
-        let inits: Vec<&ParamInit> = requests.iter().map(|r| &r.init).collect();
-        let shard = block_shard(&layout, &inits, self.seed, world.as_ref(), &self.device)?;
-        Ok(FrozenPart {
-            layout: PartLayout::Blocks(layout),
-            shard,
-        })
     }
 }
 
@@ -314,8 +238,13 @@ impl ShardedParams {
         let (name, layout, shard, frozen) = {
             let state = self.lock();
             let u = state.units.get(unit).ok_or_else(|| unknown_unit(unit))?;
-            let (layout, shard) = u.sharded()?;
-            (u.name.clone(), layout, shard, u.frozen.clone())
+            let s = u.shards()?;
+            (
+                u.name.clone(),
+                s.layout.clone(),
+                s.shard.clone(),
+                s.frozen.clone(),
+            )
         };
         let (param_dtype, reduce_dtype) =
             (self.precision.param_dtype(), self.precision.reduce_dtype());
@@ -426,9 +355,7 @@ impl wick_core::ParamSource for ShardedParams {
                 state.units.push(ShardedUnit {
                     name: unit_name.to_string(),
                     requests: Vec::new(),
-                    layout: None,
-                    shard: None,
-                    frozen: Vec::new(),
+                    shards: None,
                     gathered: None,
                     gathered_frozen: None,
                 });
@@ -475,7 +402,11 @@ impl wick_core::ParamSource for ShardedParams {
             .units
             .get_mut(unit)
             .ok_or_else(|| unknown_unit(unit))?;
-        let (layout, shard) = u.sharded()?;
+        let UnitShards {
+            layout,
+            shard,
+            frozen: frozen_parts,
+        } = u.shards()?.clone();
         let (param_dtype, reduce_dtype) =
             (self.precision.param_dtype(), self.precision.reduce_dtype());
         let flat = match &u.gathered {
@@ -501,9 +432,7 @@ impl wick_core::ParamSource for ShardedParams {
             None => {
                 let world = self.world();
                 let gather = |f: &FrozenPart| f.gather(world.as_ref(), param_dtype);
-                let flats = u
-                    .frozen
-                    .iter()
+                let flats = (frozen_parts.iter())
                     .map(gather)
                     .collect::<candle_core::Result<Vec<_>>>()?;
                 u.gathered_frozen = Some(flats.clone());
@@ -516,8 +445,7 @@ impl wick_core::ParamSource for ShardedParams {
             counted: true,
         }];
         parts.extend(
-            u.frozen
-                .iter()
+            (frozen_parts.iter())
                 .zip(frozen)
                 .map(|(f, flat)| f.gathered(flat)),
         );

@@ -56,15 +56,22 @@ impl ShardedRank {
         let (layouts, shards): (Vec<FlatLayout>, Vec<Var>) = source.with_units(|units| {
             units
                 .iter()
-                .filter_map(|u| Some((u.layout.clone()?, u.shard.clone()?)))
+                .filter_map(|u| {
+                    u.shards
+                        .as_ref()
+                        .map(|s| (s.layout.clone(), s.shard.clone()))
+                })
                 .filter(|(layout, _)| layout.numel() > 0)
                 .unzip()
         });
         if shards.is_empty() {
             return Err(Error::NoParameters);
         }
-        let frozen =
-            source.with_units(|units| units.iter().flat_map(|u| u.frozen.clone()).collect());
+        let frozen = source.with_units(|units| {
+            (units.iter().flat_map(|u| &u.shards))
+                .flat_map(|s| s.frozen.clone())
+                .collect()
+        });
         let device = shards[0].device().clone();
         Ok(ShardedRank {
             options,
