@@ -13,8 +13,13 @@ use crate::nf4::{
     decode_nf4_stored, nf4_stored_len, Nf4Tensor, NF4_STORED_BLOCK, NF4_STORED_BYTES,
 };
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{Device, Tensor};
+use candle_core::{Device, Shape, Tensor};
+use rayon::prelude::*;
 use std::borrow::Cow;
+
+/// Values a decoding task of [`BlockFormat::decode_tensor`] takes: whole stored blocks,
+/// about 16384 values.
+const TASK_VALUES: usize = 16384;
 
 /// A quantized form of a frozen weight, named as on the command line (`nf4`, `q8_0`,
 /// `q4_k`, `q6_k`, ...) and as llama.cpp names its types.
@@ -185,6 +190,25 @@ impl BlockFormat {
         };
         out.copy_from_slice(&values[..out.len()]);
         Ok(())
+    }
+
+    /// The f32 weight of `shape` that this form's blocks `stored` (a u8 tensor) hold, on
+    /// their device. Runs of whole stored blocks decode alone, in parallel, a task each.
+    pub fn decode_tensor(self, stored: &Tensor, shape: &Shape) -> candle_core::Result<Tensor> {
+        let bytes: Vec<u8> = stored.to_vec1()?;
+        let mut values = vec![0f32; shape.elem_count()];
+        if bytes.len() != self.stored_len(values.len()) {
+            candle_core::bail!(
+                "{} bytes of {self} blocks do not hold a weight of shape {shape:?}",
+                bytes.len()
+            )
+        }
+        let blocks = (TASK_VALUES / self.block_values()).max(1);
+        (bytes.par_chunks(blocks * self.block_bytes()))
+            .zip(values.par_chunks_mut(blocks * self.block_values()))
+            .try_for_each(|(b, v)| self.decode(b, v))
+            .map_err(candle_core::Error::Msg)?;
+        Tensor::from_vec(values, shape, stored.device())
     }
 
     /// The values `values` (of one weight) take in this form: quantized, then decoded

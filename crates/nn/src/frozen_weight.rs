@@ -4,7 +4,6 @@
 //! needed it.
 
 use candle_core::{DType, Result, Shape, Tensor};
-use rayon::prelude::*;
 use wick_core::BlockFormat;
 
 /// A frozen linear weight `[out, in]`: dense, or quantized and decoded on use.
@@ -87,7 +86,7 @@ impl FrozenWeight {
                 stored,
                 shape,
                 dtype,
-            } => decode(*format, stored, shape)?.to_dtype(*dtype),
+            } => format.decode_tensor(stored, shape)?.to_dtype(*dtype),
         }
     }
 
@@ -109,26 +108,4 @@ impl FrozenWeight {
     pub fn track_op(&self) -> bool {
         matches!(self, FrozenWeight::Dense(t) if t.track_op())
     }
-}
-
-/// Values a decoding task takes: whole stored blocks, about 16384 values.
-const TASK_VALUES: usize = 16384;
-
-/// The f32 weight of `shape` that the `format` blocks `stored` hold, on their device; runs
-/// of whole stored blocks decode alone, one task each.
-fn decode(format: BlockFormat, stored: &Tensor, shape: &Shape) -> Result<Tensor> {
-    let bytes: Vec<u8> = stored.to_vec1()?;
-    let mut values = vec![0f32; shape.elem_count()];
-    if bytes.len() != format.stored_len(values.len()) {
-        candle_core::bail!(
-            "{} bytes of {format} blocks do not hold a weight of shape {shape:?}",
-            bytes.len()
-        )
-    }
-    let blocks = (TASK_VALUES / format.block_values()).max(1);
-    (bytes.par_chunks(blocks * format.block_bytes()))
-        .zip(values.par_chunks_mut(blocks * format.block_values()))
-        .try_for_each(|(b, v)| format.decode(b, v))
-        .map_err(candle_core::Error::Msg)?;
-    Tensor::from_vec(values, shape, stored.device())
 }

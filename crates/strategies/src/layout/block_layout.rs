@@ -20,12 +20,8 @@ pub(crate) fn decoded(
     stored: &Tensor,
     shape: &Shape,
 ) -> candle_core::Result<Tensor> {
-    let bytes: Vec<u8> = stored.to_vec1()?;
-    let mut values = vec![0f32; shape.elem_count()];
-    format
-        .decode(&bytes, &mut values)
-        .map_err(|e| candle_core::Error::Msg(format!("parameter '{name}': {e}")))?;
-    Tensor::from_vec(values, shape, stored.device())
+    (format.decode_tensor(stored, shape))
+        .map_err(|e| candle_core::Error::Msg(format!("parameter '{name}': {e}")))
 }
 
 /// One quantized parameter's place in the packed buffer.

@@ -65,15 +65,14 @@ pub fn param_values(
 
 /// The stored blocks in `format` that hold elements `range` of parameter `name` (at block
 /// boundaries): as pretrained weights hold them where they keep `name` in `format` (a GGUF
-/// file's own blocks, taken as they are), or quantized from its values (for NF4 under the
-/// whole weight's `nf4_offset`, or `range`'s own where `None`).
+/// file's own blocks, taken as they are), or quantized from its values (an NF4 weight's
+/// offset from `range`'s own absmaxes: the whole weight's only when `range` is all of it).
 pub fn param_blocks(
     init: &ParamInit,
     seed: u64,
     (name, shape): (&str, &Shape),
     format: BlockFormat,
     range: Range<usize>,
-    nf4_offset: Option<f32>,
 ) -> candle_core::Result<Vec<u8>> {
     if let ParamInit::Weights(weights) = init {
         let read = BlockRead {
@@ -95,7 +94,7 @@ pub fn param_blocks(
         }
     }
     let values = param_values(init, seed, name, shape, range)?;
-    format.quantize(&values, nf4_offset)
+    format.quantize(&values, None)
 }
 
 /// The values of elements `range` (row-major) of parameter `name` with `shape` and `init`.

@@ -26,7 +26,7 @@ impl FrozenParam {
         let all = 0..shape.elem_count();
         let tensor = match request.quantize {
             Some(format) => {
-                let stored = param_blocks(request.init, seed, (name, shape), format, all, None)?;
+                let stored = param_blocks(request.init, seed, (name, shape), format, all)?;
                 let len = stored.len();
                 Tensor::from_vec(stored, len, request.device)?
             }

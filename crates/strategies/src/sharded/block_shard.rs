@@ -32,10 +32,7 @@ pub(crate) fn block_shard(
         // A block of its own values alone: made (or read as the weights hold it) apart.
         for (param, entry, range, at) in layout.pieces(world.rank()) {
             let of = (entry.name.as_str(), &entry.shape);
-            put(
-                at,
-                &param_blocks(inits[param], seed, of, format, range, None)?,
-            );
+            put(at, &param_blocks(inits[param], seed, of, format, range)?);
         }
     } else {
         let pieces: Vec<Piece> = layout
