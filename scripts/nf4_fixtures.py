@@ -27,12 +27,24 @@ from safetensors.torch import save_file
 OUT = "tests/fixtures/nf4"
 
 # (name, shape, scale): whole 64-blocks; a tail block and an odd count; more than 256
-# blocks (three absmax scales, the last partial); a block of zeros beside others.
+# blocks (three absmax scales, the last partial); a block of zeros beside others; enough
+# absmaxes (1024) that bitsandbytes' 8-bit code is not the nearest entry for some of them
+# (its CPU kernel looks each value up in a 65536-entry table of the [-1, 1] range).
 CASES = [
     ("square", (64, 128), 0.02),
     ("tail", (3, 101), 1.0),
     ("wide", (160, 264), 0.05),
+    ("table", (128, 512), 0.02),
 ]
+
+
+def not_nearest(w, state):
+    """How many absmaxes bitsandbytes coded other than to the nearest code entry."""
+    absmax = w.reshape(-1, 64).abs().max(1).values - state.offset
+    blocks = absmax.reshape(-1, 256)
+    normed = (blocks * (1 / blocks.abs().max(1, keepdim=True).values)).reshape(-1)
+    nearest = (normed[:, None] - state.state2.code[None, :]).abs().argmin(1)
+    return int((nearest != state.absmax.reshape(-1).long()).sum())
 
 
 def main():
@@ -47,6 +59,8 @@ def main():
             w, blocksize=64, quant_type="nf4", compress_statistics=True
         )
         assert state.nested and state.state2.blocksize == 256
+        if name == "table":
+            assert not_nearest(w, state) > 0, "the table case needs a code off the nearest"
         tensors[f"{name}.weight"] = w.contiguous()
         tensors[f"{name}.packed"] = packed.reshape(-1).contiguous()
         tensors[f"{name}.absmax_codes"] = state.absmax.reshape(-1).contiguous()

@@ -6,20 +6,17 @@
 //! keeps its largest magnitude (its absmax) and each element the nearest of the 16
 //! [`NF4_LEVELS`] to its value over that absmax, two to a byte, the first element in the
 //! high nibble. The absmaxes are quantized again: less their mean (the offset), in blocks of
-//! [`ABSMAX_BLOCK`], each by its own largest magnitude, to the nearest of bitsandbytes'
-//! signed 8-bit dynamic code. A weight costs 4 bits an element, plus 8 bits a 64-block and
+//! [`ABSMAX_BLOCK`], each by its own largest magnitude, to an entry of bitsandbytes' signed
+//! 8-bit dynamic code. A weight costs 4 bits an element, plus 8 bits a 64-block and
 //! 32 bits a 16384-element block: 4.127 bits.
 //!
 //! The arithmetic is bitsandbytes' step by step (scaling by the reciprocal for whole blocks
-//! and dividing for a short tail, ties to the lower level, the 8-bit search against a code
-//! whose first entry is -1). The 4-bit codes equal its own bit for bit, and its stored state
-//! decodes here to its own values bit for bit (`tests/qlora.rs` against
-//! `scripts/nf4_fixtures.py`'s file, which bitsandbytes wrote). One known difference: each
-//! absmax's 8-bit code here is the nearest entry of the dynamic code, while bitsandbytes'
-//! CPU search (BinSearch's `Direct2` bucket lookup) returns a neighbour one entry off for
-//! about 0.16% of them on real weights (2578 of the 1,658,880 absmaxes of a SmolLM2-135M
-//! shape; none in the fixture's cases), so such a block's absmax differs by one step of
-//! the code.
+//! and dividing for a short tail, ties to the lower level; an absmax's 8-bit code looked
+//! up, as its CPU kernel does, in a table of 65536 points of [-1, 1], so a value near the
+//! midpoint of two code entries can take the farther one). The 4-bit codes, the absmaxes'
+//! 8-bit codes and scales equal its own bit for bit, and its stored state decodes here to
+//! its own values bit for bit (`tests/qlora.rs` against `scripts/nf4_fixtures.py`'s file,
+//! which bitsandbytes wrote, one case of it with codes off the nearest entry).
 
 use std::sync::OnceLock;
 
@@ -173,9 +170,8 @@ impl Nf4Tensor {
     /// [`Nf4Tensor::quantize`] with the absmaxes' offset given, as a stored state holds it.
     /// bitsandbytes' offset is torch's f32 mean, whose order of summation follows the
     /// CPU's vector width; wick's own (`None`) is the mean in f64, rounded once, which can
-    /// differ from it in the last bit. Given bitsandbytes' offset, the 4-bit codes and the
-    /// absmaxes' scales equal its own, and so does each absmax's 8-bit code but where its
-    /// search is one entry off the nearest (see the module's notes).
+    /// differ from it in the last bit. Given bitsandbytes' offset, the 4-bit codes, the
+    /// absmaxes' 8-bit codes and their scales equal its own.
     ///
     /// # Panics
     /// If `values` does not hold `dims`' element count.
@@ -337,29 +333,57 @@ fn nf4_code(x: f32) -> u8 {
         .count() as u8
 }
 
-/// `values` in blocks of [`ABSMAX_BLOCK`], each scaled by its largest magnitude to the
-/// nearest entry of the dynamic code (bitsandbytes' `quantize_blockwise` on the CPU): the
-/// codes, and each block's scale.
+/// `values` in blocks of [`ABSMAX_BLOCK`], each scaled by its largest magnitude and coded
+/// in the dynamic code as bitsandbytes' CPU kernel (`quantize_blockwise`) codes it: the
+/// scaled value, clamped to [-1, 1], picks one of [`TABLE_SIZE`] evenly spaced points,
+/// and [`dynamic_table`] gives that point's nearest code entry. A value near the midpoint
+/// of two entries can so take the farther one, as bitsandbytes' does. The codes, and each
+/// block's scale (a block of zeros: scale 0, every code 0).
 fn quantize_dynamic(values: &[f32]) -> (Vec<u8>, Vec<f32>) {
-    // bitsandbytes searches a copy of the code whose first entry is -1, so that every
-    // scaled value lies inside it; it decodes with the code as it is.
-    let mut search = *dynamic_code();
-    search[0] = -1.0;
+    let table = dynamic_table();
+    let last = (TABLE_SIZE - 1) as f32;
     let mut codes = Vec::with_capacity(values.len());
     let mut scales = Vec::with_capacity(values.len().div_ceil(ABSMAX_BLOCK));
     for block in values.chunks(ABSMAX_BLOCK) {
-        let scale = block.iter().fold(f32::MIN, |m, v| m.max(v.abs()));
+        let scale = block.iter().fold(0f32, |m, v| m.max(v.abs()));
         scales.push(scale);
+        if scale == 0.0 {
+            codes.resize(codes.len() + block.len(), 0);
+            continue;
+        }
+        let inverse = 1.0 / scale;
         for &v in block {
-            let normed = v / scale;
-            // The last entry at or below `normed`, then its right neighbour if nearer.
-            let left = search.partition_point(|&c| c <= normed).saturating_sub(1);
-            let nearer_right =
-                left < 255 && (normed - search[left + 1]).abs() < (normed - search[left]).abs();
-            codes.push((left + usize::from(nearer_right)) as u8);
+            let normed = (v * inverse).clamp(-1.0, 1.0);
+            // Each step rounded on its own, as its kernel computes it; then truncated.
+            let point = (normed + 1.0) * 0.5 * last + 0.5;
+            codes.push(table[point as usize]);
         }
     }
     (codes, scales)
+}
+
+/// The points of [-1, 1] bitsandbytes' 8-bit quantization looks a scaled value up at.
+const TABLE_SIZE: usize = 1 << 16;
+
+/// For each of [`TABLE_SIZE`] evenly spaced points of [-1, 1] (`-1 + 2i / 65535` in f32),
+/// the first entry of the dynamic code whose midpoint with the next is not below it:
+/// bitsandbytes' `build_quantize_lut`.
+fn dynamic_table() -> &'static [u8; TABLE_SIZE] {
+    static TABLE: OnceLock<Box<[u8; TABLE_SIZE]>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let code = dynamic_code();
+        let midpoints: Vec<f32> = code.windows(2).map(|c| 0.5 * (c[0] + c[1])).collect();
+        let mut table = Box::new([0u8; TABLE_SIZE]);
+        let mut entry = 0;
+        for (i, slot) in table.iter_mut().enumerate() {
+            let point = -1.0 + (2.0 * i as f32) / (TABLE_SIZE - 1) as f32;
+            while entry < midpoints.len() && midpoints[entry] < point {
+                entry += 1;
+            }
+            *slot = entry as u8;
+        }
+        table
+    })
 }
 
 /// bitsandbytes' signed 8-bit dynamic code (`create_dynamic_map(signed=True)`): for each
