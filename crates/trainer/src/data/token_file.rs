@@ -7,9 +7,10 @@
 //! come, in bounded memory.
 //! Both write under a temporary name and rename, so a failed write leaves nothing.
 
-use crate::data::token_parts::{id_bytes, metadata, once, write_parts, Part};
+use crate::data::token_parts::{id_bytes, once, write_parts, Part};
 use crate::TrainerError;
 use safetensors::Dtype;
+use std::collections::HashMap;
 use std::path::Path;
 
 /// The metadata key of the tokenizer's hash.
@@ -108,7 +109,7 @@ pub fn write_token_file<'a>(
     let mut parts = Vec::new();
     for (split, tokens) in [(Split::Train, &train), (Split::Val, &val)] {
         parts.push(Part::ids(
-            split,
+            split.name(),
             narrow,
             tokens.ids.len(),
             once(id_bytes(tokens.ids, narrow)),
@@ -136,6 +137,14 @@ pub fn write_token_file<'a>(
         }
     }
     write_parts(path, parts, metadata(tokenizer_hash, vocab_size))
+}
+
+/// The file's metadata: the tokenizer's hash and vocabulary size.
+pub(crate) fn metadata(tokenizer_hash: &str, vocab_size: usize) -> HashMap<String, String> {
+    HashMap::from([
+        (TOKENIZER_KEY.to_string(), tokenizer_hash.to_string()),
+        (VOCAB_KEY.to_string(), vocab_size.to_string()),
+    ])
 }
 
 /// Checks a token file's splits: a mask of one flag per token in both or neither, starts

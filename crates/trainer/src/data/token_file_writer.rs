@@ -1,8 +1,8 @@
 //! [`TokenFileWriter`]: a token file written as its documents come, in memory that does not
 //! grow with the corpus, and [`Written`], what it wrote.
 
-use crate::data::token_file::{Split, PAIRS_KEY, PAIRS_VALUE};
-use crate::data::token_parts::{id_bytes, io_error, metadata, write_parts, Chunks, Part};
+use crate::data::token_file::{metadata, Split, PAIRS_KEY, PAIRS_VALUE};
+use crate::data::token_parts::{id_bytes, io_error, write_parts, Chunks, Part};
 use crate::TrainerError;
 use safetensors::Dtype;
 use std::fs::File;
@@ -196,7 +196,7 @@ impl TokenFileWriter {
                     .collect();
                 id_bytes(&ids, narrow)
             });
-            parts.push(Part::ids(split, narrow, len, narrowed));
+            parts.push(Part::ids(split.name(), narrow, len, narrowed));
             if let Some(flags) = &flag_part {
                 parts.push(Part::new(
                     split.mask_name(),

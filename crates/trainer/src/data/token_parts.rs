@@ -1,7 +1,6 @@
 //! The tensors of a token file and their writing: each [`Part`] streamed block by block
 //! into one safetensors file, under a temporary name renamed when whole.
 
-use crate::data::token_file::{Split, TOKENIZER_KEY, VOCAB_KEY};
 use crate::TrainerError;
 use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::Dtype;
@@ -35,10 +34,10 @@ impl<'a> Part<'a> {
         }
     }
 
-    /// A split's ids, u16 when `narrow`.
-    pub(crate) fn ids(split: Split, narrow: bool, len: usize, bytes: Chunks<'a>) -> Self {
+    /// A split's ids (the tensor `name`), u16 when `narrow`.
+    pub(crate) fn ids(name: &'static str, narrow: bool, len: usize, bytes: Chunks<'a>) -> Self {
         let dtype = if narrow { Dtype::U16 } else { Dtype::U32 };
-        Part::new(split.name(), dtype, len, bytes)
+        Part::new(name, dtype, len, bytes)
     }
 }
 
@@ -48,14 +47,6 @@ pub(crate) fn id_bytes(ids: &[u32], narrow: bool) -> Vec<u8> {
         true => ids.iter().flat_map(|&i| (i as u16).to_le_bytes()).collect(),
         false => ids.iter().flat_map(|&i| i.to_le_bytes()).collect(),
     }
-}
-
-/// The file's metadata: the tokenizer's hash and vocabulary size.
-pub(crate) fn metadata(tokenizer_hash: &str, vocab_size: usize) -> HashMap<String, String> {
-    HashMap::from([
-        (TOKENIZER_KEY.to_string(), tokenizer_hash.to_string()),
-        (VOCAB_KEY.to_string(), vocab_size.to_string()),
-    ])
 }
 
 pub(crate) fn io_error(path: &Path, cause: std::io::Error) -> TrainerError {
