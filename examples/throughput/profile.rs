@@ -20,7 +20,7 @@ use wick::trainer::{Attached, DataLoader};
 
 /// The classes a step is reported in, and the profiler's classes each holds.
 const GROUPS: [(&str, &[&str]); 8] = [
-    ("matmul_forward", &["matmul"]),
+    ("matmul_forward", &["matmul", "wick-linear"]),
     ("matmul_backward", &["matmul_backward"]),
     ("copies", &["copy"]),
     (

@@ -3,6 +3,7 @@
 
 use crate::cpu::{as_f32, f32_inputs, fused, map_rows, norm_grads, norm_width, NormRowGrad};
 use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use crate::vector_math;
 use candle_core::{CpuStorage, DType, Module, Result, Shape, Tensor, D};
 use candle_nn::VarBuilder;
 
@@ -72,8 +73,8 @@ pub fn layer_norm_composite(
 /// A row's mean and reciprocal standard deviation.
 fn moments(row: &[f32], eps: f32) -> (f32, f32) {
     let n = row.len() as f32;
-    let mean = row.iter().sum::<f32>() / n;
-    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    let mean = vector_math::sum(row) / n;
+    let var = vector_math::centered_square_sum(row, mean) / n;
     (mean, 1.0 / (var + eps).sqrt())
 }
 
@@ -115,19 +116,13 @@ impl NormRowGrad for Grad {
         // The partial sums hold dweight, then dbias.
         let (dw, db) = dwb.split_at_mut(c);
         let (mean, rstd) = moments(row, eps);
-        let (mut mean_dxhat, mut mean_dxhat_xhat) = (0f32, 0f32);
+        // The row's sums in SIMD lanes: mean(dxhat) and mean(dxhat xhat), dxhat = g w.
+        let mean_dxhat = vector_math::dot(g, w) / c as f32;
+        let mean_dxhat_xhat = vector_math::centered_dot3(g, w, row, mean) * rstd / c as f32;
         for i in 0..c {
             let xhat = (row[i] - mean) * rstd;
-            let dxhat = g[i] * w[i];
-            mean_dxhat += dxhat;
-            mean_dxhat_xhat += dxhat * xhat;
             dw[i] += g[i] * xhat;
             db[i] += g[i];
-        }
-        mean_dxhat /= c as f32;
-        mean_dxhat_xhat /= c as f32;
-        for i in 0..c {
-            let xhat = (row[i] - mean) * rstd;
             d[i] = rstd * (g[i] * w[i] - mean_dxhat - xhat * mean_dxhat_xhat);
         }
     }

@@ -1,10 +1,14 @@
-//! `Linear`: candle-nn's linear layer with the bias added by one op whose backward sums the
-//! bias gradient row by row (Candle's broadcast-add backward reduces over the batch
-//! dimensions with a strided sum, the slowest part of a small model's backward).
+//! `Linear`: candle-nn's linear layer as one op on the CPU in f32: the output starts as the
+//! bias's rows and the GEMM adds the product into it (no zeroed output, no second pass to
+//! add the bias), and its backward sums the bias gradient row by row (Candle's
+//! broadcast-add backward reduces over the batch dimensions with a strided sum, the
+//! slowest part of a small model's backward) and makes the weight's gradient `gᵀ x` in
+//! the weight's own layout.
 
 use crate::cpu::{f32_inputs, fused, rows_per_task, sum_in_order};
 use crate::few_rows::{matmul_wt, FEW_ROWS};
 use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use crate::gemm::Threads;
 use candle_core::{CpuStorage, Module, Result, Shape, Tensor};
 use candle_nn::VarBuilder;
 use rayon::prelude::*;
@@ -54,17 +58,66 @@ impl Module for Linear {
         if b.is_none() && !few {
             return self.inner.forward(x);
         }
-        let mut dims = x.dims().to_vec();
-        // A generated token's few rows as dot products ([`matmul_wt`]), more by Candle's gemm.
-        let y = matmul_wt(&x.reshape((rows, in_dim))?, w)?;
+        let x2 = x.reshape((rows, in_dim))?;
         let y = match b {
-            Some(b) => y.apply_op2(&b.contiguous()?, Fused(AddBias))?,
-            None => y,
+            // A generated token's few rows as dot products ([`matmul_wt`]).
+            Some(b) if few => matmul_wt(&x2, w)?.apply_op2(&b.contiguous()?, Fused(AddBias))?,
+            None => matmul_wt(&x2, w)?,
+            Some(b) => x2.contiguous()?.apply_op3(
+                &w.contiguous()?,
+                &b.contiguous()?,
+                Fused(ProductPlusBias),
+            )?,
         };
+        let mut dims = x.dims().to_vec();
         if let Some(last) = dims.last_mut() {
             *last = out_dim;
         }
         y.reshape(dims)
+    }
+}
+
+/// `x Wᵀ + b` for `x` `[rows, in]`, `W` `[out, in]`, `b` `[out]`: the bias's rows, then the
+/// GEMM's product added into them on the rank's pool (each output's sum in GEMM's order,
+/// whatever the number of threads).
+struct ProductPlusBias;
+
+impl CpuOp<3> for ProductPlusBias {
+    const NAME: &'static str = "wick-linear";
+
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+        let [x, w, b] = f32_inputs(Self::NAME, inputs)?;
+        let (out, in_dim) = inputs[1].1.shape().dims2()?;
+        let rows = x.len() / in_dim.max(1);
+        if b.len() != out || x.len() != rows * in_dim {
+            candle_core::bail!(
+                "{}: {} inputs, a weight of {out}x{in_dim} and a bias of {}",
+                Self::NAME,
+                x.len(),
+                b.len()
+            )
+        }
+        let mut y = Vec::with_capacity(rows * out);
+        y.par_extend((0..rows * out).into_par_iter().map(|i| b[i % out]));
+        Threads::Pool.matmul(
+            rows,
+            out,
+            in_dim,
+            (&mut y, out),
+            true,
+            (x, in_dim, 1),
+            (w, 1, in_dim),
+            1.0,
+        );
+        Ok((CpuStorage::F32(y), Shape::from((rows, out))))
+    }
+
+    fn grads(&self, [x, w, b]: [&Tensor; 3], _res: &Tensor, grad: &Tensor) -> GradsOf<3> {
+        let g = grad.contiguous()?;
+        let dx = g.matmul(w)?;
+        let dw = g.t()?.matmul(x)?;
+        let db = g.apply_op1_no_bwd(&Fused(ColumnSums))?.reshape(b.shape())?;
+        Ok([Some(dx), Some(dw), Some(db)])
     }
 }
 

@@ -3,6 +3,7 @@
 
 use crate::cpu::{as_f32, f32_inputs, fused, map_rows, norm_grads, norm_width, NormRowGrad};
 use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use crate::vector_math;
 use candle_core::{CpuStorage, DType, Module, Result, Shape, Tensor, D};
 use candle_nn::VarBuilder;
 
@@ -85,7 +86,7 @@ pub fn rms_norm_composite(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tenso
 
 /// A row's reciprocal root mean square.
 fn rrms(row: &[f32], eps: f32) -> f32 {
-    let ms = row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32;
+    let ms = vector_math::dot(row, row) / row.len() as f32;
     1.0 / (ms + eps).sqrt()
 }
 
@@ -128,12 +129,10 @@ impl NormRowGrad for Grad {
         let r = rrms(row, eps);
         // y = w x r, dr/dx_j = -r³ x_j / c:
         // dx_j = r (g_j w_j - x_j r² mean(g w x)).
-        let mut mean_gwx = 0f32;
+        let mean_gwx = vector_math::centered_dot3(g, w, row, 0.0) / c as f32;
         for i in 0..c {
-            mean_gwx += g[i] * w[i] * row[i];
             dw[i] += g[i] * row[i] * r;
         }
-        mean_gwx /= c as f32;
         for i in 0..c {
             d[i] = r * (g[i] * w[i] - row[i] * r * r * mean_gwx);
         }

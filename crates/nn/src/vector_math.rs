@@ -196,6 +196,37 @@ multiversion! {
     }
 }
 
+multiversion! {
+    /// The sum of `(x - shift)²` over `xs` (eight running sums, added in a fixed order).
+    fn centered_square_sum(xs: &[f32], shift: f32) -> f32 {
+        sum8(xs, |x| (x - shift) * (x - shift))
+    }
+}
+
+multiversion! {
+    /// The sum of `a b (x - shift)` over the three slices (eight running sums, added in a
+    /// fixed order): a norm's backward's row sum.
+    fn centered_dot3(a: &[f32], b: &[f32], x: &[f32], shift: f32) -> f32 {
+        const LANES: usize = 8;
+        let mut acc = [0f32; LANES];
+        let (a8, b8, x8) = (a.chunks_exact(LANES), b.chunks_exact(LANES), x.chunks_exact(LANES));
+        let tail: f32 = a8
+            .remainder()
+            .iter()
+            .zip(b8.remainder())
+            .zip(x8.remainder())
+            .map(|((a, b), x)| a * b * (x - shift))
+            .sum();
+        for ((a, b), x) in a8.zip(b8).zip(x8) {
+            for l in 0..LANES {
+                acc[l] += a[l] * b[l] * (x[l] - shift);
+            }
+        }
+        let pairs = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
+        (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]) + tail
+    }
+}
+
 /// The sum of `xs` (eight running sums, added in a fixed order).
 pub(crate) fn sum(xs: &[f32]) -> f32 {
     sum8(xs, |x| x)

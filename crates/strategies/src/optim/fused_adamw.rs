@@ -1,9 +1,15 @@
-//! AdamW's update of a CPU f32 buffer in three in-place passes (first moment, second moment,
-//! parameter), allocating nothing. Each element gets exactly the arithmetic of the chunked
-//! tensor path in `adamw.rs` (Candle's `affine` is `v * mul + add` in f32), so both paths
-//! give the same bits.
+//! AdamW's update of CPU f32 buffers in one pass over the parameter, its gradient and both
+//! moments, in parallel chunks on the calling thread's rayon pool, allocating nothing. Each
+//! element gets exactly the arithmetic of the chunked tensor path in `adamw.rs` (Candle's
+//! `affine` is `v * mul + add` in f32), so both paths give the same bits on any number of
+//! threads.
 
-use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Result, Tensor};
+use candle_core::{CpuStorage, DType, InplaceOp1, InplaceOp2, Layout, Result, Tensor};
+use rayon::prelude::*;
+use std::cell::{Cell, RefCell};
+
+/// Elements a parallel task updates: enough to outweigh handing the task out.
+const CHUNK: usize = 16 * 1024;
 
 /// The update's constants, as f32 the way Candle's `affine` casts them.
 pub(super) struct AdamWConstants {
@@ -16,14 +22,15 @@ pub(super) struct AdamWConstants {
     pub(super) eps: f64,
 }
 
-/// Whether the fused passes take these buffers: contiguous f32 on the CPU.
+/// Whether the fused pass takes these buffers: contiguous f32 on the CPU.
 pub(super) fn applies(tensors: &[&Tensor]) -> bool {
     tensors
         .iter()
         .all(|t| t.device().is_cpu() && t.dtype() == DType::F32 && t.is_contiguous())
 }
 
-/// Updates `p`, `m` and `v` in place from `g` (all flat, of one length).
+/// Updates `p`, `m` and `v` in place from `g` (all flat, of one length, four different
+/// buffers).
 pub(super) fn step(
     p: &Tensor,
     g: &Tensor,
@@ -31,21 +38,21 @@ pub(super) fn step(
     v: &Tensor,
     c: &AdamWConstants,
 ) -> Result<()> {
-    m.inplace_op2(
-        g,
-        &Moment {
-            beta: c.beta1,
-            square: false,
-        },
-    )?;
-    v.inplace_op2(
-        g,
-        &Moment {
-            beta: c.beta2,
-            square: true,
-        },
-    )?;
-    p.inplace_op3(m, v, c)
+    // Candle lends a storage mutably only inside an in-place op, under its lock: the
+    // parameter's and the first moment's ops hold their slices while the second moment's op,
+    // innermost, reads the gradient and runs the pass.
+    with_f32_mut(p, |p| {
+        with_f32_mut(m, |m| {
+            v.inplace_op2(
+                g,
+                &Update {
+                    p: RefCell::new(p),
+                    m: RefCell::new(m),
+                    c,
+                },
+            )
+        })
+    })
 }
 
 fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
@@ -65,63 +72,78 @@ fn slice_mut<'a>(s: &'a mut CpuStorage, l: &Layout) -> Result<&'a mut [f32]> {
     }
 }
 
-/// `m = m * beta + g * (1 - beta)`, or with `square`, `v = v * beta + g² * (1 - beta)`.
-struct Moment {
-    beta: f64,
-    square: bool,
+/// Runs `f` on `t`'s elements, mutably, inside an in-place op on `t`.
+fn with_f32_mut(t: &Tensor, f: impl FnOnce(&mut [f32]) -> Result<()>) -> Result<()> {
+    t.inplace_op1(&Mutably(Cell::new(Some(f))))
 }
 
-impl InplaceOp2 for Moment {
+/// [`with_f32_mut`]'s op: the closure, run once.
+struct Mutably<F>(Cell<Option<F>>);
+
+impl<F: FnOnce(&mut [f32]) -> Result<()>> InplaceOp1 for Mutably<F> {
     fn name(&self) -> &'static str {
-        "wick-adamw-moment"
+        "wick-adamw-buffer"
+    }
+
+    fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> Result<()> {
+        match self.0.take() {
+            Some(f) => f(slice_mut(s, l)?),
+            None => candle_core::bail!("adamw: a buffer's op ran twice"),
+        }
+    }
+}
+
+/// The pass, as an in-place op on the second moment reading the gradient, with the
+/// parameter and the first moment lent by the ops around it.
+struct Update<'a> {
+    p: RefCell<&'a mut [f32]>,
+    m: RefCell<&'a mut [f32]>,
+    c: &'a AdamWConstants,
+}
+
+impl InplaceOp2 for Update<'_> {
+    fn name(&self) -> &'static str {
+        "wick-adamw"
     }
 
     fn cpu_fwd(
         &self,
-        ms: &mut CpuStorage,
-        ml: &Layout,
+        vs: &mut CpuStorage,
+        vl: &Layout,
         gs: &CpuStorage,
         gl: &Layout,
     ) -> Result<()> {
-        let (beta, rest) = (self.beta as f32, (1.0 - self.beta) as f32);
-        let g = slice(gs, gl)?;
-        for (m, &g) in slice_mut(ms, ml)?.iter_mut().zip(g) {
-            let g = if self.square { g * g } else { g };
-            *m = (*m * beta + 0.0) + (g * rest + 0.0);
+        let (mut p, mut m) = (self.p.borrow_mut(), self.m.borrow_mut());
+        let (v, g) = (slice_mut(vs, vl)?, slice(gs, gl)?);
+        let n = p.len();
+        if m.len() != n || v.len() != n || g.len() != n {
+            candle_core::bail!(
+                "adamw: {n} parameters with {} gradients and moments of {} and {}",
+                g.len(),
+                m.len(),
+                v.len()
+            )
         }
-        Ok(())
-    }
-}
-
-/// `p = p * decay - (m * step_size) / (sqrt(v) * inv_sqrt_bc2 + eps)`.
-impl InplaceOp3 for AdamWConstants {
-    fn name(&self) -> &'static str {
-        "wick-adamw-param"
-    }
-
-    fn cpu_fwd(
-        &self,
-        ps: &mut CpuStorage,
-        pl: &Layout,
-        ms: &CpuStorage,
-        ml: &Layout,
-        vs: &CpuStorage,
-        vl: &Layout,
-    ) -> Result<()> {
-        let (m, v) = (slice(ms, ml)?, slice(vs, vl)?);
-        let decay = self.decay.map(|d| d as f32);
-        let (step_size, inv, eps) = (
-            self.step_size as f32,
-            self.inv_sqrt_bc2 as f32,
-            self.eps as f32,
-        );
-        for ((p, &m), &v) in slice_mut(ps, pl)?.iter_mut().zip(m).zip(v) {
-            let theta = match decay {
-                Some(d) => *p * d + 0.0,
-                None => *p,
-            };
-            *p = theta - (m * step_size + 0.0) / (v.sqrt() * inv + eps);
-        }
+        let c = self.c;
+        let (b1, rest1) = (c.beta1 as f32, (1.0 - c.beta1) as f32);
+        let (b2, rest2) = (c.beta2 as f32, (1.0 - c.beta2) as f32);
+        let decay = c.decay.map(|d| d as f32);
+        let (step_size, inv, eps) = (c.step_size as f32, c.inv_sqrt_bc2 as f32, c.eps as f32);
+        p.par_chunks_mut(CHUNK)
+            .zip(m.par_chunks_mut(CHUNK))
+            .zip(v.par_chunks_mut(CHUNK))
+            .zip(g.par_chunks(CHUNK))
+            .for_each(|(((p, m), v), g)| {
+                for (((p, m), v), &g) in p.iter_mut().zip(m).zip(v).zip(g) {
+                    *m = (*m * b1 + 0.0) + (g * rest1 + 0.0);
+                    *v = (*v * b2 + 0.0) + (g * g * rest2 + 0.0);
+                    let theta = match decay {
+                        Some(d) => *p * d + 0.0,
+                        None => *p,
+                    };
+                    *p = theta - (*m * step_size + 0.0) / (v.sqrt() * inv + eps);
+                }
+            });
         Ok(())
     }
 }
@@ -134,7 +156,10 @@ mod tests {
     #[test]
     fn the_same_bits_as_candles_tensor_ops() {
         let values = |k: f32| -> Tensor {
-            let v: Vec<f32> = (0..1000).map(|i| (i as f32 * k).sin() * 3.0).collect();
+            // Three parallel chunks and a part of one.
+            let v: Vec<f32> = (0..2 * CHUNK + 1000)
+                .map(|i| (i as f32 * k).sin() * 3.0)
+                .collect();
             Tensor::new(v, &Device::Cpu).unwrap()
         };
         let (p, g, m) = (values(0.37), values(1.3), values(0.11));
