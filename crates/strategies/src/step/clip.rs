@@ -119,7 +119,10 @@ mod tests {
             .to_dtype(DType::BF16)
             .unwrap();
         let grads = [big, t, half];
-        let want: f64 = values.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>()
+        let want: f64 = values
+            .iter()
+            .map(|&x| f64::from(x) * f64::from(x))
+            .sum::<f64>()
             + 91.0
             + 25.0;
         let in_pool = |threads| {
