@@ -95,13 +95,19 @@ fn sum8(xs: &[f32], term: impl Fn(f32) -> f32) -> f32 {
             acc[l] += term(c[l]);
         }
     }
+    fold8(acc) + tail
+}
+
+/// Eight running sums added in the fixed order every lane-summing kernel here uses.
+#[inline(always)]
+fn fold8(acc: [f32; 8]) -> f32 {
     let pairs = [
         acc[0] + acc[4],
         acc[1] + acc[5],
         acc[2] + acc[6],
         acc[3] + acc[7],
     ];
-    (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]) + tail
+    (pairs[0] + pairs[2]) + (pairs[1] + pairs[3])
 }
 
 multiversion! {
@@ -191,8 +197,7 @@ multiversion! {
                 acc[l] += x[l] * y[l];
             }
         }
-        let pairs = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
-        (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]) + tail
+        fold8(acc) + tail
     }
 }
 
@@ -222,8 +227,7 @@ multiversion! {
                 acc[l] += a[l] * b[l] * (x[l] - shift);
             }
         }
-        let pairs = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
-        (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]) + tail
+        fold8(acc) + tail
     }
 }
 
