@@ -12,8 +12,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use wick::accelerator::ThreadWorld;
-use wick::core::CollectiveExt;
-use wick::core::{Collective, ReduceOp};
+use wick::core::{CollectiveExt, ReduceOp};
 
 const MIB: usize = 1 << 20;
 

@@ -18,8 +18,7 @@
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
 use wick::accelerator::ThreadWorld;
-use wick::core::CollectiveExt;
-use wick::core::{Collective, ReduceOp};
+use wick::core::{Collective, CollectiveExt, ReduceOp};
 
 const SIZES: [usize; 3] = [1 << 20, 16 << 20, 64 << 20];
 const WORLDS: [usize; 2] = [2, 4];

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wick::accelerator::{Accelerator, WorldLayer};
-use wick::core::Strategy;
-use wick::core::{Call, Collective, CollectiveError, OptimizerConfig, Work};
+use wick::core::{Call, Collective, CollectiveError, OptimizerConfig, Strategy, Work};
 use wick::strategies::{Fsdp, FsdpSharding};
 use wick::trainer::{Attached, DataLoader, Trainer, TrainerError};
+use wick_core::{CollectiveExt, Position};
 
 const RANKS: usize = 8;
 const STEPS: usize = 3;
@@ -58,11 +58,8 @@ impl Faulty {
 }
 
 impl Collective for Faulty {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
+    fn position(&self) -> Position {
+        self.inner.position()
     }
     fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
         self.before()?;

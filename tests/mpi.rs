@@ -12,8 +12,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::{adamw, full_parameters, loader, max_diff, Mlp, SoloMlp};
 use wick::accelerator::{Accelerator, LaunchEnv, MpiWorld, ThreadWorld};
-use wick::core::CollectiveExt;
-use wick::core::{Collective, ReduceOp, Strategy};
+use wick::core::{Collective, CollectiveExt, ReduceOp, Strategy};
 use wick::strategies::{Fsdp, FsdpSharding, Precision};
 use wick::trainer::{Attached, Metrics, Trainer};
 

@@ -12,6 +12,7 @@ use wick::core::{
 };
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
 use wick::trainer::{Attached, DataLoader, Trainer};
+use wick_core::{CollectiveExt, Position};
 
 const RANKS: usize = 4;
 const STEPS: usize = 4;
@@ -33,11 +34,8 @@ impl SmallAllReduces {
 }
 
 impl Collective for SmallAllReduces {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
+    fn position(&self) -> Position {
+        self.inner.position()
     }
     fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
         self.note(&call);

@@ -3,6 +3,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use wick::accelerator::ThreadWorld;
 use wick::core::{Collective, GradSync, StepOptions};
 use wick::trainer::{Attached, DataLoader, Trainer};
+use wick_core::CollectiveExt;
 
 /// Trains the MLP with the given options and returns its full parameters.
 fn run(

@@ -9,6 +9,7 @@ use wick::core::{
     Work,
 };
 use wick::trainer::{Attached, DataLoader, Dataset, Trainer};
+use wick_core::Position;
 
 /// 96 samples of 5 features and one target, deterministic.
 pub struct Regression {
@@ -415,11 +416,8 @@ impl Recording {
 }
 
 impl Collective for Recording {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
+    fn position(&self) -> Position {
+        self.inner.position()
     }
     fn run(&self, call: Call<'_>) -> Result<(), CollectiveError> {
         if let Some(entry) = Self::entry(&call, false) {

@@ -3,7 +3,7 @@
 //! `cargo run -p wick-accelerator --example collectives`
 
 use candle_core::{DType, Device, Tensor};
-use wick_accelerator::{Collective, CollectiveError, CollectiveExt, ReduceOp, ThreadWorld};
+use wick_accelerator::{CollectiveError, CollectiveExt, ReduceOp, ThreadWorld};
 
 fn main() {
     let outcomes = ThreadWorld::new(4).run(|comm| {

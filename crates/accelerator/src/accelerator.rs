@@ -7,7 +7,7 @@ use crate::thread_budget::{run_within, ThreadBudget};
 use crate::worlds::{panic_message, EndedWorld, MpiWorld, NcclWorld, RankError, ThreadWorld};
 use candle_core::Device;
 use std::sync::Arc;
-use wick_core::{Collective, Error, Result, SoloWorld};
+use wick_core::{Collective, CollectiveExt, Error, Result, SoloWorld};
 
 /// What a rank has once its environment is set up: its place in the world and its device.
 #[derive(Clone)]

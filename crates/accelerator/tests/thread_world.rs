@@ -3,8 +3,10 @@
 use candle_core::{Device, Tensor};
 use std::time::{Duration, Instant};
 use wick_accelerator::{RankError, ThreadWorld};
-use wick_core::CollectiveExt;
-use wick_core::{reduce_scatter_padded, Call, Collective, CollectiveError, ReduceOp, Work};
+use wick_core::{
+    reduce_scatter_padded, Call, Collective, CollectiveError, CollectiveExt, Position, ReduceOp,
+    Work,
+};
 
 /// Rank r's shard length: uneven on purpose (r + 3 elements).
 fn shard_len(r: usize) -> usize {
@@ -81,11 +83,8 @@ fn reduce_scatter_sums_and_means_each_ranks_range() {
 struct EqualChunksOnly(Box<dyn Collective>);
 
 impl Collective for EqualChunksOnly {
-    fn rank(&self) -> usize {
-        self.0.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.0.world_size()
+    fn position(&self) -> Position {
+        self.0.position()
     }
     fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
         match call {

@@ -3,7 +3,7 @@
 //! overlap (DeepSpeed's `overlap_comm: false`): the same calls, in the same order, each
 //! waited for where it is issued. The numbers do not change.
 
-use crate::{Call, Collective, CollectiveError, Work};
+use crate::{Call, Collective, CollectiveError, Position, Work};
 use std::sync::Arc;
 
 /// `inner`, every call started on it made as the blocking call instead.
@@ -19,11 +19,8 @@ impl BlockingWorld {
 }
 
 impl Collective for BlockingWorld {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
+    fn position(&self) -> Position {
+        self.inner.position()
     }
     /// The inner world's blocking form of the call.
     fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
@@ -52,11 +49,8 @@ mod tests {
     struct Calls(Arc<Mutex<Vec<String>>>);
 
     impl Collective for Calls {
-        fn rank(&self) -> usize {
-            0
-        }
-        fn world_size(&self) -> usize {
-            1
+        fn position(&self) -> Position {
+            Position::new(0, 1)
         }
         fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
             let (log, name) = (self.0.clone(), call.name());

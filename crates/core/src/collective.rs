@@ -74,6 +74,22 @@ impl Work {
     }
 }
 
+/// Where a rank stands in its world: its index, `0..world_size`, and the number of ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Position {
+    /// This rank's index.
+    pub rank: usize,
+    /// The number of ranks.
+    pub world_size: usize,
+}
+
+impl Position {
+    /// Rank `rank` of `world_size` ranks.
+    pub fn new(rank: usize, world_size: usize) -> Self {
+        Position { rank, world_size }
+    }
+}
+
 /// A world of ranks that can exchange tensors.
 ///
 /// Equal chunks are the contract every world meets: an all-gather's or reduce-scatter's
@@ -83,16 +99,14 @@ impl Work {
 /// [`Call::ReduceScatterParts`], which a world that needs equal chunks pads
 /// ([`crate::reduce_scatter_padded`]), so it runs on every world.
 ///
-/// Implement [`Collective::rank`], [`Collective::world_size`], [`Collective::start`] and,
+/// Implement [`Collective::position`], [`Collective::start`] and,
 /// where the world has a faster blocking path or can split, [`Collective::run`] and
 /// [`Collective::split`]; the other methods are provided through those and are not meant
 /// to be overridden.
 pub trait Collective: Send + Sync {
-    /// This rank's index, `0..world_size()`.
-    fn rank(&self) -> usize;
-
-    /// The number of ranks.
-    fn world_size(&self) -> usize;
+    /// This rank's index and the number of ranks ([`CollectiveExt::rank`] and
+    /// [`CollectiveExt::world_size`] read them).
+    fn position(&self) -> Position;
 
     /// Issues `call`, to be waited on later: its outputs hold the result once
     /// [`Work::wait`] returns, and its inputs must not change before then. Worlds with a
@@ -120,11 +134,8 @@ pub trait Collective: Send + Sync {
 }
 
 impl<C: Collective + ?Sized> Collective for Arc<C> {
-    fn rank(&self) -> usize {
-        (**self).rank()
-    }
-    fn world_size(&self) -> usize {
-        (**self).world_size()
+    fn position(&self) -> Position {
+        (**self).position()
     }
     fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
         (**self).start(call)
@@ -143,6 +154,16 @@ impl<C: Collective + ?Sized> Collective for Arc<C> {
 /// make a named form behave unlike the [`Call`] it names: a world that wraps another
 /// forwards `start` and `run`, and every call passes through them.
 pub trait CollectiveExt: Collective {
+    /// This rank's index, `0..world_size()`.
+    fn rank(&self) -> usize {
+        self.position().rank
+    }
+
+    /// The number of ranks.
+    fn world_size(&self) -> usize {
+        self.position().world_size
+    }
+
     /// Writes every rank's `shard`, in rank order, into `full` ([`Call::AllGather`]).
     fn all_gather_into(&self, shard: &Tensor, full: &Tensor) -> Result<(), CollectiveError> {
         self.run(Call::AllGather { shard, full })

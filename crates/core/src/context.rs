@@ -5,7 +5,7 @@
 //! `configure_sharded_model` and leaves it after; a request made outside is an error, so a
 //! parameter can never be created by a path the strategy does not see.
 
-use crate::{lock, BlockFormat, Collective, ParamInit, WeightSource};
+use crate::{lock, BlockFormat, Collective, CollectiveExt, ParamInit, WeightSource};
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};

@@ -43,7 +43,7 @@ pub use block_format::BlockFormat;
 pub use blocking_world::BlockingWorld;
 pub use call::{all_gather_through_tensor, reduce_scatter_padded, Call, CallKind};
 pub use callback::{Callback, CallbackClone, RunState};
-pub use collective::{Collective, CollectiveExt, ReduceOp, Work};
+pub use collective::{Collective, CollectiveExt, Position, ReduceOp, Work};
 pub use context::{
     sharding_context_active, ContextGuard, ParamRequest, ParamSource, RecomputeFn, ShardedContext,
     UnitBlock, UnitFn, UnitRuns, Wrapped,

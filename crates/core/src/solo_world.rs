@@ -4,7 +4,7 @@
 //! examples that use wick-strategies alone. Copies are Candle's own, so it works on every
 //! device.
 
-use crate::{all_gather_through_tensor, Call, Collective, CollectiveError, Work};
+use crate::{all_gather_through_tensor, Call, Collective, CollectiveError, Position, Work};
 use candle_core::Tensor;
 
 /// A world of one rank.
@@ -34,12 +34,8 @@ fn copy(op: &'static str, from: &Tensor, to: &Tensor) -> Result<(), CollectiveEr
 }
 
 impl Collective for SoloWorld {
-    fn rank(&self) -> usize {
-        0
-    }
-
-    fn world_size(&self) -> usize {
-        1
+    fn position(&self) -> Position {
+        Position::new(0, 1)
     }
 
     fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {

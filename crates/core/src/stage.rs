@@ -15,20 +15,14 @@ pub enum Stage {
     Predict,
 }
 
-impl Stage {
-    /// Lower-case name, as used in logs and metric names.
-    pub fn as_str(self) -> &'static str {
-        match self {
+/// The lower-case name, as used in logs and metric names.
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
             Stage::Fit => "fit",
             Stage::Validate => "validate",
             Stage::Test => "test",
             Stage::Predict => "predict",
-        }
-    }
-}
-
-impl fmt::Display for Stage {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        })
     }
 }

@@ -3,7 +3,7 @@
 //! communication: what a started call moved while the rank computed does not count, so
 //! overlap shows as a smaller figure. It also counts waiting for a slower rank.
 
-use crate::{Call, Collective, CollectiveError, Work};
+use crate::{Call, Collective, CollectiveError, Position, Work};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,11 +57,8 @@ fn add_time<T>(nanos: &AtomicU64, call: impl FnOnce() -> T) -> T {
 }
 
 impl Collective for WaitClock {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
+    fn position(&self) -> Position {
+        self.inner.position()
     }
     fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
         self.started(|| self.inner.start(call))
@@ -96,11 +93,8 @@ mod tests {
     }
 
     impl Collective for Slow {
-        fn rank(&self) -> usize {
-            0
-        }
-        fn world_size(&self) -> usize {
-            1
+        fn position(&self) -> Position {
+            Position::new(0, 1)
         }
         fn start(&self, _: Call<'_>) -> Result<Work, CollectiveError> {
             Ok(Work::pending(Self::nap))

@@ -49,12 +49,7 @@ pub struct LoraConfig {
 
 impl Default for LoraConfig {
     fn default() -> Self {
-        LoraConfig {
-            rank: 8,
-            alpha: 8.0,
-            dropout: 0.0,
-            targets: vec!["q_proj".into(), "v_proj".into()],
-        }
+        LoraConfig::new(8)
     }
 }
 
@@ -63,7 +58,9 @@ impl LoraConfig {
     pub fn new(rank: usize) -> Self {
         LoraConfig {
             rank,
-            ..LoraConfig::default()
+            alpha: 8.0,
+            dropout: 0.0,
+            targets: vec!["q_proj".into(), "v_proj".into()],
         }
     }
 

@@ -4,7 +4,7 @@
 
 use crate::attention_kernel::{self as kernel, Dims, Heads, Scores};
 use crate::cpu::{as_f32, f32s, fused};
-use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
 use crate::linear::{linear, Linear};
 use crate::positions::Positions;
 use candle_core::{CpuStorage, DType, Layout, Module, Result, Shape, Storage, Tensor, D};
@@ -286,7 +286,7 @@ struct Forward {
 impl CpuOp<3> for Forward {
     const NAME: &'static str = "wick-causal-attention";
 
-    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> CpuOut {
         let n = dims(inputs[0].1, inputs[1].1, &self.options)?;
         let [q, k, v] = blocks(Self::NAME, inputs)?;
         let out = kernel::forward(q, k, v, n, self.documents.as_ref());
@@ -338,7 +338,7 @@ struct Backward {
 impl CpuOp<3> for Backward {
     const NAME: &'static str = "wick-causal-attention-backward";
 
-    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> CpuOut {
         let n = dims(inputs[0].1, inputs[1].1, &self.options)?;
         let name = Self::NAME;
         let (gs, gl) = self.grad.storage_and_layout();
@@ -385,7 +385,7 @@ struct PackedForward {
 impl CpuOp<1> for PackedForward {
     const NAME: &'static str = "wick-causal-attention";
 
-    fn cpu(&self, [(s, l)]: [Input<'_>; 1]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, [(s, l)]: [Input<'_>; 1]) -> CpuOut {
         let (n, [q, k, v]) = packed(l, self.heads)?;
         let data = s.as_slice::<f32>()?;
         let docs = self.documents.as_ref();
@@ -411,7 +411,7 @@ struct PackedBackward {
 impl CpuOp<2> for PackedBackward {
     const NAME: &'static str = "wick-causal-attention-backward";
 
-    fn cpu(&self, [(s, l), (gs, gl)]: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, [(s, l), (gs, gl)]: [Input<'_>; 2]) -> CpuOut {
         let (n, [q, k, v]) = packed(l, self.heads)?;
         let data = s.as_slice::<f32>()?;
         let dout = f32s(Self::NAME, gs, gl)?;

@@ -1,6 +1,6 @@
 //! The f32 slices behind CPU storages, for the fused ops.
 
-use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
 use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
@@ -154,7 +154,7 @@ pub(crate) struct NormBackward<K>(pub(crate) K);
 impl<K: NormRowGrad> CpuOp<3> for NormBackward<K> {
     const NAME: &'static str = K::NAME;
 
-    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> CpuOut {
         let c = norm_width(Self::NAME, inputs[0].1, inputs[1].1)?;
         let [x, w, dy] = f32_inputs(Self::NAME, inputs)?;
         let parts = K::WEIGHT_GRADS * c;

@@ -4,7 +4,7 @@
 //! `ignore_index=-100` (the label of a prompt token in instruction data) has it.
 
 use crate::cpu::{f32s, fused, rows_per_task, sum_in_order, u32s};
-use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
 use crate::vector_math;
 use candle_core::{CpuStorage, DType, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -97,7 +97,7 @@ struct Forward {
 impl CpuOp<2> for Forward {
     const NAME: &'static str = "wick-cross-entropy";
 
-    fn cpu(&self, inputs: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 2]) -> CpuOut {
         let (logits, targets, classes) = rows(Self::NAME, inputs)?;
         // Per-task sums, added in task order: the same bits on any number of threads.
         let task = rows_per_task(classes);
@@ -146,7 +146,7 @@ struct Backward {
 impl CpuOp<2> for Backward {
     const NAME: &'static str = "wick-cross-entropy-backward";
 
-    fn cpu(&self, inputs: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 2]) -> CpuOut {
         let (logits, targets, classes) = rows(Self::NAME, inputs)?;
         if self.log_sum_exp.len() != targets.len() {
             candle_core::bail!("{}: the forward's rows are not these", Self::NAME)

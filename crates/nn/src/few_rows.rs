@@ -5,7 +5,7 @@
 //! than on one).
 
 use crate::cpu::{f32_inputs, fused};
-use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
 use crate::gemm::Threads;
 use candle_core::{CpuStorage, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -33,7 +33,7 @@ struct FewRows;
 impl CpuOp<2> for FewRows {
     const NAME: &'static str = "wick-few-rows-matmul";
 
-    fn cpu(&self, inputs: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 2]) -> CpuOut {
         let [x, w] = f32_inputs(Self::NAME, inputs)?;
         let in_dim = inputs[1].1.dims()[1];
         let (rows, out) = (x.len() / in_dim, w.len() / in_dim);

@@ -3,8 +3,8 @@
 
 use crate::cpu::{f32_inputs, fused};
 use crate::frozen_weight::FrozenWeight;
-use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
-use candle_core::{CpuStorage, Device, Module, Result, Shape, Tensor};
+use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
+use candle_core::{CpuStorage, Device, Module, Result, Tensor};
 
 /// A linear layer whose weight and bias take no gradient: y = x Wᵀ + b. With a quantized
 /// weight on the CPU in f32, one op that decodes W in forward and again for x's gradient
@@ -67,7 +67,7 @@ struct FrozenLinearOp {
 impl CpuOp<1> for FrozenLinearOp {
     const NAME: &'static str = "wick-frozen-linear";
 
-    fn cpu(&self, inputs: [Input<'_>; 1]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 1]) -> CpuOut {
         let [x] = f32_inputs(Self::NAME, inputs)?;
         let x = Tensor::from_slice(x, inputs[0].1.shape(), &Device::Cpu)?;
         let y = x.matmul(&self.weight.decoded()?.t()?)?;

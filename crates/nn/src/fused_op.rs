@@ -6,6 +6,9 @@
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
+/// What a CPU kernel returns: the output's storage and its shape.
+pub(crate) type CpuOut = Result<(CpuStorage, Shape)>;
+
 /// An input as Candle hands it to a CPU kernel: its storage and how the tensor lies in it.
 pub(crate) type Input<'a> = (&'a CpuStorage, &'a Layout);
 
@@ -15,7 +18,7 @@ pub(crate) trait CpuOp<const N: usize>: Send + Sync {
     const NAME: &'static str;
 
     /// The output of the inputs, with its shape.
-    fn cpu(&self, inputs: [Input<'_>; N]) -> Result<(CpuStorage, Shape)>;
+    fn cpu(&self, inputs: [Input<'_>; N]) -> CpuOut;
 
     /// The inputs' gradients, given the output `res` and its gradient `grad` (a backward
     /// op has none: Candle's error for an op without backward).
@@ -36,7 +39,7 @@ impl<K: CpuOp<1>> CustomOp1 for Fused<K> {
         K::NAME
     }
 
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> CpuOut {
         self.0.cpu([(s, l)])
     }
 
@@ -51,13 +54,7 @@ impl<K: CpuOp<2>> CustomOp2 for Fused<K> {
         K::NAME
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> CpuOut {
         self.0.cpu([(s1, l1), (s2, l2)])
     }
 
@@ -86,7 +83,7 @@ impl<K: CpuOp<3>> CustomOp3 for Fused<K> {
         l2: &Layout,
         s3: &CpuStorage,
         l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    ) -> CpuOut {
         self.0.cpu([(s1, l1), (s2, l2), (s3, l3)])
     }
 

@@ -2,9 +2,9 @@
 //! fused backward.
 
 use crate::cpu::{f32_inputs, fused, map_pairs, ELEMENTWISE_CHUNK};
-use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
 use crate::vector_math;
-use candle_core::{CpuStorage, Module, Result, Shape, Tensor};
+use candle_core::{CpuStorage, Module, Result, Tensor};
 use rayon::prelude::*;
 
 /// GELU, tanh approximation, as a layer. Fused on the CPU in f32; `Tensor::gelu` elsewhere.
@@ -30,7 +30,7 @@ struct Forward;
 impl CpuOp<1> for Forward {
     const NAME: &'static str = "wick-gelu";
 
-    fn cpu(&self, inputs: [Input<'_>; 1]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 1]) -> CpuOut {
         let [x] = f32_inputs(Self::NAME, inputs)?;
         let mut y = vec![0f32; x.len()];
         y.par_chunks_mut(ELEMENTWISE_CHUNK)
@@ -52,7 +52,7 @@ struct Backward;
 impl CpuOp<2> for Backward {
     const NAME: &'static str = "wick-gelu-backward";
 
-    fn cpu(&self, inputs: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 2]) -> CpuOut {
         let [x, g] = f32_inputs(Self::NAME, inputs)?;
         let dx = map_pairs(x, g, vector_math::gelu_backward);
         Ok((CpuStorage::F32(dx), inputs[0].1.shape().clone()))

@@ -2,9 +2,9 @@
 //! forward and backward each one pass over the rows.
 
 use crate::cpu::{as_f32, f32_inputs, fused, map_rows, norm_grads, norm_width, NormRowGrad};
-use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
 use crate::vector_math;
-use candle_core::{CpuStorage, DType, Module, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, DType, Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 
 /// Layer normalisation over the last dimension, with a learned scale and shift.
@@ -85,7 +85,7 @@ struct Forward {
 impl CpuOp<3> for Forward {
     const NAME: &'static str = "wick-layer-norm";
 
-    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> CpuOut {
         let c = norm_width(Self::NAME, inputs[0].1, inputs[1].1)?;
         let [x, w, b] = f32_inputs(Self::NAME, inputs)?;
         let y = map_rows(x, c, |row, out| {

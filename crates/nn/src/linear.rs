@@ -7,7 +7,7 @@
 
 use crate::cpu::{f32_inputs, fused, rows_per_task, sum_in_order};
 use crate::few_rows::{matmul_wt, FEW_ROWS};
-use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
 use crate::gemm::Threads;
 use candle_core::{CpuStorage, Module, Result, Shape, Tensor};
 use candle_nn::VarBuilder;
@@ -85,7 +85,7 @@ struct ProductPlusBias;
 impl CpuOp<3> for ProductPlusBias {
     const NAME: &'static str = "wick-linear";
 
-    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> CpuOut {
         let [x, w, b] = f32_inputs(Self::NAME, inputs)?;
         let (out, in_dim) = inputs[1].1.shape().dims2()?;
         let rows = x.len() / in_dim.max(1);
@@ -127,7 +127,7 @@ struct AddBias;
 impl CpuOp<2> for AddBias {
     const NAME: &'static str = "wick-add-bias";
 
-    fn cpu(&self, inputs: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 2]) -> CpuOut {
         let [y, b] = f32_inputs(Self::NAME, inputs)?;
         let n = b.len();
         let task = rows_per_task(n) * n;
@@ -157,7 +157,7 @@ struct ColumnSums;
 impl CpuOp<1> for ColumnSums {
     const NAME: &'static str = "wick-column-sums";
 
-    fn cpu(&self, inputs: [Input<'_>; 1]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 1]) -> CpuOut {
         let [g] = f32_inputs(Self::NAME, inputs)?;
         let n = inputs[0].1.shape().dims().last().copied().unwrap_or(1);
         let task = rows_per_task(n) * n;

@@ -14,7 +14,7 @@
 
 use crate::cpu::{f32_inputs, fused, rows_per_task, u32s};
 use crate::cross_entropy::{counted, cross_entropy, log_sum_exp};
-use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
 use crate::gemm::Threads::Pool;
 use crate::vector_math;
 use candle_core::{CpuStorage, DType, Result, Shape, Tensor};
@@ -123,7 +123,7 @@ struct Forward {
 impl CpuOp<3> for Forward {
     const NAME: &'static str = "wick-linear-cross-entropy";
 
-    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> CpuOut {
         let kernel = Kernel::new(Self::NAME, inputs, self.softcap)?;
         let (loss, grads) = kernel.run(self.wanted, self.weights.as_deref(), None);
         if self.wanted.x || self.wanted.weight {
@@ -247,7 +247,7 @@ struct LogProbs {
 impl CpuOp<3> for LogProbs {
     const NAME: &'static str = "wick-linear-log-probs";
 
-    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> CpuOut {
         let kernel = Kernel::new(Self::NAME, inputs, self.softcap)?;
         let mut losses = vec![0f32; kernel.targets.len()];
         let none = Wanted {

@@ -11,8 +11,8 @@
 
 use crate::cpu::{f32_inputs, fused};
 use crate::frozen_weight::FrozenWeight;
-use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
-use candle_core::{CpuStorage, Device, Result, Shape, Tensor};
+use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
+use candle_core::{CpuStorage, Device, Result, Tensor};
 
 /// A frozen linear layer's weight `[out, in]` and bias `[out]`, LoRA's `a` `[r, in]` and `b`
 /// `[out, r]`, the update's `scale` (alpha / r) and, in training with dropout, the `mask`
@@ -122,7 +122,7 @@ impl LoraOp {
 impl CpuOp<3> for LoraOp {
     const NAME: &'static str = "wick-lora-linear";
 
-    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> CpuOut {
         // CPU tensors of the inputs' f32 elements.
         let [x, a, b] = f32_inputs(Self::NAME, inputs)?;
         let [x, a, b] = [(x, 0), (a, 1), (b, 2)]

@@ -2,9 +2,9 @@
 //! Face's Llama computes it (in f32), forward and backward each one pass over the rows.
 
 use crate::cpu::{as_f32, f32_inputs, fused, map_rows, norm_grads, norm_width, NormRowGrad};
-use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
 use crate::vector_math;
-use candle_core::{CpuStorage, DType, Module, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, DType, Module, Result, Tensor, D};
 use candle_nn::VarBuilder;
 
 /// Root-mean-square normalisation over the last dimension, with a learned scale (Llama's
@@ -97,7 +97,7 @@ struct Forward {
 impl CpuOp<2> for Forward {
     const NAME: &'static str = "wick-rms-norm";
 
-    fn cpu(&self, inputs: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 2]) -> CpuOut {
         let c = norm_width(Self::NAME, inputs[0].1, inputs[1].1)?;
         let [x, w] = f32_inputs(Self::NAME, inputs)?;
         let y = map_rows(x, c, |row, out| {

@@ -3,9 +3,9 @@
 //! backward are each one pass; the backward is the rotation by the opposite angle.
 
 use crate::cpu::{f32_inputs, fused};
-use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
 use crate::positions::Positions;
-use candle_core::{CpuStorage, DType, Device, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, DType, Device, Result, Tensor, D};
 use rayon::prelude::*;
 
 /// The cos and sin tables of a rotary embedding, one row per position, `head_dim` wide
@@ -189,7 +189,7 @@ struct Rotate {
 impl CpuOp<1> for Rotate {
     const NAME: &'static str = "wick-rotary";
 
-    fn cpu(&self, inputs: [Input<'_>; 1]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 1]) -> CpuOut {
         let [x] = f32_inputs(Self::NAME, inputs)?;
         let shape = inputs[0].1.shape();
         let (_, n1, n2, d) = shape.dims4()?;

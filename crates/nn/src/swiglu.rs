@@ -2,7 +2,7 @@
 //! backward, where Candle runs a unary op, a product and their backward's four more.
 
 use crate::cpu::{f32_inputs, fused, map_pairs, ELEMENTWISE_CHUNK};
-use crate::fused_op::{CpuOp, Fused, GradsOf, Input};
+use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
 use crate::vector_math;
 use candle_core::{CpuStorage, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -35,7 +35,7 @@ struct Forward;
 impl CpuOp<2> for Forward {
     const NAME: &'static str = "wick-swiglu";
 
-    fn cpu(&self, inputs: [Input<'_>; 2]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 2]) -> CpuOut {
         let [g, u] = f32_inputs(Self::NAME, inputs)?;
         let y = map_pairs(g, u, vector_math::swiglu);
         Ok((CpuStorage::F32(y), inputs[0].1.shape().clone()))
@@ -57,7 +57,7 @@ struct Backward;
 impl CpuOp<3> for Backward {
     const NAME: &'static str = "wick-swiglu-backward";
 
-    fn cpu(&self, inputs: [Input<'_>; 3]) -> Result<(CpuStorage, Shape)> {
+    fn cpu(&self, inputs: [Input<'_>; 3]) -> CpuOut {
         let [g, u, dy] = f32_inputs(Self::NAME, inputs)?;
         let n = g.len();
         let mut both = vec![0f32; 2 * n];

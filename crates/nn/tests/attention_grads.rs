@@ -14,6 +14,32 @@ mod common;
 
 use common::{check, max_diff, var};
 
+/// The fused attention against the composite under each of `options`, on grouped-query
+/// heads (4 query, 2 key/value) of `seq` positions, with scores big enough that a cap
+/// bends them; inputs drawn from `seed` on.
+fn each_option_matches(
+    name: &str,
+    (seq, seed): (usize, u64),
+    options: &[AttentionOptions],
+    fused: impl Fn(&[Tensor], &AttentionOptions) -> candle_core::Result<Tensor>,
+    composite: impl Fn(&[Tensor], &AttentionOptions) -> candle_core::Result<Tensor>,
+) {
+    for (i, options) in options.iter().enumerate() {
+        let seed = seed + 3 * i as u64;
+        let q = var(&[2, 4, seq, 8], seed, 3.0);
+        let (k, v) = (
+            var(&[2, 2, seq, 8], seed + 1, 3.0),
+            var(&[2, 2, seq, 8], seed + 2, 1.0),
+        );
+        check(
+            &format!("{name} {options:?}"),
+            &[q, k, v],
+            |t| fused(t, options),
+            |t| composite(t, options),
+        );
+    }
+}
+
 #[test]
 fn windowed_scaled_and_capped_attention_matches_the_composite() {
     // Mistral's window (shorter than the sequence, and longer), Gemma 2's scale and cap
@@ -33,21 +59,13 @@ fn windowed_scaled_and_capped_attention_matches_the_composite() {
             softcap: Some(2.0),
         },
     ];
-    for (i, options) in options.iter().enumerate() {
-        let seed = 50 + 3 * i as u64;
-        // Scores big enough that the cap bends them.
-        let q = var(&[2, 4, 17, 8], seed, 3.0);
-        let (k, v) = (
-            var(&[2, 2, 17, 8], seed + 1, 3.0),
-            var(&[2, 2, 17, 8], seed + 2, 1.0),
-        );
-        check(
-            &format!("attention {options:?}"),
-            &[q, k, v],
-            |t| causal_attention_with(&t[0], &t[1], &t[2], options),
-            |t| causal_attention_composite_with(&t[0], &t[1], &t[2], options),
-        );
-    }
+    each_option_matches(
+        "attention",
+        (17, 50),
+        &options,
+        |t, o| causal_attention_with(&t[0], &t[1], &t[2], o),
+        |t, o| causal_attention_composite_with(&t[0], &t[1], &t[2], o),
+    );
     // A window as long as the sequence is plain causal attention.
     let t: Vec<Tensor> = (0..3)
         .map(|i| var(&[1, 2, 9, 4], 60 + i, 1.0).as_tensor().clone())
@@ -87,20 +105,13 @@ fn attention_within_documents_matches_the_composite() {
             softcap: Some(2.0),
         },
     ];
-    for (i, options) in options.iter().enumerate() {
-        let seed = 70 + 3 * i as u64;
-        let q = var(&[2, 4, 13, 8], seed, 3.0);
-        let (k, v) = (
-            var(&[2, 2, 13, 8], seed + 1, 3.0),
-            var(&[2, 2, 13, 8], seed + 2, 1.0),
-        );
-        check(
-            &format!("attention in documents {options:?}"),
-            &[q, k, v],
-            |t| causal_attention_in_documents(&t[0], &t[1], &t[2], options, Some(&docs)),
-            |t| causal_attention_composite_in_documents(&t[0], &t[1], &t[2], options, &docs),
-        );
-    }
+    each_option_matches(
+        "attention in documents",
+        (13, 70),
+        &options,
+        |t, o| causal_attention_in_documents(&t[0], &t[1], &t[2], o, Some(&docs)),
+        |t, o| causal_attention_composite_in_documents(&t[0], &t[1], &t[2], o, &docs),
+    );
     // GPT-2's packed projection.
     let (b, h, t, d) = (2, 3, 13, 4);
     let part = |qkv: &Tensor, i: usize| {

@@ -72,36 +72,41 @@ pub struct TrainerBuilder {
     config: Config,
 }
 
+/// Builder methods that each store their argument in one field: `name(arg: Type) =>
+/// field = value;` makes `pub fn name(mut self, arg: Type) -> Self`, which sets
+/// `self.field` (a path such as `config.seed`) to `value` and returns the builder.
+macro_rules! setters {
+    ($($(#[doc = $doc:literal])* $name:ident($arg:ident: $ty:ty) => $($field:ident).+ = $value:expr;)*) => {
+        $(
+            $(#[doc = $doc])*
+            pub fn $name(mut self, $arg: $ty) -> Self {
+                self.$($field).+ = $value;
+                self
+            }
+        )*
+    };
+}
+
 impl TrainerBuilder {
-    /// The number of ranks. Default: as many as the launcher started when one started this
-    /// process (`mpirun`, `srun`; a different number is an error), otherwise 1. Without a
-    /// launcher the ranks are threads of this process.
-    pub fn devices(mut self, devices: usize) -> Self {
-        self.devices = Some(devices);
-        self
-    }
+    setters! {
+        /// The number of ranks. Default: as many as the launcher started when one started this
+        /// process (`mpirun`, `srun`; a different number is an error), otherwise 1. Without a
+        /// launcher the ranks are threads of this process.
+        devices(devices: usize) => devices = Some(devices);
 
-    /// The kind of device every rank computes on (default [`DeviceKind::Cpu`]). With
-    /// [`DeviceKind::Cuda`], rank r uses GPU r (or GPU `local_rank` under a launcher); too
-    /// few GPUs is an error when the trainer is built.
-    pub fn device_kind(mut self, kind: DeviceKind) -> Self {
-        self.device_kind = kind;
-        self
-    }
+        /// The kind of device every rank computes on (default [`DeviceKind::Cpu`]). With
+        /// [`DeviceKind::Cuda`], rank r uses GPU r (or GPU `local_rank` under a launcher); too
+        /// few GPUs is an error when the trainer is built.
+        device_kind(kind: DeviceKind) => device_kind = kind;
 
-    /// The compute threads of each CPU rank when ranks are threads. Default: the cores
-    /// shared out between the ranks (`max(1, cores / devices)`), so that W ranks never ask
-    /// for more threads than there are cores; one rank uses them all.
-    pub fn threads_per_rank(mut self, threads: usize) -> Self {
-        self.threads_per_rank = Some(threads);
-        self
-    }
+        /// The compute threads of each CPU rank when ranks are threads. Default: the cores
+        /// shared out between the ranks (`max(1, cores / devices)`), so that W ranks never ask
+        /// for more threads than there are cores; one rank uses them all.
+        threads_per_rank(threads: usize) => threads_per_rank = Some(threads);
 
-    /// Runs the ranks as `accelerator` says instead of as the environment says (for example
-    /// [`Accelerator::cpu`]: ranks as threads even in a process that a launcher started).
-    pub fn accelerator(mut self, accelerator: Accelerator) -> Self {
-        self.accelerator = Some(accelerator);
-        self
+        /// Runs the ranks as `accelerator` says instead of as the environment says (for example
+        /// [`Accelerator::cpu`]: ranks as threads even in a process that a launcher started).
+        accelerator(accelerator: Accelerator) => accelerator = Some(accelerator);
     }
 
     /// The strategy: a name a user typed (`single`, `ddp`, `zero1`, `zero2`, `zero3`, `fsdp`,
@@ -115,22 +120,15 @@ impl TrainerBuilder {
         self
     }
 
-    /// Stop after this many optimizer steps.
-    pub fn max_steps(mut self, steps: usize) -> Self {
-        self.config.max_steps = Some(steps);
-        self
-    }
+    setters! {
+        /// Stop after this many optimizer steps.
+        max_steps(steps: usize) => config.max_steps = Some(steps);
 
-    /// Stop after this many epochs (default 1 when `max_steps` is not set either).
-    pub fn max_epochs(mut self, epochs: usize) -> Self {
-        self.config.max_epochs = Some(epochs);
-        self
-    }
+        /// Stop after this many epochs (default 1 when `max_steps` is not set either).
+        max_epochs(epochs: usize) => config.max_epochs = Some(epochs);
 
-    /// The seed of parameter init and data order. Default 0.
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.config.seed = seed;
-        self
+        /// The seed of parameter init and data order. Default 0.
+        seed(seed: u64) => config.seed = seed;
     }
 
     /// Adds a callback; each rank runs its own clone.
@@ -147,16 +145,15 @@ impl TrainerBuilder {
         self
     }
 
-    /// The run's name: metrics go to `<log dir>/<run name>/metrics.csv`. Default `run`. A
-    /// fit that does not resume never writes into a run directory that holds anything: it
-    /// takes the first free `<run name>-v1`, `-v2`, ... instead, as Lightning's `version_N`
-    /// ([`Trainer::metrics_path`] tells which). A resumed fit continues the metrics of the
-    /// run it resumes (recorded in the checkpoint) when that run logged under the same log
-    /// dir, with this name or a version of it: the rows up to the checkpoint's step stay,
-    /// later rows are replaced.
-    pub fn run_name(mut self, name: &str) -> Self {
-        self.config.run_name = name.to_string();
-        self
+    setters! {
+        /// The run's name: metrics go to `<log dir>/<run name>/metrics.csv`. Default `run`. A
+        /// fit that does not resume never writes into a run directory that holds anything: it
+        /// takes the first free `<run name>-v1`, `-v2`, ... instead, as Lightning's `version_N`
+        /// ([`Trainer::metrics_path`] tells which). A resumed fit continues the metrics of the
+        /// run it resumes (recorded in the checkpoint) when that run logged under the same log
+        /// dir, with this name or a version of it: the rows up to the checkpoint's step stay,
+        /// later rows are replaced.
+        run_name(name: &str) => config.run_name = name.to_string();
     }
 
     /// Where runs are logged. Default `runs`.
@@ -185,11 +182,10 @@ impl TrainerBuilder {
         self
     }
 
-    /// The MLflow tracking server of [`Logger::Mlflow`] (`http://host:port`); without it,
-    /// `MLFLOW_TRACKING_URI`, and the experiment `MLFLOW_EXPERIMENT_ID` (default `0`).
-    pub fn mlflow_uri(mut self, uri: &str) -> Self {
-        self.mlflow_uri = Some(uri.to_string());
-        self
+    setters! {
+        /// The MLflow tracking server of [`Logger::Mlflow`] (`http://host:port`); without it,
+        /// `MLFLOW_TRACKING_URI`, and the experiment `MLFLOW_EXPERIMENT_ID` (default `0`).
+        mlflow_uri(uri: &str) => mlflow_uri = Some(uri.to_string());
     }
 
     /// Writes no metrics file and no logs.
@@ -198,86 +194,55 @@ impl TrainerBuilder {
         self
     }
 
-    /// Validate every `steps` optimizer steps instead of at the end of each epoch.
-    pub fn val_check_interval(mut self, steps: usize) -> Self {
-        self.config.val_check_interval = Some(steps);
-        self
-    }
+    setters! {
+        /// Validate every `steps` optimizer steps instead of at the end of each epoch.
+        val_check_interval(steps: usize) => config.val_check_interval = Some(steps);
 
-    /// Let collectives issued ahead (gradient reductions during backward, prefetched
-    /// gathers) run while the rank computes, on engines that can (MPI, NCCL). Default on;
-    /// off, each completes where it is issued, as DeepSpeed's `overlap_comm: false`: for
-    /// measuring what overlap hides (`comm_wait_s` in metrics.csv). The numbers are the same.
-    pub fn overlap_comm(mut self, on: bool) -> Self {
-        self.config.overlap_comm = on;
-        self
-    }
+        /// Let collectives issued ahead (gradient reductions during backward, prefetched
+        /// gathers) run while the rank computes, on engines that can (MPI, NCCL). Default on;
+        /// off, each completes where it is issued, as DeepSpeed's `overlap_comm: false`: for
+        /// measuring what overlap hides (`comm_wait_s` in metrics.csv). The numbers are the same.
+        overlap_comm(on: bool) => config.overlap_comm = on;
 
-    /// Draw the progress bar when standard output is a terminal. Default on.
-    pub fn progress(mut self, on: bool) -> Self {
-        self.config.progress = on;
-        self
-    }
+        /// Draw the progress bar when standard output is a terminal. Default on.
+        progress(on: bool) => config.progress = on;
 
-    /// Print the model summary (parameters, state bytes per rank) after the first step.
-    /// Default on.
-    pub fn model_summary(mut self, on: bool) -> Self {
-        self.config.model_summary = on;
-        self
-    }
+        /// Print the model summary (parameters, state bytes per rank) after the first step.
+        /// Default on.
+        model_summary(on: bool) => config.model_summary = on;
 
-    /// Clip gradients to this global L2 norm before each optimizer step (over all shards).
-    pub fn gradient_clip_val(mut self, max_norm: f64) -> Self {
-        self.config.gradient_clip_val = Some(max_norm);
-        self
-    }
+        /// Clip gradients to this global L2 norm before each optimizer step (over all shards).
+        gradient_clip_val(max_norm: f64) => config.gradient_clip_val = Some(max_norm);
 
-    /// Accumulate gradients over this many global batches per optimizer step (default 1).
-    /// No gradient collective runs before the last of them.
-    pub fn accumulate_grad_batches(mut self, batches: usize) -> Self {
-        self.config.accumulate_grad_batches = batches;
-        self
-    }
+        /// Accumulate gradients over this many global batches per optimizer step (default 1).
+        /// No gradient collective runs before the last of them.
+        accumulate_grad_batches(batches: usize) => config.accumulate_grad_batches = batches;
 
-    /// Save checkpoints during fit as `checkpoint` says (every N steps, at the end, which to
-    /// keep, the `last` pointer).
-    pub fn checkpoint(mut self, checkpoint: ModelCheckpoint) -> Self {
-        self.config.checkpoint = Some(checkpoint);
-        self
-    }
+        /// Save checkpoints during fit as `checkpoint` says (every N steps, at the end, which to
+        /// keep, the `last` pointer).
+        checkpoint(checkpoint: ModelCheckpoint) => config.checkpoint = Some(checkpoint);
 
-    /// Stop fit cleanly when `preemption` is asked for ([`Preemption::on_signals`]: on
-    /// SIGTERM, SIGINT or SIGUSR1): after the current optimizer step, which every rank
-    /// agrees on, each rank saves a checkpoint of it (with [`TrainerBuilder::checkpoint`])
-    /// and fit returns [`TrainerError::Interrupted`]. Costs one scalar all-reduce per step.
-    pub fn preemption(mut self, preemption: Preemption) -> Self {
-        self.config.preemption = Some(preemption);
-        self
-    }
+        /// Stop fit cleanly when `preemption` is asked for ([`Preemption::on_signals`]: on
+        /// SIGTERM, SIGINT or SIGUSR1): after the current optimizer step, which every rank
+        /// agrees on, each rank saves a checkpoint of it (with [`TrainerBuilder::checkpoint`])
+        /// and fit returns [`TrainerError::Interrupted`]. Costs one scalar all-reduce per step.
+        preemption(preemption: Preemption) => config.preemption = Some(preemption);
 
-    /// What a step does with an inf or NaN loss or gradient. Default
-    /// [`OnNonFinite::Error`]: fit fails with [`TrainerError::NonFinite`], naming the step,
-    /// the rank and the loss or the first parameter whose gradient holds one.
-    /// [`OnNonFinite::Skip`]: the step is skipped on every rank (parameters and optimizer
-    /// state unchanged) and counted in the metrics (`skipped_steps`), as `16-mixed`'s
-    /// loss scaler skips overflowing steps. The gradients are checked after their reduction,
-    /// every step (one pass over them and, where ranks hold parts, one scalar all-reduce).
-    pub fn on_nonfinite(mut self, policy: OnNonFinite) -> Self {
-        self.config.on_nonfinite = policy;
-        self
-    }
+        /// What a step does with an inf or NaN loss or gradient. Default
+        /// [`OnNonFinite::Error`]: fit fails with [`TrainerError::NonFinite`], naming the step,
+        /// the rank and the loss or the first parameter whose gradient holds one.
+        /// [`OnNonFinite::Skip`]: the step is skipped on every rank (parameters and optimizer
+        /// state unchanged) and counted in the metrics (`skipped_steps`), as `16-mixed`'s
+        /// loss scaler skips overflowing steps. The gradients are checked after their reduction,
+        /// every step (one pass over them and, where ranks hold parts, one scalar all-reduce).
+        on_nonfinite(policy: OnNonFinite) => config.on_nonfinite = policy;
 
-    /// Fails `fit` when a parameter receives no gradient at the first step, instead of the
-    /// default warning on rank 0 (DDP's `find_unused_parameters`, made strict).
-    pub fn error_on_unused_parameters(mut self, on: bool) -> Self {
-        self.config.error_on_unused_parameters = on;
-        self
-    }
+        /// Fails `fit` when a parameter receives no gradient at the first step, instead of the
+        /// default warning on rank 0 (DDP's `find_unused_parameters`, made strict).
+        error_on_unused_parameters(on: bool) => config.error_on_unused_parameters = on;
 
-    /// Fail a collective that waits longer than this for the other ranks.
-    pub fn collective_timeout(mut self, timeout: Duration) -> Self {
-        self.collective_timeout = Some(timeout);
-        self
+        /// Fail a collective that waits longer than this for the other ranks.
+        collective_timeout(timeout: Duration) => collective_timeout = Some(timeout);
     }
 
     /// Checks the options and builds the trainer.

@@ -5,8 +5,7 @@
 //! `Mismatch`.
 
 use candle_core::DType;
-use wick_core::CollectiveExt;
-use wick_core::{CallKind, Collective, CollectiveError};
+use wick_core::{CallKind, Collective, CollectiveError, CollectiveExt};
 
 /// The element types worlds move, as codes ranks exchange.
 const DTYPES: [DType; 4] = [DType::F32, DType::BF16, DType::F16, DType::U8];

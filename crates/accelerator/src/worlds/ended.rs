@@ -3,7 +3,7 @@
 //! with [`CollectiveError::Ended`], which says what to call instead, rather than waiting on
 //! ranks that left.
 
-use wick_core::{Call, Collective, CollectiveError, Work};
+use wick_core::{Call, Collective, CollectiveError, Position, Work};
 
 /// The world of a finished stage, seen from one of its ranks.
 #[derive(Debug, Clone, Copy)]
@@ -28,12 +28,8 @@ impl EndedWorld {
 }
 
 impl Collective for EndedWorld {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn world_size(&self) -> usize {
-        self.world_size
+    fn position(&self) -> Position {
+        Position::new(self.rank, self.world_size)
     }
 
     fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {

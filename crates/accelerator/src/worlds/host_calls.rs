@@ -9,6 +9,9 @@ use crate::worlds::host::{
 use candle_core::DType;
 use wick_core::{Call, CollectiveError, ReduceOp};
 
+/// A host call that completed on this rank, or why it did not.
+pub(crate) type Done = Result<(), CollectiveError>;
+
 /// A host world's calls on bytes of `dtype`, every rank making the same call at the same
 /// point. Lengths are in bytes; the engine checks them against its peers'.
 pub(crate) trait HostEngine {
@@ -17,32 +20,15 @@ pub(crate) trait HostEngine {
     /// The number of ranks.
     fn size(&self) -> usize;
     /// Every rank's `src`, in rank order, into `dst`.
-    fn gather_bytes(&self, dtype: DType, src: &[u8], dst: &mut [u8])
-        -> Result<(), CollectiveError>;
+    fn gather_bytes(&self, dtype: DType, src: &[u8], dst: &mut [u8]) -> Done;
     /// `src` reduced over the ranks, this rank's part into `dst`.
-    fn reduce_scatter_bytes(
-        &self,
-        dtype: DType,
-        src: &[u8],
-        dst: &mut [u8],
-        op: ReduceOp,
-    ) -> Result<(), CollectiveError>;
+    fn reduce_scatter_bytes(&self, dtype: DType, src: &[u8], dst: &mut [u8], op: ReduceOp) -> Done;
     /// `buf` reduced over the ranks, in place.
-    fn all_reduce_bytes(
-        &self,
-        dtype: DType,
-        buf: &mut [u8],
-        op: ReduceOp,
-    ) -> Result<(), CollectiveError>;
+    fn all_reduce_bytes(&self, dtype: DType, buf: &mut [u8], op: ReduceOp) -> Done;
     /// `buf` overwritten with the root's (`root` is a rank of this world).
-    fn broadcast_bytes(
-        &self,
-        dtype: DType,
-        buf: &mut [u8],
-        root: usize,
-    ) -> Result<(), CollectiveError>;
+    fn broadcast_bytes(&self, dtype: DType, buf: &mut [u8], root: usize) -> Done;
     /// Returns once every rank made it.
-    fn barrier(&self) -> Result<(), CollectiveError>;
+    fn barrier(&self) -> Done;
 }
 
 /// Runs `call` on `engine` and waits for it, its tensors lent as host bytes.

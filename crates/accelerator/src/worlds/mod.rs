@@ -10,11 +10,7 @@
 macro_rules! stand_in_collective {
     ($ty:ty) => {
         impl wick_core::Collective for $ty {
-            fn rank(&self) -> usize {
-                match self.never {}
-            }
-
-            fn world_size(&self) -> usize {
+            fn position(&self) -> wick_core::Position {
                 match self.never {}
             }
 

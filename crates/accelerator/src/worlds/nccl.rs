@@ -25,7 +25,7 @@ use half::{bf16, f16};
 use std::sync::{Arc, Mutex};
 use wick_core::{
     all_gather_through_tensor, lock, reduce_scatter_padded, Call, CallKind, Collective,
-    CollectiveError, CollectiveExt, ReduceOp, Work,
+    CollectiveError, CollectiveExt, Position, ReduceOp, Work,
 };
 
 /// An NCCL communicator, used by one call at a time.
@@ -72,10 +72,8 @@ struct Run<'a> {
 impl Run<'_> {
     fn two<T: CudaDType + NcclType>(
         &self,
-        dst: &mut CudaStorage,
-        dst_l: &Layout,
-        src: &CudaStorage,
-        src_l: &Layout,
+        (dst, dst_l): (&mut CudaStorage, &Layout),
+        (src, src_l): (&CudaStorage, &Layout),
     ) -> candle_core::Result<()> {
         let src_slice = T::as_cuda_slice(src)?.slice(range(src_l)?);
         let dst_full = T::as_cuda_slice_mut(dst)?;
@@ -138,11 +136,13 @@ impl InplaceOp2 for Run<'_> {
         src_l: &Layout,
     ) -> candle_core::Result<()> {
         match dst.dtype() {
-            DType::F32 => self.two::<f32>(dst, dst_l, src, src_l),
-            DType::BF16 => self.two::<bf16>(dst, dst_l, src, src_l),
-            DType::F16 => self.two::<f16>(dst, dst_l, src, src_l),
+            DType::F32 => self.two::<f32>((dst, dst_l), (src, src_l)),
+            DType::BF16 => self.two::<bf16>((dst, dst_l), (src, src_l)),
+            DType::F16 => self.two::<f16>((dst, dst_l), (src, src_l)),
             // Bytes (a quantized base's blocks) are gathered, never summed.
-            DType::U8 if self.call == CallKind::AllGather => self.two::<u8>(dst, dst_l, src, src_l),
+            DType::U8 if self.call == CallKind::AllGather => {
+                self.two::<u8>((dst, dst_l), (src, src_l))
+            }
             other => candle_core::bail!("nccl: no {} for {other:?}", self.call.name()),
         }
     }
@@ -403,12 +403,8 @@ impl NcclWorld {
 }
 
 impl Collective for NcclWorld {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn world_size(&self) -> usize {
-        self.size
+    fn position(&self) -> Position {
+        Position::new(self.rank, self.size)
     }
 
     /// Every call is issued on the communication stream and joined in [`Work::wait`]; the

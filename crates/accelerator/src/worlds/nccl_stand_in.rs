@@ -4,7 +4,7 @@
 use candle_core::Device;
 use std::convert::Infallible;
 use std::sync::Arc;
-use wick_core::{Collective, CollectiveError};
+use wick_core::{Collective, CollectiveError, CollectiveExt};
 
 /// NCCL collectives between CUDA ranks, in a build without the `nccl` feature: it cannot be
 /// made; [`NcclWorld::new`] says how to get the real one.

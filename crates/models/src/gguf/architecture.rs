@@ -25,19 +25,7 @@ pub(crate) enum Layout {
 impl Layout {
     /// `t`, as the file holds it, in Hugging Face's layout.
     pub(crate) fn to_hf(self, t: Tensor) -> candle_core::Result<Tensor> {
-        match self {
-            Layout::Same => Ok(t),
-            Layout::Permuted(heads) => {
-                let (rows, cols) = rows_cols(&t)?;
-                let shape = t.shape().clone();
-                t.reshape((heads, rows / heads / 2, 2, cols))?
-                    .transpose(1, 2)?
-                    .contiguous()?
-                    .reshape(shape)
-            }
-            Layout::Transposed => t.t()?.contiguous(),
-            Layout::PlusOne => t.affine(1.0, -1.0),
-        }
+        self.convert(t, false)
     }
 
     /// For each row of a `rows`-row weight in Hugging Face's layout, the file's row it is,
@@ -59,18 +47,28 @@ impl Layout {
 
     /// `t`, in Hugging Face's layout, as llama.cpp's converter writes it.
     pub(crate) fn to_gguf(self, t: Tensor) -> candle_core::Result<Tensor> {
+        self.convert(t, true)
+    }
+
+    /// `t` from Hugging Face's layout to the file's (`to_gguf`) or back: the rope rows'
+    /// (half, pair) order swapped one way or the other, the transpose its own inverse.
+    fn convert(self, t: Tensor, to_gguf: bool) -> candle_core::Result<Tensor> {
         match self {
             Layout::Same => Ok(t),
             Layout::Permuted(heads) => {
                 let (rows, cols) = rows_cols(&t)?;
                 let shape = t.shape().clone();
-                t.reshape((heads, 2, rows / heads / 2, cols))?
+                let split = match to_gguf {
+                    true => (heads, 2, rows / heads / 2, cols),
+                    false => (heads, rows / heads / 2, 2, cols),
+                };
+                t.reshape(split)?
                     .transpose(1, 2)?
                     .contiguous()?
                     .reshape(shape)
             }
             Layout::Transposed => t.t()?.contiguous(),
-            Layout::PlusOne => t.affine(1.0, 1.0),
+            Layout::PlusOne => t.affine(1.0, if to_gguf { 1.0 } else { -1.0 }),
         }
     }
 }

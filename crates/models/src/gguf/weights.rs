@@ -6,7 +6,7 @@
 use super::architecture::{gguf_name, Layout};
 use crate::ModelConfig;
 use candle_core::quantized::gguf_file::Content;
-use candle_core::{Device, Shape, Tensor};
+use candle_core::{Device, Result, Shape, Tensor};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -42,7 +42,7 @@ impl GgufWeights {
     }
 
     /// The tensor `name` (a GGUF name) dequantized to f32, in the file's layout.
-    pub fn dequantized(&self, name: &str) -> candle_core::Result<Tensor> {
+    pub fn dequantized(&self, name: &str) -> Result<Tensor> {
         let mut file = std::fs::File::open(&self.path)?;
         self.content
             .tensor(&mut file, name, &Device::Cpu)?
@@ -50,7 +50,7 @@ impl GgufWeights {
     }
 
     /// The Hugging Face tensor `name`, whole, in f32.
-    fn whole(&self, name: &str) -> candle_core::Result<WholeTensor> {
+    fn whole(&self, name: &str) -> Result<WholeTensor> {
         let Some((gguf, layout)) = gguf_name(&self.config, name) else {
             candle_core::bail!("{}: no GGUF tensor for {name}", self.path.display())
         };
@@ -85,12 +85,7 @@ impl GgufWeights {
 }
 
 impl WeightSource for GgufWeights {
-    fn read(
-        &self,
-        name: &str,
-        shape: &Shape,
-        range: Range<usize>,
-    ) -> candle_core::Result<Vec<f32>> {
+    fn read(&self, name: &str, shape: &Shape, range: Range<usize>) -> Result<Vec<f32>> {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         if last.as_ref().map(|t| t.name.as_str()) != Some(name) {
             *last = Some(self.whole(name)?);
@@ -109,7 +104,7 @@ impl WeightSource for GgufWeights {
         self.blocks_of(name).map(|(_, _, format)| format)
     }
 
-    fn read_blocks(&self, read: &BlockRead<'_>) -> candle_core::Result<Option<Vec<u8>>> {
+    fn read_blocks(&self, read: &BlockRead<'_>) -> Result<Option<Vec<u8>>> {
         let BlockRead {
             name,
             shape,

@@ -222,26 +222,32 @@ fn model_metadata(config: &ModelConfig) -> Result<Vec<(String, Value)>, String> 
         "general.architecture".to_string(),
         Value::String(arch.into()),
     )];
+    // The sizes every family writes, under its own names in `config.json`.
+    let (positions, width, blocks, inner, heads) = match config {
+        ModelConfig::Gpt2(g) => (g.n_positions, g.n_embd, g.n_layer, g.n_inner, g.n_head),
+        ModelConfig::Decoder(c) => (
+            c.max_position_embeddings,
+            c.hidden_size,
+            c.num_hidden_layers,
+            c.intermediate_size,
+            c.num_attention_heads,
+        ),
+    };
+    meta.extend([
+        int("context_length", positions),
+        int("embedding_length", width),
+        int("block_count", blocks),
+        int("feed_forward_length", inner),
+        int("attention.head_count", heads),
+    ]);
     let c = match config {
         ModelConfig::Gpt2(g) => {
-            meta.extend([
-                int("context_length", g.n_positions),
-                int("embedding_length", g.n_embd),
-                int("block_count", g.n_layer),
-                int("feed_forward_length", g.n_inner),
-                int("attention.head_count", g.n_head),
-                float("attention.layer_norm_epsilon", g.layer_norm_epsilon),
-            ]);
+            meta.push(float("attention.layer_norm_epsilon", g.layer_norm_epsilon));
             return Ok(meta);
         }
         ModelConfig::Decoder(c) => c,
     };
     meta.extend([
-        int("context_length", c.max_position_embeddings),
-        int("embedding_length", c.hidden_size),
-        int("block_count", c.num_hidden_layers),
-        int("feed_forward_length", c.intermediate_size),
-        int("attention.head_count", c.num_attention_heads),
         int("attention.head_count_kv", c.num_key_value_heads),
         int("attention.key_length", c.head_dim),
         int("attention.value_length", c.head_dim),

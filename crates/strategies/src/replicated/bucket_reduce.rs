@@ -25,8 +25,7 @@ use crate::layout::flat_layout::FlatLayout;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, TensorId, Var};
 use std::collections::HashMap;
-use wick_core::CollectiveExt;
-use wick_core::{Collective, ReduceOp, Result, Work};
+use wick_core::{Collective, CollectiveExt, ReduceOp, Result, Work};
 
 /// PyTorch DDP's default bucket size.
 pub(crate) const DEFAULT_BUCKET_CAP_BYTES: usize = 25 << 20;

@@ -20,9 +20,9 @@ use candle_core::{Device, Tensor, Var};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use wick_core::{
-    lock, ActivationCheckpointing, BackwardReport, Collective, Error, GroupRange, OptimizerConfig,
-    ParamRequest, ParamSource, RankState, Result, StateBytes, StateReader, StepOptions, StepReport,
-    UnitRuns, PARAM_KIND,
+    lock, ActivationCheckpointing, BackwardReport, Collective, CollectiveExt, Error, GroupRange,
+    OptimizerConfig, ParamRequest, ParamSource, RankState, Result, StateBytes, StateReader,
+    StepOptions, StepReport, UnitRuns, PARAM_KIND,
 };
 
 /// Full parameters created on request, identical on every rank (the init is counter-based,

@@ -17,8 +17,7 @@ use crate::replicated::replicated_state::{tensor_bytes, ReplicatedState};
 use crate::replicated::replicated_strategy::Replicated;
 use crate::step::nonfinite::{first_nonfinite_in, step_report};
 use candle_core::{DType, Device, Tensor, Var};
-use wick_core::CollectiveExt;
-use wick_core::{Collective, Result, Sharding, StepReport};
+use wick_core::{Collective, CollectiveExt, Result, Sharding, StepReport};
 
 /// Which state ZeRO shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

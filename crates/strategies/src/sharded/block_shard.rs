@@ -103,7 +103,7 @@ mod tests {
     use super::*;
     use candle_core::Shape;
     use candle_nn::Init;
-    use wick_core::{BlockFormat, Call, CollectiveError, SoloWorld, Work};
+    use wick_core::{BlockFormat, Call, CollectiveError, Position, SoloWorld, Work};
 
     /// Rank `rank` of `size`, whose all-reduce checks this rank's part of the absmaxes
     /// against `all` (every other place zero) and hands back `all`, as the ranks' sum.
@@ -114,11 +114,8 @@ mod tests {
     }
 
     impl Collective for AbsmaxWorld {
-        fn rank(&self) -> usize {
-            self.rank
-        }
-        fn world_size(&self) -> usize {
-            self.size
+        fn position(&self) -> Position {
+            Position::new(self.rank, self.size)
         }
         fn start(&self, call: Call<'_>) -> Result<Work, CollectiveError> {
             let Call::AllReduce { tensor, .. } = call else {

@@ -13,6 +13,7 @@ use crate::sharded::unit_shards::{Request, UnitShards};
 use crate::step::precision::Precision;
 use crate::units::backward_reduction::BackwardReduction;
 use crate::units::gather_op::GatherOp;
+use crate::units::op_tensors::OnTensors;
 use crate::units::param_request::{check_asked_again, check_dtype};
 use crate::units::param_use::ParamUse;
 use crate::units::prefetch::{Prefetcher, UnitParts};
@@ -275,7 +276,7 @@ impl ShardedParams {
         if op.layout.numel() == 0 && !input.track_op() {
             return op.forward_plain(input);
         }
-        let out = input.apply_op2(shard.as_tensor(), op)?;
+        let out = input.apply_op2(shard.as_tensor(), OnTensors(op))?;
         // The unit's output stands for all its parameters: if it misses the loss, so do they.
         if let Some(names) = names {
             self.param_use.hand_out(&out, || names);

@@ -16,11 +16,10 @@ use crate::step::precision::Precision;
 use crate::units::unit_views::FrozenPart;
 use candle_core::{DType, Device, Tensor, Var};
 use std::sync::Arc;
-use wick_core::CollectiveExt;
 use wick_core::{
-    BackwardReport, Collective, Error, GradSync, GroupRange, OptimizerConfig, RankState,
-    RankStrategy, ReduceOp, Result, Sharding, StateBytes, StateReader, StepOptions, StepReport,
-    StrategyState, StrategyStep, PARAM_KIND,
+    BackwardReport, Collective, CollectiveExt, Error, GradSync, GroupRange, OptimizerConfig,
+    RankState, RankStrategy, ReduceOp, Result, Sharding, StateBytes, StateReader, StepOptions,
+    StepReport, StrategyState, StrategyStep, PARAM_KIND,
 };
 
 /// One rank of zero3 (or of FSDP's sharded modes).

@@ -1,7 +1,7 @@
 //! [`ShardingGroups`]: the worlds a zero3 rank shards and replicates over (hybrid sharding).
 
 use std::sync::Arc;
-use wick_core::{Collective, Result};
+use wick_core::{Collective, CollectiveExt, Result};
 
 /// The worlds of a rank of zero3: the one it shards over, and under hybrid sharding (groups
 /// of consecutive ranks) the ranks of other groups that hold the same shard.

@@ -8,7 +8,7 @@ use crate::layout::init::param_values;
 use crate::sharded::block_shard::block_shard;
 use crate::units::unit_views::{FrozenPart, PartLayout};
 use candle_core::{Device, Shape, Tensor, Var};
-use wick_core::{BlockFormat, Collective, ParamInit};
+use wick_core::{BlockFormat, Collective, CollectiveExt, ParamInit};
 
 /// A parameter request of a unit, kept from wrap time.
 pub(crate) struct Request {

@@ -2,8 +2,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use rayon::prelude::*;
-use wick_core::CollectiveExt;
-use wick_core::{Collective, ReduceOp, Result};
+use wick_core::{Collective, CollectiveExt, ReduceOp, Result};
 
 /// The sum of the squares of every element of `grads`, this rank's part of the squared
 /// global norm. It stays on the gradients' device; one scalar is read back. Contiguous f32

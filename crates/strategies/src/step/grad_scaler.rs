@@ -6,8 +6,7 @@
 //! rank and the scale halves; after 2000 good steps in a row it doubles.
 
 use candle_core::{DType, Tensor};
-use wick_core::CollectiveExt;
-use wick_core::{Collective, LossScale, ReduceOp, Result};
+use wick_core::{Collective, CollectiveExt, LossScale, ReduceOp, Result};
 
 /// `GradScaler`'s `init_scale`.
 const INIT_SCALE: f64 = 65536.0;

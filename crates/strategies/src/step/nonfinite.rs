@@ -10,8 +10,9 @@ use crate::layout::flat_layout::FlatLayout;
 use crate::step::clip::{clip_to, sum_of_squares};
 use candle_core::{DType, Device, Tensor};
 use std::ops::Range;
-use wick_core::CollectiveExt;
-use wick_core::{Collective, Error, OnNonFinite, ReduceOp, Result, StepOptions, StepReport};
+use wick_core::{
+    Collective, CollectiveExt, Error, OnNonFinite, ReduceOp, Result, StepOptions, StepReport,
+};
 
 /// The report of a step without loss scaling whose verdict was `grad_norm` (`None`: skipped).
 pub(crate) fn step_report(grad_norm: Option<f64>) -> StepReport {

@@ -15,8 +15,7 @@ use candle_core::{DType, Result, Tensor};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-use wick_core::CollectiveExt;
-use wick_core::{lock, Collective, GradSync, ReduceOp, Work};
+use wick_core::{lock, Collective, CollectiveExt, GradSync, ReduceOp, Work};
 
 /// How many reduce-scatters may be in flight at once: one, as FSDP2 keeps, which still
 /// overlaps a unit's reduction with the backward of the unit before it.
@@ -163,7 +162,7 @@ mod tests {
     use candle_core::Device;
     use std::sync::atomic::AtomicUsize;
     use std::sync::Arc;
-    use wick_core::{Call, CollectiveError, SoloWorld};
+    use wick_core::{Call, CollectiveError, Position, SoloWorld};
 
     /// A world of one whose calls stay in flight until waited for, counting how many are.
     #[derive(Default)]
@@ -173,11 +172,8 @@ mod tests {
     }
 
     impl Collective for Deferred {
-        fn rank(&self) -> usize {
-            0
-        }
-        fn world_size(&self) -> usize {
-            1
+        fn position(&self) -> Position {
+            Position::new(0, 1)
         }
         fn start(&self, call: Call<'_>) -> std::result::Result<Work, CollectiveError> {
             SoloWorld.start(call)?.wait()?;

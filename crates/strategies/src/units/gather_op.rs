@@ -11,8 +11,7 @@ use crate::units::prefetch::gather;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor};
 use half::{bf16, f16};
 use std::sync::Arc;
-use wick_core::Collective;
-use wick_core::CollectiveExt;
+use wick_core::{Collective, CollectiveExt};
 
 /// Gathers a shard of `padded / world_size` elements into `padded` elements.
 pub(crate) struct GatherOp {

@@ -10,8 +10,7 @@
 use candle_core::{DType, Result, Tensor};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use wick_core::CollectiveExt;
-use wick_core::{lock, Collective, Work};
+use wick_core::{lock, Collective, CollectiveExt, Work};
 
 /// A gather in flight: for each of a unit's parts, the buffer it fills and the call to
 /// wait on (none for an empty part).

@@ -8,10 +8,10 @@
 //! the loss's gradients after backward. Under zero3 that graph reaches the shards through
 //! the gather op, whose backward reduce-scatters as it does without recompute.
 
-use crate::units::op_tensors::{host_storage, host_tensor, input_var};
+use crate::units::op_tensors::{input_var, OnTensors, TensorOp2};
 use crate::units::param_use::ParamUse;
 use candle_core::backprop::GradStore;
-use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor, Var};
+use candle_core::{DType, Device, Result, Tensor, Var};
 use std::sync::{Arc, Mutex};
 use wick_core::{lock, RecomputeFn};
 
@@ -60,7 +60,7 @@ impl RecomputedGrads {
             grads: self.clone(),
             uses,
         };
-        input.apply_op2(&tracked, op)
+        input.apply_op2(&tracked, OnTensors(op))
     }
 }
 
@@ -71,50 +71,22 @@ struct RecomputeOp {
     uses: Option<Arc<ParamUse>>,
 }
 
-impl RecomputeOp {
+impl TensorOp2 for RecomputeOp {
+    const NAME: &'static str = "wick-recompute";
+
     /// The unit's output, its graph dropped. The parameters it hands out here are not
     /// recorded: the ones that count are those of the graph backward builds.
-    fn forward(&self, input: &Tensor) -> Result<Tensor> {
+    fn forward(&self, input: &Tensor, _tracked: &Tensor) -> Result<Tensor> {
         match &self.uses {
             Some(uses) => uses.paused(|| (self.run)(input)),
             None => (self.run)(input),
         }
     }
-}
 
-impl CustomOp2 for RecomputeOp {
-    fn name(&self) -> &'static str {
-        "wick-recompute"
-    }
-
-    fn cpu_fwd(
-        &self,
-        storage: &CpuStorage,
-        layout: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        host_storage(&self.forward(&host_tensor(storage, layout)?)?)
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        storage: &candle_core::cuda_backend::CudaStorage,
-        layout: &Layout,
-        _: &candle_core::cuda_backend::CudaStorage,
-        _: &Layout,
-    ) -> Result<(candle_core::cuda_backend::CudaStorage, Shape)> {
-        use crate::units::device_storage::{storage_of, tensor_of};
-        let out = self.forward(&tensor_of(storage, layout)?)?;
-        Ok((storage_of(&out)?, out.shape().clone()))
-    }
-
-    fn bwd(
+    fn backward(
         &self,
         input: &Tensor,
         _tracked: &Tensor,
-        _res: &Tensor,
         grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (x, x_tensor) = input_var(input)?;

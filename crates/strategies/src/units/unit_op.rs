@@ -19,12 +19,12 @@ use crate::layout::flat_grad::flatten_consuming;
 use crate::layout::flat_layout::{FlatEntry, FlatLayout};
 use crate::units::backward_reduction::BackwardReduction;
 use crate::units::gather_op::reduce_to_shard;
-use crate::units::op_tensors::{host_storage, host_tensor, input_var};
+use crate::units::op_tensors::{input_var, TensorOp2};
 use crate::units::param_use::ParamUse;
 use crate::units::prefetch::{gather, Prefetcher};
 use crate::units::storage_swap;
 use crate::units::unit_views::{unit_var_builder, FrozenPart, GatheredPart, PartLayout};
-use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor, Var};
+use candle_core::{DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use wick_core::{lock, Collective, UnitFn};
@@ -198,6 +198,18 @@ impl UnitOp {
         (self.run)(vb, input)
     }
 
+    /// Starts gathering `next`, the unit this pass visits after this one.
+    fn prefetch(&self, next: Option<usize>) -> Result<()> {
+        match (&self.prefetch, next) {
+            (Some(p), Some(next)) => p.request(next, self.unit),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl TensorOp2 for UnitOp {
+    const NAME: &'static str = "wick-unit";
+
     /// The unit's output for `input`. Its gathered parameters are given back before this
     /// returns (before the next unit runs); its graph is kept for backward when it keeps
     /// activations and a backward may follow.
@@ -230,48 +242,10 @@ impl UnitOp {
         self.run_plain(gathered, input)
     }
 
-    /// Starts gathering `next`, the unit this pass visits after this one.
-    fn prefetch(&self, next: Option<usize>) -> Result<()> {
-        match (&self.prefetch, next) {
-            (Some(p), Some(next)) => p.request(next, self.unit),
-            _ => Ok(()),
-        }
-    }
-}
-
-impl CustomOp2 for UnitOp {
-    fn name(&self) -> &'static str {
-        "wick-unit"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        host_storage(&self.forward(&host_tensor(s1, l1)?, &host_tensor(s2, l2)?)?)
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s1: &candle_core::cuda_backend::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::cuda_backend::CudaStorage,
-        l2: &Layout,
-    ) -> Result<(candle_core::cuda_backend::CudaStorage, Shape)> {
-        use crate::units::device_storage::{storage_of, tensor_of};
-        let out = self.forward(&tensor_of(s1, l1)?, &tensor_of(s2, l2)?)?;
-        Ok((storage_of(&out)?, out.shape().clone()))
-    }
-
-    fn bwd(
+    fn backward(
         &self,
         input: &Tensor,
         shard: &Tensor,
-        _res: &Tensor,
         grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let KeptGraph {

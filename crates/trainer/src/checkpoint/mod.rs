@@ -5,6 +5,7 @@
 //! checkpoint before it changes anything and reads by parameter name, so it loads at any
 //! world size; [`consolidate`] turns one into a plain safetensors file.
 
+mod checkpoint_weights;
 mod consolidate;
 mod error;
 mod fault;

@@ -18,8 +18,7 @@ use crate::TrainerError;
 use candle_core::{Device, Tensor};
 use std::path::PathBuf;
 use std::thread::JoinHandle;
-use wick_core::CollectiveExt;
-use wick_core::{Collective, CollectiveError, ReduceOp};
+use wick_core::{Collective, CollectiveError, CollectiveExt, ReduceOp};
 
 /// A rank's writer: its thread, or why none could be started (an error at the join, as a
 /// failed write is, so the ranks still agree on the save).

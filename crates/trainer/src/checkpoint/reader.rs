@@ -9,7 +9,7 @@ use candle_core::{Device, Shape, Tensor};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use wick_core::{FileError, LossScale, SafetensorsFile, StateReader, WeightSource, PARAM_KIND};
+use wick_core::{FileError, LossScale, SafetensorsFile, StateReader, PARAM_KIND};
 
 /// An opened checkpoint: the manifest and every rank file, checked against each other
 /// before anything is read (so a bad checkpoint fails on every rank alike, before any state
@@ -248,29 +248,6 @@ fn check_pieces(
         }
     }
     Ok(())
-}
-
-/// A checkpoint's parameters as pretrained weights (see [`Checkpoint::into_weights`]).
-struct CheckpointWeights(Checkpoint);
-
-impl WeightSource for CheckpointWeights {
-    fn read(
-        &self,
-        name: &str,
-        shape: &Shape,
-        range: Range<usize>,
-    ) -> candle_core::Result<Vec<f32>> {
-        let params = [(name.to_string(), shape.clone())];
-        self.0.read(PARAM_KIND, &params, range)?.to_vec1()
-    }
-}
-
-impl Checkpoint {
-    /// The checkpoint's parameters as pretrained weights: a model created under any
-    /// strategy and world size reads its slices from them (`ShardedContext::load_weights`).
-    pub fn into_weights(self) -> std::sync::Arc<dyn WeightSource> {
-        std::sync::Arc::new(CheckpointWeights(self))
-    }
 }
 
 impl StateReader for Checkpoint {

@@ -18,9 +18,9 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use wick_core::CollectiveExt;
 use wick_core::{
-    Collective, LrSchedule, OptimizerConfig, RankState, RankStrategy, SafetensorsFile, PARAM_KIND,
+    Collective, CollectiveExt, LrSchedule, OptimizerConfig, RankState, RankStrategy,
+    SafetensorsFile, PARAM_KIND,
 };
 
 /// What the trainer records beside the strategy's state.

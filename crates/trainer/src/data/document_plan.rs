@@ -255,8 +255,7 @@ mod tests {
 
     #[test]
     fn starts_that_go_back_are_named_with_their_chunk() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("bad.safetensors");
+        let (_dir, path) = crate::data::scratch_file("bad.safetensors");
         let ids: Vec<u32> = (0..40).collect();
         let train = TokenSplit {
             ids: &ids,

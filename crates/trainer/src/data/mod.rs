@@ -15,3 +15,11 @@ pub(crate) mod token_file_writer;
 pub(crate) mod token_parts;
 
 use epoch_order::EpochOrder;
+
+/// `name` in a fresh directory, which is removed when the returned guard drops.
+#[cfg(test)]
+pub(crate) fn scratch_file(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join(name);
+    (dir, path)
+}

@@ -119,8 +119,7 @@ mod tests {
 
     #[test]
     fn a_pair_is_one_sample_its_chosen_row_first_and_the_reference_rides_along() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("pairs.safetensors");
+        let (dir, path) = crate::data::scratch_file("pairs.safetensors");
         let mut w = TokenFileWriter::create(&path, 100, true).unwrap().paired();
         // Pair p: a prompt [p, p] and a completion of p + 1 (chosen) or p + 2 (rejected)
         // tokens, each token 10 p + its place, closed by 99.

@@ -223,8 +223,7 @@ mod tests {
 
     #[test]
     fn windows_overlap_by_one_token_and_bad_files_are_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tokens.safetensors");
+        let (_dir, path) = crate::data::scratch_file("tokens.safetensors");
         let train: Vec<u32> = (0..21).collect();
         write_token_file(&path, &train, &[7, 8, 9], "abc", 300).unwrap();
         let data = TokenDataset::open(&path, Split::Train, 4).unwrap();
@@ -274,8 +273,7 @@ mod tests {
 
     #[test]
     fn an_id_outside_the_vocabulary_is_refused_and_nothing_is_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tokens.safetensors");
+        let (_dir, path) = crate::data::scratch_file("tokens.safetensors");
         // 65 536 as a u16 would be token 0.
         let e = write_token_file(&path, &[1, 65_536, 2], &[3], "abc", 1 << 16)
             .unwrap_err()
@@ -293,8 +291,7 @@ mod tests {
 
     #[test]
     fn documents_are_packed_whole_each_from_position_zero_and_padding_is_not_counted() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tokens.safetensors");
+        let (_dir, path) = crate::data::scratch_file("tokens.safetensors");
         // Documents of 4, 6, 3, 9 (longer than a window of 6: cut), 1 (no target: left
         // out) and 3 tokens; the second token of each is a prompt's (not counted).
         let lens = [4usize, 6, 3, 9, 1, 3];
@@ -364,8 +361,7 @@ mod tests {
 
     #[test]
     fn starts_that_do_not_count_up_from_zero_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tokens.safetensors");
+        let (_dir, path) = crate::data::scratch_file("tokens.safetensors");
         let with = |starts: &'static [u64]| TokenSplit {
             ids: &[1, 2, 3, 4],
             counted: None,

@@ -387,8 +387,7 @@ mod tests {
 
     #[test]
     fn an_id_outside_the_vocabulary_is_named_and_nothing_is_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.safetensors");
+        let (dir, path) = crate::data::scratch_file("t.safetensors");
         let mut w = TokenFileWriter::create(&path, 300, false).unwrap();
         w.push(&[1, 2], None).unwrap();
         let e = w.push(&[3, 300], None).unwrap_err().to_string();

@@ -3,8 +3,7 @@
 
 use super::{scalar, RankContext};
 use crate::{DataLoader, Dataset, TrainerError};
-use wick_core::CollectiveExt;
-use wick_core::{ReduceOp, TrainModule};
+use wick_core::{CollectiveExt, ReduceOp, TrainModule};
 
 /// Which evaluation hook a pass calls and under which metric name it reports.
 #[derive(Clone, Copy)]

@@ -12,8 +12,7 @@ use crate::loops::checkpoint_manager::{CheckpointManager, DataPlan, SaveBasis};
 use crate::preemption::Interruption;
 use crate::{DataLoader, Dataset, EpochOrder, TrainerError};
 use std::time::Instant;
-use wick_core::CollectiveExt;
-use wick_core::{ReduceOp, StepOptions, TrainModule};
+use wick_core::{CollectiveExt, ReduceOp, StepOptions, TrainModule};
 
 /// One rank's fit: set up by [`FitLoop::new`] (optimizer, resumed state), run by
 /// [`FitLoop::run`].

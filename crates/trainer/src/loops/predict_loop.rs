@@ -6,8 +6,7 @@ use super::RankContext;
 use crate::{DataLoader, Dataset, TrainerError};
 use candle_core::{DType, Tensor};
 use wick_accelerator::RankEnv;
-use wick_core::CollectiveExt;
-use wick_core::{ReduceOp, TrainModule};
+use wick_core::{CollectiveExt, ReduceOp, TrainModule};
 
 /// One prediction pass over `data`.
 pub(crate) struct PredictLoop<'p, D> {

@@ -2,8 +2,7 @@
 
 use crate::TrainerError;
 use candle_core::{Device, Tensor};
-use wick_core::CollectiveExt;
-use wick_core::{Collective, ReduceOp};
+use wick_core::{Collective, CollectiveExt, ReduceOp};
 
 /// What one rank brings to the vote after a step: whether a callback asked to stop (with
 /// `RunState::request_stop`), and whether a preemption reached it.

@@ -3,8 +3,7 @@
 
 use super::{scalar, RankContext};
 use crate::{DataLoader, Dataset, EpochOrder, TrainerError};
-use wick_core::CollectiveExt;
-use wick_core::{GradSync, OnNonFinite, ReduceOp, StepReport, TrainModule};
+use wick_core::{CollectiveExt, GradSync, OnNonFinite, ReduceOp, StepReport, TrainModule};
 
 /// Step `index` of the epoch whose sample order is `order`, about to become the fit's
 /// step `number`, at learning rate `lr`.

@@ -14,7 +14,7 @@
 
 use crate::worlds::call::{CallHeader, Headers};
 use crate::worlds::host::HostAccessError;
-use crate::worlds::host_calls::{run_on_host, HostEngine};
+use crate::worlds::host_calls::{run_on_host, Done, HostEngine};
 use crate::worlds::reduce::reduce_ranks;
 use candle_core::DType;
 use mpi::datatype::{Partition, PartitionMut};
@@ -26,7 +26,7 @@ mod started;
 
 use setup::{mpi_lock, Comm};
 use std::sync::{Arc, Mutex, MutexGuard};
-use wick_core::{lock, Call, CallKind, Collective, CollectiveError, ReduceOp, Work};
+use wick_core::{lock, Call, CallKind, Collective, CollectiveError, Position, ReduceOp, Work};
 
 /// One rank's collectives over an MPI communicator; implements [`Collective`] for f32,
 /// bf16 and f16 CPU tensors.
@@ -261,12 +261,7 @@ impl HostEngine for MpiWorld {
     }
 
     /// All-gather on host bytes of `dtype`: every rank's `src`, in rank order, into `dst`.
-    fn gather_bytes(
-        &self,
-        dtype: DType,
-        src: &[u8],
-        dst: &mut [u8],
-    ) -> Result<(), CollectiveError> {
+    fn gather_bytes(&self, dtype: DType, src: &[u8], dst: &mut [u8]) -> Done {
         let (counts, displs) =
             self.shard_layout(CallKind::AllGather, dtype, src.len(), dst.len())?;
         let (spare_in, mut spare_out) = ([0u8], [0u8]);
@@ -283,30 +278,19 @@ impl HostEngine for MpiWorld {
         Ok(())
     }
 
-    fn reduce_scatter_bytes(
-        &self,
-        dtype: DType,
-        src: &[u8],
-        dst: &mut [u8],
-        reduce: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        let op = CallKind::ReduceScatter(reduce);
-        let (send, offsets) = self.shard_layout(op, dtype, dst.len(), src.len())?;
-        drop(self.reduce_chunks(dtype, src, (&offsets, &send), dst.len(), Some(dst), reduce));
+    fn reduce_scatter_bytes(&self, dtype: DType, src: &[u8], dst: &mut [u8], op: ReduceOp) -> Done {
+        let kind = CallKind::ReduceScatter(op);
+        let (send, offsets) = self.shard_layout(kind, dtype, dst.len(), src.len())?;
+        drop(self.reduce_chunks(dtype, src, (&offsets, &send), dst.len(), Some(dst), op));
         Ok(())
     }
 
-    fn all_reduce_bytes(
-        &self,
-        dtype: DType,
-        buf: &mut [u8],
-        reduce: ReduceOp,
-    ) -> Result<(), CollectiveError> {
+    fn all_reduce_bytes(&self, dtype: DType, buf: &mut [u8], op: ReduceOp) -> Done {
         let n = self.size;
         let (counts, offsets) =
-            self.all_reduce_parts(dtype, buf.len() / dtype.size_in_bytes(), reduce)?;
+            self.all_reduce_parts(dtype, buf.len() / dtype.size_in_bytes(), op)?;
         let mine = counts[self.rank] as usize;
-        let scratch = self.reduce_chunks(dtype, buf, (&offsets, &counts), mine, None, reduce);
+        let scratch = self.reduce_chunks(dtype, buf, (&offsets, &counts), mine, None, op);
         let reduced = &scratch[n * mine..(n + 1) * mine];
         let mut spare = [0u8];
         let _guard = mpi_lock();
@@ -315,12 +299,7 @@ impl HostEngine for MpiWorld {
         Ok(())
     }
 
-    fn broadcast_bytes(
-        &self,
-        dtype: DType,
-        buf: &mut [u8],
-        root: usize,
-    ) -> Result<(), CollectiveError> {
+    fn broadcast_bytes(&self, dtype: DType, buf: &mut [u8], root: usize) -> Done {
         let op = CallKind::Broadcast(root);
         let elem = dtype.size_in_bytes();
         let headers = self.agree(op, dtype, buf.len() / elem, 0)?;
@@ -345,7 +324,7 @@ impl HostEngine for MpiWorld {
         Ok(())
     }
 
-    fn barrier(&self) -> Result<(), CollectiveError> {
+    fn barrier(&self) -> Done {
         // The header exchange is itself a synchronization, and a barrier facing another
         // collective is reported as a mismatch, as in ThreadWorld.
         self.agree(CallKind::Barrier, DType::F32, 0, 0).map(|_| ())
@@ -353,12 +332,8 @@ impl HostEngine for MpiWorld {
 }
 
 impl Collective for MpiWorld {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn world_size(&self) -> usize {
-        self.size
+    fn position(&self) -> Position {
+        Position::new(self.rank, self.size)
     }
 
     /// Host tensors move while the rank computes (`MPI_Iallgather`, `MPI_Ialltoallv`);

@@ -243,17 +243,15 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    fn flags(n: usize) -> Arc<[AtomicBool]> {
-        (0..n).map(|_| AtomicBool::new(false)).collect()
+    /// A barrier of ranks 0 and 1 whose waits time out after `timeout`.
+    fn two_ranks(timeout: Duration) -> Arc<RankBarrier> {
+        let flags = (0..2).map(|_| AtomicBool::new(false)).collect();
+        Arc::new(RankBarrier::new(vec![0, 1], flags, timeout))
     }
 
     #[test]
     fn a_failure_does_not_end_the_closing_wait_while_a_peer_copies() {
-        let barrier = Arc::new(RankBarrier::new(
-            vec![0, 1],
-            flags(2),
-            Duration::from_millis(50),
-        ));
+        let barrier = two_ranks(Duration::from_millis(50));
         let copied = Arc::new(AtomicBool::new(false));
         let peer = {
             let (barrier, copied) = (barrier.clone(), copied.clone());
@@ -280,7 +278,7 @@ mod tests {
 
     #[test]
     fn a_timed_out_opening_wait_withdraws_its_arrival() {
-        let barrier = RankBarrier::new(vec![0, 1], flags(2), Duration::from_millis(50));
+        let barrier = two_ranks(Duration::from_millis(50));
         let e = barrier.open(0, "test").err().unwrap().to_string();
         assert!(
             e.contains("timed out") && e.contains("waiting for rank 1"),
@@ -294,11 +292,7 @@ mod tests {
 
     #[test]
     fn a_panic_inside_the_copies_still_arrives_at_the_closing_wait() {
-        let barrier = Arc::new(RankBarrier::new(
-            vec![0, 1],
-            flags(2),
-            Duration::from_secs(600),
-        ));
+        let barrier = two_ranks(Duration::from_secs(600));
         let peer = {
             let barrier = barrier.clone();
             std::thread::spawn(move || {

@@ -7,12 +7,12 @@
 
 use super::shared::{Published, Shared};
 use crate::worlds::call::{CallHeader, Headers};
-use crate::worlds::host_calls::{run_on_host, HostEngine};
+use crate::worlds::host_calls::{run_on_host, Done, HostEngine};
 use crate::worlds::reduce::reduce_ranks;
 use candle_core::DType;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use wick_core::{Call, CallKind, Collective, CollectiveError, ReduceOp, Work};
+use wick_core::{Call, CallKind, Collective, CollectiveError, Position, ReduceOp, Work};
 
 /// One rank's handle on a [`ThreadWorld`](super::ThreadWorld); implements [`Collective`] for f32, bf16 and f16
 /// CPU tensors.
@@ -106,12 +106,7 @@ impl HostEngine for ThreadComm {
     }
 
     /// All-gather on host bytes of `dtype`: every rank's `src`, in rank order, into `dst`.
-    fn gather_bytes(
-        &self,
-        dtype: DType,
-        src: &[u8],
-        dst: &mut [u8],
-    ) -> Result<(), CollectiveError> {
+    fn gather_bytes(&self, dtype: DType, src: &[u8], dst: &mut [u8]) -> Done {
         let op = CallKind::AllGather;
         let elem = dtype.size_in_bytes();
         let mine = Published::new(op, dtype, src, dst);
@@ -137,19 +132,13 @@ impl HostEngine for ThreadComm {
         })
     }
 
-    fn reduce_scatter_bytes(
-        &self,
-        dtype: DType,
-        src: &[u8],
-        dst: &mut [u8],
-        reduce: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        let op = CallKind::ReduceScatter(reduce);
+    fn reduce_scatter_bytes(&self, dtype: DType, src: &[u8], dst: &mut [u8], op: ReduceOp) -> Done {
+        let kind = CallKind::ReduceScatter(op);
         let elem = dtype.size_in_bytes();
-        let mine = Published::new(op, dtype, src, dst);
-        self.exchange(mine, op, || {
-            let total = self.same_lengths(op, |p| p.src_len)?;
-            self.offsets_check(op, |p| p.dst_len, total)?;
+        let mine = Published::new(kind, dtype, src, dst);
+        self.exchange(mine, kind, || {
+            let total = self.same_lengths(kind, |p| p.src_len)?;
+            self.offsets_check(kind, |p| p.dst_len, total)?;
             let offset: usize = (0..self.rank).map(|s| self.peer(s).dst_len).sum();
             // SAFETY: every full buffer holds `total` elements and is read-only during
             // the call; our shard is written by this rank alone.
@@ -160,27 +149,22 @@ impl HostEngine for ThreadComm {
                     mine.dst_len,
                     self.shared.size,
                     |s| self.peer(s).src.add(offset * elem),
-                    reduce,
+                    op,
                 );
             }
             Ok(())
         })
     }
 
-    fn all_reduce_bytes(
-        &self,
-        dtype: DType,
-        buf: &mut [u8],
-        reduce: ReduceOp,
-    ) -> Result<(), CollectiveError> {
-        let op = CallKind::AllReduce(reduce);
+    fn all_reduce_bytes(&self, dtype: DType, buf: &mut [u8], op: ReduceOp) -> Done {
+        let kind = CallKind::AllReduce(op);
         let elem = dtype.size_in_bytes();
         let len = buf.len() / elem;
-        let mine = Published::in_place(op, dtype, buf);
+        let mine = Published::in_place(kind, dtype, buf);
         let n = self.shared.size;
         let chunk = |r: usize| (r * len / n, (r + 1) * len / n);
-        self.exchange(mine, op, || {
-            self.same_lengths(op, |p| p.src_len)?;
+        self.exchange(mine, kind, || {
+            self.same_lengths(kind, |p| p.src_len)?;
             // Phase 1: this rank reduces its chunk from every buffer into its own.
             let (a, b) = chunk(self.rank);
             // SAFETY: chunk `rank` of any buffer is read only by this rank in phase 1
@@ -192,13 +176,13 @@ impl HostEngine for ThreadComm {
                     b - a,
                     n,
                     |s| self.peer(s).src.add(a * elem),
-                    reduce,
+                    op,
                 );
             }
             Ok(())
         })?;
         // Phase 2: copy every other rank's reduced chunk into this buffer.
-        self.exchange(mine, op, || {
+        self.exchange(mine, kind, || {
             for s in (0..n).filter(|&s| s != self.rank) {
                 let (a, b) = chunk(s);
                 // SAFETY: chunk s of rank s's buffer is final and read-only now; chunk s
@@ -215,12 +199,7 @@ impl HostEngine for ThreadComm {
         })
     }
 
-    fn broadcast_bytes(
-        &self,
-        dtype: DType,
-        buf: &mut [u8],
-        root: usize,
-    ) -> Result<(), CollectiveError> {
+    fn broadcast_bytes(&self, dtype: DType, buf: &mut [u8], root: usize) -> Done {
         let op = CallKind::Broadcast(root);
         let mine = Published::in_place(op, dtype, buf);
         self.exchange(mine, op, || {
@@ -242,7 +221,7 @@ impl HostEngine for ThreadComm {
         })
     }
 
-    fn barrier(&self) -> Result<(), CollectiveError> {
+    fn barrier(&self) -> Done {
         // Published like any call, so a barrier facing another collective is a mismatch.
         let mine = Published::in_place(CallKind::Barrier, DType::F32, &mut []);
         self.exchange(mine, CallKind::Barrier, || Ok(()))
@@ -250,12 +229,8 @@ impl HostEngine for ThreadComm {
 }
 
 impl Collective for ThreadComm {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn world_size(&self) -> usize {
-        self.shared.size
+    fn position(&self) -> Position {
+        Position::new(self.rank, self.shared.size)
     }
 
     /// Every call completes here: ranks as threads move bytes by copying from each other's

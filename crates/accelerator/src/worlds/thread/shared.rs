@@ -8,8 +8,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
-use wick_core::lock;
-use wick_core::CallKind;
+use wick_core::{lock, CallKind};
 
 /// What one rank published for the call in progress. Written by its owner before the first
 /// barrier and read by peers after it; the barrier's lock orders the accesses.
