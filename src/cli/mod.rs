@@ -426,9 +426,19 @@ pub struct EstimateArgs {
     /// counted at their stored bytes.
     #[arg(long, value_name = "FORM", requires = "lora_rank", value_parser = wick_core::BlockFormat::ALL.map(wick_core::BlockFormat::name))]
     pub quantize_base: Option<String>,
-    /// Precision of full_shard's gathered units.
+    /// Precision of full_shard's gathered units (and of the activations, with --seq).
     #[arg(long, value_enum, default_value = "32")]
     pub precision: Precision,
+    /// Also the peak resident set of each rank, for samples of this many tokens (a decoder
+    /// --model): model state, kept activations, gathered units and the runtime's base.
+    #[arg(long, value_parser = positive, value_name = "N", requires = "model")]
+    pub seq: Option<usize>,
+    /// With --seq: samples a global batch, shared out over --world ranks.
+    #[arg(long, value_parser = positive, value_name = "N", default_value_t = 32)]
+    pub batch_size: usize,
+    /// With --seq: the layers that recompute their forward in backward, as fit's.
+    #[arg(long, value_name = "none|full|every:K", default_value_t = wick_core::ActivationCheckpointing::None)]
+    pub activation_checkpointing: wick_core::ActivationCheckpointing,
     /// Main job model: width.
     #[arg(long, value_parser = positive, default_value_t = 64)]
     pub d_model: usize,

@@ -2,6 +2,9 @@
 //! wick's strategies meet (AdamW: 4 bytes of parameter, 4 of gradient and 8 of state per
 //! element, each either whole on every rank or sharded over W), and the largest unit that
 //! full_shard gathers: "will it fit?" before trying, as DeepSpeed's estimators answer.
+//! With `--seq`, each rank's peak resident set beside it ([`peak`]).
+
+mod peak;
 
 use crate::char_gpt::{CharGpt, GptConfig};
 use crate::cli::EstimateArgs;
@@ -89,11 +92,13 @@ struct Counted {
     frozen_bytes: usize,
     /// The largest unit and its elements (unknown from `--params` alone).
     largest: Option<(String, usize)>,
+    /// The model's config, where `--model` gave one.
+    config: Option<wick_models::ModelConfig>,
 }
 
 /// What `args` asks about, counted.
 fn counted(args: &EstimateArgs) -> anyhow::Result<Counted> {
-    let (mut frozen, mut frozen_bytes) = (0, 0);
+    let (mut frozen, mut frozen_bytes, mut model_config) = (0, 0, None);
     let (params, largest) = match (&args.model, args.params) {
         (Some(model), _) => {
             let config = match (model.is_dir(), wick_models::is_gguf(model)) {
@@ -108,7 +113,7 @@ fn counted(args: &EstimateArgs) -> anyhow::Result<Counted> {
             // The first of the largest (max_by_key keeps the last).
             let largest = units.iter().rev().max_by_key(|(_, n)| *n).cloned();
             let base: usize = units.iter().map(|(_, n)| n).sum();
-            match lora(args)? {
+            let counts = match lora(args)? {
                 Some(lora) => {
                     frozen = base;
                     frozen_bytes = frozen_bytes_of(&config, args)?;
@@ -120,7 +125,9 @@ fn counted(args: &EstimateArgs) -> anyhow::Result<Counted> {
                     (count, largest)
                 }
                 None => (base, largest),
-            }
+            };
+            model_config = Some(config);
+            counts
         }
         (None, Some(n)) => (n, None),
         (None, None) => {
@@ -143,6 +150,7 @@ fn counted(args: &EstimateArgs) -> anyhow::Result<Counted> {
         frozen,
         frozen_bytes,
         largest,
+        config: model_config,
     })
 }
 
@@ -176,6 +184,7 @@ pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
         frozen,
         frozen_bytes,
         largest,
+        config,
     } = counted(args)?;
     let w = args.world;
     let mut out = String::new();
@@ -224,6 +233,9 @@ pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
             let _ = writeln!(out, "largest unit: not known from --params alone");
         }
     }
+    if let (Some(seq), Some(config)) = (args.seq, &config) {
+        peak::report(&mut out, args, seq, config, (params, frozen_bytes));
+    }
     Ok(out)
 }
 
@@ -269,6 +281,9 @@ mod tests {
             lora_rank: None,
             lora_targets: None,
             quantize_base: None,
+            seq: None,
+            batch_size: 32,
+            activation_checkpointing: wick_core::ActivationCheckpointing::None,
         }
     }
 
