@@ -5,8 +5,8 @@
 //! (a blocking MPI collective). The named forms (`all_gather_into`, `reduce_scatter_start`
 //! and the rest) and the scalar reduction are [`CollectiveExt`]'s, on top of those two, for
 //! every world and overridable by none. So a world that
-//! wraps another (a clock, a recorder, one that completes calls at once) forwards `start`
-//! and `run` and nothing else, and a collective added to `Call` cannot slip past it.
+//! wraps another (a clock, a recorder, one that completes calls at once) forwards
+//! `position`, `start` and `run` and nothing else, and a collective added to `Call` cannot slip past it.
 //!
 //! Calls take and fill flat, contiguous Candle tensors so each world moves data where it
 //! lives (host memory for threads and MPI, device memory for NCCL). Outputs are written in
@@ -152,7 +152,7 @@ impl<C: Collective + ?Sized> Collective for Arc<C> {
 /// `reduce_scatter_start`, ...) and the scalar all-reduce, for every world. They live in an
 /// extension trait implemented for every [`Collective`] and nowhere else, so no world can
 /// make a named form behave unlike the [`Call`] it names: a world that wraps another
-/// forwards `start` and `run`, and every call passes through them.
+/// forwards `position`, `start` and `run`, and every call passes through the last two.
 pub trait CollectiveExt: Collective {
     /// This rank's index, `0..world_size()`.
     fn rank(&self) -> usize {
