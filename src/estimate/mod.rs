@@ -160,21 +160,29 @@ fn frozen_bytes_of(
     config: &wick_models::ModelConfig,
     args: &EstimateArgs,
 ) -> anyhow::Result<usize> {
-    let form: Option<wick_core::BlockFormat> = (args.quantize_base.as_deref())
-        .map(str::parse)
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
+    let form = base_form(args)?;
     Ok(config
         .parameter_shapes()
         .into_iter()
-        .map(|(name, shape)| {
-            let n = shape.iter().product();
-            match form.filter(|_| wick_models::is_base_linear_weight(&name)) {
-                Some(form) => form.stored_len(n),
-                None => 4 * n,
-            }
-        })
+        .map(|(name, shape)| held_bytes(&name, shape.iter().product(), form, 4))
         .sum())
+}
+
+/// The block form `--quantize-base` names, checked.
+fn base_form(args: &EstimateArgs) -> anyhow::Result<Option<wick_core::BlockFormat>> {
+    (args.quantize_base.as_deref())
+        .map(str::parse)
+        .transpose()
+        .map_err(anyhow::Error::msg)
+}
+
+/// The bytes parameter `name` of `n` elements is held in: a base linear weight at its
+/// stored bytes where `form` names a block form, anything else at `elem` bytes an element.
+fn held_bytes(name: &str, n: usize, form: Option<wick_core::BlockFormat>, elem: usize) -> usize {
+    match form.filter(|_| wick_models::is_base_linear_weight(name)) {
+        Some(form) => form.stored_len(n),
+        None => n * elem,
+    }
 }
 
 /// The report `wick estimate` prints.
@@ -234,7 +242,13 @@ pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
         }
     }
     if let (Some(seq), Some(config)) = (args.seq, &config) {
-        peak::report(&mut out, args, seq, config, (params, frozen_bytes));
+        peak::report(
+            &mut out,
+            args,
+            (seq, base_form(args)?),
+            config,
+            (params, frozen_bytes),
+        );
     }
     Ok(out)
 }

@@ -79,12 +79,7 @@ impl Widths {
         let layer_params = first.iter().map(|(_, n)| n).sum();
         let layer_bytes = first
             .iter()
-            .map(
-                |(name, n)| match form.filter(|_| wick_models::is_base_linear_weight(name)) {
-                    Some(form) => form.stored_len(*n),
-                    None => n * compute_bytes,
-                },
-            )
+            .map(|(name, n)| super::held_bytes(name, *n, form, compute_bytes))
             .sum();
         Some(Widths {
             layers: c.num_hidden_layers,
@@ -92,8 +87,7 @@ impl Widths {
             queries: c.num_attention_heads * c.head_dim,
             keys: c.num_key_value_heads * c.head_dim,
             intermediate: c.intermediate_size,
-            post_norms: config
-                .parameter_shapes()
+            post_norms: first
                 .iter()
                 .any(|(name, _)| name.contains("post_feedforward_layernorm")),
             vocab: c.vocab_size,
@@ -207,11 +201,10 @@ pub fn peak(widths: &Widths, step: &Step, state: &StateBytes, gathers: Gathers) 
 pub(super) fn report(
     out: &mut String,
     args: &EstimateArgs,
-    seq: usize,
+    (seq, form): (usize, Option<BlockFormat>),
     config: &wick_models::ModelConfig,
     (params, frozen_bytes): (usize, usize),
 ) {
-    let form = (args.quantize_base.as_deref()).and_then(|f| f.parse().ok());
     let compute_bytes = args.precision.compute_bytes();
     let Some(widths) = Widths::of(config, form, compute_bytes) else {
         let _ = writeln!(out, "peak resident set: not modelled for GPT-2's layers");
