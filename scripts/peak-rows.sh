@@ -2,7 +2,8 @@
 # `wick estimate`'s peak resident set beside what a run measures: `wick fit` of a decoder
 # (`python scripts/hf_fixtures.py --smollm2-135m DIR` or `--llama-3.2-1b DIR`) under fsdp
 # full_shard at W=2, ranks as threads, sequence 256, global batch 8, 2 steps, fully
-# fine-tuned, with LoRA of rank 16 on every linear layer of a block, and QLoRA (NF4), each
+# fine-tuned, with LoRA of rank 16 on every linear layer of a block, and QLoRA (NF4; and with
+# --quantize-embeddings, the embedding and head in NF4 too), each
 # keeping and recomputing activations. Prints per row the process's peak resident set
 # (GNU time's "Maximum resident set size", from outside), the estimate's "2 ranks,
 # threads" figure for the same options, and measured / estimated. A row whose estimate
@@ -56,3 +57,6 @@ row lora "${lora[@]}"
 row lora-recomputed "${lora[@]}" --activation-checkpointing full
 row qlora "${lora[@]}" --quantize-base nf4
 row qlora-recomputed "${lora[@]}" --quantize-base nf4 --activation-checkpointing full
+row qlora-embeddings "${lora[@]}" --quantize-base nf4 --quantize-embeddings
+row qlora-embeddings-recomputed "${lora[@]}" --quantize-base nf4 --quantize-embeddings \
+  --activation-checkpointing full

@@ -3,7 +3,8 @@
 # (`python scripts/hf_fixtures.py --smollm2-135m DIR`) under STRATEGY (ddp, which keeps
 # the base whole on each rank, or fsdp, which shards it by whole blocks) at W=2 (ranks as threads),
 # sequence 256, global batch 8, LoRA of rank 16 (alpha 32) on every linear layer of a block,
-# 6 steps, with and without `--quantize-base nf4`, keeping activations and recomputing them
+# 6 steps, with and without `--quantize-base nf4` (and with `--quantize-embeddings` too, the
+# embedding and its tied head in NF4), keeping activations and recomputing them
 # (`--activation-checkpointing full`), alternating for ROUNDS rounds. Prints per row the
 # process's peak resident set (GNU time's "Maximum resident set size", from outside), the
 # median tokens/s of steps 3-6 (metrics.csv) and the model state per rank wick reports.
@@ -39,7 +40,7 @@ import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 print(round(statistics.median(float(r['tokens_per_s']) for r in rows[2:]), 1))
 " "runs/$name-$round/metrics.csv")
-  echo "row=$name round=$round peak_rss_gb=$(python3 -c "print(round($rss / 1048576, 2))") \
+  echo "row=$name round=$round peak_rss_gib=$(python3 -c "print(round($rss / 1048576, 2))") \
 tokens_per_s=$tps model_state_per_rank_mb=$(python3 -c "print(round($state / 1e6, 1))")"
 }
 echo "strategy: $strategy at W=2"
@@ -49,4 +50,7 @@ for round in $(seq "$rounds"); do
   row qlora "$round" --quantize-base nf4
   row lora-ac "$round" --activation-checkpointing full
   row qlora-ac "$round" --quantize-base nf4 --activation-checkpointing full
+  row qlora-emb "$round" --quantize-base nf4 --quantize-embeddings
+  row qlora-emb-ac "$round" --quantize-base nf4 --quantize-embeddings \
+    --activation-checkpointing full
 done

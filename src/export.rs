@@ -231,14 +231,16 @@ pub(crate) fn merge(
         .context("a pretrained model has weights")?;
     // A QLoRA run trained over its base's decoded values: merged into those (a base kept
     // as read is already read as its blocks decode).
-    let quantized = match crate::hf_model::quantized_base_of(ck)? {
-        Some(wick_models::QuantizedBase::In(format)) => Some(format),
-        Some(wick_models::QuantizedBase::AsRead) | None => None,
+    let record = crate::hf_model::quantized_base_of(ck)?;
+    let quantized = match record.map(|r| (r.form, r.embeddings)) {
+        Some((wick_models::QuantizedBase::In(format), embeddings)) => Some((format, embeddings)),
+        Some((wick_models::QuantizedBase::AsRead, _)) | None => None,
     };
     let mut out = HashMap::new();
     for (name, shape) in base_model.config().parameter_shapes() {
         let mut w = read(weights.as_ref(), &name, &shape)?;
-        if let Some(q) = quantized.filter(|_| wick_models::is_base_linear_weight(&name)) {
+        let quantized = quantized.filter(|&(_, e)| wick_models::is_quantized_weight(&name, e));
+        if let Some((q, _)) = quantized {
             let values = q.round_trip(&w.flatten_all()?.to_vec1()?)?;
             w = Tensor::from_vec(values, w.shape(), w.device())?;
         }

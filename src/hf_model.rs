@@ -11,7 +11,8 @@ use anyhow::Context;
 use std::path::{Path, PathBuf};
 use wick_core::OptimizerConfig;
 use wick_models::{
-    CausalLm, LoraConfig, QuantizedBase, TextTokenizer, ADAPTER_CONFIG_FILE, QUANTIZED_BASE_FILE,
+    CausalLm, LoraConfig, QuantizedBaseRecord, TextTokenizer, ADAPTER_CONFIG_FILE,
+    QUANTIZED_BASE_FILE,
 };
 use wick_trainer::{
     Checkpoint, DataLoader, Dataset, ModelCheckpoint, Packing, Split, TokenDataset,
@@ -74,13 +75,20 @@ pub fn from_checkpoint(checkpoint: Checkpoint) -> anyhow::Result<Option<CausalLm
     let quantized = quantized_base_of(&checkpoint)?;
     let lm = lm.with_adapters(lora, checkpoint.into_weights())?;
     Ok(Some(match quantized {
-        Some(quantization) => lm.with_quantized_base(quantization)?,
+        Some(QuantizedBaseRecord { form, embeddings }) => {
+            let lm = lm.with_quantized_base(form)?;
+            match embeddings {
+                true => lm.with_quantized_embeddings()?,
+                false => lm,
+            }
+        }
         None => lm,
     }))
 }
 
-/// The form a QLoRA run's checkpoint kept its base in, if it is one.
-pub fn quantized_base_of(checkpoint: &Checkpoint) -> anyhow::Result<Option<QuantizedBase>> {
+/// The form a QLoRA run's checkpoint kept its base in, if it is one, and whether its
+/// embeddings too.
+pub fn quantized_base_of(checkpoint: &Checkpoint) -> anyhow::Result<Option<QuantizedBaseRecord>> {
     let Some(path) = checkpoint.attachment(QUANTIZED_BASE_FILE) else {
         return Ok(None);
     };
@@ -187,6 +195,9 @@ pub fn run(args: &FitArgs, model: &Path) -> anyhow::Result<FitReport> {
     }
     if let Some(quantization) = args.quantize_base().map_err(anyhow::Error::msg)? {
         lm = lm.with_quantized_base(quantization)?;
+        if args.quantize_embeddings {
+            lm = lm.with_quantized_embeddings()?;
+        }
     }
     let tokenizer = lm.tokenizer().context("the model has no tokenizer")?;
     let mut checkpoints = ModelCheckpoint::new(&args.checkpoint_dir)
@@ -201,9 +212,10 @@ pub fn run(args: &FitArgs, model: &Path) -> anyhow::Result<FitReport> {
         let adapter_config = lora.to_peft_json(&base.to_string_lossy());
         checkpoints = checkpoints.with_attachment(ADAPTER_CONFIG_FILE, adapter_config.into_bytes());
     }
-    if let Some(quantization) = lm.quantized_base() {
-        let name = quantization.name().as_bytes().to_vec();
-        checkpoints = checkpoints.with_attachment(QUANTIZED_BASE_FILE, name);
+    if let Some(form) = lm.quantized_base() {
+        let embeddings = lm.quantized_embeddings();
+        let record = QuantizedBaseRecord { form, embeddings }.to_string();
+        checkpoints = checkpoints.with_attachment(QUANTIZED_BASE_FILE, record.into_bytes());
     }
     if args.objective.preference_loss().is_some() {
         let files = token_files(data)?;

@@ -290,7 +290,7 @@ fn memory_bounds() {
     // fsdp at W = 2, both ranks together (each with its activations, decoding its own
     // weights from a unit's gathered blocks) below the whole of it.
     for (strategy, world_size, bound) in [("single", 1, 2), ("fsdp", 2, 1)] {
-        let (growth, f32_bytes) = qlora_step_growth(strategy, world_size);
+        let (growth, f32_bytes) = qlora_step_growth(strategy, world_size, None);
         println!(
             "qlora step under {strategy} at W = {world_size}: peak growth {growth} bytes; \
              the block weights in f32 are {f32_bytes}"
@@ -300,6 +300,21 @@ fn memory_bounds() {
             "qlora {strategy}: {growth} bytes, f32 base {f32_bytes}"
         );
     }
+    // With the embedding and output head in NF4 too (65536 rows of 512, 128 MiB each in
+    // f32), neither is ever decoded whole: the head is scored a slice of rows at a time,
+    // under fsdp from the gathered blocks; each rank's growth stays below half a table. The same step over f32 tables gathers the
+    // head's whole.
+    let table = 65536 * 512 * 4;
+    for (strategy, world_size) in [("single", 1), ("fsdp", 2)] {
+        let (growth, _) = qlora_step_growth(strategy, world_size, Some((65536, true)));
+        println!("qlora step with NF4 embeddings under {strategy}: peak growth {growth} bytes; a table in f32 is {table}");
+        assert!(
+            growth < world_size * table / 2,
+            "{strategy}: {growth} bytes"
+        );
+    }
+    let (gathered, _) = qlora_step_growth("fsdp", 2, Some((65536, false)));
+    assert!(gathered > table, "fsdp over f32 tables: {gathered} bytes");
     // The fused output projection and loss never makes the whole logits, also when
     // mixed precision hands it 16-bit inputs; the probe sees the composite make them.
     for dtype in [candle_core::DType::BF16, candle_core::DType::F16] {
@@ -485,8 +500,13 @@ fn make_checkpointed(strategy: &str, ac: ActivationCheckpointing) -> Box<dyn Str
 /// of a Llama whose block linear weights (hidden 512, MLP 2048, 4 layers: 67 MB in f32) are
 /// born NF4, under `strategy` on `world_size` CPU ranks, and those weights' f32 bytes. Each
 /// layer decodes its weight inside its op and drops it (under fsdp, from the unit's gathered
-/// blocks), so the step never holds them all decoded.
-fn qlora_step_growth(strategy: &str, world_size: usize) -> (usize, usize) {
+/// blocks), so the step never holds them all decoded. `table`: a vocabulary of that many
+/// rows (the fixture's 384 otherwise), and whether its embedding and untied head are NF4.
+fn qlora_step_growth(
+    strategy: &str,
+    world_size: usize,
+    table: Option<(usize, bool)>,
+) -> (usize, usize) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama");
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path.join("config.json")).unwrap()).unwrap();
@@ -500,6 +520,9 @@ fn qlora_step_growth(strategy: &str, world_size: usize) -> (usize, usize) {
     ] {
         config[key] = value.into();
     }
+    if let Some((vocab, _)) = table {
+        config["vocab_size"] = vocab.into();
+    }
     let f32_bytes = 4 * 4 * (4 * 512 * 512 + 3 * 512 * 2048);
     let outcomes = ThreadWorld::new(world_size).run(|comm| {
         let world: Arc<dyn Collective> = Arc::new(comm);
@@ -510,6 +533,9 @@ fn qlora_step_growth(strategy: &str, world_size: usize) -> (usize, usize) {
             .unwrap()
             .with_quantized_base(wick::models::BlockFormat::Nf4)
             .unwrap();
+        if table.is_some_and(|(_, quantized)| quantized) {
+            model = model.with_quantized_embeddings().unwrap();
+        }
         let s = wick::strategies::strategy_by_name(strategy)?;
         let device = candle_core::Device::Cpu;
         let mut s =

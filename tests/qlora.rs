@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use wick::core::{dynamic_code, BlockFormat, Nf4Tensor, OptimizerConfig, PretrainedWeights};
-use wick::models::{is_base_linear_weight, CausalLm, LoraConfig, QuantizedBase};
+use wick::models::{is_quantized_weight, CausalLm, LoraConfig, QuantizedBase};
 use wick::strategies::strategy_by_name;
 use wick::trainer::{Attached, DataLoader};
 
@@ -86,13 +86,14 @@ fn nf4_equals_bitsandbytes_bit_for_bit() {
     }
 }
 
-/// The Qwen2 fixture's base weights with every block linear weight replaced by what its
-/// `format` form decodes to (the base QLoRA trains over, as plain f32), written into `dir`.
-fn decoded_base(dir: &Path, format: BlockFormat) -> HashMap<String, Tensor> {
+/// The Qwen2 fixture's base weights with every block linear weight (and with `embeddings`,
+/// the tied embedding) replaced by what its `format` form decodes to (the base QLoRA trains
+/// over, as plain f32), written into `dir`.
+fn decoded_base(dir: &Path, (format, embeddings): Form) -> HashMap<String, Tensor> {
     let path = fixtures().join("qwen2/model.safetensors");
     let mut weights = candle_core::safetensors::load(path, &Device::Cpu).unwrap();
     for (name, w) in weights.iter_mut() {
-        if is_base_linear_weight(name) {
+        if is_quantized_weight(name, embeddings) {
             let values = format.round_trip(&f32s(w)).unwrap();
             *w = Tensor::from_vec(values, w.dims(), &Device::Cpu).unwrap();
         }
@@ -117,8 +118,15 @@ fn lora_model(optimizer: OptimizerConfig) -> CausalLm {
         .unwrap()
 }
 
-fn qlora_model(optimizer: OptimizerConfig, format: BlockFormat) -> CausalLm {
-    lora_model(optimizer).with_quantized_base(format).unwrap()
+/// A base's block form, and whether its embeddings are held in it too.
+type Form = (BlockFormat, bool);
+
+fn qlora_model(optimizer: OptimizerConfig, (format, embeddings): Form) -> CausalLm {
+    let lm = lora_model(optimizer).with_quantized_base(format).unwrap();
+    match embeddings {
+        true => lm.with_quantized_embeddings().unwrap(),
+        false => lm,
+    }
 }
 
 fn qwen2_loader() -> DataLoader<Windows> {
@@ -178,27 +186,47 @@ fn qlora_equals_lora_over_the_base_it_decodes_to() {
         (3, "fsdp"),
         (4, "fsdp"),
     ];
-    qlora_equals_lora(BlockFormat::Nf4, &every_strategy);
+    qlora_equals_lora((BlockFormat::Nf4, false), &every_strategy);
+}
+
+/// The embedding held in blocks too (`--quantize-embeddings`): its rows decoded as tokens
+/// look them up, and as the tied head a slice of rows at a time.
+#[test]
+fn qlora_over_quantized_embeddings_equals_lora_over_the_table_they_decode_to() {
+    let runs = [
+        (1, "single"),
+        (2, "ddp"),
+        (2, "zero3"),
+        (3, "fsdp"),
+        (4, "fsdp"),
+    ];
+    qlora_equals_lora((BlockFormat::Nf4, true), &runs);
+    qlora_equals_lora((BlockFormat::Q8_0, true), &[(1, "single"), (2, "fsdp")]);
 }
 
 #[test]
 fn qlora_over_llama_cpp_blocks_equals_lora_over_the_base_they_decode_to() {
     let kept_and_sharded = [(1, "single"), (2, "ddp"), (2, "zero3"), (3, "fsdp")];
     for format in [BlockFormat::Q8_0, BlockFormat::Q4K, BlockFormat::Q6K] {
-        qlora_equals_lora(format, &kept_and_sharded);
+        qlora_equals_lora((format, false), &kept_and_sharded);
     }
 }
 
-/// LoRA over a base born in `format` on each of `runs` (ranks, strategy) against LoRA over
+/// LoRA over a base born in `form` on each of `runs` (ranks, strategy) against LoRA over
 /// the values it decodes to on one device: first gradients, then 10 AdamW steps.
-fn qlora_equals_lora(format: BlockFormat, runs: &[(usize, &str)]) {
+fn qlora_equals_lora(form: Form, runs: &[(usize, &str)]) {
+    let (format, embeddings) = form;
+    let label = format!(
+        "{format}{}",
+        if embeddings { " and embeddings" } else { "" }
+    );
     let dir = tempfile::tempdir().unwrap();
-    let decoded = decoded_base(dir.path(), format);
+    let decoded = decoded_base(dir.path(), form);
     let file = PretrainedWeights::open(&[dir.path().join("decoded.safetensors")]).unwrap();
     let file = Arc::new(file);
     let over_decoded = |optimizer| lora_model(optimizer).with_weights(file.clone());
     // One SGD step at rate 1: each parameter moves by minus its gradient.
-    let (q, _) = fit(qlora_model(plain_sgd(), format), 1, "single", 1);
+    let (q, _) = fit(qlora_model(plain_sgd(), form), 1, "single", 1);
     let (d, _) = fit(over_decoded(plain_sgd()), 1, "single", 1);
     let grads = adapters_diff(&q, &d);
     let moved = q
@@ -209,11 +237,11 @@ fn qlora_equals_lora(format: BlockFormat, runs: &[(usize, &str)]) {
             max_diff(t, &start).min(max_diff(&d[n], &start))
         });
     let smallest = moved.fold(f32::INFINITY, f32::min);
-    println!("qlora {format}: first gradients within {grads:e} (B's smallest {smallest:e})");
+    println!("qlora {label}: first gradients within {grads:e} (B's smallest {smallest:e})");
     // Every B's gradient at least 10x the bound.
     assert!(
         grads <= 1e-6 && smallest > 1e-5,
-        "{format}: {grads} {smallest}"
+        "{label}: {grads} {smallest}"
     );
     // Ten AdamW steps, on one device and on several ranks of every strategy (the base kept
     // whole, or sharded by whole blocks), against LoRA over the decoded base on one device.
@@ -222,12 +250,12 @@ fn qlora_equals_lora(format: BlockFormat, runs: &[(usize, &str)]) {
     let (original, _) = fit(lora_model(adamw()), 1, "single", 10);
     // What quantizing the base changes, which the bound must sit far below.
     let quantization = adapters_diff(&reference, &original);
-    assert!(quantization > 1e-4, "{format}: {quantization}");
+    assert!(quantization > 1e-4, "{label}: {quantization}");
     for &(devices, strategy) in runs {
-        let (got, m) = fit(qlora_model(adamw(), format), devices, strategy, 10);
+        let (got, m) = fit(qlora_model(adamw(), form), devices, strategy, 10);
         let diff = adapters_diff(&got, &reference);
-        println!("qlora {format} {strategy} W={devices}: 10 steps within {diff:e} (quantization moved {quantization:e})");
-        assert!(diff <= 1e-5, "{format} {strategy} W={devices}: {diff}");
+        println!("qlora {label} {strategy} W={devices}: 10 steps within {diff:e} (quantization moved {quantization:e})");
+        assert!(diff <= 1e-5, "{label} {strategy} W={devices}: {diff}");
         // The frozen weights come out as the values they decode to, never moved.
         for (n, value) in got.iter().filter(|(n, _)| !LoraConfig::is_adapter(n)) {
             assert_eq!(max_diff(value, &decoded[n]), 0.0, "{strategy}: {n}");
@@ -237,11 +265,11 @@ fn qlora_equals_lora(format: BlockFormat, runs: &[(usize, &str)]) {
         // at most, in each of the 3 units (2 layers and the root), one stored block and its
         // two value parts' padding (under W elements each) more.
         let quantized: usize = (decoded.iter())
-            .filter(|(n, _)| is_base_linear_weight(n))
+            .filter(|(n, _)| is_quantized_weight(n, embeddings))
             .map(|(_, t)| format.stored_len(t.elem_count()))
             .sum();
         let dense: usize = (got.iter())
-            .filter(|(n, _)| !is_base_linear_weight(n))
+            .filter(|(n, _)| !is_quantized_weight(n, embeddings))
             .map(|(_, t)| 4 * t.elem_count())
             .sum();
         let bytes = m.state_bytes().unwrap().params;
@@ -250,13 +278,13 @@ fn qlora_equals_lora(format: BlockFormat, runs: &[(usize, &str)]) {
                 let block = format.block_bytes();
                 let whole = quantized + dense;
                 let bound = whole.div_ceil(devices) + 3 * (block + 2 * 4 * devices);
-                println!("qlora {format} {strategy} W={devices}: {bytes} bytes of parameters a rank (bound {bound}, whole {whole})");
+                println!("qlora {label} {strategy} W={devices}: {bytes} bytes of parameters a rank (bound {bound}, whole {whole})");
                 assert!(
                     bytes <= bound,
-                    "{format} {strategy} W={devices}: {bytes} > {bound}"
+                    "{label} {strategy} W={devices}: {bytes} > {bound}"
                 );
             }
-            _ => assert_eq!(bytes, quantized + dense, "{format} {strategy} W={devices}"),
+            _ => assert_eq!(bytes, quantized + dense, "{label} {strategy} W={devices}"),
         }
     }
 }
@@ -300,17 +328,28 @@ fn a_gguf_base_kept_as_read_equals_lora_over_the_file_dequantized() {
             .with_quantized_base(QuantizedBase::AsRead)
             .unwrap()
     };
-    for (devices, strategy) in [(1, "single"), (2, "ddp"), (2, "zero3"), (3, "fsdp")] {
-        let (got, m) = fit_on(kept(), &data, (devices, strategy), 10);
+    // The last two runs keep the embedding and the output head (untied here), which the
+    // file holds in Q8_0 too, as its blocks as well: looked up and scored from them.
+    let runs = [(1, "single"), (2, "ddp"), (2, "zero3"), (3, "fsdp")].map(|r| (r, false));
+    let with_embeddings = [((1, "single"), true), ((3, "fsdp"), true)];
+    for ((devices, strategy), embeddings) in runs.into_iter().chain(with_embeddings) {
+        let model = match embeddings {
+            true => kept().with_quantized_embeddings().unwrap(),
+            false => kept(),
+        };
+        let (got, m) = fit_on(model, &data, (devices, strategy), 10);
+        let run = format!("{strategy} W={devices}, embeddings {embeddings}");
         let diff = adapters_diff(&got, &reference);
-        println!("kept as read {strategy} W={devices}: 10 steps within {diff:e} (quantization moved {quantization:e})");
-        assert!(diff <= 1e-5, "{strategy} W={devices}: {diff}");
+        println!(
+            "kept as read {run}: 10 steps within {diff:e} (quantization moved {quantization:e})"
+        );
+        assert!(diff <= 1e-5, "{run}: {diff}");
         // The frozen weights decode to the file's values, bit for bit (rows in order).
         for (n, value) in got.iter().filter(|(n, _)| !LoraConfig::is_adapter(n)) {
-            assert_eq!(max_diff(value, &reference[n]), 0.0, "{strategy}: {n}");
+            assert_eq!(max_diff(value, &reference[n]), 0.0, "{run}: {n}");
         }
         // The Q8_0 weights are kept as their blocks (8.5 bits), down_proj as f32.
-        let q8 = |n: &str| is_base_linear_weight(n) && !n.contains("down_proj");
+        let q8 = |n: &str| is_quantized_weight(n, embeddings) && !n.contains("down_proj");
         let bytes: usize = (got.iter())
             .map(|(n, t)| match q8(n) {
                 true => BlockFormat::Q8_0.stored_len(t.elem_count()),
@@ -319,10 +358,10 @@ fn a_gguf_base_kept_as_read_equals_lora_over_the_file_dequantized() {
             .sum();
         let held = m.state_bytes().unwrap().params;
         match strategy {
-            "single" | "ddp" => assert_eq!(held, bytes, "{strategy}"),
+            "single" | "ddp" => assert_eq!(held, bytes, "{run}"),
             _ => assert!(
                 held < bytes / devices + 3 * 1024,
-                "{strategy}: {held} of {bytes}"
+                "{run}: {held} of {bytes}"
             ),
         }
     }

@@ -188,6 +188,13 @@ pub struct FitArgs {
     /// stays dense), rather than dequantized.
     #[arg(long, requires = "lora_rank", conflicts_with = "quantize_base")]
     pub keep_quantized: bool,
+    /// QLoRA: the token embedding and output head held in the base's form too (with
+    /// --keep-quantized, in the file's own blocks), sharded by whole blocks, their rows
+    /// decoded as tokens look them up and, as the output head, a slice at a time: for a
+    /// large vocabulary (Llama 3's is a fifth of a 1B model), in place of an f32 table that
+    /// fsdp gathers whole.
+    #[arg(long, requires = "lora_rank")]
+    pub quantize_embeddings: bool,
     /// Tokens per window with --model.
     #[arg(long, value_parser = positive, value_name = "N", default_value_t = 128)]
     pub seq: usize,

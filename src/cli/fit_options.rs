@@ -36,7 +36,13 @@ impl FitArgs {
         if self.quantize_base.is_some() && self.keep_quantized {
             return Err("keep-quantized keeps the file's blocks: give no quantize-base".into());
         }
-        self.quantize_base()?;
+        if self.quantize_embeddings && self.quantize_base()?.is_none() {
+            return Err(
+                "quantize-embeddings holds the embeddings in the base's form: give \
+                 quantize-base or keep-quantized"
+                    .into(),
+            );
+        }
         if self.objective.preference_loss().is_some() && self.model.is_none() {
             return Err(format!(
                 "objective {} tunes a --model on preference pairs; the character model has none",

@@ -77,6 +77,10 @@ fn defaults_and_overrides() {
     assert!(fit("fit --model m --lora-rank 4 --keep-quantized --quantize-base nf4").is_err());
     let e = fit("fit --model m --quantize-base nf4").unwrap_err();
     assert!(e.contains("lora-rank"), "{e}");
+    let a = fit("fit --model m --lora-rank 4 --quantize-base nf4 --quantize-embeddings").unwrap();
+    assert!(a.quantize_embeddings);
+    let e = fit("fit --model m --lora-rank 4 --quantize-embeddings").unwrap_err();
+    assert!(e.contains("quantize-base or keep-quantized"), "{e}");
     let e = fit("fit --model m --lora-rank 4 --quantize-base q8_1 --strategy ddp").unwrap_err();
     assert!(e.contains("q8_1") && e.contains("nf4"), "{e}");
     assert_eq!(fit("fit").unwrap().logger, wick_trainer::Logger::DEFAULT);

@@ -426,6 +426,10 @@ pub struct EstimateArgs {
     /// counted at their stored bytes.
     #[arg(long, value_name = "FORM", requires = "lora_rank", value_parser = wick_core::BlockFormat::ALL.map(wick_core::BlockFormat::name))]
     pub quantize_base: Option<String>,
+    /// QLoRA: the embedding and output head held in that form too (as `fit
+    /// --quantize-embeddings`).
+    #[arg(long, requires = "quantize_base")]
+    pub quantize_embeddings: bool,
     /// Precision of full_shard's gathered units (and of the activations, with --seq).
     #[arg(long, value_enum, default_value = "32")]
     pub precision: Precision,

@@ -4,7 +4,11 @@
 //! full_shard gathers: "will it fit?" before trying, as DeepSpeed's estimators answer.
 //! With `--seq`, each rank's peak resident set beside it ([`peak`]).
 
+mod base_form;
 mod peak;
+
+pub use base_form::BaseForm;
+use base_form::{base_form, frozen_bytes_of, held_bytes};
 
 use crate::char_gpt::{CharGpt, GptConfig};
 use crate::cli::EstimateArgs;
@@ -154,37 +158,6 @@ fn counted(args: &EstimateArgs) -> anyhow::Result<Counted> {
     })
 }
 
-/// The bytes a LoRA run keeps `config`'s frozen base in: f32, but the linear weights of
-/// its blocks at their stored bytes where `--quantize-base` names a form.
-fn frozen_bytes_of(
-    config: &wick_models::ModelConfig,
-    args: &EstimateArgs,
-) -> anyhow::Result<usize> {
-    let form = base_form(args)?;
-    Ok(config
-        .parameter_shapes()
-        .into_iter()
-        .map(|(name, shape)| held_bytes(&name, shape.iter().product(), form, 4))
-        .sum())
-}
-
-/// The block form `--quantize-base` names, checked.
-fn base_form(args: &EstimateArgs) -> anyhow::Result<Option<wick_core::BlockFormat>> {
-    (args.quantize_base.as_deref())
-        .map(str::parse)
-        .transpose()
-        .map_err(anyhow::Error::msg)
-}
-
-/// The bytes parameter `name` of `n` elements is held in: a base linear weight at its
-/// stored bytes where `form` names a block form, anything else at `elem` bytes an element.
-fn held_bytes(name: &str, n: usize, form: Option<wick_core::BlockFormat>, elem: usize) -> usize {
-    match form.filter(|_| wick_models::is_base_linear_weight(name)) {
-        Some(form) => form.stored_len(n),
-        None => n * elem,
-    }
-}
-
 /// The report `wick estimate` prints.
 pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
     let Counted {
@@ -196,15 +169,19 @@ pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
     } = counted(args)?;
     let w = args.world;
     let mut out = String::new();
-    let frozen_text = match (frozen, &args.quantize_base) {
-        (0, _) => String::new(),
-        (n, None) => format!(" (LoRA adapters) beside {n} frozen ones"),
-        (n, Some(form)) => format!(
-            " (LoRA adapters) beside {n} frozen ones, the base's linear weights in {form} \
+    let frozen_text =
+        match (frozen, &args.quantize_base) {
+            (0, _) => String::new(),
+            (n, None) => format!(" (LoRA adapters) beside {n} frozen ones"),
+            (n, Some(form)) => {
+                format!(
+            " (LoRA adapters) beside {n} frozen ones, the base's linear weights{} in {form} \
              ({})",
+            if args.quantize_embeddings { " and embeddings" } else { "" },
             mib(frozen_bytes)
-        ),
-    };
+        )
+            }
+        };
     let _ = writeln!(
         out,
         "{params} parameters{frozen_text} at {w} rank(s), AdamW, f32 master state (per rank, \
@@ -229,11 +206,21 @@ pub fn report(args: &EstimateArgs) -> anyhow::Result<String> {
     let elem = args.precision.compute_bytes();
     match largest {
         Some((unit, n)) => {
+            // A quantized unit is gathered as its stored blocks.
+            let gathered = match (&config, base_form(args)?) {
+                (Some(config), Some(form)) => (config.parameter_shapes().into_iter())
+                    .filter(|(name, _)| name.starts_with(&format!("{unit}.")))
+                    .map(|(name, shape)| {
+                        held_bytes(&name, shape.iter().product(), Some(form), elem)
+                    })
+                    .sum(),
+                _ => n * elem,
+            };
             let _ = writeln!(
                 out,
                 "largest unit under full_shard: {unit}, {n} elements, {} gathered in {} (a rank \
                  holds up to three such units beside its shards)",
-                mib(n * elem),
+                mib(gathered),
                 args.precision
             );
         }
@@ -295,6 +282,7 @@ mod tests {
             lora_rank: None,
             lora_targets: None,
             quantize_base: None,
+            quantize_embeddings: false,
             seq: None,
             batch_size: 32,
             activation_checkpointing: wick_core::ActivationCheckpointing::None,

@@ -12,14 +12,20 @@
 //!   the one prefetched beside it (zero3, fsdp's full_shard and hybrid_shard), or every one
 //!   from its forward to the end of backward (shard_grad_op); and, when the whole model
 //!   trains, one unit's gathered gradient; the embedding (tied to the head or not) is
-//!   gathered whole for the output projection, with its gradient when it trains;
-//! - one chunk of the fused loss's logits (wick-nn's bound: 8 Mi elements);
+//!   gathered whole for the output projection, with its gradient when it trains (as its
+//!   stored blocks where QLoRA quantizes the embeddings);
+//! - in a layer's backward, the gradients of the MLP's gate, up and their product, which
+//!   Candle holds at once; under QLoRA, the largest base weight of a layer decoded to f32
+//!   inside the op that reads it;
+//! - one chunk of the fused loss's logits (wick-nn's bound: 8 Mi elements), and over a
+//!   quantized head a decoded slice of its rows beside it;
 //! - the runtime: the program, its libraries, tokenizer and data ([`RUNTIME_BASE`], once a
 //!   process, whatever its ranks).
 
+use super::BaseForm;
 use crate::cli::EstimateArgs;
 use std::fmt::Write;
-use wick_core::{BlockFormat, StateBytes};
+use wick_core::StateBytes;
 use wick_models::ModelConfig;
 
 /// The resident set of a `wick fit` process beside its model and batches: 100 MiB,
@@ -55,15 +61,24 @@ pub struct Widths {
     /// That layer's bytes as a sharded strategy gathers it: in the compute dtype, but a
     /// quantized base's linear weights at their stored bytes (decoded inside each op).
     pub layer_bytes: usize,
+    /// The largest of the layer's weights a quantized base decodes inside an op, in f32
+    /// (0 without one): it lives beside the op's inputs while the op runs.
+    pub decoded_bytes: usize,
+    /// The output head's table (the embedding's, tied) as a sharded strategy gathers it:
+    /// in the compute dtype, or at its stored bytes where the embeddings are quantized.
+    pub head_bytes: usize,
+    /// Whether the head's table is quantized: decoded a slice of rows at a time, a
+    /// slice's logits beside it, never whole.
+    pub head_quantized: bool,
 }
 
 impl Widths {
-    /// The widths of `config`, its layers gathered in `compute_bytes` an element but the
-    /// linear weights of a base quantized in `form`; `None` for GPT-2, whose layers are not
+    /// The widths of `config`, its layers gathered in `compute_bytes` an element but what
+    /// `form` quantizes at its stored bytes; `None` for GPT-2, whose layers are not
     /// modelled.
     pub fn of(
         config: &ModelConfig,
-        form: Option<BlockFormat>,
+        form: Option<BaseForm>,
         compute_bytes: usize,
     ) -> Option<Widths> {
         let ModelConfig::Decoder(c) = config else {
@@ -77,6 +92,7 @@ impl Widths {
             .map(|(name, shape)| (name, shape.iter().product()))
             .collect();
         let layer_params = first.iter().map(|(_, n)| n).sum();
+        let head = c.vocab_size * c.hidden_size;
         let layer_bytes = first
             .iter()
             .map(|(name, n)| super::held_bytes(name, *n, form, compute_bytes))
@@ -94,6 +110,13 @@ impl Widths {
             tied: c.tie_word_embeddings,
             layer_params,
             layer_bytes,
+            decoded_bytes: (first.iter())
+                .filter(|(name, n)| super::held_bytes(name, *n, form, 4) < n * 4)
+                .map(|(_, n)| n * 4)
+                .max()
+                .unwrap_or(0),
+            head_bytes: super::held_bytes("lm_head.weight", head, form, compute_bytes),
+            head_quantized: form.is_some_and(|f| f.embeddings),
         })
     }
 
@@ -163,7 +186,9 @@ pub enum Gathers {
 /// the larger of the step's two high points, each beside every kept activation. At the
 /// loss, the output projection's weight (the embedding's, gathered where sharded) and one
 /// chunk of logits, and, when the whole model trains, the embedding's gradients; in a
-/// layer's backward, the gathered layer (its gradient too when it trains) and, where it
+/// layer's backward, the gathered layer (its gradient too when it trains), the largest
+/// weight a quantized base decodes, the gradients of the MLP's three widest tensors, and,
+/// where it
 /// recomputes, its graph made again.
 pub fn peak(widths: &Widths, step: &Step, state: &StateBytes, gathers: Gathers) -> Peak {
     let w = widths;
@@ -178,15 +203,24 @@ pub fn peak(widths: &Widths, step: &Step, state: &StateBytes, gathers: Gathers) 
     let embeddings = if w.tied { 1 } else { 2 };
     let sharded = gathers != Gathers::Nothing;
     let sharded_and_trained = usize::from(sharded && step.full);
+    // A quantized table is decoded a slice at a time: a slice of it beside a slice of
+    // logits (within the chunk).
+    let slice = usize::from(w.head_quantized) * wick_nn::SLICE_ELEMENTS * 4;
     let at_loss = LOSS_CHUNK
-        + usize::from(sharded) * embedding * cb
+        + slice
+        + usize::from(sharded) * w.head_bytes
         + sharded_and_trained * embeddings * embedding * 4;
     let gathered_layers = match gathers {
         Gathers::Nothing => 0,
         Gathers::Unit => 1,
         Gathers::Everything => w.layers,
     };
+    // Backward through the MLP holds the gradients of its three widest tensors at once:
+    // the product's, then gate's and up's made from it.
+    let mlp_grads = 3 * step.tokens * w.intermediate * cb;
     let in_layer = gathered_layers * w.layer_bytes
+        + w.decoded_bytes
+        + mlp_grads
         + sharded_and_trained * w.layer_params * 4
         + usize::from(recomputed > 0) * per_layer;
     Peak {
@@ -201,7 +235,7 @@ pub fn peak(widths: &Widths, step: &Step, state: &StateBytes, gathers: Gathers) 
 pub(super) fn report(
     out: &mut String,
     args: &EstimateArgs,
-    (seq, form): (usize, Option<BlockFormat>),
+    (seq, form): (usize, Option<BaseForm>),
     config: &wick_models::ModelConfig,
     (params, frozen_bytes): (usize, usize),
 ) {
@@ -265,6 +299,25 @@ pub(super) fn report(
 mod tests {
     use super::*;
 
+    /// A rank's model state: 1 MiB of parameters.
+    fn small_state() -> StateBytes {
+        StateBytes {
+            params: 1 << 20,
+            grads: 0,
+            optimizer: 0,
+        }
+    }
+
+    /// A step of 1024 tokens in f32, training adapters only, `recomputed_layers` recomputed.
+    fn adapters_step(recomputed_layers: usize) -> Step {
+        Step {
+            tokens: 1024,
+            recomputed_layers,
+            full: false,
+            compute_bytes: 4,
+        }
+    }
+
     /// SmolLM2-135M's published config.
     fn smollm2() -> ModelConfig {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -292,27 +345,15 @@ mod tests {
     #[test]
     fn recomputing_keeps_layer_inputs_and_the_larger_high_point_counts() {
         let w = Widths::of(&smollm2(), None, 4).unwrap();
-        let state = StateBytes {
-            params: 1 << 20,
-            grads: 0,
-            optimizer: 0,
-        };
-        let step = Step {
-            tokens: 1024,
-            recomputed_layers: 0,
-            full: false,
-            compute_bytes: 4,
-        };
+        let state = small_state();
+        let step = adapters_step(0);
         let per_layer = 1024 * w.kept_per_token_layer() * 4;
         let embedding = 49152 * 576 * 4;
         let kept = peak(&w, &step, &state, Gathers::Unit);
         assert_eq!(kept.activations, 30 * per_layer);
         // At the loss: the gathered embedding outweighs a gathered layer.
         assert_eq!(kept.transient, LOSS_CHUNK + embedding);
-        let recomputed = Step {
-            recomputed_layers: 30,
-            ..step
-        };
+        let recomputed = adapters_step(30);
         let recomputed = peak(&w, &recomputed, &state, Gathers::Unit);
         assert_eq!(recomputed.activations, 30 * 1024 * 576 * 4);
         // A strategy that keeps the parameters whole gathers nothing.
@@ -320,12 +361,60 @@ mod tests {
             peak(&w, &step, &state, Gathers::Nothing).transient,
             LOSS_CHUNK
         );
-        // shard_grad_op holds every layer gathered, more than the embedding.
+        // shard_grad_op holds every layer gathered, more than the embedding, beside a
+        // layer's MLP gradients.
         let whole = peak(&w, &step, &state, Gathers::Everything);
-        assert_eq!(whole.transient, 30 * w.layer_params * 4);
+        assert_eq!(
+            whole.transient,
+            30 * w.layer_params * 4 + 3 * 1024 * 1536 * 4
+        );
         // Training the whole model adds the tied embedding's gradient at the loss.
         let full = peak(&w, &Step { full: true, ..step }, &state, Gathers::Unit);
         assert_eq!(full.transient, LOSS_CHUNK + 2 * embedding);
         assert_eq!(state.total() + 30 * per_layer + full.transient, full.rank());
+    }
+
+    #[test]
+    fn a_quantized_head_is_gathered_as_blocks_and_decoded_a_slice_at_a_time() {
+        let nf4 = wick_core::BlockFormat::Nf4;
+        let form = |embeddings| BaseForm {
+            format: nf4,
+            embeddings,
+        };
+        let (base, with) = (
+            Widths::of(&smollm2(), Some(form(false)), 4).unwrap(),
+            Widths::of(&smollm2(), Some(form(true)), 4).unwrap(),
+        );
+        // The layers' weights are quantized either way; the largest (the MLP's) is
+        // decoded whole inside its op.
+        assert_eq!(
+            (base.layer_bytes, base.decoded_bytes),
+            (with.layer_bytes, 576 * 1536 * 4)
+        );
+        assert_eq!(
+            (base.head_bytes, base.head_quantized),
+            (49152 * 576 * 4, false)
+        );
+        assert_eq!(
+            (with.head_bytes, with.head_quantized),
+            (nf4.stored_len(49152 * 576), true)
+        );
+        let state = small_state();
+        let step = adapters_step(30);
+        let transient = |w: &Widths, step: &Step| peak(w, step, &state, Gathers::Unit).transient;
+        // Activations kept, the loss's high point counts: over an f32 table, the table
+        // gathered whole; over NF4, its blocks, a decoded slice and a slice of logits.
+        let kept = adapters_step(0);
+        assert_eq!(transient(&base, &kept), LOSS_CHUNK + 49152 * 576 * 4);
+        let quantized_loss = LOSS_CHUNK + wick_nn::SLICE_ELEMENTS * 4 + with.head_bytes;
+        assert_eq!(transient(&with, &kept), quantized_loss);
+        // Recomputed, a layer's backward holds more at this shape: its graph made again,
+        // the MLP's gradients and the decoded weight beside its gathered blocks.
+        let in_layer = with.layer_bytes
+            + with.decoded_bytes
+            + 3 * 1024 * 1536 * 4
+            + 1024 * with.kept_per_token_layer() * 4;
+        assert!(in_layer > quantized_loss);
+        assert_eq!(transient(&with, &step), in_layer);
     }
 }

@@ -228,17 +228,47 @@ fn a_qlora_fine_tune_is_validated_and_merged_over_its_quantized_base_under_ddp_a
     let (ok, out, err) = fit_in("q4_k", "fsdp", "q4k", &q4k);
     assert!(ok, "{out}{err}");
     let trained = val_loss_of("q4k");
-    let last = std::fs::read_to_string(d.join("ck-q4k/last")).unwrap();
-    let record = d
-        .join("ck-q4k")
-        .join(last.trim())
-        .join("quantized_base.txt");
-    let record = std::fs::read_to_string(record).unwrap();
-    assert_eq!(record.trim(), "q4_k");
+    let record_of = |dir: &str| {
+        let last = std::fs::read_to_string(d.join(dir).join("last")).unwrap();
+        let record = d.join(dir).join(last.trim()).join("quantized_base.txt");
+        std::fs::read_to_string(record).unwrap().trim().to_string()
+    };
+    assert_eq!(record_of("ck-q4k"), "q4_k");
     let validated = val_loss(d, &["ck-q4k/last"], "1", "single");
     assert!(
         (validated - trained).abs() < 1e-5,
         "{validated} vs {trained}"
     );
     assert!((validated - whole).abs() > 1e-5, "q4_k trained as nf4 did");
+    // The tied embedding in NF4 too, sharded by fsdp: recorded, validated and merged as the
+    // run trained over it, which is not the run over an f32 embedding.
+    let embeddings = [
+        "--quantize-embeddings",
+        "--val-every",
+        "2",
+        "--checkpoint-dir",
+        "ck-emb",
+    ];
+    let (ok, out, err) = fit("fsdp", "emb", &embeddings);
+    assert!(ok, "{out}{err}");
+    assert_eq!(record_of("ck-emb"), "nf4 embeddings");
+    let trained = val_loss_of("emb");
+    assert!((trained - val_loss_of("ddp")).abs() > 1e-5, "{trained}");
+    let validated = val_loss(d, &["ck-emb/last"], "1", "single");
+    assert!(
+        (validated - trained).abs() < 1e-5,
+        "{validated} vs {trained}"
+    );
+    let (ok, out, err) = wick(d, &["export", "ck-emb/last", "merged-emb", "--merge"]);
+    assert!(ok, "{out}{err}");
+    let merged = val_loss(d, &["--model", "merged-emb"], "1", "single");
+    assert!((merged - trained).abs() < 1e-5, "{merged} vs {trained}");
+    let bf16 = [
+        "--quantize-embeddings",
+        "--no-checkpoints",
+        "--precision",
+        "bf16-mixed",
+    ];
+    let (ok, out, err) = fit("fsdp", "emb-bf16", &bf16);
+    assert!(ok, "{out}{err}");
 }

@@ -17,7 +17,7 @@ use candle_core::{Device, Shape, Tensor};
 use rayon::prelude::*;
 use std::borrow::Cow;
 
-/// Values a decoding task of [`BlockFormat::decode_tensor`] takes: whole stored blocks,
+/// Values a decoding task of [`BlockFormat::decode_values`] takes: whole stored blocks,
 /// about 16384 values.
 const TASK_VALUES: usize = 16384;
 
@@ -193,22 +193,69 @@ impl BlockFormat {
     }
 
     /// The f32 weight of `shape` that this form's blocks `stored` (a u8 tensor) hold, on
-    /// their device. Runs of whole stored blocks decode alone, in parallel, a task each.
+    /// their device ([`BlockFormat::decode_values`] of all of them).
     pub fn decode_tensor(self, stored: &Tensor, shape: &Shape) -> candle_core::Result<Tensor> {
         let bytes: Vec<u8> = stored.to_vec1()?;
         let mut values = vec![0f32; shape.elem_count()];
-        if bytes.len() != self.stored_len(values.len()) {
-            candle_core::bail!(
-                "{} bytes of {self} blocks do not hold a weight of shape {shape:?}",
-                bytes.len()
-            )
-        }
-        let blocks = (TASK_VALUES / self.block_values()).max(1);
-        (bytes.par_chunks(blocks * self.block_bytes()))
-            .zip(values.par_chunks_mut(blocks * self.block_values()))
-            .try_for_each(|(b, v)| self.decode(b, v))
-            .map_err(candle_core::Error::Msg)?;
+        self.decode_values(&bytes, values.len(), 0, &mut values)
+            .map_err(|e| candle_core::Error::Msg(format!("a weight of shape {shape:?}: {e}")))?;
         Tensor::from_vec(values, shape, stored.device())
+    }
+
+    /// Decodes the values `start..start + out.len()` of a weight of `len` values whose
+    /// stored bytes are `stored` (all of them), decoding only the stored blocks that hold
+    /// those values: a row of an embedding table, or a slice of its rows. Runs of whole
+    /// stored blocks decode alone, in parallel, a task each.
+    pub fn decode_values(
+        self,
+        stored: &[u8],
+        len: usize,
+        start: usize,
+        out: &mut [f32],
+    ) -> Result<(), String> {
+        if stored.len() != self.stored_len(len) || start + out.len() > len {
+            return Err(format!(
+                "{} bytes of {self} blocks do not hold values {start}..{} of {len} ({} bytes \
+                 would hold {len})",
+                stored.len(),
+                start + out.len(),
+                self.stored_len(len)
+            ));
+        }
+        // Tasks split at multiples of `task` values, so each starts on a block's boundary
+        // (the first one excepted) and decodes its blocks once.
+        let task = (TASK_VALUES / self.block_values()).max(1) * self.block_values();
+        let first = (task - start % task).min(out.len());
+        let (head, rest) = out.split_at_mut(first);
+        self.decode_run((stored, len), start, head)?;
+        (rest.par_chunks_mut(task).enumerate()).try_for_each(|(i, chunk)| {
+            self.decode_run((stored, len), start + first + i * task, chunk)
+        })
+    }
+
+    /// [`BlockFormat::decode_values`] on one thread: the blocks that hold the values
+    /// `start..start + out.len()` decoded, and those values kept.
+    fn decode_run(
+        self,
+        (stored, len): (&[u8], usize),
+        start: usize,
+        out: &mut [f32],
+    ) -> Result<(), String> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let (per_block, block_bytes) = (self.block_values(), self.block_bytes());
+        let (first, end) = (start / per_block, (start + out.len()).div_ceil(per_block));
+        let values = first * per_block..(end * per_block).min(len);
+        let bytes = &stored[first * block_bytes..(end * block_bytes).min(stored.len())];
+        if values == (start..start + out.len()) {
+            return self.decode(bytes, out);
+        }
+        let mut blocks = vec![0f32; values.len()];
+        self.decode(bytes, &mut blocks)?;
+        let from = start - values.start;
+        out.copy_from_slice(&blocks[from..from + out.len()]);
+        Ok(())
     }
 
     /// The values `values` (of one weight) take in this form: quantized, then decoded
@@ -315,6 +362,38 @@ mod tests {
             format.decode(&odd[1..], &mut b).unwrap();
             assert_eq!(a, b, "{format}");
             assert!(format.decode(&whole[1..], &mut a).is_err());
+        }
+    }
+
+    #[test]
+    fn any_run_of_values_decodes_as_the_whole_weight_does() {
+        for format in BlockFormat::ALL {
+            // Three stored blocks and a tail, read in runs that start and end off the
+            // blocks' boundaries, inside one block and across several.
+            let len = format.block_values() * 3 + 37;
+            let v = values(len);
+            let stored = format.quantize(&v, None).unwrap();
+            let mut whole = vec![0f32; len];
+            format.decode(&stored, &mut whole).unwrap();
+            let per = format.block_values();
+            for (start, n) in [
+                (0, len),
+                (1, 5),
+                (per - 3, 7),
+                (per + 11, 2 * per),
+                (len - 9, 9),
+            ] {
+                let mut out = vec![f32::NAN; n];
+                format.decode_values(&stored, len, start, &mut out).unwrap();
+                assert_eq!(out, whole[start..start + n], "{format} {start}+{n}");
+            }
+            let mut past = vec![0f32; 2];
+            assert!(format
+                .decode_values(&stored, len, len - 1, &mut past)
+                .is_err());
+            assert!(format
+                .decode_values(&stored[1..], len, 0, &mut past)
+                .is_err());
         }
     }
 }

@@ -12,9 +12,10 @@ use crate::lora::{
 };
 use crate::quantized_base::QuantizedBase;
 use crate::scoring::Scoring;
+use crate::weight_files::weight_files;
 use crate::{ModelError, TextTokenizer};
 use candle_core::{DType, Result, Tensor, D};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use wick_core::{
     OptimizerConfig, PretrainedWeights, ShardedContext, TokenBatch, TrainModule, WeightSource,
@@ -50,48 +51,12 @@ pub struct CausalLm {
     adapters: Option<Arc<dyn WeightSource>>,
     /// QLoRA: the frozen base's linear weights born quantized.
     quantized_base: Option<QuantizedBase>,
+    /// QLoRA: the token embedding and output head born quantized too.
+    quantized_embeddings: bool,
     optimizer: OptimizerConfig,
     /// This rank's index (dropout masks differ between ranks).
     rank: usize,
     net: Option<Net>,
-}
-
-/// The weight files of a Hugging Face directory: `model.safetensors`, or the shards that
-/// `model.safetensors.index.json` lists.
-fn weight_files(dir: &Path) -> std::result::Result<Vec<PathBuf>, ModelError> {
-    let single = dir.join("model.safetensors");
-    if single.is_file() {
-        return Ok(vec![single]);
-    }
-    let index = dir.join("model.safetensors.index.json");
-    let missing = |message: String| ModelError::Missing {
-        path: index.clone(),
-        message,
-    };
-    let text = std::fs::read_to_string(&index).map_err(|_| ModelError::Missing {
-        path: dir.to_path_buf(),
-        message: "has neither model.safetensors nor model.safetensors.index.json (wick reads \
-                  safetensors weights only)"
-            .into(),
-    })?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| missing(format!("not JSON: {e}")))?;
-    let map = json
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .ok_or_else(|| missing("has no 'weight_map' object".into()))?;
-    let mut files: Vec<PathBuf> = Vec::new();
-    for file in map.values() {
-        let name = file
-            .as_str()
-            .filter(|n| !n.contains(['/', '\\']) && !n.starts_with('.'))
-            .ok_or_else(|| missing(format!("weight_map names {file}, not a file beside it")))?;
-        let path = dir.join(name);
-        if !files.contains(&path) {
-            files.push(path);
-        }
-    }
-    Ok(files)
 }
 
 impl CausalLm {
@@ -113,6 +78,7 @@ impl CausalLm {
             weights: None,
             lora: None,
             quantized_base: None,
+            quantized_embeddings: false,
             adapters: None,
             optimizer: OptimizerConfig::adamw(1e-3),
             rank: 0,
@@ -230,7 +196,7 @@ impl CausalLm {
         }
         let form = form.into();
         if form == QuantizedBase::AsRead {
-            let format_of = form.format_of(self.weights.clone());
+            let format_of = form.format_of(self.weights.clone(), false);
             let shapes = self.config.parameter_shapes();
             if !shapes.iter().any(|(name, _)| format_of(name).is_some()) {
                 return Err(ModelError::Lora(
@@ -247,6 +213,35 @@ impl CausalLm {
     /// The form of the frozen base, under QLoRA.
     pub fn quantized_base(&self) -> Option<QuantizedBase> {
         self.quantized_base
+    }
+
+    /// QLoRA over a base whose token embedding and output head
+    /// ([`crate::is_embedding_weight`]) are held in its form too, not only its linear
+    /// weights: a table is sharded by whole blocks like them, its rows decoded as tokens
+    /// look them up, and as the output head (tied or not) a slice of its rows at a time
+    /// ([`wick_nn::head_score`]), never whole in training. Of most use where the
+    /// vocabulary is large beside the width (Llama 3's 128256 rows are a fifth of a 1B
+    /// model). Refused without a quantized base, and for a family other than the decoders.
+    pub fn with_quantized_embeddings(mut self) -> std::result::Result<Self, ModelError> {
+        if self.quantized_base.is_none() {
+            return Err(ModelError::Lora(
+                "quantized embeddings belong to a quantized base (QLoRA): give its form first"
+                    .into(),
+            ));
+        }
+        if !matches!(self.config, ModelConfig::Decoder(_)) {
+            return Err(ModelError::Lora(
+                "quantized embeddings are for the decoder families (Llama, Qwen, Gemma, ...)"
+                    .into(),
+            ));
+        }
+        self.quantized_embeddings = true;
+        Ok(self)
+    }
+
+    /// Whether the embeddings are held in the base's form too (under QLoRA).
+    pub fn quantized_embeddings(&self) -> bool {
+        self.quantized_embeddings
     }
 
     /// The weights its parameters are read from, if any (a pretrained model's).
@@ -433,7 +428,8 @@ impl TrainModule for CausalLm {
         if self.lora.is_some() {
             ctx.train_only(is_adapter);
         }
-        let format_of = (self.quantized_base).map(|form| form.format_of(self.weights.clone()));
+        let format_of = (self.quantized_base)
+            .map(|form| form.format_of(self.weights.clone(), self.quantized_embeddings));
         if let Some(format_of) = format_of.clone() {
             ctx.quantize_frozen(move |name| format_of(name));
         }

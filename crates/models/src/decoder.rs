@@ -9,7 +9,7 @@
 
 use crate::config::{Activation, DecoderConfig};
 use crate::kv_cache::{KvCache, LayerCache};
-use crate::layers::{embed, heads, linear, merge_heads, normal, project};
+use crate::layers::{embed_rows, heads, linear, merge_heads, normal, project};
 use crate::lora::{Adapters, LoraConfig, Projection};
 use crate::quantized_base::FormatOf;
 use crate::rope::RopeTables;
@@ -20,7 +20,7 @@ use std::sync::Arc;
 use wick_core::{ShardedContext, Wrapped};
 use wick_nn::{
     causal_attention_in_documents, gelu, rms_norm, rms_norm_unit_offset, swiglu, AttentionOptions,
-    Linear, Positions, RmsNorm, RotaryEmbedding,
+    LayerWeight, Positions, RmsNorm, RotaryEmbedding,
 };
 
 /// Where a forward's tokens stand: after `Offset` positions a cache holds (0 for a whole
@@ -241,11 +241,12 @@ impl DecoderLayer {
 /// The whole model's units.
 #[derive(Clone)]
 pub(crate) struct Decoder {
-    embed_tokens: Wrapped<Tensor>,
+    /// The token embedding, held quantized where QLoRA quantizes the embeddings too.
+    embed_tokens: Wrapped<LayerWeight>,
     layers: Vec<Wrapped<DecoderLayer>>,
     norm: Wrapped<RmsNorm>,
-    /// `None` when tied: the embedding projects back.
-    lm_head: Option<Wrapped<Linear>>,
+    /// The output head's weight; `None` when tied: the embedding projects back.
+    lm_head: Option<Wrapped<LayerWeight>>,
     rope: Arc<RopeTables>,
     /// Gemma's embedding scale, `sqrt(hidden_size)` rounded to f32 as torch rounds it.
     embed_scale: Option<f64>,
@@ -263,9 +264,15 @@ impl Decoder {
         format_of: Option<FormatOf>,
     ) -> Result<Self> {
         let (vocab, h, std) = (c.vocab_size, c.hidden_size, c.initializer_range);
-        let embed_tokens = ctx.wrap("model.embed_tokens", move |vb| {
-            vb.get_with_hints((vocab, h), "weight", normal(std))
-        })?;
+        // A table `[vocab, hidden]`, born in the form `format_of` gives its name, if any.
+        let table = |unit: &str| {
+            let format = (format_of.as_ref()).and_then(|f| f(&format!("{unit}.weight")));
+            move |vb: VarBuilder| {
+                let param = vb.get_with_hints((vocab, h), "weight", normal(std))?;
+                LayerWeight::from_param(param, (vocab, h), format)
+            }
+        };
+        let embed_tokens = ctx.wrap("model.embed_tokens", table("model.embed_tokens"))?;
         let layers = (0..c.num_hidden_layers)
             .map(|i| {
                 let (c, lora, format_of) = (c.clone(), lora.cloned(), format_of.clone());
@@ -278,7 +285,7 @@ impl Decoder {
         let norm = ctx.wrap("model.norm", move |vb| norm(vb, h, &final_norm))?;
         let lm_head = match c.tie_word_embeddings {
             true => None,
-            false => Some(ctx.wrap("lm_head", move |vb| linear(&vb, (h, vocab), false, std))?),
+            false => Some(ctx.wrap("lm_head", table("lm_head"))?),
         };
         Ok(Decoder {
             embed_tokens,
@@ -301,7 +308,7 @@ impl Decoder {
         adapters: Adapters,
     ) -> Result<Tensor> {
         let rope = self.rope.for_len(ids.dim(1)?)?;
-        let mut x = self.scaled(self.embed_tokens.apply(ids, embed)?)?;
+        let mut x = self.scaled(self.embed_tokens.apply(ids, embed_rows)?)?;
         for layer in &self.layers {
             let (rope, documents) = (rope.clone(), documents.cloned());
             x = layer.apply(&x, move |l, x| {
@@ -315,19 +322,19 @@ impl Decoder {
     /// (`[vocab, hidden]`): `lm_head`'s, or the embedding's when tied.
     fn head<F>(&self, x: &Tensor, f: F) -> Result<Tensor>
     where
-        F: Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync + 'static,
+        F: Fn(&LayerWeight, &Tensor) -> Result<Tensor> + Send + Sync + 'static,
     {
-        match &self.lm_head {
-            Some(head) => head.apply(x, move |l, x| f(l.weight(), x)),
-            None => self.embed_tokens.apply(x, f),
-        }
+        self.lm_head
+            .as_ref()
+            .unwrap_or(&self.embed_tokens)
+            .apply(x, f)
     }
 
     /// The logits of every position of `ids` (`[batch, time]`, u32): `[batch, time, vocab]`,
     /// within `documents` where given.
     pub(crate) fn logits(&self, ids: &Tensor, documents: Option<&Positions>) -> Result<Tensor> {
         let x = self.hidden(ids, documents, Adapters::On(None))?;
-        self.capped(self.head(&x, |w, x| project(x, w))?)
+        self.capped(self.head(&x, |w, x| project(x, &w.decoded()?))?)
     }
 
     /// The logits of the last position of `ids` (`[batch, time]`, u32, the positions after
@@ -336,17 +343,14 @@ impl Decoder {
     pub(crate) fn next_logits(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
         let (offset, t) = (cache.len(), ids.dim(1)?);
         let rope = self.rope.for_len(offset + t)?;
-        let mut x = self.scaled(embed(&self.embed_tokens.get()?, ids)?)?;
+        let mut x = self.scaled(embed_rows(&self.embed_tokens.get()?, ids)?)?;
         for (layer, slot) in self.layers.iter().zip(cache.layers_mut()) {
             x = layer.get()?.forward_cached(&x, &rope, slot, offset)?;
         }
         cache.advance(t);
         let last = self.norm.get()?.forward(&x.narrow(1, t - 1, 1)?)?;
-        let weight = match &self.lm_head {
-            Some(head) => head.get()?.weight().clone(),
-            None => self.embed_tokens.get()?,
-        };
-        self.capped(project(&last, &weight)?)?.squeeze(1)
+        let weight = self.lm_head.as_ref().unwrap_or(&self.embed_tokens).get()?;
+        self.capped(project(&last, &weight.decoded()?)?)?.squeeze(1)
     }
 
     /// The token embeddings `x`, scaled where the family scales them (Gemma).

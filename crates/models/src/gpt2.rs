@@ -160,6 +160,11 @@ impl Gpt2 {
         scoring: Scoring,
     ) -> Result<Tensor> {
         let (x, op) = scoring.head_op(&self.hidden(ids, documents)?, targets, None)?;
-        scoring.finish(self.wte.apply(&x, move |w, x| op.apply(w, x))?, targets)
+        scoring.finish(
+            self.wte.apply(&x, move |w, x| {
+                op.apply(&wick_nn::LayerWeight::Dense(w.clone()), x)
+            })?,
+            targets,
+        )
     }
 }

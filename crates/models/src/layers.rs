@@ -3,7 +3,7 @@
 
 use candle_core::{Result, Tensor};
 use candle_nn::{Init, VarBuilder};
-use wick_nn::Linear;
+use wick_nn::{LayerWeight, Linear};
 
 /// Normal(0, `std`): Hugging Face's init of linear and embedding weights.
 pub(crate) fn normal(std: f64) -> Init {
@@ -43,11 +43,14 @@ pub(crate) fn conv1d(vb: &VarBuilder, dims: (usize, usize), std: f64) -> Result<
 
 /// Rows `ids` (`[batch, time]`, u32) of the embedding `table` (`[vocab, width]`).
 pub(crate) fn embed(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    embed_rows(&LayerWeight::Dense(table.clone()), ids)
+}
+
+/// [`embed`] from a table that may be held quantized: only the rows `ids` name decoded.
+pub(crate) fn embed_rows(table: &LayerWeight, ids: &Tensor) -> Result<Tensor> {
     let (b, t) = ids.dims2()?;
-    let width = table.dim(1)?;
-    table
-        .index_select(&ids.flatten_all()?, 0)?
-        .reshape((b, t, width))
+    let (_, width) = table.out_in()?;
+    table.rows(&ids.flatten_all()?)?.reshape((b, t, width))
 }
 
 /// `x` (`[batch, time, width]`) against every row of `table` (`[vocab, width]`): the

@@ -31,6 +31,7 @@ mod quantized_base;
 mod rope;
 mod scoring;
 mod tokenizer;
+mod weight_files;
 
 pub use causal_lm::CausalLm;
 pub use chat::{chat_template_of, ChatTemplate, CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE};
@@ -47,7 +48,10 @@ pub use lora::{
 };
 pub use preference::{PreferenceConfig, PreferenceLm, PreferenceLoss, PREFERENCE_METRICS};
 pub use preference_pair::{Document, PreferencePair};
-pub use quantized_base::{is_base_linear_weight, QuantizedBase, QUANTIZED_BASE_FILE};
+pub use quantized_base::{
+    is_base_linear_weight, is_embedding_weight, is_quantized_weight, QuantizedBase,
+    QuantizedBaseRecord, QUANTIZED_BASE_FILE,
+};
 pub use tokenizer::TextTokenizer;
 pub use wick_core::BlockFormat;
 

@@ -12,7 +12,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use wick_core::{splitmix64, BlockFormat, BlockRead, PretrainedWeights, WeightSource};
-use wick_nn::{lora_linear, FrozenLinear, FrozenWeight, Linear, LoraParts};
+use wick_nn::{lora_linear, FrozenLinear, LayerWeight, Linear, LoraParts};
 
 /// The adapter directory's config, as PEFT writes and reads it.
 pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
@@ -288,9 +288,9 @@ impl BaseLayer {
         (in_dim, out_dim): (usize, usize),
         quantized: Option<BlockFormat>,
     ) -> Result<Self> {
-        let weight = FrozenWeight::from_param(base.weight().clone(), (out_dim, in_dim), quantized)?;
+        let weight = LayerWeight::from_param(base.weight().clone(), (out_dim, in_dim), quantized)?;
         Ok(match weight {
-            FrozenWeight::Dense(_) => BaseLayer::Dense(base),
+            LayerWeight::Dense(_) => BaseLayer::Dense(base),
             quantized => BaseLayer::Quantized(FrozenLinear::new(quantized, base.bias().cloned())),
         })
     }
@@ -303,9 +303,9 @@ impl BaseLayer {
     }
 
     /// The frozen weight and bias LoRA's update is added to.
-    fn frozen_parts(&self) -> (FrozenWeight, Option<&Tensor>) {
+    fn frozen_parts(&self) -> (LayerWeight, Option<&Tensor>) {
         match self {
-            BaseLayer::Dense(l) => (FrozenWeight::Dense(l.weight().clone()), l.bias()),
+            BaseLayer::Dense(l) => (LayerWeight::Dense(l.weight().clone()), l.bias()),
             BaseLayer::Quantized(l) => (l.weight().clone(), l.bias()),
         }
     }

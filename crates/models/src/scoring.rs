@@ -3,15 +3,15 @@
 //! projection so that on the CPU the logits never exist whole.
 
 use candle_core::{Result, Tensor};
-use wick_nn::{linear_cross_entropy, linear_log_probs};
+use wick_nn::{head_score, HeadScore, LayerWeight};
 
 /// What the output head computes against the targets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Scoring {
-    /// The mean cross-entropy over the counted targets ([`wick_nn::linear_cross_entropy`]).
+    /// The mean cross-entropy over the counted targets ([`wick_nn::head_score`]).
     MeanLoss,
     /// Each row's counted targets' log-probabilities, summed over the row: `[batch]`, f32
-    /// ([`wick_nn::linear_log_probs`]), what preference tuning compares.
+    /// ([`wick_nn::head_score`]), what preference tuning compares.
     RowLogProbs,
 }
 
@@ -52,11 +52,12 @@ impl Scoring {
 }
 
 impl HeadOp {
-    /// The op on the output `weight` (`[vocab, width]`) and the rows `x`.
-    pub(crate) fn apply(&self, weight: &Tensor, x: &Tensor) -> Result<Tensor> {
-        match self.scoring {
-            Scoring::MeanLoss => linear_cross_entropy(x, weight, &self.targets, self.softcap),
-            Scoring::RowLogProbs => linear_log_probs(x, weight, &self.targets, self.softcap),
-        }
+    /// The op on the output `weight` (`[vocab, width]`, dense or quantized) and the rows `x`.
+    pub(crate) fn apply(&self, weight: &LayerWeight, x: &Tensor) -> Result<Tensor> {
+        let score = match self.scoring {
+            Scoring::MeanLoss => HeadScore::MeanLoss,
+            Scoring::RowLogProbs => HeadScore::LogProbs,
+        };
+        head_score(score, x, weight, &self.targets, self.softcap)
     }
 }

@@ -1,9 +1,9 @@
-//! `FrozenLinear`: a linear layer that takes no gradient, over a [`FrozenWeight`] (QLoRA's
+//! `FrozenLinear`: a linear layer that takes no gradient, over a [`LayerWeight`] (QLoRA's
 //! quantized base layers that carry no adapter).
 
 use crate::cpu::{f32_inputs, fused};
-use crate::frozen_weight::FrozenWeight;
 use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
+use crate::layer_weight::LayerWeight;
 use candle_core::{CpuStorage, Device, Module, Result, Tensor};
 
 /// A linear layer whose weight and bias take no gradient: y = x Wᵀ + b. With a quantized
@@ -11,18 +11,18 @@ use candle_core::{CpuStorage, Device, Module, Result, Tensor};
 /// in backward, so the graph keeps only x; otherwise the decoded weight's matmul.
 #[derive(Clone, Debug)]
 pub struct FrozenLinear {
-    weight: FrozenWeight,
+    weight: LayerWeight,
     bias: Option<Tensor>,
 }
 
 impl FrozenLinear {
     /// The layer of `weight` `[out, in]` and `bias` `[out]`.
-    pub fn new(weight: FrozenWeight, bias: Option<Tensor>) -> Self {
+    pub fn new(weight: LayerWeight, bias: Option<Tensor>) -> Self {
         FrozenLinear { weight, bias }
     }
 
     /// The weight.
-    pub fn weight(&self) -> &FrozenWeight {
+    pub fn weight(&self) -> &LayerWeight {
         &self.weight
     }
 
@@ -41,7 +41,7 @@ impl Module for FrozenLinear {
             *last = out_dim;
         }
         let x2 = x.reshape((rows, in_dim))?;
-        let quantized = matches!(self.weight, FrozenWeight::Quantized { .. });
+        let quantized = matches!(self.weight, LayerWeight::Quantized { .. });
         let mut all = vec![x];
         all.extend(&self.bias);
         let y = if quantized && fused(&all) {
@@ -61,7 +61,7 @@ impl Module for FrozenLinear {
 
 /// x Wᵀ over `[rows, in]`, W decoded where used.
 struct FrozenLinearOp {
-    weight: FrozenWeight,
+    weight: LayerWeight,
 }
 
 impl CpuOp<1> for FrozenLinearOp {

@@ -22,11 +22,13 @@
 //!   op, a chunk of rows at a time, so that the whole logits never exist (16-bit inputs
 //!   are multiplied in f32; on CUDA its composite makes the whole logits), and
 //!   [`linear_log_probs`], each target's log-probability the same way (a preference loss's
-//!   terms);
+//!   terms); [`head_score`], either over a [`LayerWeight`], a
+//!   quantized one (an embedding table in blocks, tied to the head) decoded a slice of its
+//!   rows at a time;
 //! - [`Linear`] ([`linear`]): candle-nn's linear layer, its bias added by one op whose
 //!   backward sums the bias gradient row by row;
 //! - [`swiglu`]: Llama's gated activation `silu(gate) * up`;
-//! - [`FrozenLinear`]: a linear layer that takes no gradient, over a [`FrozenWeight`]: dense,
+//! - [`FrozenLinear`]: a linear layer that takes no gradient, over a [`LayerWeight`]: dense,
 //!   or QLoRA's NF4 decoded inside the op in forward and again in backward (as
 //!   [`lora_linear`] decodes it too).
 //!
@@ -50,11 +52,12 @@ mod cpu;
 mod cross_entropy;
 mod few_rows;
 mod frozen_linear;
-mod frozen_weight;
 mod fused_op;
 mod gelu;
 mod gemm;
+mod head_score;
 mod layer_norm;
+mod layer_weight;
 mod linear;
 mod linear_cross_entropy;
 mod lora;
@@ -73,9 +76,10 @@ pub use cached_attention::cached_attention;
 pub use cross_entropy::{cross_entropy, cross_entropy_composite, IGNORE_INDEX};
 pub use few_rows::{matmul_wt, FEW_ROWS};
 pub use frozen_linear::FrozenLinear;
-pub use frozen_weight::FrozenWeight;
 pub use gelu::{gelu, Gelu};
+pub use head_score::{head_score, HeadScore, SLICE_ELEMENTS};
 pub use layer_norm::{layer_norm, layer_norm_composite, LayerNorm};
+pub use layer_weight::LayerWeight;
 pub use linear::{linear, Linear};
 pub use linear_cross_entropy::{
     linear_cross_entropy, linear_cross_entropy_composite, linear_log_probs,

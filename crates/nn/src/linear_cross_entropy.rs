@@ -25,7 +25,7 @@ use wick_core::{grad_enabled, IGNORE_INDEX};
 /// About the most logits one chunk holds (32 MB of f32): small beside the full logits, and
 /// enough rows that the weight gradient's product is not dominated by its passes over
 /// the weight.
-const CHUNK_ELEMENTS: usize = 8 << 20;
+pub(crate) const CHUNK_ELEMENTS: usize = 8 << 20;
 
 /// The mean cross-entropy of `targets` (`[n]`, u32) under the logits `x weightᵀ` (`x`
 /// `[n, hidden]`, `weight` `[vocab, hidden]`), soft-capped first to `cap tanh(z / cap)`
@@ -69,7 +69,7 @@ fn fused_inputs(
     weight: &Tensor,
     targets: &Tensor,
 ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
-    check_shapes(op, x, weight, targets)?;
+    check_shapes(op, x, weight.dims(), targets)?;
     let on_cpu = x.device().is_cpu() && weight.device().is_cpu();
     if !(on_cpu && targets.dtype() == DType::U32) {
         return Ok(None);
@@ -270,14 +270,13 @@ impl CpuOp<3> for LogProbs {
 }
 
 /// Checks that `x` `[n, hidden]`, `weight` `[vocab, hidden]` and `targets` `[n]` fit.
-fn check_shapes(op: &str, x: &Tensor, weight: &Tensor, targets: &Tensor) -> Result<()> {
-    let ((n, hidden), (_, w_hidden)) = (x.dims2()?, weight.dims2()?);
-    if hidden != w_hidden || targets.dims() != [n] {
+pub(crate) fn check_shapes(op: &str, x: &Tensor, weight: &[usize], targets: &Tensor) -> Result<()> {
+    let (n, hidden) = x.dims2()?;
+    if weight.len() != 2 || weight[1] != hidden || targets.dims() != [n] {
         candle_core::bail!(
-            "{op}: x {:?}, weight {:?} and targets {:?} do not fit ([n, hidden], \
+            "{op}: x {:?}, weight {weight:?} and targets {:?} do not fit ([n, hidden], \
              [vocab, hidden], [n])",
             x.dims(),
-            weight.dims(),
             targets.dims()
         )
     }

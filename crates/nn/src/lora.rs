@@ -10,8 +10,8 @@
 //! op, in forward and again in backward, and never kept decoded between them.
 
 use crate::cpu::{f32_inputs, fused};
-use crate::frozen_weight::FrozenWeight;
 use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
+use crate::layer_weight::LayerWeight;
 use candle_core::{CpuStorage, Device, Result, Tensor};
 
 /// A frozen linear layer's weight `[out, in]` and bias `[out]`, LoRA's `a` `[r, in]` and `b`
@@ -20,7 +20,7 @@ use candle_core::{CpuStorage, Device, Result, Tensor};
 #[derive(Debug, Clone, Copy)]
 pub struct LoraParts<'a> {
     /// The frozen weight, `[out, in]`, dense or quantized.
-    pub weight: &'a FrozenWeight,
+    pub weight: &'a LayerWeight,
     /// The frozen bias, `[out]`.
     pub bias: Option<&'a Tensor>,
     /// A, `[r, in]`.
@@ -39,8 +39,8 @@ pub struct LoraParts<'a> {
 pub fn lora_linear(x: &Tensor, p: LoraParts) -> Result<Tensor> {
     let frozen = !p.weight.track_op() && !p.bias.is_some_and(Tensor::track_op);
     let dense = match p.weight {
-        FrozenWeight::Dense(w) => Some(w),
-        FrozenWeight::Quantized { .. } => None,
+        LayerWeight::Dense(w) => Some(w),
+        LayerWeight::Quantized { .. } => None,
     };
     let mut all = vec![x, p.a, p.b];
     all.extend(dense);
@@ -53,7 +53,7 @@ pub fn lora_linear(x: &Tensor, p: LoraParts) -> Result<Tensor> {
     let rows = x.elem_count() / in_dim;
     let op = LoraOp {
         weight: match p.weight {
-            FrozenWeight::Dense(w) => FrozenWeight::Dense(w.contiguous()?),
+            LayerWeight::Dense(w) => LayerWeight::Dense(w.contiguous()?),
             quantized => quantized.clone(),
         },
         bias: p.bias.map(Tensor::contiguous).transpose()?,
@@ -103,7 +103,7 @@ pub fn lora_linear_composite(x: &Tensor, p: LoraParts) -> Result<Tensor> {
 
 /// The fused op over (x `[rows, in]`, A, B); the frozen parts ride along.
 struct LoraOp {
-    weight: FrozenWeight,
+    weight: LayerWeight,
     bias: Option<Tensor>,
     scale: f64,
     mask: Option<Tensor>,

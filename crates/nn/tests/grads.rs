@@ -5,7 +5,7 @@ use candle_core::{DType, Device, Module, Tensor, Var};
 use wick_nn::{
     causal_attention, cross_entropy, gelu, layer_norm_composite, lora_linear,
     lora_linear_composite, matmul_wt, rms_norm_composite, rms_norm_unit_offset, swiglu,
-    swiglu_composite, FrozenWeight, LayerNorm, LoraParts, RmsNorm, RotaryEmbedding,
+    swiglu_composite, LayerNorm, LayerWeight, LoraParts, RmsNorm, RotaryEmbedding,
 };
 
 #[allow(dead_code)] // what the other test binary uses
@@ -114,7 +114,7 @@ fn rms_norm_matches_the_composite() {
 /// LoRA's parts over frozen `w` and `bias`, with `t` = [x, A, B].
 fn lora_parts<'a>(
     t: &'a [Tensor],
-    w: &'a FrozenWeight,
+    w: &'a LayerWeight,
     bias: &'a Tensor,
     mask: Option<&'a Tensor>,
 ) -> LoraParts<'a> {
@@ -129,10 +129,10 @@ fn lora_parts<'a>(
 }
 
 #[test]
-fn lora_linear_matches_the_composite_and_leaves_the_frozen_weight_without_gradient() {
+fn lora_linear_matches_the_composite_and_leaves_the_layer_weight_without_gradient() {
     // Odd sizes: 2 x 5 rows of 7 in, 9 out, rank 3; a bias; with and without dropout.
     let plain = |shape: &[usize], seed| var(shape, seed, 0.5).as_tensor().detach();
-    let (w, bias) = (FrozenWeight::Dense(plain(&[9, 7], 1)), plain(&[9], 2));
+    let (w, bias) = (LayerWeight::Dense(plain(&[9, 7], 1)), plain(&[9], 2));
     let factors = (0..70).map(|i| if i % 4 == 1 { 0.0 } else { 4.0 / 3.0 });
     let mask = Tensor::from_vec(factors.collect::<Vec<f32>>(), (2, 5, 7), &Device::Cpu).unwrap();
     for (what, mask) in [("lora_linear", None), ("lora_linear, dropout", Some(&mask))] {

@@ -152,7 +152,7 @@ fn linear_log_probs_match_the_composite_row_by_row() {
 }
 
 #[test]
-fn linear_cross_entropy_leaves_a_frozen_weight_alone_and_makes_late_gradients_alike() {
+fn linear_cross_entropy_leaves_a_layer_weight_alone_and_makes_late_gradients_alike() {
     let (rows, hidden, vocab) = (300, 24, 70_001);
     let targets = some_ignored(rows, vocab, 5);
     let x = var(&[rows, hidden], 30, 1.0);
