@@ -16,11 +16,20 @@
 //!   threshold (twice the mmap threshold): either way the next step's buffers are new
 //!   pages, and every page costs a fault and a zeroing on first touch. So both thresholds
 //!   are fixed high: buffers up to 32 MiB (the most glibc lets a thread's heap hold) come
-//!   from the heap, and up to 128 MiB of freed memory stays there for the next step. A
-//!   process whose user tuned malloc (any of glibc's `MALLOC_*` variables, or a
-//!   `glibc.malloc` tunable in `GLIBC_TUNABLES`) keeps what it asked for. (The same two
-//!   settings in glibc's environment variables, `MALLOC_MMAP_THRESHOLD_=33554432` and
-//!   `MALLOC_TRIM_THRESHOLD_=134217728`, are what `scripts/perf-report.sh` gives PyTorch.)
+//!   from the heap, and up to 128 MiB of freed memory stays there for the next step.
+//! - glibc's malloc arenas. glibc gives threads that contend for a heap new arenas, up to
+//!   8 per core, and each keeps its own freed memory: ranks as threads with their pools
+//!   spread a step's buffers over many arenas, and each holds its slack. So the arenas are
+//!   capped at the number of cores, as many as can allocate at once. At the SmolLM2-135M
+//!   shape with QLoRA under fsdp at W=2, recomputed, on 2 cores, a run's peak resident set
+//!   was 885-915 MiB over three runs with glibc's default and 723-779 over four with two
+//!   arenas, at the same speed (docs/performance.md, "Peak resident set").
+//!
+//! A process whose user tuned malloc (any of glibc's `MALLOC_*` variables, or a
+//! `glibc.malloc` tunable in `GLIBC_TUNABLES`) keeps what it asked for. (The same three
+//! settings in glibc's environment variables, `MALLOC_MMAP_THRESHOLD_=33554432`,
+//! `MALLOC_TRIM_THRESHOLD_=134217728` and `MALLOC_ARENA_MAX` at the number of cores, are
+//! what `scripts/perf-report.sh` and `scripts/real-size-rows.sh` give PyTorch.)
 
 use std::sync::OnceLock;
 
@@ -37,7 +46,8 @@ const TRIM_THRESHOLD: libc::c_int = 128 << 20;
 pub struct HostTuning {
     /// `CANDLE_NUM_THREADS=1` was set: Candle's element-wise pool has no workers.
     pub candle_pool_quieted: bool,
-    /// glibc's mmap threshold is 32 MiB and its trim threshold 128 MiB.
+    /// glibc's mmap threshold is 32 MiB, its trim threshold 128 MiB, and its arenas at
+    /// most one per core.
     pub malloc_thresholds: bool,
 }
 
@@ -69,16 +79,22 @@ pub unsafe fn tune_host_process() -> HostTuning {
     })
 }
 
-/// Fixes glibc's mmap and trim thresholds unless the user tuned malloc; whether it did.
+/// Fixes glibc's mmap and trim thresholds and caps its arenas at the cores, unless the
+/// user tuned malloc; whether it did.
 fn keep_freed_host_memory() -> bool {
     if user_tuned_malloc(std::env::vars_os()) {
         return false;
     }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets malloc's parameters; glibc takes its own lock.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
-            && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+    {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let arenas = libc::c_int::try_from(cores).unwrap_or(libc::c_int::MAX);
+        // SAFETY: mallopt only sets malloc's parameters; glibc takes its own lock.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+                && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+                && libc::mallopt(libc::M_ARENA_MAX, arenas) == 1
+        }
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     false
