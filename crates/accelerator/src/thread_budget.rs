@@ -6,7 +6,11 @@
 //! rank threads run their own ops beside that pool's workers: up to W + cores busy threads
 //! on `cores` cores. A budget gives each rank a pool of its own, of `cores / W` threads
 //! (at least 1), and runs the rank inside it, so that the ranks together never ask for
-//! more threads than there are cores. Several processes on one host have the same
+//! more threads than there are cores. A single rank gets a pool of all the cores the same
+//! way: inside it the rank's own thread is one of the workers and works on each parallel op
+//! itself, where from outside a pool it would hand every op to the workers and sleep until
+//! they finish (the 20.2M Llama's single step ran 1.06x faster inside, 2026-12-07,
+//! `docs/performance.md`). Several processes on one host have the same
 //! problem, which the process cannot see (a launcher may start one per host or one per
 //! core): there only [`ThreadBudget::PerRank`] makes a pool, as `torch.set_num_threads`
 //! does in each of PyTorch's processes.
@@ -24,8 +28,7 @@ use wick_core::{Error, Result};
 /// How many compute threads each rank gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ThreadBudget {
-    /// `max(1, cores / ranks)` when ranks are threads and there are several; one rank
-    /// uses Candle's global pool (all cores).
+    /// `max(1, cores / ranks)` when ranks are threads (all the cores for one rank).
     #[default]
     Auto,
     /// This many threads per rank, a thread or a launcher's process.
@@ -51,11 +54,11 @@ impl ThreadBudget {
     pub(crate) fn threads(self, ranks: usize) -> Option<usize> {
         match self {
             ThreadBudget::PerRank(n) => Some(n),
-            ThreadBudget::Auto if ranks > 1 => {
+            ThreadBudget::Auto => {
                 let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                Some((cores / ranks).max(1))
+                Some((cores / ranks.max(1)).max(1))
             }
-            ThreadBudget::Auto | ThreadBudget::Shared => None,
+            ThreadBudget::Shared => None,
         }
     }
 }
@@ -104,9 +107,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auto_splits_the_cores_and_leaves_one_rank_alone() {
+    fn auto_splits_the_cores_and_gives_one_rank_all_of_them() {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        assert_eq!(ThreadBudget::Auto.threads(1), None);
+        assert_eq!(ThreadBudget::Auto.threads(1), Some(cores));
         assert_eq!(ThreadBudget::Shared.threads(4), None);
         assert_eq!(ThreadBudget::Auto.threads(2), Some((cores / 2).max(1)));
         assert_eq!(ThreadBudget::Auto.threads(4 * cores), Some(1));
