@@ -193,12 +193,14 @@ impl BlockFormat {
     }
 
     /// The f32 weight of `shape` that this form's blocks `stored` (a u8 tensor) hold, on
-    /// their device ([`BlockFormat::decode_values`] of all of them).
+    /// their device ([`BlockFormat::decode_values`] of all of them, read in place on the
+    /// CPU: [`with_stored_bytes`]).
     pub fn decode_tensor(self, stored: &Tensor, shape: &Shape) -> candle_core::Result<Tensor> {
-        let bytes: Vec<u8> = stored.to_vec1()?;
         let mut values = vec![0f32; shape.elem_count()];
-        self.decode_values(&bytes, values.len(), 0, &mut values)
-            .map_err(|e| candle_core::Error::Msg(format!("a weight of shape {shape:?}: {e}")))?;
+        with_stored_bytes(stored, |bytes| {
+            self.decode_values(bytes, values.len(), 0, &mut values)
+                .map_err(|e| candle_core::Error::Msg(format!("a weight of shape {shape:?}: {e}")))
+        })?;
         Tensor::from_vec(values, shape, stored.device())
     }
 
@@ -290,6 +292,31 @@ impl std::str::FromStr for BlockFormat {
                 )
             })
     }
+}
+
+/// `f` of the bytes of `stored` (a u8 tensor of stored blocks): read in place on the CPU,
+/// so that decoding a weight, or a row of a table, copies none of its blocks; copied to the
+/// host from other devices. A tensor whose bytes are not one contiguous run within its
+/// storage is an error.
+pub fn with_stored_bytes<R>(
+    stored: &Tensor,
+    f: impl FnOnce(&[u8]) -> candle_core::Result<R>,
+) -> candle_core::Result<R> {
+    if stored.device().is_cpu() {
+        let (storage, layout) = stored.storage_and_layout();
+        if let candle_core::Storage::Cpu(cpu) = &*storage {
+            let bytes = (layout.contiguous_offsets())
+                .and_then(|(start, end)| cpu.as_slice::<u8>().ok()?.get(start..end));
+            return match bytes {
+                Some(bytes) => f(bytes),
+                None => candle_core::bail!(
+                    "stored blocks must be contiguous u8 within their storage ({:?})",
+                    stored.dtype()
+                ),
+            };
+        }
+    }
+    f(&stored.to_vec1::<u8>()?)
 }
 
 #[cfg(test)]
@@ -395,5 +422,36 @@ mod tests {
                 .decode_values(&stored[1..], len, 0, &mut past)
                 .is_err());
         }
+    }
+
+    #[test]
+    fn a_tensor_decodes_from_its_own_bytes_within_a_larger_storage() {
+        let format = BlockFormat::Q8_0;
+        let (rows, width) = (3, 2 * format.block_values());
+        let v = values(rows * width);
+        let stored = format.quantize(&v, None).unwrap();
+        let mut whole = vec![0f32; v.len()];
+        format.decode(&stored, &mut whole).unwrap();
+        // The stored bytes behind 5 bytes of another tensor's, read as a narrowed view.
+        let mut buffer = vec![7u8; 5];
+        buffer.extend_from_slice(&stored);
+        let buffer = Tensor::from_vec(buffer, 5 + stored.len(), &Device::Cpu).unwrap();
+        let view = buffer.narrow(0, 5, stored.len()).unwrap();
+        let decoded = format
+            .decode_tensor(&view, &Shape::from((rows, width)))
+            .unwrap();
+        assert_eq!(
+            decoded.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            whole
+        );
+        // Bytes that are not one run within their storage are refused, not misread.
+        let strided = buffer
+            .narrow(0, 1, 10)
+            .unwrap()
+            .reshape((5, 2))
+            .unwrap()
+            .t()
+            .unwrap();
+        assert!(with_stored_bytes(&strided, |b| Ok(b.len())).is_err());
     }
 }

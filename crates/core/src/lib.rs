@@ -39,7 +39,7 @@ mod wait_clock;
 mod weights;
 
 pub use activation_checkpointing::ActivationCheckpointing;
-pub use block_format::BlockFormat;
+pub use block_format::{with_stored_bytes, BlockFormat};
 pub use blocking_world::BlockingWorld;
 pub use call::{all_gather_through_tensor, reduce_scatter_padded, Call, CallKind};
 pub use callback::{Callback, CallbackClone, RunState};

@@ -5,9 +5,9 @@
 //! ([`LayerWeight::rows`]), and as an output head a slice of its rows at a time
 //! ([`crate::head_score`]).
 
-use candle_core::{DType, Result, Shape, Storage, Tensor};
+use candle_core::{DType, Result, Shape, Tensor};
 use rayon::prelude::*;
-use wick_core::BlockFormat;
+use wick_core::{with_stored_bytes, BlockFormat};
 
 /// A layer's weight (`[out, in]`, or an embedding's `[vocab, width]`): dense (trained or
 /// not), or quantized, frozen and decoded on use.
@@ -116,7 +116,7 @@ impl LayerWeight {
             candle_core::bail!("row {id} of a table of {vocab} rows")
         }
         let mut out = vec![0f32; ids.len() * width];
-        with_bytes(stored, |bytes| {
+        with_stored_bytes(stored, |bytes| {
             (out.par_chunks_mut(width.max(1)).zip(&ids))
                 .try_for_each(|(row, &id)| {
                     format.decode_values(bytes, vocab * width, id as usize * width, row)
@@ -138,7 +138,7 @@ impl LayerWeight {
         else {
             candle_core::bail!("a dense weight has no blocks to decode")
         };
-        with_bytes(stored, |bytes| {
+        with_stored_bytes(stored, |bytes| {
             (format.decode_values(bytes, shape.elem_count(), start, out))
                 .map_err(candle_core::Error::Msg)
         })
@@ -162,24 +162,4 @@ impl LayerWeight {
     pub fn track_op(&self) -> bool {
         matches!(self, LayerWeight::Dense(t) if t.track_op())
     }
-}
-
-/// `f` of the bytes of `stored` (a u8 tensor), read in place on the CPU (a table's blocks
-/// are not copied for each row read) and copied from other devices.
-fn with_bytes<R>(stored: &Tensor, f: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
-    if stored.device().is_cpu() {
-        let (storage, layout) = stored.storage_and_layout();
-        if let Storage::Cpu(cpu) = &*storage {
-            let bytes = (layout.contiguous_offsets())
-                .and_then(|(start, end)| cpu.as_slice::<u8>().ok()?.get(start..end));
-            return match bytes {
-                Some(bytes) => f(bytes),
-                None => candle_core::bail!(
-                    "stored blocks must be contiguous u8 within their storage ({:?})",
-                    stored.dtype()
-                ),
-            };
-        }
-    }
-    f(&stored.to_vec1::<u8>()?)
 }
