@@ -37,9 +37,10 @@ torch_models=(--d-model $(tr ',' '\n' <<< "$models" | sed -n 's/^gpt-d//p'))
 grep -qw llama <<< "${models//,/ }" && torch_models+=(--llama)
 rows=$(mktemp)
 trap 'rm -f "$rows"' EXIT
-# wick's malloc settings, as glibc's variables (host_tuning.rs: 32 MiB, 128 MiB, an arena
-# a core).
-malloc=(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=134217728 MALLOC_ARENA_MAX=$(nproc))
+# wick's malloc settings, as glibc's variables (host_tuning.rs: 32 MiB, 1 GiB, a 64 MiB
+# pad, an arena a core).
+malloc=(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824
+  MALLOC_TOP_PAD_=67108864 MALLOC_ARENA_MAX=$(nproc))
 mpirun=(mpirun --allow-run-as-root --bind-to none -np 2)
 for round in $(seq "$rounds"); do
   echo "round $round of $rounds" >&2

@@ -34,7 +34,8 @@ configs=${6:-full full+ac lora lora+ac}
 compiled_configs=${COMPILED-$configs}
 here=$(dirname "$0")
 # wick's malloc settings (host_tuning.rs), in glibc's variables, for every side.
-export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=134217728 MALLOC_ARENA_MAX=$(nproc)
+export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 \
+  MALLOC_TOP_PAD_=67108864 MALLOC_ARENA_MAX=$(nproc)
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 isa=$(grep -m1 '^flags' /proc/cpuinfo | grep -qw avx512f && echo AVX-512 || \
   (grep -m1 '^flags' /proc/cpuinfo | grep -qw avx2 && echo AVX2 || echo 'no AVX2'))
@@ -57,7 +58,8 @@ for round in $(seq "$rounds"); do
     wick=(--hf "$dir" ${lora:+--lora-rank $lora} $ac)
     row "$config" '^\S*/throughput\S* ' "$bin" "${wick[@]}"
     row "$config" '^\S*/throughput\S* ' mpirun --allow-run-as-root --oversubscribe --bind-to none \
-      -np 2 -x MALLOC_MMAP_THRESHOLD_ -x MALLOC_TRIM_THRESHOLD_ -x MALLOC_ARENA_MAX \
+      -np 2 -x MALLOC_MMAP_THRESHOLD_ -x MALLOC_TRIM_THRESHOLD_ -x MALLOC_TOP_PAD_ \
+      -x MALLOC_ARENA_MAX \
       "$bin_mpi" "${wick[@]}" --processes
     torch=("$py" "$here/torch_baseline.py" --d-model --worlds 2 --strategies fsdp_full_shard
       --hf "$dir" ${lora:+--lora $lora} $ac)

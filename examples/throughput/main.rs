@@ -50,8 +50,9 @@
 //! `--profile` prints where a step's time goes (`profile.rs`): for the GPT at d_model 512
 //! (single, fsdp full_shard and ddp at W=2) and the Llama (single, full_shard at W=2),
 //! milliseconds per step and rank in matmul forward, matmul backward, copies, element-wise
-//! ops, norms and attention, the optimizer, collectives and the rest; and each of their
-//! linear layers' matmuls alone against the same peak.
+//! ops, norms and attention, the optimizer, collectives and the rest, and the process's
+//! page faults per step; and each of their linear layers' matmuls alone against the same
+//! peak. `--models` and `--strategies` pick among those rows.
 
 use candle_core::{Device, Result, Tensor};
 use char_corpus::CharWindows;
@@ -496,9 +497,17 @@ struct Args {
     /// child process).
     #[arg(long, hide = true)]
     candle_baseline: bool,
-    /// Where a step's time goes, by class of op.
+    /// Where a step's time goes, by class of op (of `--models`' GPT d512 and Llama, under
+    /// `--strategies`).
     #[arg(long)]
     profile: bool,
+    /// The strategies of `--profile`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "single,fsdp_full_shard,ddp"
+    )]
+    strategies: Vec<String>,
     /// `--compare --models llama`.
     #[arg(long)]
     llama: bool,
@@ -537,7 +546,7 @@ fn main() -> anyhow::Result<()> {
     // SAFETY: first in main, before any thread, so no one else touches the environment.
     let tuning = unsafe { wick::accelerator::tune_host_process() };
     if args.profile {
-        return profile::profile_rows(peak_gflops()?);
+        return profile::profile_rows(peak_gflops()?, &args.models, &args.strategies);
     }
     if args.llama {
         return compare_rows(&["llama".to_string()], args.processes);

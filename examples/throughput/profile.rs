@@ -58,15 +58,19 @@ const GROUPS: [(&str, &[&str]); 8] = [
     ("collectives", &["collective"]),
 ];
 
-/// What a profiled run measured: the wall time of the profiled steps and each profiler
-/// class's time, summed over the ranks.
-type Window = (Duration, Vec<(&'static str, Duration, u64)>);
+/// What a profiled run measured: the wall time of the profiled steps, the process's page
+/// faults in them (where /proc says), and each profiler class's time, summed over the
+/// ranks.
+type Window = (Duration, Option<u64>, Vec<(&'static str, Duration, u64)>);
+
+/// When the profiled steps began, and the process's page faults then.
+type Started = (Instant, Option<u64>);
 
 /// Turns the profiler on after the warm-up steps and off after the measured ones (rank 0
 /// decides; the ranks step together).
 #[derive(Clone, Default)]
 struct ProfileWindow {
-    started: Arc<Mutex<Option<Instant>>>,
+    started: Arc<Mutex<Option<Started>>>,
     result: Arc<Mutex<Option<Window>>>,
 }
 
@@ -78,11 +82,12 @@ impl Callback for ProfileWindow {
         if state.global_step == STEPS.warmup {
             op_profile::take();
             op_profile::set_enabled(true);
-            *self.started.lock().unwrap() = Some(Instant::now());
+            *self.started.lock().unwrap() = Some((Instant::now(), minor_faults()));
         } else if state.global_step == STEPS.total() {
             op_profile::set_enabled(false);
-            let start = self.started.lock().unwrap().take().expect("started");
-            *self.result.lock().unwrap() = Some((start.elapsed(), op_profile::take()));
+            let (start, faults) = self.started.lock().unwrap().take().expect("started");
+            let faults = minor_faults().zip(faults).map(|(end, start)| end - start);
+            *self.result.lock().unwrap() = Some((start.elapsed(), faults, op_profile::take()));
         }
         Ok(())
     }
@@ -108,10 +113,18 @@ fn profiled<M: wick::trainer::Replicate + 'static>(
 }
 
 /// Prints a profiled run: the step, then each class per step and rank.
-fn report(model: &str, strategy: &str, world: usize, (wall, classes): Window) {
+fn report(model: &str, strategy: &str, world: usize, (wall, faults, classes): Window) {
     let per_step = |d: Duration| d.as_secs_f64() * 1e3 / STEPS.measured as f64;
     let step = per_step(wall);
-    println!("profile model={model} strategy={strategy} world={world} step_ms={step:.1}");
+    // A step that faults in thousands of pages is getting fresh memory from the kernel
+    // for buffers the last step freed (host_tuning.rs says why that costs).
+    let faults = faults.map_or("unknown".into(), |f| {
+        (f / STEPS.measured as u64).to_string()
+    });
+    println!(
+        "profile model={model} strategy={strategy} world={world} step_ms={step:.1} \
+         page_faults_per_step={faults}"
+    );
     let per_rank = |d: Duration| per_step(d) / world as f64;
     let mut held = 0.0;
     for (group, members) in GROUPS {
@@ -200,7 +213,10 @@ fn matmuls_alone(
 
 /// The `--profile` rows: the GPT at d_model 512 and the Llama, each under `single` and
 /// fsdp full_shard at W=2, after their matmul shapes alone and the peak.
-pub fn profile_rows(peak: f64) -> anyhow::Result<()> {
+pub fn profile_rows(peak: f64, models: &[String], strategies: &[String]) -> anyhow::Result<()> {
+    let wanted = |model: &str, strategy: &str| {
+        models.iter().any(|m| m == model) && strategies.iter().any(|s| s == strategy)
+    };
     println!("peak_gflops={peak:.1}");
     let c = config(512);
     let d = c.d_model;
@@ -221,15 +237,22 @@ pub fn profile_rows(peak: f64) -> anyhow::Result<()> {
     ];
     // The matmuls alone first: the first accelerator keeps Candle's own pool to one thread
     // for the rest of the process.
-    matmuls_alone("gpt-d512", BATCH * c.block, &gpt_linears, peak)?;
-    matmuls_alone(
-        "llama",
-        crate::LLAMA_BATCH * crate::LLAMA_SEQ,
-        &llama_linears,
-        peak,
-    )?;
+    if models.iter().any(|m| m == "gpt-d512") {
+        matmuls_alone("gpt-d512", BATCH * c.block, &gpt_linears, peak)?;
+    }
+    if models.iter().any(|m| m == "llama") {
+        matmuls_alone(
+            "llama",
+            crate::LLAMA_BATCH * crate::LLAMA_SEQ,
+            &llama_linears,
+            peak,
+        )?;
+    }
     let gpt_data = DataLoader::new(crate::data(&c), BATCH);
     for (name, world) in [("single", 1), ("fsdp_full_shard", 2), ("ddp", 2)] {
+        if !wanted("gpt-d512", name) {
+            continue;
+        }
         let strategy = match name {
             "fsdp_full_shard" => Fsdp::new(FsdpSharding::FullShard).build(),
             n => strategy_by_name(n)?,
@@ -239,6 +262,9 @@ pub fn profile_rows(peak: f64) -> anyhow::Result<()> {
     }
     let llama = llama_data();
     for (name, world) in [("single", 1), ("fsdp_full_shard", 2)] {
+        if !wanted("llama", name) {
+            continue;
+        }
         let strategy = match name {
             "fsdp_full_shard" => Fsdp::new(FsdpSharding::FullShard).build(),
             n => strategy_by_name(n)?,
@@ -247,4 +273,13 @@ pub fn profile_rows(peak: f64) -> anyhow::Result<()> {
         report("llama", name, world, window);
     }
     Ok(())
+}
+
+/// The process's minor page faults so far (`/proc/self/stat`'s tenth field), where there is
+/// a /proc.
+fn minor_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command's name, which is in parentheses and may hold spaces.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(7)?.parse().ok()
 }

@@ -16,7 +16,18 @@
 //!   threshold (twice the mmap threshold): either way the next step's buffers are new
 //!   pages, and every page costs a fault and a zeroing on first touch. So both thresholds
 //!   are fixed high: buffers up to 32 MiB (the most glibc lets a thread's heap hold) come
-//!   from the heap, and up to 128 MiB of freed memory stays there for the next step.
+//!   from a heap, and up to 1 GiB of freed memory stays at the main heap's top.
+//! - glibc's heap pad. A thread other than the first allocates from an arena of 64 MiB
+//!   heaps, and glibc unmaps a heap as soon as all of it is free, whatever the trim
+//!   threshold, unless the arena is to keep a pad of free memory (`M_TOP_PAD`) that the
+//!   heap below cannot hold. A rank runs on a pool's thread, so whether its step's buffers
+//!   came back as new pages every step depended on which arena that thread drew: the GPT
+//!   at d_model 512 on one rank faulted in 0-460 pages a step in some runs and 2.9-32
+//!   thousand in others, whose steps were up to 15% slower (docs/performance.md). The pad
+//!   is 64 MiB, a whole heap, so no heap is unmapped; at the main heap it is address
+//!   space that glibc reserves ahead, not memory, until a buffer is written there; the
+//!   main heap keeps the pad when it trims, which with a 128 MiB trim threshold gave back
+//!   and took again 67 MiB a step, hence the threshold of 1 GiB.
 //! - glibc's malloc arenas. glibc gives threads that contend for a heap new arenas, up to
 //!   8 per core, and each keeps its own freed memory: ranks as threads with their pools
 //!   spread a step's buffers over many arenas, and each holds its slack. So the arenas are
@@ -26,19 +37,24 @@
 //!   arenas, at the same speed (docs/performance.md, "Peak resident set").
 //!
 //! A process whose user tuned malloc (any of glibc's `MALLOC_*` variables, or a
-//! `glibc.malloc` tunable in `GLIBC_TUNABLES`) keeps what it asked for. (The same three
+//! `glibc.malloc` tunable in `GLIBC_TUNABLES`) keeps what it asked for. (The same four
 //! settings in glibc's environment variables, `MALLOC_MMAP_THRESHOLD_=33554432`,
-//! `MALLOC_TRIM_THRESHOLD_=134217728` and `MALLOC_ARENA_MAX` at the number of cores, are
-//! what `scripts/perf-report.sh` and `scripts/real-size-rows.sh` give PyTorch.)
+//! `MALLOC_TRIM_THRESHOLD_=1073741824`, `MALLOC_TOP_PAD_=67108864` and `MALLOC_ARENA_MAX`
+//! at the number of cores, are what `scripts/perf-report.sh` and
+//! `scripts/real-size-rows.sh` give PyTorch.)
 
 use std::sync::OnceLock;
 
 /// Buffers up to this size come from a heap (glibc's own upper bound for the threshold).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const MMAP_THRESHOLD: libc::c_int = 32 << 20;
-/// Freed memory kept at a heap's top before it goes back to the kernel.
+/// Freed memory kept at the main heap's top before it goes back to the kernel.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-const TRIM_THRESHOLD: libc::c_int = 128 << 20;
+const TRIM_THRESHOLD: libc::c_int = 1 << 30;
+/// Free memory an arena keeps when it shrinks: one whole heap of a thread's arena
+/// (glibc's `HEAP_MAX_SIZE` on 64-bit hosts), so that none is unmapped between steps.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const TOP_PAD: libc::c_int = 64 << 20;
 
 /// What [`tune_host_process`] set; `false` where it kept the user's choice (or, for
 /// malloc, where the C library is not glibc).
@@ -46,8 +62,8 @@ const TRIM_THRESHOLD: libc::c_int = 128 << 20;
 pub struct HostTuning {
     /// `CANDLE_NUM_THREADS=1` was set: Candle's element-wise pool has no workers.
     pub candle_pool_quieted: bool,
-    /// glibc's mmap threshold is 32 MiB, its trim threshold 128 MiB, and its arenas at
-    /// most one per core.
+    /// glibc's mmap threshold is 32 MiB, its trim threshold 1 GiB, its heap pad 64 MiB,
+    /// and its arenas at most one per core.
     pub malloc_thresholds: bool,
 }
 
@@ -79,8 +95,8 @@ pub unsafe fn tune_host_process() -> HostTuning {
     })
 }
 
-/// Fixes glibc's mmap and trim thresholds and caps its arenas at the cores, unless the
-/// user tuned malloc; whether it did.
+/// Fixes glibc's mmap and trim thresholds and its heap pad, and caps its arenas at the
+/// cores, unless the user tuned malloc; whether it did.
 fn keep_freed_host_memory() -> bool {
     if user_tuned_malloc(std::env::vars_os()) {
         return false;
@@ -93,6 +109,7 @@ fn keep_freed_host_memory() -> bool {
         unsafe {
             libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
                 && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+                && libc::mallopt(libc::M_TOP_PAD, TOP_PAD) == 1
                 && libc::mallopt(libc::M_ARENA_MAX, arenas) == 1
         }
     }

@@ -1,8 +1,8 @@
 //! AdamW's update of CPU f32 buffers in one pass over the parameter, its gradient and both
-//! moments, in parallel chunks on the calling thread's rayon pool, allocating nothing. Each
-//! element gets exactly the arithmetic of the chunked tensor path in `adamw.rs` (Candle's
-//! `affine` is `v * mul + add` in f32), so both paths give the same bits on any number of
-//! threads.
+//! moments, in parallel chunks on the calling thread's rayon pool, in the widest SIMD the
+//! CPU has, allocating nothing. Each element gets exactly the arithmetic of the chunked
+//! tensor path in `adamw.rs` (Candle's `affine` is `v * mul + add` in f32), so both paths
+//! give the same bits on any number of threads and any CPU.
 
 use candle_core::{CpuStorage, DType, InplaceOp1, InplaceOp2, Layout, Result, Tensor};
 use rayon::prelude::*;
@@ -125,27 +125,119 @@ impl InplaceOp2 for Update<'_> {
             )
         }
         let c = self.c;
-        let (b1, rest1) = (c.beta1 as f32, (1.0 - c.beta1) as f32);
-        let (b2, rest2) = (c.beta2 as f32, (1.0 - c.beta2) as f32);
-        let decay = c.decay.map(|d| d as f32);
-        let (step_size, inv, eps) = (c.step_size as f32, c.inv_sqrt_bc2 as f32, c.eps as f32);
+        let k = Coefficients {
+            b1: c.beta1 as f32,
+            rest1: (1.0 - c.beta1) as f32,
+            b2: c.beta2 as f32,
+            rest2: (1.0 - c.beta2) as f32,
+            decay: c.decay.map(|d| d as f32),
+            step_size: c.step_size as f32,
+            inv: c.inv_sqrt_bc2 as f32,
+            eps: c.eps as f32,
+        };
+        let isa = Isa::widest();
         p.par_chunks_mut(CHUNK)
             .zip(m.par_chunks_mut(CHUNK))
             .zip(v.par_chunks_mut(CHUNK))
             .zip(g.par_chunks(CHUNK))
-            .for_each(|(((p, m), v), g)| {
-                for (((p, m), v), &g) in p.iter_mut().zip(m).zip(v).zip(g) {
-                    *m = (*m * b1 + 0.0) + (g * rest1 + 0.0);
-                    *v = (*v * b2 + 0.0) + (g * g * rest2 + 0.0);
-                    let theta = match decay {
-                        Some(d) => *p * d + 0.0,
-                        None => *p,
-                    };
-                    *p = theta - (*m * step_size + 0.0) / (v.sqrt() * inv + eps);
-                }
-            });
+            .for_each(|(((p, m), v), g)| update_chunk(isa, Chunk { p, m, v, g }, &k));
         Ok(())
     }
+}
+
+/// [`AdamWConstants`] as the f32 factors the update multiplies by.
+struct Coefficients {
+    b1: f32,
+    rest1: f32,
+    b2: f32,
+    rest2: f32,
+    decay: Option<f32>,
+    step_size: f32,
+    inv: f32,
+    eps: f32,
+}
+
+/// One parallel task's slices of the parameter, its moments and its gradient.
+struct Chunk<'a> {
+    p: &'a mut [f32],
+    m: &'a mut [f32],
+    v: &'a mut [f32],
+    g: &'a [f32],
+}
+
+/// The update, element by element.
+#[inline(always)]
+fn update(c: Chunk<'_>, k: &Coefficients) {
+    for (((p, m), v), &g) in c.p.iter_mut().zip(c.m).zip(c.v).zip(c.g) {
+        *m = (*m * k.b1 + 0.0) + (g * k.rest1 + 0.0);
+        *v = (*v * k.b2 + 0.0) + (g * g * k.rest2 + 0.0);
+        let theta = match k.decay {
+            Some(d) => *p * d + 0.0,
+            None => *p,
+        };
+        *p = theta - (*m * k.step_size + 0.0) / (v.sqrt() * k.inv + k.eps);
+    }
+}
+
+/// The versions of [`update`] the build holds, widest first. A default x86-64 build has
+/// SSE2 only: four lanes for the square root and the division that bound the loop. Every
+/// version gives the same bits: each multiply and add rounds on its own (no FMA), and
+/// square root and division are correctly rounded at any width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    Avx512,
+    Avx2,
+    Baseline,
+}
+
+impl Isa {
+    const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2, Isa::Baseline];
+
+    /// Whether this CPU has the instructions of the version.
+    fn runs_here(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            Isa::Baseline => true,
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The widest version this CPU runs.
+    fn widest() -> Isa {
+        Isa::ALL
+            .into_iter()
+            .find(|isa| isa.runs_here())
+            .unwrap_or(Isa::Baseline)
+    }
+}
+
+/// One chunk's update in version `isa`, or in the baseline where this CPU cannot run it.
+fn update_chunk(isa: Isa, c: Chunk<'_>, k: &Coefficients) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f")]
+        unsafe fn avx512(c: Chunk<'_>, k: &Coefficients) {
+            update(c, k)
+        }
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2(c: Chunk<'_>, k: &Coefficients) {
+            update(c, k)
+        }
+        if isa.runs_here() {
+            match isa {
+                // SAFETY: the CPU has the instructions this version was compiled for.
+                Isa::Avx512 => return unsafe { avx512(c, k) },
+                // SAFETY: as above.
+                Isa::Avx2 => return unsafe { avx2(c, k) },
+                Isa::Baseline => {}
+            }
+        }
+    }
+    update(c, k)
 }
 
 #[cfg(test)]
@@ -192,5 +284,40 @@ mod tests {
         assert_eq!(bits(&mf), bits(&m2));
         assert_eq!(bits(&vf), bits(&v2));
         assert_eq!(bits(&pf), bits(&p2));
+    }
+
+    #[test]
+    fn every_version_this_cpu_runs_gives_the_baselines_bits() {
+        let values =
+            |k: f32| -> Vec<f32> { (0..1001).map(|i| (i as f32 * k).sin() * 3.0).collect() };
+        let g = values(1.3);
+        for decay in [None, Some(1.0 - 1e-3 * 0.01)] {
+            let k = Coefficients {
+                b1: 0.9,
+                rest1: 0.1,
+                b2: 0.95,
+                rest2: 0.05,
+                decay,
+                step_size: 1e-3,
+                inv: 1.2,
+                eps: 1e-8,
+            };
+            let run = |isa: Isa| {
+                let (mut p, mut m) = (values(0.37), values(0.11));
+                let mut v: Vec<f32> = values(0.71).iter().map(|x| x.abs()).collect();
+                let c = Chunk {
+                    p: &mut p,
+                    m: &mut m,
+                    v: &mut v,
+                    g: &g,
+                };
+                update_chunk(isa, c, &k);
+                [p, m, v].map(|xs| xs.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+            };
+            let baseline = run(Isa::Baseline);
+            for isa in Isa::ALL.into_iter().filter(|isa| isa.runs_here()) {
+                assert_eq!(run(isa), baseline, "{isa:?}, decay {decay:?}");
+            }
+        }
     }
 }
