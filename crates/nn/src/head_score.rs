@@ -47,8 +47,8 @@ pub enum HeadScore {
 /// output `weight` `[vocab, width]`), soft-capped at `softcap` where given: for a dense
 /// weight [`linear_cross_entropy`] or [`linear_log_probs`]. A quantized weight takes no
 /// gradient and is decoded a slice of rows at a time on the CPU (inputs in f32, bf16 or
-/// f16, cast to f32; the log-probabilities' backward makes the slices again), and whole
-/// elsewhere, for the composite.
+/// f16, cast to f32; the log-probabilities' backward makes the slices again, with each
+/// row's log-sum-exp kept from the forward), and whole elsewhere, for the composite.
 pub fn head_score(
     score: HeadScore,
     x: &Tensor,
@@ -83,7 +83,9 @@ pub fn head_score(
             want_dx: grad_enabled() && x32.track_op(),
             grads: Mutex::default(),
         },
-        HeadScore::LogProbs => Mode::LogProbs,
+        HeadScore::LogProbs => Mode::LogProbs {
+            lse: Mutex::default(),
+        },
     };
     x32.apply_op2(&targets32, Fused(Sliced::new(weight, softcap, mode)))
 }
@@ -116,8 +118,10 @@ enum Mode {
         want_dx: bool,
         grads: Mutex<Option<Vec<f32>>>,
     },
-    /// Each row's log-probability; the backward makes x's gradient, each row weighted.
-    LogProbs,
+    /// Each row's log-probability; the backward makes x's gradient, each row weighted,
+    /// from each row's log-sum-exp, which the forward keeps (a pass over the vocabulary
+    /// the backward need not make again).
+    LogProbs { lse: Mutex<Option<Vec<f32>>> },
 }
 
 /// The op over `x` and `targets`, the quantized weight held in it.
@@ -156,16 +160,25 @@ impl Sliced {
         })
     }
 
-    /// x's gradient of `Σ scale_i loss_i` by a pass of its own over `inputs`.
-    fn dx(&self, [x, targets]: [&Tensor; 2], scales: Scales<'_>) -> Result<Tensor> {
+    /// x's gradient of `Σ scale_i loss_i` by a pass of its own over `inputs`, from each
+    /// row's log-sum-exp where the forward kept it (made again where not).
+    fn dx(
+        &self,
+        [x, targets]: [&Tensor; 2],
+        scales: Scales<'_>,
+        kept_lse: Option<Vec<f32>>,
+    ) -> Result<Tensor> {
         let (xs, xl) = x.storage_and_layout();
         let (ts, tl) = targets.storage_and_layout();
         let (candle_core::Storage::Cpu(xs), candle_core::Storage::Cpu(ts)) = (&*xs, &*ts) else {
             candle_core::bail!("{}: the sliced kernel runs on the CPU", Self::NAME)
         };
         let kernel = self.kernel((xs, xl), (ts, tl))?;
-        let scored = kernel.log_sum_exp()?;
-        Tensor::from_vec(kernel.dx(&scored.lse, scales)?, x.shape(), x.device())
+        let lse = match kept_lse {
+            Some(lse) if lse.len() == kernel.targets.len() => lse,
+            _ => kernel.log_sum_exp()?.lse,
+        };
+        Tensor::from_vec(kernel.dx(&lse, scales)?, x.shape(), x.device())
     }
 }
 
@@ -186,7 +199,8 @@ impl CpuOp<2> for Sliced {
                 let loss = (total * f64::from(mean)) as f32;
                 Ok((CpuStorage::F32(vec![loss]), Shape::from(())))
             }
-            Mode::LogProbs => {
+            Mode::LogProbs { lse: kept } => {
+                *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(lse);
                 let n = losses.len();
                 let log_probs = losses.into_iter().map(|l| -l).collect();
                 Ok((CpuStorage::F32(log_probs), Shape::from(n)))
@@ -206,16 +220,17 @@ impl CpuOp<2> for Sliced {
                     // The forward ran where no backward was expected: make it now.
                     None => {
                         let mean = 1.0 / counted(&targets.to_vec1::<u32>()?).max(1) as f32;
-                        self.dx([x, targets], Scales::All(mean))?
+                        self.dx([x, targets], Scales::All(mean), None)?
                     }
                 };
                 dx.broadcast_mul(&grad.to_dtype(DType::F32)?)?
             }
-            Mode::LogProbs => {
+            Mode::LogProbs { lse } => {
                 // d log p / d z = -(d loss / d z): each row's loss weighted by minus its
                 // incoming gradient.
                 let weights = grad.to_dtype(DType::F32)?.neg()?.to_vec1::<f32>()?;
-                self.dx([x, targets], Scales::Each(&weights))?
+                let kept = lse.lock().unwrap_or_else(|e| e.into_inner()).take();
+                self.dx([x, targets], Scales::Each(&weights), kept)?
             }
         };
         Ok([Some(dx), None])
@@ -357,4 +372,51 @@ impl Kernel<'_> {
 struct Scored {
     lse: Vec<f32>,
     losses: Vec<f32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Storage, Var};
+    use wick_core::BlockFormat;
+
+    /// The forward of the log-probabilities keeps each row's log-sum-exp, and the backward
+    /// takes it (once) and makes from it the gradient a fresh pass makes.
+    #[test]
+    fn the_log_probabilities_keep_each_rows_log_sum_exp_for_their_backward() {
+        let dense = Tensor::randn(0f32, 1.0, (300, 64), &Device::Cpu).unwrap();
+        let weight = LayerWeight::quantize(&dense, BlockFormat::Q8_0).unwrap();
+        // A variable, so that the backward makes x's gradient.
+        let x = Var::randn(0f32, 1.0, (5, 64), &Device::Cpu).unwrap();
+        let x = x.as_tensor();
+        let targets = Tensor::new(&[1u32, 7, 299, IGNORE_INDEX, 42], &Device::Cpu).unwrap();
+        let mode = Mode::LogProbs {
+            lse: Mutex::default(),
+        };
+        let op = Sliced::new(&weight, None, mode);
+        let Mode::LogProbs { lse } = &op.mode else {
+            unreachable!("made as LogProbs")
+        };
+        {
+            let (xs, xl) = x.storage_and_layout();
+            let (ts, tl) = targets.storage_and_layout();
+            let (Storage::Cpu(xs), Storage::Cpu(ts)) = (&*xs, &*ts) else {
+                unreachable!("on the CPU")
+            };
+            op.cpu([(xs, xl), (ts, tl)]).unwrap();
+        }
+        let kept = lse.lock().unwrap().clone().expect("the forward keeps it");
+        assert_eq!(kept.len(), 5);
+
+        let weights = [0.5f32, -1.0, 2.0, 1.0, 0.25];
+        let fresh = op.dx([x, &targets], Scales::Each(&weights), None).unwrap();
+        let grad = Tensor::new(&weights, &Device::Cpu).unwrap().neg().unwrap();
+        let [dx, _] = op.grads([x, &targets], x, &grad).unwrap();
+        assert!(lse.lock().unwrap().is_none(), "the backward takes it");
+        let bits = |t: &Tensor| -> Vec<u32> {
+            let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            v.iter().map(|x| x.to_bits()).collect()
+        };
+        assert_eq!(bits(&dx.expect("x is a variable")), bits(&fresh));
+    }
 }
