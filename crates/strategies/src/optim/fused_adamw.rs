@@ -216,6 +216,7 @@ impl Isa {
 }
 
 /// One chunk's update in version `isa`, or in the baseline where this CPU cannot run it.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 fn update_chunk(isa: Isa, c: Chunk<'_>, k: &Coefficients) {
     #[cfg(target_arch = "x86_64")]
     {
