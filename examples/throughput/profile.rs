@@ -214,8 +214,9 @@ fn matmuls_alone(
 /// The `--profile` rows: the GPT at d_model 512 and the Llama, each under `single` and
 /// fsdp full_shard at W=2, after their matmul shapes alone and the peak.
 pub fn profile_rows(peak: f64, models: &[String], strategies: &[String]) -> anyhow::Result<()> {
+    let model_wanted = |model: &str| models.iter().any(|m| m == model);
     let wanted = |model: &str, strategy: &str| {
-        models.iter().any(|m| m == model) && strategies.iter().any(|s| s == strategy)
+        model_wanted(model) && strategies.iter().any(|s| s == strategy)
     };
     println!("peak_gflops={peak:.1}");
     let c = config(512);
@@ -237,10 +238,10 @@ pub fn profile_rows(peak: f64, models: &[String], strategies: &[String]) -> anyh
     ];
     // The matmuls alone first: the first accelerator keeps Candle's own pool to one thread
     // for the rest of the process.
-    if models.iter().any(|m| m == "gpt-d512") {
+    if model_wanted("gpt-d512") {
         matmuls_alone("gpt-d512", BATCH * c.block, &gpt_linears, peak)?;
     }
-    if models.iter().any(|m| m == "llama") {
+    if model_wanted("llama") {
         matmuls_alone(
             "llama",
             crate::LLAMA_BATCH * crate::LLAMA_SEQ,
