@@ -81,22 +81,34 @@ pub(crate) fn run_within<T: Send>(threads: Option<usize>, f: impl FnOnce() -> T 
     }
 }
 
-/// MKL's per-thread thread count (with the `mkl` feature; nothing without).
+/// MKL's per-thread thread count and its OpenMP threads' wait (with the `mkl` feature;
+/// nothing without).
 mod mkl {
     #[cfg(feature = "mkl")]
     extern "C" {
         /// mkl_service.h: the threads MKL uses for calls from the calling thread (0 resets
         /// to the global setting); returns the previous value.
         fn MKL_Set_Num_Threads_Local(nth: std::ffi::c_int) -> std::ffi::c_int;
+        /// Intel OpenMP (libiomp5, linked with MKL): how long, in milliseconds, the
+        /// calling thread's team spins after a parallel region before it sleeps.
+        fn kmp_set_blocktime(msec: std::ffi::c_int);
     }
 
-    /// Makes MKL calls from this thread use at most `n` threads.
+    /// Makes MKL calls from this thread use at most `n` threads, whose OpenMP workers
+    /// sleep as soon as a call ends unless `KMP_BLOCKTIME` says otherwise: spinning for
+    /// OpenMP's default 200 ms, they took the cores from the rank's rayon pool, and the
+    /// fused kernels between two products ran at half speed (the d512 GPT's single step
+    /// 397-403 ms against 366-367 with no wait, `throughput --profile`, 2026-12-07).
     pub(super) fn set_threads_of_this_thread(n: usize) {
         #[cfg(feature = "mkl")]
-        // SAFETY: a plain setter of MKL's thread-local state, linked in by Candle's `mkl`
-        // feature (intel-mkl-src); any positive count is valid.
+        // SAFETY: plain setters of MKL's and its OpenMP's thread-local state, linked in by
+        // Candle's `mkl` feature (intel-mkl-src); any positive count and a wait of 0 are
+        // valid.
         unsafe {
             MKL_Set_Num_Threads_Local(n.clamp(1, i32::MAX as usize) as std::ffi::c_int);
+            if std::env::var_os("KMP_BLOCKTIME").is_none() {
+                kmp_set_blocktime(0);
+            }
         }
         let _ = n;
     }

@@ -3,13 +3,12 @@
 //! between forward and backward).
 
 use crate::attention_kernel::{self as kernel, Dims, Heads, Scores};
-use crate::cpu::{as_f32, f32s, fused};
+use crate::cpu::{as_f32, f32s, fused, new_in_chunks};
 use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
 use crate::linear::{linear, Linear};
 use crate::positions::Positions;
 use candle_core::{CpuStorage, DType, Layout, Module, Result, Shape, Storage, Tensor, D};
 use candle_nn::VarBuilder;
-use rayon::prelude::*;
 
 /// What an attention's scores go through besides the causal mask. The default is plain
 /// causal attention scaled by `1/sqrt(head_dim)`.
@@ -425,8 +424,7 @@ impl CpuOp<2> for PackedBackward {
         // Interleave the three batch-major gradients into qkv's rows.
         let e = n.h * n.d;
         let rows = n.b * n.t;
-        let mut dqkv = vec![0f32; rows * 3 * e];
-        dqkv.par_chunks_mut(3 * e).enumerate().for_each(|(r, row)| {
+        let dqkv = new_in_chunks(rows * 3 * e, 3 * e, |r, row| {
             for i in 0..3 {
                 row[i * e..(i + 1) * e]
                     .copy_from_slice(&all[(i * rows + r) * e..(i * rows + r + 1) * e]);

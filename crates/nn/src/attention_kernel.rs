@@ -11,6 +11,7 @@
 //! gradients are written batch-major, `[batch, time, heads, head_dim]`, the order the
 //! output projection reads.
 
+use crate::cpu::new_in_chunks;
 use crate::gemm::Threads::One;
 use crate::positions::Positions;
 use crate::vector_math;
@@ -116,31 +117,27 @@ pub(crate) fn forward(
     documents: Option<&Positions>,
 ) -> Vec<f32> {
     let Dims { h, t, d, .. } = n;
-    let mut out = vec![0f32; n.b * t * h * d];
-    out.par_chunks_mut(t * h * d)
-        .enumerate()
-        .for_each(|(b, out)| {
-            let mut p = vec![0f32; t * t];
-            let mut tanh = vec![0f32; if n.scores.softcap.is_some() { t * t } else { 0 }];
-            let row = documents.map(|d| d.row(b));
-            for head in 0..h {
-                let kv = head / n.groups();
-                let (q_b, k_b) = (q.1.block(q.0, b, head), k.1.block(k.0, b, kv));
-                probabilities(q_b, k_b, (n, row), &mut p, &mut tanh);
-                let v = v.1.block(v.0, b, kv);
-                One.matmul(
-                    t,
-                    d,
-                    t,
-                    (&mut out[head * d..], h * d),
-                    false,
-                    (&p, t, 1),
-                    (v.0, v.1, 1),
-                    1.0,
-                );
-            }
-        });
-    out
+    new_in_chunks(n.b * t * h * d, t * h * d, |b, out| {
+        let mut p = vec![0f32; t * t];
+        let mut tanh = vec![0f32; if n.scores.softcap.is_some() { t * t } else { 0 }];
+        let row = documents.map(|d| d.row(b));
+        for head in 0..h {
+            let kv = head / n.groups();
+            let (q_b, k_b) = (q.1.block(q.0, b, head), k.1.block(k.0, b, kv));
+            probabilities(q_b, k_b, (n, row), &mut p, &mut tanh);
+            let v = v.1.block(v.0, b, kv);
+            One.matmul(
+                t,
+                d,
+                t,
+                (&mut out[head * d..], h * d),
+                false,
+                (&p, t, 1),
+                (v.0, v.1, 1),
+                1.0,
+            );
+        }
+    })
 }
 
 /// The gradients of `q`, `k` and `v` given the output's (`dout`), each batch-major:

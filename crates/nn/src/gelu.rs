@@ -1,11 +1,10 @@
 //! `Gelu`: the tanh approximation of GELU (what Candle's `Tensor::gelu` computes), with a
 //! fused backward.
 
-use crate::cpu::{f32_inputs, fused, map_pairs, ELEMENTWISE_CHUNK};
+use crate::cpu::{f32_inputs, fused, map_pairs, new_in_chunks, ELEMENTWISE_CHUNK};
 use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
 use crate::vector_math;
 use candle_core::{CpuStorage, Module, Result, Tensor};
-use rayon::prelude::*;
 
 /// GELU, tanh approximation, as a layer. Fused on the CPU in f32; `Tensor::gelu` elsewhere.
 #[derive(Clone, Copy, Debug, Default)]
@@ -32,10 +31,10 @@ impl CpuOp<1> for Forward {
 
     fn cpu(&self, inputs: [Input<'_>; 1]) -> CpuOut {
         let [x] = f32_inputs(Self::NAME, inputs)?;
-        let mut y = vec![0f32; x.len()];
-        y.par_chunks_mut(ELEMENTWISE_CHUNK)
-            .zip(x.par_chunks(ELEMENTWISE_CHUNK))
-            .for_each(|(y, x)| vector_math::gelu(y, x));
+        let y = new_in_chunks(x.len(), ELEMENTWISE_CHUNK, |i, y| {
+            let at = i * ELEMENTWISE_CHUNK;
+            vector_math::gelu(y, &x[at..at + y.len()])
+        });
         Ok((CpuStorage::F32(y), inputs[0].1.shape().clone()))
     }
 
@@ -54,7 +53,7 @@ impl CpuOp<2> for Backward {
 
     fn cpu(&self, inputs: [Input<'_>; 2]) -> CpuOut {
         let [x, g] = f32_inputs(Self::NAME, inputs)?;
-        let dx = map_pairs(x, g, vector_math::gelu_backward);
+        let dx = map_pairs(Self::NAME, x, g, vector_math::gelu_backward)?;
         Ok((CpuStorage::F32(dx), inputs[0].1.shape().clone()))
     }
 }

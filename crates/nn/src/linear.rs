@@ -5,7 +5,7 @@
 //! slowest part of a small model's backward) and makes the weight's gradient `gᵀ x` in
 //! the weight's own layout.
 
-use crate::cpu::{f32_inputs, fused, rows_per_task, sum_in_order};
+use crate::cpu::{f32_inputs, fused, new_in_chunks, rows_per_task, sum_in_order};
 use crate::few_rows::{matmul_wt, FEW_ROWS};
 use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
 use crate::gemm::Threads;
@@ -97,8 +97,11 @@ impl CpuOp<3> for ProductPlusBias {
                 b.len()
             )
         }
-        let mut y = Vec::with_capacity(rows * out);
-        y.par_extend((0..rows * out).into_par_iter().map(|i| b[i % out]));
+        let mut y = new_in_chunks(rows * out, rows_per_task(out) * out, |_, y| {
+            for row in y.chunks_exact_mut(out) {
+                row.copy_from_slice(b);
+            }
+        });
         Threads::Pool.matmul(
             rows,
             out,

@@ -2,11 +2,10 @@
 //! halves of each head's vector are the two coordinates of its rotated pairs. Forward and
 //! backward are each one pass; the backward is the rotation by the opposite angle.
 
-use crate::cpu::{f32_inputs, fused};
+use crate::cpu::{f32_inputs, fused, new_in_chunks};
 use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
 use crate::positions::Positions;
 use candle_core::{CpuStorage, DType, Device, Result, Tensor, D};
-use rayon::prelude::*;
 
 /// The cos and sin tables of a rotary embedding, one row per position, `head_dim` wide
 /// (each frequency twice, as Hugging Face's `cat((freqs, freqs))`).
@@ -196,30 +195,27 @@ impl CpuOp<1> for Rotate {
         let half = d / 2;
         // Rows of d per task: one (batch, dim-1) block of n2 rows.
         let block = n2 * d;
-        let mut y = vec![0f32; x.len()];
-        y.par_chunks_mut(block)
-            .zip(x.par_chunks(block))
-            .enumerate()
-            .for_each(|(at, (y, x))| {
-                // Task `at` is (batch, time) or (batch, head): its batch is at / n1.
-                let positions = self.positions.as_ref().map(|p| p.row(at / n1));
-                for r in 0..n2 {
-                    // The row's time, then its position.
-                    let time = match self.time_dim {
-                        1 => at % n1,
-                        _ => r,
-                    };
-                    let p = positions.map_or(time, |p| p[time] as usize);
-                    let (cos, sin) = (&self.cos[p * d..], &self.sin[p * d..]);
-                    let (x, y) = (&x[r * d..(r + 1) * d], &mut y[r * d..(r + 1) * d]);
-                    for i in 0..half {
-                        let s = self.sign * sin[i];
-                        let (a, b) = (x[i], x[i + half]);
-                        y[i] = a * cos[i] - b * s;
-                        y[i + half] = b * cos[i + half] + a * self.sign * sin[i + half];
-                    }
+        let y = new_in_chunks(x.len(), block, |at, y| {
+            let x = &x[at * block..at * block + y.len()];
+            // Task `at` is (batch, time) or (batch, head): its batch is at / n1.
+            let positions = self.positions.as_ref().map(|p| p.row(at / n1));
+            for r in 0..n2 {
+                // The row's time, then its position.
+                let time = match self.time_dim {
+                    1 => at % n1,
+                    _ => r,
+                };
+                let p = positions.map_or(time, |p| p[time] as usize);
+                let (cos, sin) = (&self.cos[p * d..], &self.sin[p * d..]);
+                let (x, y) = (&x[r * d..(r + 1) * d], &mut y[r * d..(r + 1) * d]);
+                for i in 0..half {
+                    let s = self.sign * sin[i];
+                    let (a, b) = (x[i], x[i + half]);
+                    y[i] = a * cos[i] - b * s;
+                    y[i + half] = b * cos[i + half] + a * self.sign * sin[i + half];
                 }
-            });
+            }
+        });
         Ok((CpuStorage::F32(y), shape.clone()))
     }
 

@@ -37,7 +37,7 @@ impl CpuOp<2> for Forward {
 
     fn cpu(&self, inputs: [Input<'_>; 2]) -> CpuOut {
         let [g, u] = f32_inputs(Self::NAME, inputs)?;
-        let y = map_pairs(g, u, vector_math::swiglu);
+        let y = map_pairs(Self::NAME, g, u, vector_math::swiglu)?;
         Ok((CpuStorage::F32(y), inputs[0].1.shape().clone()))
     }
 

@@ -12,7 +12,7 @@ use crate::replicated::bucket_reduce::{
 };
 use crate::replicated::frozen_param::FrozenParam;
 use crate::step::grads::GradAccumulator;
-use crate::step::nonfinite::{check_and_clip, first_nonfinite, step_report};
+use crate::step::nonfinite::{check_and_clip, step_report};
 use crate::units::param_request::{check_asked_again, check_dtype};
 use crate::units::param_use::unreached;
 use crate::units::recompute_op::RecomputedGrads;
@@ -307,17 +307,17 @@ impl ReplicatedState {
     }
 
     /// The step's verdict on the reduced `grads` (see [`check_and_clip`], which clips them
-    /// when it says to step): their norm before clipping, or `None` to skip. `local` is this
-    /// rank's first parameter with an inf or NaN gradient, `shards_over` the world whose
+    /// when it says to step): their norm before clipping, or `None` to skip. `locate` says
+    /// which parameter this rank's first gradient with inf or NaN is, `shards_over` the world whose
     /// ranks hold the other parts of the gradients (`None` when every rank holds them all).
     pub(crate) fn check(
         &self,
         grads: &mut [Tensor],
-        local: Option<usize>,
+        locate: impl FnOnce(&[Tensor], usize) -> Result<Option<usize>>,
         shards_over: Option<&dyn Collective>,
     ) -> Result<Option<f64>> {
         let names = &self.names;
-        check_and_clip(grads, local, shards_over, &self.options, |i| {
+        check_and_clip(grads, locate, shards_over, &self.options, |i| {
             names[i].clone()
         })
     }
@@ -325,8 +325,8 @@ impl ReplicatedState {
     /// Clips (if asked) and steps every full parameter with its reduced gradient, unless
     /// one holds inf or NaN.
     pub(crate) fn apply(&mut self, mut grads: Vec<Tensor>) -> Result<StepReport> {
-        let local = first_nonfinite(&grads)?;
-        let grad_norm = self.check(&mut grads, local, None)?;
+        // One gradient a parameter: the first with inf or NaN is that parameter.
+        let grad_norm = self.check(&mut grads, |_, i| Ok(Some(i)), None)?;
         if grad_norm.is_some() {
             self.grad_bytes = grads.iter().map(tensor_bytes).sum();
             let params = self.params.clone();

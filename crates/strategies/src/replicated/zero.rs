@@ -184,9 +184,9 @@ impl ZeroReduce {
         let flat_grad = flatten_consuming(grads, layout, DType::F32, &device)?;
         // Every rank holds the whole averaged gradient: each decides alone.
         let whole = 0..flat_grad.elem_count();
-        let local = first_nonfinite_in(layout, whole, &flat_grad)?;
+        let locate = |grads: &[Tensor], _| first_nonfinite_in(layout, whole, &grads[0]);
         let mut whole = [flat_grad];
-        let grad_norm = state.check(&mut whole, local, None)?;
+        let grad_norm = state.check(&mut whole, locate, None)?;
         if grad_norm.is_none() {
             return Ok(step_report(None));
         }
@@ -217,9 +217,10 @@ impl ZeroReduce {
         let plan = self.plan(state);
         // A sharded plan reduces every bucket into the one flat shard of this rank.
         let shard_grad = Tensor::cat(&state.averaged_grads(plan)?, 0)?;
-        let local = first_nonfinite_in(layout, range.start..range.end, &shard_grad)?;
+        let locate =
+            |grads: &[Tensor], _| first_nonfinite_in(layout, range.start..range.end, &grads[0]);
         let mut shard_grads = [shard_grad];
-        let grad_norm = state.check(&mut shard_grads, local, Some(world))?;
+        let grad_norm = state.check(&mut shard_grads, locate, Some(world))?;
         if grad_norm.is_none() {
             return Ok(step_report(None));
         }

@@ -100,19 +100,17 @@ impl ShardedRank {
     /// group hold disjoint parts and decide together.
     fn check_grads(&self, world: &dyn Collective, grads: &mut [Tensor]) -> Result<Option<f64>> {
         let rank = world.rank();
-        let mut local = None;
-        let mut before = 0;
-        for (layout, g) in self.layouts.iter().zip(grads.iter()) {
-            let shard = layout.shard(rank);
-            if let Some(i) = first_nonfinite_in(layout, shard.start..shard.end, g)? {
-                local = Some(before + i);
-                break;
-            }
-            before += layout.entries().len();
-        }
+        // `grads[i]` is the shard of `layouts[i]`'s flat buffer, whose parameters come
+        // after those of the layouts before it.
+        let locate = |grads: &[Tensor], i: usize| {
+            let (layout, shard) = (&self.layouts[i], self.layouts[i].shard(rank));
+            let before: usize = self.layouts[..i].iter().map(|l| l.entries().len()).sum();
+            let within = first_nonfinite_in(layout, shard.start..shard.end, &grads[i])?;
+            Ok(within.map(|j| before + j))
+        };
         let names = || self.layouts.iter().flat_map(|l| l.entries());
         let name_of = |i: usize| names().nth(i).map(|e| e.name.clone()).unwrap_or_default();
-        check_and_clip(grads, local, Some(world), &self.step_options, name_of)
+        check_and_clip(grads, locate, Some(world), &self.step_options, name_of)
     }
 
     /// Records the parameters the next forward hands out, for the backward after it to

@@ -4,21 +4,52 @@ use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use rayon::prelude::*;
 use wick_core::{Collective, CollectiveExt, ReduceOp, Result};
 
-/// The sum of the squares of every element of `grads`, this rank's part of the squared
-/// global norm. It stays on the gradients' device; one scalar is read back. Contiguous f32
-/// on the CPU is summed in one pass that makes no copy ([`SumOfSquares`]).
-pub(crate) fn sum_of_squares(grads: &[Tensor]) -> Result<f64> {
-    let per_grad = grads
-        .iter()
-        .map(|g| match g.device().is_cpu() && g.dtype() == DType::F32 {
-            true => g.contiguous()?.apply_op1_no_bwd(&SumOfSquares),
-            false => g.sqr()?.sum_all()?.to_dtype(DType::F64),
+/// One gradient's part of the squared global norm, and whether it holds inf or NaN.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Squares {
+    /// The sum of the squares of its elements.
+    pub(crate) sum: f64,
+    /// Whether some element is inf or NaN.
+    pub(crate) nonfinite: bool,
+}
+
+impl Squares {
+    /// `g`'s squares, on `g`'s device (one scalar read back). Contiguous f32 on the CPU is
+    /// summed in f64 in one pass that makes no copy ([`SumOfSquares`]); that sum is finite
+    /// exactly when every element is, since a finite f32's square is below 2^256, so the
+    /// same pass is the inf and NaN check. Elsewhere the squares are summed in f32, which
+    /// a finite element above 2^64 overflows, so the check is a pass of its own: zero times
+    /// each element sums to NaN exactly when one is inf or NaN.
+    pub(crate) fn of(g: &Tensor) -> Result<Squares> {
+        if g.device().is_cpu() && g.dtype() == DType::F32 {
+            let sum = g
+                .contiguous()?
+                .apply_op1_no_bwd(&SumOfSquares)?
+                .to_scalar::<f64>()?;
+            return Ok(Squares {
+                sum,
+                nonfinite: !sum.is_finite(),
+            });
+        }
+        let g = g.to_dtype(DType::F32)?;
+        let sum = g.sqr()?.sum_all()?.to_scalar::<f32>()?;
+        let zeros = g.affine(0.0, 0.0)?.sum_all()?.to_scalar::<f32>()?;
+        Ok(Squares {
+            sum: f64::from(sum),
+            nonfinite: zeros.is_nan(),
         })
-        .collect::<candle_core::Result<Vec<_>>>()?;
-    Ok(match per_grad.is_empty() {
-        true => 0.0,
-        false => Tensor::stack(&per_grad, 0)?.sum_all()?.to_scalar::<f64>()?,
-    })
+    }
+}
+
+/// Each of `grads`' [`Squares`], in order.
+pub(crate) fn squares_each(grads: &[Tensor]) -> Result<Vec<Squares>> {
+    grads.iter().map(Squares::of).collect()
+}
+
+/// The sum of the squares of every element of `grads`, this rank's part of the squared
+/// global norm, added in order.
+pub(crate) fn sum_of_squares(grads: &[Tensor]) -> Result<f64> {
+    Ok(squares_each(grads)?.iter().map(|s| s.sum).sum())
 }
 
 /// Elements a parallel task of [`SumOfSquares`] sums.

@@ -2,13 +2,13 @@
 //! in the same all-reduce as the gradients' norm, then either an error naming the first
 //! rank and parameter or a step skipped everywhere ([`OnNonFinite`]).
 //!
-//! A tensor holds inf or NaN exactly when its sum does (finite gradients do not overflow
-//! f32 when summed), so the check is one reduction per tensor; the pieces of a flat buffer
-//! are looked at one by one only once that sum says something is there.
+//! Each gradient is checked by the pass that sums its squares for the norm ([`Squares`]:
+//! on the CPU in f64, which finite f32 elements never overflow); the pieces of a flat
+//! buffer are looked at one by one only once that check says something is there.
 
 use crate::layout::flat_layout::FlatLayout;
-use crate::step::clip::{clip_to, sum_of_squares};
-use candle_core::{DType, Device, Tensor};
+use crate::step::clip::{clip_to, squares_each, Squares};
+use candle_core::{Device, Tensor};
 use std::ops::Range;
 use wick_core::{
     Collective, CollectiveExt, Error, OnNonFinite, ReduceOp, Result, StepOptions, StepReport,
@@ -23,22 +23,6 @@ pub(crate) fn step_report(grad_norm: Option<f64>) -> StepReport {
     }
 }
 
-/// Whether `t` holds inf or NaN.
-fn holds_nonfinite(t: &Tensor) -> Result<bool> {
-    let sum = t.sum_all()?.to_dtype(DType::F32)?.to_scalar::<f32>()?;
-    Ok(!sum.is_finite())
-}
-
-/// The index of the first of `grads` that holds inf or NaN.
-pub(crate) fn first_nonfinite(grads: &[Tensor]) -> Result<Option<usize>> {
-    for (i, g) in grads.iter().enumerate() {
-        if holds_nonfinite(g)? {
-            return Ok(Some(i));
-        }
-    }
-    Ok(None)
-}
-
 /// The first parameter of `layout` (an index into its entries) whose elements in `flat`
 /// hold inf or NaN, where `flat` holds `range` of the layout's flat buffer (a rank's shard,
 /// or the whole).
@@ -47,11 +31,8 @@ pub(crate) fn first_nonfinite_in(
     range: Range<usize>,
     flat: &Tensor,
 ) -> Result<Option<usize>> {
-    if !holds_nonfinite(flat)? {
-        return Ok(None);
-    }
     for (i, _, within, at) in layout.pieces_in(range) {
-        if holds_nonfinite(&flat.narrow(0, at, within.len())?)? {
+        if Squares::of(&flat.narrow(0, at, within.len())?)?.nonfinite {
             return Ok(Some(i));
         }
     }
@@ -61,8 +42,9 @@ pub(crate) fn first_nonfinite_in(
 
 /// The step's verdict on its reduced `grads`: `Some(norm)`, their global L2 norm, to step
 /// (with `grads` then clipped as `options` ask, [`clip_to`]), or `None` to skip it (inf or
-/// NaN somewhere under [`OnNonFinite::Skip`]). `local` is this rank's first parameter with
-/// a non-finite gradient (an index `name_of` names).
+/// NaN somewhere under [`OnNonFinite::Skip`]). Where this rank's first gradient with inf
+/// or NaN is `grads[i]`, `locate(grads, i)` says which parameter it is (an index `name_of`
+/// names): `i` itself where each gradient is one parameter's, or a piece of a flat buffer.
 ///
 /// The ranks of `shards_over` hold disjoint parts of the gradients: one small all-reduce
 /// over them carries both what each found and its sum of squares, so the check and the
@@ -71,12 +53,17 @@ pub(crate) fn first_nonfinite_in(
 /// [`Error::NonFinite`], naming the first rank with one and that rank's first parameter.
 pub(crate) fn check_and_clip(
     grads: &mut [Tensor],
-    local: Option<usize>,
+    locate: impl FnOnce(&[Tensor], usize) -> Result<Option<usize>>,
     shards_over: Option<&dyn Collective>,
     options: &StepOptions,
     name_of: impl Fn(usize) -> String,
 ) -> Result<Option<f64>> {
-    let mut squares = sum_of_squares(grads)?;
+    let each = squares_each(grads)?;
+    let mut squares: f64 = each.iter().map(|s| s.sum).sum();
+    let local = match each.iter().position(|s| s.nonfinite) {
+        Some(i) => locate(grads, i)?,
+        None => None,
+    };
     let mut found = local.is_some();
     if let Some(world) = shards_over {
         let both = Tensor::new(&[f32::from(u8::from(found)), squares as f32], &Device::Cpu)?;
@@ -131,7 +118,7 @@ fn blame(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Shape;
+    use candle_core::{DType, Shape};
 
     #[test]
     fn the_first_nonfinite_piece_is_found_in_a_shard() {
@@ -155,18 +142,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(first_nonfinite_in(&layout, 0..8, &whole).unwrap(), Some(0));
-        let fine = Tensor::new(&[1f32, 2.0, 3.0, 4.0], &Device::Cpu).unwrap();
-        assert_eq!(first_nonfinite(&[fine.clone(), shard]).unwrap(), Some(1));
         let options = |on_nonfinite| StepOptions {
             clip_grad_norm: None,
             on_nonfinite,
             find_unused_parameters: false,
         };
         let name_of = |i: usize| ["a", "b"][i].to_string();
-        let mut grads = [Tensor::new(&[3f32, 4.0], &Device::Cpu).unwrap()];
+        let each_its_own = |_: &[Tensor], i: usize| Ok(Some(i));
+        // The second gradient holds a NaN: its parameter is named.
+        let fine = Tensor::new(&[1f32, 2.0, 3.0, 4.0], &Device::Cpu).unwrap();
+        let mut grads = [fine, shard];
         let err = check_and_clip(
             &mut grads,
-            Some(1),
+            each_its_own,
             None,
             &options(OnNonFinite::Error),
             name_of,
@@ -174,14 +162,48 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("'b'"), "{err}");
+        let mut grads = [Tensor::new(&[3f32, 4.0], &Device::Cpu).unwrap()];
         let skip = options(OnNonFinite::Skip);
+        let mut with_inf = [Tensor::new(&[3f32, f32::INFINITY], &Device::Cpu).unwrap()];
         assert_eq!(
-            check_and_clip(&mut grads, Some(1), None, &skip, name_of).unwrap(),
+            check_and_clip(&mut with_inf, each_its_own, None, &skip, name_of).unwrap(),
             None
         );
         assert_eq!(
-            check_and_clip(&mut grads, None, None, &skip, name_of).unwrap(),
+            check_and_clip(&mut grads, each_its_own, None, &skip, name_of).unwrap(),
             Some(5.0)
         );
+    }
+
+    #[test]
+    fn finite_gradients_whose_sum_overflows_f32_are_finite() {
+        // Their f32 sum (and, in bf16 or f32, their squares' sum) is inf; no element is.
+        let huge = [3e38f32, 3e38, -1e30];
+        for dtype in [DType::F32, DType::BF16] {
+            let g = Tensor::new(&huge, &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let squares = Squares::of(&g).unwrap();
+            assert!(!squares.nonfinite, "{dtype:?}: {squares:?}");
+            let mut with_nan = huge;
+            with_nan[2] = f32::NAN;
+            let g = Tensor::new(&with_nan, &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            assert!(Squares::of(&g).unwrap().nonfinite, "{dtype:?}");
+        }
+        let g = Tensor::new(&huge, &Device::Cpu).unwrap();
+        let norm = (2.0 * 9e76f64 + 1e60).sqrt();
+        let skip = StepOptions {
+            clip_grad_norm: None,
+            on_nonfinite: OnNonFinite::Skip,
+            find_unused_parameters: false,
+        };
+        let got = check_and_clip(&mut [g], |_, i| Ok(Some(i)), None, &skip, |_| "a".into())
+            .unwrap()
+            .expect("a step");
+        assert!((got - norm).abs() <= 1e-6 * norm, "{got} against {norm}");
     }
 }
