@@ -26,7 +26,9 @@ approximation), a final norm and a linear head. The Llama is `transformers`'
 `--hf DIR` adds the model of a Hugging Face directory (`AutoModelForCausalLM`, f32) at
 sequence 256, global batch 8 (`model=hf:DIR`), the median step of 4 after 2 warm-up steps, and with `--lora R` peft's LoRA of rank R
 on it (`model=hf:DIR+loraR`: alpha 2R, every linear layer of a block; only the adapters in
-the optimizer). `--checkpoint-activations` recomputes each block in backward, torchtitan's
+the optimizer). `--profile` prints only the `--d-model` GPTs' single step op by op under `torch.profiler`
+(each op's self time per step), beside `throughput --profile`'s rows for wick.
+`--checkpoint-activations` recomputes each block in backward, torchtitan's
 way (`checkpoint_wrapper` around each block before `fully_shard`; rows labelled
 `activation_checkpointing=full`). Under FSDP2 the `--hf` model is made on the meta device and
 materialised shard by shard, the weights broadcast from rank 0 (torchtitan's way). Each row's
@@ -278,6 +280,40 @@ def mm_peak_gflops(threads):
     return best
 
 
+def profile_gpt(d, threads, steps=5):
+    """The single d-wide GPT's step under torch.profiler, as `throughput --profile` shows
+    wick's: the median step of 10 after 3 warm-up steps, then each op's self time per step
+    over `steps` profiled steps (`addmm` is the forward products with their biases, `mm`
+    the backward products)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.manual_seed(0)
+    torch.set_num_threads(threads)
+    model = Gpt(d)
+    opt = adamw(model.parameters(), fused=True)
+    (ids, targets), = batches(GPT_VOCAB, GPT_BATCH, GPT_BLOCK, 1, 0, 1)
+
+    def step():
+        loss = model(ids, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for _ in range(WARMUP):
+        step()
+    times = []
+    for _ in range(MEASURED):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    print(f"profile impl=torch model=gpt-d{d} step_ms={statistics.median(times) * 1e3:.1f}")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    for event in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]:
+        print(f"profile impl=torch model=gpt-d{d} op={event.key} "
+              f"ms={event.self_cpu_time_total / 1e3 / steps:.1f} calls={event.count // steps}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     p.add_argument("--d-model", type=int, nargs="*", default=[128, 512])
@@ -295,8 +331,14 @@ def main():
                    help="the W>1 strategies to run (default both)")
     p.add_argument("--checkpoint-activations", action="store_true",
                    help="recompute each block in backward (checkpoint_wrapper, torchtitan's way)")
+    p.add_argument("--profile", action="store_true",
+                   help="only the --d-model GPTs' single step under torch.profiler, op by op")
     args = p.parse_args()
     cores = os.cpu_count() or 1
+    if args.profile:
+        for d in args.d_model:
+            profile_gpt(d, cores)
+        return
     models = [f"gpt-d{d}" for d in args.d_model] + (["llama"] if args.llama else [])
     lora = f"+lora{args.lora}" if args.lora else ""
     models += [f"hf:{args.hf}{lora}"] if args.hf else []
