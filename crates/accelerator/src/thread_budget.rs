@@ -134,4 +134,21 @@ mod tests {
         assert_eq!(run_within(Some(3), rayon::current_num_threads), 3);
         assert_eq!(run_within(None, || 7), 7);
     }
+
+    #[cfg(feature = "mkl")]
+    #[test]
+    fn mkl_calls_from_a_rank_use_its_threads_and_do_not_spin() {
+        extern "C" {
+            fn MKL_Get_Max_Threads() -> std::ffi::c_int;
+            fn kmp_get_blocktime() -> std::ffi::c_int;
+        }
+        // SAFETY: plain getters of MKL's and its OpenMP's thread-local settings.
+        let (threads, blocktime) = run_within(Some(3), || unsafe {
+            (MKL_Get_Max_Threads(), kmp_get_blocktime())
+        });
+        assert_eq!(threads, 3);
+        if std::env::var_os("KMP_BLOCKTIME").is_none() {
+            assert_eq!(blocktime, 0);
+        }
+    }
 }

@@ -90,9 +90,7 @@ impl CpuOp<3> for Forward {
         let [x, w, b] = f32_inputs(Self::NAME, inputs)?;
         let y = map_rows(x, c, |row, out| {
             let (mean, rstd) = moments(row, self.eps);
-            for i in 0..c {
-                out[i] = (row[i] - mean) * rstd * w[i] + b[i];
-            }
+            vector_math::layer_norm_row(out, row, w, b, mean, rstd);
         });
         Ok((CpuStorage::F32(y), inputs[0].1.shape().clone()))
     }
@@ -119,11 +117,17 @@ impl NormRowGrad for Grad {
         // The row's sums in SIMD lanes: mean(dxhat) and mean(dxhat xhat), dxhat = g w.
         let mean_dxhat = vector_math::dot(g, w) / c as f32;
         let mean_dxhat_xhat = vector_math::centered_dot3(g, w, row, mean) * rstd / c as f32;
-        for i in 0..c {
-            let xhat = (row[i] - mean) * rstd;
-            dw[i] += g[i] * xhat;
-            db[i] += g[i];
-            d[i] = rstd * (g[i] * w[i] - mean_dxhat - xhat * mean_dxhat_xhat);
-        }
+        vector_math::layer_norm_row_grad(
+            d,
+            dw,
+            db,
+            row,
+            g,
+            w,
+            mean,
+            rstd,
+            mean_dxhat,
+            mean_dxhat_xhat,
+        );
     }
 }

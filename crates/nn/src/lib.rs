@@ -32,8 +32,8 @@
 //!   or QLoRA's NF4 decoded inside the op in forward and again in backward (as
 //!   [`lora_linear`] decodes it too).
 //!
-//! Their exponentials (softmax, cross-entropy, GELU's tanh, SiLU) are vectorised for the
-//! widest instruction set the CPU has (`vector_math.rs`), and the attention's matrix
+//! Their exponentials (softmax, cross-entropy, GELU's tanh, SiLU) and the norms' rows are
+//! vectorised for the widest instruction set the CPU has (`vector_math.rs`), and the attention's matrix
 //! products run on the GEMM Candle's matmul uses, one (batch, head) block per task.
 //!
 //! The fused path runs for contiguous f32 tensors on the CPU. On other devices and dtypes

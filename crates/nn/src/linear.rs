@@ -9,6 +9,7 @@ use crate::cpu::{f32_inputs, fused, new_in_chunks, rows_per_task, sum_in_order};
 use crate::few_rows::{matmul_wt, FEW_ROWS};
 use crate::fused_op::{CpuOp, CpuOut, Fused, GradsOf, Input};
 use crate::gemm::Threads;
+use crate::vector_math;
 use candle_core::{CpuStorage, Module, Result, Shape, Tensor};
 use candle_nn::VarBuilder;
 use rayon::prelude::*;
@@ -169,9 +170,7 @@ impl CpuOp<1> for ColumnSums {
             .map(|rows| {
                 let mut sums = vec![0f32; n];
                 for row in rows.chunks_exact(n) {
-                    for (s, v) in sums.iter_mut().zip(row) {
-                        *s += v;
-                    }
+                    vector_math::add_into(&mut sums, row);
                 }
                 sums
             })

@@ -101,11 +101,7 @@ impl CpuOp<2> for Forward {
         let c = norm_width(Self::NAME, inputs[0].1, inputs[1].1)?;
         let [x, w] = f32_inputs(Self::NAME, inputs)?;
         let y = map_rows(x, c, |row, out| {
-            let r = rrms(row, self.eps);
-            for i in 0..c {
-                // Normalised first, then scaled: Hugging Face's order of roundings.
-                out[i] = w[i] * (row[i] * r);
-            }
+            vector_math::rms_norm_row(out, row, w, rrms(row, self.eps));
         });
         Ok((CpuStorage::F32(y), inputs[0].1.shape().clone()))
     }
@@ -130,11 +126,6 @@ impl NormRowGrad for Grad {
         // y = w x r, dr/dx_j = -r³ x_j / c:
         // dx_j = r (g_j w_j - x_j r² mean(g w x)).
         let mean_gwx = vector_math::centered_dot3(g, w, row, 0.0) / c as f32;
-        for i in 0..c {
-            dw[i] += g[i] * row[i] * r;
-        }
-        for i in 0..c {
-            d[i] = r * (g[i] * w[i] - row[i] * r * r * mean_gwx);
-        }
+        vector_math::rms_norm_row_grad(d, dw, row, g, w, r, mean_gwx);
     }
 }

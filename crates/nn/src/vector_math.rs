@@ -231,6 +231,72 @@ multiversion! {
     }
 }
 
+multiversion! {
+    /// A layer norm's row: `out = (x - mean) rstd w + b`.
+    fn layer_norm_row(out: &mut [f32], x: &[f32], w: &[f32], b: &[f32], mean: f32, rstd: f32) -> () {
+        for (((out, &x), &w), &b) in out.iter_mut().zip(x).zip(w).zip(b) {
+            *out = (x - mean) * rstd * w + b;
+        }
+    }
+}
+
+multiversion! {
+    /// A layer norm's row gradient, given the row's statistics: `dx` written, the weight's
+    /// and the bias's gradients (`dw`, `db`) added to.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm_row_grad(
+        dx: &mut [f32],
+        dw: &mut [f32],
+        db: &mut [f32],
+        x: &[f32],
+        g: &[f32],
+        w: &[f32],
+        mean: f32,
+        rstd: f32,
+        mean_dxhat: f32,
+        mean_dxhat_xhat: f32
+    ) -> () {
+        let rows = dx.iter_mut().zip(dw.iter_mut()).zip(db.iter_mut());
+        for ((((dx, dw), db), &x), (&g, &w)) in rows.zip(x).zip(g.iter().zip(w)) {
+            let xhat = (x - mean) * rstd;
+            *dw += g * xhat;
+            *db += g;
+            *dx = rstd * (g * w - mean_dxhat - xhat * mean_dxhat_xhat);
+        }
+    }
+}
+
+multiversion! {
+    /// An RMS norm's row: `out = w (x r)`, normalised first, then scaled (Hugging Face's
+    /// order of roundings).
+    fn rms_norm_row(out: &mut [f32], x: &[f32], w: &[f32], r: f32) -> () {
+        for ((out, &x), &w) in out.iter_mut().zip(x).zip(w) {
+            *out = w * (x * r);
+        }
+    }
+}
+
+multiversion! {
+    /// An RMS norm's row gradient, given `r` and `mean(g w x)`: `dx` written, the weight's
+    /// gradient `dw` added to.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_row_grad(dx: &mut [f32], dw: &mut [f32], x: &[f32], g: &[f32], w: &[f32], r: f32, mean_gwx: f32) -> () {
+        for (((dx, dw), &x), (&g, &w)) in dx.iter_mut().zip(dw.iter_mut()).zip(x).zip(g.iter().zip(w)) {
+            *dw += g * x * r;
+            *dx = r * (g * w - x * r * r * mean_gwx);
+        }
+    }
+}
+
+multiversion! {
+    /// `sums[i] += row[i]`.
+    fn add_into(sums: &mut [f32], row: &[f32]) -> () {
+        for (s, &v) in sums.iter_mut().zip(row) {
+            *s += v;
+        }
+    }
+}
+
 /// The sum of `xs` (eight running sums, added in a fixed order).
 pub(crate) fn sum(xs: &[f32]) -> f32 {
     sum8(xs, |x| x)
@@ -304,6 +370,43 @@ mod tests {
                 let ulp = (want.abs() as f64 * f32::EPSILON as f64).max(smallest as f64);
                 assert!(err <= 2.0 * ulp, "exp({x}) = {y}, libm {want}");
             }
+        }
+    }
+
+    #[test]
+    fn the_norm_rows_give_the_bits_of_their_element_formulas() {
+        // The widest version this CPU runs, against each element's formula on the baseline.
+        let row =
+            |seed: f32| -> Vec<f32> { (0..203).map(|i| (i as f32 * 0.61 + seed).sin()).collect() };
+        let (x, g, w, b) = (row(0.1), row(0.2), row(0.3), row(0.4));
+        let (mean, rstd, m1, m2, r) = (0.03, 1.7, -0.2, 0.4, 0.9);
+        let mut out = vec![0f32; x.len()];
+        layer_norm_row(&mut out, &x, &w, &b, mean, rstd);
+        for i in 0..x.len() {
+            assert_eq!(out[i], (x[i] - mean) * rstd * w[i] + b[i]);
+        }
+        rms_norm_row(&mut out, &x, &w, r);
+        for i in 0..x.len() {
+            assert_eq!(out[i], w[i] * (x[i] * r));
+        }
+        let (mut dw, mut db) = (b.clone(), w.clone());
+        layer_norm_row_grad(&mut out, &mut dw, &mut db, &x, &g, &w, mean, rstd, m1, m2);
+        for i in 0..x.len() {
+            let xhat = (x[i] - mean) * rstd;
+            assert_eq!(dw[i], b[i] + g[i] * xhat);
+            assert_eq!(db[i], w[i] + g[i]);
+            assert_eq!(out[i], rstd * (g[i] * w[i] - m1 - xhat * m2));
+        }
+        let mut dw = b.clone();
+        rms_norm_row_grad(&mut out, &mut dw, &x, &g, &w, r, m1);
+        for i in 0..x.len() {
+            assert_eq!(dw[i], b[i] + g[i] * x[i] * r);
+            assert_eq!(out[i], r * (g[i] * w[i] - x[i] * r * r * m1));
+        }
+        let mut sums = b.clone();
+        add_into(&mut sums, &x);
+        for i in 0..x.len() {
+            assert_eq!(sums[i], b[i] + x[i]);
         }
     }
 
