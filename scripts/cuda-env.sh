@@ -49,4 +49,9 @@ cu13="$(nvidia)/cu13"
 echo "export PATH=\"$cu13/bin:\$PATH\""
 echo "export CUDA_ROOT=\"$cu13\" CUDA_PATH=\"$cu13\" CUDA_COMPUTE_CAP=\${CUDA_COMPUTE_CAP:-90}"
 echo "export NCCL_HOME=\"$(nvidia)/nccl\""
-echo "export RUSTFLAGS=\"\${RUSTFLAGS:-} -L $home/lib -L $(nvidia)/nccl/lib\""
+# candle-kernels builds its MoE and quantized-product kernels (six minutes of nvcc on two
+# cores) on half the cores unless told otherwise.
+echo "export CUDAFORGE_THREADS=\${CUDAFORGE_THREADS:-$(nproc)}"
+# The linker finds the stub and NCCL through LIBRARY_PATH rather than RUSTFLAGS: RUSTFLAGS
+# is part of every crate's hash, so setting it would rebuild the crates CUDA does not touch.
+echo "export LIBRARY_PATH=\"$home/lib:$(nvidia)/nccl/lib\${LIBRARY_PATH:+:\$LIBRARY_PATH}\""

@@ -14,6 +14,7 @@
 // Functions of at most 80 lines (clippy.toml), in library code; tests may run longer.
 #![warn(clippy::too_many_lines)]
 
+mod isa;
 mod layout;
 pub mod optim;
 mod replicated;

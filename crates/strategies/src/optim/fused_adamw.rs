@@ -8,6 +8,8 @@ use candle_core::{CpuStorage, DType, InplaceOp1, InplaceOp2, Layout, Result, Ten
 use rayon::prelude::*;
 use std::cell::{Cell, RefCell};
 
+use crate::isa::{in_each_isa, Isa};
+
 /// Elements a parallel task updates: enough to outweigh handing the task out.
 const CHUNK: usize = 16 * 1024;
 
@@ -179,66 +181,11 @@ fn update(c: Chunk<'_>, k: &Coefficients) {
     }
 }
 
-/// The versions of [`update`] the build holds, widest first. A default x86-64 build has
-/// SSE2 only: four lanes for the square root and the division that bound the loop. Every
-/// version gives the same bits: each multiply and add rounds on its own (no FMA), and
-/// square root and division are correctly rounded at any width.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Isa {
-    Avx512,
-    Avx2,
-    Baseline,
-}
-
-impl Isa {
-    const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2, Isa::Baseline];
-
-    /// Whether this CPU has the instructions of the version.
-    fn runs_here(self) -> bool {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
-            Isa::Baseline => true,
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => false,
-        }
-    }
-
-    /// The widest version this CPU runs.
-    fn widest() -> Isa {
-        Isa::ALL
-            .into_iter()
-            .find(|isa| isa.runs_here())
-            .unwrap_or(Isa::Baseline)
-    }
-}
-
-/// One chunk's update in version `isa`, or in the baseline where this CPU cannot run it.
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-fn update_chunk(isa: Isa, c: Chunk<'_>, k: &Coefficients) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f")]
-        unsafe fn avx512(c: Chunk<'_>, k: &Coefficients) {
-            update(c, k)
-        }
-        #[target_feature(enable = "avx2")]
-        unsafe fn avx2(c: Chunk<'_>, k: &Coefficients) {
-            update(c, k)
-        }
-        if isa.runs_here() {
-            match isa {
-                // SAFETY: the CPU has the instructions this version was compiled for.
-                Isa::Avx512 => return unsafe { avx512(c, k) },
-                // SAFETY: as above.
-                Isa::Avx2 => return unsafe { avx2(c, k) },
-                Isa::Baseline => {}
-            }
-        }
-    }
-    update(c, k)
+in_each_isa! {
+    /// One chunk's update in version `isa`, or in the baseline where this CPU cannot run
+    /// it. Every version gives the same bits: square root and division are correctly
+    /// rounded at any width.
+    fn update_chunk(c: Chunk<'_>, k: &Coefficients) = update
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@ use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 use rayon::prelude::*;
 use wick_core::{Collective, CollectiveExt, ReduceOp, Result};
 
+use crate::isa::{in_each_isa, Isa};
+
 /// One gradient's part of the squared global norm, and whether it holds inf or NaN.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Squares {
@@ -70,25 +72,20 @@ impl CustomOp1 for SumOfSquares {
             candle_core::bail!("sum of squares: the gradient must be contiguous")
         };
         let xs = &s.as_slice::<f32>()?[start..end];
-        let chunks: Vec<f64> = xs.par_chunks(CHUNK).map(chunk_squares).collect();
+        let isa = Isa::widest();
+        let chunks: Vec<f64> = xs
+            .par_chunks(CHUNK)
+            .map(|chunk| chunk_squares(isa, chunk))
+            .collect();
         Ok((CpuStorage::F64(vec![chunks.iter().sum()]), Shape::from(())))
     }
 }
 
-/// One chunk's sum of squares in eight f64 lanes, added in a fixed order; in AVX-512 where
-/// the CPU has it (a default x86-64 build has SSE2's two f64 lanes). Every version gives
-/// the same bits: each conversion, multiply and add rounds on its own.
-fn chunk_squares(chunk: &[f32]) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        #[target_feature(enable = "avx512f")]
-        unsafe fn avx512(chunk: &[f32]) -> f64 {
-            lanes_of(chunk)
-        }
-        // SAFETY: the CPU has the instructions this version was compiled for.
-        return unsafe { avx512(chunk) };
-    }
-    lanes_of(chunk)
+in_each_isa! {
+    /// One chunk's sum of squares in eight f64 lanes, added in a fixed order, in version
+    /// `isa`. Every version gives the same bits: each conversion, multiply and add rounds on
+    /// its own.
+    fn chunk_squares(chunk: &[f32]) -> f64 = lanes_of
 }
 
 /// [`chunk_squares`]' sum, compiled into each version.
@@ -182,8 +179,14 @@ mod tests {
         let one = in_pool(1);
         assert!((one - want).abs() <= 1e-12 * want, "{one} against {want}");
         assert_eq!(one.to_bits(), in_pool(3).to_bits());
-        // The widest version this CPU runs gives the baseline's bits.
+        // Every version this CPU runs gives the baseline's bits.
         let chunk = &values[..CHUNK - 5];
-        assert_eq!(chunk_squares(chunk).to_bits(), lanes_of(chunk).to_bits());
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.runs_here()) {
+            assert_eq!(
+                chunk_squares(isa, chunk).to_bits(),
+                lanes_of(chunk).to_bits(),
+                "{isa:?}"
+            );
+        }
     }
 }
