@@ -4,11 +4,12 @@
 # all with `--features cuda,nccl`, stripped, into target-gpu/ (about 40 MB each).
 #
 #     scripts/gpu-build.sh            # release (what a GPU machine should run)
-#     WICK_GPU_PROFILE=dev scripts/gpu-build.sh   # shares CI's clippy build (the dry run)
+#     WICK_GPU_PROFILE=dev scripts/gpu-build.sh   # the dry run's build
 #
 # The CUDA build environment comes from scripts/cuda-env.sh; the build goes to
 # $WICK_CUDA_TARGET (default ~/.cache/wick-ci/target-cuda), outside the clone, so that
-# later builds are fast.
+# later builds are fast and the clone's target/ keeps its CPU binaries. CI points it at the
+# clone's target/, whose dev-profile dependencies its tests built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/cuda-env.sh)"
