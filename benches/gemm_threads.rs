@@ -5,9 +5,16 @@
 //! the best of 5 runs, and the median round is reported. `scripts/torch_mm_threads.py`
 //! times the same products with `torch.mm`, for the peer's figures.
 //!
-//! `cargo bench --bench gemm_threads`
+//! Each layer's forward is also timed with `W` first copied transposed (the copy, on the
+//! same threads, inside the timing), and a last line says whether its bits equal the plain
+//! forward's: the workaround, not adopted, for the forwards whose strided weight `gemm`
+//! packs on the calling thread alone (`gemm-common` 0.19's `do_prepack_lhs`).
+//!
+//! `cargo bench --bench gemm_threads`; `GEMM_SHAPES=1408:512,576:576 cargo bench --bench
+//! gemm_threads` times these `in:out` layers instead.
 
 use gemm::{gemm, Parallelism};
+use rayon::prelude::*;
 use std::time::Instant;
 
 const ROWS: usize = 1024;
@@ -28,6 +35,26 @@ impl Matrix {
             .collect();
         Matrix { values, cols }
     }
+}
+
+/// `x`'s transpose, row-major, written a block of its rows per task on the current pool.
+fn transposed(x: &Matrix) -> Matrix {
+    const ROWS_PER_TASK: usize = 16;
+    let rows = x.values.len() / x.cols;
+    let mut values = vec![0f32; x.values.len()];
+    values
+        .par_chunks_mut(ROWS_PER_TASK * rows)
+        .enumerate()
+        .for_each(|(task, block)| {
+            let first = task * ROWS_PER_TASK;
+            for (r, source) in x.values.chunks_exact(x.cols).enumerate() {
+                let source = &source[first..first + block.len() / rows];
+                for (c, &v) in source.iter().enumerate() {
+                    block[c * rows + r] = v;
+                }
+            }
+        });
+    Matrix { values, cols: rows }
 }
 
 /// `dst (m x n) = a · b`, where `a` and `b` are row-major or (`transposed`) the transpose
@@ -93,24 +120,52 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// The linear layers to time, as `(in, out)`: `GEMM_SHAPES`'s, or the d512 GPT's
+/// (attention's qkv and output, the MLP's two).
+fn shapes() -> Vec<(usize, usize)> {
+    let Ok(list) = std::env::var("GEMM_SHAPES") else {
+        return vec![(D, 3 * D), (D, D), (D, 4 * D), (4 * D, D)];
+    };
+    let parse = |s: &str| s.trim().parse::<usize>().ok().filter(|&n| n > 0);
+    list.split(',')
+        .map(|shape| {
+            shape
+                .split_once(':')
+                .and_then(|(i, o)| Some((parse(i)?, parse(o)?)))
+                .unwrap_or_else(|| panic!("GEMM_SHAPES: `{shape}` is not in:out"))
+        })
+        .collect()
+}
+
 fn main() {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
         .build()
         .expect("a pool of two threads");
+    let one_thread = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a pool of one thread");
     pool.install(|| {
-        // The GPT's linear layers as (in, out): attention's qkv and output, the MLP's two.
-        for (input, output) in [(D, 3 * D), (D, D), (D, 4 * D), (4 * D, D)] {
+        for (input, output) in shapes() {
             let x = Matrix::new(ROWS, input, 7919);
             let w = Matrix::new(output, input, 104_729);
             let g = Matrix::new(ROWS, output, 31);
             let mut y = Matrix::new(ROWS, output, 1);
+            let mut y_copied = Matrix::new(ROWS, output, 1);
             let mut dx = Matrix::new(ROWS, input, 1);
             let mut dw = Matrix::new(output, input, 1);
             let gflop = 2.0 * (ROWS * input * output) as f64 / 1e9;
-            let directions: [(&str, &mut dyn FnMut(usize)); 3] = [
+            let directions: [(&str, &mut dyn FnMut(usize)); 4] = [
                 ("forward x·Wᵀ", &mut |t| {
                     product(&mut y, (&x, false), (&w, true), input, t)
+                }),
+                ("forward x·(Wᵀ copied)", &mut |t| {
+                    let wt = match t {
+                        1 => one_thread.install(|| transposed(&w)),
+                        _ => transposed(&w),
+                    };
+                    product(&mut y_copied, (&x, false), (&wt, false), input, t)
                 }),
                 ("backward g·W", &mut |t| {
                     product(&mut dx, (&g, false), (&w, false), output, t)
@@ -134,6 +189,12 @@ fn main() {
                     one / two
                 );
             }
+            let same = y
+                .values
+                .iter()
+                .zip(&y_copied.values)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            println!("gemm in={input} out={output} forward with W copied: the same bits {same}");
         }
     });
 }
