@@ -58,6 +58,9 @@ fn ranks(args: &FitArgs) -> anyhow::Result<wick_trainer::TrainerBuilder> {
     if let Some(n) = args.threads_per_rank {
         builder = builder.threads_per_rank(n);
     }
+    if let Some(ms) = args.worker_spin_ms {
+        builder = builder.worker_spin(std::time::Duration::from_millis(ms));
+    }
     Ok(builder)
 }
 

@@ -90,7 +90,7 @@ pub(crate) fn candle_step(c: GptConfig) -> anyhow::Result<f64> {
             ..Default::default()
         },
     )?;
-    let data = data(&c);
+    let data = data(&c, STEPS);
     let mut times = vec![Instant::now()];
     for step in 0..STEPS.total() {
         let indices: Vec<usize> = (step * BATCH..(step + 1) * BATCH).collect();

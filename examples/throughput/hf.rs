@@ -79,7 +79,11 @@ pub fn hf_row(
     let clock = StepClock::announcing(STEPS);
     let mut trainer = timed_trainer(accelerator, strategy, &clock)?;
     let mut model = Attached::new(model);
-    trainer.fit(&mut model, &random_windows(vocab, SEQ, BATCH, 11), None)?;
+    trainer.fit(
+        &mut model,
+        &random_windows(vocab, SEQ, BATCH, 11, STEPS),
+        None,
+    )?;
     let step = clock.median_step();
     let trainable = model.num_parameters().unwrap_or(0);
     let frozen = model.num_frozen_parameters().unwrap_or(0);

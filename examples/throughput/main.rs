@@ -66,8 +66,11 @@ use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
 use wick::trainer::{Attached, DataLoader, Trainer};
 
 mod candle_gpt;
+mod compare;
 mod hf;
 mod profile;
+
+use compare::{compare_rows, process_accelerator, RowOptions};
 
 // The main job's model and windows, from the `wick` program's own modules.
 #[path = "../../src/char_corpus.rs"]
@@ -133,10 +136,11 @@ fn config(d_model: usize) -> GptConfig {
     }
 }
 
-/// Token ids from a fixed 64-bit LCG: the benchmark is about speed, not learning.
-fn data(c: &GptConfig) -> CharWindows {
+/// Token ids from a fixed 64-bit LCG, enough for `steps`: the benchmark is about speed,
+/// not learning.
+fn data(c: &GptConfig, steps: Steps) -> CharWindows {
     let mut s = 42u64;
-    let ids = (0..(STEPS.total() + 2) * BATCH * c.block + c.block + 1)
+    let ids = (0..(steps.total() + 2) * BATCH * c.block + c.block + 1)
         .map(|_| {
             s = s
                 .wrapping_mul(6364136223846793005)
@@ -251,7 +255,7 @@ fn wick_step(
         &clock,
     )?;
     let mut model = Attached::new(CharGpt::new(c, LR));
-    trainer.fit(&mut model, &DataLoader::new(data(&c), BATCH), None)?;
+    trainer.fit(&mut model, &DataLoader::new(data(&c, STEPS), BATCH), None)?;
     Ok(clock.median_step())
 }
 
@@ -326,16 +330,23 @@ fn llama_model() -> anyhow::Result<CausalLm> {
     )?)
 }
 
-/// The `--llama` data: windows of token ids from a fixed generator, in global batches.
-fn llama_data() -> DataLoader<CharWindows> {
-    random_windows(8192, LLAMA_SEQ, LLAMA_BATCH, 7)
+/// The `--llama` data for `steps`: windows of token ids from a fixed generator, in global
+/// batches.
+fn llama_data(steps: Steps) -> DataLoader<CharWindows> {
+    random_windows(8192, LLAMA_SEQ, LLAMA_BATCH, 7, steps)
 }
 
 /// Windows of `seq` + 1 token ids below `vocab` from a fixed generator (`seed`), enough for
-/// every step, in global batches of `batch`.
-fn random_windows(vocab: u64, seq: usize, batch: usize, seed: u64) -> DataLoader<CharWindows> {
+/// every one of `steps`, in global batches of `batch`.
+fn random_windows(
+    vocab: u64,
+    seq: usize,
+    batch: usize,
+    seed: u64,
+    steps: Steps,
+) -> DataLoader<CharWindows> {
     let mut s = seed;
-    let ids = (0..(STEPS.total() + 2) * batch * (seq + 1))
+    let ids = (0..(steps.total() + 2) * batch * (seq + 1))
         .map(|_| {
             s = s
                 .wrapping_mul(6364136223846793005)
@@ -346,15 +357,17 @@ fn random_windows(vocab: u64, seq: usize, batch: usize, seed: u64) -> DataLoader
     DataLoader::new(CharWindows::new(ids, seq, seq + 1), batch)
 }
 
-/// The Llama's seconds per step and parameters under `strategy` on `accelerator`'s ranks.
+/// The Llama's seconds per step (the median of `steps`) and parameters under `strategy` on
+/// `accelerator`'s ranks.
 fn llama_step(
     strategy: Box<dyn Strategy>,
     accelerator: Accelerator,
+    steps: Steps,
 ) -> anyhow::Result<(f64, usize)> {
-    let clock = StepClock::new(STEPS);
+    let clock = StepClock::new(steps);
     let mut trainer = timed_trainer(accelerator, strategy, &clock)?;
     let mut model = Attached::new(llama_model()?);
-    trainer.fit(&mut model, &llama_data(), None)?;
+    trainer.fit(&mut model, &llama_data(steps), None)?;
     let params = model.num_parameters().unwrap_or(0);
     Ok((clock.median_step(), params))
 }
@@ -389,104 +402,6 @@ fn strategy(name: &str) -> anyhow::Result<Box<dyn Strategy>> {
         "fsdp_full_shard" => Fsdp::new(FsdpSharding::FullShard).build(),
         n => strategy_by_name(n)?,
     })
-}
-
-/// `model`'s tokens per step, median seconds per step and parameters under `name` on
-/// `accelerator`'s ranks (the rows are rank 0's).
-fn measure(
-    model: &str,
-    name: &str,
-    accelerator: Accelerator,
-) -> anyhow::Result<(usize, f64, usize)> {
-    if model == "llama" {
-        let (step, params) = llama_step(strategy(name)?, accelerator)?;
-        return Ok((LLAMA_BATCH * LLAMA_SEQ, step, params));
-    }
-    let c = config(gpt_width(model)?);
-    let clock = StepClock::new(STEPS);
-    let mut trainer = timed_trainer(accelerator, strategy(name)?, &clock)?;
-    let mut model = Attached::new(CharGpt::new(c, LR));
-    trainer.fit(&mut model, &DataLoader::new(data(&c), BATCH), None)?;
-    let params = model.num_parameters().unwrap_or(0);
-    Ok((BATCH * c.block, clock.median_step(), params))
-}
-
-/// How the `--compare` ranks are run: `transport=` in each row.
-#[derive(Clone, Copy, PartialEq)]
-enum Ranks {
-    /// W = 1: one rank, nothing to carry.
-    One,
-    /// Ranks as threads of this process (`ThreadWorld`): no GPU counterpart.
-    Threads,
-    /// This process is one of the ranks `mpirun` started (`MpiWorld`), each in a pool of
-    /// `cores / W` threads, as each of PyTorch's processes runs `cores / W`.
-    Mpi,
-}
-
-/// This process as one of the ranks `mpirun` started, in a pool of `cores / W` threads (as
-/// each of PyTorch's processes runs `cores / W`).
-fn process_accelerator() -> anyhow::Result<Accelerator> {
-    let accelerator = Accelerator::from_env(None)?;
-    anyhow::ensure!(
-        accelerator.launcher().is_some(),
-        "--processes needs mpirun (and a build with --features mpi)"
-    );
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per_rank = (cores / accelerator.world_size()).max(1);
-    Ok(accelerator.with_thread_budget(ThreadBudget::per_rank(per_rank)?))
-}
-
-/// The `--compare` rows: `models` under single, ddp at W=2 and fsdp full_shard at W=2 as
-/// threads, or, started by `mpirun` (`--processes`), ddp and fsdp full_shard with this
-/// process as one rank; in the format `scripts/torch_baseline.py` prints PyTorch's, with
-/// model FLOPs utilisation over the peak measured first (threads only).
-fn compare_rows(models: &[String], processes: bool) -> anyhow::Result<()> {
-    let peak = match processes {
-        false => {
-            let peak = peak_gflops()?;
-            println!("peak_gflops={peak:.1}");
-            Some(peak)
-        }
-        true => None,
-    };
-    let runs: Vec<(&str, Ranks)> = match processes {
-        false => vec![
-            ("single", Ranks::One),
-            ("ddp", Ranks::Threads),
-            ("fsdp_full_shard", Ranks::Threads),
-        ],
-        true => vec![("ddp", Ranks::Mpi), ("fsdp_full_shard", Ranks::Mpi)],
-    };
-    for model in models {
-        for &(name, ranks) in &runs {
-            let accelerator = match ranks {
-                Ranks::One => Accelerator::cpu(1)?,
-                Ranks::Threads => Accelerator::cpu(2)?,
-                Ranks::Mpi => process_accelerator()?,
-            };
-            let world = accelerator.world_size();
-            let rank0 = accelerator.local_ranks().start == 0;
-            let (tokens, step, params) = measure(model, name, accelerator)?;
-            if !rank0 {
-                continue;
-            }
-            let tps = tokens as f64 / step;
-            let per_token = flops_per_token(model)?;
-            let gflops = tps * per_token / 1e9;
-            let transport = match ranks {
-                Ranks::One => "none",
-                Ranks::Threads => "threads",
-                Ranks::Mpi => "mpi",
-            };
-            let mfu = peak.map_or(String::new(), |p| format!(" mfu={:.3}", gflops / p));
-            println!(
-                "impl=wick model={model} strategy={name} world={world} transport={transport} \
-                 matmul={MATMUL} parameters={params} flops_per_token={per_token:.0} \
-                 tokens_per_s={tps:.0} gflops={gflops:.1}{mfu}"
-            );
-        }
-    }
-    Ok(())
 }
 
 /// The example's flags (its module text says what each run measures).
@@ -532,6 +447,14 @@ struct Args {
     /// Also step time against width and W.
     #[arg(long)]
     table: bool,
+    /// The timed steps of each `--compare` row, after 3 untimed ones (a row is their
+    /// median).
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
+    steps: u16,
+    /// How long, in milliseconds, the idle threads of each `--compare` rank's pool look for
+    /// work before they nap (`Accelerator::with_worker_spin`; 0: rayon's own sleep).
+    #[arg(long, value_name = "MS")]
+    worker_spin_ms: Option<u64>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -548,8 +471,15 @@ fn main() -> anyhow::Result<()> {
     if args.profile {
         return profile::profile_rows(peak_gflops()?, &args.models, &args.strategies);
     }
+    let options = RowOptions {
+        steps: Steps {
+            measured: args.steps.into(),
+            ..STEPS
+        },
+        worker_spin: args.worker_spin_ms.map(std::time::Duration::from_millis),
+    };
     if args.llama {
-        return compare_rows(&["llama".to_string()], args.processes);
+        return compare_rows(&["llama".to_string()], args.processes, options);
     }
     if let Some(dir) = &args.hf {
         // The GEMM peak is measured on all cores: where the ranks are processes, both
@@ -572,7 +502,7 @@ fn main() -> anyhow::Result<()> {
         );
     }
     if args.compare {
-        return compare_rows(&args.models, args.processes);
+        return compare_rows(&args.models, args.processes, options);
     }
     let table = args.table;
     let tokens = (BATCH * c.block) as f64;

@@ -249,7 +249,7 @@ pub fn profile_rows(peak: f64, models: &[String], strategies: &[String]) -> anyh
             peak,
         )?;
     }
-    let gpt_data = DataLoader::new(crate::data(&c), BATCH);
+    let gpt_data = DataLoader::new(crate::data(&c, STEPS), BATCH);
     for (name, world) in [("single", 1), ("fsdp_full_shard", 2), ("ddp", 2)] {
         if !wanted("gpt-d512", name) {
             continue;
@@ -261,7 +261,7 @@ pub fn profile_rows(peak: f64, models: &[String], strategies: &[String]) -> anyh
         let window = profiled(CharGpt::new(c, LR), &gpt_data, strategy, world)?;
         report("gpt-d512", name, world, window);
     }
-    let llama = llama_data();
+    let llama = llama_data(STEPS);
     for (name, world) in [("single", 1), ("fsdp_full_shard", 2)] {
         if !wanted("llama", name) {
             continue;

@@ -88,6 +88,12 @@ pub struct FitArgs {
     #[arg(long, value_parser = positive, value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threads_per_rank: Option<usize>,
+    /// How long, in milliseconds, the idle compute threads of a CPU rank with more than one
+    /// keep looking for work before they nap, as OpenMP's do between parallel regions
+    /// [default: 5; 0: they sleep at once, as rayon's do].
+    #[arg(long, value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_spin_ms: Option<u64>,
     /// Optimizer steps.
     #[arg(long, value_parser = positive, value_name = "N", default_value_t = 400)]
     pub max_steps: usize,

@@ -24,6 +24,16 @@ fn temp_file(text: &str) -> tempfile::NamedTempFile {
 }
 
 #[test]
+fn the_worker_spin_is_the_accelerators_unless_given_and_may_be_zero() {
+    assert_eq!(fit("fit").unwrap().worker_spin_ms, None);
+    assert_eq!(
+        fit("fit --worker-spin-ms 0").unwrap().worker_spin_ms,
+        Some(0)
+    );
+    assert!(fit("fit --worker-spin-ms -1").is_err());
+}
+
+#[test]
 fn defaults_and_overrides() {
     assert_eq!(fit("fit").unwrap(), FitArgs::default());
     let a = fit("fit --strategy single --devices 1 --max-steps 5 --seed 9 --threads-per-rank 3")
@@ -121,6 +131,7 @@ fn the_toml_keys_are_exactly_the_long_options_without_dashes() {
         clip: Some(1.0),
         devices: Some(2),
         threads_per_rank: Some(1),
+        worker_spin_ms: Some(5),
         warmup_steps: Some(1),
         decay_steps: Some(9),
         data: Some("text.txt".into()),

@@ -4,9 +4,11 @@
 use crate::device::{check_gpus, rank_device, DeviceKind};
 use crate::launcher::LaunchEnv;
 use crate::thread_budget::{run_within, ThreadBudget};
+use crate::worker_spin::DEFAULT_WORKER_SPIN;
 use crate::worlds::{panic_message, EndedWorld, MpiWorld, NcclWorld, RankError, ThreadWorld};
 use candle_core::Device;
 use std::sync::Arc;
+use std::time::Duration;
 use wick_core::{Collective, CollectiveExt, Error, Result, SoloWorld};
 
 /// What a rank has once its environment is set up: its place in the world and its device.
@@ -45,8 +47,10 @@ enum Ranks {
 #[derive(Debug, Clone)]
 pub struct Accelerator {
     ranks: Ranks,
-    timeout: Option<std::time::Duration>,
+    timeout: Option<Duration>,
     budget: ThreadBudget,
+    /// How long the idle threads of a rank's pool look for work before they nap.
+    worker_spin: Duration,
     kind: DeviceKind,
     /// The devices of this process's ranks, opened once so that every launch sees the same
     /// Candle devices (tensors of one launch are used by the next).
@@ -96,6 +100,7 @@ impl Accelerator {
             ranks,
             timeout: None,
             budget: ThreadBudget::Auto,
+            worker_spin: DEFAULT_WORKER_SPIN,
             kind: DeviceKind::Cpu,
             devices: vec![Device::Cpu; local],
             layer: None,
@@ -205,7 +210,7 @@ impl Accelerator {
 
     /// Fails a collective that waits longer than `timeout` for the other ranks (ranks as
     /// threads; under a launcher a rank that dies ends the job instead).
-    pub fn with_collective_timeout(mut self, timeout: std::time::Duration) -> Self {
+    pub fn with_collective_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
     }
@@ -223,6 +228,17 @@ impl Accelerator {
     /// own pool; CUDA ranks always keep Candle's.
     pub fn with_thread_budget(mut self, budget: ThreadBudget) -> Self {
         self.budget = budget;
+        self
+    }
+
+    /// How long the idle threads of a rank's pool (one of [`ThreadBudget`]'s, of two or more
+    /// threads) keep looking for work after their last job before they nap, as OpenMP's
+    /// threads spin between parallel regions; rayon's own workers sleep after tens of
+    /// microseconds, and waking one again cost each op tens more on a virtual machine.
+    /// Default 5 ms (zero with the `mkl` feature, whose OpenMP threads need the cores
+    /// between rayon's ops); zero leaves the workers to rayon.
+    pub fn with_worker_spin(mut self, spin: Duration) -> Self {
+        self.worker_spin = spin;
         self
     }
 
@@ -317,7 +333,9 @@ impl Accelerator {
                 };
                 world.run_each(inputs, |comm, input| {
                     let device = self.devices[comm.rank()].clone();
-                    run_within(threads, || f(self.rank_env(Arc::new(comm), device)?, input))
+                    run_within(threads, self.worker_spin, || {
+                        f(self.rank_env(Arc::new(comm), device)?, input)
+                    })
                 })
             }
             Ranks::Process { .. } => {
@@ -329,7 +347,9 @@ impl Accelerator {
                     .into_iter()
                     .next()
                     .expect("one input for this process");
-                vec![Ok(run_within(threads, || self.launch_process(&f, input)))]
+                vec![Ok(run_within(threads, self.worker_spin, || {
+                    self.launch_process(&f, input)
+                }))]
             }
         }
     }

@@ -21,6 +21,7 @@ mod device_measures;
 mod host_tuning;
 mod launcher;
 mod thread_budget;
+mod worker_spin;
 mod worlds;
 
 pub use accelerator::{Accelerator, RankEnv, WorldLayer};

@@ -15,6 +15,9 @@
 //! core): there only [`ThreadBudget::PerRank`] makes a pool, as `torch.set_num_threads`
 //! does in each of PyTorch's processes.
 //!
+//! The pool's other threads keep looking for work a while after each job instead of
+//! sleeping at once ([`WorkerSpin`], `worker_spin.rs`), as OpenMP's threads do.
+//!
 //! Candle's own element-wise pool is a process-wide setting, left to the program: see
 //! [`crate::tune_host_process`].
 //!
@@ -23,6 +26,8 @@
 //! its own thread (`MKL_Set_Num_Threads_Local`), so W ranks never start W teams of
 //! `cores` threads each.
 
+use crate::worker_spin::WorkerSpin;
+use std::time::Duration;
 use wick_core::{Error, Result};
 
 /// How many compute threads each rank gets.
@@ -63,8 +68,13 @@ impl ThreadBudget {
     }
 }
 
-/// Runs `f` inside a pool of `threads` threads (on one of them), or here when `None`.
-pub(crate) fn run_within<T: Send>(threads: Option<usize>, f: impl FnOnce() -> T + Send) -> T {
+/// Runs `f` inside a pool of `threads` threads (on one of them), whose other threads spin
+/// `spin` after each job before they nap ([`WorkerSpin`]), or here when `None`.
+pub(crate) fn run_within<T: Send>(
+    threads: Option<usize>,
+    spin: Duration,
+    f: impl FnOnce() -> T + Send,
+) -> T {
     let pool = threads.and_then(|n| {
         rayon::ThreadPoolBuilder::new()
             .num_threads(n)
@@ -75,6 +85,7 @@ pub(crate) fn run_within<T: Send>(threads: Option<usize>, f: impl FnOnce() -> T 
     match (pool, threads) {
         (Some(pool), Some(n)) => pool.install(|| {
             mkl::set_threads_of_this_thread(n);
+            let _spin = WorkerSpin::start(spin);
             f()
         }),
         _ => f(),
@@ -131,8 +142,9 @@ mod tests {
 
     #[test]
     fn a_rank_runs_inside_its_pool() {
-        assert_eq!(run_within(Some(3), rayon::current_num_threads), 3);
-        assert_eq!(run_within(None, || 7), 7);
+        let spin = Duration::from_millis(5);
+        assert_eq!(run_within(Some(3), spin, rayon::current_num_threads), 3);
+        assert_eq!(run_within(None, spin, || 7), 7);
     }
 
     #[cfg(feature = "mkl")]
@@ -143,7 +155,7 @@ mod tests {
             fn kmp_get_blocktime() -> std::ffi::c_int;
         }
         // SAFETY: plain getters of MKL's and its OpenMP's thread-local settings.
-        let (threads, blocktime) = run_within(Some(3), || unsafe {
+        let (threads, blocktime) = run_within(Some(3), Duration::ZERO, || unsafe {
             (MKL_Get_Max_Threads(), kmp_get_blocktime())
         });
         assert_eq!(threads, 3);

@@ -63,6 +63,7 @@ pub struct TrainerBuilder {
     devices: Option<usize>,
     device_kind: DeviceKind,
     threads_per_rank: Option<usize>,
+    worker_spin: Option<Duration>,
     accelerator: Option<Accelerator>,
     strategy: StrategyChoice,
     callbacks: Vec<Box<dyn Callback>>,
@@ -103,6 +104,11 @@ impl TrainerBuilder {
         /// shared out between the ranks (`max(1, cores / devices)`), so that W ranks never ask
         /// for more threads than there are cores; one rank uses them all.
         threads_per_rank(threads: usize) => threads_per_rank = Some(threads);
+
+        /// How long the idle compute threads of a CPU rank with more than one keep looking
+        /// for work before they nap, as OpenMP's threads spin between parallel regions
+        /// ([`Accelerator::with_worker_spin`]; default 5 ms, zero: rayon's own sleep).
+        worker_spin(spin: Duration) => worker_spin = Some(spin);
 
         /// Runs the ranks as `accelerator` says instead of as the environment says (for example
         /// [`Accelerator::cpu`]: ranks as threads even in a process that a launcher started).
@@ -258,6 +264,9 @@ impl TrainerBuilder {
         if let Some(t) = self.collective_timeout {
             accelerator = accelerator.with_collective_timeout(t);
         }
+        if let Some(spin) = self.worker_spin {
+            accelerator = accelerator.with_worker_spin(spin);
+        }
         let choice = std::mem::replace(&mut self.strategy, StrategyChoice::Default);
         let strategy = match choice {
             StrategyChoice::Instance(s) => s,
@@ -298,6 +307,7 @@ impl Trainer {
             devices: None,
             device_kind: DeviceKind::Cpu,
             threads_per_rank: None,
+            worker_spin: None,
             accelerator: None,
             strategy: StrategyChoice::Default,
             callbacks: Vec::new(),
