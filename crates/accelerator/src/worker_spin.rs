@@ -16,7 +16,7 @@
 //! naps rayon counts the worker as busy and does not wake it, so a job waits for the nap
 //! to end or is run by the thread that queued it (as a join's second half is when nobody
 //! steals it): after a pause longer than `spin`, the first op waited 93-120 µs (median)
-//! where a sleeping rayon worker took 60-67.
+//! where a sleeping rayon worker took 40-67.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
