@@ -1,13 +1,12 @@
 //! What a parallel op pays to start when the pool's other threads have gone to sleep: the
 //! time of a `rayon::join` of two empty tasks on a pool of two threads, one of them run by
 //! the other thread, right after the last join and after the calling thread worked alone
-//! for a while. A training step runs
-//! hundreds of parallel ops with serial work between them (the op's dispatch, an
-//! allocation, autograd's bookkeeping); rayon's idle workers spin briefly and then sleep,
-//! so each op after a long enough gap first wakes a worker. Where waking a thread is slow
-//! (a virtual machine that exits on every idle vCPU), that cost lands on every op, which
-//! is the question left by the d512 single-process row on CPUs where wick's element-wise
-//! ops lag (docs/performance.md).
+//! for a while. A training step runs hundreds of parallel ops with serial work between
+//! them (the op's dispatch, an allocation, autograd's bookkeeping); rayon's idle workers
+//! spin briefly and then sleep, so each op after a long enough gap first wakes a worker.
+//! Where waking a thread is slow (a virtual machine, where an idle vCPU may be halted),
+//! that cost lands on every op: a question the d512 single-process row leaves on CPUs
+//! where it lags (docs/performance.md).
 //!
 //! The same joins then run inside a single rank's pool, whose other threads keep looking
 //! for work for 5 ms after a job (`Accelerator::with_worker_spin`), and with that spin off.
