@@ -54,23 +54,24 @@
 //! page faults per step; and each of their linear layers' matmuls alone against the same
 //! peak. `--models` and `--strategies` pick among those rows.
 
-use candle_core::{Device, Result, Tensor};
-use char_corpus::CharWindows;
 use char_gpt::{CharGpt, GptConfig};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
 use wick::accelerator::{Accelerator, ThreadBudget};
-use wick::core::{ActivationCheckpointing, Callback, RunState, Strategy, TrainModule};
-use wick::models::CausalLm;
+use wick::core::{ActivationCheckpointing, Strategy, TrainModule};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
-use wick::trainer::{Attached, DataLoader, Trainer};
+use wick::trainer::{Attached, DataLoader};
 
 mod candle_gpt;
 mod compare;
+mod data;
 mod hf;
+mod peak;
 mod profile;
+mod step_clock;
 
 use compare::{compare_rows, process_accelerator, RowOptions};
+use data::{config, data, llama_data, llama_model, random_windows, Steps, LLAMA_BATCH, LLAMA_SEQ};
+use peak::peak_gflops;
+use step_clock::{median_step, quiet_trainer, timed_trainer, StepClock};
 
 // The main job's model and windows, from the `wick` program's own modules.
 #[path = "../../src/char_corpus.rs"]
@@ -93,20 +94,6 @@ const MATMUL: &str = if cfg!(feature = "mkl") { "mkl" } else { "gemm" };
 /// Rounds of the full_shard rows (see [`FSDP_ROWS`]).
 const ROUNDS: usize = 3;
 
-/// A row's steps: the first `warmup` untimed (first allocations, the optimizer's state),
-/// then `measured` timed.
-#[derive(Clone, Copy)]
-struct Steps {
-    warmup: usize,
-    measured: usize,
-}
-
-impl Steps {
-    fn total(self) -> usize {
-        self.warmup + self.measured
-    }
-}
-
 /// Builds a fresh strategy for one run of a row.
 type MakeStrategy = fn() -> wick::core::Result<Box<dyn Strategy>>;
 
@@ -126,121 +113,6 @@ const FSDP_ROWS: [(&str, MakeStrategy); 3] = [
     }),
 ];
 
-fn config(d_model: usize) -> GptConfig {
-    GptConfig {
-        vocab: 96,
-        block: 64,
-        d_model,
-        n_layer: 4,
-        n_head: 4,
-    }
-}
-
-/// Token ids from a fixed 64-bit LCG, enough for `steps`: the benchmark is about speed,
-/// not learning.
-fn data(c: &GptConfig, steps: Steps) -> CharWindows {
-    let mut s = 42u64;
-    let ids = (0..(steps.total() + 2) * BATCH * c.block + c.block + 1)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 33) % c.vocab as u64) as u32
-        })
-        .collect();
-    CharWindows::new(ids, c.block, c.block)
-}
-
-/// The median of the step times after the `warmup` steps (`times` are the steps' ends);
-/// NaN without any (a process that is not rank 0 records none).
-fn median_step(times: &[Instant], warmup: usize) -> f64 {
-    let mut steps: Vec<f64> = times
-        .windows(2)
-        .skip(warmup - 1)
-        .map(|w| (w[1] - w[0]).as_secs_f64())
-        .collect();
-    steps.sort_by(f64::total_cmp);
-    steps.get(steps.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
-/// The end time of every step, on rank 0, which also prints [`STEADY`] as the measured
-/// steps begin if asked to.
-#[derive(Clone)]
-struct StepClock {
-    ends: Arc<Mutex<Vec<Instant>>>,
-    steps: Steps,
-    announce: bool,
-}
-
-/// The line that tells `scripts/rss_peak.py` the measured steps begin (its steady-state
-/// peak is taken from there on), as `scripts/torch_baseline.py` prints it too.
-const STEADY: &str = "rss_peak steady";
-
-impl StepClock {
-    fn new(steps: Steps) -> Self {
-        StepClock {
-            ends: Arc::default(),
-            steps,
-            announce: false,
-        }
-    }
-
-    /// A clock that prints [`STEADY`] after the warm-up steps.
-    fn announcing(steps: Steps) -> Self {
-        StepClock {
-            announce: true,
-            ..StepClock::new(steps)
-        }
-    }
-
-    /// The median time of the measured steps.
-    fn median_step(&self) -> f64 {
-        median_step(&self.ends.lock().unwrap(), self.steps.warmup)
-    }
-}
-
-impl Callback for StepClock {
-    fn on_train_batch_end(&mut self, state: &RunState) -> Result<()> {
-        if state.rank == 0 {
-            let mut ends = self.ends.lock().unwrap();
-            ends.push(Instant::now());
-            if self.announce && ends.len() == self.steps.warmup {
-                println!("{STEADY}");
-                std::io::Write::flush(&mut std::io::stdout())?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A quiet trainer of `steps` steps with `callback`.
-fn quiet_trainer(
-    accelerator: Accelerator,
-    strategy: Box<dyn Strategy>,
-    steps: usize,
-    callback: impl Callback + 'static,
-) -> anyhow::Result<Trainer> {
-    Ok(Trainer::builder()
-        .accelerator(accelerator)
-        .strategy(strategy)
-        .max_steps(steps)
-        .seed(1)
-        .no_logger()
-        .progress(false)
-        .model_summary(false)
-        .callback(callback)
-        .build()?)
-}
-
-/// A quiet trainer that records each step's time on `clock`.
-fn timed_trainer(
-    accelerator: Accelerator,
-    strategy: Box<dyn Strategy>,
-    clock: &StepClock,
-) -> anyhow::Result<Trainer> {
-    quiet_trainer(accelerator, strategy, clock.steps.total(), clock.clone())
-}
-
 /// wick's seconds per step for `strategy` at `world` ranks as threads with `budget`.
 fn wick_step(
     c: GptConfig,
@@ -257,104 +129,6 @@ fn wick_step(
     let mut model = Attached::new(CharGpt::new(c, LR));
     trainer.fit(&mut model, &DataLoader::new(data(&c, STEPS), BATCH), None)?;
     Ok(clock.median_step())
-}
-
-/// The Llama of `--llama`, as a Hugging Face config.
-const LLAMA: &str = r#"{"model_type": "llama", "vocab_size": 8192, "hidden_size": 512,
-    "intermediate_size": 1408, "num_hidden_layers": 4, "num_attention_heads": 8,
-    "num_key_value_heads": 4, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0, "tie_word_embeddings": false}"#;
-const LLAMA_SEQ: usize = 256;
-const LLAMA_BATCH: usize = 8;
-
-/// The best f32 rate of Candle's GEMM kernel on all cores, in GFLOP/s: square matrices of
-/// 1024 and 2048, the best of 8 calls each. Each call is the `gemm` crate's, as Candle's
-/// CPU matmul makes it (same parallelism, output overwritten, not read), on buffers made
-/// once: the timing holds the kernel alone, not Candle's zeroed output buffer or a read of
-/// the result.
-fn peak_gflops() -> anyhow::Result<f64> {
-    let threads = candle_core::utils::get_num_threads();
-    let parallelism = match threads {
-        1 => gemm::Parallelism::None,
-        n => gemm::Parallelism::Rayon(n),
-    };
-    let mut best = 0f64;
-    for n in [1024usize, 2048] {
-        let a = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?
-            .to_vec2::<f32>()?
-            .concat();
-        let b = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?
-            .to_vec2::<f32>()?
-            .concat();
-        let mut c = vec![0f32; n * n];
-        let s = n as isize;
-        for _ in 0..8 {
-            let start = Instant::now();
-            // SAFETY: a, b and c each hold n x n f32 in row-major order (row stride n,
-            // column stride 1), as the strides passed say; c is written, never read.
-            unsafe {
-                gemm::gemm(
-                    n,
-                    n,
-                    n,
-                    c.as_mut_ptr(),
-                    1,
-                    s,
-                    false,
-                    a.as_ptr(),
-                    1,
-                    s,
-                    b.as_ptr(),
-                    1,
-                    s,
-                    0f32,
-                    1f32,
-                    false,
-                    false,
-                    false,
-                    parallelism,
-                )
-            };
-            best = best.max(2.0 * (n * n * n) as f64 / start.elapsed().as_secs_f64() / 1e9);
-        }
-        std::hint::black_box(&c);
-    }
-    Ok(best)
-}
-
-/// The `--llama` model, fresh.
-fn llama_model() -> anyhow::Result<CausalLm> {
-    Ok(CausalLm::from_config_json(
-        LLAMA.into(),
-        std::path::Path::new("llama.json"),
-    )?)
-}
-
-/// The `--llama` data for `steps`: windows of token ids from a fixed generator, in global
-/// batches.
-fn llama_data(steps: Steps) -> DataLoader<CharWindows> {
-    random_windows(8192, LLAMA_SEQ, LLAMA_BATCH, 7, steps)
-}
-
-/// Windows of `seq` + 1 token ids below `vocab` from a fixed generator (`seed`), enough for
-/// every one of `steps`, in global batches of `batch`.
-fn random_windows(
-    vocab: u64,
-    seq: usize,
-    batch: usize,
-    seed: u64,
-    steps: Steps,
-) -> DataLoader<CharWindows> {
-    let mut s = seed;
-    let ids = (0..(steps.total() + 2) * batch * (seq + 1))
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 33) % vocab) as u32
-        })
-        .collect();
-    DataLoader::new(CharWindows::new(ids, seq, seq + 1), batch)
 }
 
 /// The Llama's seconds per step (the median of `steps`) and parameters under `strategy` on
