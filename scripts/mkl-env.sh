@@ -6,10 +6,11 @@
 #     cargo build --release --features mkl
 #
 # The first call installs into $WICK_MKL_HOME (default ~/.cache/wick-mkl), later calls only
-# print. Candle's `mkl` feature links MKL statically (intel-mkl-src's `mkl-static-lp64-iomp`):
-# its build script looks under $MKLROOT for `mkl.h` (mkl-include), `libmkl_core.a` and the
-# other static libraries (mkl-static) and `libiomp5.a` (intel-openmp), so the binary needs
-# nothing at run time. The default build never links MKL.
+# print. Candle's `mkl` feature (vendor/candle-core) links MKL statically and sequential
+# (intel-mkl-src's `mkl-static-lp64-seq`: no OpenMP, each product shared out over the
+# rank's rayon pool): its build script looks under $MKLROOT for `mkl.h` (mkl-include) and
+# `libmkl_core.a`, `libmkl_sequential.a` and the other static libraries (mkl-static), so
+# the binary needs nothing at run time. The default build never links MKL.
 set -euo pipefail
 home="${WICK_MKL_HOME:-$HOME/.cache/wick-mkl}"
 
@@ -18,7 +19,7 @@ if [ ! -e "$home/.ready" ]; then
     mkdir -p "$home"
     wheels=$(mktemp -d)
     python3 -m pip download --quiet --no-deps -d "$wheels" \
-      "mkl-static==2026.2.*" "mkl-include==2026.2.*" "intel-openmp==2026.2.*"
+      "mkl-static==2026.2.*" "mkl-include==2026.2.*"
     for wheel in "$wheels"/*.whl; do
       python3 -m zipfile -e "$wheel" "$wheels/unpacked"
     done
@@ -26,7 +27,6 @@ if [ ! -e "$home/.ready" ]; then
     # finds exactly one MKL (it refuses two).
     mkdir -p "$home/lib" "$home/include"
     cp "$wheels"/unpacked/mkl_static-*.data/data/lib/libmkl_*.a "$home/lib/"
-    cp "$wheels"/unpacked/intel_openmp-*.data/data/lib/libiomp5.a "$home/lib/"
     cp -r "$wheels"/unpacked/mkl_include-*.data/data/include/. "$home/include/"
     rm -rf "$wheels"
     touch "$home/.ready"

@@ -235,8 +235,7 @@ impl Accelerator {
     /// threads) keep looking for work after their last job before they nap, as OpenMP's
     /// threads spin between parallel regions; rayon's own workers sleep after tens of
     /// microseconds, and waking one again cost each op tens more on a virtual machine.
-    /// Default 5 ms (zero with the `mkl` feature, whose OpenMP threads need the cores
-    /// between rayon's ops); zero leaves the workers to rayon.
+    /// Default 5 ms; zero leaves the workers to rayon.
     pub fn with_worker_spin(mut self, spin: Duration) -> Self {
         self.worker_spin = spin;
         self

@@ -20,11 +20,6 @@
 //!
 //! Candle's own element-wise pool is a process-wide setting, left to the program: see
 //! [`crate::tune_host_process`].
-//!
-//! With the `mkl` feature, Candle's matmul calls Intel MKL, whose OpenMP threads know
-//! nothing of rayon's pools either: a rank with a budget also sets MKL's thread count for
-//! its own thread (`MKL_Set_Num_Threads_Local`), so W ranks never start W teams of
-//! `cores` threads each.
 
 use crate::worker_spin::WorkerSpin;
 use std::time::Duration;
@@ -82,46 +77,12 @@ pub(crate) fn run_within<T: Send>(
             .build()
             .ok()
     });
-    match (pool, threads) {
-        (Some(pool), Some(n)) => pool.install(|| {
-            mkl::set_threads_of_this_thread(n);
+    match pool {
+        Some(pool) => pool.install(|| {
             let _spin = WorkerSpin::start(spin);
             f()
         }),
-        _ => f(),
-    }
-}
-
-/// MKL's per-thread thread count and its OpenMP threads' wait (with the `mkl` feature;
-/// nothing without).
-mod mkl {
-    #[cfg(feature = "mkl")]
-    extern "C" {
-        /// mkl_service.h: the threads MKL uses for calls from the calling thread (0 resets
-        /// to the global setting); returns the previous value.
-        fn MKL_Set_Num_Threads_Local(nth: std::ffi::c_int) -> std::ffi::c_int;
-        /// Intel OpenMP (libiomp5, linked with MKL): how long, in milliseconds, the
-        /// calling thread's team spins after a parallel region before it sleeps.
-        fn kmp_set_blocktime(msec: std::ffi::c_int);
-    }
-
-    /// Makes MKL calls from this thread use at most `n` threads, whose OpenMP workers
-    /// sleep as soon as a call ends unless `KMP_BLOCKTIME` says otherwise: spinning for
-    /// OpenMP's default 200 ms, they took the cores from the rank's rayon pool, and the
-    /// fused kernels between two products ran at half speed (the d512 GPT's single step
-    /// 397-403 ms against 366-367 with no wait, `throughput --profile`, 2026-12-07).
-    pub(super) fn set_threads_of_this_thread(n: usize) {
-        #[cfg(feature = "mkl")]
-        // SAFETY: plain setters of MKL's and its OpenMP's thread-local state, linked in by
-        // Candle's `mkl` feature (intel-mkl-src); any positive count and a wait of 0 are
-        // valid.
-        unsafe {
-            MKL_Set_Num_Threads_Local(n.clamp(1, i32::MAX as usize) as std::ffi::c_int);
-            if std::env::var_os("KMP_BLOCKTIME").is_none() {
-                kmp_set_blocktime(0);
-            }
-        }
-        let _ = n;
+        None => f(),
     }
 }
 
@@ -145,22 +106,5 @@ mod tests {
         let spin = Duration::from_millis(5);
         assert_eq!(run_within(Some(3), spin, rayon::current_num_threads), 3);
         assert_eq!(run_within(None, spin, || 7), 7);
-    }
-
-    #[cfg(feature = "mkl")]
-    #[test]
-    fn mkl_calls_from_a_rank_use_its_threads_and_do_not_spin() {
-        extern "C" {
-            fn MKL_Get_Max_Threads() -> std::ffi::c_int;
-            fn kmp_get_blocktime() -> std::ffi::c_int;
-        }
-        // SAFETY: plain getters of MKL's and its OpenMP's thread-local settings.
-        let (threads, blocktime) = run_within(Some(3), Duration::ZERO, || unsafe {
-            (MKL_Get_Max_Threads(), kmp_get_blocktime())
-        });
-        assert_eq!(threads, 3);
-        if std::env::var_os("KMP_BLOCKTIME").is_none() {
-            assert_eq!(blocktime, 0);
-        }
     }
 }

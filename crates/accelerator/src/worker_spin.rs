@@ -25,11 +25,7 @@ use std::time::{Duration, Instant};
 /// [`crate::Accelerator::with_worker_spin`]'s default: longer than the gaps between a
 /// step's ops, short beside a pause (a checkpoint, a wait for a peer), where the worker
 /// naps.
-pub(crate) const DEFAULT_WORKER_SPIN: Duration = if cfg!(feature = "mkl") {
-    Duration::ZERO
-} else {
-    Duration::from_millis(5)
-};
+pub(crate) const DEFAULT_WORKER_SPIN: Duration = Duration::from_millis(5);
 
 /// A napping worker's first sleep between two looks for work; each next one is twice as
 /// long, up to [`LONGEST_NAP`].

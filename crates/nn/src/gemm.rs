@@ -6,9 +6,9 @@
 //! so each element's sum runs in the same order whatever the number of threads.
 //!
 //! With the `mkl` feature (measuring only, off by default), a product on the rank's pool
-//! whose operands have a unit stride calls Intel MKL's `sgemm` instead, on the MKL threads
-//! the rank's budget allows ([`mkl`]); its sums are MKL's, whose order may depend on the
-//! number of threads.
+//! whose operands have a unit stride calls Intel MKL's `sgemm` instead ([`mkl`]): MKL is
+//! linked sequential, and the product is shared out over the pool as blocks of rows, one
+//! call each; its sums are MKL's, whose order may depend on the block's size.
 
 /// A matrix read through its strides: `(slice, row stride, column stride)`; a transpose is
 /// the same slice with the strides swapped.
@@ -109,6 +109,7 @@ impl Threads {
 #[cfg(feature = "mkl")]
 mod mkl {
     use super::Strided;
+    use rayon::prelude::*;
     use std::ffi::{c_char, c_float, c_int};
 
     extern "C" {
@@ -163,33 +164,50 @@ mod mkl {
         };
         // One row is never stepped over, whatever its stride, but BLAS wants ldc >= n.
         let ldc = if m == 1 { dst_rs.max(n) } else { dst_rs }.max(1);
+        // MKL is sequential (candle-core links `mkl-static-lp64-seq`): the pool's threads
+        // are the only ones, each taking a block of `dst`'s rows in a call of its own.
+        let rows = match m * n * k {
+            work if work >= 1 << 18 => m.div_ceil(rayon::current_num_threads()),
+            _ => m,
+        };
+        let (blocks, chunk) = (m.div_ceil(rows), rows * ldc);
         let dims = (c_int::try_from(n), c_int::try_from(m), c_int::try_from(k));
-        let ((Ok(n), Ok(m), Ok(k)), Ok(ldc)) = (dims, c_int::try_from(ldc)) else {
+        let ((Ok(n), Ok(_), Ok(k)), Ok(ldc)) = (dims, c_int::try_from(ldc)) else {
             return false;
         };
         let beta: f32 = if accumulate { 1.0 } else { 0.0 };
-        // SAFETY: the caller checked that every element the strides reach lies inside its
-        // slice, and that `dst`'s rows (`ldc` apart, `n` wide) are disjoint and inside
-        // `dst`; `as_transposed` passed only strides BLAS reads the same elements through,
-        // with leading dimensions at least the rows BLAS requires. MKL writes `dst` alone,
-        // and `beta = 0` never reads it.
-        unsafe {
-            sgemm_(
-                (&tb as *const u8).cast(),
-                (&ta as *const u8).cast(),
-                &n,
-                &m,
-                &k,
-                &scale,
-                b.as_ptr(),
-                &ldb,
-                a.as_ptr(),
-                &lda,
-                &beta,
-                dst.as_mut_ptr(),
-                &ldc,
-            );
-        }
+        dst.par_chunks_mut(chunk)
+            .take(blocks)
+            .enumerate()
+            .for_each(|(block, dst)| {
+                let first = block * rows;
+                let count = rows.min(m - first) as c_int;
+                // SAFETY: the caller checked that every element the strides reach lies
+                // inside its slice, and that `dst`'s rows (`ldc` apart, `n` wide) are
+                // disjoint and inside `dst`: this block's `count` rows start at its chunk,
+                // and its last row ends inside it (a full chunk holds `rows` rows of
+                // `ldc >= n`; the last one reaches the end of `dst`). `a`'s row `first`
+                // starts `first * a_rs` in. `as_transposed` passed only strides BLAS reads
+                // the same elements through, with leading dimensions at least the rows
+                // BLAS requires. MKL writes `dst` alone, and `beta = 0` never reads it.
+                unsafe {
+                    sgemm_(
+                        (&tb as *const u8).cast(),
+                        (&ta as *const u8).cast(),
+                        &n,
+                        &count,
+                        &k,
+                        &scale,
+                        b.as_ptr(),
+                        &ldb,
+                        a[first * a_rs..].as_ptr(),
+                        &lda,
+                        &beta,
+                        dst.as_mut_ptr(),
+                        &ldc,
+                    );
+                }
+            });
         true
     }
 }
@@ -210,37 +228,54 @@ mod tests {
     #[test]
     fn the_pools_product_equals_the_sequential_one_for_every_layout() {
         // Each operand row-major, transposed, and (one row or column) any stride: what
-        // the pool runs (with `mkl`, MKL's sgemm) against one thread of `gemm`.
+        // the pool runs (with `mkl`, MKL's sgemm) against one thread of `gemm`. The last
+        // two are large enough to be shared out as blocks of rows (97 and 61 rows over the
+        // pool's 3 threads: blocks of 33 and 21, the last one shorter).
+        let shapes = [
+            (37, 29, 41),
+            (1, 33, 17),
+            (19, 1, 23),
+            (64, 48, 1),
+            (97, 67, 61),
+            (61, 97, 67),
+        ];
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build();
+        pool.unwrap().install(|| {
+            for (m, n, k) in shapes {
+                each_layout(m, n, k);
+            }
+        });
+    }
+
+    /// [`the_pools_product_equals_the_sequential_one_for_every_layout`] at one shape.
+    fn each_layout(m: usize, n: usize, k: usize) {
         let values = |len: usize, seed: f32| -> Vec<f32> {
             (0..len).map(|i| ((i as f32 + seed) * 0.37).sin()).collect()
         };
-        for (m, n, k) in [(37, 29, 41), (1, 33, 17), (19, 1, 23), (64, 48, 1)] {
-            let (a, b) = (values(m * k, 1.0), values(k * n, 2.0));
-            for (a_rs, a_cs) in [(k, 1), (1, m)] {
-                for (b_rs, b_cs) in [(n, 1), (1, k)] {
-                    for accumulate in [false, true] {
-                        let dst_rs = n + 3;
-                        let start = values(m * dst_rs, 3.0);
-                        let (mut pool, mut one) = (start.clone(), start);
-                        for (threads, dst) in [(Threads::Pool, &mut pool), (Threads::One, &mut one)]
-                        {
-                            threads.matmul(
-                                m,
-                                n,
-                                k,
-                                (dst, dst_rs),
-                                accumulate,
-                                (&a, a_rs, a_cs),
-                                (&b, b_rs, b_cs),
-                                0.5,
-                            );
-                        }
-                        for (p, o) in pool.iter().zip(&one) {
-                            assert!(
-                                (p - o).abs() <= 1e-5 * (1.0 + o.abs()),
-                                "{m}x{n}x{k}, a ({a_rs}, {a_cs}), b ({b_rs}, {b_cs}): {p} against {o}"
-                            );
-                        }
+        let (a, b) = (values(m * k, 1.0), values(k * n, 2.0));
+        for (a_rs, a_cs) in [(k, 1), (1, m)] {
+            for (b_rs, b_cs) in [(n, 1), (1, k)] {
+                for accumulate in [false, true] {
+                    let dst_rs = n + 3;
+                    let start = values(m * dst_rs, 3.0);
+                    let (mut pool, mut one) = (start.clone(), start);
+                    for (threads, dst) in [(Threads::Pool, &mut pool), (Threads::One, &mut one)] {
+                        threads.matmul(
+                            m,
+                            n,
+                            k,
+                            (dst, dst_rs),
+                            accumulate,
+                            (&a, a_rs, a_cs),
+                            (&b, b_rs, b_cs),
+                            0.5,
+                        );
+                    }
+                    for (p, o) in pool.iter().zip(&one) {
+                        assert!(
+                            (p - o).abs() <= 1e-5 * (1.0 + o.abs()),
+                            "{m}x{n}x{k}, a ({a_rs}, {a_cs}), b ({b_rs}, {b_cs}): {p} against {o}"
+                        );
                     }
                 }
             }

@@ -1485,9 +1485,12 @@ impl Map2 for MatMul {
         } else {
             Parallelism::None
         };
-        let (b, m, n, k) = if b_skip == 0 && a_skip == m * k {
+        let (b, m, n, k) = if b_skip == 0 && a_skip == m * lhs_rs {
             // A batch-invariant rhs lets the batches of lhs stack into the rows of a single
-            // (b * m, k) matrix, which the destination already matches row for row.
+            // (b * m, k) matrix, which the destination already matches row for row. Only
+            // where each batch starts a row stride after the last row of the one before:
+            // `a_skip == m * k` alone let a transposed lhs (row stride 1) through, whose
+            // merged rows then read the wrong elements.
             // a_skip and c_skip should be updated but step is always 0 so
             // it wouldn't matter.
             (1, b * m, n, k)
@@ -1637,8 +1640,6 @@ impl Map2 for MatMul {
         let rhs_stride = rhs_l.stride();
 
         let (a_skip, b_skip) = self.ab_skip(lhs_l, rhs_l)?;
-        let c_skip: usize = m * n;
-
         let rhs_m1 = rhs_stride[rhs_stride.len() - 1];
         let rhs_m2 = rhs_stride[rhs_stride.len() - 2];
         let lhs_m1 = lhs_stride[lhs_stride.len() - 1];
@@ -1661,82 +1662,140 @@ impl Map2 for MatMul {
         };
 
         let mut dst = vec![T::zero(); b * m * n];
-        match T::DTYPE {
-            DType::F16 => {
-                for step in 0..b {
-                    let lhs_p = &lhs[step * a_skip..];
-                    let rhs_p = &rhs[step * b_skip..];
-                    let dst_p = &mut dst[step * c_skip..];
-                    unsafe {
-                        let a = rhs_p.as_ptr() as *const f16;
-                        let b = lhs_p.as_ptr() as *const f16;
-                        let c = dst_p.as_mut_ptr() as *mut f16;
-                        let a = std::slice::from_raw_parts(a, a_skip);
-                        let b = std::slice::from_raw_parts(b, b_skip);
-                        let c = std::slice::from_raw_parts_mut(c, c_skip);
-                        crate::mkl::hgemm(
-                            transa,
-                            transb,
-                            /* m= */ n as i32,
-                            /* n= */ m as i32,
-                            /* k= */ k as i32,
-                            /* alpha= */ f16::ONE,
-                            /* a= */ a,
-                            /* lda= */ lda,
-                            /* b= */ b,
-                            /* ldb= */ ldb,
-                            /* beta= */ f16::ZERO,
-                            /* c= */ c,
-                            /* ldc= */ n as i32,
-                        )
-                    }
-                }
+        let product = MklProduct {
+            b,
+            m,
+            n,
+            k,
+            a_skip,
+            b_skip,
+            rhs: (transa, lda),
+            lhs: (transb, ldb),
+        };
+        // SAFETY: `T::DTYPE` names `T` itself, so each slice is read as the type it holds,
+        // at its own length. `storage.rs` checked each operand's layout against its
+        // storage before dispatching the op, and the strides were matched to `(trans, ld)`
+        // above, so the operands hold every element `run` reads; `dst` is `b * m * n`.
+        unsafe {
+            match T::DTYPE {
+                DType::F16 => product.run(
+                    cast(lhs),
+                    cast(rhs),
+                    cast_mut(&mut dst),
+                    (f16::ONE, f16::ZERO),
+                    crate::mkl::hgemm,
+                ),
+                DType::F32 => product.run(
+                    cast(lhs),
+                    cast(rhs),
+                    cast_mut(&mut dst),
+                    (1f32, 0f32),
+                    crate::mkl::sgemm,
+                ),
+                DType::F64 => product.run(
+                    cast(lhs),
+                    cast(rhs),
+                    cast_mut(&mut dst),
+                    (1f64, 0f64),
+                    crate::mkl::dgemm,
+                ),
+                dtype => Err(Error::UnsupportedDTypeForOp(dtype, "matmul").bt())?,
             }
-            DType::F32 => {
-                for step in 0..b {
-                    let lhs_p = &lhs[step * a_skip..];
-                    let rhs_p = &rhs[step * b_skip..];
-                    let dst_p = &mut dst[step * c_skip..];
-                    unsafe {
-                        let a = rhs_p.as_ptr() as *const f32;
-                        let b = lhs_p.as_ptr() as *const f32;
-                        let c = dst_p.as_mut_ptr() as *mut f32;
-                        let a = std::slice::from_raw_parts(a, a_skip);
-                        let b = std::slice::from_raw_parts(b, b_skip);
-                        let c = std::slice::from_raw_parts_mut(c, c_skip);
-                        crate::mkl::sgemm(
-                            transa, transb, /* m= */ n as i32, /* n= */ m as i32,
-                            /* k= */ k as i32, /* alpha= */ 1., /* a= */ a,
-                            /* lda= */ lda, /* b= */ b, /* ldb= */ ldb,
-                            /* beta= */ 0., /* c= */ c, /* ldc= */ n as i32,
-                        )
-                    }
-                }
-            }
-            DType::F64 => {
-                for step in 0..b {
-                    let lhs_p = &lhs[step * a_skip..];
-                    let rhs_p = &rhs[step * b_skip..];
-                    let dst_p = &mut dst[step * c_skip..];
-                    unsafe {
-                        let a = rhs_p.as_ptr() as *const f64;
-                        let b = lhs_p.as_ptr() as *const f64;
-                        let c = dst_p.as_mut_ptr() as *mut f64;
-                        let a = std::slice::from_raw_parts(a, a_skip);
-                        let b = std::slice::from_raw_parts(b, b_skip);
-                        let c = std::slice::from_raw_parts_mut(c, c_skip);
-                        crate::mkl::dgemm(
-                            transa, transb, /* m= */ n as i32, /* n= */ m as i32,
-                            /* k= */ k as i32, /* alpha= */ 1., /* a= */ a,
-                            /* lda= */ lda, /* b= */ b, /* ldb= */ ldb,
-                            /* beta= */ 0., /* c= */ c, /* ldc= */ n as i32,
-                        )
-                    }
-                }
-            }
-            dtype => Err(Error::UnsupportedDTypeForOp(dtype, "matmul").bt())?,
         }
         Ok(dst)
+    }
+}
+
+/// `slice` read as the `U`s it holds.
+///
+/// # Safety
+/// `T` and `U` are the same type.
+#[cfg(feature = "mkl")]
+unsafe fn cast<T, U>(slice: &[T]) -> &[U] {
+    std::slice::from_raw_parts(slice.as_ptr() as *const U, slice.len())
+}
+
+/// `slice` written as the `U`s it holds.
+///
+/// # Safety
+/// `T` and `U` are the same type.
+#[cfg(feature = "mkl")]
+unsafe fn cast_mut<T, U>(slice: &mut [T]) -> &mut [U] {
+    std::slice::from_raw_parts_mut(slice.as_mut_ptr() as *mut U, slice.len())
+}
+
+/// A BLAS `gemm` of MKL's: `(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)`.
+#[cfg(feature = "mkl")]
+type BlasGemm<U> = unsafe fn(u8, u8, i32, i32, i32, U, &[U], i32, &[U], i32, U, &mut [U], i32);
+
+/// A batch of row-major products `dst (m x n) = lhs (m x k) rhs (k x n)`, as BLAS reads
+/// them: column-major `dstᵀ = rhsᵀ lhsᵀ`, each operand with its `(trans, ld)`.
+#[cfg(feature = "mkl")]
+struct MklProduct {
+    b: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a_skip: usize,
+    b_skip: usize,
+    rhs: (u8, i32),
+    lhs: (u8, i32),
+}
+
+#[cfg(feature = "mkl")]
+impl MklProduct {
+    /// Runs each product of the batch on `gemm`. MKL is linked sequential
+    /// (`mkl-static-lp64-seq`), so a call runs on its caller's thread alone: a product of
+    /// at least 64³ multiply-adds is shared out over the calling rayon pool as blocks of
+    /// `dst`'s rows, one call each. Each element's sum is one call's, whatever the pool.
+    ///
+    /// # Safety
+    /// `lhs` and `rhs` hold every element that their `(trans, ld)` and the batch strides
+    /// reach, and `dst` is `b * m * n` long.
+    unsafe fn run<U: Copy + Send + Sync>(
+        &self,
+        lhs: &[U],
+        rhs: &[U],
+        dst: &mut [U],
+        (one, zero): (U, U),
+        gemm: BlasGemm<U>,
+    ) {
+        let MklProduct { b, m, n, k, .. } = *self;
+        if m == 0 || n == 0 {
+            return;
+        }
+        let threads = if m * n * k >= 1 << 18 {
+            rayon::current_num_threads().max(1)
+        } else {
+            1
+        };
+        let rows = m.div_ceil(threads);
+        // How far apart two rows of lhs are: BLAS's second operand, lhsᵀ.
+        let lhs_row = if self.lhs.0 == b'N' { k } else { 1 };
+        for step in 0..b {
+            let lhs = &lhs[step * self.a_skip..];
+            let rhs = &rhs[step * self.b_skip..];
+            let dst = &mut dst[step * m * n..(step + 1) * m * n];
+            dst.par_chunks_mut(rows * n)
+                .enumerate()
+                .for_each(|(block, dst)| {
+                    gemm(
+                        self.rhs.0,
+                        self.lhs.0,
+                        n as i32,
+                        (dst.len() / n) as i32,
+                        k as i32,
+                        one,
+                        rhs,
+                        self.rhs.1,
+                        &lhs[block * rows * lhs_row..],
+                        self.lhs.1,
+                        zero,
+                        dst,
+                        n as i32,
+                    )
+                });
+        }
     }
 }
 
