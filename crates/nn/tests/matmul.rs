@@ -1,8 +1,8 @@
 //! Candle's CPU matmul, which the backward of wick-nn's layers runs on, against a product in
-//! f64: each operand contiguous or transposed, one product or a batch, the right side
-//! batched or broadcast, inside a pool of 3 threads. With the `mkl` feature it is MKL's,
-//! linked sequential and shared out over the pool as blocks of rows (the vendored
-//! candle-core's `MklProduct`); without, the `gemm` crate's.
+//! f64: each operand contiguous or transposed, one product or a batch, either side
+//! broadcast over the batch (stride 0), inside a pool of 3 threads. With the `mkl` feature
+//! it is MKL's, linked sequential and shared out over the pool as blocks of rows (the
+//! vendored candle-core's `MklProduct`); without, the `gemm` crate's.
 
 use candle_core::{Device, Result, Tensor};
 
@@ -64,6 +64,8 @@ fn candles_matmul_equals_the_f64_product_for_every_layout() -> Result<()> {
                     check(&lhs, &batched, &format!("{what}, rhs batched"))?;
                     let shared = operand(1, k, n, 3.0, rhs_t)?.broadcast_as((batch, k, n))?;
                     check(&lhs, &shared, &format!("{what}, rhs broadcast"))?;
+                    let lhs_shared = operand(1, m, k, 4.0, lhs_t)?.broadcast_as((batch, m, k))?;
+                    check(&lhs_shared, &batched, &format!("{what}, lhs broadcast"))?;
                 }
             }
         }
