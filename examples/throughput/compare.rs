@@ -1,13 +1,11 @@
 //! `--compare`: wick's rows beside `scripts/torch_baseline.py`'s, ranks as threads or (with
 //! `--processes`) as the processes `mpirun` started.
 
-use crate::char_gpt::CharGpt;
 use crate::{
-    config, data, flops_per_token, gpt_width, llama_step, peak_gflops, strategy, timed_trainer,
-    StepClock, Steps, BATCH, LLAMA_BATCH, LLAMA_SEQ, LR, MATMUL,
+    config, flops_per_token, gpt_step, gpt_width, llama_step, peak_gflops, strategy, Steps, BATCH,
+    LLAMA_BATCH, LLAMA_SEQ, MATMUL,
 };
 use wick::accelerator::{Accelerator, ThreadBudget};
-use wick::trainer::{Attached, DataLoader};
 
 /// `model`'s tokens per step, median seconds per step (of `steps`) and parameters under
 /// `name` on `accelerator`'s ranks (the rows are rank 0's).
@@ -22,12 +20,8 @@ fn measure(
         return Ok((LLAMA_BATCH * LLAMA_SEQ, step, params));
     }
     let c = config(gpt_width(model)?);
-    let clock = StepClock::new(steps);
-    let mut trainer = timed_trainer(accelerator, strategy(name)?, &clock)?;
-    let mut model = Attached::new(CharGpt::new(c, LR));
-    trainer.fit(&mut model, &DataLoader::new(data(&c, steps), BATCH), None)?;
-    let params = model.num_parameters().unwrap_or(0);
-    Ok((BATCH * c.block, clock.median_step(), params))
+    let (step, params) = gpt_step(c, strategy(name)?, accelerator, steps)?;
+    Ok((BATCH * c.block, step, params))
 }
 
 /// How each `--compare` row runs: its steps, and its pools' worker spin where asked for

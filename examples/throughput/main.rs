@@ -120,15 +120,24 @@ fn wick_step(
     world: usize,
     budget: ThreadBudget,
 ) -> anyhow::Result<f64> {
-    let clock = StepClock::new(STEPS);
-    let mut trainer = timed_trainer(
-        Accelerator::cpu(world)?.with_thread_budget(budget),
-        strategy,
-        &clock,
-    )?;
+    let accelerator = Accelerator::cpu(world)?.with_thread_budget(budget);
+    Ok(gpt_step(c, strategy, accelerator, STEPS)?.0)
+}
+
+/// The GPT's seconds per step (the median of `steps`) and parameters under `strategy` on
+/// `accelerator`'s ranks.
+fn gpt_step(
+    c: GptConfig,
+    strategy: Box<dyn Strategy>,
+    accelerator: Accelerator,
+    steps: Steps,
+) -> anyhow::Result<(f64, usize)> {
+    let clock = StepClock::new(steps);
+    let mut trainer = timed_trainer(accelerator, strategy, &clock)?;
     let mut model = Attached::new(CharGpt::new(c, LR));
-    trainer.fit(&mut model, &DataLoader::new(data(&c, STEPS), BATCH), None)?;
-    Ok(clock.median_step())
+    trainer.fit(&mut model, &DataLoader::new(data(&c, steps), BATCH), None)?;
+    let params = model.num_parameters().unwrap_or(0);
+    Ok((clock.median_step(), params))
 }
 
 /// The Llama's seconds per step (the median of `steps`) and parameters under `strategy` on
