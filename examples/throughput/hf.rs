@@ -17,13 +17,12 @@
 //! head_dim x sequence. Under LoRA a frozen weight's backward computes only its input's
 //! gradient: 4 x the frozen parameters that multiply, 6 x the adapters.
 
-use crate::{random_windows, timed_trainer, StepClock, Steps};
+use crate::{random_windows, timed_fit, StepClock, Steps};
 use std::path::Path;
 use wick::accelerator::Accelerator;
 use wick::core::{ActivationCheckpointing, TrainModule};
 use wick::models::{CausalLm, LoraConfig, DECODER_TARGETS};
 use wick::strategies::{Fsdp, FsdpSharding};
-use wick::trainer::Attached;
 
 const SEQ: usize = 256;
 const BATCH: usize = 8;
@@ -77,13 +76,8 @@ pub fn hf_row(
     let rank0 = accelerator.local_ranks().start == 0;
     let world = accelerator.world_size();
     let clock = StepClock::announcing(STEPS);
-    let mut trainer = timed_trainer(accelerator, strategy, &clock)?;
-    let mut model = Attached::new(model);
-    trainer.fit(
-        &mut model,
-        &random_windows(vocab, SEQ, BATCH, 11, STEPS),
-        None,
-    )?;
+    let data = random_windows(vocab, SEQ, BATCH, 11, STEPS);
+    let model = timed_fit(model, &data, strategy, accelerator, &clock)?;
     let step = clock.median_step();
     let trainable = model.num_parameters().unwrap_or(0);
     let frozen = model.num_frozen_parameters().unwrap_or(0);

@@ -58,7 +58,7 @@ use char_gpt::{CharGpt, GptConfig};
 use wick::accelerator::{Accelerator, ThreadBudget};
 use wick::core::{ActivationCheckpointing, Strategy, TrainModule};
 use wick::strategies::{strategy_by_name, Fsdp, FsdpSharding};
-use wick::trainer::{Attached, DataLoader};
+use wick::trainer::DataLoader;
 
 mod candle_gpt;
 mod compare;
@@ -71,7 +71,7 @@ mod step_clock;
 use compare::{compare_rows, process_accelerator, RowOptions};
 use data::{config, data, llama_data, llama_model, random_windows, Steps, LLAMA_BATCH, LLAMA_SEQ};
 use peak::peak_gflops;
-use step_clock::{median_step, quiet_trainer, timed_trainer, StepClock};
+use step_clock::{median_step, quiet_trainer, timed_fit, StepClock};
 
 // The main job's model and windows, from the `wick` program's own modules.
 #[path = "../../src/char_corpus.rs"]
@@ -133,11 +133,9 @@ fn gpt_step(
     steps: Steps,
 ) -> anyhow::Result<(f64, usize)> {
     let clock = StepClock::new(steps);
-    let mut trainer = timed_trainer(accelerator, strategy, &clock)?;
-    let mut model = Attached::new(CharGpt::new(c, LR));
-    trainer.fit(&mut model, &DataLoader::new(data(&c, steps), BATCH), None)?;
-    let params = model.num_parameters().unwrap_or(0);
-    Ok((clock.median_step(), params))
+    let data = DataLoader::new(data(&c, steps), BATCH);
+    let model = timed_fit(CharGpt::new(c, LR), &data, strategy, accelerator, &clock)?;
+    Ok((clock.median_step(), model.num_parameters().unwrap_or(0)))
 }
 
 /// The Llama's seconds per step (the median of `steps`) and parameters under `strategy` on
@@ -148,11 +146,14 @@ fn llama_step(
     steps: Steps,
 ) -> anyhow::Result<(f64, usize)> {
     let clock = StepClock::new(steps);
-    let mut trainer = timed_trainer(accelerator, strategy, &clock)?;
-    let mut model = Attached::new(llama_model()?);
-    trainer.fit(&mut model, &llama_data(steps), None)?;
-    let params = model.num_parameters().unwrap_or(0);
-    Ok((clock.median_step(), params))
+    let model = timed_fit(
+        llama_model()?,
+        &llama_data(steps),
+        strategy,
+        accelerator,
+        &clock,
+    )?;
+    Ok((clock.median_step(), model.num_parameters().unwrap_or(0)))
 }
 
 /// The model FLOPs of one token of `model`, the model's own

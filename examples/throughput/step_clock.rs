@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use wick::accelerator::Accelerator;
 use wick::core::{Callback, RunState, Strategy};
-use wick::trainer::Trainer;
+use wick::trainer::{Attached, DataLoader, Dataset, Replicate, Trainer};
 
 use crate::data::Steps;
 
@@ -90,11 +90,18 @@ pub(crate) fn quiet_trainer(
         .build()?)
 }
 
-/// A quiet trainer that records each step's time on `clock`.
-pub(crate) fn timed_trainer(
-    accelerator: Accelerator,
+/// Trains `model` on `data` under `strategy` on `accelerator`'s ranks for `clock`'s steps,
+/// quietly, recording each step's end on `clock`; the trained model, for its parameters.
+pub(crate) fn timed_fit<M: Replicate, D: Dataset<Batch = M::Batch>>(
+    model: M,
+    data: &DataLoader<D>,
     strategy: Box<dyn Strategy>,
+    accelerator: Accelerator,
     clock: &StepClock,
-) -> anyhow::Result<Trainer> {
-    quiet_trainer(accelerator, strategy, clock.steps.total(), clock.clone())
+) -> anyhow::Result<Attached<M>> {
+    let steps = clock.steps.total();
+    let mut trainer = quiet_trainer(accelerator, strategy, steps, clock.clone())?;
+    let mut model = Attached::new(model);
+    trainer.fit(&mut model, data, None)?;
+    Ok(model)
 }
